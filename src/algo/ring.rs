@@ -1,0 +1,152 @@
+//! `ring`: the flat baselines, written over a transport's point-to-point calls in rank
+//! order, so their traffic is NCCL's ring traffic. These are the native collectives of
+//! the `local` and `mpi` transports; on NCCL/RCCL the vendor's own ring stands in.
+//!
+//! Traffic of one call, per rank, with `p` ranks and `M` the full (gathered / unreduced)
+//! size in bytes: all-gather and reduce-scatter send `(p-1)/p·M` to the next rank;
+//! all-reduce sends `2(p-1)/p·M`; all-to-all sends `(p-1)/p·M` directly to each peer's
+//! block; broadcast forwards `M` along the chain from the root (every rank but the last).
+//! Summed over a link class, a ring in rank order crosses each boundary of that class
+//! once per lap, which gives the closed forms asserted in `tests/traffic.rs`.
+
+use crate::dtype::{reduce_into, DataType, ReduceOp};
+use crate::error::Result;
+use crate::transport::Transport;
+use std::ops::Range;
+
+fn prev(r: usize, p: usize) -> usize {
+    (r + p - 1) % p
+}
+
+fn next(r: usize, p: usize) -> usize {
+    (r + 1) % p
+}
+
+/// `(&buf[a], &mut buf[b])` for disjoint ranges.
+fn split_pair<'a>(buf: &'a mut [u8], a: &Range<usize>, b: &Range<usize>) -> (&'a [u8], &'a mut [u8]) {
+    if a.end <= b.start {
+        let (lo, hi) = buf.split_at_mut(b.start);
+        (&lo[a.clone()], &mut hi[..b.len()])
+    } else {
+        let (lo, hi) = buf.split_at_mut(a.start);
+        (&hi[..a.len()], &mut lo[b.clone()])
+    }
+}
+
+/// Element-aligned split of `count` elements into `p` near-equal parts (the first
+/// `count % p` parts one element longer), as byte ranges.
+pub fn even_ranges(count: usize, p: usize, elem: usize) -> Vec<Range<usize>> {
+    let (q, rem) = (count / p, count % p);
+    let mut out = Vec::with_capacity(p);
+    let mut start = 0;
+    for i in 0..p {
+        let n = q + usize::from(i < rem);
+        out.push(start * elem..(start + n) * elem);
+        start += n;
+    }
+    out
+}
+
+/// Ring all-gather over variable chunks, in place: `buf[ranges[rank]]` holds this rank's data.
+pub fn all_gather_v<T: Transport + ?Sized>(t: &T, buf: &mut [u8], ranges: &[Range<usize>]) -> Result<()> {
+    let (r, p) = (t.rank(), t.size());
+    for s in 0..p.saturating_sub(1) {
+        let out = &ranges[(r + p - s) % p];
+        let inc = &ranges[(r + 2 * p - s - 1) % p];
+        let (snd, rcv) = split_pair(buf, out, inc);
+        t.sendrecv(next(r, p), snd, prev(r, p), rcv)?;
+    }
+    Ok(())
+}
+
+/// Ring all-gather in place over equal chunks of `chunk` bytes.
+pub fn all_gather<T: Transport + ?Sized>(t: &T, buf: &mut [u8], chunk: usize) -> Result<()> {
+    let ranges: Vec<_> = (0..t.size()).map(|i| i * chunk..(i + 1) * chunk).collect();
+    all_gather_v(t, buf, &ranges)
+}
+
+/// Ring reduce-scatter over variable chunks: `out` gets the reduction of everyone's
+/// `src[ranges[rank]]`. `Avg` sums (the caller divides).
+pub fn reduce_scatter_v<T: Transport + ?Sized>(
+    t: &T,
+    src: &[u8],
+    ranges: &[Range<usize>],
+    out: &mut [u8],
+    dtype: DataType,
+    op: ReduceOp,
+) -> Result<()> {
+    let (r, p) = (t.rank(), t.size());
+    let op = op.partial();
+    if p == 1 {
+        out.copy_from_slice(&src[ranges[0].clone()]);
+        return Ok(());
+    }
+    // Step s sends the partial of chunk (r-s-1) and receives chunk (r-s-2) from prev.
+    let mut acc: Vec<u8> = src[ranges[(r + p - 1) % p].clone()].to_vec();
+    let mut tmp = Vec::new();
+    for s in 0..p - 1 {
+        let c = (r + 2 * p - s - 2) % p;
+        tmp.clear();
+        tmp.resize(ranges[c].len(), 0);
+        t.sendrecv(next(r, p), &acc, prev(r, p), &mut tmp)?;
+        reduce_into(&mut tmp, &src[ranges[c].clone()], dtype, op);
+        std::mem::swap(&mut acc, &mut tmp);
+    }
+    out.copy_from_slice(&acc);
+    Ok(())
+}
+
+/// Ring reduce-scatter over equal chunks of `recv.len()` bytes.
+pub fn reduce_scatter<T: Transport + ?Sized>(t: &T, send: &[u8], recv: &mut [u8], dtype: DataType, op: ReduceOp) -> Result<()> {
+    let c = recv.len();
+    let ranges: Vec<_> = (0..t.size()).map(|i| i * c..(i + 1) * c).collect();
+    reduce_scatter_v(t, send, &ranges, recv, dtype, op)
+}
+
+/// Ring all-reduce in place: reduce-scatter then all-gather over near-equal element chunks.
+pub fn all_reduce<T: Transport + ?Sized>(t: &T, buf: &mut [u8], dtype: DataType, op: ReduceOp) -> Result<()> {
+    let p = t.size();
+    if p == 1 {
+        return Ok(());
+    }
+    let ranges = even_ranges(buf.len() / dtype.size(), p, dtype.size());
+    let src = buf.to_vec();
+    let mine = ranges[t.rank()].clone();
+    reduce_scatter_v(t, &src, &ranges, &mut buf[mine], dtype, op)?;
+    all_gather_v(t, buf, &ranges)
+}
+
+/// Pairwise all-to-all: at step s, send block r+s and receive block r-s.
+pub fn all_to_all<T: Transport + ?Sized>(t: &T, send: &[u8], recv: &mut [u8]) -> Result<()> {
+    let (r, p) = (t.rank(), t.size());
+    let b = send.len() / p;
+    recv[r * b..(r + 1) * b].copy_from_slice(&send[r * b..(r + 1) * b]);
+    for s in 1..p {
+        let (dst, src) = ((r + s) % p, (r + p - s) % p);
+        t.sendrecv(dst, &send[dst * b..(dst + 1) * b], src, &mut recv[src * b..(src + 1) * b])?;
+    }
+    Ok(())
+}
+
+/// Pieces a broadcast is pipelined in along the chain.
+const BCAST_PIECE: usize = 1 << 20;
+
+/// Chain broadcast from `root` in rank order, pipelined in 1 MiB pieces.
+pub fn broadcast<T: Transport + ?Sized>(t: &T, buf: &mut [u8], root: usize) -> Result<()> {
+    let (r, p) = (t.rank(), t.size());
+    let pos = (r + p - root) % p;
+    let mut off = 0;
+    loop {
+        let end = (off + BCAST_PIECE).min(buf.len());
+        if pos > 0 {
+            t.recv(prev(r, p), &mut buf[off..end])?;
+        }
+        if pos + 1 < p {
+            t.send(next(r, p), &buf[off..end])?;
+        }
+        off = end;
+        if off >= buf.len() {
+            return Ok(());
+        }
+    }
+}

@@ -1,0 +1,251 @@
+//! Plain references for every collective, used by `strata-perf -c`, the tests and the
+//! MPI examples: deterministic inputs per (rank, index, seed) and the exact expected
+//! output computed in f64, element by element, with no communication at all.
+//!
+//! Inputs are small integers (|v| <= 3, or 0..=6 for u8) so sums over up to 32 ranks are
+//! exact in every dtype, including bf16; the reference rounds to the dtype once, as the
+//! collectives do (`Avg` divides once at the end), so a correct result matches exactly
+//! and [`count_wrong`] uses only a few-ulp tolerance.
+
+use crate::comm::{Comm, Op, Request};
+use crate::dtype::{DataType, ReduceOp};
+use crate::error::{Error, Result};
+use crate::memory::Buffer;
+use crate::Algo;
+
+/// The input value of element `i` of `rank`'s send buffer.
+pub fn value(dtype: DataType, rank: usize, i: usize, seed: u64) -> f64 {
+    let h = (rank as u64).wrapping_mul(0x9E37_79B9).wrapping_add((i as u64).wrapping_mul(0x85EB_CA6B)).wrapping_add(seed.wrapping_mul(0xC2B2_AE35));
+    let h = (h ^ (h >> 13)).wrapping_mul(0x2545_F491);
+    let v = ((h >> 7) % 7) as f64;
+    if dtype == DataType::U8 { v } else { v - 3.0 }
+}
+
+/// `count` input elements of `rank` starting at element `first`, as bytes.
+pub fn fill(dtype: DataType, rank: usize, first: usize, count: usize, seed: u64) -> Vec<u8> {
+    let mut out = vec![0u8; count * dtype.size()];
+    for i in 0..count {
+        dtype.set(&mut out, i, value(dtype, rank, first + i, seed));
+    }
+    out
+}
+
+/// Reduce the inputs of all `p` ranks at element `i` (rounded to the dtype once).
+fn reduced(dtype: DataType, op: ReduceOp, p: usize, i: usize, seed: u64) -> f64 {
+    let mut acc = value(dtype, 0, i, seed);
+    for r in 1..p {
+        acc = op.apply(acc, value(dtype, r, i, seed));
+    }
+    if op == ReduceOp::Avg {
+        acc /= p as f64;
+    }
+    let mut b = vec![0u8; dtype.size()];
+    dtype.set(&mut b, 0, acc);
+    dtype.get(&b, 0)
+}
+
+/// Which collective a check is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    AllGather,
+    ReduceScatter,
+    AllReduce,
+    AllToAll,
+    Broadcast { root: usize },
+}
+
+impl std::str::FromStr for Kind {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Kind> {
+        Ok(match s {
+            "all-gather" | "allgather" => Kind::AllGather,
+            "reduce-scatter" | "reducescatter" => Kind::ReduceScatter,
+            "all-reduce" | "allreduce" => Kind::AllReduce,
+            "all-to-all" | "alltoall" => Kind::AllToAll,
+            "broadcast" => Kind::Broadcast { root: 0 },
+            _ => return Err(Error::InvalidArgument(format!("unknown op '{s}' (all-gather, reduce-scatter, all-reduce, all-to-all, broadcast)"))),
+        })
+    }
+}
+
+impl Kind {
+    /// Name as on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::AllGather => "all-gather",
+            Kind::ReduceScatter => "reduce-scatter",
+            Kind::AllReduce => "all-reduce",
+            Kind::AllToAll => "all-to-all",
+            Kind::Broadcast { .. } => "broadcast",
+        }
+    }
+
+    /// (send, recv) element counts for `count` (NCCL's per-call count) on `p` ranks.
+    pub fn sizes(self, count: usize, p: usize) -> (usize, usize) {
+        match self {
+            Kind::AllGather => (count, count * p),
+            Kind::ReduceScatter => (count * p, count),
+            Kind::AllToAll => (count * p, count * p),
+            Kind::AllReduce | Kind::Broadcast { .. } => (count, count),
+        }
+    }
+
+    /// This rank's send buffer contents (seeded; offset `salt` lets coalesced tensors differ).
+    pub fn input(self, dtype: DataType, rank: usize, count: usize, p: usize, seed: u64) -> Vec<u8> {
+        fill(dtype, rank, 0, self.sizes(count, p).0, seed)
+    }
+
+    /// The exact expected receive buffer on `rank`.
+    pub fn expected(self, dtype: DataType, op: ReduceOp, rank: usize, count: usize, p: usize, seed: u64) -> Vec<f64> {
+        match self {
+            Kind::AllGather => (0..p * count).map(|j| value(dtype, j / count, j % count, seed)).collect(),
+            Kind::ReduceScatter => (0..count).map(|i| reduced(dtype, op, p, rank * count + i, seed)).collect(),
+            Kind::AllReduce => (0..count).map(|i| reduced(dtype, op, p, i, seed)).collect(),
+            Kind::AllToAll => (0..p * count).map(|j| value(dtype, j / count, rank * count + j % count, seed)).collect(),
+            Kind::Broadcast { root } => (0..count).map(|i| value(dtype, root, i, seed)).collect(),
+        }
+    }
+
+    /// The request for this collective on prepared buffers.
+    pub fn op(self, send: Buffer, recv: Buffer, count: usize, redop: ReduceOp) -> Op {
+        match self {
+            Kind::AllGather => Op::AllGather { send, recv, count },
+            Kind::ReduceScatter => Op::ReduceScatter { send, recv, count, op: redop },
+            Kind::AllReduce => Op::AllReduce { send, recv, count, op: redop },
+            Kind::AllToAll => Op::AllToAll { send, recv, count },
+            Kind::Broadcast { root } => Op::Broadcast { send, recv, count, root },
+        }
+    }
+}
+
+/// Elements of `got` farther than a few ulps from `want`.
+pub fn count_wrong(dtype: DataType, got: &[u8], want: &[f64], terms: usize) -> usize {
+    want.iter()
+        .enumerate()
+        .filter(|(i, w)| {
+            let g = dtype.get(got, *i);
+            !((g - **w).abs() <= dtype.tolerance(w.abs(), terms)) // NaN counts as wrong
+        })
+        .count()
+}
+
+/// Run one checked collective on `comm` and return the number of wrong elements on this
+/// rank. `in_place` uses NCCL's in-place layout where the op has one.
+pub fn run_checked(comm: &Comm, kind: Kind, dtype: DataType, redop: ReduceOp, count: usize, algo: Algo, in_place: bool, seed: u64) -> Result<usize> {
+    let (p, r) = (comm.size(), comm.rank());
+    let nr = kind.sizes(count, p).1;
+    let s = dtype.size();
+    let input = kind.input(dtype, r, count, p, seed);
+    let (send, recv) = match (in_place, kind) {
+        (true, Kind::AllGather) => {
+            let recv = Buffer::zeroed(nr * s);
+            let send = recv.slice(r * count * s..(r + 1) * count * s)?;
+            send.write_bytes(&input)?;
+            (send, recv)
+        }
+        (true, Kind::ReduceScatter) => {
+            let send = Buffer::from_bytes(&input);
+            let recv = send.slice(r * count * s..(r + 1) * count * s)?;
+            (send, recv)
+        }
+        (true, Kind::AllReduce) | (true, Kind::Broadcast { .. }) => {
+            let b = Buffer::from_bytes(&input);
+            (b.clone(), b)
+        }
+        _ => (Buffer::from_bytes(&input), Buffer::from_bytes(&vec![0xA5; nr * s])),
+    };
+    comm.submit(Request::new(kind.op(send, recv.clone(), count, redop), dtype).with_algo(algo))?.wait()?;
+    let want = kind.expected(dtype, redop, r, count, p, seed);
+    Ok(count_wrong(dtype, &recv.to_bytes()?, &want, p))
+}
+
+/// Coalesced variant: `counts` per tensor; returns wrong elements over all tensors.
+pub fn run_checked_coalesced(comm: &Comm, kind: Kind, dtype: DataType, redop: ReduceOp, counts: &[usize], algo: Algo, seed: u64) -> Result<usize> {
+    let (p, r) = (comm.size(), comm.rank());
+    let s = dtype.size();
+    let mut sends = Vec::new();
+    let mut recvs = Vec::new();
+    for (t, &c) in counts.iter().enumerate() {
+        let (_, nr) = kind.sizes(c, p);
+        sends.push(Buffer::from_bytes(&kind.input(dtype, r, c, p, seed + t as u64)));
+        recvs.push(Buffer::from_bytes(&vec![0xA5; nr * s]));
+    }
+    let op = match kind {
+        Kind::AllGather => Op::AllGatherCoalesced { sends, recvs: recvs.clone(), counts: counts.to_vec() },
+        Kind::ReduceScatter => Op::ReduceScatterCoalesced { sends, recvs: recvs.clone(), counts: counts.to_vec(), op: redop },
+        _ => return Err(Error::InvalidArgument(format!("{} has no coalesced form", kind.name()))),
+    };
+    comm.submit(Request::new(op, dtype).with_algo(algo))?.wait()?;
+    let mut wrong = 0;
+    for (t, (&c, b)) in counts.iter().zip(&recvs).enumerate() {
+        wrong += count_wrong(dtype, &b.to_bytes()?, &kind.expected(dtype, redop, r, c, p, seed + t as u64), p);
+    }
+    Ok(wrong)
+}
+
+/// The transport-independent self test: every collective, dtype, algorithm, in-place
+/// variant and coalesced form on small odd counts. Returns the first failure as an error.
+/// Every rank of `comm` must call it.
+pub fn exercise(comm: &Comm) -> Result<()> {
+    let algos = [Algo::Ring, Algo::Hier, Algo::Auto];
+    let mut seed = 1;
+    for dtype in [DataType::F32, DataType::F16, DataType::BF16] {
+        for count in [1usize, 7, 33] {
+            for algo in algos {
+                for (kind, ops) in [
+                    (Kind::AllGather, &[ReduceOp::Sum][..]),
+                    (Kind::ReduceScatter, &[ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min][..]),
+                    (Kind::AllReduce, &[ReduceOp::Sum, ReduceOp::Avg][..]),
+                ] {
+                    for &redop in ops {
+                        for in_place in [false, true] {
+                            seed += 1;
+                            let w = run_checked(comm, kind, dtype, redop, count, algo, in_place, seed)?;
+                            if w != 0 {
+                                return Err(Error::Internal(format!(
+                                    "{} {dtype} {redop} count {count} algo {algo} in_place {in_place}: {w} wrong on rank {}",
+                                    kind.name(), comm.rank()
+                                )));
+                            }
+                        }
+                    }
+                }
+                for kind in [Kind::AllGather, Kind::ReduceScatter] {
+                    seed += 10;
+                    let w = run_checked_coalesced(comm, kind, dtype, ReduceOp::Avg, &[count, 3, 0, count + 5, 1], algo, seed)?;
+                    if w != 0 {
+                        return Err(Error::Internal(format!("coalesced {} {dtype} count {count} algo {algo}: {w} wrong", kind.name())));
+                    }
+                }
+            }
+        }
+        for kind in [Kind::AllToAll, Kind::Broadcast { root: comm.size() / 2 }] {
+            for in_place in [false, true] {
+                seed += 1;
+                let w = run_checked(comm, kind, dtype, ReduceOp::Sum, 5, Algo::Auto, in_place && kind != Kind::AllToAll, seed)?;
+                if w != 0 {
+                    return Err(Error::Internal(format!("{} {dtype}: {w} wrong on rank {}", kind.name(), comm.rank())));
+                }
+            }
+        }
+    }
+    for dtype in [DataType::I8, DataType::U8, DataType::I32] {
+        seed += 1;
+        let w = run_checked(comm, Kind::AllReduce, dtype, ReduceOp::Sum, 9, Algo::Auto, false, seed)?;
+        if w != 0 {
+            return Err(Error::Internal(format!("all-reduce {dtype}: {w} wrong")));
+        }
+    }
+    // Point to point around the ring.
+    let (p, r) = (comm.size(), comm.rank());
+    let out = Buffer::from_bytes(&fill(DataType::F32, r, 0, 11, 99));
+    let inc = Buffer::zeroed(11 * 4);
+    let ws = comm.send(&out, 11, DataType::F32, (r + 1) % p)?;
+    let wr = comm.recv(&inc, 11, DataType::F32, (r + p - 1) % p)?;
+    ws.wait()?;
+    wr.wait()?;
+    if inc.to_bytes()? != fill(DataType::F32, (r + p - 1) % p, 0, 11, 99) {
+        return Err(Error::Internal("send/recv delivered wrong data".into()));
+    }
+    Ok(())
+}

@@ -1,0 +1,84 @@
+//! Group start/end (ncclGroupStart/End): between them, a thread's submissions are held
+//! and, at the outermost end, queued as one launch per communicator. Their handles
+//! complete as each member finishes. Groups nest; they are per thread.
+
+use super::stream::Work;
+use super::Comm;
+use crate::error::{Error, Result};
+use std::cell::RefCell;
+
+pub(crate) type Job = Box<dyn FnOnce() -> Result<()> + Send>;
+
+struct Pending {
+    comm: Comm,
+    deps: Vec<Work>,
+    job: Job,
+    work: Work,
+}
+
+thread_local! {
+    static GROUP: RefCell<(usize, Vec<Pending>)> = const { RefCell::new((0, Vec::new())) };
+}
+
+/// Start (or nest) a group on this thread.
+pub fn group_start() {
+    GROUP.with(|g| g.borrow_mut().0 += 1);
+}
+
+/// End a group; at the outermost end, launch what it holds. Ending a group that was not
+/// started is an `InvalidUsage` error.
+pub fn group_end() -> Result<()> {
+    let batch = GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        if g.0 == 0 {
+            return Err(Error::InvalidUsage("group end without group start".into()));
+        }
+        g.0 -= 1;
+        Ok(if g.0 == 0 { std::mem::take(&mut g.1) } else { Vec::new() })
+    })?;
+    let mut per_comm: Vec<(Comm, Vec<Pending>)> = Vec::new();
+    for p in batch {
+        match per_comm.iter_mut().find(|(c, _)| c.same(&p.comm)) {
+            Some((_, v)) => v.push(p),
+            None => per_comm.push((p.comm.clone(), vec![p])),
+        }
+    }
+    for (comm, items) in per_comm {
+        let deps: Vec<Work> = items.iter().flat_map(|p| p.deps.iter().cloned()).collect();
+        let works: Vec<Work> = items.iter().map(|p| p.work.clone()).collect();
+        let jobs: Vec<(Job, Work)> = items.into_iter().map(|p| (p.job, p.work)).collect();
+        let timeout = comm.timeout();
+        let pushed = comm.stream_push(
+            Vec::new(),
+            Box::new(move || {
+                let mut first = super::stream::wait_deps(&deps, timeout);
+                for (job, w) in jobs {
+                    let r = match &first {
+                        Ok(()) => job(),
+                        Err(e) => Err(e.clone()),
+                    };
+                    if let (Err(e), true) = (&r, first.is_ok()) {
+                        first = Err(e.clone());
+                    }
+                    w.complete(r);
+                }
+                first
+            }),
+            Work::pending(),
+        );
+        if let Err(e) = pushed {
+            works.iter().for_each(|w| w.complete(Err(e.clone())));
+        }
+    }
+    Ok(())
+}
+
+/// True inside a group on this thread.
+pub fn in_group() -> bool {
+    GROUP.with(|g| g.borrow().0 > 0)
+}
+
+/// Hold a submission until the group ends.
+pub(crate) fn hold(comm: Comm, deps: Vec<Work>, job: Job, work: Work) {
+    GROUP.with(|g| g.borrow_mut().1.push(Pending { comm, deps, job, work }));
+}

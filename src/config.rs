@@ -1,0 +1,66 @@
+//! Configuration read once from the environment, NCCL style.
+//!
+//! - `STRATA_DEBUG=WARN|INFO|TRACE`: logging (which algorithm, which groups, which sizes);
+//! - `STRATA_ALGO=ring|hier|auto`: force an algorithm (a per-call hint still wins);
+//! - `STRATA_TOPOLOGY=SPEC|FILE`: the topology when the caller gives none;
+//! - `STRATA_TIMEOUT=SECONDS`: how long to wait for a peer before reporting an error
+//!   (default 120);
+//! - `STRATA_NCCL_LIB` / `STRATA_RCCL_LIB`: library overrides (GPU transports).
+
+use crate::algo::Algo;
+use crate::error::{Error, Result};
+use once_cell::sync::Lazy;
+use std::time::Duration;
+
+/// Default time to wait for a peer.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Values read from the environment once per process.
+#[derive(Debug, Clone)]
+pub struct Env {
+    pub algo: Option<Algo>,
+    pub timeout: Duration,
+    pub debug: Option<String>,
+}
+
+fn read() -> Result<Env> {
+    let algo = match std::env::var("STRATA_ALGO") {
+        Ok(s) if !s.trim().is_empty() => Some(s.parse()?),
+        _ => None,
+    };
+    let timeout = match std::env::var("STRATA_TIMEOUT") {
+        Ok(s) if !s.trim().is_empty() => {
+            let secs: f64 = s.trim().parse().map_err(|_| Error::InvalidArgument(format!("STRATA_TIMEOUT='{s}' is not a number of seconds")))?;
+            if !(secs > 0.0 && secs.is_finite()) {
+                return Err(Error::InvalidArgument(format!("STRATA_TIMEOUT='{s}' must be positive")));
+            }
+            Duration::from_secs_f64(secs)
+        }
+        _ => DEFAULT_TIMEOUT,
+    };
+    Ok(Env { algo, timeout, debug: std::env::var("STRATA_DEBUG").ok() })
+}
+
+static ENV: Lazy<Result<Env>> = Lazy::new(read);
+
+/// The process environment, or the error a malformed variable caused.
+pub fn env() -> Result<Env> {
+    ENV.clone()
+}
+
+/// Install a `tracing` subscriber according to `STRATA_DEBUG` (once; later calls no-op).
+pub fn init_logging() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let level = match std::env::var("STRATA_DEBUG").unwrap_or_default().to_ascii_uppercase().as_str() {
+            "TRACE" => "strata=trace",
+            "INFO" => "strata=debug",
+            "WARN" => "strata=warn",
+            _ => return,
+        };
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(level))
+            .with_writer(std::io::stderr)
+            .try_init();
+    });
+}

@@ -1,0 +1,1035 @@
+//! Ranks, their coordinates and the link class between any two of them.
+//!
+//! A [`Topology`] is a regular 3-level hierarchy: `nodes` x `packages_per_node` x
+//! `dies_per_package`. A *die* is one rank (an A100, an H100, one GCD of an MI250X); a
+//! *package* groups dies that share the fastest link (the two GCDs of one MI250X, the
+//! Frontier paper's first level, 002 §IV); a *node* groups packages behind one set of
+//! NICs. An optional leaf-switch id per node feeds AMSP's placement (000 §V-D).
+//!
+//! Rank layout is row-major (contract): `rank = (node * P + package) * D + die`, the
+//! layout of a PyTorch DeviceMesh of shape `(nodes, ranks_per_node)`.
+//!
+//! Topologies come from a SPEC string ([`Topology::parse`], also read from
+//! `STRATA_TOPOLOGY` by [`Topology::from_env`]) or from a JSON file written by
+//! [`Topology::save`] (the way `NCCL_TOPO_FILE` injects a topology), so every
+//! topology-dependent path is testable without hardware.
+//!
+//! SPEC grammar (case-insensitive, surrounding whitespace ignored):
+//!
+//! | form | meaning |
+//! |---|---|
+//! | `nodes:NxR` | N nodes of R ranks; R packages of 1 die, so no `intra_package` links |
+//! | `nodes:NxPxD` | N nodes, P packages per node, D dies per package |
+//! | `dgx-a100:N`, `dgx-h100:N`, `p3dn:N`, `p4d:N`, `p5:N` | N nodes of 8 GPUs (8 packages x 1 die) |
+//! | `frontier:N` | N nodes of 4 MI250X packages x 2 GCDs |
+//! | any of the above + `,switch=K` | K consecutive nodes per leaf switch (`switch_of_node[n] = n / K`) |
+//! | `path/to/file.json` | a file written by [`Topology::save`] |
+//!
+//! Link figures of every preset, with their sources, are in [`presets`].
+
+pub mod grouping;
+pub mod presets;
+
+use std::fmt;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::{invalid_arg, invalid_usage};
+
+/// Environment variable naming a topology SPEC or JSON file (read by [`Topology::from_env`]).
+pub const ENV_TOPOLOGY: &str = "STRATA_TOPOLOGY";
+
+/// The accepted SPEC forms, quoted in every parse error.
+pub const ACCEPTED_FORMS: &str = "accepted forms: nodes:NxR, nodes:NxPxD, dgx-a100:N, \
+dgx-h100:N, frontier:N, p3dn:N, p4d:N, p5:N (sizes >= 1, each optionally followed by \
+,switch=K for K nodes per leaf switch), or a path to a topology JSON file";
+
+/// Class of the link between two ranks (traffic accounting contract:
+/// `intra_package`, `intra_node`, `inter_node`). Ordered fastest-first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LinkClass {
+    /// Dies of one package (GCD pair of an MI250X; Infinity Fabric in-package).
+    IntraPackage,
+    /// Different packages of one node (NVLink / NVSwitch / GPU-GPU Infinity Fabric).
+    IntraNode,
+    /// Different nodes (InfiniBand, EFA, Slingshot).
+    InterNode,
+}
+
+impl LinkClass {
+    /// All classes, in [`LinkClass::index`] order.
+    pub const ALL: [LinkClass; 3] = [
+        LinkClass::IntraPackage,
+        LinkClass::IntraNode,
+        LinkClass::InterNode,
+    ];
+
+    /// `"intra_package"`, `"intra_node"` or `"inter_node"` (contract; the serde name too).
+    pub fn name(self) -> &'static str {
+        match self {
+            LinkClass::IntraPackage => "intra_package",
+            LinkClass::IntraNode => "intra_node",
+            LinkClass::InterNode => "inter_node",
+        }
+    }
+
+    /// 0, 1, 2: position in [`LinkClass::ALL`], for per-class arrays.
+    pub fn index(self) -> usize {
+        match self {
+            LinkClass::IntraPackage => 0,
+            LinkClass::IntraNode => 1,
+            LinkClass::InterNode => 2,
+        }
+    }
+}
+
+impl fmt::Display for LinkClass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One level of the hierarchy, named by what its members are spread across.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Level {
+    /// Across nodes: members differ in the node coordinate (links: `inter_node`).
+    Network,
+    /// Across the packages of one node (links: `intra_node`).
+    Node,
+    /// Across the dies of one package (links: `intra_package`).
+    Package,
+}
+
+impl Level {
+    /// Outermost first.
+    pub const ALL: [Level; 3] = [Level::Network, Level::Node, Level::Package];
+
+    /// `"network"`, `"node"` or `"package"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Level::Network => "network",
+            Level::Node => "node",
+            Level::Package => "package",
+        }
+    }
+
+    /// The link class any two distinct members of one group of this level talk over.
+    pub fn link_class(self) -> LinkClass {
+        match self {
+            Level::Network => LinkClass::InterNode,
+            Level::Node => LinkClass::IntraNode,
+            Level::Package => LinkClass::IntraPackage,
+        }
+    }
+}
+
+impl fmt::Display for Level {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Position of a rank in the hierarchy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Coord {
+    pub node: usize,
+    pub package: usize,
+    pub die: usize,
+}
+
+/// Modeled link: per-direction bandwidth of ONE rank's share in GB/s (1e9 bytes/s) and
+/// one-way latency in microseconds. These are modeling figures for the cost model
+/// (latency + bytes / bandwidth per link class), not measurements.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct LinkSpec {
+    pub bandwidth_gbs: f64,
+    pub latency_us: f64,
+}
+
+impl LinkSpec {
+    /// Modeled seconds to move `bytes` over this link once: `latency + bytes / bandwidth`.
+    pub fn time_s(&self, bytes: f64) -> f64 {
+        self.latency_us * 1e-6 + bytes / (self.bandwidth_gbs * 1e9)
+    }
+}
+
+/// The modeled links of a topology, one [`LinkSpec`] per [`LinkClass`], plus the NICs
+/// that ranks of a node share (so `inter_node.bandwidth_gbs` is normally
+/// `nics_per_node * nic_bandwidth_gbs / ranks_per_node`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Links {
+    pub intra_package: LinkSpec,
+    pub intra_node: LinkSpec,
+    pub inter_node: LinkSpec,
+    /// NICs per node (inter-node bandwidth is per NIC; ranks of a node share them).
+    pub nics_per_node: usize,
+    /// Per-NIC bandwidth, GB/s per direction.
+    pub nic_bandwidth_gbs: f64,
+}
+
+impl Links {
+    /// The spec of one link class.
+    pub fn get(&self, c: LinkClass) -> LinkSpec {
+        match c {
+            LinkClass::IntraPackage => self.intra_package,
+            LinkClass::IntraNode => self.intra_node,
+            LinkClass::InterNode => self.inter_node,
+        }
+    }
+
+    /// Aggregate egress bandwidth of one node, GB/s per direction.
+    pub fn node_egress_gbs(&self) -> f64 {
+        self.nics_per_node as f64 * self.nic_bandwidth_gbs
+    }
+
+    /// Every figure positive and finite (latency may be 0), at least one NIC.
+    pub fn validate(&self) -> Result<()> {
+        for c in LinkClass::ALL {
+            let s = self.get(c);
+            if !(s.bandwidth_gbs.is_finite() && s.bandwidth_gbs > 0.0) {
+                return invalid_arg!(
+                    "topology link {}: bandwidth_gbs must be > 0, got {}",
+                    c,
+                    s.bandwidth_gbs
+                );
+            }
+            if !(s.latency_us.is_finite() && s.latency_us >= 0.0) {
+                return invalid_arg!(
+                    "topology link {}: latency_us must be >= 0, got {}",
+                    c,
+                    s.latency_us
+                );
+            }
+        }
+        if self.nics_per_node == 0 {
+            return invalid_arg!("topology links: nics_per_node must be >= 1");
+        }
+        if !(self.nic_bandwidth_gbs.is_finite() && self.nic_bandwidth_gbs > 0.0) {
+            return invalid_arg!(
+                "topology links: nic_bandwidth_gbs must be > 0, got {}",
+                self.nic_bandwidth_gbs
+            );
+        }
+        Ok(())
+    }
+}
+
+/// A regular node / package / die hierarchy with modeled links (see the module doc).
+///
+/// Fields are public for tests and tools; topologies from [`Topology::parse`],
+/// [`Topology::from_json`] and [`Topology::load`] are validated (sizes >= 1,
+/// `switch_of_node.len() == nodes`, bandwidths > 0). Methods never panic, even on an
+/// unvalidated value (zero sizes are treated as 1 in divisions).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Topology {
+    /// The canonical SPEC it came from (`"nodes:4x8"`, `"frontier:2,switch=4"`) or a free
+    /// name for a file.
+    #[serde(default)]
+    pub name: String,
+    pub nodes: usize,
+    pub packages_per_node: usize,
+    pub dies_per_package: usize,
+    /// Optional leaf-switch of each node (len == nodes); None = one switch for all.
+    #[serde(default)]
+    pub switch_of_node: Option<Vec<usize>>,
+    pub links: Links,
+}
+
+/// `"1 die"`, `"2 dies"`.
+fn plural(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+impl Topology {
+    /// Parses a SPEC (grammar in the module doc) or loads a JSON file: `spec` is taken as
+    /// a path when it ends with `.json` or names an existing file.
+    ///
+    /// Errors: `InvalidArgument` for zero sizes, missing numbers, unknown presets,
+    /// garbage (the message lists [`ACCEPTED_FORMS`]), and for unreadable or invalid files.
+    pub fn parse(spec: &str) -> Result<Topology> {
+        let raw = spec.trim();
+        if raw.is_empty() {
+            return invalid_arg!("empty topology spec; {ACCEPTED_FORMS}");
+        }
+        let path = Path::new(raw);
+        if raw.to_ascii_lowercase().ends_with(".json") || path.is_file() {
+            return Topology::load(path);
+        }
+        let lower: String = raw
+            .to_ascii_lowercase()
+            .chars()
+            .filter(|c| !c.is_whitespace())
+            .collect();
+        let bad = |why: &str| -> Error {
+            Error::InvalidArgument(format!(
+                "bad topology spec {raw:?}: {why}; {ACCEPTED_FORMS}"
+            ))
+        };
+        let (body, switch) = match lower.split_once(',') {
+            None => (lower.as_str(), None),
+            Some((body, rest)) => {
+                let k = rest
+                    .strip_prefix("switch=")
+                    .ok_or_else(|| bad("the only suffix is ,switch=K"))?;
+                (
+                    body,
+                    Some(parse_size(k, "K (nodes per switch)").map_err(|w| bad(&w))?),
+                )
+            }
+        };
+        let (kind, args) = body.split_once(':').ok_or_else(|| bad("missing ':'"))?;
+        let mut t = if kind == "nodes" {
+            let dims = args
+                .split('x')
+                .map(|s| parse_size(s, "size"))
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(|w| bad(&w))?;
+            match dims[..] {
+                [n, r] => Topology::uniform(n, r),
+                [n, p, d] => {
+                    Topology::with_links(body, n, p, d, presets::generic_links(p.saturating_mul(d)))
+                }
+                _ => return Err(bad("nodes: takes NxR or NxPxD")),
+            }
+        } else {
+            let p = presets::find(kind).ok_or_else(|| bad(&format!("unknown preset {kind:?}")))?;
+            let n = parse_size(args, "N (nodes)").map_err(|w| bad(&w))?;
+            p.topology(n)
+        };
+        t.name = body.to_string();
+        if t.nodes
+            .checked_mul(t.packages_per_node)
+            .and_then(|x| x.checked_mul(t.dies_per_package))
+            .is_none()
+        {
+            return Err(bad("world size overflows"));
+        }
+        if let Some(k) = switch {
+            t = t.with_nodes_per_switch(k)?;
+            t.name = lower.clone();
+        }
+        t.validate()?;
+        Ok(t)
+    }
+
+    fn with_links(
+        name: &str,
+        nodes: usize,
+        packages: usize,
+        dies: usize,
+        links: Links,
+    ) -> Topology {
+        Topology {
+            name: name.to_string(),
+            nodes,
+            packages_per_node: packages,
+            dies_per_package: dies,
+            switch_of_node: None,
+            links,
+        }
+    }
+
+    /// `nodes:NxR`: `nodes` nodes of `ranks_per_node` packages of 1 die each (so all
+    /// intra-node links are `intra_node`), generic links ([`presets::generic_links`]).
+    /// Not validated: zero sizes give an empty world (see [`Topology::validate`]).
+    pub fn uniform(nodes: usize, ranks_per_node: usize) -> Topology {
+        Topology::with_links(
+            &format!("nodes:{nodes}x{ranks_per_node}"),
+            nodes,
+            ranks_per_node,
+            1,
+            presets::generic_links(ranks_per_node),
+        )
+    }
+
+    /// One node of `world` ranks: the topology used when none is given.
+    pub fn flat(world: usize) -> Topology {
+        Topology::uniform(1, world)
+    }
+
+    /// Sets `switch_of_node[n] = n / k` (`k` consecutive nodes per leaf switch, the last
+    /// switch possibly smaller). Err(InvalidArgument) when `k == 0`.
+    pub fn with_nodes_per_switch(mut self, k: usize) -> Result<Topology> {
+        if k == 0 {
+            return invalid_arg!("nodes per switch must be >= 1; {ACCEPTED_FORMS}");
+        }
+        self.switch_of_node = Some((0..self.nodes).map(|n| n / k).collect());
+        Ok(self)
+    }
+
+    /// Sets an explicit leaf switch per node. Err(InvalidArgument) unless `len == nodes`.
+    pub fn with_switch_of_node(mut self, switch_of_node: Vec<usize>) -> Result<Topology> {
+        self.switch_of_node = Some(switch_of_node);
+        self.validate()?;
+        Ok(self)
+    }
+
+    /// Checks the invariants `parse`/`from_json` guarantee: sizes >= 1, a world size that
+    /// fits `usize`, `switch_of_node.len() == nodes`, valid [`Links`].
+    pub fn validate(&self) -> Result<()> {
+        let who = if self.name.is_empty() {
+            "topology".to_string()
+        } else {
+            format!("topology {}", self.name)
+        };
+        for (what, v) in [
+            ("nodes", self.nodes),
+            ("packages_per_node", self.packages_per_node),
+            ("dies_per_package", self.dies_per_package),
+        ] {
+            if v == 0 {
+                return invalid_arg!("{who}: {what} must be >= 1");
+            }
+        }
+        if self
+            .nodes
+            .checked_mul(self.packages_per_node)
+            .and_then(|x| x.checked_mul(self.dies_per_package))
+            .is_none()
+        {
+            return invalid_arg!("{who}: world size overflows");
+        }
+        if let Some(s) = &self.switch_of_node {
+            if s.len() != self.nodes {
+                return invalid_arg!(
+                    "{who}: switch_of_node has {} entries but there are {} nodes",
+                    s.len(),
+                    self.nodes
+                );
+            }
+        }
+        self.links.validate().map_err(|e| match e {
+            Error::InvalidArgument(m) => Error::InvalidArgument(format!("{who}: {m}")),
+            e => e,
+        })
+    }
+
+    /// `nodes * packages_per_node * dies_per_package` (saturating).
+    pub fn world_size(&self) -> usize {
+        self.nodes.saturating_mul(self.ranks_per_node())
+    }
+
+    /// `packages_per_node * dies_per_package` (saturating).
+    pub fn ranks_per_node(&self) -> usize {
+        self.packages_per_node.saturating_mul(self.dies_per_package)
+    }
+
+    /// `dies_per_package`.
+    pub fn ranks_per_package(&self) -> usize {
+        self.dies_per_package
+    }
+
+    /// Row-major coordinate of `rank`. A rank past the world gives a node >= `nodes`
+    /// (no panic); use [`Topology::checked_coord`] to reject it.
+    pub fn coord(&self, rank: usize) -> Coord {
+        let d = self.dies_per_package.max(1);
+        let p = self.packages_per_node.max(1);
+        Coord {
+            node: rank / d / p,
+            package: rank / d % p,
+            die: rank % d,
+        }
+    }
+
+    /// [`Topology::coord`], Err(InvalidArgument) when `rank >= world_size()`.
+    pub fn checked_coord(&self, rank: usize) -> Result<Coord> {
+        if rank >= self.world_size() {
+            return invalid_arg!(
+                "rank {rank} out of range for topology {} ({} ranks)",
+                self.name,
+                self.world_size()
+            );
+        }
+        Ok(self.coord(rank))
+    }
+
+    /// Inverse of [`Topology::coord`]: `(node * P + package) * D + die` (wrapping on overflow).
+    pub fn rank_of(&self, c: Coord) -> usize {
+        c.node
+            .wrapping_mul(self.packages_per_node)
+            .wrapping_add(c.package)
+            .wrapping_mul(self.dies_per_package)
+            .wrapping_add(c.die)
+    }
+
+    /// Node of `rank`.
+    pub fn node_of(&self, rank: usize) -> usize {
+        rank / self.ranks_per_node().max(1)
+    }
+
+    /// Index of `rank` within its node (its rail).
+    pub fn local_rank(&self, rank: usize) -> usize {
+        rank % self.ranks_per_node().max(1)
+    }
+
+    /// Leaf switch of `node` (0 for every node without switch information or past the end).
+    pub fn switch_of(&self, node: usize) -> usize {
+        self.switch_of_node
+            .as_ref()
+            .and_then(|s| s.get(node).copied())
+            .unwrap_or(0)
+    }
+
+    /// Number of distinct leaf switches (1 without switch information).
+    pub fn num_switches(&self) -> usize {
+        match &self.switch_of_node {
+            None => 1,
+            Some(s) => {
+                let mut v = s.clone();
+                v.sort_unstable();
+                v.dedup();
+                v.len().max(1)
+            }
+        }
+    }
+
+    /// Link class between ranks `a` and `b`: same node and package -> `IntraPackage`
+    /// (also `a == b`), same node -> `IntraNode`, else `InterNode`.
+    pub fn link_class(&self, a: usize, b: usize) -> LinkClass {
+        let (ca, cb) = (self.coord(a), self.coord(b));
+        if ca.node != cb.node {
+            LinkClass::InterNode
+        } else if ca.package != cb.package {
+            LinkClass::IntraNode
+        } else {
+            LinkClass::IntraPackage
+        }
+    }
+
+    /// Modeled link between `a` and `b` (`links.get(link_class(a, b))`).
+    pub fn link(&self, a: usize, b: usize) -> LinkSpec {
+        self.links.get(self.link_class(a, b))
+    }
+
+    /// The non-trivial levels, outermost first, with their sizes; size-1 levels are
+    /// skipped: `frontier:2` -> `[(Network, 2), (Node, 4), (Package, 2)]`, `nodes:4x8` ->
+    /// `[(Network, 4), (Node, 8)]`, `nodes:1x8` -> `[(Node, 8)]`, `nodes:4x1` ->
+    /// `[(Network, 4)]`, `nodes:1x1` -> `[]`. This is the shape a hierarchical
+    /// collective recurses over (MiCS §3.3 two levels, Frontier 002 §IV three levels).
+    pub fn levels(&self) -> Vec<(Level, usize)> {
+        Level::ALL
+            .into_iter()
+            .map(|l| (l, self.level_size(l)))
+            .filter(|&(_, n)| n > 1)
+            .collect()
+    }
+
+    /// Size of every group of `level`: `nodes`, `packages_per_node` or `dies_per_package`.
+    pub fn level_size(&self, level: Level) -> usize {
+        match level {
+            Level::Network => self.nodes,
+            Level::Node => self.packages_per_node,
+            Level::Package => self.dies_per_package,
+        }
+    }
+
+    /// Ok when the topology describes exactly `world` ranks, else Err(InvalidUsage), e.g.
+    /// "topology frontier:2 describes 16 ranks (2 nodes x 4 packages x 2 dies) but the
+    /// world has 12 ranks".
+    pub fn check_world(&self, world: usize) -> Result<()> {
+        if self.world_size() == world {
+            return Ok(());
+        }
+        invalid_usage!(
+            "topology {} describes {} ranks ({} x {} x {}) but the world has {} ranks",
+            self.name,
+            self.world_size(),
+            plural(self.nodes, "node", "nodes"),
+            plural(self.packages_per_node, "package", "packages"),
+            plural(self.dies_per_package, "die", "dies"),
+            world
+        )
+    }
+
+    /// Pretty JSON of every field (the format [`Topology::from_json`] and `parse` read).
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+    }
+
+    /// Parses and validates JSON written by [`Topology::to_json`]; unknown fields are
+    /// rejected (typos would otherwise be silent). Err(InvalidArgument) on any defect.
+    pub fn from_json(s: &str) -> Result<Topology> {
+        let mut t: Topology = serde_json::from_str(s)
+            .map_err(|e| Error::InvalidArgument(format!("bad topology JSON: {e}")))?;
+        if t.name.trim().is_empty() {
+            t.name = format!(
+                "custom:{}x{}x{}",
+                t.nodes, t.packages_per_node, t.dies_per_package
+            );
+        }
+        t.validate()?;
+        Ok(t)
+    }
+
+    /// Reads a topology JSON file. Err(InvalidArgument) naming the path when it cannot
+    /// be read or is invalid.
+    pub fn load(path: &Path) -> Result<Topology> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            Error::InvalidArgument(format!(
+                "cannot read topology file {}: {e}; {ACCEPTED_FORMS}",
+                path.display()
+            ))
+        })?;
+        Topology::from_json(&text).map_err(|e| match e {
+            Error::InvalidArgument(m) => Error::InvalidArgument(format!("{}: {m}", path.display())),
+            e => e,
+        })
+    }
+
+    /// Writes [`Topology::to_json`] to `path`. Err(System) when the write fails.
+    pub fn save(&self, path: &Path) -> Result<()> {
+        std::fs::write(path, self.to_json() + "\n").map_err(|e| {
+            Error::System(format!(
+                "cannot write topology file {}: {e}",
+                path.display()
+            ))
+        })
+    }
+
+    /// `STRATA_TOPOLOGY` parsed with [`Topology::parse`]; `Ok(None)` when unset or blank.
+    pub fn from_env() -> Result<Option<Topology>> {
+        Topology::from_env_value(std::env::var(ENV_TOPOLOGY))
+    }
+
+    fn from_env_value(
+        v: std::result::Result<String, std::env::VarError>,
+    ) -> Result<Option<Topology>> {
+        match v {
+            Ok(v) if !v.trim().is_empty() => Topology::parse(&v).map(Some).map_err(|e| match e {
+                Error::InvalidArgument(m) => Error::InvalidArgument(format!("{ENV_TOPOLOGY}: {m}")),
+                e => e,
+            }),
+            Ok(_) | Err(std::env::VarError::NotPresent) => Ok(None),
+            Err(std::env::VarError::NotUnicode(_)) => {
+                invalid_arg!("{ENV_TOPOLOGY} is not valid UTF-8")
+            }
+        }
+    }
+
+    /// One line: `"frontier:2 = 2 nodes x 4 packages x 2 dies (16 ranks)"`, plus
+    /// `", N leaf switches"` when switch information is present.
+    pub fn summary(&self) -> String {
+        let mut s = format!(
+            "{} = {} x {} x {} ({} ranks)",
+            self.name,
+            plural(self.nodes, "node", "nodes"),
+            plural(self.packages_per_node, "package", "packages"),
+            plural(self.dies_per_package, "die", "dies"),
+            self.world_size()
+        );
+        if self.switch_of_node.is_some() {
+            s += &format!(
+                ", {}",
+                plural(self.num_switches(), "leaf switch", "leaf switches")
+            );
+        }
+        s
+    }
+}
+
+impl fmt::Display for Topology {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.summary())
+    }
+}
+
+/// A size >= 1, or the reason it is not (for the caller's message).
+fn parse_size(s: &str, what: &str) -> std::result::Result<usize, String> {
+    if s.is_empty() {
+        return Err(format!("missing {what}"));
+    }
+    if !s.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("{what} {s:?} is not a number"));
+    }
+    match s.parse::<usize>() {
+        Ok(0) => Err(format!("{what} must be >= 1")),
+        Ok(v) => Ok(v),
+        Err(_) => Err(format!("{what} {s:?} is too large")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unique_tmp(tag: &str) -> std::path::PathBuf {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        std::env::temp_dir().join(format!(
+            "strata-topo-{tag}-{}-{nanos}.json",
+            std::process::id()
+        ))
+    }
+
+    #[test]
+    fn link_class_names_and_serde() {
+        assert_eq!(
+            LinkClass::ALL.map(|c| c.name()),
+            ["intra_package", "intra_node", "inter_node"]
+        );
+        for (i, c) in LinkClass::ALL.into_iter().enumerate() {
+            assert_eq!(c.index(), i);
+            assert_eq!(
+                serde_json::to_string(&c).unwrap(),
+                format!("\"{}\"", c.name())
+            );
+        }
+        assert!(LinkClass::IntraPackage < LinkClass::InterNode);
+    }
+
+    #[test]
+    fn parse_grammar_forms() {
+        let t = Topology::parse("nodes:4x8").unwrap();
+        assert_eq!(
+            (t.nodes, t.packages_per_node, t.dies_per_package),
+            (4, 8, 1)
+        );
+        assert_eq!(
+            (t.world_size(), t.ranks_per_node(), t.ranks_per_package()),
+            (32, 8, 1)
+        );
+        assert_eq!(t.name, "nodes:4x8");
+        assert_eq!(t, Topology::uniform(4, 8));
+
+        let t = Topology::parse("  NODES:2X4X2 ").unwrap();
+        assert_eq!(
+            (t.nodes, t.packages_per_node, t.dies_per_package),
+            (2, 4, 2)
+        );
+        assert_eq!(t.name, "nodes:2x4x2");
+
+        let t = Topology::parse("nodes:8x8,switch=4").unwrap();
+        assert_eq!(
+            t.switch_of_node.as_deref(),
+            Some(&[0, 0, 0, 0, 1, 1, 1, 1][..])
+        );
+        assert_eq!(t.name, "nodes:8x8,switch=4");
+        assert_eq!(t.num_switches(), 2);
+        let t = Topology::parse("frontier:3, switch=2").unwrap();
+        assert_eq!(t.switch_of_node.as_deref(), Some(&[0, 0, 1][..]));
+        assert_eq!(
+            t.summary(),
+            "frontier:3,switch=2 = 3 nodes x 4 packages x 2 dies (24 ranks), 2 leaf switches"
+        );
+        assert_eq!(Topology::flat(5), Topology::uniform(1, 5));
+    }
+
+    #[test]
+    fn parse_presets() {
+        for (spec, p, d, nics) in [
+            ("dgx-a100:2", 8, 1, 8),
+            ("dgx-h100:2", 8, 1, 8),
+            ("frontier:2", 4, 2, 4),
+            ("p3dn:2", 8, 1, 1),
+            ("p4d:2", 8, 1, 4),
+            ("p5:2", 8, 1, 32),
+            ("DGX-A100:2", 8, 1, 8),
+        ] {
+            let t = Topology::parse(spec).unwrap_or_else(|e| panic!("{spec}: {e}"));
+            assert_eq!(
+                (t.nodes, t.packages_per_node, t.dies_per_package),
+                (2, p, d),
+                "{spec}"
+            );
+            assert_eq!(t.links.nics_per_node, nics, "{spec}");
+            assert_eq!(t.name, spec.to_ascii_lowercase());
+            t.validate().unwrap();
+            // the per-rank inter-node share is the node's NIC bandwidth split over its ranks
+            let share = t.links.node_egress_gbs() / t.ranks_per_node() as f64;
+            assert!(
+                (t.links.inter_node.bandwidth_gbs - share).abs() < 1e-9,
+                "{spec}"
+            );
+            // faster classes are not slower
+            assert!(
+                t.links.intra_node.bandwidth_gbs > t.links.inter_node.bandwidth_gbs,
+                "{spec}"
+            );
+            assert!(
+                t.links.intra_package.bandwidth_gbs >= t.links.intra_node.bandwidth_gbs,
+                "{spec}"
+            );
+        }
+    }
+
+    #[test]
+    fn parse_errors() {
+        for bad in [
+            "",
+            "   ",
+            "nodes",
+            "nodes:",
+            "nodes:4",
+            "nodes:4x",
+            "nodes:x8",
+            "nodes:0x8",
+            "nodes:4x0",
+            "nodes:2x2x0",
+            "nodes:1x2x3x4",
+            "nodes:-1x8",
+            "nodes:4x8,switch=0",
+            "nodes:4x8,switch=",
+            "nodes:4x8,rack=2",
+            "frontier",
+            "frontier:",
+            "frontier:0",
+            "frontier:two",
+            "tpu:4",
+            "dgx-a100:1.5",
+            "garbage",
+            "nodes:99999999999999999999x8",
+            "nodes:18446744073709551615x2",
+        ] {
+            match Topology::parse(bad) {
+                Err(Error::InvalidArgument(m)) => {
+                    assert!(m.contains("accepted forms"), "{bad:?}: {m}")
+                }
+                other => panic!("{bad:?} gave {other:?}"),
+            }
+        }
+        let m = Topology::parse("tpu:4").unwrap_err().to_string();
+        assert!(
+            m.contains("unknown preset") && m.contains("frontier:N") && m.contains("nodes:NxPxD"),
+            "{m}"
+        );
+        let m = Topology::parse("missing-file.json").unwrap_err();
+        assert!(
+            matches!(m, Error::InvalidArgument(ref s) if s.contains("missing-file.json")),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn coord_round_trip() {
+        for spec in [
+            "frontier:3",
+            "nodes:3x8",
+            "nodes:2x3x5",
+            "nodes:1x1",
+            "p3dn:2",
+        ] {
+            let t = Topology::parse(spec).unwrap();
+            for r in 0..t.world_size() {
+                let c = t.coord(r);
+                assert!(
+                    c.node < t.nodes
+                        && c.package < t.packages_per_node
+                        && c.die < t.dies_per_package
+                );
+                assert_eq!(t.rank_of(c), r, "{spec} {r}");
+                assert_eq!(t.node_of(r), c.node);
+                assert_eq!(t.local_rank(r), c.package * t.dies_per_package + c.die);
+            }
+            assert!(t.checked_coord(t.world_size()).is_err());
+        }
+        let t = Topology::parse("frontier:2").unwrap();
+        assert_eq!(
+            t.coord(13),
+            Coord {
+                node: 1,
+                package: 2,
+                die: 1
+            }
+        );
+        // garbage values do not panic
+        let z = Topology::uniform(0, 0);
+        let _ = (
+            z.coord(5),
+            z.node_of(5),
+            z.local_rank(5),
+            z.link_class(1, 2),
+            z.levels(),
+            z.summary(),
+        );
+        assert!(z.validate().is_err());
+    }
+
+    #[test]
+    fn frontier_link_classes() {
+        let t = Topology::parse("frontier:2").unwrap();
+        assert_eq!(t.link_class(0, 1), LinkClass::IntraPackage);
+        assert_eq!(t.link_class(0, 0), LinkClass::IntraPackage);
+        assert_eq!(t.link_class(0, 2), LinkClass::IntraNode);
+        assert_eq!(t.link_class(1, 7), LinkClass::IntraNode);
+        assert_eq!(t.link_class(0, 8), LinkClass::InterNode);
+        assert_eq!(t.link_class(7, 8), LinkClass::InterNode);
+        assert_eq!(t.link(0, 1), t.links.intra_package);
+        // nodes:NxR has no intra_package link between distinct ranks
+        let u = Topology::parse("nodes:2x4").unwrap();
+        assert_eq!(u.link_class(0, 1), LinkClass::IntraNode);
+        assert_eq!(u.link_class(3, 4), LinkClass::InterNode);
+    }
+
+    #[test]
+    fn levels() {
+        use Level::*;
+        let l = |s: &str| Topology::parse(s).unwrap().levels();
+        assert_eq!(l("frontier:2"), vec![(Network, 2), (Node, 4), (Package, 2)]);
+        assert_eq!(l("frontier:1"), vec![(Node, 4), (Package, 2)]);
+        assert_eq!(l("nodes:4x8"), vec![(Network, 4), (Node, 8)]);
+        assert_eq!(l("nodes:1x8"), vec![(Node, 8)]);
+        assert_eq!(l("nodes:4x1"), vec![(Network, 4)]);
+        assert_eq!(l("nodes:1x1"), vec![]);
+        assert_eq!(l("nodes:3x1x2"), vec![(Network, 3), (Package, 2)]);
+        assert_eq!(Level::Package.link_class(), LinkClass::IntraPackage);
+    }
+
+    #[test]
+    fn check_world_message() {
+        let t = Topology::parse("frontier:2").unwrap();
+        assert!(t.check_world(16).is_ok());
+        let e = t.check_world(12).unwrap_err();
+        assert_eq!(
+            e,
+            Error::InvalidUsage(
+                "topology frontier:2 describes 16 ranks (2 nodes x 4 packages x 2 dies) but the world has 12 ranks".into()
+            )
+        );
+        assert_eq!(e.code(), 5);
+        let m = Topology::parse("nodes:1x8")
+            .unwrap()
+            .check_world(4)
+            .unwrap_err()
+            .to_string();
+        assert!(m.contains("(1 node x 8 packages x 1 die)"), "{m}");
+        assert_eq!(
+            t.summary(),
+            "frontier:2 = 2 nodes x 4 packages x 2 dies (16 ranks)"
+        );
+    }
+
+    #[test]
+    fn json_round_trip_through_file() {
+        let t = Topology::parse("frontier:4,switch=3").unwrap();
+        let path = unique_tmp("rt");
+        t.save(&path).unwrap();
+        let back = Topology::load(&path).unwrap();
+        assert_eq!(back, t);
+        // parse() accepts the path too, and the file takes precedence over the grammar
+        assert_eq!(Topology::parse(path.to_str().unwrap()).unwrap(), t);
+        assert_eq!(Topology::from_json(&t.to_json()).unwrap(), t);
+        let _ = std::fs::remove_file(&path);
+
+        // the JSON carries the contract names
+        let j = t.to_json();
+        for k in [
+            "intra_package",
+            "intra_node",
+            "inter_node",
+            "nics_per_node",
+            "switch_of_node",
+            "bandwidth_gbs",
+        ] {
+            assert!(j.contains(k), "{k} missing from {j}");
+        }
+        // switch_of_node may be omitted, name defaults
+        let mut v: serde_json::Value = serde_json::from_str(&j).unwrap();
+        v.as_object_mut().unwrap().remove("switch_of_node");
+        v.as_object_mut().unwrap().remove("name");
+        let u = Topology::from_json(&v.to_string()).unwrap();
+        assert_eq!(u.switch_of_node, None);
+        assert_eq!(u.name, "custom:4x4x2");
+    }
+
+    #[test]
+    fn json_validation() {
+        let good: serde_json::Value =
+            serde_json::from_str(&Topology::parse("nodes:2x4").unwrap().to_json()).unwrap();
+        let with = |f: &dyn Fn(&mut serde_json::Value)| {
+            let mut v = good.clone();
+            f(&mut v);
+            Topology::from_json(&v.to_string())
+        };
+        assert!(with(&|_| {}).is_ok());
+        for (what, r) in [
+            ("zero nodes", with(&|v| v["nodes"] = 0.into())),
+            ("zero dies", with(&|v| v["dies_per_package"] = 0.into())),
+            (
+                "switch len",
+                with(&|v| v["switch_of_node"] = serde_json::json!([0, 0, 1])),
+            ),
+            (
+                "zero bw",
+                with(&|v| v["links"]["inter_node"]["bandwidth_gbs"] = 0.0.into()),
+            ),
+            (
+                "neg bw",
+                with(&|v| v["links"]["intra_node"]["bandwidth_gbs"] = (-1.0).into()),
+            ),
+            (
+                "neg lat",
+                with(&|v| v["links"]["intra_node"]["latency_us"] = (-1.0).into()),
+            ),
+            (
+                "zero nics",
+                with(&|v| v["links"]["nics_per_node"] = 0.into()),
+            ),
+            (
+                "nic bw",
+                with(&|v| v["links"]["nic_bandwidth_gbs"] = 0.0.into()),
+            ),
+            ("unknown field", with(&|v| v["nodez"] = 3.into())),
+            (
+                "missing field",
+                with(&|v| {
+                    v.as_object_mut().unwrap().remove("links");
+                }),
+            ),
+        ] {
+            assert!(matches!(r, Err(Error::InvalidArgument(_))), "{what}: {r:?}");
+        }
+        assert!(with(&|v| v["switch_of_node"] = serde_json::json!([7, 3])).is_ok());
+        assert!(matches!(
+            Topology::from_json("{not json"),
+            Err(Error::InvalidArgument(_))
+        ));
+        let bad = unique_tmp("bad");
+        std::fs::write(&bad, "{\"nodes\": 0}").unwrap();
+        let e = Topology::parse(bad.to_str().unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(bad.to_str().unwrap()), "{e}");
+        let _ = std::fs::remove_file(&bad);
+    }
+
+    #[test]
+    fn env_value() {
+        use std::env::VarError;
+        assert_eq!(
+            Topology::from_env_value(Err(VarError::NotPresent)).unwrap(),
+            None
+        );
+        assert_eq!(Topology::from_env_value(Ok("  ".into())).unwrap(), None);
+        let t = Topology::from_env_value(Ok("p4d:2".into()))
+            .unwrap()
+            .unwrap();
+        assert_eq!(t.world_size(), 16);
+        let e = Topology::from_env_value(Ok("p4d".into()))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("STRATA_TOPOLOGY") && e.contains("accepted forms"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn switch_helpers() {
+        let t = Topology::parse("nodes:4x2").unwrap();
+        assert_eq!((t.num_switches(), t.switch_of(3)), (1, 0));
+        let t = t.with_switch_of_node(vec![5, 5, 9, 9]).unwrap();
+        assert_eq!((t.num_switches(), t.switch_of(2)), (2, 9));
+        assert!(Topology::uniform(4, 2)
+            .with_switch_of_node(vec![0])
+            .is_err());
+        assert!(Topology::uniform(4, 2).with_nodes_per_switch(0).is_err());
+    }
+}

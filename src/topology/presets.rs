@@ -1,0 +1,253 @@
+//! Named machine presets: node shape and modeled links as data.
+//!
+//! Conventions (see [`LinkSpec`]): bandwidth is GB/s (1e9 B/s) **per direction** of
+//! **one rank's share**; vendors quote NVLink and Infinity Fabric as bidirectional
+//! aggregates, which are halved here. The inter-node share is
+//! `nics_per_node * nic_bandwidth_gbs / ranks_per_node`. Where a package holds one die
+//! (every NVIDIA preset) there is no `intra_package` link between distinct ranks; the
+//! field then repeats the `intra_node` figure and is never used by link classification.
+//!
+//! Sources of the bandwidth figures:
+//! - DGX A100: NVIDIA DGX A100 datasheet / A100 datasheet: third-generation NVLink via
+//!   NVSwitch, 600 GB/s bidirectional per GPU -> 300 GB/s per direction; 8x ConnectX-6
+//!   HDR InfiniBand 200 Gb/s (25 GB/s) NICs, one per GPU. (Also 002 §III: "8 IB HDR
+//!   ports, 200 GB/s", and MiCS 003 §5.1.5.)
+//! - DGX H100: NVIDIA DGX H100 datasheet / H100 SXM datasheet: fourth-generation NVLink,
+//!   900 GB/s bidirectional per GPU -> 450 GB/s per direction; 8x ConnectX-7 NDR
+//!   InfiniBand 400 Gb/s (50 GB/s) NICs, one per GPU.
+//! - Frontier (HPE Cray EX235a, OLCF user guide; 002 §III-IV, Table I): 4 AMD MI250X per
+//!   node, 2 GCDs each. GCD-GCD inside one MI250X: 4 Infinity Fabric links, 200 GB/s
+//!   bidirectional (4 x 50) -> 100 GB/s per direction. MI250X to MI250X: 100 GB/s
+//!   (2 links, adjacent pairs) or 50 GB/s (1 link, cross pairs) bidirectional; a ring
+//!   or all-to-all over the 4 packages crosses a single-link pair, so the model takes
+//!   the 50 GB/s bound -> 25 GB/s per direction. Network: 4x HPE Slingshot-11 200 Gb/s
+//!   (25 GB/s) NICs per node, one per MI250X, shared by its 2 GCDs -> 12.5 GB/s per rank.
+//! - AWS p3dn.24xlarge (AWS EC2 P3 page): 8x V100 SXM2, NVLink2 300 GB/s bidirectional
+//!   per GPU (6 links x 50, hybrid cube-mesh) -> 150 GB/s per direction; 100 Gbps
+//!   network (EFA), one 12.5 GB/s interface shared by 8 GPUs. (MiCS 003 §1/§5 V100
+//!   clusters with 100 Gbps.)
+//! - AWS p4d.24xlarge (AWS EC2 P4 page): 8x A100 on NVSwitch, 600 GB/s bidirectional ->
+//!   300 GB/s per direction; 400 Gbps EFA as 4x 100 Gbps (12.5 GB/s) interfaces. (MiCS
+//!   003 §1 A100 clusters with 400 Gbps.)
+//! - AWS p5.48xlarge (AWS EC2 P5 page): 8x H100 on NVSwitch, 900 GB/s bidirectional ->
+//!   450 GB/s per direction; 3200 Gbps EFA as 32x 100 Gbps (12.5 GB/s) interfaces.
+//!
+//! Latencies are modeling figures (one-way, small message, including library overhead),
+//! not vendor figures: NVLink / NVSwitch 1.5 us (range ~1-2 us), Infinity Fabric inside
+//! an MI250X 1.0 us and between MI250X 2.0 us, InfiniBand 4.0 us (~3-5 us), EFA 15 us,
+//! Slingshot-11 2.5 us (~2-3 us).
+
+use super::{LinkSpec, Links, Topology};
+
+/// A named machine: node shape and links; `topology(n)` builds `n` nodes of it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Preset {
+    /// SPEC name (`"dgx-a100"`), lower case.
+    pub name: &'static str,
+    /// Other accepted names (the AWS instance type names).
+    pub aliases: &'static [&'static str],
+    /// One line for `--help` and logs.
+    pub description: &'static str,
+    pub packages_per_node: usize,
+    pub dies_per_package: usize,
+    pub links: Links,
+}
+
+impl Preset {
+    /// `nodes` nodes of this machine, named `"<name>:<nodes>"`, without switch info.
+    pub fn topology(&self, nodes: usize) -> Topology {
+        Topology {
+            name: format!("{}:{nodes}", self.name),
+            nodes,
+            packages_per_node: self.packages_per_node,
+            dies_per_package: self.dies_per_package,
+            switch_of_node: None,
+            links: self.links.clone(),
+        }
+    }
+
+    /// Ranks per node.
+    pub fn ranks_per_node(&self) -> usize {
+        self.packages_per_node * self.dies_per_package
+    }
+}
+
+const fn spec(bandwidth_gbs: f64, latency_us: f64) -> LinkSpec {
+    LinkSpec {
+        bandwidth_gbs,
+        latency_us,
+    }
+}
+
+// Modeled latencies (us), see the module doc.
+const LAT_NVLINK: f64 = 1.5;
+const LAT_IF_PACKAGE: f64 = 1.0;
+const LAT_IF_NODE: f64 = 2.0;
+const LAT_IB: f64 = 4.0;
+const LAT_EFA: f64 = 15.0;
+const LAT_SLINGSHOT: f64 = 2.5;
+
+/// NVIDIA DGX A100: 8x A100, NVLink3/NVSwitch 300 GB/s/dir, 8x HDR 200 Gb/s.
+pub const DGX_A100: Preset = Preset {
+    name: "dgx-a100",
+    aliases: &[],
+    description: "NVIDIA DGX A100: 8x A100 on NVSwitch (300 GB/s/dir), 8x HDR IB 200 Gb/s",
+    packages_per_node: 8,
+    dies_per_package: 1,
+    links: Links {
+        intra_package: spec(300.0, LAT_NVLINK),
+        intra_node: spec(300.0, LAT_NVLINK),
+        inter_node: spec(25.0, LAT_IB),
+        nics_per_node: 8,
+        nic_bandwidth_gbs: 25.0,
+    },
+};
+
+/// NVIDIA DGX H100: 8x H100, NVLink4/NVSwitch 450 GB/s/dir, 8x NDR 400 Gb/s.
+pub const DGX_H100: Preset = Preset {
+    name: "dgx-h100",
+    aliases: &[],
+    description: "NVIDIA DGX H100: 8x H100 on NVSwitch (450 GB/s/dir), 8x NDR IB 400 Gb/s",
+    packages_per_node: 8,
+    dies_per_package: 1,
+    links: Links {
+        intra_package: spec(450.0, LAT_NVLINK),
+        intra_node: spec(450.0, LAT_NVLINK),
+        inter_node: spec(50.0, LAT_IB),
+        nics_per_node: 8,
+        nic_bandwidth_gbs: 50.0,
+    },
+};
+
+/// OLCF Frontier node: 4x MI250X x 2 GCDs, 4x Slingshot-11 200 Gb/s (002 §III-IV).
+pub const FRONTIER: Preset = Preset {
+    name: "frontier",
+    aliases: &[],
+    description:
+        "OLCF Frontier: 4x MI250X x 2 GCDs (IF 100 / 25 GB/s/dir), 4x Slingshot-11 200 Gb/s",
+    packages_per_node: 4,
+    dies_per_package: 2,
+    links: Links {
+        intra_package: spec(100.0, LAT_IF_PACKAGE),
+        intra_node: spec(25.0, LAT_IF_NODE),
+        inter_node: spec(12.5, LAT_SLINGSHOT),
+        nics_per_node: 4,
+        nic_bandwidth_gbs: 25.0,
+    },
+};
+
+/// AWS p3dn.24xlarge: 8x V100, NVLink2 150 GB/s/dir, 100 Gbps EFA.
+pub const P3DN: Preset = Preset {
+    name: "p3dn",
+    aliases: &["p3dn.24xlarge"],
+    description: "AWS p3dn.24xlarge: 8x V100 NVLink2 (150 GB/s/dir), 100 Gbps EFA",
+    packages_per_node: 8,
+    dies_per_package: 1,
+    links: Links {
+        intra_package: spec(150.0, LAT_NVLINK),
+        intra_node: spec(150.0, LAT_NVLINK),
+        inter_node: spec(12.5 / 8.0, LAT_EFA),
+        nics_per_node: 1,
+        nic_bandwidth_gbs: 12.5,
+    },
+};
+
+/// AWS p4d.24xlarge: 8x A100 on NVSwitch 300 GB/s/dir, 4x 100 Gbps EFA.
+pub const P4D: Preset = Preset {
+    name: "p4d",
+    aliases: &["p4d.24xlarge"],
+    description: "AWS p4d.24xlarge: 8x A100 on NVSwitch (300 GB/s/dir), 400 Gbps EFA (4x 100)",
+    packages_per_node: 8,
+    dies_per_package: 1,
+    links: Links {
+        intra_package: spec(300.0, LAT_NVLINK),
+        intra_node: spec(300.0, LAT_NVLINK),
+        inter_node: spec(4.0 * 12.5 / 8.0, LAT_EFA),
+        nics_per_node: 4,
+        nic_bandwidth_gbs: 12.5,
+    },
+};
+
+/// AWS p5.48xlarge: 8x H100 on NVSwitch 450 GB/s/dir, 32x 100 Gbps EFA.
+pub const P5: Preset = Preset {
+    name: "p5",
+    aliases: &["p5.48xlarge"],
+    description: "AWS p5.48xlarge: 8x H100 on NVSwitch (450 GB/s/dir), 3200 Gbps EFA (32x 100)",
+    packages_per_node: 8,
+    dies_per_package: 1,
+    links: Links {
+        intra_package: spec(450.0, LAT_NVLINK),
+        intra_node: spec(450.0, LAT_NVLINK),
+        inter_node: spec(32.0 * 12.5 / 8.0, LAT_EFA),
+        nics_per_node: 32,
+        nic_bandwidth_gbs: 12.5,
+    },
+};
+
+/// Every preset, in the order `--help` lists them.
+pub const PRESETS: [Preset; 6] = [DGX_A100, DGX_H100, FRONTIER, P3DN, P4D, P5];
+
+/// The preset called `name` (case-insensitive; aliases accepted).
+pub fn find(name: &str) -> Option<&'static Preset> {
+    let name = name.trim().to_ascii_lowercase();
+    PRESETS
+        .iter()
+        .find(|p| p.name == name || p.aliases.contains(&name.as_str()))
+}
+
+/// Links of the generic `nodes:` forms: DGX-A100-class figures (NVSwitch 300 GB/s/dir,
+/// one 25 GB/s HDR NIC per rank, so the per-rank inter-node share is 25 GB/s at any
+/// `ranks_per_node`). The package level, which only `nodes:NxPxD` with D > 1 uses, is
+/// modeled at 600 GB/s / 1.0 us: no vendor figure, only a level strictly faster than
+/// `intra_node` so that the 3-level shape is visible to cost models.
+pub fn generic_links(ranks_per_node: usize) -> Links {
+    Links {
+        intra_package: spec(600.0, LAT_IF_PACKAGE),
+        intra_node: spec(300.0, LAT_NVLINK),
+        inter_node: spec(25.0, LAT_IB),
+        nics_per_node: ranks_per_node.max(1),
+        nic_bandwidth_gbs: 25.0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presets_are_valid_and_consistent() {
+        for p in &PRESETS {
+            p.links.validate().unwrap();
+            let share = p.links.node_egress_gbs() / p.ranks_per_node() as f64;
+            assert!(
+                (p.links.inter_node.bandwidth_gbs - share).abs() < 1e-12,
+                "{}",
+                p.name
+            );
+            assert_eq!(find(p.name), Some(p));
+            assert_eq!(find(&p.name.to_ascii_uppercase()), Some(p));
+            for a in p.aliases {
+                assert_eq!(find(a), Some(p));
+            }
+            let t = p.topology(3);
+            assert_eq!(t.name, format!("{}:3", p.name));
+            t.validate().unwrap();
+        }
+        assert_eq!(find("tpu"), None);
+    }
+
+    #[test]
+    fn headline_figures() {
+        assert_eq!(DGX_A100.links.intra_node.bandwidth_gbs, 300.0);
+        assert_eq!(DGX_H100.links.intra_node.bandwidth_gbs, 450.0);
+        assert_eq!(FRONTIER.links.intra_package.bandwidth_gbs, 100.0);
+        assert_eq!(FRONTIER.links.inter_node.bandwidth_gbs, 12.5);
+        assert_eq!(P3DN.links.inter_node.bandwidth_gbs, 1.5625);
+        assert_eq!(P4D.links.inter_node.bandwidth_gbs, 6.25);
+        assert_eq!(P5.links.inter_node.bandwidth_gbs, 50.0);
+        let g = generic_links(4);
+        g.validate().unwrap();
+        assert_eq!(g.node_egress_gbs() / 4.0, g.inter_node.bandwidth_gbs);
+        assert!(generic_links(0).validate().is_ok());
+    }
+}

@@ -1,0 +1,129 @@
+//! Transports move bytes between the ranks of a communicator.
+//!
+//! One trait, [`Transport`], with blocking point-to-point primitives and native
+//! collectives; a transport's native collectives default to the ring algorithms of
+//! [`crate::algo::ring`] written over its point-to-point calls (so the `local`
+//! transport's traffic mirrors NCCL's ring). Transports are driven from a
+//! communicator's stream thread ([`crate::comm`]), which is what makes collectives
+//! nonblocking for the caller. Every transport exists as a type in every build; with
+//! its feature off, constructing it returns [`Error::NotCompiled`].
+
+pub mod local;
+pub mod mpi;
+pub mod gpu;
+
+use crate::algo::ring;
+use crate::dtype::{DataType, ReduceOp};
+use crate::error::{Error, Result};
+use crate::traffic::Traffic;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The transports strata knows, in order of preference when none is named.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TransportKind {
+    Local,
+    Mpi,
+    Nccl,
+    Rccl,
+    CudaLocal,
+}
+
+impl TransportKind {
+    /// Registry order: the embedded default first.
+    pub const ALL: [TransportKind; 5] =
+        [TransportKind::Local, TransportKind::Mpi, TransportKind::Nccl, TransportKind::Rccl, TransportKind::CudaLocal];
+
+    /// Name as on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            TransportKind::Local => "local",
+            TransportKind::Mpi => "mpi",
+            TransportKind::Nccl => "nccl",
+            TransportKind::Rccl => "rccl",
+            TransportKind::CudaLocal => "cuda-local",
+        }
+    }
+
+    /// True when this build can construct the transport.
+    pub fn compiled(self) -> bool {
+        match self {
+            TransportKind::Local => true,
+            TransportKind::Mpi => cfg!(feature = "mpi"),
+            TransportKind::Nccl | TransportKind::CudaLocal => false,
+            TransportKind::Rccl => false,
+        }
+    }
+
+    /// True when traffic figures are measured transfers rather than nominal ones.
+    pub fn traffic_measured(self) -> bool {
+        self == TransportKind::Local
+    }
+}
+
+impl std::str::FromStr for TransportKind {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        TransportKind::ALL
+            .into_iter()
+            .find(|k| k.name() == s)
+            .ok_or_else(|| Error::InvalidArgument(format!("unknown transport '{s}' (local, mpi, nccl, rccl, cuda-local)")))
+    }
+}
+
+/// Moves bytes among the `size()` ranks of one communicator. Calls block the calling
+/// (stream) thread; a peer that does not answer within `timeout()` is an
+/// [`Error::Remote`]. Implementations must be usable from several threads, one
+/// communicator's calls at a time.
+pub trait Transport: Send + Sync {
+    /// Which transport this is.
+    fn kind(&self) -> TransportKind;
+    /// This rank within the communicator.
+    fn rank(&self) -> usize;
+    /// Ranks in the communicator.
+    fn size(&self) -> usize;
+    /// World rank of communicator rank `r` (for traffic classification).
+    fn world_rank(&self, r: usize) -> usize;
+    /// How long to wait for a peer.
+    fn timeout(&self) -> Duration;
+    /// Collective: ranks passing the same `Some(color)` form a new communicator ordered
+    /// by (key, rank); `None` takes part without joining (returns `Ok(None)`).
+    fn split(&self, color: Option<u32>, key: i32) -> Result<Option<Arc<dyn Transport>>>;
+    /// Send `data` to `peer` (may return before the peer receives).
+    fn send(&self, peer: usize, data: &[u8]) -> Result<()>;
+    /// Receive exactly `data.len()` bytes from `peer`; a message of another length is an
+    /// [`Error::InvalidUsage`] (mismatched counts across ranks).
+    fn recv(&self, peer: usize, data: &mut [u8]) -> Result<()>;
+    /// Send to `dst` and receive from `src` at once.
+    fn sendrecv(&self, dst: usize, send: &[u8], src: usize, recv: &mut [u8]) -> Result<()> {
+        self.send(dst, send)?;
+        self.recv(src, recv)
+    }
+    /// Shared traffic counters, where the transport records them.
+    fn traffic(&self) -> Option<Arc<Traffic>>;
+    /// Wake every waiter with an error and refuse further work (ncclCommAbort).
+    fn abort(&self);
+
+    /// Native all-gather, in place: `buf` holds `size()` chunks of `chunk` bytes and this
+    /// rank's own chunk is already at `rank()*chunk`.
+    fn all_gather(&self, buf: &mut [u8], chunk: usize) -> Result<()> {
+        ring::all_gather(self, buf, chunk)
+    }
+    /// Native reduce-scatter: `send` holds `size()` chunks of `recv.len()` bytes; `recv`
+    /// gets the reduction of everyone's chunk `rank()` (with `Avg`: the sum; the caller divides).
+    fn reduce_scatter(&self, send: &[u8], recv: &mut [u8], dtype: DataType, op: ReduceOp) -> Result<()> {
+        ring::reduce_scatter(self, send, recv, dtype, op)
+    }
+    /// Native all-reduce in place (with `Avg`: the sum; the caller divides).
+    fn all_reduce(&self, buf: &mut [u8], dtype: DataType, op: ReduceOp) -> Result<()> {
+        ring::all_reduce(self, buf, dtype, op)
+    }
+    /// Native all-to-all: block `j` of `send` goes to rank `j`, block `i` of `recv` comes from rank `i`.
+    fn all_to_all(&self, send: &[u8], recv: &mut [u8]) -> Result<()> {
+        ring::all_to_all(self, send, recv)
+    }
+    /// Native broadcast in place from `root`.
+    fn broadcast(&self, buf: &mut [u8], root: usize) -> Result<()> {
+        ring::broadcast(self, buf, root)
+    }
+}
