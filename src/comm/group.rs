@@ -14,6 +14,7 @@ struct Pending {
     deps: Vec<Work>,
     job: Job,
     work: Work,
+    is_send: bool,
 }
 
 thread_local! {
@@ -46,6 +47,11 @@ pub fn group_end() -> Result<()> {
     for (comm, items) in per_comm {
         let deps: Vec<Work> = items.iter().flat_map(|p| p.deps.iter().cloned()).collect();
         let works: Vec<Work> = items.iter().map(|p| p.work.clone()).collect();
+        // Sends first: on host transports they are eager, so receives posted earlier in
+        // the group can be matched by the peers' sends of the same group (ncclGroup's
+        // concurrent send/recv).
+        let mut items = items;
+        items.sort_by_key(|p| !p.is_send);
         let jobs: Vec<(Job, Work)> = items.into_iter().map(|p| (p.job, p.work)).collect();
         let timeout = comm.timeout();
         let pushed = comm.stream_push(
@@ -79,6 +85,6 @@ pub fn in_group() -> bool {
 }
 
 /// Hold a submission until the group ends.
-pub(crate) fn hold(comm: Comm, deps: Vec<Work>, job: Job, work: Work) {
-    GROUP.with(|g| g.borrow_mut().1.push(Pending { comm, deps, job, work }));
+pub(crate) fn hold(comm: Comm, deps: Vec<Work>, job: Job, work: Work, is_send: bool) {
+    GROUP.with(|g| g.borrow_mut().1.push(Pending { comm, deps, job, work, is_send }));
 }

@@ -262,7 +262,9 @@ impl Comm {
 
     /// The one submit path: check the request, pick the algorithm, and queue it on this
     /// communicator's stream (or hold it until the thread's group ends). Bad arguments
-    /// fail here, synchronously, and nothing is queued.
+    /// fail here, synchronously, and nothing is queued. A collective that fails while
+    /// running (a dead peer, counts that differ across ranks) aborts the communicator,
+    /// so its peers fail at once instead of waiting for their timeout.
     pub fn submit(&self, req: Request) -> Result<Work> {
         let r = (|| {
             self.alive()?;
@@ -270,13 +272,20 @@ impl Comm {
             let req = Request { op, ..req };
             let comm = self.clone();
             let deps = req.deps.clone();
+            let is_send = matches!(req.op, Op::Send { .. });
             let job: group::Job = Box::new(move || {
                 let r = algo::execute(&comm, &req).and_then(|_| comm.finish(&req));
+                if let Err(e) = &r {
+                    // Like an asynchronous NCCL error, a failed collective leaves the
+                    // communicator unusable; aborting wakes the peers at once.
+                    tracing::warn!(rank = comm.rank(), op = req.op.name(), "collective failed, aborting communicator: {e}");
+                    comm.abort();
+                }
                 comm.note(r)
             });
             let work = Work::pending();
             if group::in_group() {
-                group::hold(self.clone(), deps, job, work.clone());
+                group::hold(self.clone(), deps, job, work.clone(), is_send);
             } else {
                 self.0.stream.push(deps, job, work.clone())?;
             }
