@@ -249,3 +249,33 @@ pub fn exercise(comm: &Comm) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reference_detects_corruption() {
+        for dt in [DataType::F32, DataType::F16, DataType::BF16] {
+            let want = Kind::AllReduce.expected(dt, ReduceOp::Avg, 0, 50, 7, 3);
+            let mut got = vec![0u8; 50 * dt.size()];
+            for (i, w) in want.iter().enumerate() {
+                dt.set(&mut got, i, *w);
+            }
+            assert_eq!(count_wrong(dt, &got, &want, 7), 0);
+            dt.set(&mut got, 17, want[17] + 0.5);
+            dt.set(&mut got, 3, f64::NAN);
+            assert_eq!(count_wrong(dt, &got, &want, 7), 2);
+        }
+    }
+
+    #[test]
+    fn inputs_are_small_exact_integers() {
+        for r in 0..32 {
+            for i in 0..100 {
+                let v = value(DataType::BF16, r, i, 5);
+                assert!(v.fract() == 0.0 && v.abs() <= 3.0);
+            }
+        }
+    }
+}

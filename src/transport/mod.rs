@@ -15,7 +15,7 @@ pub mod gpu;
 use crate::algo::ring;
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::{Error, Result};
-use crate::traffic::Traffic;
+use crate::traffic::{Traffic, TrafficMatrix};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -103,6 +103,17 @@ pub trait Transport: Send + Sync {
     fn traffic(&self) -> Option<Arc<Traffic>>;
     /// Wake every waiter with an error and refuse further work (ncclCommAbort).
     fn abort(&self);
+    /// Wait until every rank arrived, recording no traffic (default: a ring all-gather
+    /// of empty messages, which no rank can finish before every rank has entered).
+    fn barrier(&self) -> Result<()> {
+        ring::all_gather(self, &mut [], 0)
+    }
+    /// Add up the traffic matrices of all ranks (collective). Where ranks share one set
+    /// of counters (local) this is the identity; on MPI each process records only its
+    /// own sends, so the matrices are summed across processes.
+    fn sum_traffic(&self, m: &TrafficMatrix) -> Result<TrafficMatrix> {
+        Ok(m.clone())
+    }
 
     /// Native all-gather, in place: `buf` holds `size()` chunks of `chunk` bytes and this
     /// rank's own chunk is already at `rank()*chunk`.

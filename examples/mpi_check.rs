@@ -1,0 +1,30 @@
+//! The transport-independent self test (`strata::check::exercise`, the same body the
+//! local-transport tests run) on the MPI transport. Usage:
+//! `mpirun -np N target/release/examples/mpi_check [TOPOLOGY]` (default: one node of N).
+
+use std::process::ExitCode;
+use strata::{Comm, CommConfig, Topology};
+
+fn run() -> strata::Result<usize> {
+    let topo = std::env::args().nth(1).map(|s| Topology::parse(&s)).transpose()?;
+    let comm = Comm::mpi_world(topo, CommConfig::from_env()?)?;
+    strata::check::exercise(&comm)?;
+    let rank = comm.rank();
+    if rank == 0 {
+        println!("mpi_check OK np={} topology={}", comm.size(), comm.topology().summary());
+    }
+    comm.destroy()?;
+    Ok(rank)
+}
+
+fn main() -> ExitCode {
+    let r = run();
+    strata::transport::mpi::finalize();
+    match r {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("mpi_check failed: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,1109 @@
+//! `mpi`: ranks are the processes of an MPI job (rsmpi over the system MPI; host memory).
+//!
+//! - One MPI communicator per transport: the world transport owns a duplicate of
+//!   `MPI_COMM_WORLD`, [`Transport::split`](super::Transport::split) makes children with `MPI_Comm_split`, so the
+//!   messages of different strata communicators never meet. Every communicator has
+//!   `MPI_ERRORS_RETURN`, so MPI failures become [`Error::System`] rather than aborts.
+//! - MPI is initialised once per process with `MPI_THREAD_MULTIPLE` (the stream threads
+//!   of several communicators call MPI at once) and finalised by [`finalize`]. When the
+//!   host program initialised MPI itself, strata uses it (if it is multi-threaded) and
+//!   leaves finalisation to the host.
+//! - Point-to-point: bytes (`MPI_UINT8_T`), nonblocking requests polled
+//!   with `MPI_Test` until done, so no wait outlives [`Transport::timeout`](super::Transport::timeout) without
+//!   progress (the deadline restarts whenever a piece completes). `sendrecv` keeps its
+//!   send and receive in flight together, so the ring (every rank sending to `next` and
+//!   receiving from `prev` at once) cannot deadlock.
+//! - Every receive first matches the incoming message (`MPI_Improbe`) and compares its
+//!   length with the expected one: a mismatch is [`Error::InvalidUsage`] (the message is
+//!   consumed and dropped), worded as the local transport words it.
+//! - Messages longer than the piece limit (1 GiB; the hidden knob
+//!   `STRATA_MPI_MAX_MESSAGE` lowers it for tests) travel as an 8-byte length header
+//!   (tag 1) followed by pieces (tag 0); shorter ones as one message (tag 0). Counts
+//!   therefore always fit MPI's `int`.
+//! - Native collectives are the ring defaults of [`crate::algo::ring`] over these
+//!   calls, so the traffic recorded here (every `send`, world rank to world rank) is the
+//!   nominal ring traffic: MPI may route the bytes differently underneath.
+//! - A timeout or an abort cancels pending requests (best effort). When a request
+//!   cannot be retired within a short grace period (OpenMPI cannot cancel a send, so a
+//!   long send nobody receives ends here) it is released to MPI and the communicator is
+//!   marked broken: every later call fails, as after ncclCommAbort. MPI may still touch
+//!   that transfer's buffer if the peer matches it later, so end the job after such an
+//!   error. A timeout while waiting for a message to arrive leaves nothing in flight and
+//!   the communicator usable.
+//! - Programs call [`finalize`] before exiting (OpenMPI reports a process that exits
+//!   without `MPI_Finalize` as an error).
+
+use crate::error::{Error, Result};
+use crate::topology::Topology;
+use crate::traffic::TrafficMatrix;
+
+#[cfg(feature = "mpi")]
+pub use imp::{finalize, MpiTransport};
+#[cfg(not(feature = "mpi"))]
+pub use stub::{finalize, MpiTransport};
+
+#[cfg(not(feature = "mpi"))]
+mod stub {
+    use super::*;
+    use crate::traffic::Traffic;
+    use crate::transport::{Transport, TransportKind};
+    use std::convert::Infallible;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    fn not_compiled() -> Error {
+        Error::NotCompiled("the mpi transport is not in this build: rebuild with --features mpi".into())
+    }
+
+    /// The MPI transport. This build has no MPI support: constructing it returns
+    /// [`Error::NotCompiled`].
+    pub struct MpiTransport {
+        never: Infallible,
+    }
+
+    impl MpiTransport {
+        /// Always `Error::NotCompiled` in this build.
+        pub fn world(_traffic_topo: Option<Topology>, _timeout: Duration) -> Result<MpiTransport> {
+            Err(not_compiled())
+        }
+        /// Always `Error::NotCompiled` in this build.
+        pub fn world_size_hint() -> Result<usize> {
+            Err(not_compiled())
+        }
+        /// Unreachable in this build (no value of the type exists).
+        pub fn barrier(&self) -> Result<()> {
+            match self.never {}
+        }
+        /// Unreachable in this build (no value of the type exists).
+        pub fn sum_traffic(&self, _m: &TrafficMatrix) -> Result<TrafficMatrix> {
+            match self.never {}
+        }
+    }
+
+    impl Transport for MpiTransport {
+        fn kind(&self) -> TransportKind {
+            TransportKind::Mpi
+        }
+        fn barrier(&self) -> Result<()> {
+            MpiTransport::barrier(self)
+        }
+        fn sum_traffic(&self, m: &TrafficMatrix) -> Result<TrafficMatrix> {
+            MpiTransport::sum_traffic(self, m)
+        }
+        fn rank(&self) -> usize {
+            match self.never {}
+        }
+        fn size(&self) -> usize {
+            match self.never {}
+        }
+        fn world_rank(&self, _r: usize) -> usize {
+            match self.never {}
+        }
+        fn timeout(&self) -> Duration {
+            match self.never {}
+        }
+        fn split(&self, _color: Option<u32>, _key: i32) -> Result<Option<Arc<dyn Transport>>> {
+            match self.never {}
+        }
+        fn send(&self, _peer: usize, _data: &[u8]) -> Result<()> {
+            match self.never {}
+        }
+        fn recv(&self, _peer: usize, _data: &mut [u8]) -> Result<()> {
+            match self.never {}
+        }
+        fn traffic(&self) -> Option<Arc<Traffic>> {
+            match self.never {}
+        }
+        fn abort(&self) {
+            match self.never {}
+        }
+    }
+
+    /// Nothing to finalise in a build without MPI.
+    pub fn finalize() {}
+}
+
+#[cfg(feature = "mpi")]
+mod imp {
+    use super::*;
+    use crate::traffic::Traffic;
+    use crate::transport::{Transport, TransportKind};
+    use mpi::environment::{Threading, Universe};
+    use mpi::ffi;
+    use std::os::raw::{c_int, c_void};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+    use std::time::{Duration, Instant};
+
+    /// Tag of a whole message or of one piece of a long one.
+    const TAG_DATA: c_int = 0;
+    /// Tag of the 8-byte length header that precedes the pieces of a long message.
+    const TAG_HEADER: c_int = 1;
+    /// Default piece limit: 1 GiB (below `i32::MAX`, MPI's count type).
+    const DEFAULT_PIECE: usize = 1 << 30;
+    /// How long a cancelled request may take to retire before it is released to MPI.
+    const CANCEL_GRACE: Duration = Duration::from_millis(50);
+
+    /// The universe strata initialised (dropping it finalises MPI).
+    static UNIVERSE: Mutex<Option<Universe>> = Mutex::new(None);
+    /// Set once strata finalised MPI (it cannot be initialised again).
+    static FINALIZED: AtomicBool = AtomicBool::new(false);
+
+    fn universe_lock() -> MutexGuard<'static, Option<Universe>> {
+        UNIVERSE.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Largest message sent as one MPI message (`STRATA_MPI_MAX_MESSAGE`, read once).
+    fn max_piece() -> usize {
+        static P: OnceLock<usize> = OnceLock::new();
+        *P.get_or_init(|| {
+            std::env::var("STRATA_MPI_MAX_MESSAGE")
+                .ok()
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .filter(|v| *v > 0)
+                .unwrap_or(DEFAULT_PIECE)
+                .min(i32::MAX as usize)
+        })
+    }
+
+    fn mpi_error_string(code: c_int) -> String {
+        let mut buf = vec![0u8; ffi::MPI_MAX_ERROR_STRING as usize + 1];
+        let mut len: c_int = 0;
+        // SAFETY: buf holds MPI_MAX_ERROR_STRING bytes as MPI_Error_string requires.
+        let rc = unsafe { ffi::MPI_Error_string(code, buf.as_mut_ptr().cast(), &mut len) };
+        if rc != ffi::MPI_SUCCESS as c_int {
+            return format!("MPI error {code}");
+        }
+        buf.truncate(len.clamp(0, ffi::MPI_MAX_ERROR_STRING as c_int) as usize);
+        format!("{} (MPI error {code})", String::from_utf8_lossy(&buf).trim_end())
+    }
+
+    /// The one place a raw MPI return code becomes a `Result`.
+    fn check(rc: c_int, what: &str) -> Result<()> {
+        if rc == ffi::MPI_SUCCESS as c_int {
+            Ok(())
+        } else {
+            Err(Error::System(format!("{what} failed: {}", mpi_error_string(rc))))
+        }
+    }
+
+    fn byte_type() -> ffi::MPI_Datatype {
+        // SAFETY: reading an MPI predefined handle exported by mpi-sys.
+        unsafe { ffi::RSMPI_UINT8_T }
+    }
+
+    fn request_null() -> ffi::MPI_Request {
+        // SAFETY: reading an MPI predefined handle exported by mpi-sys.
+        unsafe { ffi::RSMPI_REQUEST_NULL }
+    }
+
+    fn empty_status() -> ffi::MPI_Status {
+        // SAFETY: MPI_Status is plain C data; all-zero is a valid value.
+        unsafe { std::mem::zeroed() }
+    }
+
+    fn is_finalized() -> bool {
+        FINALIZED.load(Ordering::SeqCst) || mpi::environment::is_finalized()
+    }
+
+    /// Initialise MPI (MPI_THREAD_MULTIPLE) unless this process already did; returns the
+    /// MPI world size.
+    fn ensure_init() -> Result<usize> {
+        let mut u = universe_lock();
+        if FINALIZED.load(Ordering::SeqCst) {
+            return Err(Error::InvalidUsage(
+                "MPI was finalized by strata::transport::mpi::finalize and cannot be initialised again".into(),
+            ));
+        }
+        if u.is_none() {
+            match mpi::environment::initialize_with_threading(Threading::Multiple) {
+                Some((universe, provided)) => {
+                    // Keep it even when unusable: finalize() must still finalise MPI.
+                    *u = Some(universe);
+                    if provided < Threading::Multiple {
+                        return Err(Error::System(format!(
+                            "the MPI library provides only {provided:?} threading; the mpi transport needs MPI_THREAD_MULTIPLE \
+                             (rebuild or configure MPI with thread support)"
+                        )));
+                    }
+                }
+                None => {
+                    // Initialised by the host program (or finalised by it).
+                    if mpi::environment::is_finalized() {
+                        return Err(Error::InvalidUsage("MPI was already finalized by the host program".into()));
+                    }
+                    let mut provided: c_int = 0;
+                    // SAFETY: MPI is initialised; out-pointer to a local.
+                    check(unsafe { ffi::MPI_Query_thread(&mut provided) }, "MPI_Query_thread")?;
+                    // SAFETY: reading an MPI predefined constant.
+                    if provided < unsafe { ffi::RSMPI_THREAD_MULTIPLE } {
+                        return Err(Error::System(
+                            "the host program initialised MPI without MPI_THREAD_MULTIPLE; the mpi transport needs it \
+                             (call MPI_Init_thread with MPI_THREAD_MULTIPLE)"
+                                .into(),
+                        ));
+                    }
+                }
+            }
+        }
+        drop(u);
+        let mut n: c_int = 0;
+        // SAFETY: MPI is initialised; out-pointer to a local.
+        check(unsafe { ffi::MPI_Comm_size(ffi::RSMPI_COMM_WORLD, &mut n) }, "MPI_Comm_size(MPI_COMM_WORLD)")?;
+        Ok(n as usize)
+    }
+
+    /// Finalise MPI when strata initialised it: call once at the end of the program, after
+    /// every communicator's work is done (OpenMPI reports an error for a process that
+    /// exits without finalising). Idempotent; does nothing when MPI was never initialised
+    /// or was initialised by the host program (which then finalises it). Transports that
+    /// outlive this call must not be used again; dropping them is harmless.
+    pub fn finalize() {
+        let mut u = universe_lock();
+        if let Some(universe) = u.take() {
+            FINALIZED.store(true, Ordering::SeqCst);
+            drop(universe); // MPI_Finalize
+        }
+    }
+
+    /// An owned MPI communicator handle, freed on drop while MPI is still alive.
+    struct RawComm(ffi::MPI_Comm);
+
+    // SAFETY: MPI runs with MPI_THREAD_MULTIPLE, so a communicator handle may be used from
+    // any thread; strata serialises the calls of one transport itself.
+    unsafe impl Send for RawComm {}
+    unsafe impl Sync for RawComm {}
+
+    impl Drop for RawComm {
+        fn drop(&mut self) {
+            if !is_finalized() {
+                // SAFETY: we own this handle (a dup or split result) and free it once.
+                unsafe {
+                    ffi::MPI_Comm_free(&mut self.0);
+                }
+            }
+        }
+    }
+
+    impl RawComm {
+        /// Take ownership of a new communicator and make its errors return codes.
+        fn adopt(raw: ffi::MPI_Comm) -> Result<RawComm> {
+            let c = RawComm(raw);
+            // SAFETY: live communicator; predefined error handler.
+            check(unsafe { ffi::MPI_Comm_set_errhandler(c.0, ffi::RSMPI_ERRORS_RETURN) }, "MPI_Comm_set_errhandler")?;
+            Ok(c)
+        }
+
+        fn rank_size(&self) -> Result<(usize, usize)> {
+            let (mut r, mut n): (c_int, c_int) = (0, 0);
+            // SAFETY: live communicator; out-pointers to locals.
+            check(unsafe { ffi::MPI_Comm_rank(self.0, &mut r) }, "MPI_Comm_rank")?;
+            check(unsafe { ffi::MPI_Comm_size(self.0, &mut n) }, "MPI_Comm_size")?;
+            Ok((r as usize, n as usize))
+        }
+    }
+
+    /// One outstanding MPI request (`MPI_REQUEST_NULL` once complete).
+    struct Req(ffi::MPI_Request);
+
+    impl Req {
+        fn is_null(&self) -> bool {
+            self.0 .0 == request_null().0
+        }
+
+        /// `MPI_Test`: Ok(true) once complete (the handle becomes null).
+        fn test(&mut self, what: &str) -> Result<bool> {
+            if self.is_null() {
+                return Ok(true);
+            }
+            let mut flag: c_int = 0;
+            let mut st = empty_status();
+            // SAFETY: live request handle; out-pointers to locals.
+            let rc = unsafe { ffi::MPI_Test(&mut self.0, &mut flag, &mut st) };
+            if rc != ffi::MPI_SUCCESS as c_int {
+                // A failed request is complete (MPI frees it); make sure we do not test it again.
+                self.0 = request_null();
+                return check(rc, what).map(|_| true);
+            }
+            Ok(flag != 0)
+        }
+    }
+
+    /// Best-effort retire of `reqs`: MPI_Cancel each, then test them for one short grace
+    /// period. Returns false when some were still active and had to be released to MPI
+    /// (their buffers may still be touched by MPI later: the caller must not free them).
+    fn retire<'a>(reqs: impl IntoIterator<Item = &'a mut Req>) -> bool {
+        let mut live: Vec<&mut Req> = reqs.into_iter().filter(|r| !r.is_null()).collect();
+        for r in live.iter_mut() {
+            // SAFETY: live request handle.
+            unsafe {
+                ffi::MPI_Cancel(&mut r.0);
+            }
+        }
+        let end = Instant::now() + CANCEL_GRACE;
+        loop {
+            // A failed test completes (and frees) the request too.
+            live.retain_mut(|r| !r.test("MPI_Test (cancel)").unwrap_or(true));
+            if live.is_empty() {
+                return true;
+            }
+            if Instant::now() >= end {
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        for r in live {
+            // SAFETY: live request handle; MPI completes and frees it in the background.
+            unsafe {
+                ffi::MPI_Request_free(&mut r.0);
+            }
+            r.0 = request_null();
+        }
+        false
+    }
+
+    /// What one poll of an operation achieved.
+    #[derive(PartialEq, Eq)]
+    enum Poll {
+        Done,
+        Progress,
+        Idle,
+    }
+
+    /// Sends `data` to `peer` as one message, or as header + pieces.
+    struct SendOp {
+        peer: usize,
+        reqs: Vec<Req>,
+        /// Length header of a long message (boxed: MPI reads it until the request completes).
+        _header: Box<[u8; 8]>,
+    }
+
+    impl SendOp {
+        fn post(comm: &RawComm, peer: usize, data: &[u8]) -> Result<SendOp> {
+            let piece = max_piece();
+            let header = Box::new((data.len() as u64).to_le_bytes());
+            let mut op = SendOp { peer, reqs: Vec::new(), _header: header };
+            let isend = |ptr: *const u8, len: usize, tag: c_int, op: &mut SendOp| -> Result<()> {
+                let mut r = request_null();
+                // SAFETY: `ptr..ptr+len` is valid for reads and outlives the request: the
+                // caller drives this op to completion (or retires it) before returning.
+                check(
+                    unsafe {
+                        ffi::MPI_Isend(
+                            ptr as *const c_void,
+                            len as c_int,
+                            byte_type(),
+                            peer as c_int,
+                            tag,
+                            comm.0,
+                            &mut r,
+                        )
+                    },
+                    "MPI_Isend",
+                )?;
+                op.reqs.push(Req(r));
+                Ok(())
+            };
+            let posted = if data.len() <= piece {
+                isend(data.as_ptr(), data.len(), TAG_DATA, &mut op)
+            } else {
+                let hp = op._header.as_ptr();
+                isend(hp, 8, TAG_HEADER, &mut op)
+                    .and_then(|_| data.chunks(piece).try_for_each(|c| isend(c.as_ptr(), c.len(), TAG_DATA, &mut op)))
+            };
+            if let Err(e) = posted {
+                // Retire what was posted before failing (the pieces borrow `data`).
+                op.cancel();
+                return Err(e);
+            }
+            Ok(op)
+        }
+
+        fn poll(&mut self) -> Result<Poll> {
+            let mut progress = false;
+            let mut done = true;
+            for r in &mut self.reqs {
+                if r.is_null() {
+                    continue;
+                }
+                if r.test("MPI_Test (send)")? {
+                    progress = true;
+                } else {
+                    done = false;
+                }
+            }
+            Ok(if done {
+                Poll::Done
+            } else if progress {
+                Poll::Progress
+            } else {
+                Poll::Idle
+            })
+        }
+
+        fn cancel(&mut self) -> bool {
+            let clean = retire(self.reqs.iter_mut());
+            if !clean {
+                // MPI may still read it: never free it.
+                std::mem::forget(std::mem::replace(&mut self._header, Box::new([0; 8])));
+            }
+            clean
+        }
+    }
+
+    enum Stage {
+        /// Waiting for the next message from the peer to match.
+        Probe,
+        /// Receiving the length header.
+        Header(Req),
+        /// Receiving piece `next_piece` (or the whole message).
+        Data(Req),
+        /// Consuming a mismatched message (`drain_left` more follow it).
+        Drain(Req),
+        Done,
+    }
+
+    /// Receives exactly `len` bytes from `peer` (checking the sender's length first).
+    struct RecvOp {
+        peer: usize,
+        me: usize,
+        buf: *mut u8,
+        len: usize,
+        stage: Stage,
+        /// Next piece to receive (long messages); `None` before the first match.
+        next_piece: Option<usize>,
+        header: Box<[u8; 8]>,
+        /// Bytes the peer sent, when they differ from `len`.
+        mismatch: Option<usize>,
+        /// Messages still to drain after a mismatch.
+        drain_left: usize,
+        /// Where a mismatched message is drained to.
+        scratch: Vec<u8>,
+    }
+
+    fn pieces(len: usize) -> usize {
+        len.div_ceil(max_piece()).max(1)
+    }
+
+    impl RecvOp {
+        fn new(peer: usize, me: usize, buf: &mut [u8]) -> RecvOp {
+            RecvOp {
+                peer,
+                me,
+                buf: buf.as_mut_ptr(),
+                len: buf.len(),
+                stage: Stage::Probe,
+                next_piece: None,
+                header: Box::new([0; 8]),
+                mismatch: None,
+                drain_left: 0,
+                scratch: Vec::new(),
+            }
+        }
+
+        fn mismatch_error(&self, sent: usize) -> Error {
+            Error::InvalidUsage(format!(
+                "rank {} sent {sent} bytes where rank {} expected {}: counts or dtypes differ across ranks",
+                self.peer, self.me, self.len
+            ))
+        }
+
+        /// Receive a matched message into `ptr..ptr+count`.
+        fn imrecv(msg: &mut ffi::MPI_Message, ptr: *mut u8, count: usize) -> Result<Req> {
+            let mut r = request_null();
+            // SAFETY: `ptr..ptr+count` is valid for writes and outlives the request (the
+            // caller drives this op to completion or retires it before returning).
+            check(
+                unsafe { ffi::MPI_Imrecv(ptr as *mut c_void, count as c_int, byte_type(), msg, &mut r) },
+                "MPI_Imrecv",
+            )?;
+            Ok(Req(r))
+        }
+
+        /// Start consuming a mismatched matched message of `count` bytes into scratch
+        /// memory (a truncating receive is not safe: OpenMPI's single-copy path ignores
+        /// the receive count), with `then` more messages to drain after it.
+        fn start_drain(&mut self, msg: &mut ffi::MPI_Message, count: usize, then: usize) -> Result<Poll> {
+            self.scratch = vec![0u8; count];
+            let r = Self::imrecv(msg, self.scratch.as_mut_ptr(), count)?;
+            self.drain_left = then;
+            self.stage = Stage::Drain(r);
+            Ok(Poll::Progress)
+        }
+
+        fn poll(&mut self, comm: &RawComm) -> Result<Poll> {
+            let piece = max_piece();
+            loop {
+                match &mut self.stage {
+                    Stage::Done => return Ok(Poll::Done),
+                    Stage::Probe => {
+                        let draining = self.mismatch.is_some();
+                        // SAFETY: reading an MPI predefined constant.
+                        let tag = if self.next_piece.is_none() && !draining {
+                            unsafe { ffi::RSMPI_ANY_TAG }
+                        } else {
+                            TAG_DATA
+                        };
+                        let mut flag: c_int = 0;
+                        // SAFETY: reading an MPI predefined handle.
+                        let mut msg = unsafe { ffi::RSMPI_MESSAGE_NULL };
+                        let mut st = empty_status();
+                        // SAFETY: live communicator; out-pointers to locals.
+                        check(
+                            unsafe { ffi::MPI_Improbe(self.peer as c_int, tag, comm.0, &mut flag, &mut msg, &mut st) },
+                            "MPI_Improbe",
+                        )?;
+                        if flag == 0 {
+                            return Ok(Poll::Idle);
+                        }
+                        let mut count: c_int = 0;
+                        // SAFETY: status filled by MPI_Improbe.
+                        check(unsafe { ffi::MPI_Get_count(&st, byte_type(), &mut count) }, "MPI_Get_count")?;
+                        let count = count.max(0) as usize;
+                        if draining {
+                            let left = self.drain_left.saturating_sub(1);
+                            return self.start_drain(&mut msg, count, left);
+                        }
+                        match self.next_piece {
+                            None if st.MPI_TAG == TAG_HEADER => {
+                                let hp = self.header.as_mut_ptr();
+                                self.stage = Stage::Header(Self::imrecv(&mut msg, hp, 8.min(count))?);
+                            }
+                            None => {
+                                // One whole message.
+                                if self.len > piece || count != self.len {
+                                    self.mismatch = Some(count);
+                                    return self.start_drain(&mut msg, count, 0);
+                                }
+                                self.next_piece = Some(0);
+                                self.stage = Stage::Data(Self::imrecv(&mut msg, self.buf, count)?);
+                            }
+                            Some(i) => {
+                                let off = i * piece;
+                                let want = piece.min(self.len - off);
+                                if count != want {
+                                    // Only if ranks disagree on STRATA_MPI_MAX_MESSAGE.
+                                    self.mismatch = Some(count);
+                                    return self.start_drain(&mut msg, count, pieces(self.len) - i - 1);
+                                }
+                                // SAFETY: off + want <= len.
+                                let p = unsafe { self.buf.add(off) };
+                                self.stage = Stage::Data(Self::imrecv(&mut msg, p, want)?);
+                            }
+                        }
+                        return Ok(Poll::Progress);
+                    }
+                    Stage::Header(r) => {
+                        if !r.test("MPI_Test (recv header)")? {
+                            return Ok(Poll::Idle);
+                        }
+                        let sent = u64::from_le_bytes(*self.header) as usize;
+                        if sent != self.len {
+                            // Drain the announced pieces: each draining Probe consumes one.
+                            self.mismatch = Some(sent);
+                            self.drain_left = pieces(sent);
+                            self.stage = Stage::Probe;
+                            return Ok(Poll::Progress);
+                        }
+                        self.next_piece = Some(0);
+                        self.stage = Stage::Probe;
+                        return Ok(Poll::Progress);
+                    }
+                    Stage::Data(r) => {
+                        if !r.test("MPI_Test (recv)")? {
+                            return Ok(Poll::Idle);
+                        }
+                        let i = self.next_piece.unwrap_or(0) + 1;
+                        if i * piece >= self.len {
+                            self.stage = Stage::Done;
+                            return Ok(Poll::Done);
+                        }
+                        self.next_piece = Some(i);
+                        self.stage = Stage::Probe;
+                        return Ok(Poll::Progress);
+                    }
+                    Stage::Drain(r) => {
+                        if !r.test("MPI_Test (drain)")? {
+                            return Ok(Poll::Idle);
+                        }
+                        self.scratch = Vec::new();
+                        if self.drain_left == 0 {
+                            self.stage = Stage::Done;
+                            let sent = self.mismatch.unwrap_or(0);
+                            return Err(self.mismatch_error(sent));
+                        }
+                        self.stage = Stage::Probe;
+                        continue;
+                    }
+                }
+            }
+        }
+
+        fn cancel(&mut self) -> bool {
+            let retired = match &mut self.stage {
+                Stage::Header(r) | Stage::Data(r) | Stage::Drain(r) => retire([r]),
+                Stage::Probe | Stage::Done => true,
+            };
+            if !retired {
+                // MPI may still write into them: never free them.
+                std::mem::forget(std::mem::take(&mut self.scratch));
+                std::mem::forget(std::mem::replace(&mut self.header, Box::new([0; 8])));
+            }
+            retired
+        }
+    }
+
+    /// One operation in flight.
+    enum Op {
+        Send(SendOp),
+        Recv(RecvOp),
+    }
+
+    impl Op {
+        fn peer(&self) -> usize {
+            match self {
+                Op::Send(s) => s.peer,
+                Op::Recv(r) => r.peer,
+            }
+        }
+
+        /// True while a request of this op is posted (not merely waiting to match).
+        fn transferring(&self) -> bool {
+            match self {
+                Op::Send(s) => s.reqs.iter().any(|r| !r.is_null()),
+                Op::Recv(r) => !matches!(r.stage, Stage::Probe | Stage::Done),
+            }
+        }
+
+        /// Best-effort retire; false when a request had to be abandoned to MPI.
+        fn cancel(&mut self) -> bool {
+            match self {
+                Op::Send(s) => s.cancel(),
+                Op::Recv(r) => r.cancel(),
+            }
+        }
+    }
+
+    /// A rank of an MPI communicator.
+    pub struct MpiTransport {
+        comm: RawComm,
+        rank: usize,
+        /// World rank of each member.
+        members: Vec<usize>,
+        timeout: Duration,
+        traffic: Arc<Traffic>,
+        aborted: AtomicBool,
+        /// Why the communicator cannot be used any more (a request had to be abandoned).
+        broken: Mutex<Option<String>>,
+        /// Serialises the calls on this communicator.
+        busy: Mutex<()>,
+    }
+
+    impl MpiTransport {
+        /// Initialise MPI once per process (`MPI_THREAD_MULTIPLE`; an error when the
+        /// library cannot provide it) and return this process's rank of the world
+        /// communicator (a duplicate of `MPI_COMM_WORLD`). Collective over the world.
+        ///
+        /// `traffic_topo` is the layout applied over world ranks to classify traffic
+        /// (default: one flat node); its world size must equal the MPI world size, else
+        /// [`Error::InvalidUsage`]. `timeout` bounds every wait for a peer, this call's
+        /// rendezvous included.
+        pub fn world(traffic_topo: Option<Topology>, timeout: Duration) -> Result<MpiTransport> {
+            let n = ensure_init()?;
+            let topo = traffic_topo.unwrap_or_else(|| Topology::flat(n));
+            if topo.world_size() != n {
+                return Err(Error::InvalidUsage(format!(
+                    "the traffic topology has {} ranks but the MPI world has {n} processes",
+                    topo.world_size()
+                )));
+            }
+            // SAFETY: reading an MPI predefined handle.
+            let world = unsafe { ffi::RSMPI_COMM_WORLD };
+            let mut me: c_int = 0;
+            // SAFETY: MPI is initialised; out-pointer to a local.
+            check(unsafe { ffi::MPI_Comm_rank(world, &mut me) }, "MPI_Comm_rank(MPI_COMM_WORLD)")?;
+            // Everyone must arrive before the blocking MPI_Comm_dup: a bounded rendezvous.
+            let mut r = request_null();
+            // SAFETY: world communicator; out-pointer to a local.
+            check(unsafe { ffi::MPI_Ibarrier(world, &mut r) }, "MPI_Ibarrier")?;
+            let mut req = Req(r);
+            wait_collective(&mut req, timeout, None, || {
+                format!(
+                    "rank {me} waited {timeout:?} for the other ranks of the MPI world to create the mpi transport: \
+                     a process dead, stalled or not calling it"
+                )
+            })?;
+            // SAFETY: reading an MPI predefined handle.
+            let mut raw = unsafe { ffi::RSMPI_COMM_NULL };
+            // SAFETY: world communicator; every rank passed the barrier above.
+            check(unsafe { ffi::MPI_Comm_dup(world, &mut raw) }, "MPI_Comm_dup(MPI_COMM_WORLD)")?;
+            let comm = RawComm::adopt(raw)?;
+            let (rank, size) = comm.rank_size()?;
+            Ok(MpiTransport {
+                comm,
+                rank,
+                members: (0..size).collect(),
+                timeout,
+                traffic: Arc::new(Traffic::new(topo)),
+                aborted: AtomicBool::new(false),
+                broken: Mutex::new(None),
+                busy: Mutex::new(()),
+            })
+        }
+
+        /// Initialise MPI if needed and return the MPI world size (to build a default
+        /// topology before [`MpiTransport::world`]).
+        pub fn world_size_hint() -> Result<usize> {
+            ensure_init()
+        }
+
+        /// A barrier over this communicator, bounded by the timeout.
+        pub fn barrier(&self) -> Result<()> {
+            let _g = self.enter()?;
+            let mut r = request_null();
+            // SAFETY: live communicator; out-pointer to a local.
+            check(unsafe { ffi::MPI_Ibarrier(self.comm.0, &mut r) }, "MPI_Ibarrier")?;
+            let mut req = Req(r);
+            let res = wait_collective(&mut req, self.timeout, Some(&self.aborted), || {
+                format!("rank {} waited {:?} for the other ranks at a barrier", self.rank, self.timeout)
+            });
+            self.after_collective(res)
+        }
+
+        /// Element-wise sum of every member process's `m` (each MPI process only knows
+        /// the traffic its own rank sent: the rows of its world rank), bounded by the
+        /// timeout. Collective over this communicator; records no traffic.
+        pub fn sum_traffic(&self, m: &TrafficMatrix) -> Result<TrafficMatrix> {
+            let _g = self.enter()?;
+            let count = c_int::try_from(m.bytes.len()).map_err(|_| {
+                Error::InvalidArgument(format!("traffic matrix of {} entries is too large", m.bytes.len()))
+            })?;
+            let send: Box<[u64]> = m.bytes.clone().into_boxed_slice();
+            let mut recv: Box<[u64]> = vec![0u64; m.bytes.len()].into_boxed_slice();
+            let mut r = request_null();
+            // SAFETY: both boxes hold `count` u64 and outlive the request (leaked below if
+            // it cannot complete); live communicator.
+            check(
+                unsafe {
+                    ffi::MPI_Iallreduce(
+                        send.as_ptr() as *const c_void,
+                        recv.as_mut_ptr() as *mut c_void,
+                        count,
+                        ffi::RSMPI_UINT64_T,
+                        ffi::RSMPI_SUM,
+                        self.comm.0,
+                        &mut r,
+                    )
+                },
+                "MPI_Iallreduce",
+            )?;
+            let mut req = Req(r);
+            let res = wait_collective(&mut req, self.timeout, Some(&self.aborted), || {
+                format!("rank {} waited {:?} for the other ranks to sum traffic", self.rank, self.timeout)
+            });
+            if res.is_err() {
+                // The collective may still write into the buffers: never free them.
+                std::mem::forget(send);
+                std::mem::forget(recv);
+                return self.after_collective(res.map(|_| TrafficMatrix::zero(0)));
+            }
+            Ok(TrafficMatrix { n: m.n, bytes: recv.into_vec() })
+        }
+
+        /// Refuse work on an aborted or broken communicator; hold the call lock.
+        fn enter(&self) -> Result<MutexGuard<'_, ()>> {
+            self.check_alive()?;
+            let g = self.busy.lock().unwrap_or_else(|e| e.into_inner());
+            self.check_alive()?;
+            Ok(g)
+        }
+
+        fn check_alive(&self) -> Result<()> {
+            if self.aborted.load(Ordering::SeqCst) {
+                return Err(Error::Remote("communicator was aborted".into()));
+            }
+            if let Some(why) = self.broken.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+                return Err(Error::Remote(format!("communicator is unusable: {why}")));
+            }
+            Ok(())
+        }
+
+        /// A failed nonblocking collective leaves the communicator's collective sequence
+        /// out of step: mark it broken.
+        fn after_collective<T>(&self, res: Result<T>) -> Result<T> {
+            if let Err(e) = &res {
+                let mut b = self.broken.lock().unwrap_or_else(|e| e.into_inner());
+                b.get_or_insert_with(|| format!("a collective did not complete ({e})"));
+            }
+            res
+        }
+
+        /// A transfer could not be retired after `e`: refuse every later call.
+        fn mark_broken(&self, e: &Error) {
+            let why = match e {
+                Error::Remote(m) => m.clone(),
+                e => e.to_string(),
+            };
+            let mut b = self.broken.lock().unwrap_or_else(|e| e.into_inner());
+            b.get_or_insert_with(|| format!("a transfer could not be cancelled after this error: {why}"));
+        }
+
+        fn check_peer(&self, peer: usize) -> Result<()> {
+            if peer >= self.members.len() {
+                return Err(Error::InvalidArgument(format!(
+                    "peer {peer} out of range for {} ranks",
+                    self.members.len()
+                )));
+            }
+            Ok(())
+        }
+
+        fn record(&self, peer: usize, bytes: usize) {
+            self.traffic.record(self.members[self.rank], self.members[peer], bytes);
+        }
+
+        /// Poll `ops` until all complete. The deadline restarts on progress. On timeout or
+        /// abort the pending ones are cancelled; an error of one op lets the others finish.
+        fn drive(&self, ops: &mut [Op]) -> Result<()> {
+            let mut done = vec![false; ops.len()];
+            let mut first_err: Option<Error> = None;
+            let mut deadline = Instant::now() + self.timeout;
+            let mut idle_rounds: u32 = 0;
+            loop {
+                let mut progressed = false;
+                for (i, op) in ops.iter_mut().enumerate() {
+                    if done[i] {
+                        continue;
+                    }
+                    let p = match op {
+                        Op::Send(s) => s.poll(),
+                        Op::Recv(r) => r.poll(&self.comm),
+                    };
+                    match p {
+                        Ok(Poll::Done) => {
+                            done[i] = true;
+                            progressed = true;
+                        }
+                        Ok(Poll::Progress) => progressed = true,
+                        Ok(Poll::Idle) => {}
+                        Err(e) => {
+                            // A mismatch has drained its message; after an MPI error, retire
+                            // whatever the op still has in flight.
+                            done[i] = true;
+                            progressed = true;
+                            if !op.cancel() {
+                                self.mark_broken(&e);
+                            }
+                            first_err.get_or_insert(e);
+                        }
+                    }
+                }
+                if done.iter().all(|d| *d) {
+                    return first_err.map_or(Ok(()), Err);
+                }
+                let stop = if self.aborted.load(Ordering::SeqCst) {
+                    Some(Error::Remote("communicator was aborted".into()))
+                } else if !progressed && Instant::now() >= deadline {
+                    let peer = ops.iter().zip(&done).find(|(_, d)| !**d).map(|(o, _)| o.peer()).unwrap_or(0);
+                    Some(Error::Remote(format!(
+                        "rank {} waited {:?} for rank {peer}: peer dead, stalled or not calling the same collective",
+                        self.rank, self.timeout
+                    )))
+                } else {
+                    None
+                };
+                if let Some(e) = stop {
+                    let mut clean = true;
+                    for (op, d) in ops.iter_mut().zip(&done) {
+                        if !*d {
+                            clean &= op.cancel();
+                        }
+                    }
+                    if !clean {
+                        self.mark_broken(&e);
+                    }
+                    return Err(first_err.unwrap_or(e));
+                }
+                if progressed {
+                    deadline = Instant::now() + self.timeout;
+                    idle_rounds = 0;
+                } else {
+                    idle_rounds = idle_rounds.saturating_add(1);
+                    let transferring = ops.iter().zip(&done).any(|(o, d)| !*d && o.transferring());
+                    backoff(idle_rounds, transferring);
+                }
+            }
+        }
+    }
+
+    /// Wait between polls: yield first (ranks may share cores), then sleep. While a
+    /// transfer is posted, MPI needs frequent progress calls (pipelined protocols move a
+    /// fragment per call), so the spin lasts longer and sleeps stay short; while only
+    /// waiting for a message to arrive, sleeps grow to 1 ms.
+    fn backoff(idle_rounds: u32, transferring: bool) {
+        let (spin, cap_us) = if transferring { (4096, 100) } else { (64, 1000) };
+        if idle_rounds < spin {
+            std::thread::yield_now();
+        } else {
+            let us = 1u64 << ((idle_rounds - spin) / 16).min(10);
+            std::thread::sleep(Duration::from_micros(us.min(cap_us)));
+        }
+    }
+
+    /// Poll a nonblocking collective's request until done, `timeout` or abort. A request
+    /// that cannot complete is leaked (collective requests cannot be cancelled or freed).
+    fn wait_collective(
+        req: &mut Req,
+        timeout: Duration,
+        aborted: Option<&AtomicBool>,
+        msg: impl Fn() -> String,
+    ) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        let mut idle: u32 = 0;
+        loop {
+            if req.test("MPI_Test (collective)")? {
+                return Ok(());
+            }
+            if aborted.is_some_and(|a| a.load(Ordering::SeqCst)) {
+                req.0 = request_null();
+                return Err(Error::Remote("communicator was aborted".into()));
+            }
+            if Instant::now() >= deadline {
+                req.0 = request_null();
+                return Err(Error::Remote(msg()));
+            }
+            idle = idle.saturating_add(1);
+            backoff(idle, true);
+        }
+    }
+
+    impl Transport for MpiTransport {
+        fn kind(&self) -> TransportKind {
+            TransportKind::Mpi
+        }
+        fn barrier(&self) -> Result<()> {
+            MpiTransport::barrier(self)
+        }
+        fn sum_traffic(&self, m: &TrafficMatrix) -> Result<TrafficMatrix> {
+            MpiTransport::sum_traffic(self, m)
+        }
+        fn rank(&self) -> usize {
+            self.rank
+        }
+        fn size(&self) -> usize {
+            self.members.len()
+        }
+        fn world_rank(&self, r: usize) -> usize {
+            self.members[r]
+        }
+        fn timeout(&self) -> Duration {
+            self.timeout
+        }
+
+        fn split(&self, color: Option<u32>, key: i32) -> Result<Option<Arc<dyn Transport>>> {
+            let _g = self.enter()?;
+            let c = match color {
+                Some(c) => i32::try_from(c)
+                    .map_err(|_| Error::InvalidArgument(format!("split color {c} exceeds MPI's limit {}", i32::MAX)))?,
+                None => -1,
+            };
+            // Exchange (color, key) with a bounded nonblocking all-gather: once it completes
+            // everyone is at this split, so the blocking MPI_Comm_split below cannot hang;
+            // and the members' world ranks follow without another exchange.
+            let n = self.size();
+            let mine: Box<[i32; 2]> = Box::new([c, key]);
+            let mut all: Box<[i32]> = vec![0i32; 2 * n].into_boxed_slice();
+            let mut r = request_null();
+            // SAFETY: `mine` holds 2 ints, `all` 2n; both outlive the request (leaked on
+            // failure below); live communicator.
+            check(
+                unsafe {
+                    ffi::MPI_Iallgather(
+                        mine.as_ptr() as *const c_void,
+                        2,
+                        ffi::RSMPI_INT32_T,
+                        all.as_mut_ptr() as *mut c_void,
+                        2,
+                        ffi::RSMPI_INT32_T,
+                        self.comm.0,
+                        &mut r,
+                    )
+                },
+                "MPI_Iallgather (split)",
+            )?;
+            let mut req = Req(r);
+            let res = wait_collective(&mut req, self.timeout, Some(&self.aborted), || {
+                format!("split timed out after {:?}: not every rank called split", self.timeout)
+            });
+            if res.is_err() {
+                std::mem::forget(mine);
+                std::mem::forget(all);
+                return self.after_collective(res.map(|_| None));
+            }
+            let mut group: Vec<(i32, usize)> =
+                (0..n).filter(|&r| c >= 0 && all[2 * r] == c).map(|r| (all[2 * r + 1], r)).collect();
+            group.sort();
+            // SAFETY: reading MPI predefined constants / handles.
+            let (undefined, mut raw) = unsafe { (ffi::RSMPI_UNDEFINED, ffi::RSMPI_COMM_NULL) };
+            let mpi_color = if c >= 0 { c } else { undefined };
+            // SAFETY: live communicator; every member reached this call (see above).
+            check(unsafe { ffi::MPI_Comm_split(self.comm.0, mpi_color, key, &mut raw) }, "MPI_Comm_split")?;
+            if c < 0 {
+                return Ok(None);
+            }
+            let comm = RawComm::adopt(raw)?;
+            let (rank, size) = comm.rank_size()?;
+            let members: Vec<usize> = group.iter().map(|(_, r)| self.members[*r]).collect();
+            if size != members.len() || members.get(rank) != Some(&self.members[self.rank]) {
+                return Err(Error::Internal(format!(
+                    "MPI_Comm_split gave rank {rank} of {size}, strata expected rank {:?} of {}",
+                    members.iter().position(|m| *m == self.members[self.rank]),
+                    members.len()
+                )));
+            }
+            Ok(Some(Arc::new(MpiTransport {
+                comm,
+                rank,
+                members,
+                timeout: self.timeout,
+                traffic: self.traffic.clone(),
+                aborted: AtomicBool::new(false),
+                broken: Mutex::new(None),
+                busy: Mutex::new(()),
+            })))
+        }
+
+        fn send(&self, peer: usize, data: &[u8]) -> Result<()> {
+            self.check_peer(peer)?;
+            let _g = self.enter()?;
+            let mut ops = [Op::Send(SendOp::post(&self.comm, peer, data)?)];
+            self.record(peer, data.len());
+            self.drive(&mut ops)
+        }
+
+        fn recv(&self, peer: usize, data: &mut [u8]) -> Result<()> {
+            self.check_peer(peer)?;
+            let _g = self.enter()?;
+            let mut ops = [Op::Recv(RecvOp::new(peer, self.rank, data))];
+            self.drive(&mut ops)
+        }
+
+        fn sendrecv(&self, dst: usize, send: &[u8], src: usize, recv: &mut [u8]) -> Result<()> {
+            self.check_peer(dst)?;
+            self.check_peer(src)?;
+            let _g = self.enter()?;
+            let recv_op = RecvOp::new(src, self.rank, recv);
+            let mut ops = [Op::Send(SendOp::post(&self.comm, dst, send)?), Op::Recv(recv_op)];
+            self.record(dst, send.len());
+            self.drive(&mut ops)
+        }
+
+        fn traffic(&self) -> Option<Arc<Traffic>> {
+            Some(self.traffic.clone())
+        }
+
+        fn abort(&self) {
+            self.aborted.store(true, Ordering::SeqCst);
+        }
+    }
+}

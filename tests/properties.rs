@@ -1,0 +1,54 @@
+//! Property tests: on random mesh shapes, counts and dtypes, every algorithm returns the
+//! plain reference's result (hierarchical results have exactly the flat layout).
+mod common;
+
+use proptest::prelude::*;
+use strata::check::{run_checked, run_checked_coalesced, Kind};
+use strata::{Algo, DataType, ReduceOp};
+
+fn dtype() -> impl Strategy<Value = DataType> {
+    prop_oneof![Just(DataType::F32), Just(DataType::F16), Just(DataType::BF16)]
+}
+
+fn redop() -> impl Strategy<Value = ReduceOp> {
+    prop_oneof![Just(ReduceOp::Sum), Just(ReduceOp::Avg), Just(ReduceOp::Max), Just(ReduceOp::Min)]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    #[test]
+    fn every_algo_matches_the_reference(
+        n in 1usize..4, p in 1usize..4, d in 1usize..3, count in 0usize..40,
+        dt in dtype(), op in redop(), seed in 0u64..1000,
+        kind in prop_oneof![Just(Kind::AllGather), Just(Kind::ReduceScatter), Just(Kind::AllReduce)],
+        in_place in any::<bool>(),
+    ) {
+        let topo = format!("nodes:{n}x{p}x{d}");
+        let wrong: usize = common::all_ok(&topo, move |c| {
+            let mut w = 0;
+            for algo in [Algo::Ring, Algo::Hier, Algo::Auto] {
+                w += run_checked(&c, kind, dt, op, count, algo, in_place, seed)?;
+            }
+            Ok(w)
+        }).into_iter().sum();
+        prop_assert_eq!(wrong, 0, "{} {:?} {} {} count {}", topo, kind, dt, op, count);
+    }
+
+    #[test]
+    fn coalesced_uneven_lists_match_the_reference(
+        n in 1usize..4, k in 1usize..5, counts in prop::collection::vec(0usize..23, 1..6),
+        dt in dtype(), op in redop(), seed in 0u64..1000, rs in any::<bool>(),
+    ) {
+        let topo = format!("nodes:{n}x{k}");
+        let kind = if rs { Kind::ReduceScatter } else { Kind::AllGather };
+        let wrong: usize = common::all_ok(&topo, move |c| {
+            let mut w = 0;
+            for algo in [Algo::Ring, Algo::Hier] {
+                w += run_checked_coalesced(&c, kind, dt, op, &counts, algo, seed)?;
+            }
+            Ok(w)
+        }).into_iter().sum();
+        prop_assert_eq!(wrong, 0);
+    }
+}
