@@ -6,12 +6,19 @@ use std::process::ExitCode;
 use strata::{Comm, CommConfig, Topology};
 
 fn run() -> strata::Result<usize> {
-    let topo = std::env::args().nth(1).map(|s| Topology::parse(&s)).transpose()?;
+    let topo = std::env::args()
+        .nth(1)
+        .map(|s| Topology::parse(&s))
+        .transpose()?;
     let comm = Comm::mpi_world(topo, CommConfig::from_env()?)?;
     strata::check::exercise(&comm)?;
     let rank = comm.rank();
     if rank == 0 {
-        println!("mpi_check OK np={} topology={}", comm.size(), comm.topology().summary());
+        println!(
+            "mpi_check OK np={} topology={}",
+            comm.size(),
+            comm.topology().summary()
+        );
     }
     comm.destroy()?;
     Ok(rank)

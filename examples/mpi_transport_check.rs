@@ -45,7 +45,11 @@ fn fill(dtype: DataType, count: usize, f: impl Fn(usize) -> f64) -> Vec<u8> {
 fn expect_values(dtype: DataType, got: &[u8], f: impl Fn(usize) -> f64, what: &str) -> Check {
     for i in 0..got.len() / dtype.size() {
         let (g, w) = (dtype.get(got, i), f(i));
-        ensure!(g == w, "{what} ({}): element {i} is {g}, want {w}", dtype.name());
+        ensure!(
+            g == w,
+            "{what} ({}): element {i} is {g}, want {w}",
+            dtype.name()
+        );
     }
     Ok(())
 }
@@ -61,12 +65,20 @@ fn p2p(t: &MpiTransport) -> Check {
         for q in 1..p {
             let mut back = vec![0u8; 64 * 1024 + q];
             ok(t.recv(q, &mut back), "recv")?;
-            ensure!(back.iter().enumerate().all(|(i, b)| *b == (i + q * 3) as u8), "rank 0: wrong data from rank {q}");
+            ensure!(
+                back.iter()
+                    .enumerate()
+                    .all(|(i, b)| *b == (i + q * 3) as u8),
+                "rank 0: wrong data from rank {q}"
+            );
         }
     } else {
         let mut msg = vec![0u8; 1000 + r];
         ok(t.recv(0, &mut msg), "recv")?;
-        ensure!(msg.iter().enumerate().all(|(i, b)| *b == (i * 7 + r) as u8), "rank {r}: wrong data from rank 0");
+        ensure!(
+            msg.iter().enumerate().all(|(i, b)| *b == (i * 7 + r) as u8),
+            "rank {r}: wrong data from rank 0"
+        );
         let back: Vec<u8> = (0..64 * 1024 + r).map(|i| (i + r * 3) as u8).collect();
         ok(t.send(0, &back), "send")?;
     }
@@ -78,14 +90,20 @@ fn p2p(t: &MpiTransport) -> Check {
         let out: Vec<u8> = (0..len).map(|i| (i + r) as u8).collect();
         let mut inc = vec![0u8; len];
         ok(t.sendrecv(next, &out, prev, &mut inc), "ring sendrecv")?;
-        ensure!(inc.iter().enumerate().all(|(i, b)| *b == (i + prev) as u8), "rank {r}: wrong ring data ({len} bytes)");
+        ensure!(
+            inc.iter().enumerate().all(|(i, b)| *b == (i + prev) as u8),
+            "rank {r}: wrong ring data ({len} bytes)"
+        );
     }
     Ok(())
 }
 
 fn collectives(t: &dyn Transport, members: &[usize], tag: &str) -> Check {
     let (r, p) = (t.rank(), t.size());
-    ensure!(members.len() == p && members[r] == t.world_rank(r), "{tag}: world_rank mismatch");
+    ensure!(
+        members.len() == p && members[r] == t.world_rank(r),
+        "{tag}: world_rank mismatch"
+    );
     let wr = |q: usize| members[q];
     for dtype in [DataType::F32, DataType::BF16] {
         // all_gather: chunk of 37 elements.
@@ -95,13 +113,21 @@ fn collectives(t: &dyn Transport, members: &[usize], tag: &str) -> Check {
         let mine = fill(dtype, c, |i| val(wr(r), i));
         buf[r * cb..(r + 1) * cb].copy_from_slice(&mine);
         ok(t.all_gather(&mut buf, cb), "all_gather")?;
-        expect_values(dtype, &buf, |i| val(wr(i / c), i % c), &format!("{tag} all_gather"))?;
+        expect_values(
+            dtype,
+            &buf,
+            |i| val(wr(i / c), i % c),
+            &format!("{tag} all_gather"),
+        )?;
 
         // reduce_scatter: recv of 29 elements.
         let c = 29;
         let send = fill(dtype, p * c, |j| val(wr(r), j) + (j / c) as f64);
         let mut recv = vec![0u8; c * dtype.size()];
-        ok(t.reduce_scatter(&send, &mut recv, dtype, ReduceOp::Sum), "reduce_scatter")?;
+        ok(
+            t.reduce_scatter(&send, &mut recv, dtype, ReduceOp::Sum),
+            "reduce_scatter",
+        )?;
         expect_values(
             dtype,
             &recv,
@@ -114,8 +140,18 @@ fn collectives(t: &dyn Transport, members: &[usize], tag: &str) -> Check {
         for op in [ReduceOp::Sum, ReduceOp::Max] {
             let mut buf = fill(dtype, n, |i| val(wr(r), i));
             ok(t.all_reduce(&mut buf, dtype, op), "all_reduce")?;
-            let want = |i: usize| (0..p).map(|q| val(wr(q), i)).reduce(|a, b| op.apply(a, b)).unwrap();
-            expect_values(dtype, &buf, want, &format!("{tag} all_reduce {}", op.name()))?;
+            let want = |i: usize| {
+                (0..p)
+                    .map(|q| val(wr(q), i))
+                    .reduce(|a, b| op.apply(a, b))
+                    .unwrap()
+            };
+            expect_values(
+                dtype,
+                &buf,
+                want,
+                &format!("{tag} all_reduce {}", op.name()),
+            )?;
         }
     }
     // all_to_all: block j of rank q holds q*16+j.
@@ -123,13 +159,25 @@ fn collectives(t: &dyn Transport, members: &[usize], tag: &str) -> Check {
     let send: Vec<u8> = (0..p * b).map(|i| (wr(r) * 16 + i / b) as u8).collect();
     let mut recv = vec![0u8; p * b];
     ok(t.all_to_all(&send, &mut recv), "all_to_all")?;
-    ensure!(recv.iter().enumerate().all(|(i, v)| *v == (wr(i / b) * 16 + r) as u8), "{tag}: wrong all_to_all data");
+    ensure!(
+        recv.iter()
+            .enumerate()
+            .all(|(i, v)| *v == (wr(i / b) * 16 + r) as u8),
+        "{tag}: wrong all_to_all data"
+    );
     // broadcast from the last rank, longer than one pipeline piece (1 MiB).
     let root = p - 1;
     let len = (5 << 20) / 2 + 3;
-    let mut buf = if r == root { (0..len).map(|i| (i % 251) as u8).collect() } else { vec![0u8; len] };
+    let mut buf = if r == root {
+        (0..len).map(|i| (i % 251) as u8).collect()
+    } else {
+        vec![0u8; len]
+    };
     ok(t.broadcast(&mut buf, root), "broadcast")?;
-    ensure!(buf.iter().enumerate().all(|(i, v)| *v == (i % 251) as u8), "{tag}: wrong broadcast data");
+    ensure!(
+        buf.iter().enumerate().all(|(i, v)| *v == (i % 251) as u8),
+        "{tag}: wrong broadcast data"
+    );
     Ok(())
 }
 
@@ -144,8 +192,16 @@ fn traffic(t: &MpiTransport) -> Check {
     let all = ok(t.sum_traffic(&mine), "sum_traffic")?;
     for s in 0..p {
         for d in 0..p {
-            let want = if d == (s + 1) % p { ((p - 1) * chunk) as u64 } else { 0 };
-            ensure!(all.bytes[s * p + d] == want, "traffic {s}->{d} is {}, want {want}", all.bytes[s * p + d]);
+            let want = if d == (s + 1) % p {
+                ((p - 1) * chunk) as u64
+            } else {
+                0
+            };
+            ensure!(
+                all.bytes[s * p + d] == want,
+                "traffic {s}->{d} is {}, want {want}",
+                all.bytes[s * p + d]
+            );
         }
     }
     Ok(())
@@ -155,30 +211,54 @@ fn splits(t: &MpiTransport) -> Check {
     let (r, p) = (t.rank(), t.size());
     // Two colors; key reverses the order inside each.
     let color = (r % 2) as u32;
-    let child = ok(t.split(Some(color), -(r as i32)), "split")?.ok_or("split returned None for a color")?;
+    let child =
+        ok(t.split(Some(color), -(r as i32)), "split")?.ok_or("split returned None for a color")?;
     let members: Vec<usize> = (0..p).rev().filter(|q| q % 2 == r % 2).collect();
-    ensure!(child.size() == members.len(), "child size {} want {}", child.size(), members.len());
+    ensure!(
+        child.size() == members.len(),
+        "child size {} want {}",
+        child.size(),
+        members.len()
+    );
     ensure!(
         child.world_rank(child.rank()) == r,
         "child rank {} maps to world {}",
         child.rank(),
         child.world_rank(child.rank())
     );
-    ensure!((0..child.size()).all(|q| child.world_rank(q) == members[q]), "child members differ from {members:?}");
+    ensure!(
+        (0..child.size()).all(|q| child.world_rank(q) == members[q]),
+        "child members differ from {members:?}"
+    );
     collectives(child.as_ref(), &members, &format!("color {color}"))?;
     // A split where rank 0 stays out; then a grandchild of the others.
     let c = if r == 0 { None } else { Some(7) };
     let part = ok(t.split(c, 0), "split with None")?;
-    ensure!(part.is_some() == (r != 0), "split(None) gave {:?} on rank {r}", part.is_some());
+    ensure!(
+        part.is_some() == (r != 0),
+        "split(None) gave {:?} on rank {r}",
+        part.is_some()
+    );
     if let Some(part) = part {
-        ensure!(part.size() == p - 1 && part.rank() == r - 1, "partial split rank {} of {}", part.rank(), part.size());
+        ensure!(
+            part.size() == p - 1 && part.rank() == r - 1,
+            "partial split rank {} of {}",
+            part.rank(),
+            part.size()
+        );
         let mut buf = fill(DataType::F32, 5, |_| r as f64);
-        ok(part.all_reduce(&mut buf, DataType::F32, ReduceOp::Sum), "all_reduce in partial split")?;
+        ok(
+            part.all_reduce(&mut buf, DataType::F32, ReduceOp::Sum),
+            "all_reduce in partial split",
+        )?;
         let want = (1..p).sum::<usize>() as f64;
         expect_values(DataType::F32, &buf, |_| want, "partial split all_reduce")?;
     }
     // The child records into the same traffic counters as its parent.
-    ensure!(Arc::ptr_eq(&child.traffic().unwrap(), &t.traffic().unwrap()), "child traffic is not the parent's");
+    ensure!(
+        Arc::ptr_eq(&child.traffic().unwrap(), &t.traffic().unwrap()),
+        "child traffic is not the parent's"
+    );
     Ok(())
 }
 
@@ -198,7 +278,11 @@ fn mismatch(t: &MpiTransport) -> Check {
                     );
                     ensure!(m == expect, "mismatch message is '{m}', want '{expect}'");
                 }
-                other => return Err(format!("recv of {want} bytes when {sent} were sent gave {other:?}")),
+                other => {
+                    return Err(format!(
+                        "recv of {want} bytes when {sent} were sent gave {other:?}"
+                    ))
+                }
             }
             let mut next = [0u8; 24];
             ok(t.recv(0, &mut next), "recv after mismatch")?;
@@ -210,13 +294,19 @@ fn mismatch(t: &MpiTransport) -> Check {
 
 fn timeouts_and_abort(t: &MpiTransport) -> Check {
     let r = t.rank();
-    let short = ok(MpiTransport::world(None, Duration::from_millis(300)), "world (300 ms)")?;
+    let short = ok(
+        MpiTransport::world(None, Duration::from_millis(300)),
+        "world (300 ms)",
+    )?;
     if r == 1 {
         let start = Instant::now();
         let mut buf = [0u8; 4];
         match short.recv(0, &mut buf) {
             Err(Error::Remote(m)) => {
-                ensure!(m.contains("waited") && m.contains("rank 0"), "timeout message '{m}'");
+                ensure!(
+                    m.contains("waited") && m.contains("rank 0"),
+                    "timeout message '{m}'"
+                );
             }
             other => return Err(format!("recv from a silent rank gave {other:?}")),
         }
@@ -239,8 +329,15 @@ fn timeouts_and_abort(t: &MpiTransport) -> Check {
     if r == 0 {
         let start = Instant::now();
         let res = short.send(1, &vec![3u8; 8 << 20]);
-        ensure!(matches!(&res, Err(Error::Remote(m)) if m.contains("waited")), "unreceived send gave {res:?}");
-        ensure!(start.elapsed() < Duration::from_secs(3), "send timeout took {:?}", start.elapsed());
+        ensure!(
+            matches!(&res, Err(Error::Remote(m)) if m.contains("waited")),
+            "unreceived send gave {res:?}"
+        );
+        ensure!(
+            start.elapsed() < Duration::from_secs(3),
+            "send timeout took {:?}",
+            start.elapsed()
+        );
         // OpenMPI cannot cancel sends: the communicator is then refused; where the library
         // cancels, it stays usable (and the tiny send completes eagerly).
         let again = short.send(1, &[1]);
@@ -252,7 +349,8 @@ fn timeouts_and_abort(t: &MpiTransport) -> Check {
     ok(t.barrier(), "barrier")?;
 
     // Abort wakes a waiter on another thread.
-    let child: Arc<dyn Transport> = ok(t.split(Some(0), 0), "split for abort")?.ok_or("no child")?;
+    let child: Arc<dyn Transport> =
+        ok(t.split(Some(0), 0), "split for abort")?.ok_or("no child")?;
     let waiter = {
         let child = child.clone();
         std::thread::spawn(move || {
@@ -269,8 +367,14 @@ fn timeouts_and_abort(t: &MpiTransport) -> Check {
         matches!(&res, Err(Error::Remote(m)) if m.contains("aborted")),
         "recv on an aborted communicator gave {res:?}"
     );
-    ensure!(took < Duration::from_secs(3), "abort took {took:?} to wake the waiter");
-    ensure!(matches!(child.send(0, &[1]), Err(Error::Remote(_))), "send after abort did not fail");
+    ensure!(
+        took < Duration::from_secs(3),
+        "abort took {took:?} to wake the waiter"
+    );
+    ensure!(
+        matches!(child.send(0, &[1]), Err(Error::Remote(_))),
+        "send after abort did not fail"
+    );
     ok(t.barrier(), "barrier")
 }
 
@@ -282,9 +386,17 @@ fn concurrent(t: &MpiTransport) -> Check {
         std::thread::spawn(move || -> Check {
             for _ in 0..20 {
                 let mut buf = fill(DataType::F32, 4099, |i| seed + (x.rank() + i % 5) as f64);
-                ok(x.all_reduce(&mut buf, DataType::F32, ReduceOp::Sum), "concurrent all_reduce")?;
+                ok(
+                    x.all_reduce(&mut buf, DataType::F32, ReduceOp::Sum),
+                    "concurrent all_reduce",
+                )?;
                 let p = x.size();
-                expect_values(DataType::F32, &buf, |i| (0..p).map(|q| seed + (q + i % 5) as f64).sum(), "concurrent")?;
+                expect_values(
+                    DataType::F32,
+                    &buf,
+                    |i| (0..p).map(|q| seed + (q + i % 5) as f64).sum(),
+                    "concurrent",
+                )?;
             }
             Ok(())
         })
@@ -301,13 +413,23 @@ fn run() -> Check {
     ensure!(n >= 2, "run under mpirun with at least 2 ranks (got {n})");
     match MpiTransport::world(Some(Topology::flat(n + 1)), Duration::from_secs(5)) {
         Err(Error::InvalidUsage(m)) => {
-            ensure!(m.contains(&n.to_string()) && m.contains(&(n + 1).to_string()), "size message '{m}'")
+            ensure!(
+                m.contains(&n.to_string()) && m.contains(&(n + 1).to_string()),
+                "size message '{m}'"
+            )
         }
         Err(e) => return Err(format!("wrong topology size gave {e}")),
         Ok(_) => return Err("wrong topology size accepted".into()),
     }
-    let t = ok(MpiTransport::world(Some(Topology::flat(n)), Duration::from_secs(30)), "world")?;
-    ensure!(t.kind() == TransportKind::Mpi && t.size() == n, "world transport size {}", t.size());
+    let t = ok(
+        MpiTransport::world(Some(Topology::flat(n)), Duration::from_secs(30)),
+        "world",
+    )?;
+    ensure!(
+        t.kind() == TransportKind::Mpi && t.size() == n,
+        "world transport size {}",
+        t.size()
+    );
     p2p(&t)?;
     let everyone: Vec<usize> = (0..n).collect();
     collectives(&t, &everyone, "world")?;
@@ -322,8 +444,10 @@ fn run() -> Check {
 
 fn main() {
     let res = run();
-    let rank =
-        std::env::var("OMPI_COMM_WORLD_RANK").ok().or_else(|| std::env::var("PMI_RANK").ok()).unwrap_or_default();
+    let rank = std::env::var("OMPI_COMM_WORLD_RANK")
+        .ok()
+        .or_else(|| std::env::var("PMI_RANK").ok())
+        .unwrap_or_default();
     match res {
         Ok(()) => {
             let n = MpiTransport::world_size_hint().unwrap_or(0);

@@ -15,10 +15,17 @@ use crate::Algo;
 
 /// The input value of element `i` of `rank`'s send buffer.
 pub fn value(dtype: DataType, rank: usize, i: usize, seed: u64) -> f64 {
-    let h = (rank as u64).wrapping_mul(0x9E37_79B9).wrapping_add((i as u64).wrapping_mul(0x85EB_CA6B)).wrapping_add(seed.wrapping_mul(0xC2B2_AE35));
+    let h = (rank as u64)
+        .wrapping_mul(0x9E37_79B9)
+        .wrapping_add((i as u64).wrapping_mul(0x85EB_CA6B))
+        .wrapping_add(seed.wrapping_mul(0xC2B2_AE35));
     let h = (h ^ (h >> 13)).wrapping_mul(0x2545_F491);
     let v = ((h >> 7) % 7) as f64;
-    if dtype == DataType::U8 { v } else { v - 3.0 }
+    if dtype == DataType::U8 {
+        v
+    } else {
+        v - 3.0
+    }
 }
 
 /// `count` input elements of `rank` starting at element `first`, as bytes.
@@ -63,7 +70,9 @@ impl std::str::FromStr for Kind {
             "all-reduce" | "allreduce" => Kind::AllReduce,
             "all-to-all" | "alltoall" => Kind::AllToAll,
             "broadcast" => Kind::Broadcast { root: 0 },
-            _ => return Err(Error::InvalidArgument(format!("unknown op '{s}' (all-gather, reduce-scatter, all-reduce, all-to-all, broadcast)"))),
+            _ => return Err(Error::InvalidArgument(format!(
+                "unknown op '{s}' (all-gather, reduce-scatter, all-reduce, all-to-all, broadcast)"
+            ))),
         })
     }
 }
@@ -90,18 +99,32 @@ impl Kind {
         }
     }
 
-    /// This rank's send buffer contents (seeded; offset `salt` lets coalesced tensors differ).
+    /// This rank's send buffer contents for `seed` (coalesced tensors use one seed each).
     pub fn input(self, dtype: DataType, rank: usize, count: usize, p: usize, seed: u64) -> Vec<u8> {
         fill(dtype, rank, 0, self.sizes(count, p).0, seed)
     }
 
     /// The exact expected receive buffer on `rank`.
-    pub fn expected(self, dtype: DataType, op: ReduceOp, rank: usize, count: usize, p: usize, seed: u64) -> Vec<f64> {
+    pub fn expected(
+        self,
+        dtype: DataType,
+        op: ReduceOp,
+        rank: usize,
+        count: usize,
+        p: usize,
+        seed: u64,
+    ) -> Vec<f64> {
         match self {
-            Kind::AllGather => (0..p * count).map(|j| value(dtype, j / count, j % count, seed)).collect(),
-            Kind::ReduceScatter => (0..count).map(|i| reduced(dtype, op, p, rank * count + i, seed)).collect(),
+            Kind::AllGather => (0..p * count)
+                .map(|j| value(dtype, j / count, j % count, seed))
+                .collect(),
+            Kind::ReduceScatter => (0..count)
+                .map(|i| reduced(dtype, op, p, rank * count + i, seed))
+                .collect(),
             Kind::AllReduce => (0..count).map(|i| reduced(dtype, op, p, i, seed)).collect(),
-            Kind::AllToAll => (0..p * count).map(|j| value(dtype, j / count, rank * count + j % count, seed)).collect(),
+            Kind::AllToAll => (0..p * count)
+                .map(|j| value(dtype, j / count, rank * count + j % count, seed))
+                .collect(),
             Kind::Broadcast { root } => (0..count).map(|i| value(dtype, root, i, seed)).collect(),
         }
     }
@@ -110,10 +133,25 @@ impl Kind {
     pub fn op(self, send: Buffer, recv: Buffer, count: usize, redop: ReduceOp) -> Op {
         match self {
             Kind::AllGather => Op::AllGather { send, recv, count },
-            Kind::ReduceScatter => Op::ReduceScatter { send, recv, count, op: redop },
-            Kind::AllReduce => Op::AllReduce { send, recv, count, op: redop },
+            Kind::ReduceScatter => Op::ReduceScatter {
+                send,
+                recv,
+                count,
+                op: redop,
+            },
+            Kind::AllReduce => Op::AllReduce {
+                send,
+                recv,
+                count,
+                op: redop,
+            },
             Kind::AllToAll => Op::AllToAll { send, recv, count },
-            Kind::Broadcast { root } => Op::Broadcast { send, recv, count, root },
+            Kind::Broadcast { root } => Op::Broadcast {
+                send,
+                recv,
+                count,
+                root,
+            },
         }
     }
 }
@@ -131,7 +169,16 @@ pub fn count_wrong(dtype: DataType, got: &[u8], want: &[f64], terms: usize) -> u
 
 /// Run one checked collective on `comm` and return the number of wrong elements on this
 /// rank. `in_place` uses NCCL's in-place layout where the op has one.
-pub fn run_checked(comm: &Comm, kind: Kind, dtype: DataType, redop: ReduceOp, count: usize, algo: Algo, in_place: bool, seed: u64) -> Result<usize> {
+pub fn run_checked(
+    comm: &Comm,
+    kind: Kind,
+    dtype: DataType,
+    redop: ReduceOp,
+    count: usize,
+    algo: Algo,
+    in_place: bool,
+    seed: u64,
+) -> Result<usize> {
     let (p, r) = (comm.size(), comm.rank());
     let nr = kind.sizes(count, p).1;
     let s = dtype.size();
@@ -152,33 +199,71 @@ pub fn run_checked(comm: &Comm, kind: Kind, dtype: DataType, redop: ReduceOp, co
             let b = Buffer::from_bytes(&input);
             (b.clone(), b)
         }
-        _ => (Buffer::from_bytes(&input), Buffer::from_bytes(&vec![0xA5; nr * s])),
+        _ => (
+            Buffer::from_bytes(&input),
+            Buffer::from_bytes(&vec![0xA5; nr * s]),
+        ),
     };
-    comm.submit(Request::new(kind.op(send, recv.clone(), count, redop), dtype).with_algo(algo))?.wait()?;
+    comm.submit(Request::new(kind.op(send, recv.clone(), count, redop), dtype).with_algo(algo))?
+        .wait()?;
     let want = kind.expected(dtype, redop, r, count, p, seed);
     Ok(count_wrong(dtype, &recv.to_bytes()?, &want, p))
 }
 
 /// Coalesced variant: `counts` per tensor; returns wrong elements over all tensors.
-pub fn run_checked_coalesced(comm: &Comm, kind: Kind, dtype: DataType, redop: ReduceOp, counts: &[usize], algo: Algo, seed: u64) -> Result<usize> {
+pub fn run_checked_coalesced(
+    comm: &Comm,
+    kind: Kind,
+    dtype: DataType,
+    redop: ReduceOp,
+    counts: &[usize],
+    algo: Algo,
+    seed: u64,
+) -> Result<usize> {
     let (p, r) = (comm.size(), comm.rank());
     let s = dtype.size();
     let mut sends = Vec::new();
     let mut recvs = Vec::new();
     for (t, &c) in counts.iter().enumerate() {
         let (_, nr) = kind.sizes(c, p);
-        sends.push(Buffer::from_bytes(&kind.input(dtype, r, c, p, seed + t as u64)));
+        sends.push(Buffer::from_bytes(&kind.input(
+            dtype,
+            r,
+            c,
+            p,
+            seed + t as u64,
+        )));
         recvs.push(Buffer::from_bytes(&vec![0xA5; nr * s]));
     }
     let op = match kind {
-        Kind::AllGather => Op::AllGatherCoalesced { sends, recvs: recvs.clone(), counts: counts.to_vec() },
-        Kind::ReduceScatter => Op::ReduceScatterCoalesced { sends, recvs: recvs.clone(), counts: counts.to_vec(), op: redop },
-        _ => return Err(Error::InvalidArgument(format!("{} has no coalesced form", kind.name()))),
+        Kind::AllGather => Op::AllGatherCoalesced {
+            sends,
+            recvs: recvs.clone(),
+            counts: counts.to_vec(),
+        },
+        Kind::ReduceScatter => Op::ReduceScatterCoalesced {
+            sends,
+            recvs: recvs.clone(),
+            counts: counts.to_vec(),
+            op: redop,
+        },
+        _ => {
+            return Err(Error::InvalidArgument(format!(
+                "{} has no coalesced form",
+                kind.name()
+            )))
+        }
     };
-    comm.submit(Request::new(op, dtype).with_algo(algo))?.wait()?;
+    comm.submit(Request::new(op, dtype).with_algo(algo))?
+        .wait()?;
     let mut wrong = 0;
     for (t, (&c, b)) in counts.iter().zip(&recvs).enumerate() {
-        wrong += count_wrong(dtype, &b.to_bytes()?, &kind.expected(dtype, redop, r, c, p, seed + t as u64), p);
+        wrong += count_wrong(
+            dtype,
+            &b.to_bytes()?,
+            &kind.expected(dtype, redop, r, c, p, seed + t as u64),
+            p,
+        );
     }
     Ok(wrong)
 }
@@ -194,13 +279,17 @@ pub fn exercise(comm: &Comm) -> Result<()> {
             for algo in algos {
                 for (kind, ops) in [
                     (Kind::AllGather, &[ReduceOp::Sum][..]),
-                    (Kind::ReduceScatter, &[ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min][..]),
+                    (
+                        Kind::ReduceScatter,
+                        &[ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min][..],
+                    ),
                     (Kind::AllReduce, &[ReduceOp::Sum, ReduceOp::Avg][..]),
                 ] {
                     for &redop in ops {
                         for in_place in [false, true] {
                             seed += 1;
-                            let w = run_checked(comm, kind, dtype, redop, count, algo, in_place, seed)?;
+                            let w =
+                                run_checked(comm, kind, dtype, redop, count, algo, in_place, seed)?;
                             if w != 0 {
                                 return Err(Error::Internal(format!(
                                     "{} {dtype} {redop} count {count} algo {algo} in_place {in_place}: {w} wrong on rank {}",
@@ -212,26 +301,64 @@ pub fn exercise(comm: &Comm) -> Result<()> {
                 }
                 for kind in [Kind::AllGather, Kind::ReduceScatter] {
                     seed += 10;
-                    let w = run_checked_coalesced(comm, kind, dtype, ReduceOp::Avg, &[count, 3, 0, count + 5, 1], algo, seed)?;
+                    let w = run_checked_coalesced(
+                        comm,
+                        kind,
+                        dtype,
+                        ReduceOp::Avg,
+                        &[count, 3, 0, count + 5, 1],
+                        algo,
+                        seed,
+                    )?;
                     if w != 0 {
-                        return Err(Error::Internal(format!("coalesced {} {dtype} count {count} algo {algo}: {w} wrong", kind.name())));
+                        return Err(Error::Internal(format!(
+                            "coalesced {} {dtype} count {count} algo {algo}: {w} wrong",
+                            kind.name()
+                        )));
                     }
                 }
             }
         }
-        for kind in [Kind::AllToAll, Kind::Broadcast { root: comm.size() / 2 }] {
+        for kind in [
+            Kind::AllToAll,
+            Kind::Broadcast {
+                root: comm.size() / 2,
+            },
+        ] {
             for in_place in [false, true] {
                 seed += 1;
-                let w = run_checked(comm, kind, dtype, ReduceOp::Sum, 5, Algo::Auto, in_place && kind != Kind::AllToAll, seed)?;
+                let w = run_checked(
+                    comm,
+                    kind,
+                    dtype,
+                    ReduceOp::Sum,
+                    5,
+                    Algo::Auto,
+                    in_place && kind != Kind::AllToAll,
+                    seed,
+                )?;
                 if w != 0 {
-                    return Err(Error::Internal(format!("{} {dtype}: {w} wrong on rank {}", kind.name(), comm.rank())));
+                    return Err(Error::Internal(format!(
+                        "{} {dtype}: {w} wrong on rank {}",
+                        kind.name(),
+                        comm.rank()
+                    )));
                 }
             }
         }
     }
     for dtype in [DataType::I8, DataType::U8, DataType::I32] {
         seed += 1;
-        let w = run_checked(comm, Kind::AllReduce, dtype, ReduceOp::Sum, 9, Algo::Auto, false, seed)?;
+        let w = run_checked(
+            comm,
+            Kind::AllReduce,
+            dtype,
+            ReduceOp::Sum,
+            9,
+            Algo::Auto,
+            false,
+            seed,
+        )?;
         if w != 0 {
             return Err(Error::Internal(format!("all-reduce {dtype}: {w} wrong")));
         }

@@ -30,15 +30,23 @@ fn read() -> Result<Env> {
     };
     let timeout = match std::env::var("STRATA_TIMEOUT") {
         Ok(s) if !s.trim().is_empty() => {
-            let secs: f64 = s.trim().parse().map_err(|_| Error::InvalidArgument(format!("STRATA_TIMEOUT='{s}' is not a number of seconds")))?;
+            let secs: f64 = s.trim().parse().map_err(|_| {
+                Error::InvalidArgument(format!("STRATA_TIMEOUT='{s}' is not a number of seconds"))
+            })?;
             if !(secs > 0.0 && secs.is_finite()) {
-                return Err(Error::InvalidArgument(format!("STRATA_TIMEOUT='{s}' must be positive")));
+                return Err(Error::InvalidArgument(format!(
+                    "STRATA_TIMEOUT='{s}' must be positive"
+                )));
             }
             Duration::from_secs_f64(secs)
         }
         _ => DEFAULT_TIMEOUT,
     };
-    Ok(Env { algo, timeout, debug: std::env::var("STRATA_DEBUG").ok() })
+    Ok(Env {
+        algo,
+        timeout,
+        debug: std::env::var("STRATA_DEBUG").ok(),
+    })
 }
 
 static ENV: Lazy<Result<Env>> = Lazy::new(read);
@@ -52,7 +60,11 @@ pub fn env() -> Result<Env> {
 pub fn init_logging() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        let level = match std::env::var("STRATA_DEBUG").unwrap_or_default().to_ascii_uppercase().as_str() {
+        let level = match std::env::var("STRATA_DEBUG")
+            .unwrap_or_default()
+            .to_ascii_uppercase()
+            .as_str()
+        {
             "TRACE" => "strata=trace",
             "INFO" => "strata=debug",
             "WARN" => "strata=warn",

@@ -25,8 +25,14 @@ pub enum DataType {
 
 impl DataType {
     /// Every supported type.
-    pub const ALL: [DataType; 6] =
-        [DataType::F32, DataType::F16, DataType::BF16, DataType::I8, DataType::U8, DataType::I32];
+    pub const ALL: [DataType; 6] = [
+        DataType::F32,
+        DataType::F16,
+        DataType::BF16,
+        DataType::I8,
+        DataType::U8,
+        DataType::I32,
+    ];
 
     /// Bytes per element.
     pub fn size(self) -> usize {
@@ -119,7 +125,11 @@ impl FromStr for DataType {
             "i8" | "int8" => DataType::I8,
             "u8" | "uint8" => DataType::U8,
             "i32" | "int32" => DataType::I32,
-            other => return Err(Error::InvalidArgument(format!("unknown dtype '{other}' (f32, f16, bf16, i8, u8, i32)"))),
+            other => {
+                return Err(Error::InvalidArgument(format!(
+                    "unknown dtype '{other}' (f32, f16, bf16, i8, u8, i32)"
+                )))
+            }
         })
     }
 }
@@ -150,15 +160,25 @@ impl ReduceOp {
 
     /// From the NCCL numeric value (C ABI).
     pub fn from_raw(v: i32) -> Result<ReduceOp> {
-        [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min, ReduceOp::Avg]
-            .into_iter()
-            .find(|o| *o as i32 == v)
-            .ok_or_else(|| Error::InvalidArgument(format!("unknown reduction op {v}")))
+        [
+            ReduceOp::Sum,
+            ReduceOp::Prod,
+            ReduceOp::Max,
+            ReduceOp::Min,
+            ReduceOp::Avg,
+        ]
+        .into_iter()
+        .find(|o| *o as i32 == v)
+        .ok_or_else(|| Error::InvalidArgument(format!("unknown reduction op {v}")))
     }
 
     /// The op used for partial (per-step) reductions: `Avg` sums and divides at the end.
     pub fn partial(self) -> ReduceOp {
-        if self == ReduceOp::Avg { ReduceOp::Sum } else { self }
+        if self == ReduceOp::Avg {
+            ReduceOp::Sum
+        } else {
+            self
+        }
     }
 
     /// Combine two f64 values (reference semantics).
@@ -187,7 +207,11 @@ impl FromStr for ReduceOp {
             "max" => ReduceOp::Max,
             "min" => ReduceOp::Min,
             "avg" | "mean" => ReduceOp::Avg,
-            other => return Err(Error::InvalidArgument(format!("unknown reduction op '{other}' (sum, prod, max, min, avg)"))),
+            other => {
+                return Err(Error::InvalidArgument(format!(
+                    "unknown reduction op '{other}' (sum, prod, max, min, avg)"
+                )))
+            }
         })
     }
 }
@@ -196,23 +220,59 @@ impl FromStr for ReduceOp {
 pub trait Element: bytemuck::Pod + Send + Sync + 'static {
     const DTYPE: DataType;
 }
-impl Element for f32 { const DTYPE: DataType = DataType::F32; }
-impl Element for f16 { const DTYPE: DataType = DataType::F16; }
-impl Element for bf16 { const DTYPE: DataType = DataType::BF16; }
-impl Element for i8 { const DTYPE: DataType = DataType::I8; }
-impl Element for u8 { const DTYPE: DataType = DataType::U8; }
-impl Element for i32 { const DTYPE: DataType = DataType::I32; }
+impl Element for f32 {
+    const DTYPE: DataType = DataType::F32;
+}
+impl Element for f16 {
+    const DTYPE: DataType = DataType::F16;
+}
+impl Element for bf16 {
+    const DTYPE: DataType = DataType::BF16;
+}
+impl Element for i8 {
+    const DTYPE: DataType = DataType::I8;
+}
+impl Element for u8 {
+    const DTYPE: DataType = DataType::U8;
+}
+impl Element for i32 {
+    const DTYPE: DataType = DataType::I32;
+}
 
-fn combine<T: Copy>(acc: &mut [T], src: &[T], op: ReduceOp, add: impl Fn(T, T) -> T, mul: impl Fn(T, T) -> T, lt: impl Fn(T, T) -> bool) {
+fn combine<T: Copy>(
+    acc: &mut [T],
+    src: &[T],
+    op: ReduceOp,
+    add: impl Fn(T, T) -> T,
+    mul: impl Fn(T, T) -> T,
+    lt: impl Fn(T, T) -> bool,
+) {
     match op {
-        ReduceOp::Sum | ReduceOp::Avg => acc.iter_mut().zip(src).for_each(|(a, b)| *a = add(*a, *b)),
+        ReduceOp::Sum | ReduceOp::Avg => {
+            acc.iter_mut().zip(src).for_each(|(a, b)| *a = add(*a, *b))
+        }
         ReduceOp::Prod => acc.iter_mut().zip(src).for_each(|(a, b)| *a = mul(*a, *b)),
-        ReduceOp::Max => acc.iter_mut().zip(src).for_each(|(a, b)| if lt(*a, *b) { *a = *b }),
-        ReduceOp::Min => acc.iter_mut().zip(src).for_each(|(a, b)| if lt(*b, *a) { *a = *b }),
+        ReduceOp::Max => acc.iter_mut().zip(src).for_each(|(a, b)| {
+            if lt(*a, *b) {
+                *a = *b
+            }
+        }),
+        ReduceOp::Min => acc.iter_mut().zip(src).for_each(|(a, b)| {
+            if lt(*b, *a) {
+                *a = *b
+            }
+        }),
     }
 }
 
-fn reduce_typed<T: bytemuck::Pod>(acc: &mut [u8], src: &[u8], op: ReduceOp, add: impl Fn(T, T) -> T, mul: impl Fn(T, T) -> T, lt: impl Fn(T, T) -> bool) {
+fn reduce_typed<T: bytemuck::Pod>(
+    acc: &mut [u8],
+    src: &[u8],
+    op: ReduceOp,
+    add: impl Fn(T, T) -> T,
+    mul: impl Fn(T, T) -> T,
+    lt: impl Fn(T, T) -> bool,
+) {
     // Host buffers are byte vectors without alignment guarantees: work in aligned blocks.
     const BLK: usize = 1024;
     let s = std::mem::size_of::<T>();
@@ -232,22 +292,49 @@ fn reduce_typed<T: bytemuck::Pod>(acc: &mut [u8], src: &[u8], op: ReduceOp, add:
 pub fn reduce_into(acc: &mut [u8], src: &[u8], dtype: DataType, op: ReduceOp) {
     debug_assert_eq!(acc.len(), src.len());
     match dtype {
-        DataType::F32 => reduce_typed::<f32>(acc, src, op, |a, b| a + b, |a, b| a * b, |a, b| a < b),
+        DataType::F32 => {
+            reduce_typed::<f32>(acc, src, op, |a, b| a + b, |a, b| a * b, |a, b| a < b)
+        }
         DataType::F16 => reduce_typed::<f16>(
-            acc, src, op,
+            acc,
+            src,
+            op,
             |a, b| f16::from_f32(a.to_f32() + b.to_f32()),
             |a, b| f16::from_f32(a.to_f32() * b.to_f32()),
             |a, b| a < b,
         ),
         DataType::BF16 => reduce_typed::<bf16>(
-            acc, src, op,
+            acc,
+            src,
+            op,
             |a, b| bf16::from_f32(a.to_f32() + b.to_f32()),
             |a, b| bf16::from_f32(a.to_f32() * b.to_f32()),
             |a, b| a < b,
         ),
-        DataType::I32 => reduce_typed::<i32>(acc, src, op, |a, b| a.wrapping_add(b), |a, b| a.wrapping_mul(b), |a, b| a < b),
-        DataType::I8 => reduce_typed::<i8>(acc, src, op, |a, b| a.wrapping_add(b), |a, b| a.wrapping_mul(b), |a, b| a < b),
-        DataType::U8 => reduce_typed::<u8>(acc, src, op, |a, b| a.wrapping_add(b), |a, b| a.wrapping_mul(b), |a, b| a < b),
+        DataType::I32 => reduce_typed::<i32>(
+            acc,
+            src,
+            op,
+            |a, b| a.wrapping_add(b),
+            |a, b| a.wrapping_mul(b),
+            |a, b| a < b,
+        ),
+        DataType::I8 => reduce_typed::<i8>(
+            acc,
+            src,
+            op,
+            |a, b| a.wrapping_add(b),
+            |a, b| a.wrapping_mul(b),
+            |a, b| a < b,
+        ),
+        DataType::U8 => reduce_typed::<u8>(
+            acc,
+            src,
+            op,
+            |a, b| a.wrapping_add(b),
+            |a, b| a.wrapping_mul(b),
+            |a, b| a < b,
+        ),
     }
 }
 

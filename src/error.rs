@@ -29,7 +29,7 @@ pub enum Error {
     #[error("unhandled device error: {0}")]
     Device(String),
     /// The transport or feature exists as a type but was not compiled into this build.
-    #[error("not compiled: {0} (rebuild with the feature enabled)")]
+    #[error("not compiled: {0}")]
     NotCompiled(String),
     /// A bug in strata.
     #[error("internal error: {0}")]

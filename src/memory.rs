@@ -43,12 +43,18 @@ pub const DEFAULT_BORROW_TIMEOUT: Duration = Duration::from_secs(120);
 impl Mem {
     fn borrow(&self, r: &Range<usize>, exclusive: bool, timeout: Duration) -> Result<u64> {
         let deadline = Instant::now() + timeout;
-        let mut b = self.borrows.lock().map_err(|_| Error::Internal("buffer lock poisoned".into()))?;
+        let mut b = self
+            .borrows
+            .lock()
+            .map_err(|_| Error::Internal("buffer lock poisoned".into()))?;
         loop {
             let busy = !r.is_empty()
-                && b.iter().any(|(o, ex, _)| (exclusive || *ex) && overlap(o, r));
+                && b.iter()
+                    .any(|(o, ex, _)| (exclusive || *ex) && overlap(o, r));
             if !busy {
-                let id = self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let id = self
+                    .next_id
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 b.push((r.clone(), exclusive, id));
                 return Ok(id);
             }
@@ -89,7 +95,13 @@ pub struct Buffer {
 
 impl std::fmt::Debug for Buffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Buffer({:p}, {}..{})", Arc::as_ptr(&self.mem), self.range.start, self.range.end)
+        write!(
+            f,
+            "Buffer({:p}, {}..{})",
+            Arc::as_ptr(&self.mem),
+            self.range.start,
+            self.range.end
+        )
     }
 }
 
@@ -143,10 +155,15 @@ impl Buffer {
         if r.start > r.end || r.end > self.len() {
             return Err(Error::InvalidArgument(format!(
                 "slice {}..{} out of a buffer of {} bytes",
-                r.start, r.end, self.len()
+                r.start,
+                r.end,
+                self.len()
             )));
         }
-        Ok(Buffer { mem: self.mem.clone(), range: self.range.start + r.start..self.range.start + r.end })
+        Ok(Buffer {
+            mem: self.mem.clone(),
+            range: self.range.start + r.start..self.range.start + r.end,
+        })
     }
 
     /// True when both views are of the same allocation.
@@ -161,7 +178,9 @@ impl Buffer {
 
     /// Byte offset of this view's start inside `outer`, if `outer` contains it.
     pub fn offset_in(&self, outer: &Buffer) -> Option<usize> {
-        (self.same_memory(outer) && self.range.start >= outer.range.start && self.range.end <= outer.range.end)
+        (self.same_memory(outer)
+            && self.range.start >= outer.range.start
+            && self.range.end <= outer.range.end)
             .then(|| self.range.start - outer.range.start)
     }
 
@@ -196,7 +215,11 @@ impl Buffer {
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
         let g = self.read()?;
         if g.len() % std::mem::size_of::<T>() != 0 {
-            return Err(Error::InvalidArgument(format!("{} bytes is not a whole number of {}", g.len(), T::DTYPE)));
+            return Err(Error::InvalidArgument(format!(
+                "{} bytes is not a whole number of {}",
+                g.len(),
+                T::DTYPE
+            )));
         }
         Ok(bytemuck::pod_collect_to_vec(&g))
     }
@@ -204,7 +227,11 @@ impl Buffer {
     /// Overwrite the whole view with `bytes` (lengths must match).
     pub fn write_bytes(&self, bytes: &[u8]) -> Result<()> {
         if bytes.len() != self.len() {
-            return Err(Error::InvalidArgument(format!("writing {} bytes into a view of {}", bytes.len(), self.len())));
+            return Err(Error::InvalidArgument(format!(
+                "writing {} bytes into a view of {}",
+                bytes.len(),
+                self.len()
+            )));
         }
         self.write()?.copy_from_slice(bytes);
         Ok(())

@@ -20,7 +20,11 @@ impl Traffic {
     /// Counters for the ranks of `topo`.
     pub fn new(topo: Topology) -> Traffic {
         let n = topo.world_size();
-        Traffic { topo, n, bytes: (0..n * n).map(|_| AtomicU64::new(0)).collect() }
+        Traffic {
+            topo,
+            n,
+            bytes: (0..n * n).map(|_| AtomicU64::new(0)).collect(),
+        }
     }
 
     /// Record `bytes` sent from world rank `src` to world rank `dst`.
@@ -32,7 +36,14 @@ impl Traffic {
 
     /// The counters now, as a matrix (row = sender).
     pub fn snapshot(&self) -> TrafficMatrix {
-        TrafficMatrix { n: self.n, bytes: self.bytes.iter().map(|b| b.load(Ordering::Relaxed)).collect() }
+        TrafficMatrix {
+            n: self.n,
+            bytes: self
+                .bytes
+                .iter()
+                .map(|b| b.load(Ordering::Relaxed))
+                .collect(),
+        }
     }
 
     /// The topology used to classify links.
@@ -51,17 +62,31 @@ pub struct TrafficMatrix {
 impl TrafficMatrix {
     /// All zero.
     pub fn zero(n: usize) -> TrafficMatrix {
-        TrafficMatrix { n, bytes: vec![0; n * n] }
+        TrafficMatrix {
+            n,
+            bytes: vec![0; n * n],
+        }
     }
 
     /// Element-wise `self - earlier`.
     pub fn since(&self, earlier: &TrafficMatrix) -> TrafficMatrix {
-        TrafficMatrix { n: self.n, bytes: self.bytes.iter().zip(&earlier.bytes).map(|(a, b)| a - b).collect() }
+        TrafficMatrix {
+            n: self.n,
+            bytes: self
+                .bytes
+                .iter()
+                .zip(&earlier.bytes)
+                .map(|(a, b)| a - b)
+                .collect(),
+        }
     }
 
     /// Element-wise sum (to merge per-process rows on MPI).
     pub fn add(&mut self, other: &TrafficMatrix) {
-        self.bytes.iter_mut().zip(&other.bytes).for_each(|(a, b)| *a += b);
+        self.bytes
+            .iter_mut()
+            .zip(&other.bytes)
+            .for_each(|(a, b)| *a += b);
     }
 
     /// Row `src` only (what one process of an MPI job knows).

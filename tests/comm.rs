@@ -2,7 +2,7 @@
 //! groups, split.
 mod common;
 
-use strata::{Algo, Buffer, DataType, ReduceOp, Request, Op};
+use strata::{Algo, Buffer, DataType, Op, ReduceOp, Request};
 
 #[test]
 fn collectives_are_nonblocking() {
@@ -19,7 +19,13 @@ fn collectives_are_nonblocking() {
             assert_eq!(buf.to_vec::<f32>()?, vec![1.0, 2.0, 3.0]);
         } else {
             gate.wait();
-            c.send(&Buffer::from_slice(&[1.0f32, 2.0, 3.0]), 3, DataType::F32, 0)?.wait()?;
+            c.send(
+                &Buffer::from_slice(&[1.0f32, 2.0, 3.0]),
+                3,
+                DataType::F32,
+                0,
+            )?
+            .wait()?;
         }
         Ok(())
     });
@@ -33,11 +39,19 @@ fn grouped_send_recv_exchange_does_not_deadlock() {
         strata::group_start();
         // Receive posted before the send: the group launches them together.
         let wr = c.recv(&inc, 100, DataType::F32, (r + p - 1) % p)?;
-        let ws = c.send(&Buffer::from_slice(&[r as f32; 100]), 100, DataType::F32, (r + 1) % p)?;
+        let ws = c.send(
+            &Buffer::from_slice(&[r as f32; 100]),
+            100,
+            DataType::F32,
+            (r + 1) % p,
+        )?;
         strata::group_end()?;
         wr.wait()?;
         ws.wait()?;
-        assert!(inc.to_vec::<f32>()?.iter().all(|v| *v == ((r + p - 1) % p) as f32));
+        assert!(inc
+            .to_vec::<f32>()?
+            .iter()
+            .all(|v| *v == ((r + p - 1) % p) as f32));
         Ok(())
     });
 }
@@ -64,11 +78,26 @@ fn dependencies_order_work_across_communicators() {
     common::all_ok("nodes:2x2", |c| {
         // Stage 1 on the node communicator, stage 2 on the rail communicator, which must
         // wait for stage 1's output: a hand-made 2-level all-reduce.
-        let node = c.split(Some((c.rank() / 2) as u32), c.rank() as i32)?.unwrap();
-        let rail = c.split(Some((c.rank() % 2) as u32), c.rank() as i32)?.unwrap();
+        let node = c
+            .split(Some((c.rank() / 2) as u32), c.rank() as i32)?
+            .unwrap();
+        let rail = c
+            .split(Some((c.rank() % 2) as u32), c.rank() as i32)?
+            .unwrap();
         let x = Buffer::from_slice(&[c.rank() as f32 + 1.0; 1000]);
         let w1 = node.all_reduce(&x, &x, 1000, DataType::F32, ReduceOp::Sum)?;
-        let w2 = rail.submit(Request::new(Op::AllReduce { send: x.clone(), recv: x.clone(), count: 1000, op: ReduceOp::Sum }, DataType::F32).after([w1]))?;
+        let w2 = rail.submit(
+            Request::new(
+                Op::AllReduce {
+                    send: x.clone(),
+                    recv: x.clone(),
+                    count: 1000,
+                    op: ReduceOp::Sum,
+                },
+                DataType::F32,
+            )
+            .after([w1]),
+        )?;
         w2.wait()?;
         assert!(x.to_vec::<f32>()?.iter().all(|v| *v == 10.0));
         Ok(())
@@ -78,14 +107,23 @@ fn dependencies_order_work_across_communicators() {
 #[test]
 fn group_launches_many_as_one() {
     common::all_ok("nodes:2x2", |c| {
-        let bufs: Vec<_> = (0..5).map(|i| Buffer::from_slice(&vec![(i + c.rank()) as f32; 3 + i])).collect();
+        let bufs: Vec<_> = (0..5)
+            .map(|i| Buffer::from_slice(&vec![(i + c.rank()) as f32; 3 + i]))
+            .collect();
         strata::group_start();
-        let ws: Vec<_> = bufs.iter().enumerate().map(|(i, b)| c.all_reduce(b, b, 3 + i, DataType::F32, ReduceOp::Max)).collect::<Result<_, _>>()?;
+        let ws: Vec<_> = bufs
+            .iter()
+            .enumerate()
+            .map(|(i, b)| c.all_reduce(b, b, 3 + i, DataType::F32, ReduceOp::Max))
+            .collect::<Result<_, _>>()?;
         assert!(ws.iter().all(|w| !w.is_done()), "held until the group ends");
         strata::group_end()?;
         for (i, w) in ws.iter().enumerate() {
             w.wait()?;
-            assert!(bufs[i].to_vec::<f32>()?.iter().all(|v| *v == (i + 3) as f32));
+            assert!(bufs[i]
+                .to_vec::<f32>()?
+                .iter()
+                .all(|v| *v == (i + 3) as f32));
         }
         Ok(())
     });
@@ -96,13 +134,27 @@ fn hierarchy_detection_and_fallback() {
     let out = common::all_ok("frontier:2", |c| {
         let h = c.hierarchy().expect("regular").sizes();
         // A partition group of one node (MiCS): a 2-level sub-mesh (4 packages x 2 dies).
-        let node = c.split(Some((c.rank() / 8) as u32), c.rank() as i32)?.unwrap();
+        let node = c
+            .split(Some((c.rank() / 8) as u32), c.rank() as i32)?
+            .unwrap();
         let hn = node.hierarchy().expect("regular").sizes();
         // An irregular group: ranks {0,1,2} of each node: hier falls back to ring, still correct.
-        let odd = c.split(if c.rank() % 8 < 3 { Some(0) } else { None }, c.rank() as i32)?;
+        let odd = c.split(
+            if c.rank() % 8 < 3 { Some(0) } else { None },
+            c.rank() as i32,
+        )?;
         if let Some(odd) = &odd {
             assert!(odd.hierarchy().is_none());
-            let w = strata::check::run_checked(odd, strata::check::Kind::AllGather, DataType::BF16, ReduceOp::Sum, 13, Algo::Hier, false, 3)?;
+            let w = strata::check::run_checked(
+                odd,
+                strata::check::Kind::AllGather,
+                DataType::BF16,
+                ReduceOp::Sum,
+                13,
+                Algo::Hier,
+                false,
+                3,
+            )?;
             assert_eq!(w, 0);
         }
         Ok((h, hn))

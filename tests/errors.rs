@@ -5,21 +5,44 @@ use std::time::{Duration, Instant};
 use strata::{Buffer, Comm, CommConfig, DataType, Error, ReduceOp, Topology};
 
 fn world(n: usize, secs: u64) -> Vec<Comm> {
-    Comm::local_world(n, Some(Topology::parse(&format!("nodes:1x{n}")).unwrap()), CommConfig { algo: strata::Algo::Auto, timeout: Duration::from_secs(secs) }).unwrap()
+    Comm::local_world(
+        n,
+        Some(Topology::parse(&format!("nodes:1x{n}")).unwrap()),
+        CommConfig {
+            algo: strata::Algo::Auto,
+            timeout: Duration::from_secs(secs),
+        },
+    )
+    .unwrap()
 }
 
 #[test]
 fn topology_must_fit_the_world() {
-    let e = Comm::local_world(12, Some(Topology::parse("frontier:2").unwrap()), common::config()).unwrap_err();
+    let e = Comm::local_world(
+        12,
+        Some(Topology::parse("frontier:2").unwrap()),
+        common::config(),
+    )
+    .unwrap_err();
     assert!(matches!(e, Error::InvalidUsage(_)), "{e}");
-    assert!(e.to_string().contains("16") && e.to_string().contains("12"), "{e}");
+    assert!(
+        e.to_string().contains("16") && e.to_string().contains("12"),
+        "{e}"
+    );
     assert_eq!(e.code(), 5);
     assert!(Comm::local_world(0, None, common::config()).is_err());
 }
 
 #[test]
 fn bad_specs_and_dtypes() {
-    for s in ["nodes:0x4", "nodes:4", "dgx-a100:", "frontier:x", "what:2", "/nonexistent/topo.json"] {
+    for s in [
+        "nodes:0x4",
+        "nodes:4",
+        "dgx-a100:",
+        "frontier:x",
+        "what:2",
+        "/nonexistent/topo.json",
+    ] {
         let e = Topology::parse(s).unwrap_err();
         assert_eq!(e.code(), 4, "{s}: {e}");
     }
@@ -39,21 +62,42 @@ fn argument_checks_fail_synchronously() {
     assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
     assert!(!c.last_error().is_empty());
     // count x size overflows.
-    assert!(matches!(c.all_reduce(&big, &big, usize::MAX / 2, DataType::F32, ReduceOp::Sum).unwrap_err(), Error::InvalidArgument(_)));
+    assert!(matches!(
+        c.all_reduce(&big, &big, usize::MAX / 2, DataType::F32, ReduceOp::Sum)
+            .unwrap_err(),
+        Error::InvalidArgument(_)
+    ));
     // Overlapping buffers that are not the in-place layout.
     let a = big.slice(0..32).unwrap();
     let b = big.slice(16..48).unwrap();
-    assert!(matches!(c.all_reduce(&a, &b, 8, DataType::F32, ReduceOp::Sum).unwrap_err(), Error::InvalidArgument(_)));
+    assert!(matches!(
+        c.all_reduce(&a, &b, 8, DataType::F32, ReduceOp::Sum)
+            .unwrap_err(),
+        Error::InvalidArgument(_)
+    ));
     // Peers and roots out of range.
-    assert!(matches!(c.send(&big, 1, DataType::F32, 3).unwrap_err(), Error::InvalidArgument(_)));
-    assert!(matches!(c.broadcast(&big, &big, 1, DataType::F32, 1).unwrap_err(), Error::InvalidArgument(_)));
+    assert!(matches!(
+        c.send(&big, 1, DataType::F32, 3).unwrap_err(),
+        Error::InvalidArgument(_)
+    ));
+    assert!(matches!(
+        c.broadcast(&big, &big, 1, DataType::F32, 1).unwrap_err(),
+        Error::InvalidArgument(_)
+    ));
     // Coalesced lists of different lengths.
-    assert!(c.all_gather_coalesced(&[big.clone()], &[], &[1], DataType::F32).is_err());
+    assert!(c
+        .all_gather_coalesced(&[big.clone()], &[], &[1], DataType::F32)
+        .is_err());
     // Group end without start.
-    assert!(matches!(strata::group_end().unwrap_err(), Error::InvalidUsage(_)));
+    assert!(matches!(
+        strata::group_end().unwrap_err(),
+        Error::InvalidUsage(_)
+    ));
     // Use after destroy.
     c.destroy().unwrap();
-    let e = c.all_reduce(&big, &big, 1, DataType::F32, ReduceOp::Sum).unwrap_err();
+    let e = c
+        .all_reduce(&big, &big, 1, DataType::F32, ReduceOp::Sum)
+        .unwrap_err();
     assert!(matches!(e, Error::InvalidUsage(_)), "{e}");
 }
 
@@ -74,7 +118,12 @@ fn mismatched_counts_across_ranks_error_everywhere_quickly() {
         .collect();
     let errs: Vec<_> = hs.into_iter().map(|h| h.join().unwrap()).collect();
     assert!(errs.iter().all(|r| r.is_err()), "{errs:?}");
-    assert!(errs.iter().any(|r| matches!(r, Err(Error::InvalidUsage(m)) if m.contains("counts or dtypes differ"))), "{errs:?}");
+    assert!(
+        errs.iter().any(
+            |r| matches!(r, Err(Error::InvalidUsage(m)) if m.contains("counts or dtypes differ"))
+        ),
+        "{errs:?}"
+    );
     // The failing rank aborts the communicator: nobody waits for the 30 s timeout.
     assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
 }
@@ -87,7 +136,19 @@ fn dead_peer_is_an_error_within_the_timeout() {
     drop(dead); // rank 2 never takes part
     let hs: Vec<_> = comms
         .into_iter()
-        .map(|c| std::thread::spawn(move || c.all_reduce(&Buffer::zeroed(40), &Buffer::zeroed(40), 10, DataType::F32, ReduceOp::Sum).unwrap().wait()))
+        .map(|c| {
+            std::thread::spawn(move || {
+                c.all_reduce(
+                    &Buffer::zeroed(40),
+                    &Buffer::zeroed(40),
+                    10,
+                    DataType::F32,
+                    ReduceOp::Sum,
+                )
+                .unwrap()
+                .wait()
+            })
+        })
         .collect();
     for h in hs {
         let e = h.join().unwrap().unwrap_err();

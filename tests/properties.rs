@@ -7,11 +7,20 @@ use strata::check::{run_checked, run_checked_coalesced, Kind};
 use strata::{Algo, DataType, ReduceOp};
 
 fn dtype() -> impl Strategy<Value = DataType> {
-    prop_oneof![Just(DataType::F32), Just(DataType::F16), Just(DataType::BF16)]
+    prop_oneof![
+        Just(DataType::F32),
+        Just(DataType::F16),
+        Just(DataType::BF16)
+    ]
 }
 
 fn redop() -> impl Strategy<Value = ReduceOp> {
-    prop_oneof![Just(ReduceOp::Sum), Just(ReduceOp::Avg), Just(ReduceOp::Max), Just(ReduceOp::Min)]
+    prop_oneof![
+        Just(ReduceOp::Sum),
+        Just(ReduceOp::Avg),
+        Just(ReduceOp::Max),
+        Just(ReduceOp::Min)
+    ]
 }
 
 proptest! {

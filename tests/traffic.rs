@@ -14,7 +14,10 @@ fn measure(topo: &str, kind: Kind, count: usize, dtype: DataType, algo: Algo) ->
         let (ns, nr) = kind.sizes(count, c.size());
         let s = Buffer::zeroed(ns * dtype.size());
         let r = Buffer::zeroed(nr * dtype.size());
-        c.submit(Request::new(kind.op(s, r, count, ReduceOp::Sum), dtype).with_algo(algo)).unwrap().wait().unwrap();
+        c.submit(Request::new(kind.op(s, r, count, ReduceOp::Sum), dtype).with_algo(algo))
+            .unwrap()
+            .wait()
+            .unwrap();
     })
 }
 
@@ -29,7 +32,8 @@ fn measure_with(topo: &str, body: impl Fn(&Comm) + Send + Sync + 'static) -> Tra
     let hs: Vec<_> = comms
         .into_iter()
         .map(|c| {
-            let (bar, body, before, traffic) = (bar.clone(), body.clone(), before.clone(), traffic.clone());
+            let (bar, body, before, traffic) =
+                (bar.clone(), body.clone(), before.clone(), traffic.clone());
             std::thread::spawn(move || {
                 body(&c);
                 bar.wait();
@@ -46,8 +50,18 @@ fn measure_with(topo: &str, body: impl Fn(&Comm) + Send + Sync + 'static) -> Tra
     traffic.snapshot().since(&b).report(&t)
 }
 
-fn rep(intra_package: u64, intra_node: u64, inter_node: u64, max_node_egress: u64) -> TrafficReport {
-    TrafficReport { intra_package, intra_node, inter_node, max_node_egress }
+fn rep(
+    intra_package: u64,
+    intra_node: u64,
+    inter_node: u64,
+    max_node_egress: u64,
+) -> TrafficReport {
+    TrafficReport {
+        intra_package,
+        intra_node,
+        inter_node,
+        max_node_egress,
+    }
 }
 
 /// Ring in rank order on nodes:NxR: each rank sends (p-1)·c; n of the p ring edges cross
@@ -71,24 +85,47 @@ fn hier_2level(n: u64, k: u64, c: u64) -> TrafficReport {
 /// ring: p/2 edges inside packages, p/2 - N between packages, N between nodes.
 fn ring_frontier(n: u64, c: u64) -> TrafficReport {
     let p = 8 * n;
-    rep(p / 2 * (p - 1) * c, (p / 2 - n) * (p - 1) * c, n * (p - 1) * c, (p - 1) * c)
+    rep(
+        p / 2 * (p - 1) * c,
+        (p / 2 - n) * (p - 1) * c,
+        n * (p - 1) * c,
+        (p - 1) * c,
+    )
 }
 
 /// hier 3 levels (N, 4, 2): network (N-1)c, node 3Nc, package 4Nc = M/2 per rank.
 fn hier_frontier(n: u64, c: u64) -> TrafficReport {
     let p = 8 * n;
-    rep(p * 4 * n * c, p * 3 * n * c, p * (n - 1) * c, 8 * (n - 1) * c)
+    rep(
+        p * 4 * n * c,
+        p * 3 * n * c,
+        p * (n - 1) * c,
+        8 * (n - 1) * c,
+    )
 }
 
 #[test]
 fn all_gather_and_reduce_scatter_match_closed_forms_2_levels() {
-    for (topo, n, k) in [("nodes:4x8", 4u64, 8u64), ("nodes:3x8", 3, 8), ("nodes:2x4", 2, 4), ("nodes:1x4", 1, 4)] {
+    for (topo, n, k) in [
+        ("nodes:4x8", 4u64, 8u64),
+        ("nodes:3x8", 3, 8),
+        ("nodes:2x4", 2, 4),
+        ("nodes:1x4", 1, 4),
+    ] {
         for (count, dt) in [(1000usize, DataType::F32), (333, DataType::BF16)] {
             let c = (count * dt.size()) as u64;
             for kind in [Kind::AllGather, Kind::ReduceScatter] {
-                assert_eq!(measure(topo, kind, count, dt, Algo::Ring), ring_2level(n, k, c), "{topo} ring {kind:?}");
+                assert_eq!(
+                    measure(topo, kind, count, dt, Algo::Ring),
+                    ring_2level(n, k, c),
+                    "{topo} ring {kind:?}"
+                );
                 if n > 1 {
-                    assert_eq!(measure(topo, kind, count, dt, Algo::Hier), hier_2level(n, k, c), "{topo} hier {kind:?}");
+                    assert_eq!(
+                        measure(topo, kind, count, dt, Algo::Hier),
+                        hier_2level(n, k, c),
+                        "{topo} hier {kind:?}"
+                    );
                 }
             }
         }
@@ -100,8 +137,20 @@ fn mics_node_egress_claim() {
     // M = p·c bytes gathered; hier egress (p-k)/p·M against ring (p-1)/p·M.
     let (p, k, c) = (32u64, 8u64, 4096u64);
     let m = p * c;
-    let hier = measure("nodes:4x8", Kind::AllGather, 1024, DataType::F32, Algo::Hier);
-    let ring = measure("nodes:4x8", Kind::AllGather, 1024, DataType::F32, Algo::Ring);
+    let hier = measure(
+        "nodes:4x8",
+        Kind::AllGather,
+        1024,
+        DataType::F32,
+        Algo::Hier,
+    );
+    let ring = measure(
+        "nodes:4x8",
+        Kind::AllGather,
+        1024,
+        DataType::F32,
+        Algo::Ring,
+    );
     assert_eq!(hier.max_node_egress, (p - k) * m / p);
     assert_eq!(ring.max_node_egress, (p - 1) * m / p);
 }
@@ -133,9 +182,34 @@ fn all_reduce_all_to_all_broadcast() {
     // All-reduce with count divisible by p: twice the reduce-scatter of count/p chunks.
     let count = 800usize;
     let c = (count as u64 / p) * 4;
-    let twice = |r: TrafficReport| rep(2 * r.intra_package, 2 * r.intra_node, 2 * r.inter_node, 2 * r.max_node_egress);
-    assert_eq!(measure("nodes:2x4", Kind::AllReduce, count, DataType::F32, Algo::Ring), twice(ring_2level(n, k, c)));
-    assert_eq!(measure("nodes:2x4", Kind::AllReduce, count, DataType::F32, Algo::Hier), twice(hier_2level(n, k, c)));
+    let twice = |r: TrafficReport| {
+        rep(
+            2 * r.intra_package,
+            2 * r.intra_node,
+            2 * r.inter_node,
+            2 * r.max_node_egress,
+        )
+    };
+    assert_eq!(
+        measure(
+            "nodes:2x4",
+            Kind::AllReduce,
+            count,
+            DataType::F32,
+            Algo::Ring
+        ),
+        twice(ring_2level(n, k, c))
+    );
+    assert_eq!(
+        measure(
+            "nodes:2x4",
+            Kind::AllReduce,
+            count,
+            DataType::F32,
+            Algo::Hier
+        ),
+        twice(hier_2level(n, k, c))
+    );
     // All-to-all: b bytes to every peer directly.
     let b = 40u64;
     assert_eq!(
@@ -144,7 +218,16 @@ fn all_reduce_all_to_all_broadcast() {
     );
     // Broadcast from 0 along the chain: p-1 forwards of M, one across the node boundary.
     let m = 4000u64;
-    assert_eq!(measure("nodes:2x4", Kind::Broadcast { root: 0 }, 1000, DataType::F32, Algo::Auto), rep(0, (p - 2) * m, m, m));
+    assert_eq!(
+        measure(
+            "nodes:2x4",
+            Kind::Broadcast { root: 0 },
+            1000,
+            DataType::F32,
+            Algo::Auto
+        ),
+        rep(0, (p - 2) * m, m, m)
+    );
 }
 
 #[test]
@@ -156,7 +239,10 @@ fn coalesced_moves_the_same_bytes_as_one_flat_call() {
         let p = comm.size();
         let sends: Vec<_> = counts.iter().map(|&n| Buffer::zeroed(n * 4)).collect();
         let recvs: Vec<_> = counts.iter().map(|&n| Buffer::zeroed(n * p * 4)).collect();
-        comm.all_gather_coalesced(&sends, &recvs, &counts, DataType::F32).unwrap().wait().unwrap();
+        comm.all_gather_coalesced(&sends, &recvs, &counts, DataType::F32)
+            .unwrap()
+            .wait()
+            .unwrap();
     });
     // auto picks hier on nodes:2x4 (inter-node links are the slow ones).
     assert_eq!(got, hier_2level(2, 4, c));

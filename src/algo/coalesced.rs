@@ -17,7 +17,11 @@ pub fn run(comm: &Comm, req: &Request, flat: impl FnOnce(&Request) -> Result<()>
     let s = req.dtype.size();
     let t = comm.timeout();
     match &req.op {
-        Op::AllGatherCoalesced { sends, recvs, counts } => {
+        Op::AllGatherCoalesced {
+            sends,
+            recvs,
+            counts,
+        } => {
             let total: usize = counts.iter().sum();
             let fsend = Buffer::zeroed(total * s);
             {
@@ -29,7 +33,14 @@ pub fn run(comm: &Comm, req: &Request, flat: impl FnOnce(&Request) -> Result<()>
                 }
             }
             let frecv = Buffer::zeroed(p * total * s);
-            flat(&Request { op: Op::AllGather { send: fsend, recv: frecv.clone(), count: total }, ..req.clone() })?;
+            flat(&Request {
+                op: Op::AllGather {
+                    send: fsend,
+                    recv: frecv.clone(),
+                    count: total,
+                },
+                ..req.clone()
+            })?;
             let all = frecv.read_timeout(t)?;
             let mut off = 0;
             for (b, &n) in recvs.iter().zip(counts) {
@@ -42,7 +53,12 @@ pub fn run(comm: &Comm, req: &Request, flat: impl FnOnce(&Request) -> Result<()>
             }
             Ok(())
         }
-        Op::ReduceScatterCoalesced { sends, recvs, counts, op } => {
+        Op::ReduceScatterCoalesced {
+            sends,
+            recvs,
+            counts,
+            op,
+        } => {
             let total: usize = counts.iter().sum();
             let fsend = Buffer::zeroed(p * total * s);
             {
@@ -58,15 +74,27 @@ pub fn run(comm: &Comm, req: &Request, flat: impl FnOnce(&Request) -> Result<()>
                 }
             }
             let frecv = Buffer::zeroed(total * s);
-            flat(&Request { op: Op::ReduceScatter { send: fsend, recv: frecv.clone(), count: total, op: *op }, ..req.clone() })?;
+            flat(&Request {
+                op: Op::ReduceScatter {
+                    send: fsend,
+                    recv: frecv.clone(),
+                    count: total,
+                    op: *op,
+                },
+                ..req.clone()
+            })?;
             let all = frecv.read_timeout(t)?;
             let mut off = 0;
             for (b, &n) in recvs.iter().zip(counts) {
-                b.write_timeout(t)?.copy_from_slice(&all[off * s..(off + n) * s]);
+                b.write_timeout(t)?
+                    .copy_from_slice(&all[off * s..(off + n) * s]);
                 off += n;
             }
             Ok(())
         }
-        _ => Err(Error::Internal(format!("{} is not a coalesced op", req.op.name()))),
+        _ => Err(Error::Internal(format!(
+            "{} is not a coalesced op",
+            req.op.name()
+        ))),
     }
 }

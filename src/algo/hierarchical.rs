@@ -39,12 +39,18 @@ impl Algorithm for Hier {
     }
 
     fn unsupported(&self, comm: &Comm, req: &Request) -> Option<String> {
-        if !matches!(req.op, Op::AllGather { .. } | Op::ReduceScatter { .. } | Op::AllReduce { .. }) {
+        if !matches!(
+            req.op,
+            Op::AllGather { .. } | Op::ReduceScatter { .. } | Op::AllReduce { .. }
+        ) {
             return Some(format!("hier has no {}", req.op.name()));
         }
         match comm.hierarchy() {
             None => Some("ranks are not a regular mesh of the topology".into()),
-            Some(h) if h.levels.len() < 2 => Some(format!("communicator spans {} level(s), hier needs 2 or 3", h.levels.len())),
+            Some(h) if h.levels.len() < 2 => Some(format!(
+                "communicator spans {} level(s), hier needs 2 or 3",
+                h.levels.len()
+            )),
             Some(_) => None,
         }
     }
@@ -53,8 +59,18 @@ impl Algorithm for Hier {
         let dt = req.dtype;
         match &req.op {
             Op::AllGather { send, recv, count } => all_gather(comm, send, recv, count * dt.size()),
-            Op::ReduceScatter { send, recv, count, op } => reduce_scatter(comm, send, recv, *count, dt, *op),
-            Op::AllReduce { send, recv, count, op } => {
+            Op::ReduceScatter {
+                send,
+                recv,
+                count,
+                op,
+            } => reduce_scatter(comm, send, recv, *count, dt, *op),
+            Op::AllReduce {
+                send,
+                recv,
+                count,
+                op,
+            } => {
                 let p = comm.size();
                 let s = dt.size();
                 let q = count.div_ceil(p);
@@ -65,7 +81,9 @@ impl Algorithm for Hier {
                 all_gather(comm, &chunk, &padded, q * s)?;
                 recv.write_bytes(&padded.slice(0..count * s)?.to_bytes()?)
             }
-            _ => Err(crate::error::Error::Internal("hier dispatched an unsupported op".into())),
+            _ => Err(crate::error::Error::Internal(
+                "hier dispatched an unsupported op".into(),
+            )),
         }
     }
 }
@@ -73,7 +91,10 @@ impl Algorithm for Hier {
 /// Submit `reqs` on `sub` as one group and wait for all of them.
 fn batch(sub: &Comm, reqs: Vec<Request>) -> Result<()> {
     group_start();
-    let works: Vec<Result<Work>> = reqs.into_iter().map(|r| sub.submit(r.with_algo(Algo::Ring))).collect();
+    let works: Vec<Result<Work>> = reqs
+        .into_iter()
+        .map(|r| sub.submit(r.with_algo(Algo::Ring)))
+        .collect();
     group_end()?;
     let mut first = Ok(());
     for w in works {
@@ -94,11 +115,19 @@ pub fn all_gather(comm: &Comm, send: &Buffer, recv: &Buffer, c: usize) -> Result
     let mut b = 1;
     for (i, &g) in sizes.iter().enumerate() {
         let sub = comm.level_comm(i)?;
-        let out = if i + 1 == m { recv.clone() } else { Buffer::zeroed(b * g * c) };
+        let out = if i + 1 == m {
+            recv.clone()
+        } else {
+            Buffer::zeroed(b * g * c)
+        };
         let reqs = (0..b)
             .map(|j| {
                 Ok(Request::new(
-                    Op::AllGather { send: cur.slice(j * c..(j + 1) * c)?, recv: out.slice(j * g * c..(j + 1) * g * c)?, count: c },
+                    Op::AllGather {
+                        send: cur.slice(j * c..(j + 1) * c)?,
+                        recv: out.slice(j * g * c..(j + 1) * g * c)?,
+                        count: c,
+                    },
                     DataType::U8,
                 ))
             })
@@ -111,7 +140,14 @@ pub fn all_gather(comm: &Comm, send: &Buffer, recv: &Buffer, c: usize) -> Result
 }
 
 /// Hierarchical reduce-scatter: `recv` (count elements) from `send` (p·count); `Avg` sums.
-pub fn reduce_scatter(comm: &Comm, send: &Buffer, recv: &Buffer, count: usize, dt: DataType, op: ReduceOp) -> Result<()> {
+pub fn reduce_scatter(
+    comm: &Comm,
+    send: &Buffer,
+    recv: &Buffer,
+    count: usize,
+    dt: DataType,
+    op: ReduceOp,
+) -> Result<()> {
     let sizes = comm.hierarchy().map(|h| h.sizes()).unwrap_or_default();
     let c = count * dt.size();
     let op = op.partial();
@@ -120,11 +156,20 @@ pub fn reduce_scatter(comm: &Comm, send: &Buffer, recv: &Buffer, count: usize, d
         let g = sizes[i];
         let b: usize = sizes[..i].iter().product();
         let sub = comm.level_comm(i)?;
-        let out = if i == 0 { recv.clone() } else { Buffer::zeroed(b * c) };
+        let out = if i == 0 {
+            recv.clone()
+        } else {
+            Buffer::zeroed(b * c)
+        };
         let reqs = (0..b)
             .map(|j| {
                 Ok(Request::new(
-                    Op::ReduceScatter { send: cur.slice(j * g * c..(j + 1) * g * c)?, recv: out.slice(j * c..(j + 1) * c)?, count, op },
+                    Op::ReduceScatter {
+                        send: cur.slice(j * g * c..(j + 1) * g * c)?,
+                        recv: out.slice(j * c..(j + 1) * c)?,
+                        count,
+                        op,
+                    },
                     dt,
                 ))
             })

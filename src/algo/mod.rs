@@ -57,7 +57,9 @@ impl FromStr for Algo {
             "ring" | "native" | "flat" => Ok(Algo::Ring),
             "hier" | "hierarchical" | "mics" => Ok(Algo::Hier),
             "auto" => Ok(Algo::Auto),
-            _ => Err(Error::InvalidArgument(format!("unknown algorithm '{s}' (ring, hier, auto)"))),
+            _ => Err(Error::InvalidArgument(format!(
+                "unknown algorithm '{s}' (ring, hier, auto)"
+            ))),
         }
     }
 }
@@ -84,7 +86,12 @@ impl Algorithm for Native {
         None
     }
     fn run(&self, comm: &Comm, req: &Request) -> Result<()> {
-        crate::comm::native::run(comm.transport().as_ref(), &req.op, req.dtype, comm.timeout())
+        crate::comm::native::run(
+            comm.transport().as_ref(),
+            &req.op,
+            req.dtype,
+            comm.timeout(),
+        )
     }
 }
 

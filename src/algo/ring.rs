@@ -23,7 +23,11 @@ fn next(r: usize, p: usize) -> usize {
 }
 
 /// `(&buf[a], &mut buf[b])` for disjoint ranges.
-fn split_pair<'a>(buf: &'a mut [u8], a: &Range<usize>, b: &Range<usize>) -> (&'a [u8], &'a mut [u8]) {
+fn split_pair<'a>(
+    buf: &'a mut [u8],
+    a: &Range<usize>,
+    b: &Range<usize>,
+) -> (&'a [u8], &'a mut [u8]) {
     if a.end <= b.start {
         let (lo, hi) = buf.split_at_mut(b.start);
         (&lo[a.clone()], &mut hi[..b.len()])
@@ -48,7 +52,11 @@ pub fn even_ranges(count: usize, p: usize, elem: usize) -> Vec<Range<usize>> {
 }
 
 /// Ring all-gather over variable chunks, in place: `buf[ranges[rank]]` holds this rank's data.
-pub fn all_gather_v<T: Transport + ?Sized>(t: &T, buf: &mut [u8], ranges: &[Range<usize>]) -> Result<()> {
+pub fn all_gather_v<T: Transport + ?Sized>(
+    t: &T,
+    buf: &mut [u8],
+    ranges: &[Range<usize>],
+) -> Result<()> {
     let (r, p) = (t.rank(), t.size());
     for s in 0..p.saturating_sub(1) {
         let out = &ranges[(r + p - s) % p];
@@ -97,14 +105,25 @@ pub fn reduce_scatter_v<T: Transport + ?Sized>(
 }
 
 /// Ring reduce-scatter over equal chunks of `recv.len()` bytes.
-pub fn reduce_scatter<T: Transport + ?Sized>(t: &T, send: &[u8], recv: &mut [u8], dtype: DataType, op: ReduceOp) -> Result<()> {
+pub fn reduce_scatter<T: Transport + ?Sized>(
+    t: &T,
+    send: &[u8],
+    recv: &mut [u8],
+    dtype: DataType,
+    op: ReduceOp,
+) -> Result<()> {
     let c = recv.len();
     let ranges: Vec<_> = (0..t.size()).map(|i| i * c..(i + 1) * c).collect();
     reduce_scatter_v(t, send, &ranges, recv, dtype, op)
 }
 
 /// Ring all-reduce in place: reduce-scatter then all-gather over near-equal element chunks.
-pub fn all_reduce<T: Transport + ?Sized>(t: &T, buf: &mut [u8], dtype: DataType, op: ReduceOp) -> Result<()> {
+pub fn all_reduce<T: Transport + ?Sized>(
+    t: &T,
+    buf: &mut [u8],
+    dtype: DataType,
+    op: ReduceOp,
+) -> Result<()> {
     let p = t.size();
     if p == 1 {
         return Ok(());
@@ -123,7 +142,12 @@ pub fn all_to_all<T: Transport + ?Sized>(t: &T, send: &[u8], recv: &mut [u8]) ->
     recv[r * b..(r + 1) * b].copy_from_slice(&send[r * b..(r + 1) * b]);
     for s in 1..p {
         let (dst, src) = ((r + s) % p, (r + p - s) % p);
-        t.sendrecv(dst, &send[dst * b..(dst + 1) * b], src, &mut recv[src * b..(src + 1) * b])?;
+        t.sendrecv(
+            dst,
+            &send[dst * b..(dst + 1) * b],
+            src,
+            &mut recv[src * b..(src + 1) * b],
+        )?;
     }
     Ok(())
 }

@@ -33,8 +33,15 @@ pub fn choose(comm: &Comm, req: &Request) -> (&'static dyn Algorithm, String) {
         Algo::Hier => match HIER.unsupported(comm, req) {
             None => (&HIER, "hier requested".into()),
             Some(why) => {
-                tracing::info!(rank = comm.rank(), op = req.op.name(), "hier falls back to ring: {why}");
-                (&NATIVE, format!("hier not applicable ({why}); native fallback"))
+                tracing::info!(
+                    rank = comm.rank(),
+                    op = req.op.name(),
+                    "hier falls back to ring: {why}"
+                );
+                (
+                    &NATIVE,
+                    format!("hier not applicable ({why}); native fallback"),
+                )
             }
         },
         Algo::Auto => {
@@ -45,7 +52,10 @@ pub fn choose(comm: &Comm, req: &Request) -> (&'static dyn Algorithm, String) {
             if hier < ring {
                 (&HIER, format!("auto: hier {hier:.1}us < ring {ring:.1}us"))
             } else {
-                (&NATIVE, format!("auto: ring {ring:.1}us <= hier {hier:.1}us"))
+                (
+                    &NATIVE,
+                    format!("auto: ring {ring:.1}us <= hier {hier:.1}us"),
+                )
             }
         }
     }

@@ -1,1 +1,1260 @@
-fn main() {}
+//! `strata-perf`: the nccl-tests-style benchmark of strata.
+//!
+//! Sweeps (op, algo, dtype, redop, size) and prints one nccl-tests row per point: size,
+//! count, type, redop, algo, time, algbw, busbw, #wrong, plus the traffic one call moves
+//! per link class. Sizes, counts and the algbw / busbw formulas are nccl-tests' exactly:
+//!
+//! | op | `count` (NCCL's per-call count) | `size` (bytes of the larger buffer) | busbw factor |
+//! |---|---|---|---|
+//! | all-gather | per-rank sendcount | count·p·s | (p-1)/p |
+//! | reduce-scatter | per-rank recvcount | count·p·s | (p-1)/p |
+//! | all-to-all | count per peer | count·p·s | (p-1)/p |
+//! | all-reduce | count | count·s | 2(p-1)/p |
+//! | broadcast (root 0) | count | count·s | 1 |
+//!
+//! `algbw = size / time` (GB/s, 1e9), `busbw = algbw · factor`; time is per call, the MAX
+//! over ranks of (time of `iters` back-to-back calls waited at the end) / iters.
+//!
+//! Per row, every rank: allocates its buffers once, runs the warm-up calls (each waited),
+//! meets the others, times `iters` submissions launched back to back and waited at the
+//! end, then (with `-c 1`) runs one seeded, out-of-place call checked against
+//! [`strata::check`]'s exact reference.
+//!
+//! Traffic per call is EXACT, without subtracting anything:
+//! - `local`: all ranks share one [`strata::traffic::Traffic`]. The ranks are threads of
+//!   this process, so they meet at a process-local fence that moves no bytes: every rank
+//!   waits its own work, fence, rank 0 snapshots, fence, timed loop, wait, fence, rank 0
+//!   snapshots, fence. Between the snapshots only the timed calls ran (a sender records a
+//!   transfer before its own work completes), so (after - before) / iters is one call.
+//!   Labelled `measured`.
+//! - `mpi`: each process records only the sends it issues itself, on its own stream. After
+//!   the pre-loop barrier (a 1-element all-reduce, waited) and after the loop's calls are
+//!   waited, none of this process's sends is in flight, so its row of (after - before) is
+//!   exactly its share of the loop; the rows are all-gathered and assembled on rank 0.
+//!   Labelled `nominal` (the MPI library may route bytes differently underneath).
+
+use clap::error::ErrorKind;
+use clap::{CommandFactory, Parser};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde::Serialize;
+use std::collections::HashSet;
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::{mpsc, Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+use strata::check::{self, Kind};
+use strata::traffic::{TrafficMatrix, TrafficReport};
+use strata::transport::TransportKind;
+use strata::{
+    Algo, Buffer, Comm, CommConfig, DataType, Error, Op, ReduceOp, Request, Result, Topology,
+};
+
+/// Most rows one sweep may have (guards `-f 1 -i 1 -e 1G`).
+const MAX_SIZES: usize = 100_000;
+/// Elements of the seeded pattern that fills timing buffers (repeated).
+const PATTERN: usize = 4096;
+
+// ---------------------------------------------------------------------------------------
+// Command line
+// ---------------------------------------------------------------------------------------
+
+/// nccl-tests-style benchmark of strata's collectives.
+///
+/// Examples:
+///   strata-perf --ranks 32 --topology nodes:4x8 --op all-gather --algo ring,hier -b 1K -e 16M -f 4
+///   mpirun -np 16 strata-perf --transport mpi --topology nodes:2x8 --op all-reduce -b 8 -e 128M -f 2
+#[derive(Parser, Debug)]
+#[command(name = "strata-perf", version, verbatim_doc_comment)]
+struct Cli {
+    /// Transport: local (ranks are threads), mpi (one rank per process), nccl, rccl, cuda-local.
+    #[arg(long, default_value = "local", value_parser = parse_transport)]
+    transport: TransportKind,
+
+    /// Ranks of a local world (default: the topology's world size, else 8).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=65536))]
+    ranks: Option<u64>,
+
+    /// Topology SPEC (nodes:NxR, nodes:NxPxD, dgx-h100:N, frontier:N, ... or a JSON file);
+    /// default: STRATA_TOPOLOGY, else one node of all ranks.
+    #[arg(long)]
+    topology: Option<String>,
+
+    /// Collective(s), comma-separated: all-gather, reduce-scatter, all-reduce, all-to-all, broadcast.
+    #[arg(long, default_value = "all-gather", value_delimiter = ',', value_parser = parse_kind)]
+    op: Vec<Kind>,
+
+    /// Algorithm(s), comma-separated: ring, hier, auto (default: STRATA_ALGO, else auto).
+    #[arg(long, value_delimiter = ',', value_parser = parse_algo)]
+    algo: Vec<Algo>,
+
+    /// Smallest size in bytes (K/M/G suffixes are powers of 1024).
+    #[arg(short = 'b', long, default_value = "32M", value_parser = parse_size)]
+    minbytes: u64,
+
+    /// Largest size in bytes.
+    #[arg(short = 'e', long, default_value = "32M", value_parser = parse_size)]
+    maxbytes: u64,
+
+    /// Multiply the size by this factor each step (1: add --stepbytes instead).
+    #[arg(short = 'f', long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    stepfactor: u64,
+
+    /// Bytes added each step when --stepfactor is 1.
+    #[arg(short = 'i', long, default_value = "1M", value_parser = parse_size)]
+    stepbytes: u64,
+
+    /// Datatype(s), comma-separated: f32, f16, bf16 (also i8, u8, i32).
+    #[arg(short = 'd', long, default_value = "f32", value_delimiter = ',', value_parser = parse_dtype)]
+    datatype: Vec<DataType>,
+
+    /// Reduction(s) of reduce-scatter / all-reduce, comma-separated: sum, avg, max, min.
+    #[arg(long, default_value = "sum", value_delimiter = ',', value_parser = parse_redop)]
+    redop: Vec<ReduceOp>,
+
+    /// Timed iterations per size.
+    #[arg(short = 'n', long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
+    iters: u64,
+
+    /// Warm-up iterations per size.
+    #[arg(
+        short = 'w',
+        long = "warmup_iters",
+        alias = "warmup-iters",
+        default_value_t = 5
+    )]
+    warmup_iters: u64,
+
+    /// Check results against the exact reference (1) or not (0).
+    #[arg(short = 'c', long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=1))]
+    check: u8,
+
+    /// Split each message into K tensors of uneven sizes, sent as one coalesced call
+    /// (all-gather and reduce-scatter only).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    coalesce: Option<u64>,
+
+    /// Also write the results as a JSON array to FILE.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+
+    /// Seconds to wait for a peer before failing (default: STRATA_TIMEOUT, else 120).
+    #[arg(long, value_name = "SECS", value_parser = parse_secs)]
+    timeout: Option<f64>,
+}
+
+/// The message of a strata error without its category prefix (clap adds its own).
+fn bare(e: Error) -> String {
+    match e {
+        Error::InvalidArgument(m) | Error::InvalidUsage(m) => m,
+        e => e.to_string(),
+    }
+}
+
+fn parse_transport(s: &str) -> std::result::Result<TransportKind, String> {
+    s.trim().to_ascii_lowercase().parse().map_err(bare)
+}
+
+fn parse_kind(s: &str) -> std::result::Result<Kind, String> {
+    s.trim().to_ascii_lowercase().parse().map_err(bare)
+}
+
+fn parse_algo(s: &str) -> std::result::Result<Algo, String> {
+    s.parse().map_err(bare)
+}
+
+fn parse_dtype(s: &str) -> std::result::Result<DataType, String> {
+    s.trim().parse().map_err(bare)
+}
+
+fn parse_redop(s: &str) -> std::result::Result<ReduceOp, String> {
+    match s.trim().parse().map_err(bare)? {
+        ReduceOp::Prod => Err("prod is not benchmarked (sum, avg, max, min)".into()),
+        op => Ok(op),
+    }
+}
+
+fn parse_secs(s: &str) -> std::result::Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v > 0.0 && v.is_finite() && v < 1e9 => Ok(v),
+        _ => Err(format!("'{s}' is not a positive number of seconds")),
+    }
+}
+
+/// nccl-tests sizes: an integer with an optional K, M, G or T suffix (powers of 1024),
+/// optionally followed by B.
+fn parse_size(s: &str) -> std::result::Result<u64, String> {
+    let t = s.trim();
+    let t = t
+        .strip_suffix(['b', 'B'])
+        .filter(|r| !r.is_empty())
+        .unwrap_or(t);
+    let (num, mult) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
+        Some('K') => (&t[..t.len() - 1], 1u64 << 10),
+        Some('M') => (&t[..t.len() - 1], 1 << 20),
+        Some('G') => (&t[..t.len() - 1], 1 << 30),
+        Some('T') => (&t[..t.len() - 1], 1 << 40),
+        _ => (t, 1),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .ok_or_else(|| {
+            format!("'{s}' is not a size in bytes (an integer, optionally followed by K, M or G)")
+        })
+}
+
+/// Order-preserving de-duplication of a comma list.
+fn dedup<T: PartialEq + Copy>(v: &[T]) -> Vec<T> {
+    let mut out: Vec<T> = Vec::new();
+    for &x in v {
+        if !out.contains(&x) {
+            out.push(x);
+        }
+    }
+    out
+}
+
+/// The raw size sweep, nccl-tests' loop: `size *= f` (or `+= i` when f is 1).
+fn raw_sizes(min: u64, max: u64, factor: u64, step: u64) -> std::result::Result<Vec<u64>, String> {
+    if min > max {
+        return Err(format!(
+            "-b/--minbytes ({min}) is larger than -e/--maxbytes ({max})"
+        ));
+    }
+    if factor <= 1 && step == 0 && min < max {
+        return Err("-i/--stepbytes must be > 0 when -f/--stepfactor is 1".into());
+    }
+    let mut v = vec![min];
+    let mut s = min;
+    loop {
+        let next = if factor > 1 {
+            s.checked_mul(factor).map(|n| n.max(s + 1))
+        } else {
+            s.checked_add(step)
+        };
+        match next {
+            Some(n) if n <= max && n > s => s = n,
+            _ => break,
+        }
+        v.push(s);
+        if v.len() > MAX_SIZES {
+            return Err(format!("the size sweep has more than {MAX_SIZES} steps: raise -f/--stepfactor or -i/--stepbytes"));
+        }
+    }
+    Ok(v)
+}
+
+// ---------------------------------------------------------------------------------------
+// The plan
+// ---------------------------------------------------------------------------------------
+
+/// One row of the sweep.
+#[derive(Debug, Clone)]
+struct Row {
+    kind: Kind,
+    algo: Algo,
+    dtype: DataType,
+    /// None for ops without a reduction.
+    redop: Option<ReduceOp>,
+    /// NCCL's per-call count (total over tensors when coalesced).
+    count: usize,
+    /// The `size` column: bytes of the larger buffer.
+    bytes: u64,
+    /// Per-tensor counts of a coalesced call.
+    counts: Option<Vec<usize>>,
+    /// Seed of the checked call's inputs.
+    seed: u64,
+}
+
+impl Row {
+    fn redop_name(&self) -> &'static str {
+        self.redop.map(|o| o.name()).unwrap_or("none")
+    }
+}
+
+#[derive(Debug)]
+struct Plan {
+    rows: Vec<Row>,
+    iters: usize,
+    warmup: usize,
+    check: bool,
+    coalesce: Option<usize>,
+}
+
+fn reduces(k: Kind) -> bool {
+    matches!(k, Kind::ReduceScatter | Kind::AllReduce)
+}
+
+/// Elements per buffer "unit": p for ops whose larger buffer holds p counts.
+fn spread(k: Kind, p: usize) -> usize {
+    match k {
+        Kind::AllGather | Kind::ReduceScatter | Kind::AllToAll => p,
+        Kind::AllReduce | Kind::Broadcast { .. } => 1,
+    }
+}
+
+fn bus_factor(k: Kind, p: usize) -> f64 {
+    let p = p as f64;
+    match k {
+        Kind::AllGather | Kind::ReduceScatter | Kind::AllToAll => (p - 1.0) / p,
+        Kind::AllReduce => 2.0 * (p - 1.0) / p,
+        Kind::Broadcast { .. } => 1.0,
+    }
+}
+
+/// Split `count` into `k` uneven parts: weights 1, 2, .., k scaled down, the remainder
+/// to the last part.
+fn split_counts(count: usize, k: usize) -> Vec<usize> {
+    let w = (k as u128) * (k as u128 + 1) / 2;
+    let mut v: Vec<usize> = (1..k)
+        .map(|i| ((count as u128) * (i as u128) / w) as usize)
+        .collect();
+    let used: usize = v.iter().sum();
+    v.push(count - used);
+    v
+}
+
+fn build_plan(cli: &Cli, algos: &[Algo], p: usize) -> Result<Plan> {
+    let sizes = raw_sizes(cli.minbytes, cli.maxbytes, cli.stepfactor, cli.stepbytes)
+        .map_err(Error::InvalidArgument)?;
+    let coalesce = cli.coalesce.map(|k| k as usize);
+    let mut rows = Vec::new();
+    for kind in dedup(&cli.op) {
+        for &algo in algos {
+            for dtype in dedup(&cli.datatype) {
+                let redops: Vec<Option<ReduceOp>> = if reduces(kind) {
+                    dedup(&cli.redop).into_iter().map(Some).collect()
+                } else {
+                    vec![None]
+                };
+                for redop in redops {
+                    let mut seen = HashSet::new();
+                    for &size in &sizes {
+                        let unit = (dtype.size() * spread(kind, p)) as u64;
+                        let count = (size / unit).max(1);
+                        if !seen.insert(count) {
+                            continue;
+                        }
+                        let bytes = count.checked_mul(unit).ok_or_else(|| {
+                            Error::InvalidArgument(format!("size {size} overflows"))
+                        })?;
+                        let count = usize::try_from(count).map_err(|_| {
+                            Error::InvalidArgument(format!("size {size} is too large"))
+                        })?;
+                        rows.push(Row {
+                            kind,
+                            algo,
+                            dtype,
+                            redop,
+                            count,
+                            bytes,
+                            counts: coalesce.map(|k| split_counts(count, k)),
+                            seed: rows.len() as u64 + 1,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    Ok(Plan {
+        rows,
+        iters: cli.iters as usize,
+        warmup: cli.warmup_iters as usize,
+        check: cli.check == 1,
+        coalesce,
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// Running one rank
+// ---------------------------------------------------------------------------------------
+
+/// What one rank measured for one row.
+#[derive(Debug, Clone)]
+struct RankRow {
+    /// Microseconds per call on this rank.
+    time_us: f64,
+    /// Wrong elements on this rank (0 when unchecked).
+    wrong: u64,
+    /// Traffic of the timed loop, where this rank accounts for it (local: rank 0's view
+    /// of the whole world; mpi: every rank, its own row).
+    traffic: Option<TrafficMatrix>,
+}
+
+/// How the ranks meet around the timed loop and snapshot traffic.
+trait Pace {
+    /// After the warm-up: meet, and snapshot the counters before the loop.
+    fn before(&self, comm: &Comm) -> Result<Option<TrafficMatrix>>;
+    /// After the loop's calls were waited: snapshot the counters.
+    fn after(&self, comm: &Comm) -> Result<Option<TrafficMatrix>>;
+}
+
+/// A process-local barrier for the threads of a local world: moves no bytes, gives up
+/// after `timeout`, and can be aborted when a rank fails (std's Barrier can do neither).
+struct Fence {
+    n: usize,
+    timeout: Duration,
+    state: Mutex<FenceState>,
+    cv: Condvar,
+}
+
+#[derive(Default)]
+struct FenceState {
+    arrived: usize,
+    generation: u64,
+    aborted: Option<String>,
+}
+
+impl Fence {
+    fn new(n: usize, timeout: Duration) -> Fence {
+        Fence {
+            n,
+            timeout,
+            state: Mutex::new(FenceState::default()),
+            cv: Condvar::new(),
+        }
+    }
+
+    fn wait(&self) -> Result<()> {
+        let mut g = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(why) = &g.aborted {
+            return Err(Error::Remote(format!("another rank failed ({why})")));
+        }
+        let gen = g.generation;
+        g.arrived += 1;
+        if g.arrived == self.n {
+            g.arrived = 0;
+            g.generation += 1;
+            self.cv.notify_all();
+            return Ok(());
+        }
+        let deadline = Instant::now() + self.timeout;
+        while g.generation == gen {
+            if let Some(why) = &g.aborted {
+                return Err(Error::Remote(format!("another rank failed ({why})")));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let msg = format!("waited {:?} for the other ranks at a barrier", self.timeout);
+                g.aborted.get_or_insert_with(|| msg.clone());
+                self.cv.notify_all();
+                return Err(Error::Remote(msg));
+            }
+            g = self
+                .cv
+                .wait_timeout(g, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        Ok(())
+    }
+
+    fn abort(&self, why: &str) {
+        let mut g = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        g.aborted.get_or_insert_with(|| why.to_string());
+        self.cv.notify_all();
+    }
+}
+
+struct LocalPace {
+    fence: Arc<Fence>,
+}
+
+impl LocalPace {
+    fn snapshot(&self, comm: &Comm) -> Result<Option<TrafficMatrix>> {
+        self.fence.wait()?;
+        let snap = if comm.rank() == 0 {
+            comm.traffic().map(|t| t.snapshot())
+        } else {
+            None
+        };
+        self.fence.wait()?;
+        Ok(snap)
+    }
+}
+
+impl Pace for LocalPace {
+    fn before(&self, comm: &Comm) -> Result<Option<TrafficMatrix>> {
+        self.snapshot(comm)
+    }
+    fn after(&self, comm: &Comm) -> Result<Option<TrafficMatrix>> {
+        self.snapshot(comm)
+    }
+}
+
+struct MpiPace;
+
+impl Pace for MpiPace {
+    fn before(&self, comm: &Comm) -> Result<Option<TrafficMatrix>> {
+        comm_barrier(comm)?;
+        Ok(comm.traffic().map(|t| t.snapshot()))
+    }
+    fn after(&self, comm: &Comm) -> Result<Option<TrafficMatrix>> {
+        Ok(comm.traffic().map(|t| t.snapshot()))
+    }
+}
+
+/// A barrier on the communicator: a waited 1-element all-reduce.
+fn comm_barrier(comm: &Comm) -> Result<()> {
+    let b = Buffer::zeroed(4);
+    let op = Op::AllReduce {
+        send: b.clone(),
+        recv: b,
+        count: 1,
+        op: ReduceOp::Sum,
+    };
+    comm.submit(Request::new(op, DataType::F32).with_algo(Algo::Ring))?
+        .wait()
+}
+
+/// Every rank's `data` (same length everywhere), rank-major.
+fn all_gather_bytes(comm: &Comm, data: &[u8]) -> Result<Vec<u8>> {
+    let send = Buffer::from_bytes(data);
+    let recv = Buffer::zeroed(data.len() * comm.size());
+    let op = Op::AllGather {
+        send,
+        recv: recv.clone(),
+        count: data.len(),
+    };
+    comm.submit(Request::new(op, DataType::U8).with_algo(Algo::Ring))?
+        .wait()?;
+    recv.to_bytes()
+}
+
+/// A buffer of `elems` elements filled with a repeated seeded pattern (realistic values
+/// without computing a reference value per element).
+fn patterned(dtype: DataType, rank: usize, elems: usize) -> Result<Buffer> {
+    let b = Buffer::alloc(dtype, elems)?;
+    if elems > 0 {
+        let pat = check::fill(dtype, rank, 0, elems.min(PATTERN), 0x5eed);
+        let mut w = b.write()?;
+        for chunk in w.chunks_mut(pat.len()) {
+            chunk.copy_from_slice(&pat[..chunk.len()]);
+        }
+    }
+    Ok(b)
+}
+
+/// The request of one timed call, on buffers allocated once for the row.
+fn timed_request(row: &Row, p: usize, rank: usize) -> Result<Request> {
+    let s = row.dtype.size();
+    let redop = row.redop.unwrap_or(ReduceOp::Sum);
+    let (ns, nr) = row.kind.sizes(row.count, p);
+    let send = patterned(row.dtype, rank, ns)?;
+    let recv = Buffer::alloc(row.dtype, nr)?;
+    let op = match &row.counts {
+        None => row.kind.op(send, recv, row.count, redop),
+        Some(counts) => {
+            let (mut sends, mut recvs) = (Vec::new(), Vec::new());
+            let (mut so, mut ro) = (0, 0);
+            for &c in counts {
+                let (cs, cr) = row.kind.sizes(c, p);
+                sends.push(send.slice(so..so + cs * s)?);
+                recvs.push(recv.slice(ro..ro + cr * s)?);
+                so += cs * s;
+                ro += cr * s;
+            }
+            match row.kind {
+                Kind::AllGather => Op::AllGatherCoalesced {
+                    sends,
+                    recvs,
+                    counts: counts.clone(),
+                },
+                Kind::ReduceScatter => Op::ReduceScatterCoalesced {
+                    sends,
+                    recvs,
+                    counts: counts.clone(),
+                    op: redop,
+                },
+                k => {
+                    return Err(Error::InvalidArgument(format!(
+                        "{} has no coalesced form",
+                        k.name()
+                    )))
+                }
+            }
+        }
+    };
+    Ok(Request::new(op, row.dtype).with_algo(row.algo))
+}
+
+/// Wait for every handle; the first error, if any.
+fn wait_all(works: &[strata::Work]) -> Result<()> {
+    let mut first = Ok(());
+    for w in works {
+        let r = w.wait();
+        if first.is_ok() {
+            first = r;
+        }
+    }
+    first
+}
+
+fn bench_row(comm: &Comm, plan: &Plan, row: &Row, pace: &dyn Pace) -> Result<RankRow> {
+    let (p, r) = (comm.size(), comm.rank());
+    let req = timed_request(row, p, r)?;
+    for _ in 0..plan.warmup {
+        comm.submit(req.clone())?.wait()?;
+    }
+    let before = pace.before(comm)?;
+    let t0 = Instant::now();
+    let mut works = Vec::with_capacity(plan.iters);
+    for _ in 0..plan.iters {
+        works.push(comm.submit(req.clone())?);
+    }
+    wait_all(&works)?;
+    let elapsed = t0.elapsed();
+    let after = pace.after(comm)?;
+    drop(works);
+    drop(req); // free the timing buffers before the checked call allocates its own
+    let traffic = match (before, after) {
+        (Some(b), Some(a)) => Some(a.since(&b)),
+        _ => None,
+    };
+    let wrong = if plan.check {
+        let redop = row.redop.unwrap_or(ReduceOp::Sum);
+        match &row.counts {
+            None => check::run_checked(
+                comm, row.kind, row.dtype, redop, row.count, row.algo, false, row.seed,
+            )?,
+            Some(counts) => check::run_checked_coalesced(
+                comm, row.kind, row.dtype, redop, counts, row.algo, row.seed,
+            )?,
+        }
+    } else {
+        0
+    };
+    Ok(RankRow {
+        time_us: elapsed.as_secs_f64() * 1e6 / plan.iters as f64,
+        wrong: wrong as u64,
+        traffic,
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// Reporting (rank 0)
+// ---------------------------------------------------------------------------------------
+
+/// One JSON record (contract: field names).
+#[derive(Debug, Serialize)]
+struct Record {
+    op: &'static str,
+    algo: &'static str,
+    /// The algorithm that actually ran (`auto` resolved; `hier` may fall back to `ring`).
+    algo_used: &'static str,
+    dtype: &'static str,
+    redop: &'static str,
+    size: u64,
+    count: usize,
+    ranks: usize,
+    topology: String,
+    transport: &'static str,
+    time_us: f64,
+    algbw: f64,
+    busbw: f64,
+    /// Wrong elements summed over ranks; null when unchecked (`-c 0`).
+    wrong: Option<u64>,
+    traffic: Option<TrafficReport>,
+    traffic_source: Option<&'static str>,
+    /// Tensors per coalesced call; null when not coalesced.
+    coalesce: Option<usize>,
+}
+
+fn columns() -> [String; 2] {
+    let h1 = format!(
+        "#{:>11}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}  {:>10}  {:>10}  {:>10}  {:>11}",
+        "size", "count", "type", "redop", "algo", "time", "algbw", "busbw", "#wrong", "intra_pkg", "intra_node", "inter_node", "node_egress"
+    );
+    let h2 = format!(
+        "#{:>11}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}  {:>10}  {:>10}  {:>10}  {:>11}",
+        "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(B)", "(B)", "(B)", "(B)"
+    );
+    [h1, h2]
+}
+
+/// nccl-tests' time format: fewer decimals as the number grows.
+fn fmt_time(us: f64) -> String {
+    if us >= 10000.0 {
+        format!("{us:7.0}")
+    } else if us >= 100.0 {
+        format!("{us:7.1}")
+    } else {
+        format!("{us:7.2}")
+    }
+}
+
+struct Reporter<'a> {
+    plan: &'a Plan,
+    comm0: Comm,
+    transport: TransportKind,
+    topo: Arc<Topology>,
+    p: usize,
+    records: Vec<Record>,
+    pb: Option<ProgressBar>,
+    next: usize,
+    total_wrong: u64,
+    busbw_sum: f64,
+    last_kind: Option<Kind>,
+    multi_op: bool,
+    /// Opened (created) before the sweep so a bad path fails at once, written at the end.
+    json: Option<(PathBuf, std::fs::File)>,
+}
+
+fn out(line: &str) {
+    // A closed stdout (`| head`) must not panic the benchmark.
+    let _ = writeln!(std::io::stdout().lock(), "{line}");
+}
+
+impl<'a> Reporter<'a> {
+    fn new(cli: &Cli, plan: &'a Plan, comm0: Comm, algos: &[Algo]) -> Result<Reporter<'a>> {
+        let json = match &cli.json {
+            Some(path) => {
+                let f = std::fs::File::create(path)
+                    .map_err(|e| Error::System(format!("cannot create {}: {e}", path.display())))?;
+                Some((path.clone(), f))
+            }
+            None => None,
+        };
+        let topo = comm0.topology().clone();
+        let p = comm0.size();
+        let transport = comm0.transport_kind();
+        let pb = (std::io::stdout().is_terminal() && plan.rows.len() > 4).then(|| {
+            let pb = ProgressBar::with_draw_target(
+                Some(plan.rows.len() as u64),
+                ProgressDrawTarget::stderr(),
+            );
+            if let Ok(style) = ProgressStyle::with_template(
+                "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} {wide_msg}",
+            ) {
+                pb.set_style(style);
+            }
+            pb.enable_steady_tick(Duration::from_millis(200));
+            pb
+        });
+        let r = Reporter {
+            plan,
+            comm0,
+            transport,
+            topo,
+            p,
+            records: Vec::new(),
+            pb,
+            next: 0,
+            total_wrong: 0,
+            busbw_sum: 0.0,
+            last_kind: None,
+            multi_op: dedup(&cli.op).len() > 1,
+            json,
+        };
+        r.header(cli, algos);
+        r.progress_msg();
+        Ok(r)
+    }
+
+    fn print(&self, line: &str) {
+        match &self.pb {
+            Some(pb) => pb.suspend(|| out(line)),
+            None => out(line),
+        }
+    }
+
+    fn traffic_source(&self) -> &'static str {
+        if self.transport.traffic_measured() {
+            "measured"
+        } else {
+            "nominal"
+        }
+    }
+
+    fn header(&self, cli: &Cli, algos: &[Algo]) {
+        let list = |v: Vec<&str>| v.join(",");
+        let ops = list(dedup(&cli.op).iter().map(|k| k.name()).collect());
+        let redops = if dedup(&cli.op).iter().any(|&k| reduces(k)) {
+            list(dedup(&cli.redop).iter().map(|o| o.name()).collect())
+        } else {
+            "none".to_string()
+        };
+        let step = if cli.stepfactor > 1 {
+            format!("{}(factor)", cli.stepfactor)
+        } else {
+            format!("{}(bytes)", cli.stepbytes)
+        };
+        let how = if self.transport.traffic_measured() {
+            "measured: every transfer the transport made, bytes per call"
+        } else {
+            "nominal: the sends strata issued, bytes per call"
+        };
+        let lines = [
+            format!(
+                "# strata-perf {} (nccl-tests style)",
+                env!("CARGO_PKG_VERSION")
+            ),
+            format!("#  transport : {}", self.transport.name()),
+            format!("#  topology  : {}", self.topo.summary()),
+            format!("#  ranks     : {}", self.p),
+            format!("#  op        : {ops}"),
+            format!(
+                "#  algo      : {}",
+                list(algos.iter().map(|a| a.name()).collect())
+            ),
+            format!(
+                "#  dtype     : {}",
+                list(dedup(&cli.datatype).iter().map(|d| d.name()).collect())
+            ),
+            format!("#  redop     : {redops}"),
+            format!(
+                "#  minBytes {} maxBytes {} step: {step}",
+                cli.minbytes, cli.maxbytes
+            ),
+            format!("#  iters     : {}", self.plan.iters),
+            format!("#  warmup    : {}", self.plan.warmup),
+            format!("#  check     : {}", u8::from(self.plan.check)),
+            format!(
+                "#  coalesce  : {}",
+                self.plan
+                    .coalesce
+                    .map(|k| format!("{k} tensors per call (uneven counts)"))
+                    .unwrap_or_else(|| "off".into())
+            ),
+            format!("#  timeout   : {:?}", self.comm0.timeout()),
+            format!("#  traffic   : {how}"),
+        ];
+        for l in lines {
+            self.print(&l);
+        }
+    }
+
+    fn progress_msg(&self) {
+        if let (Some(pb), Some(row)) = (&self.pb, self.plan.rows.get(self.next)) {
+            pb.set_message(format!(
+                "{} {} {} {} B",
+                row.kind.name(),
+                row.algo,
+                row.dtype,
+                row.bytes
+            ));
+        }
+    }
+
+    /// The algorithm the selector runs for `row` (the flat request of a coalesced call).
+    fn algo_used(&self, row: &Row) -> &'static str {
+        let z = Buffer::zeroed(0);
+        let op = row
+            .kind
+            .op(z.clone(), z, row.count, row.redop.unwrap_or(ReduceOp::Sum));
+        let req = Request::new(op, row.dtype).with_algo(row.algo);
+        strata::algo::select::choose(&self.comm0, &req)
+            .0
+            .algo()
+            .name()
+    }
+
+    /// Rank 0's view of row `i`: the max time and the summed wrong counts over ranks,
+    /// and the whole loop's traffic.
+    fn row(&mut self, i: usize, time_us: f64, wrong: u64, traffic: Option<TrafficMatrix>) {
+        let row = &self.plan.rows[i];
+        if self.last_kind != Some(row.kind) {
+            self.last_kind = Some(row.kind);
+            self.print("#");
+            if self.multi_op {
+                self.print(&format!("# {}", row.kind.name()));
+            }
+            for h in columns() {
+                self.print(&h);
+            }
+        }
+        let algbw = if time_us > 0.0 {
+            row.bytes as f64 / (time_us * 1e3)
+        } else {
+            0.0
+        };
+        let busbw = algbw * bus_factor(row.kind, self.p);
+        let report = traffic.map(|m| m.report(&self.topo).per_call(self.plan.iters as u64));
+        let t = |f: fn(&TrafficReport) -> u64| {
+            report
+                .as_ref()
+                .map(|r| f(r).to_string())
+                .unwrap_or_else(|| "-".into())
+        };
+        let line = format!(
+            "{:>12}  {:>12}  {:>8}  {:>6}  {:>6}  {}  {:>6.2}  {:>6.2}  {:>6}  {:>10}  {:>10}  {:>10}  {:>11}",
+            row.bytes,
+            row.count,
+            row.dtype.name(),
+            row.redop_name(),
+            row.algo.name(),
+            fmt_time(time_us),
+            algbw,
+            busbw,
+            if self.plan.check { wrong.to_string() } else { "N/A".into() },
+            t(|r| r.intra_package),
+            t(|r| r.intra_node),
+            t(|r| r.inter_node),
+            t(|r| r.max_node_egress),
+        );
+        self.print(&line);
+        self.total_wrong += wrong;
+        self.busbw_sum += busbw;
+        self.records.push(Record {
+            op: row.kind.name(),
+            algo: row.algo.name(),
+            algo_used: self.algo_used(row),
+            dtype: row.dtype.name(),
+            redop: row.redop_name(),
+            size: row.bytes,
+            count: row.count,
+            ranks: self.p,
+            topology: self.topo.name.clone(),
+            transport: self.transport.name(),
+            time_us,
+            algbw,
+            busbw,
+            wrong: self.plan.check.then_some(wrong),
+            traffic: report,
+            traffic_source: report.map(|_| self.traffic_source()),
+            coalesce: self.plan.coalesce,
+        });
+        self.next = i + 1;
+        if let Some(pb) = &self.pb {
+            pb.inc(1);
+        }
+        self.progress_msg();
+    }
+
+    /// Footer lines and the JSON file; the number of wrong elements over the sweep.
+    fn finish(self) -> Result<u64> {
+        if let Some(pb) = &self.pb {
+            pb.finish_and_clear();
+        }
+        let n = self.records.len().max(1);
+        out(&format!(
+            "# Out of bounds values : {} {}",
+            self.total_wrong,
+            if self.total_wrong == 0 {
+                "OK"
+            } else {
+                "FAILED"
+            }
+        ));
+        out(&format!(
+            "# Avg bus bandwidth    : {:.4}",
+            self.busbw_sum / n as f64
+        ));
+        out("#");
+        if let Some((path, mut f)) = self.json {
+            let text = serde_json::to_string_pretty(&self.records)
+                .map_err(|e| Error::Internal(format!("json: {e}")))?;
+            f.write_all((text + "\n").as_bytes())
+                .and_then(|_| f.flush())
+                .map_err(|e| Error::System(format!("cannot write {}: {e}", path.display())))?;
+        }
+        Ok(self.total_wrong)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Transports
+// ---------------------------------------------------------------------------------------
+
+/// Messages from the rank threads of a local world to the main thread.
+enum Msg {
+    Row(usize, usize, RankRow),
+    Failed(usize, Error),
+}
+
+fn run_local(cli: &Cli, config: CommConfig, topo: Option<Topology>, algos: &[Algo]) -> Result<u64> {
+    let ranks = match (cli.ranks, &topo) {
+        (Some(n), _) => n as usize,
+        (None, Some(t)) => t.world_size(),
+        (None, None) => 8,
+    };
+    let topo = topo.unwrap_or_else(|| Topology::flat(ranks));
+    let timeout = config.timeout;
+    let comms = Comm::local_world(ranks, Some(topo), config)?;
+    let plan = Arc::new(build_plan(cli, algos, ranks)?);
+    let mut reporter = Reporter::new(cli, &plan, comms[0].clone(), algos)?;
+
+    let fence = Arc::new(Fence::new(ranks, timeout));
+    let (tx, rx) = mpsc::channel::<Msg>();
+    let mut handles = Vec::new();
+    for comm in comms {
+        let (plan, fence, tx) = (plan.clone(), fence.clone(), tx.clone());
+        let r = comm.rank();
+        let h = std::thread::Builder::new()
+            .name(format!("strata-perf-r{r}"))
+            .spawn(move || {
+                let pace = LocalPace {
+                    fence: fence.clone(),
+                };
+                for (i, row) in plan.rows.iter().enumerate() {
+                    match bench_row(&comm, &plan, row, &pace) {
+                        Ok(rr) => {
+                            let _ = tx.send(Msg::Row(i, r, rr));
+                        }
+                        Err(e) => {
+                            // Report first, then wake everyone else (their errors follow).
+                            let _ = tx.send(Msg::Failed(r, e.clone()));
+                            fence.abort(&format!("rank {r}: {e}"));
+                            comm.abort();
+                            return;
+                        }
+                    }
+                }
+            })
+            .map_err(|e| Error::System(format!("cannot start a rank thread: {e}")))?;
+        handles.push(h);
+    }
+    drop(tx);
+
+    // Rows complete in order (every row ends with fences); keep them keyed anyway.
+    let mut pending: Vec<Vec<RankRow>> = vec![Vec::new(); plan.rows.len()];
+    let mut rank0_traffic: Vec<Option<TrafficMatrix>> = vec![None; plan.rows.len()];
+    let mut next = 0;
+    let mut failure: Option<(usize, Error)> = None;
+    for msg in rx {
+        match msg {
+            Msg::Row(i, r, rr) => {
+                if r == 0 {
+                    rank0_traffic[i] = rr.traffic.clone();
+                }
+                pending[i].push(rr);
+                while next < plan.rows.len() && pending[next].len() == ranks {
+                    let rows = std::mem::take(&mut pending[next]);
+                    let time = rows.iter().map(|x| x.time_us).fold(0.0, f64::max);
+                    let wrong = rows.iter().map(|x| x.wrong).sum();
+                    reporter.row(next, time, wrong, rank0_traffic[next].take());
+                    next += 1;
+                }
+            }
+            Msg::Failed(r, e) => {
+                // A failed collective aborts its communicator, so peers fail with
+                // consequences ("aborted"); keep the first error that is not one.
+                let consequence = |e: &Error| {
+                    let m = e.to_string();
+                    m.contains("aborted") || m.contains("another rank failed")
+                };
+                match &failure {
+                    Some((_, f)) if !consequence(f) || consequence(&e) => {}
+                    _ => failure = Some((r, e)),
+                }
+            }
+        }
+    }
+    let mut panicked = None;
+    for (r, h) in handles.into_iter().enumerate() {
+        if h.join().is_err() {
+            panicked.get_or_insert(r);
+        }
+    }
+    if let Some((r, e)) = failure {
+        if let Some(pb) = &reporter.pb {
+            pb.finish_and_clear();
+        }
+        return Err(with_rank(e, r));
+    }
+    if let Some(r) = panicked {
+        return Err(Error::Internal(format!("rank {r} thread panicked")));
+    }
+    reporter.finish()
+}
+
+/// Prefix the message of `e` with the rank it happened on.
+fn with_rank(e: Error, r: usize) -> Error {
+    match e {
+        Error::InvalidArgument(m) => Error::InvalidArgument(format!("rank {r}: {m}")),
+        Error::InvalidUsage(m) => Error::InvalidUsage(format!("rank {r}: {m}")),
+        Error::Remote(m) => Error::Remote(format!("rank {r}: {m}")),
+        Error::System(m) => Error::System(format!("rank {r}: {m}")),
+        Error::Device(m) => Error::Device(format!("rank {r}: {m}")),
+        Error::NotCompiled(m) => Error::NotCompiled(m),
+        Error::Internal(m) => Error::Internal(format!("rank {r}: {m}")),
+    }
+}
+
+fn run_mpi(cli: &Cli, config: CommConfig, topo: Option<Topology>, algos: &[Algo]) -> Result<u64> {
+    let comm = Comm::mpi_world(topo, config)?;
+    let r = run_mpi_on(cli, &comm, algos);
+    if r.is_err() {
+        // Peers blocked in a collective with this rank must not wait out their timeout.
+        comm.abort();
+    }
+    r
+}
+
+fn run_mpi_on(cli: &Cli, comm: &Comm, algos: &[Algo]) -> Result<u64> {
+    let (p, me) = (comm.size(), comm.rank());
+    if let Some(n) = cli.ranks {
+        if n as usize != p {
+            return Err(Error::InvalidUsage(format!(
+                "--ranks {n} but the MPI job has {p} processes (omit --ranks with mpi)"
+            )));
+        }
+    }
+    let plan = build_plan(cli, algos, p)?;
+    let n = comm.topology().world_size();
+    // Rank 0 reports; its setup errors (a bad --json path) must reach the others too.
+    let reporter = if me == 0 {
+        Some(Reporter::new(cli, &plan, comm.clone(), algos))
+    } else {
+        None
+    };
+    let ok = u64::from(!matches!(reporter, Some(Err(_))));
+    let agreed = all_gather_bytes(comm, &ok.to_le_bytes())?;
+    if agreed[..8] != 1u64.to_le_bytes() {
+        return match reporter {
+            Some(Err(e)) => Err(e),
+            _ => Err(Error::Remote("rank 0 could not start the report".into())),
+        };
+    }
+    let mut reporter = reporter.transpose()?;
+    for (i, row) in plan.rows.iter().enumerate() {
+        let rr = bench_row(comm, &plan, row, &MpiPace).map_err(|e| with_rank(e, me))?;
+        // Gather (time, wrong, own traffic row) from every rank.
+        let mut mine = Vec::with_capacity((n + 2) * 8);
+        mine.extend_from_slice(&rr.time_us.to_le_bytes());
+        mine.extend_from_slice(&rr.wrong.to_le_bytes());
+        let own = comm.world_rank(me);
+        match &rr.traffic {
+            Some(m) => m
+                .row(own)
+                .iter()
+                .for_each(|b| mine.extend_from_slice(&b.to_le_bytes())),
+            None => mine.extend(std::iter::repeat(0u8).take(n * 8)),
+        }
+        let all = all_gather_bytes(comm, &mine)?;
+        if let Some(rep) = reporter.as_mut() {
+            let word = |j: usize, k: usize| {
+                let o = (j * (n + 2) + k) * 8;
+                u64::from_le_bytes(all[o..o + 8].try_into().unwrap_or([0; 8]))
+            };
+            let mut time = 0.0f64;
+            let mut wrong = 0u64;
+            let mut m = TrafficMatrix::zero(n);
+            for j in 0..p {
+                time = time.max(f64::from_bits(word(j, 0)));
+                wrong += word(j, 1);
+                let src = comm.world_rank(j);
+                for d in 0..n {
+                    m.bytes[src * n + d] = word(j, 2 + d);
+                }
+            }
+            let traffic = rr.traffic.is_some().then_some(m);
+            rep.row(i, time, wrong, traffic);
+        }
+    }
+    match reporter {
+        Some(rep) => rep.finish(),
+        None => Ok(0),
+    }
+}
+
+/// Print the outcome (before MPI is finalised, so mpirun shows it) and pick the exit code:
+/// 1 for an error or any wrong element.
+fn conclude(r: Result<u64>) -> ExitCode {
+    match r {
+        Ok(0) => ExitCode::SUCCESS,
+        Ok(wrong) => {
+            eprintln!("error: {wrong} wrong element(s): results differ from the reference");
+            ExitCode::from(1)
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn run(cli: &Cli) -> ExitCode {
+    let r = (|| {
+        let env = CommConfig::from_env()?;
+        let topo = match &cli.topology {
+            Some(spec) => Some(Topology::parse(spec)?),
+            None => Topology::from_env()?,
+        };
+        Ok((env, topo))
+    })();
+    let (env, topo) = match r {
+        Ok(x) => x,
+        Err(e) => return conclude(Err(e)),
+    };
+    let config = CommConfig {
+        algo: env.algo,
+        timeout: cli
+            .timeout
+            .map(Duration::from_secs_f64)
+            .unwrap_or(env.timeout),
+    };
+    let algos = if cli.algo.is_empty() {
+        vec![config.algo]
+    } else {
+        dedup(&cli.algo)
+    };
+    let r = match cli.transport {
+        TransportKind::Local => run_local(cli, config, topo, &algos),
+        TransportKind::Mpi => {
+            let code = conclude(run_mpi(cli, config, topo, &algos));
+            strata::transport::mpi::finalize();
+            return code;
+        }
+        TransportKind::Nccl => {
+            strata::transport::gpu::NcclTransport::new().and_then(|_| Err(no_driver("nccl")))
+        }
+        TransportKind::Rccl => {
+            strata::transport::gpu::RcclTransport::new().and_then(|_| Err(no_driver("rccl")))
+        }
+        TransportKind::CudaLocal => strata::transport::gpu::CudaLocalTransport::new()
+            .and_then(|_| Err(no_driver("cuda-local"))),
+    };
+    conclude(r)
+}
+
+fn no_driver(name: &str) -> Error {
+    Error::NotCompiled(format!(
+        "strata-perf cannot drive the {name} transport yet (no communicator constructor for it)"
+    ))
+}
+
+/// Flag combinations clap cannot express: usage errors (exit 2).
+fn validate(cli: &Cli) {
+    let mut cmd = Cli::command();
+    if cli.coalesce.is_some() {
+        if let Some(k) = dedup(&cli.op)
+            .into_iter()
+            .find(|&k| !matches!(k, Kind::AllGather | Kind::ReduceScatter))
+        {
+            cmd.error(
+                ErrorKind::ArgumentConflict,
+                format!(
+                    "--coalesce applies to all-gather and reduce-scatter only, not {}",
+                    k.name()
+                ),
+            )
+            .exit();
+        }
+    }
+    if let Err(m) = raw_sizes(cli.minbytes, cli.maxbytes, cli.stepfactor, cli.stepbytes) {
+        cmd.error(ErrorKind::ValueValidation, m).exit();
+    }
+    if cli.ranks.is_some()
+        && !matches!(
+            cli.transport,
+            TransportKind::Local | TransportKind::Mpi | TransportKind::CudaLocal
+        )
+    {
+        cmd.error(
+            ErrorKind::ArgumentConflict,
+            format!(
+                "--ranks applies to local transports, not {}",
+                cli.transport.name()
+            ),
+        )
+        .exit();
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    validate(&cli);
+    run(&cli)
+}

@@ -35,7 +35,11 @@ pub fn group_end() -> Result<()> {
             return Err(Error::InvalidUsage("group end without group start".into()));
         }
         g.0 -= 1;
-        Ok(if g.0 == 0 { std::mem::take(&mut g.1) } else { Vec::new() })
+        Ok(if g.0 == 0 {
+            std::mem::take(&mut g.1)
+        } else {
+            Vec::new()
+        })
     })?;
     let mut per_comm: Vec<(Comm, Vec<Pending>)> = Vec::new();
     for p in batch {
@@ -86,5 +90,13 @@ pub fn in_group() -> bool {
 
 /// Hold a submission until the group ends.
 pub(crate) fn hold(comm: Comm, deps: Vec<Work>, job: Job, work: Work, is_send: bool) {
-    GROUP.with(|g| g.borrow_mut().1.push(Pending { comm, deps, job, work, is_send }));
+    GROUP.with(|g| {
+        g.borrow_mut().1.push(Pending {
+            comm,
+            deps,
+            job,
+            work,
+            is_send,
+        })
+    });
 }

@@ -19,7 +19,12 @@ impl Hierarchy {
         let coords: Vec<_> = members.iter().map(|&r| topo.coord(r)).collect();
         let dims = [
             mesh_dim(&coords.iter().map(|c| c.node).collect::<Vec<_>>())?,
-            mesh_dim(&coords.iter().map(|c| (c.node, c.package)).collect::<Vec<_>>())?,
+            mesh_dim(
+                &coords
+                    .iter()
+                    .map(|c| (c.node, c.package))
+                    .collect::<Vec<_>>(),
+            )?,
         ];
         let n_nodes = dims[0];
         let n_pkg_total = dims[1];
@@ -31,10 +36,14 @@ impl Hierarchy {
         if per_pkg * n_pkg_total != members.len() {
             return None;
         }
-        let levels = [(Level::Network, n_nodes), (Level::Node, per_node_pkgs), (Level::Package, per_pkg)]
-            .into_iter()
-            .filter(|(_, n)| *n > 1)
-            .collect();
+        let levels = [
+            (Level::Network, n_nodes),
+            (Level::Node, per_node_pkgs),
+            (Level::Package, per_pkg),
+        ]
+        .into_iter()
+        .filter(|(_, n)| *n > 1)
+        .collect();
         Some(Hierarchy { levels })
     }
 

@@ -48,13 +48,19 @@ impl CommConfig {
     /// From the environment, or the error a malformed variable caused.
     pub fn from_env() -> Result<CommConfig> {
         let e = config::env()?;
-        Ok(CommConfig { algo: e.algo.unwrap_or(Algo::Auto), timeout: e.timeout })
+        Ok(CommConfig {
+            algo: e.algo.unwrap_or(Algo::Auto),
+            timeout: e.timeout,
+        })
     }
 }
 
 impl Default for CommConfig {
     fn default() -> Self {
-        CommConfig::from_env().unwrap_or(CommConfig { algo: Algo::Auto, timeout: config::DEFAULT_TIMEOUT })
+        CommConfig::from_env().unwrap_or(CommConfig {
+            algo: Algo::Auto,
+            timeout: config::DEFAULT_TIMEOUT,
+        })
     }
 }
 
@@ -77,23 +83,47 @@ pub struct Comm(Arc<Inner>);
 
 impl std::fmt::Debug for Comm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Comm(rank {}/{}, {})", self.rank(), self.size(), self.0.transport.kind().name())
+        write!(
+            f,
+            "Comm(rank {}/{}, {})",
+            self.rank(),
+            self.size(),
+            self.0.transport.kind().name()
+        )
     }
 }
 
 impl Comm {
     /// Bind `transport` to the world topology `topo` (whose world size must cover every
     /// world rank of the transport).
-    pub fn from_transport(transport: Arc<dyn Transport>, topo: Arc<Topology>, config: CommConfig) -> Result<Comm> {
+    pub fn from_transport(
+        transport: Arc<dyn Transport>,
+        topo: Arc<Topology>,
+        config: CommConfig,
+    ) -> Result<Comm> {
         config::init_logging();
-        let members: Vec<usize> = (0..transport.size()).map(|r| transport.world_rank(r)).collect();
+        let members: Vec<usize> = (0..transport.size())
+            .map(|r| transport.world_rank(r))
+            .collect();
         if let Some(bad) = members.iter().find(|&&m| m >= topo.world_size()) {
-            return Err(Error::InvalidUsage(format!("world rank {bad} is outside topology {}", topo.summary())));
+            return Err(Error::InvalidUsage(format!(
+                "world rank {bad} is outside topology {}",
+                topo.summary()
+            )));
         }
         let hierarchy = Hierarchy::detect(&topo, &members);
-        let name = format!("strata-{}-r{}", transport.kind().name(), transport.world_rank(transport.rank()));
+        let name = format!(
+            "strata-{}-r{}",
+            transport.kind().name(),
+            transport.world_rank(transport.rank())
+        );
         let stream = stream::Stream::new(name, config.timeout)?;
-        tracing::debug!(rank = transport.rank(), size = transport.size(), ?hierarchy, "communicator created");
+        tracing::debug!(
+            rank = transport.rank(),
+            size = transport.size(),
+            ?hierarchy,
+            "communicator created"
+        );
         Ok(Comm(Arc::new(Inner {
             transport,
             topo,
@@ -110,9 +140,15 @@ impl Comm {
     /// A whole in-process world (`local` transport): one communicator per rank, each to
     /// be driven from its own thread. `topo` defaults to `STRATA_TOPOLOGY`, else one node
     /// of `nranks`; a topology of another size is an `InvalidUsage` error.
-    pub fn local_world(nranks: usize, topo: Option<Topology>, config: CommConfig) -> Result<Vec<Comm>> {
+    pub fn local_world(
+        nranks: usize,
+        topo: Option<Topology>,
+        config: CommConfig,
+    ) -> Result<Vec<Comm>> {
         if nranks == 0 {
-            return Err(Error::InvalidArgument("a world needs at least one rank".into()));
+            return Err(Error::InvalidArgument(
+                "a world needs at least one rank".into(),
+            ));
         }
         let topo = match topo {
             Some(t) => t,
@@ -130,7 +166,9 @@ impl Comm {
     /// topology applied as a virtual layout over MPI world ranks.
     #[cfg(not(feature = "mpi"))]
     pub fn mpi_world(_topo: Option<Topology>, _config: CommConfig) -> Result<Comm> {
-        Err(Error::NotCompiled("the mpi transport needs the `mpi` feature (cargo build --features mpi)".into()))
+        Err(Error::NotCompiled(
+            "the mpi transport needs the `mpi` feature (cargo build --features mpi)".into(),
+        ))
     }
 
     /// The world communicator of an MPI job (feature `mpi`): one rank per process, the
@@ -194,7 +232,11 @@ impl Comm {
     }
     /// The message of the last failed call on this communicator (empty if none).
     pub fn last_error(&self) -> String {
-        self.0.last_error.lock().map(|s| s.clone()).unwrap_or_default()
+        self.0
+            .last_error
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_default()
     }
     /// True when both handles are the same communicator.
     pub fn same(&self, other: &Comm) -> bool {
@@ -212,7 +254,9 @@ impl Comm {
 
     fn alive(&self) -> Result<()> {
         if self.0.destroyed.load(Ordering::SeqCst) {
-            return Err(Error::InvalidUsage("communicator used after destroy or abort".into()));
+            return Err(Error::InvalidUsage(
+                "communicator used after destroy or abort".into(),
+            ));
         }
         Ok(())
     }
@@ -229,7 +273,8 @@ impl Comm {
             self.alive()?;
             self.0.stream.sync()?;
             let t = self.0.transport.split(color, key)?;
-            t.map(|t| Comm::from_transport(t, self.0.topo.clone(), self.0.config.clone())).transpose()
+            t.map(|t| Comm::from_transport(t, self.0.topo.clone(), self.0.config.clone()))
+                .transpose()
         })();
         self.note(r)
     }
@@ -239,10 +284,23 @@ impl Comm {
     /// Collective: every rank must reach the same first use (algorithms do, since every
     /// rank runs the same requests in the same order on its stream).
     pub fn level_comm(&self, i: usize) -> Result<Comm> {
-        let h = self.0.hierarchy.as_ref().ok_or_else(|| Error::Internal("no hierarchy".into()))?;
-        let (level, size) = *h.levels.get(i).ok_or_else(|| Error::Internal(format!("no level {i}")))?;
+        let h = self
+            .0
+            .hierarchy
+            .as_ref()
+            .ok_or_else(|| Error::Internal("no hierarchy".into()))?;
+        let (level, size) = *h
+            .levels
+            .get(i)
+            .ok_or_else(|| Error::Internal(format!("no level {i}")))?;
         let key = format!("level:{i}:{level:?}");
-        if let Some(Some(c)) = self.0.subcomms.lock().map_err(|_| Error::Internal("subcomm lock".into()))?.get(&key) {
+        if let Some(Some(c)) = self
+            .0
+            .subcomms
+            .lock()
+            .map_err(|_| Error::Internal("subcomm lock".into()))?
+            .get(&key)
+        {
             return Ok(c.clone());
         }
         let (color, k) = h.split_color(i, self.rank());
@@ -253,10 +311,17 @@ impl Comm {
             .ok_or_else(|| Error::Internal("level split returned no communicator".into()))?;
         let c = Comm::from_transport(t, self.0.topo.clone(), self.0.config.clone())?;
         if c.size() != size {
-            return Err(Error::Internal(format!("level {level:?} group has {} ranks, expected {size}", c.size())));
+            return Err(Error::Internal(format!(
+                "level {level:?} group has {} ranks, expected {size}",
+                c.size()
+            )));
         }
         tracing::debug!(rank = self.rank(), ?level, members = ?c.members(), "level communicator");
-        self.0.subcomms.lock().map_err(|_| Error::Internal("subcomm lock".into()))?.insert(key, Some(c.clone()));
+        self.0
+            .subcomms
+            .lock()
+            .map_err(|_| Error::Internal("subcomm lock".into()))?
+            .insert(key, Some(c.clone()));
         Ok(c)
     }
 
@@ -278,7 +343,11 @@ impl Comm {
                 if let Err(e) = &r {
                     // Like an asynchronous NCCL error, a failed collective leaves the
                     // communicator unusable; aborting wakes the peers at once.
-                    tracing::warn!(rank = comm.rank(), op = req.op.name(), "collective failed, aborting communicator: {e}");
+                    tracing::warn!(
+                        rank = comm.rank(),
+                        op = req.op.name(),
+                        "collective failed, aborting communicator: {e}"
+                    );
                     comm.abort();
                 }
                 comm.note(r)
@@ -302,7 +371,9 @@ impl Comm {
         let n = self.size();
         let t = self.timeout();
         match &req.op {
-            Op::ReduceScatter { recv, .. } | Op::AllReduce { recv, .. } => finish_avg(&mut recv.write_timeout(t)?, req.dtype, n),
+            Op::ReduceScatter { recv, .. } | Op::AllReduce { recv, .. } => {
+                finish_avg(&mut recv.write_timeout(t)?, req.dtype, n)
+            }
             Op::ReduceScatterCoalesced { recvs, .. } => {
                 for r in recvs {
                     finish_avg(&mut r.write_timeout(t)?, req.dtype, n);
@@ -311,6 +382,29 @@ impl Comm {
             _ => {}
         }
         Ok(())
+    }
+
+    /// Barrier over the communicator, after its queued work; moves no counted bytes.
+    pub fn barrier(&self) -> Result<()> {
+        let r = self
+            .alive()
+            .and_then(|_| self.sync())
+            .and_then(|_| self.0.transport.barrier());
+        self.note(r)
+    }
+
+    /// Collective: the sum of every rank's traffic matrix (identity on the local
+    /// transport, whose ranks share counters; on MPI each process records only its own
+    /// sends). Call it after waiting for the work whose traffic it should include.
+    pub fn sum_traffic(
+        &self,
+        m: &crate::traffic::TrafficMatrix,
+    ) -> Result<crate::traffic::TrafficMatrix> {
+        let r = self
+            .alive()
+            .and_then(|_| self.sync())
+            .and_then(|_| self.0.transport.sum_traffic(m));
+        self.note(r)
     }
 
     /// Wait for everything queued on this communicator so far.
@@ -346,37 +440,132 @@ impl Comm {
     // ---- convenience constructors of requests (all go through `submit`) ----
 
     /// ncclAllGather: `recv` (size·count) gathers `send` (count) from every rank.
-    pub fn all_gather(&self, send: &Buffer, recv: &Buffer, count: usize, dtype: DataType) -> Result<Work> {
-        self.submit(Request::new(Op::AllGather { send: send.clone(), recv: recv.clone(), count }, dtype))
+    pub fn all_gather(
+        &self,
+        send: &Buffer,
+        recv: &Buffer,
+        count: usize,
+        dtype: DataType,
+    ) -> Result<Work> {
+        self.submit(Request::new(
+            Op::AllGather {
+                send: send.clone(),
+                recv: recv.clone(),
+                count,
+            },
+            dtype,
+        ))
     }
     /// ncclReduceScatter: `recv` (count) = `op` over ranks of `send[rank·count..]`.
-    pub fn reduce_scatter(&self, send: &Buffer, recv: &Buffer, count: usize, dtype: DataType, op: ReduceOp) -> Result<Work> {
-        self.submit(Request::new(Op::ReduceScatter { send: send.clone(), recv: recv.clone(), count, op }, dtype))
+    pub fn reduce_scatter(
+        &self,
+        send: &Buffer,
+        recv: &Buffer,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<Work> {
+        self.submit(Request::new(
+            Op::ReduceScatter {
+                send: send.clone(),
+                recv: recv.clone(),
+                count,
+                op,
+            },
+            dtype,
+        ))
     }
     /// ncclAllReduce.
-    pub fn all_reduce(&self, send: &Buffer, recv: &Buffer, count: usize, dtype: DataType, op: ReduceOp) -> Result<Work> {
-        self.submit(Request::new(Op::AllReduce { send: send.clone(), recv: recv.clone(), count, op }, dtype))
+    pub fn all_reduce(
+        &self,
+        send: &Buffer,
+        recv: &Buffer,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<Work> {
+        self.submit(Request::new(
+            Op::AllReduce {
+                send: send.clone(),
+                recv: recv.clone(),
+                count,
+                op,
+            },
+            dtype,
+        ))
     }
     /// ncclAlltoAll: `count` elements per peer.
-    pub fn all_to_all(&self, send: &Buffer, recv: &Buffer, count: usize, dtype: DataType) -> Result<Work> {
-        self.submit(Request::new(Op::AllToAll { send: send.clone(), recv: recv.clone(), count }, dtype))
+    pub fn all_to_all(
+        &self,
+        send: &Buffer,
+        recv: &Buffer,
+        count: usize,
+        dtype: DataType,
+    ) -> Result<Work> {
+        self.submit(Request::new(
+            Op::AllToAll {
+                send: send.clone(),
+                recv: recv.clone(),
+                count,
+            },
+            dtype,
+        ))
     }
     /// ncclBroadcast from `root`.
-    pub fn broadcast(&self, send: &Buffer, recv: &Buffer, count: usize, dtype: DataType, root: usize) -> Result<Work> {
-        self.submit(Request::new(Op::Broadcast { send: send.clone(), recv: recv.clone(), count, root }, dtype))
+    pub fn broadcast(
+        &self,
+        send: &Buffer,
+        recv: &Buffer,
+        count: usize,
+        dtype: DataType,
+        root: usize,
+    ) -> Result<Work> {
+        self.submit(Request::new(
+            Op::Broadcast {
+                send: send.clone(),
+                recv: recv.clone(),
+                count,
+                root,
+            },
+            dtype,
+        ))
     }
     /// ncclSend.
     pub fn send(&self, buf: &Buffer, count: usize, dtype: DataType, peer: usize) -> Result<Work> {
-        self.submit(Request::new(Op::Send { buf: buf.clone(), count, peer }, dtype))
+        self.submit(Request::new(
+            Op::Send {
+                buf: buf.clone(),
+                count,
+                peer,
+            },
+            dtype,
+        ))
     }
     /// ncclRecv.
     pub fn recv(&self, buf: &Buffer, count: usize, dtype: DataType, peer: usize) -> Result<Work> {
-        self.submit(Request::new(Op::Recv { buf: buf.clone(), count, peer }, dtype))
+        self.submit(Request::new(
+            Op::Recv {
+                buf: buf.clone(),
+                count,
+                peer,
+            },
+            dtype,
+        ))
     }
     /// MiCS coalesced all-gather over buffers of uneven counts, one launch.
-    pub fn all_gather_coalesced(&self, sends: &[Buffer], recvs: &[Buffer], counts: &[usize], dtype: DataType) -> Result<Work> {
+    pub fn all_gather_coalesced(
+        &self,
+        sends: &[Buffer],
+        recvs: &[Buffer],
+        counts: &[usize],
+        dtype: DataType,
+    ) -> Result<Work> {
         self.submit(Request::new(
-            Op::AllGatherCoalesced { sends: sends.to_vec(), recvs: recvs.to_vec(), counts: counts.to_vec() },
+            Op::AllGatherCoalesced {
+                sends: sends.to_vec(),
+                recvs: recvs.to_vec(),
+                counts: counts.to_vec(),
+            },
             dtype,
         ))
     }
@@ -390,7 +579,12 @@ impl Comm {
         op: ReduceOp,
     ) -> Result<Work> {
         self.submit(Request::new(
-            Op::ReduceScatterCoalesced { sends: sends.to_vec(), recvs: recvs.to_vec(), counts: counts.to_vec(), op },
+            Op::ReduceScatterCoalesced {
+                sends: sends.to_vec(),
+                recvs: recvs.to_vec(),
+                counts: counts.to_vec(),
+                op,
+            },
             dtype,
         ))
     }

@@ -39,8 +39,13 @@ pub fn run(t: &dyn Transport, op: &Op, dtype: DataType, timeout: Duration) -> Re
             copy_unless_same(send, recv, timeout)?;
             t.all_reduce(&mut recv.write_timeout(timeout)?, dtype, *op)
         }
-        Op::AllToAll { send, recv, .. } => t.all_to_all(&send.read_timeout(timeout)?, &mut recv.write_timeout(timeout)?),
-        Op::Broadcast { send, recv, root, .. } => {
+        Op::AllToAll { send, recv, .. } => t.all_to_all(
+            &send.read_timeout(timeout)?,
+            &mut recv.write_timeout(timeout)?,
+        ),
+        Op::Broadcast {
+            send, recv, root, ..
+        } => {
             if rank == *root {
                 copy_unless_same(send, recv, timeout)?;
             }
@@ -48,10 +53,12 @@ pub fn run(t: &dyn Transport, op: &Op, dtype: DataType, timeout: Duration) -> Re
         }
         Op::Send { buf, peer, .. } => t.send(*peer, &buf.read_timeout(timeout)?),
         Op::Recv { buf, peer, .. } => t.recv(*peer, &mut buf.write_timeout(timeout)?),
-        Op::AllGatherCoalesced { .. } | Op::ReduceScatterCoalesced { .. } => Err(Error::Internal(format!(
-            "{} reached the native path unpacked (size {size})",
-            op.name()
-        ))),
+        Op::AllGatherCoalesced { .. } | Op::ReduceScatterCoalesced { .. } => {
+            Err(Error::Internal(format!(
+                "{} reached the native path unpacked (size {size})",
+                op.name()
+            )))
+        }
     }
 }
 

@@ -2,11 +2,11 @@
 //! dispatch (NCCL's ncclEnqueueCheck is the model): counts, overflow, buffer sizes,
 //! peers, and NCCL's in-place and aliasing rules.
 
+use super::stream::Work;
 use crate::algo::Algo;
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::memory::Buffer;
-use super::stream::Work;
 
 /// One collective or point-to-point operation. Counts are in elements of the request's
 /// dtype; buffers may be longer than needed (the prefix is used).
@@ -14,25 +14,65 @@ use super::stream::Work;
 pub enum Op {
     /// `recv` (size·count) = everyone's `send` (count), rank-major. In place when `send`
     /// is `recv[rank·count..]`.
-    AllGather { send: Buffer, recv: Buffer, count: usize },
+    AllGather {
+        send: Buffer,
+        recv: Buffer,
+        count: usize,
+    },
     /// `recv` (count) = reduction over ranks of `send[rank·count..]` (send: size·count).
     /// In place when `recv` is `send[rank·count..]`.
-    ReduceScatter { send: Buffer, recv: Buffer, count: usize, op: ReduceOp },
+    ReduceScatter {
+        send: Buffer,
+        recv: Buffer,
+        count: usize,
+        op: ReduceOp,
+    },
     /// `recv` (count) = reduction of everyone's `send` (count). In place when equal.
-    AllReduce { send: Buffer, recv: Buffer, count: usize, op: ReduceOp },
+    AllReduce {
+        send: Buffer,
+        recv: Buffer,
+        count: usize,
+        op: ReduceOp,
+    },
     /// Block j (count elements) of `send` goes to rank j; block i of `recv` comes from rank i.
-    AllToAll { send: Buffer, recv: Buffer, count: usize },
+    AllToAll {
+        send: Buffer,
+        recv: Buffer,
+        count: usize,
+    },
     /// `recv` (count) on every rank = `send` of `root` (send is read on the root only).
-    Broadcast { send: Buffer, recv: Buffer, count: usize, root: usize },
+    Broadcast {
+        send: Buffer,
+        recv: Buffer,
+        count: usize,
+        root: usize,
+    },
     /// Point-to-point send of `count` elements to `peer`.
-    Send { buf: Buffer, count: usize, peer: usize },
+    Send {
+        buf: Buffer,
+        count: usize,
+        peer: usize,
+    },
     /// Point-to-point receive of `count` elements from `peer`.
-    Recv { buf: Buffer, count: usize, peer: usize },
+    Recv {
+        buf: Buffer,
+        count: usize,
+        peer: usize,
+    },
     /// MiCS §4 coalesced all-gather: `recvs[i]` (size·counts[i]) gathers `sends[i]`
     /// (counts[i]) for every i, in one launch.
-    AllGatherCoalesced { sends: Vec<Buffer>, recvs: Vec<Buffer>, counts: Vec<usize> },
+    AllGatherCoalesced {
+        sends: Vec<Buffer>,
+        recvs: Vec<Buffer>,
+        counts: Vec<usize>,
+    },
     /// MiCS §4 coalesced reduce-scatter: `recvs[i]` (counts[i]) from `sends[i]` (size·counts[i]).
-    ReduceScatterCoalesced { sends: Vec<Buffer>, recvs: Vec<Buffer>, counts: Vec<usize>, op: ReduceOp },
+    ReduceScatterCoalesced {
+        sends: Vec<Buffer>,
+        recvs: Vec<Buffer>,
+        counts: Vec<usize>,
+        op: ReduceOp,
+    },
 }
 
 impl Op {
@@ -54,7 +94,9 @@ impl Op {
     /// The reduction op, where there is one.
     pub fn redop(&self) -> Option<ReduceOp> {
         match self {
-            Op::ReduceScatter { op, .. } | Op::AllReduce { op, .. } | Op::ReduceScatterCoalesced { op, .. } => Some(*op),
+            Op::ReduceScatter { op, .. }
+            | Op::AllReduce { op, .. }
+            | Op::ReduceScatterCoalesced { op, .. } => Some(*op),
             _ => None,
         }
     }
@@ -74,7 +116,12 @@ pub struct Request {
 impl Request {
     /// A request with no hint and no dependencies.
     pub fn new(op: Op, dtype: DataType) -> Request {
-        Request { op, dtype, algo: None, deps: Vec::new() }
+        Request {
+            op,
+            dtype,
+            algo: None,
+            deps: Vec::new(),
+        }
     }
 
     /// With an algorithm hint.
@@ -94,19 +141,28 @@ fn bytes(count: usize, factor: usize, dt: DataType, what: &str) -> Result<usize>
     count
         .checked_mul(factor)
         .and_then(|n| n.checked_mul(dt.size()))
-        .ok_or_else(|| Error::InvalidArgument(format!("{what}: {count} x {factor} elements of {dt} overflows")))
+        .ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "{what}: {count} x {factor} elements of {dt} overflows"
+            ))
+        })
 }
 
 fn fits(b: &Buffer, need: usize, what: &str) -> Result<Buffer> {
     if b.len() < need {
-        return Err(Error::InvalidArgument(format!("{what} holds {} bytes, the call needs {need}", b.len())));
+        return Err(Error::InvalidArgument(format!(
+            "{what} holds {} bytes, the call needs {need}",
+            b.len()
+        )));
     }
     b.slice(0..need)
 }
 
 fn no_alias(a: &Buffer, b: &Buffer, what: &str) -> Result<()> {
     if a.overlaps(b) {
-        return Err(Error::InvalidArgument(format!("{what}: send and receive buffers overlap without being NCCL's in-place layout")));
+        return Err(Error::InvalidArgument(format!(
+            "{what}: send and receive buffers overlap without being NCCL's in-place layout"
+        )));
     }
     Ok(())
 }
@@ -117,30 +173,58 @@ pub fn check(op: Op, dtype: DataType, rank: usize, size: usize) -> Result<Op> {
     Ok(match op {
         Op::AllGather { send, recv, count } => {
             let c = bytes(count, 1, dtype, "all-gather")?;
-            let recv = fits(&recv, bytes(count, size, dtype, "all-gather")?, "all-gather recvbuff")?;
+            let recv = fits(
+                &recv,
+                bytes(count, size, dtype, "all-gather")?,
+                "all-gather recvbuff",
+            )?;
             let send = fits(&send, c, "all-gather sendbuff")?;
             if send.offset_in(&recv) != Some(rank * c) {
                 no_alias(&send, &recv, "all-gather")?;
             }
             Op::AllGather { send, recv, count }
         }
-        Op::ReduceScatter { send, recv, count, op } => {
+        Op::ReduceScatter {
+            send,
+            recv,
+            count,
+            op,
+        } => {
             let c = bytes(count, 1, dtype, "reduce-scatter")?;
-            let send = fits(&send, bytes(count, size, dtype, "reduce-scatter")?, "reduce-scatter sendbuff")?;
+            let send = fits(
+                &send,
+                bytes(count, size, dtype, "reduce-scatter")?,
+                "reduce-scatter sendbuff",
+            )?;
             let recv = fits(&recv, c, "reduce-scatter recvbuff")?;
             if recv.offset_in(&send) != Some(rank * c) {
                 no_alias(&send, &recv, "reduce-scatter")?;
             }
-            Op::ReduceScatter { send, recv, count, op }
+            Op::ReduceScatter {
+                send,
+                recv,
+                count,
+                op,
+            }
         }
-        Op::AllReduce { send, recv, count, op } => {
+        Op::AllReduce {
+            send,
+            recv,
+            count,
+            op,
+        } => {
             let c = bytes(count, 1, dtype, "all-reduce")?;
             let send = fits(&send, c, "all-reduce sendbuff")?;
             let recv = fits(&recv, c, "all-reduce recvbuff")?;
             if recv.offset_in(&send) != Some(0) {
                 no_alias(&send, &recv, "all-reduce")?;
             }
-            Op::AllReduce { send, recv, count, op }
+            Op::AllReduce {
+                send,
+                recv,
+                count,
+                op,
+            }
         }
         Op::AllToAll { send, recv, count } => {
             let n = bytes(count, size, dtype, "all-to-all")?;
@@ -149,35 +233,76 @@ pub fn check(op: Op, dtype: DataType, rank: usize, size: usize) -> Result<Op> {
             no_alias(&send, &recv, "all-to-all")?;
             Op::AllToAll { send, recv, count }
         }
-        Op::Broadcast { send, recv, count, root } => {
+        Op::Broadcast {
+            send,
+            recv,
+            count,
+            root,
+        } => {
             if root >= size {
-                return Err(Error::InvalidArgument(format!("broadcast root {root} out of range for {size} ranks")));
+                return Err(Error::InvalidArgument(format!(
+                    "broadcast root {root} out of range for {size} ranks"
+                )));
             }
             let c = bytes(count, 1, dtype, "broadcast")?;
             let recv = fits(&recv, c, "broadcast recvbuff")?;
-            let send = if rank == root { fits(&send, c, "broadcast sendbuff")? } else { send.slice(0..0)? };
+            let send = if rank == root {
+                fits(&send, c, "broadcast sendbuff")?
+            } else {
+                send.slice(0..0)?
+            };
             if rank == root && recv.offset_in(&send) != Some(0) {
                 no_alias(&send, &recv, "broadcast")?;
             }
-            Op::Broadcast { send, recv, count, root }
+            Op::Broadcast {
+                send,
+                recv,
+                count,
+                root,
+            }
         }
         Op::Send { buf, count, peer } | Op::Recv { buf, count, peer } if peer >= size => {
             let _ = (buf, count);
-            return Err(Error::InvalidArgument(format!("peer {peer} out of range for {size} ranks")));
+            return Err(Error::InvalidArgument(format!(
+                "peer {peer} out of range for {size} ranks"
+            )));
         }
-        Op::Send { buf, count, peer } => Op::Send { buf: fits(&buf, bytes(count, 1, dtype, "send")?, "send buffer")?, count, peer },
-        Op::Recv { buf, count, peer } => Op::Recv { buf: fits(&buf, bytes(count, 1, dtype, "recv")?, "recv buffer")?, count, peer },
-        Op::AllGatherCoalesced { sends, recvs, counts } => {
+        Op::Send { buf, count, peer } => Op::Send {
+            buf: fits(&buf, bytes(count, 1, dtype, "send")?, "send buffer")?,
+            count,
+            peer,
+        },
+        Op::Recv { buf, count, peer } => Op::Recv {
+            buf: fits(&buf, bytes(count, 1, dtype, "recv")?, "recv buffer")?,
+            count,
+            peer,
+        },
+        Op::AllGatherCoalesced {
+            sends,
+            recvs,
+            counts,
+        } => {
             if sends.len() != counts.len() || recvs.len() != counts.len() {
                 return Err(Error::InvalidArgument(format!(
                     "coalesced all-gather: {} send buffers, {} receive buffers, {} counts",
-                    sends.len(), recvs.len(), counts.len()
+                    sends.len(),
+                    recvs.len(),
+                    counts.len()
                 )));
             }
             let mut s2 = Vec::new();
             let mut r2 = Vec::new();
             for i in 0..counts.len() {
-                match check(Op::AllGather { send: sends[i].clone(), recv: recvs[i].clone(), count: counts[i] }, dtype, rank, size)? {
+                match check(
+                    Op::AllGather {
+                        send: sends[i].clone(),
+                        recv: recvs[i].clone(),
+                        count: counts[i],
+                    },
+                    dtype,
+                    rank,
+                    size,
+                )? {
                     Op::AllGather { send, recv, .. } => {
                         s2.push(send);
                         r2.push(recv);
@@ -185,19 +310,40 @@ pub fn check(op: Op, dtype: DataType, rank: usize, size: usize) -> Result<Op> {
                     _ => unreachable!("check preserves the op kind"),
                 }
             }
-            Op::AllGatherCoalesced { sends: s2, recvs: r2, counts }
+            Op::AllGatherCoalesced {
+                sends: s2,
+                recvs: r2,
+                counts,
+            }
         }
-        Op::ReduceScatterCoalesced { sends, recvs, counts, op } => {
+        Op::ReduceScatterCoalesced {
+            sends,
+            recvs,
+            counts,
+            op,
+        } => {
             if sends.len() != counts.len() || recvs.len() != counts.len() {
                 return Err(Error::InvalidArgument(format!(
                     "coalesced reduce-scatter: {} send buffers, {} receive buffers, {} counts",
-                    sends.len(), recvs.len(), counts.len()
+                    sends.len(),
+                    recvs.len(),
+                    counts.len()
                 )));
             }
             let mut s2 = Vec::new();
             let mut r2 = Vec::new();
             for i in 0..counts.len() {
-                match check(Op::ReduceScatter { send: sends[i].clone(), recv: recvs[i].clone(), count: counts[i], op }, dtype, rank, size)? {
+                match check(
+                    Op::ReduceScatter {
+                        send: sends[i].clone(),
+                        recv: recvs[i].clone(),
+                        count: counts[i],
+                        op,
+                    },
+                    dtype,
+                    rank,
+                    size,
+                )? {
                     Op::ReduceScatter { send, recv, .. } => {
                         s2.push(send);
                         r2.push(recv);
@@ -205,7 +351,12 @@ pub fn check(op: Op, dtype: DataType, rank: usize, size: usize) -> Result<Op> {
                     _ => unreachable!("check preserves the op kind"),
                 }
             }
-            Op::ReduceScatterCoalesced { sends: s2, recvs: r2, counts, op }
+            Op::ReduceScatterCoalesced {
+                sends: s2,
+                recvs: r2,
+                counts,
+                op,
+            }
         }
     })
 }

@@ -55,14 +55,22 @@ impl Work {
     /// Wait for the work; its error if it failed.
     pub fn wait(&self) -> Result<()> {
         self.wait_timeout(Duration::MAX).and_then(|done| {
-            if done { Ok(()) } else { Err(Error::Internal("unbounded wait returned early".into())) }
+            if done {
+                Ok(())
+            } else {
+                Err(Error::Internal("unbounded wait returned early".into()))
+            }
         })
     }
 
     /// Wait up to `t`: `Ok(true)` done, `Ok(false)` still running, `Err` it failed.
     pub fn wait_timeout(&self, t: Duration) -> Result<bool> {
         let deadline = Instant::now().checked_add(t);
-        let mut d = self.0.done.lock().map_err(|_| Error::Internal("work lock poisoned".into()))?;
+        let mut d = self
+            .0
+            .done
+            .lock()
+            .map_err(|_| Error::Internal("work lock poisoned".into()))?;
         loop {
             if let Some(r) = d.as_ref() {
                 return r.clone().map(|_| true);
@@ -77,7 +85,12 @@ impl Work {
                 }
                 None => Duration::from_secs(3600),
             };
-            d = self.0.cv.wait_timeout(d, left).map_err(|_| Error::Internal("work lock poisoned".into()))?.0;
+            d = self
+                .0
+                .cv
+                .wait_timeout(d, left)
+                .map_err(|_| Error::Internal("work lock poisoned".into()))?
+                .0;
         }
     }
 }
@@ -107,13 +120,19 @@ impl Stream {
                 while let Ok(t) = rx.recv() {
                     let r = wait_deps(&t.deps, dep_timeout).and_then(|_| {
                         std::panic::catch_unwind(std::panic::AssertUnwindSafe(t.job))
-                            .unwrap_or_else(|_| Err(Error::Internal("panic inside a collective".into())))
+                            .unwrap_or_else(|_| {
+                                Err(Error::Internal("panic inside a collective".into()))
+                            })
                     });
                     t.work.complete(r);
                 }
             })
             .map_err(|e| Error::System(format!("cannot start stream thread: {e}")))?;
-        Ok(Stream { tx: Mutex::new(Some(tx)), thread: Mutex::new(Some(thread)), dep_timeout })
+        Ok(Stream {
+            tx: Mutex::new(Some(tx)),
+            thread: Mutex::new(Some(thread)),
+            dep_timeout,
+        })
     }
 
     /// Queue `job` after `deps`; `work` completes with its outcome.
@@ -142,7 +161,9 @@ impl Stream {
         self.push(Vec::new(), Box::new(|| Ok(())), w.clone())?;
         match w.wait_timeout(self.dep_timeout.saturating_mul(4))? {
             true => Ok(()),
-            false => Err(Error::Remote("stream did not drain within the timeout".into())),
+            false => Err(Error::Remote(
+                "stream did not drain within the timeout".into(),
+            )),
         }
     }
 
@@ -163,7 +184,11 @@ pub(crate) fn wait_deps(deps: &[Work], t: Duration) -> Result<()> {
     for d in deps {
         match d.wait_timeout(t) {
             Ok(true) => {}
-            Ok(false) => return Err(Error::Remote(format!("a dependency did not complete within {t:?}"))),
+            Ok(false) => {
+                return Err(Error::Remote(format!(
+                    "a dependency did not complete within {t:?}"
+                )))
+            }
             Err(e) => return Err(Error::Remote(format!("a dependency failed: {e}"))),
         }
     }

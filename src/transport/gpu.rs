@@ -12,7 +12,9 @@ pub struct RcclTransport(());
 pub struct CudaLocalTransport(());
 
 fn not_compiled(name: &str, feature: &str) -> Error {
-    Error::NotCompiled(format!("the {name} transport needs the `{feature}` feature and is not implemented in this build"))
+    Error::NotCompiled(format!(
+        "the {name} transport needs the `{feature}` feature and is not implemented in this build"
+    ))
 }
 
 impl NcclTransport {

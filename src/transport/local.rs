@@ -32,7 +32,12 @@ struct Group {
 impl Group {
     fn new(id: u64, members: Vec<usize>) -> Arc<Group> {
         let n = members.len();
-        Arc::new(Group { id, members, boxes: (0..n * n).map(|_| Mailbox::default()).collect(), aborted: AtomicBool::new(false) })
+        Arc::new(Group {
+            id,
+            members,
+            boxes: (0..n * n).map(|_| Mailbox::default()).collect(),
+            aborted: AtomicBool::new(false),
+        })
     }
 
     fn abort(&self) {
@@ -83,13 +88,22 @@ impl LocalTransport {
         });
         let group = Group::new(0, (0..n).collect());
         (0..n)
-            .map(|rank| LocalTransport { world: world.clone(), group: group.clone(), rank, splits: AtomicU64::new(0), timeout })
+            .map(|rank| LocalTransport {
+                world: world.clone(),
+                group: group.clone(),
+                rank,
+                splits: AtomicU64::new(0),
+                timeout,
+            })
             .collect()
     }
 
     fn check_peer(&self, peer: usize) -> Result<()> {
         if peer >= self.group.members.len() {
-            return Err(Error::InvalidArgument(format!("peer {peer} out of range for {} ranks", self.group.members.len())));
+            return Err(Error::InvalidArgument(format!(
+                "peer {peer} out of range for {} ranks",
+                self.group.members.len()
+            )));
         }
         if self.group.aborted.load(Ordering::SeqCst) {
             return Err(Error::Remote("communicator was aborted".into()));
@@ -120,7 +134,11 @@ impl Transport for LocalTransport {
         let slot_key = (self.group.id, seq);
         let n = self.size();
         let deadline = Instant::now() + self.timeout;
-        let mut slots = self.world.splits.lock().map_err(|_| Error::Internal("split lock poisoned".into()))?;
+        let mut slots = self
+            .world
+            .splits
+            .lock()
+            .map_err(|_| Error::Internal("split lock poisoned".into()))?;
         {
             let slot = slots.entry(slot_key).or_default();
             if slot.entries.is_empty() {
@@ -139,7 +157,10 @@ impl Transport for LocalTransport {
                     .map(|(c, mut v)| {
                         v.sort();
                         let members = v.iter().map(|(_, r)| self.group.members[*r]).collect();
-                        (c, Group::new(self.world.next_id.fetch_add(1, Ordering::SeqCst), members))
+                        (
+                            c,
+                            Group::new(self.world.next_id.fetch_add(1, Ordering::SeqCst), members),
+                        )
                     })
                     .collect();
                 slot.made = Some(made);
@@ -148,9 +169,13 @@ impl Transport for LocalTransport {
         }
         loop {
             if self.group.aborted.load(Ordering::SeqCst) {
-                return Err(Error::Remote("communicator was aborted during split".into()));
+                return Err(Error::Remote(
+                    "communicator was aborted during split".into(),
+                ));
             }
-            let slot = slots.get_mut(&slot_key).ok_or_else(|| Error::Internal("split slot vanished".into()))?;
+            let slot = slots
+                .get_mut(&slot_key)
+                .ok_or_else(|| Error::Internal("split slot vanished".into()))?;
             if let Some(made) = &slot.made {
                 let out = color.and_then(|c| made.get(&c).cloned());
                 slot.taken += 1;
@@ -159,7 +184,11 @@ impl Transport for LocalTransport {
                 }
                 let me = self.group.members[self.rank];
                 return Ok(out.map(|g| {
-                    let rank = g.members.iter().position(|m| *m == me).expect("member of its own group");
+                    let rank = g
+                        .members
+                        .iter()
+                        .position(|m| *m == me)
+                        .expect("member of its own group");
                     Arc::new(LocalTransport {
                         world: self.world.clone(),
                         group: g,
@@ -171,7 +200,10 @@ impl Transport for LocalTransport {
             }
             let now = Instant::now();
             if now >= deadline {
-                return Err(Error::Remote(format!("split timed out after {:?}: not every rank called split", self.timeout)));
+                return Err(Error::Remote(format!(
+                    "split timed out after {:?}: not every rank called split",
+                    self.timeout
+                )));
             }
             slots = self
                 .world
@@ -186,9 +218,16 @@ impl Transport for LocalTransport {
         self.check_peer(peer)?;
         let n = self.size();
         let b = &self.group.boxes[peer * n + self.rank];
-        b.q.lock().map_err(|_| Error::Internal("mailbox poisoned".into()))?.push_back(data.to_vec());
+        // Counted before it can be received: "received" implies "counted".
+        self.world.traffic.record(
+            self.group.members[self.rank],
+            self.group.members[peer],
+            data.len(),
+        );
+        b.q.lock()
+            .map_err(|_| Error::Internal("mailbox poisoned".into()))?
+            .push_back(data.to_vec());
         b.cv.notify_one();
-        self.world.traffic.record(self.group.members[self.rank], self.group.members[peer], data.len());
         Ok(())
     }
 
@@ -197,7 +236,9 @@ impl Transport for LocalTransport {
         let n = self.size();
         let b = &self.group.boxes[self.rank * n + peer];
         let deadline = Instant::now() + self.timeout;
-        let mut q = b.q.lock().map_err(|_| Error::Internal("mailbox poisoned".into()))?;
+        let mut q =
+            b.q.lock()
+                .map_err(|_| Error::Internal("mailbox poisoned".into()))?;
         loop {
             if let Some(msg) = q.pop_front() {
                 if msg.len() != data.len() {
@@ -221,7 +262,10 @@ impl Transport for LocalTransport {
                     self.rank, self.timeout
                 )));
             }
-            q = b.cv.wait_timeout(q, deadline - now).map_err(|_| Error::Internal("mailbox poisoned".into()))?.0;
+            q =
+                b.cv.wait_timeout(q, deadline - now)
+                    .map_err(|_| Error::Internal("mailbox poisoned".into()))?
+                    .0;
         }
     }
 

@@ -8,9 +8,9 @@
 //! nonblocking for the caller. Every transport exists as a type in every build; with
 //! its feature off, constructing it returns [`Error::NotCompiled`].
 
+pub mod gpu;
 pub mod local;
 pub mod mpi;
-pub mod gpu;
 
 use crate::algo::ring;
 use crate::dtype::{DataType, ReduceOp};
@@ -31,8 +31,13 @@ pub enum TransportKind {
 
 impl TransportKind {
     /// Registry order: the embedded default first.
-    pub const ALL: [TransportKind; 5] =
-        [TransportKind::Local, TransportKind::Mpi, TransportKind::Nccl, TransportKind::Rccl, TransportKind::CudaLocal];
+    pub const ALL: [TransportKind; 5] = [
+        TransportKind::Local,
+        TransportKind::Mpi,
+        TransportKind::Nccl,
+        TransportKind::Rccl,
+        TransportKind::CudaLocal,
+    ];
 
     /// Name as on the command line.
     pub fn name(self) -> &'static str {
@@ -67,7 +72,11 @@ impl std::str::FromStr for TransportKind {
         TransportKind::ALL
             .into_iter()
             .find(|k| k.name() == s)
-            .ok_or_else(|| Error::InvalidArgument(format!("unknown transport '{s}' (local, mpi, nccl, rccl, cuda-local)")))
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "unknown transport '{s}' (local, mpi, nccl, rccl, cuda-local)"
+                ))
+            })
     }
 }
 
@@ -122,7 +131,13 @@ pub trait Transport: Send + Sync {
     }
     /// Native reduce-scatter: `send` holds `size()` chunks of `recv.len()` bytes; `recv`
     /// gets the reduction of everyone's chunk `rank()` (with `Avg`: the sum; the caller divides).
-    fn reduce_scatter(&self, send: &[u8], recv: &mut [u8], dtype: DataType, op: ReduceOp) -> Result<()> {
+    fn reduce_scatter(
+        &self,
+        send: &[u8],
+        recv: &mut [u8],
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
         ring::reduce_scatter(self, send, recv, dtype, op)
     }
     /// Native all-reduce in place (with `Avg`: the sum; the caller divides).

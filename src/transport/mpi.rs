@@ -52,7 +52,9 @@ mod stub {
     use std::time::Duration;
 
     fn not_compiled() -> Error {
-        Error::NotCompiled("the mpi transport is not in this build: rebuild with --features mpi".into())
+        Error::NotCompiled(
+            "the mpi transport is not in this build: rebuild with --features mpi".into(),
+        )
     }
 
     /// The MPI transport. This build has no MPI support: constructing it returns
@@ -175,7 +177,10 @@ mod imp {
             return format!("MPI error {code}");
         }
         buf.truncate(len.clamp(0, ffi::MPI_MAX_ERROR_STRING as c_int) as usize);
-        format!("{} (MPI error {code})", String::from_utf8_lossy(&buf).trim_end())
+        format!(
+            "{} (MPI error {code})",
+            String::from_utf8_lossy(&buf).trim_end()
+        )
     }
 
     /// The one place a raw MPI return code becomes a `Result`.
@@ -183,7 +188,10 @@ mod imp {
         if rc == ffi::MPI_SUCCESS as c_int {
             Ok(())
         } else {
-            Err(Error::System(format!("{what} failed: {}", mpi_error_string(rc))))
+            Err(Error::System(format!(
+                "{what} failed: {}",
+                mpi_error_string(rc)
+            )))
         }
     }
 
@@ -230,11 +238,16 @@ mod imp {
                 None => {
                     // Initialised by the host program (or finalised by it).
                     if mpi::environment::is_finalized() {
-                        return Err(Error::InvalidUsage("MPI was already finalized by the host program".into()));
+                        return Err(Error::InvalidUsage(
+                            "MPI was already finalized by the host program".into(),
+                        ));
                     }
                     let mut provided: c_int = 0;
                     // SAFETY: MPI is initialised; out-pointer to a local.
-                    check(unsafe { ffi::MPI_Query_thread(&mut provided) }, "MPI_Query_thread")?;
+                    check(
+                        unsafe { ffi::MPI_Query_thread(&mut provided) },
+                        "MPI_Query_thread",
+                    )?;
                     // SAFETY: reading an MPI predefined constant.
                     if provided < unsafe { ffi::RSMPI_THREAD_MULTIPLE } {
                         return Err(Error::System(
@@ -249,7 +262,10 @@ mod imp {
         drop(u);
         let mut n: c_int = 0;
         // SAFETY: MPI is initialised; out-pointer to a local.
-        check(unsafe { ffi::MPI_Comm_size(ffi::RSMPI_COMM_WORLD, &mut n) }, "MPI_Comm_size(MPI_COMM_WORLD)")?;
+        check(
+            unsafe { ffi::MPI_Comm_size(ffi::RSMPI_COMM_WORLD, &mut n) },
+            "MPI_Comm_size(MPI_COMM_WORLD)",
+        )?;
         Ok(n as usize)
     }
 
@@ -290,15 +306,24 @@ mod imp {
         fn adopt(raw: ffi::MPI_Comm) -> Result<RawComm> {
             let c = RawComm(raw);
             // SAFETY: live communicator; predefined error handler.
-            check(unsafe { ffi::MPI_Comm_set_errhandler(c.0, ffi::RSMPI_ERRORS_RETURN) }, "MPI_Comm_set_errhandler")?;
+            check(
+                unsafe { ffi::MPI_Comm_set_errhandler(c.0, ffi::RSMPI_ERRORS_RETURN) },
+                "MPI_Comm_set_errhandler",
+            )?;
             Ok(c)
         }
 
         fn rank_size(&self) -> Result<(usize, usize)> {
             let (mut r, mut n): (c_int, c_int) = (0, 0);
             // SAFETY: live communicator; out-pointers to locals.
-            check(unsafe { ffi::MPI_Comm_rank(self.0, &mut r) }, "MPI_Comm_rank")?;
-            check(unsafe { ffi::MPI_Comm_size(self.0, &mut n) }, "MPI_Comm_size")?;
+            check(
+                unsafe { ffi::MPI_Comm_rank(self.0, &mut r) },
+                "MPI_Comm_rank",
+            )?;
+            check(
+                unsafe { ffi::MPI_Comm_size(self.0, &mut n) },
+                "MPI_Comm_size",
+            )?;
             Ok((r as usize, n as usize))
         }
     }
@@ -382,7 +407,11 @@ mod imp {
         fn post(comm: &RawComm, peer: usize, data: &[u8]) -> Result<SendOp> {
             let piece = max_piece();
             let header = Box::new((data.len() as u64).to_le_bytes());
-            let mut op = SendOp { peer, reqs: Vec::new(), _header: header };
+            let mut op = SendOp {
+                peer,
+                reqs: Vec::new(),
+                _header: header,
+            };
             let isend = |ptr: *const u8, len: usize, tag: c_int, op: &mut SendOp| -> Result<()> {
                 let mut r = request_null();
                 // SAFETY: `ptr..ptr+len` is valid for reads and outlives the request: the
@@ -408,8 +437,10 @@ mod imp {
                 isend(data.as_ptr(), data.len(), TAG_DATA, &mut op)
             } else {
                 let hp = op._header.as_ptr();
-                isend(hp, 8, TAG_HEADER, &mut op)
-                    .and_then(|_| data.chunks(piece).try_for_each(|c| isend(c.as_ptr(), c.len(), TAG_DATA, &mut op)))
+                isend(hp, 8, TAG_HEADER, &mut op).and_then(|_| {
+                    data.chunks(piece)
+                        .try_for_each(|c| isend(c.as_ptr(), c.len(), TAG_DATA, &mut op))
+                })
             };
             if let Err(e) = posted {
                 // Retire what was posted before failing (the pieces borrow `data`).
@@ -514,7 +545,9 @@ mod imp {
             // SAFETY: `ptr..ptr+count` is valid for writes and outlives the request (the
             // caller drives this op to completion or retires it before returning).
             check(
-                unsafe { ffi::MPI_Imrecv(ptr as *mut c_void, count as c_int, byte_type(), msg, &mut r) },
+                unsafe {
+                    ffi::MPI_Imrecv(ptr as *mut c_void, count as c_int, byte_type(), msg, &mut r)
+                },
                 "MPI_Imrecv",
             )?;
             Ok(Req(r))
@@ -523,7 +556,12 @@ mod imp {
         /// Start consuming a mismatched matched message of `count` bytes into scratch
         /// memory (a truncating receive is not safe: OpenMPI's single-copy path ignores
         /// the receive count), with `then` more messages to drain after it.
-        fn start_drain(&mut self, msg: &mut ffi::MPI_Message, count: usize, then: usize) -> Result<Poll> {
+        fn start_drain(
+            &mut self,
+            msg: &mut ffi::MPI_Message,
+            count: usize,
+            then: usize,
+        ) -> Result<Poll> {
             self.scratch = vec![0u8; count];
             let r = Self::imrecv(msg, self.scratch.as_mut_ptr(), count)?;
             self.drain_left = then;
@@ -550,7 +588,16 @@ mod imp {
                         let mut st = empty_status();
                         // SAFETY: live communicator; out-pointers to locals.
                         check(
-                            unsafe { ffi::MPI_Improbe(self.peer as c_int, tag, comm.0, &mut flag, &mut msg, &mut st) },
+                            unsafe {
+                                ffi::MPI_Improbe(
+                                    self.peer as c_int,
+                                    tag,
+                                    comm.0,
+                                    &mut flag,
+                                    &mut msg,
+                                    &mut st,
+                                )
+                            },
                             "MPI_Improbe",
                         )?;
                         if flag == 0 {
@@ -558,7 +605,10 @@ mod imp {
                         }
                         let mut count: c_int = 0;
                         // SAFETY: status filled by MPI_Improbe.
-                        check(unsafe { ffi::MPI_Get_count(&st, byte_type(), &mut count) }, "MPI_Get_count")?;
+                        check(
+                            unsafe { ffi::MPI_Get_count(&st, byte_type(), &mut count) },
+                            "MPI_Get_count",
+                        )?;
                         let count = count.max(0) as usize;
                         if draining {
                             let left = self.drain_left.saturating_sub(1);
@@ -567,7 +617,8 @@ mod imp {
                         match self.next_piece {
                             None if st.MPI_TAG == TAG_HEADER => {
                                 let hp = self.header.as_mut_ptr();
-                                self.stage = Stage::Header(Self::imrecv(&mut msg, hp, 8.min(count))?);
+                                self.stage =
+                                    Stage::Header(Self::imrecv(&mut msg, hp, 8.min(count))?);
                             }
                             None => {
                                 // One whole message.
@@ -584,7 +635,11 @@ mod imp {
                                 if count != want {
                                     // Only if ranks disagree on STRATA_MPI_MAX_MESSAGE.
                                     self.mismatch = Some(count);
-                                    return self.start_drain(&mut msg, count, pieces(self.len) - i - 1);
+                                    return self.start_drain(
+                                        &mut msg,
+                                        count,
+                                        pieces(self.len) - i - 1,
+                                    );
                                 }
                                 // SAFETY: off + want <= len.
                                 let p = unsafe { self.buf.add(off) };
@@ -721,7 +776,10 @@ mod imp {
             let world = unsafe { ffi::RSMPI_COMM_WORLD };
             let mut me: c_int = 0;
             // SAFETY: MPI is initialised; out-pointer to a local.
-            check(unsafe { ffi::MPI_Comm_rank(world, &mut me) }, "MPI_Comm_rank(MPI_COMM_WORLD)")?;
+            check(
+                unsafe { ffi::MPI_Comm_rank(world, &mut me) },
+                "MPI_Comm_rank(MPI_COMM_WORLD)",
+            )?;
             // Everyone must arrive before the blocking MPI_Comm_dup: a bounded rendezvous.
             let mut r = request_null();
             // SAFETY: world communicator; out-pointer to a local.
@@ -736,7 +794,10 @@ mod imp {
             // SAFETY: reading an MPI predefined handle.
             let mut raw = unsafe { ffi::RSMPI_COMM_NULL };
             // SAFETY: world communicator; every rank passed the barrier above.
-            check(unsafe { ffi::MPI_Comm_dup(world, &mut raw) }, "MPI_Comm_dup(MPI_COMM_WORLD)")?;
+            check(
+                unsafe { ffi::MPI_Comm_dup(world, &mut raw) },
+                "MPI_Comm_dup(MPI_COMM_WORLD)",
+            )?;
             let comm = RawComm::adopt(raw)?;
             let (rank, size) = comm.rank_size()?;
             Ok(MpiTransport {
@@ -762,10 +823,16 @@ mod imp {
             let _g = self.enter()?;
             let mut r = request_null();
             // SAFETY: live communicator; out-pointer to a local.
-            check(unsafe { ffi::MPI_Ibarrier(self.comm.0, &mut r) }, "MPI_Ibarrier")?;
+            check(
+                unsafe { ffi::MPI_Ibarrier(self.comm.0, &mut r) },
+                "MPI_Ibarrier",
+            )?;
             let mut req = Req(r);
             let res = wait_collective(&mut req, self.timeout, Some(&self.aborted), || {
-                format!("rank {} waited {:?} for the other ranks at a barrier", self.rank, self.timeout)
+                format!(
+                    "rank {} waited {:?} for the other ranks at a barrier",
+                    self.rank, self.timeout
+                )
             });
             self.after_collective(res)
         }
@@ -776,7 +843,10 @@ mod imp {
         pub fn sum_traffic(&self, m: &TrafficMatrix) -> Result<TrafficMatrix> {
             let _g = self.enter()?;
             let count = c_int::try_from(m.bytes.len()).map_err(|_| {
-                Error::InvalidArgument(format!("traffic matrix of {} entries is too large", m.bytes.len()))
+                Error::InvalidArgument(format!(
+                    "traffic matrix of {} entries is too large",
+                    m.bytes.len()
+                ))
             })?;
             let send: Box<[u64]> = m.bytes.clone().into_boxed_slice();
             let mut recv: Box<[u64]> = vec![0u64; m.bytes.len()].into_boxed_slice();
@@ -799,7 +869,10 @@ mod imp {
             )?;
             let mut req = Req(r);
             let res = wait_collective(&mut req, self.timeout, Some(&self.aborted), || {
-                format!("rank {} waited {:?} for the other ranks to sum traffic", self.rank, self.timeout)
+                format!(
+                    "rank {} waited {:?} for the other ranks to sum traffic",
+                    self.rank, self.timeout
+                )
             });
             if res.is_err() {
                 // The collective may still write into the buffers: never free them.
@@ -807,7 +880,10 @@ mod imp {
                 std::mem::forget(recv);
                 return self.after_collective(res.map(|_| TrafficMatrix::zero(0)));
             }
-            Ok(TrafficMatrix { n: m.n, bytes: recv.into_vec() })
+            Ok(TrafficMatrix {
+                n: m.n,
+                bytes: recv.into_vec(),
+            })
         }
 
         /// Refuse work on an aborted or broken communicator; hold the call lock.
@@ -822,7 +898,12 @@ mod imp {
             if self.aborted.load(Ordering::SeqCst) {
                 return Err(Error::Remote("communicator was aborted".into()));
             }
-            if let Some(why) = self.broken.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            if let Some(why) = self
+                .broken
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref()
+            {
                 return Err(Error::Remote(format!("communicator is unusable: {why}")));
             }
             Ok(())
@@ -845,7 +926,9 @@ mod imp {
                 e => e.to_string(),
             };
             let mut b = self.broken.lock().unwrap_or_else(|e| e.into_inner());
-            b.get_or_insert_with(|| format!("a transfer could not be cancelled after this error: {why}"));
+            b.get_or_insert_with(|| {
+                format!("a transfer could not be cancelled after this error: {why}")
+            });
         }
 
         fn check_peer(&self, peer: usize) -> Result<()> {
@@ -859,7 +942,8 @@ mod imp {
         }
 
         fn record(&self, peer: usize, bytes: usize) {
-            self.traffic.record(self.members[self.rank], self.members[peer], bytes);
+            self.traffic
+                .record(self.members[self.rank], self.members[peer], bytes);
         }
 
         /// Poll `ops` until all complete. The deadline restarts on progress. On timeout or
@@ -904,7 +988,12 @@ mod imp {
                 let stop = if self.aborted.load(Ordering::SeqCst) {
                     Some(Error::Remote("communicator was aborted".into()))
                 } else if !progressed && Instant::now() >= deadline {
-                    let peer = ops.iter().zip(&done).find(|(_, d)| !**d).map(|(o, _)| o.peer()).unwrap_or(0);
+                    let peer = ops
+                        .iter()
+                        .zip(&done)
+                        .find(|(_, d)| !**d)
+                        .map(|(o, _)| o.peer())
+                        .unwrap_or(0);
                     Some(Error::Remote(format!(
                         "rank {} waited {:?} for rank {peer}: peer dead, stalled or not calling the same collective",
                         self.rank, self.timeout
@@ -941,7 +1030,11 @@ mod imp {
     /// fragment per call), so the spin lasts longer and sleeps stay short; while only
     /// waiting for a message to arrive, sleeps grow to 1 ms.
     fn backoff(idle_rounds: u32, transferring: bool) {
-        let (spin, cap_us) = if transferring { (4096, 100) } else { (64, 1000) };
+        let (spin, cap_us) = if transferring {
+            (4096, 100)
+        } else {
+            (64, 1000)
+        };
         if idle_rounds < spin {
             std::thread::yield_now();
         } else {
@@ -1003,8 +1096,12 @@ mod imp {
         fn split(&self, color: Option<u32>, key: i32) -> Result<Option<Arc<dyn Transport>>> {
             let _g = self.enter()?;
             let c = match color {
-                Some(c) => i32::try_from(c)
-                    .map_err(|_| Error::InvalidArgument(format!("split color {c} exceeds MPI's limit {}", i32::MAX)))?,
+                Some(c) => i32::try_from(c).map_err(|_| {
+                    Error::InvalidArgument(format!(
+                        "split color {c} exceeds MPI's limit {}",
+                        i32::MAX
+                    ))
+                })?,
                 None => -1,
             };
             // Exchange (color, key) with a bounded nonblocking all-gather: once it completes
@@ -1033,21 +1130,29 @@ mod imp {
             )?;
             let mut req = Req(r);
             let res = wait_collective(&mut req, self.timeout, Some(&self.aborted), || {
-                format!("split timed out after {:?}: not every rank called split", self.timeout)
+                format!(
+                    "split timed out after {:?}: not every rank called split",
+                    self.timeout
+                )
             });
             if res.is_err() {
                 std::mem::forget(mine);
                 std::mem::forget(all);
                 return self.after_collective(res.map(|_| None));
             }
-            let mut group: Vec<(i32, usize)> =
-                (0..n).filter(|&r| c >= 0 && all[2 * r] == c).map(|r| (all[2 * r + 1], r)).collect();
+            let mut group: Vec<(i32, usize)> = (0..n)
+                .filter(|&r| c >= 0 && all[2 * r] == c)
+                .map(|r| (all[2 * r + 1], r))
+                .collect();
             group.sort();
             // SAFETY: reading MPI predefined constants / handles.
             let (undefined, mut raw) = unsafe { (ffi::RSMPI_UNDEFINED, ffi::RSMPI_COMM_NULL) };
             let mpi_color = if c >= 0 { c } else { undefined };
             // SAFETY: live communicator; every member reached this call (see above).
-            check(unsafe { ffi::MPI_Comm_split(self.comm.0, mpi_color, key, &mut raw) }, "MPI_Comm_split")?;
+            check(
+                unsafe { ffi::MPI_Comm_split(self.comm.0, mpi_color, key, &mut raw) },
+                "MPI_Comm_split",
+            )?;
             if c < 0 {
                 return Ok(None);
             }
@@ -1093,7 +1198,10 @@ mod imp {
             self.check_peer(src)?;
             let _g = self.enter()?;
             let recv_op = RecvOp::new(src, self.rank, recv);
-            let mut ops = [Op::Send(SendOp::post(&self.comm, dst, send)?), Op::Recv(recv_op)];
+            let mut ops = [
+                Op::Send(SendOp::post(&self.comm, dst, send)?),
+                Op::Recv(recv_op),
+            ];
             self.record(dst, send.len());
             self.drive(&mut ops)
         }

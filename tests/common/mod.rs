@@ -6,11 +6,17 @@ use strata::{Comm, CommConfig, Result, Topology};
 
 /// Config with a short timeout so a broken test fails fast instead of hanging.
 pub fn config() -> CommConfig {
-    CommConfig { algo: strata::Algo::Auto, timeout: Duration::from_secs(20) }
+    CommConfig {
+        algo: strata::Algo::Auto,
+        timeout: Duration::from_secs(20),
+    }
 }
 
 /// Run `body` on every rank of a local world of `topo` (threads), collecting results.
-pub fn on_local<T: Send + 'static>(topo: &str, body: impl Fn(Comm) -> Result<T> + Send + Sync + 'static) -> Vec<Result<T>> {
+pub fn on_local<T: Send + 'static>(
+    topo: &str,
+    body: impl Fn(Comm) -> Result<T> + Send + Sync + 'static,
+) -> Vec<Result<T>> {
     let topo = Topology::parse(topo).expect("topology");
     let n = topo.world_size();
     let comms = Comm::local_world(n, Some(topo), config()).expect("world");
@@ -22,10 +28,19 @@ pub fn on_local<T: Send + 'static>(topo: &str, body: impl Fn(Comm) -> Result<T> 
             std::thread::spawn(move || b(c))
         })
         .collect();
-    hs.into_iter().map(|h| h.join().expect("rank thread panicked")).collect()
+    hs.into_iter()
+        .map(|h| h.join().expect("rank thread panicked"))
+        .collect()
 }
 
 /// `on_local` and unwrap every rank's result.
-pub fn all_ok<T: Send + 'static>(topo: &str, body: impl Fn(Comm) -> Result<T> + Send + Sync + 'static) -> Vec<T> {
-    on_local(topo, body).into_iter().enumerate().map(|(r, x)| x.unwrap_or_else(|e| panic!("rank {r}: {e}"))).collect()
+pub fn all_ok<T: Send + 'static>(
+    topo: &str,
+    body: impl Fn(Comm) -> Result<T> + Send + Sync + 'static,
+) -> Vec<T> {
+    on_local(topo, body)
+        .into_iter()
+        .enumerate()
+        .map(|(r, x)| x.unwrap_or_else(|e| panic!("rank {r}: {e}")))
+        .collect()
 }
