@@ -70,9 +70,11 @@ impl std::str::FromStr for Kind {
             "all-reduce" | "allreduce" => Kind::AllReduce,
             "all-to-all" | "alltoall" => Kind::AllToAll,
             "broadcast" => Kind::Broadcast { root: 0 },
-            _ => return Err(Error::InvalidArgument(format!(
+            _ => {
+                return Err(Error::InvalidArgument(format!(
                 "unknown op '{s}' (all-gather, reduce-scatter, all-reduce, all-to-all, broadcast)"
-            ))),
+            )))
+            }
         })
     }
 }
