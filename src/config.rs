@@ -1,8 +1,9 @@
 //! Configuration read once from the environment, NCCL style.
 //!
 //! - `STRATA_DEBUG=WARN|INFO|TRACE`: logging (which algorithm, which groups, which sizes);
-//! - `STRATA_ALGO=ring|hier|auto`: force an algorithm (a per-call hint still wins);
+//! - `STRATA_ALGO=ring|hier|ho-ring|auto`: force an algorithm (a per-call hint still wins);
 //! - `STRATA_TOPOLOGY=SPEC|FILE`: the topology when the caller gives none;
+//! - `STRATA_HORING_CHUNKS=N`: pieces per chunk for `ho-ring` (default by size);
 //! - `STRATA_TIMEOUT=SECONDS`: how long to wait for a peer before reporting an error
 //!   (default 120);
 //! - `STRATA_NCCL_LIB` / `STRATA_RCCL_LIB`: library overrides (GPU transports).
@@ -21,6 +22,7 @@ pub struct Env {
     pub algo: Option<Algo>,
     pub timeout: Duration,
     pub debug: Option<String>,
+    pub ho_ring_chunks: Option<usize>,
 }
 
 fn read() -> Result<Env> {
@@ -42,7 +44,19 @@ fn read() -> Result<Env> {
         }
         _ => DEFAULT_TIMEOUT,
     };
+    let ho_ring_chunks = match std::env::var("STRATA_HORING_CHUNKS") {
+        Ok(s) if !s.trim().is_empty() => match s.trim().parse::<usize>() {
+            Ok(n) if n >= 1 => Some(n),
+            _ => {
+                return Err(Error::InvalidArgument(format!(
+                    "STRATA_HORING_CHUNKS='{s}' must be a positive integer"
+                )))
+            }
+        },
+        _ => None,
+    };
     Ok(Env {
+        ho_ring_chunks,
         algo,
         timeout,
         debug: std::env::var("STRATA_DEBUG").ok(),

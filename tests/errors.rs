@@ -11,6 +11,7 @@ fn world(n: usize, secs: u64) -> Vec<Comm> {
         CommConfig {
             algo: strata::Algo::Auto,
             timeout: Duration::from_secs(secs),
+            ho_ring_chunks: None,
         },
     )
     .unwrap()

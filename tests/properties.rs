@@ -36,7 +36,7 @@ proptest! {
         let topo = format!("nodes:{n}x{p}x{d}");
         let wrong: usize = common::all_ok(&topo, move |c| {
             let mut w = 0;
-            for algo in [Algo::Ring, Algo::Hier, Algo::Auto] {
+            for algo in [Algo::Ring, Algo::Hier, Algo::HoRing, Algo::Auto] {
                 w += run_checked(&c, kind, dt, op, count, algo, in_place, seed)?;
             }
             Ok(w)
@@ -53,7 +53,7 @@ proptest! {
         let kind = if rs { Kind::ReduceScatter } else { Kind::AllGather };
         let wrong: usize = common::all_ok(&topo, move |c| {
             let mut w = 0;
-            for algo in [Algo::Ring, Algo::Hier] {
+            for algo in [Algo::Ring, Algo::Hier, Algo::HoRing] {
                 w += run_checked_coalesced(&c, kind, dt, op, &counts, algo, seed)?;
             }
             Ok(w)

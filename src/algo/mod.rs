@@ -4,11 +4,15 @@
 //!
 //! - [`ring`]: flat baselines (the native collectives of host transports);
 //! - [`hierarchical`]: MiCS §3.3 hierarchical all-gather / reduce-scatter, 2 and 3 levels;
+//! - [`ho_ring`]: PaRO §3.3 hierarchical overlapping rings, and the pipelined 2-D all-reduce;
+//! - [`plan`]: algorithms as per-rank step lists, executed or turned into schedules;
 //! - [`coalesced`]: MiCS §4 coalesced all-gather / reduce-scatter over uneven buffers;
 //! - [`select`]: the `auto` rule.
 
 pub mod coalesced;
 pub mod hierarchical;
+pub mod ho_ring;
+pub mod plan;
 pub mod ring;
 pub mod select;
 
@@ -25,19 +29,22 @@ pub enum Algo {
     Ring,
     /// MiCS hierarchical all-gather / reduce-scatter over the topology's levels.
     Hier,
+    /// PaRO hierarchical overlapping rings (levels' rings run at once, pipelined).
+    HoRing,
     /// Pick by topology and message size ([`select`]).
     Auto,
 }
 
 impl Algo {
     /// Every selectable name.
-    pub const ALL: [Algo; 3] = [Algo::Ring, Algo::Hier, Algo::Auto];
+    pub const ALL: [Algo; 4] = [Algo::Ring, Algo::Hier, Algo::HoRing, Algo::Auto];
 
     /// Name as on the command line.
     pub fn name(self) -> &'static str {
         match self {
             Algo::Ring => "ring",
             Algo::Hier => "hier",
+            Algo::HoRing => "ho-ring",
             Algo::Auto => "auto",
         }
     }
@@ -56,9 +63,10 @@ impl FromStr for Algo {
         match s.as_str() {
             "ring" | "native" | "flat" => Ok(Algo::Ring),
             "hier" | "hierarchical" | "mics" => Ok(Algo::Hier),
+            "ho-ring" | "horing" | "ho_ring" => Ok(Algo::HoRing),
             "auto" => Ok(Algo::Auto),
             _ => Err(Error::InvalidArgument(format!(
-                "unknown algorithm '{s}' (ring, hier, auto)"
+                "unknown algorithm '{s}' (ring, hier, ho-ring, auto)"
             ))),
         }
     }

@@ -3,66 +3,80 @@
 //! Order of precedence: the request's own hint, then `STRATA_ALGO` / the communicator's
 //! configured algorithm, then `auto`. A chosen algorithm whose constraints do not hold
 //! falls back to the native collective (`ring`), with the reason logged at INFO.
+//! `auto` picks the cheapest of `ring`, `hier` and `ho-ring` by these estimates:
 //!
-//! `auto` compares alpha-beta estimates built from the topology's link table (the figures
-//! of [`crate::topology::presets`]) and picks the cheaper of `ring` and `hier`:
+//! alpha-beta figures from the topology's link table ([`crate::topology::presets`]):
 //! - ring over p ranks: `(p-1) · (α_s + c/β_s)`, where s is the slowest link class the
 //!   ring crosses and c the per-rank chunk (all-gather, reduce-scatter; twice that for
 //!   all-reduce);
-//! - hier: `Σ_levels (g_l - 1) · (α_l + B_l·c/β_l)` with g_l the level's group size and
-//!   B_l the chunks each rank moves per step at that level (the batched launches of one
-//!   stage run as one group).
+//! - hier: `Σ_levels B_l·(g_l - 1)·(α_l + c/β_l)` with g_l the level's group size and
+//!   B_l the batched rings of that stage (run one after another on the level stream);
+//! - ho-ring: every level busy at once: `max_l B_l(g_l-1)(q·α_l + c/β_l)` plus a
+//!   pipeline fill of one piece (c/q) per level step, q the pieces per chunk.
 //!
 //! So `hier` wins on multi-node communicators whenever inter-node links are slower than
 //! intra-node ones and messages are not latency-bound; one-node or one-rank-per-node
 //! communicators always get `ring`.
 
-use super::{hierarchical::Hier, Algo, Algorithm, Native};
+use super::{hierarchical::Hier, ho_ring::HoRing, Algo, Algorithm, Native};
 use crate::comm::request::{Op, Request};
 use crate::comm::Comm;
 use crate::topology::LinkClass;
 
 static NATIVE: Native = Native;
 static HIER: Hier = Hier;
+static HO_RING: HoRing = HoRing;
 
 /// The algorithm that will run `req` on `comm`, and why.
 pub fn choose(comm: &Comm, req: &Request) -> (&'static dyn Algorithm, String) {
     let wanted = req.algo.unwrap_or(comm.config().algo);
-    match wanted {
-        Algo::Ring => (&NATIVE, "ring requested".into()),
-        Algo::Hier => match HIER.unsupported(comm, req) {
-            None => (&HIER, "hier requested".into()),
+    let named: Option<&'static dyn Algorithm> = match wanted {
+        Algo::Ring => return (&NATIVE, "ring requested".into()),
+        Algo::Hier => Some(&HIER),
+        Algo::HoRing => Some(&HO_RING),
+        Algo::Auto => None,
+    };
+    if let Some(a) = named {
+        return match a.unsupported(comm, req) {
+            None => (a, format!("{} requested", a.algo())),
             Some(why) => {
                 tracing::info!(
                     rank = comm.rank(),
                     op = req.op.name(),
-                    "hier falls back to ring: {why}"
+                    "{} falls back to ring: {why}",
+                    a.algo()
                 );
                 (
                     &NATIVE,
-                    format!("hier not applicable ({why}); native fallback"),
+                    format!("{} not applicable ({why}); native fallback", a.algo()),
                 )
             }
-        },
-        Algo::Auto => {
-            if HIER.unsupported(comm, req).is_some() {
-                return (&NATIVE, "auto: hier not applicable".into());
-            }
-            let (ring, hier) = estimates(comm, req);
-            if hier < ring {
-                (&HIER, format!("auto: hier {hier:.1}us < ring {ring:.1}us"))
-            } else {
-                (
-                    &NATIVE,
-                    format!("auto: ring {ring:.1}us <= hier {hier:.1}us"),
-                )
-            }
-        }
+        };
+    }
+    if HIER.unsupported(comm, req).is_some() {
+        return (
+            &NATIVE,
+            "auto: hierarchical algorithms not applicable".into(),
+        );
+    }
+    let (ring, hier, ho) = estimates(comm, req);
+    if ho < hier && ho < ring {
+        (
+            &HO_RING,
+            format!("auto: ho-ring {ho:.1}us < hier {hier:.1}us, ring {ring:.1}us"),
+        )
+    } else if hier < ring {
+        (&HIER, format!("auto: hier {hier:.1}us < ring {ring:.1}us"))
+    } else {
+        (
+            &NATIVE,
+            format!("auto: ring {ring:.1}us <= hier {hier:.1}us"),
+        )
     }
 }
 
-/// Modeled (ring, hier) times in microseconds for `req` on `comm`.
-pub fn estimates(comm: &Comm, req: &Request) -> (f64, f64) {
+/// Modeled (ring, hier, ho-ring) times in microseconds for `req` on `comm`.
+pub fn estimates(comm: &Comm, req: &Request) -> (f64, f64, f64) {
     let topo = comm.topology();
     let p = comm.size();
     let (count, factor) = match &req.op {
@@ -80,17 +94,25 @@ pub fn estimates(comm: &Comm, req: &Request) -> (f64, f64) {
         .max()
         .unwrap_or(LinkClass::IntraPackage);
     let ring = factor * (p.saturating_sub(1)) as f64 * step(slowest, c);
-    let hier = match comm.hierarchy() {
-        Some(h) => {
-            let mut batch = 1usize;
-            let mut t = 0.0;
-            for (level, g) in &h.levels {
-                t += (g - 1) as f64 * step(level.link_class(), batch as f64 * c);
-                batch *= g;
-            }
-            factor * t
+    let (mut hier, mut ho) = (f64::INFINITY, f64::INFINITY);
+    if let Some(h) = comm.hierarchy() {
+        let q = comm
+            .config()
+            .ho_ring_chunks
+            .unwrap_or_else(|| super::plan::default_chunks(c as usize)) as f64;
+        let (mut batch, mut sum, mut busiest, mut fill) = (1usize, 0.0, 0.0f64, 0.0);
+        for (level, g) in &h.levels {
+            let l = topo.links.get(level.link_class());
+            let steps = (batch * (g - 1)) as f64;
+            // hier: the stage's rings one after another; ho-ring: every level busy at
+            // once (in pieces of c/q), plus the pipeline's fill of one piece per level.
+            sum += steps * (l.latency_us + c / (l.bandwidth_gbs * 1e3));
+            busiest = busiest.max(steps * (q * l.latency_us + c / (l.bandwidth_gbs * 1e3)));
+            fill += (g - 1) as f64 * (l.latency_us + c / q / (l.bandwidth_gbs * 1e3));
+            batch *= g;
         }
-        None => f64::INFINITY,
-    };
-    (ring, hier)
+        hier = factor * sum;
+        ho = factor * (busiest + fill);
+    }
+    (ring, hier, ho)
 }

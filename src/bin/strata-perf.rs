@@ -134,6 +134,11 @@ struct Cli {
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     coalesce: Option<u64>,
 
+    /// Pieces per chunk for pipelined algorithms (ho-ring); default by size
+    /// (STRATA_HORING_CHUNKS overrides the default).
+    #[arg(long, value_parser = clap::value_parser!(usize))]
+    chunks: Option<usize>,
+
     /// Also write the results as a JSON array to FILE.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -1184,6 +1189,7 @@ fn run(cli: &Cli) -> ExitCode {
             .timeout
             .map(Duration::from_secs_f64)
             .unwrap_or(env.timeout),
+        ho_ring_chunks: cli.chunks.or(env.ho_ring_chunks),
     };
     let algos = if cli.algo.is_empty() {
         vec![config.algo]

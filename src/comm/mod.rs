@@ -42,6 +42,9 @@ pub struct CommConfig {
     pub algo: Algo,
     /// How long to wait for a peer or a dependency before failing.
     pub timeout: Duration,
+    /// Pieces per chunk for the pipelined algorithms (`ho-ring`); `None`: one per
+    /// 512 KiB of chunk, 1 to 8 (`STRATA_HORING_CHUNKS`).
+    pub ho_ring_chunks: Option<usize>,
 }
 
 impl CommConfig {
@@ -51,6 +54,7 @@ impl CommConfig {
         Ok(CommConfig {
             algo: e.algo.unwrap_or(Algo::Auto),
             timeout: e.timeout,
+            ho_ring_chunks: e.ho_ring_chunks,
         })
     }
 }
@@ -60,6 +64,7 @@ impl Default for CommConfig {
         CommConfig::from_env().unwrap_or(CommConfig {
             algo: Algo::Auto,
             timeout: config::DEFAULT_TIMEOUT,
+            ho_ring_chunks: None,
         })
     }
 }

@@ -4,7 +4,7 @@
 //! the submit path divides once at the very end.
 
 use super::request::Op;
-use crate::dtype::DataType;
+use crate::dtype::{reduce_into, DataType};
 use crate::error::{Error, Result};
 use crate::memory::Buffer;
 use crate::transport::Transport;
@@ -53,6 +53,25 @@ pub fn run(t: &dyn Transport, op: &Op, dtype: DataType, timeout: Duration) -> Re
         }
         Op::Send { buf, peer, .. } => t.send(*peer, &buf.read_timeout(timeout)?),
         Op::Recv { buf, peer, .. } => t.recv(*peer, &mut buf.write_timeout(timeout)?),
+        Op::SendRecv {
+            send,
+            recv,
+            dst,
+            src,
+            reduce,
+            ..
+        } => {
+            let out = send.read_timeout(timeout)?;
+            match reduce {
+                None => t.sendrecv(*dst, &out, *src, &mut recv.write_timeout(timeout)?),
+                Some(op) => {
+                    let mut tmp = vec![0u8; recv.len()];
+                    t.sendrecv(*dst, &out, *src, &mut tmp)?;
+                    reduce_into(&mut recv.write_timeout(timeout)?, &tmp, dtype, op.partial());
+                    Ok(())
+                }
+            }
+        }
         Op::AllGatherCoalesced { .. } | Op::ReduceScatterCoalesced { .. } => {
             Err(Error::Internal(format!(
                 "{} reached the native path unpacked (size {size})",

@@ -59,6 +59,18 @@ pub enum Op {
         count: usize,
         peer: usize,
     },
+    /// One ring step (grouped ncclSend + ncclRecv): send `count` elements of `send` to
+    /// `dst` while receiving `count` from `src` into `recv`, overwriting it, or, with
+    /// `reduce: Some(op)`, combining the received values into `recv` (partial op: `Avg`
+    /// sums). `send` and `recv` must not overlap.
+    SendRecv {
+        send: Buffer,
+        recv: Buffer,
+        count: usize,
+        dst: usize,
+        src: usize,
+        reduce: Option<ReduceOp>,
+    },
     /// MiCS §4 coalesced all-gather: `recvs[i]` (size·counts[i]) gathers `sends[i]`
     /// (counts[i]) for every i, in one launch.
     AllGatherCoalesced {
@@ -86,6 +98,7 @@ impl Op {
             Op::Broadcast { .. } => "broadcast",
             Op::Send { .. } => "send",
             Op::Recv { .. } => "recv",
+            Op::SendRecv { .. } => "send-recv",
             Op::AllGatherCoalesced { .. } => "all-gather-coalesced",
             Op::ReduceScatterCoalesced { .. } => "reduce-scatter-coalesced",
         }
@@ -277,6 +290,32 @@ pub fn check(op: Op, dtype: DataType, rank: usize, size: usize) -> Result<Op> {
             count,
             peer,
         },
+        Op::SendRecv {
+            send,
+            recv,
+            count,
+            dst,
+            src,
+            reduce,
+        } => {
+            if dst >= size || src >= size {
+                return Err(Error::InvalidArgument(format!(
+                    "send-recv peers {dst}/{src} out of range for {size} ranks"
+                )));
+            }
+            let n = bytes(count, 1, dtype, "send-recv")?;
+            let send = fits(&send, n, "send-recv send buffer")?;
+            let recv = fits(&recv, n, "send-recv receive buffer")?;
+            no_alias(&send, &recv, "send-recv")?;
+            Op::SendRecv {
+                send,
+                recv,
+                count,
+                dst,
+                src,
+                reduce,
+            }
+        }
         Op::AllGatherCoalesced {
             sends,
             recvs,

@@ -9,6 +9,7 @@ pub fn config() -> CommConfig {
     CommConfig {
         algo: strata::Algo::Auto,
         timeout: Duration::from_secs(20),
+        ho_ring_chunks: None,
     }
 }
 
@@ -17,9 +18,18 @@ pub fn on_local<T: Send + 'static>(
     topo: &str,
     body: impl Fn(Comm) -> Result<T> + Send + Sync + 'static,
 ) -> Vec<Result<T>> {
+    on_local_with(topo, config(), body)
+}
+
+/// `on_local` with a given configuration.
+pub fn on_local_with<T: Send + 'static>(
+    topo: &str,
+    cfg: CommConfig,
+    body: impl Fn(Comm) -> Result<T> + Send + Sync + 'static,
+) -> Vec<Result<T>> {
     let topo = Topology::parse(topo).expect("topology");
     let n = topo.world_size();
-    let comms = Comm::local_world(n, Some(topo), config()).expect("world");
+    let comms = Comm::local_world(n, Some(topo), cfg).expect("world");
     let body = std::sync::Arc::new(body);
     let hs: Vec<_> = comms
         .into_iter()

@@ -1,0 +1,357 @@
+//! Plans: an algorithm written as each rank's list of ring steps (one send + one
+//! receive, optionally reducing) on the communicators of its hierarchy levels, with the
+//! steps of other levels each must wait for. One plan drives two things:
+//!
+//! - execution ([`execute`]): every step becomes a nonblocking `SendRecv` request on its
+//!   level's communicator, with the `Work` of the steps it waits for as dependencies,
+//!   so the levels' streams run at the same time (HO-Ring's overlap);
+//! - the schedule ([`crate::sim`]): the plans of all ranks, built without any data or
+//!   threads, become a dependency graph of transfers that the simulator replays.
+//!
+//! `ring` and `hier` run through their own code (native collectives, batched
+//! sub-communicator calls); their plans here describe exactly the transfers that code
+//! makes (same peers, bytes and order; `tests/schedule.rs` checks the bytes against the
+//! measured traffic) so that every algorithm can be modeled.
+
+use crate::comm::hierarchy::Hierarchy;
+use crate::comm::{Comm, Op, Request, Work};
+use crate::dtype::{DataType, ReduceOp};
+use crate::error::{Error, Result};
+use crate::memory::Buffer;
+
+/// Which of a plan's buffers a span lies in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BufId {
+    /// The caller's receive buffer (all-gather output).
+    Recv,
+    /// A work buffer the algorithm allocates (reduce-scatter / all-reduce accumulator).
+    Work,
+}
+
+/// A byte range of a plan buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    pub buf: BufId,
+    pub off: usize,
+    pub len: usize,
+}
+
+/// Which communicator a step runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ring {
+    /// Level `i` of the hierarchy (the level communicator, ranks = level indices).
+    Level(usize),
+    /// The whole communicator (flat ring; modeled only, executed natively).
+    Flat,
+}
+
+/// One step: send `send` to `dst` and receive into `recv` from `src` (ranks within the
+/// step's ring communicator), reducing into `recv` when `reduce`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step {
+    pub ring: Ring,
+    pub dst: usize,
+    pub src: usize,
+    pub send: Span,
+    pub recv: Span,
+    pub reduce: bool,
+    /// Earlier steps of this plan (on other rings) that must finish first. Steps on the
+    /// same ring run in plan order anyway.
+    pub deps: Vec<usize>,
+}
+
+/// One rank's plan.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Plan {
+    pub steps: Vec<Step>,
+}
+
+/// The element ranges (in elements) a chunk of `count` elements is pipelined in.
+pub fn pieces(count: usize, chunks: usize) -> Vec<(usize, usize)> {
+    let q = chunks.clamp(1, count.max(1));
+    super::ring::even_ranges(count, q, 1)
+        .into_iter()
+        .map(|r| (r.start, r.len()))
+        .filter(|p| p.1 > 0)
+        .collect()
+}
+
+/// Default pieces per chunk for pipelined algorithms: one per 512 KiB of chunk, 1 to 8.
+pub fn default_chunks(chunk_bytes: usize) -> usize {
+    (chunk_bytes / (512 << 10)).clamp(1, 8)
+}
+
+/// Row-major index of level coordinates.
+pub fn index(sizes: &[usize], coords: &[usize]) -> usize {
+    sizes.iter().zip(coords).fold(0, |acc, (g, x)| acc * g + x)
+}
+
+/// Run `plan` on `comm`'s level communicators: submit every step in plan order, then
+/// wait for all. `bufs` gives the buffer for each `BufId` (`Recv`, `Work`).
+pub fn execute(
+    comm: &Comm,
+    plan: &Plan,
+    recv: &Buffer,
+    work: Option<&Buffer>,
+    dtype: DataType,
+    op: ReduceOp,
+) -> Result<()> {
+    let levels = comm.hierarchy().map(|h| h.levels.len()).unwrap_or(0);
+    let comms: Vec<Comm> = (0..levels)
+        .map(|i| comm.level_comm(i))
+        .collect::<Result<_>>()?;
+    let s = dtype.size();
+    let buf = |sp: &Span| -> Result<Buffer> {
+        let b = match sp.buf {
+            BufId::Recv => recv,
+            BufId::Work => work.ok_or_else(|| {
+                Error::Internal("plan uses a work buffer it was not given".into())
+            })?,
+        };
+        b.slice(sp.off..sp.off + sp.len)
+    };
+    let mut works: Vec<Work> = Vec::with_capacity(plan.steps.len());
+    let mut first: Result<()> = Ok(());
+    for st in &plan.steps {
+        let Ring::Level(i) = st.ring else {
+            return Err(Error::Internal(
+                "flat plan steps are modeled, not executed".into(),
+            ));
+        };
+        let req = Request::new(
+            Op::SendRecv {
+                send: buf(&st.send)?,
+                recv: buf(&st.recv)?,
+                count: st.send.len / s,
+                dst: st.dst,
+                src: st.src,
+                reduce: st.reduce.then_some(op),
+            },
+            dtype,
+        )
+        .after(st.deps.iter().map(|&d| works[d].clone()));
+        match comms[i].submit(req) {
+            Ok(w) => works.push(w),
+            Err(e) => {
+                // Keep indices aligned; the failure is reported after draining.
+                works.push(Work::ready(Err(e.clone())));
+                if first.is_ok() {
+                    first = Err(e);
+                }
+            }
+        }
+    }
+    for w in &works {
+        if let Err(e) = w.wait() {
+            if first.is_ok() {
+                first = Err(e);
+            }
+        }
+    }
+    first
+}
+
+/// Ring neighbours (next, prev) of index `x` in a ring of `g`.
+fn nbrs(x: usize, g: usize) -> (usize, usize) {
+    ((x + 1) % g, (x + g - 1) % g)
+}
+
+/// The flat ring all-gather (p-1 steps over the whole communicator) of `c` bytes per rank.
+pub fn ring_all_gather(p: usize, rank: usize, c: usize) -> Plan {
+    let (dst, src) = nbrs(rank, p);
+    let steps = (0..p.saturating_sub(1))
+        .map(|t| Step {
+            ring: Ring::Flat,
+            dst,
+            src,
+            send: Span {
+                buf: BufId::Recv,
+                off: ((rank + p - t) % p) * c,
+                len: c,
+            },
+            recv: Span {
+                buf: BufId::Recv,
+                off: ((rank + 2 * p - t - 1) % p) * c,
+                len: c,
+            },
+            reduce: false,
+            deps: vec![],
+        })
+        .collect();
+    Plan { steps }
+}
+
+/// The flat ring reduce-scatter of `c` bytes per rank (the ring of `algo::ring`).
+pub fn ring_reduce_scatter(p: usize, rank: usize, c: usize) -> Plan {
+    let (dst, src) = nbrs(rank, p);
+    let steps = (0..p.saturating_sub(1))
+        .map(|t| Step {
+            ring: Ring::Flat,
+            dst,
+            src,
+            send: Span {
+                buf: BufId::Work,
+                off: ((rank + 2 * p - t - 1) % p) * c,
+                len: c,
+            },
+            recv: Span {
+                buf: BufId::Work,
+                off: ((rank + 2 * p - t - 2) % p) * c,
+                len: c,
+            },
+            reduce: true,
+            deps: vec![],
+        })
+        .collect();
+    Plan { steps }
+}
+
+/// The flat ring all-reduce: reduce-scatter then all-gather over near-equal element
+/// chunks of `count` elements of `s` bytes.
+pub fn ring_all_reduce(p: usize, rank: usize, count: usize, s: usize) -> Plan {
+    let r = super::ring::even_ranges(count, p, s);
+    let (dst, src) = nbrs(rank, p);
+    let sp = |k: usize| Span {
+        buf: BufId::Work,
+        off: r[k % p].start,
+        len: r[k % p].len(),
+    };
+    let mut steps = Vec::new();
+    for t in 0..p.saturating_sub(1) {
+        steps.push(Step {
+            ring: Ring::Flat,
+            dst,
+            src,
+            send: sp(rank + 2 * p - t - 1),
+            recv: sp(rank + 2 * p - t - 2),
+            reduce: true,
+            deps: vec![],
+        });
+    }
+    for t in 0..p.saturating_sub(1) {
+        steps.push(Step {
+            ring: Ring::Flat,
+            dst,
+            src,
+            send: sp(rank + p - t),
+            recv: sp(rank + 2 * p - t - 1),
+            reduce: false,
+            deps: vec![],
+        });
+    }
+    Plan { steps }
+}
+
+/// `hier` all-gather as executed by `algo::hierarchical`: levels outermost first, at
+/// level i a batch of `B_i` rings of `g_i - 1` steps run one after another on the level
+/// stream; each level waits for the previous one to finish.
+pub fn hier_all_gather(h: &Hierarchy, rank: usize, c: usize) -> Plan {
+    let sizes = h.sizes();
+    let x = h.coords(rank);
+    let mut plan = Plan::default();
+    let mut last: Option<usize> = None;
+    let mut b = 1usize;
+    for (i, &g) in sizes.iter().enumerate() {
+        let (dst, src) = nbrs(x[i], g);
+        let mut this_last = last;
+        for j in 0..b {
+            for t in 0..g - 1 {
+                let deps = if j == 0 && t == 0 {
+                    last.into_iter().collect()
+                } else {
+                    vec![]
+                };
+                // Positions inside the stage's output; only lengths matter to the model.
+                let (so, ro) = (
+                    (j * g + (x[i] + g - t) % g) * c,
+                    (j * g + (x[i] + 2 * g - t - 1) % g) * c,
+                );
+                plan.steps.push(Step {
+                    ring: Ring::Level(i),
+                    dst,
+                    src,
+                    send: Span {
+                        buf: BufId::Recv,
+                        off: so,
+                        len: c,
+                    },
+                    recv: Span {
+                        buf: BufId::Recv,
+                        off: ro,
+                        len: c,
+                    },
+                    reduce: false,
+                    deps,
+                });
+                this_last = Some(plan.steps.len() - 1);
+            }
+        }
+        last = this_last;
+        b *= g;
+    }
+    plan
+}
+
+/// `hier` reduce-scatter as executed: levels innermost first, batches of rings.
+pub fn hier_reduce_scatter(h: &Hierarchy, rank: usize, c: usize) -> Plan {
+    let sizes = h.sizes();
+    let x = h.coords(rank);
+    let mut plan = Plan::default();
+    let mut last: Option<usize> = None;
+    for i in (0..sizes.len()).rev() {
+        let g = sizes[i];
+        let b: usize = sizes[..i].iter().product();
+        let (dst, src) = nbrs(x[i], g);
+        let mut this_last = last;
+        for j in 0..b {
+            for t in 0..g - 1 {
+                let deps = if j == 0 && t == 0 {
+                    last.into_iter().collect()
+                } else {
+                    vec![]
+                };
+                let (so, ro) = (
+                    (j * g + (x[i] + 2 * g - t - 1) % g) * c,
+                    (j * g + (x[i] + 2 * g - t - 2) % g) * c,
+                );
+                plan.steps.push(Step {
+                    ring: Ring::Level(i),
+                    dst,
+                    src,
+                    send: Span {
+                        buf: BufId::Work,
+                        off: so,
+                        len: c,
+                    },
+                    recv: Span {
+                        buf: BufId::Work,
+                        off: ro,
+                        len: c,
+                    },
+                    reduce: true,
+                    deps,
+                });
+                this_last = Some(plan.steps.len() - 1);
+            }
+        }
+        last = this_last;
+    }
+    plan
+}
+
+/// `hier` all-reduce: reduce-scatter then all-gather of `ceil(count/p)` elements each.
+pub fn hier_all_reduce(h: &Hierarchy, rank: usize, count: usize, s: usize) -> Plan {
+    let p: usize = h.sizes().iter().product();
+    let c = count.div_ceil(p.max(1)) * s;
+    let mut plan = hier_reduce_scatter(h, rank, c);
+    let n = plan.steps.len();
+    let mut ag = hier_all_gather(h, rank, c);
+    for st in &mut ag.steps {
+        st.deps = st.deps.iter().map(|d| d + n).collect();
+    }
+    if let (Some(first), true) = (ag.steps.first_mut(), n > 0) {
+        first.deps.push(n - 1);
+    }
+    plan.steps.extend(ag.steps);
+    plan
+}
