@@ -247,3 +247,25 @@ fn coalesced_moves_the_same_bytes_as_one_flat_call() {
     // auto picks hier on nodes:2x4 (inter-node links are the slow ones).
     assert_eq!(got, hier_2level(2, 4, c));
 }
+
+#[test]
+fn ho_ring_moves_hier_bytes_per_class() {
+    for kind in [Kind::AllGather, Kind::ReduceScatter] {
+        let c = 4 * 1000u64;
+        assert_eq!(
+            measure("nodes:4x8", kind, 1000, DataType::F32, Algo::HoRing),
+            hier_2level(4, 8, c),
+            "{kind:?}"
+        );
+        assert_eq!(
+            measure("nodes:3x8", kind, 1000, DataType::F32, Algo::HoRing),
+            hier_2level(3, 8, c),
+            "{kind:?}"
+        );
+        assert_eq!(
+            measure("frontier:2", kind, 1000, DataType::F32, Algo::HoRing),
+            hier_frontier(2, c),
+            "{kind:?}"
+        );
+    }
+}
