@@ -5,6 +5,7 @@
 //! the algorithms and the benchmark.
 
 pub mod algo;
+pub mod capi;
 pub mod check;
 pub mod comm;
 pub mod config;
