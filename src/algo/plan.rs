@@ -246,89 +246,41 @@ pub fn ring_all_reduce(p: usize, rank: usize, count: usize, s: usize) -> Plan {
 /// level i a batch of `B_i` rings of `g_i - 1` steps run one after another on the level
 /// stream; each level waits for the previous one to finish.
 pub fn hier_all_gather(h: &Hierarchy, rank: usize, c: usize) -> Plan {
-    let sizes = h.sizes();
-    let x = h.coords(rank);
-    let mut plan = Plan::default();
-    let mut last: Option<usize> = None;
-    let mut b = 1usize;
-    for (i, &g) in sizes.iter().enumerate() {
-        let (dst, src) = nbrs(x[i], g);
-        let mut this_last = last;
-        for j in 0..b {
-            for t in 0..g - 1 {
-                let deps = if j == 0 && t == 0 {
-                    last.into_iter().collect()
-                } else {
-                    vec![]
-                };
-                // Positions inside the stage's output; only lengths matter to the model.
-                let (so, ro) = (
-                    (j * g + (x[i] + g - t) % g) * c,
-                    (j * g + (x[i] + 2 * g - t - 1) % g) * c,
-                );
-                plan.steps.push(Step {
-                    ring: Ring::Level(i),
-                    dst,
-                    src,
-                    send: Span {
-                        buf: BufId::Recv,
-                        off: so,
-                        len: c,
-                    },
-                    recv: Span {
-                        buf: BufId::Recv,
-                        off: ro,
-                        len: c,
-                    },
-                    reduce: false,
-                    deps,
-                });
-                this_last = Some(plan.steps.len() - 1);
-            }
-        }
-        last = this_last;
-        b *= g;
-    }
-    plan
+    hier_stages(h, rank, c, false)
 }
 
 /// `hier` reduce-scatter as executed: levels innermost first, batches of rings.
 pub fn hier_reduce_scatter(h: &Hierarchy, rank: usize, c: usize) -> Plan {
+    hier_stages(h, rank, c, true)
+}
+
+/// The stages of `hier`: all-gather rings (outermost level first) or reduce-scatter
+/// rings (innermost first, each step one chunk further back and reducing).
+fn hier_stages(h: &Hierarchy, rank: usize, c: usize, reduce: bool) -> Plan {
     let sizes = h.sizes();
     let x = h.coords(rank);
+    let order: Vec<usize> = if reduce { (0..sizes.len()).rev().collect() } else { (0..sizes.len()).collect() };
+    let (shift, buf) = if reduce { (1, BufId::Work) } else { (0, BufId::Recv) };
     let mut plan = Plan::default();
     let mut last: Option<usize> = None;
-    for i in (0..sizes.len()).rev() {
+    for i in order {
         let g = sizes[i];
         let b: usize = sizes[..i].iter().product();
         let (dst, src) = nbrs(x[i], g);
         let mut this_last = last;
         for j in 0..b {
             for t in 0..g - 1 {
-                let deps = if j == 0 && t == 0 {
-                    last.into_iter().collect()
-                } else {
-                    vec![]
-                };
-                let (so, ro) = (
-                    (j * g + (x[i] + 2 * g - t - 1) % g) * c,
-                    (j * g + (x[i] + 2 * g - t - 2) % g) * c,
-                );
+                let deps = if j == 0 && t == 0 { last.into_iter().collect() } else { vec![] };
+                // Positions inside the stage's buffer; only lengths matter to the model.
+                let so = (j * g + (x[i] + 2 * g - t - shift) % g) * c;
+                let ro = (j * g + (x[i] + 2 * g - t - 1 - shift) % g) * c;
                 plan.steps.push(Step {
                     ring: Ring::Level(i),
                     dst,
                     src,
-                    send: Span {
-                        buf: BufId::Work,
-                        off: so,
-                        len: c,
-                    },
-                    recv: Span {
-                        buf: BufId::Work,
-                        off: ro,
-                        len: c,
-                    },
-                    reduce: true,
+                    send: Span { buf, off: so, len: c },
+                    recv: Span { buf, off: ro, len: c },
+                    reduce,
                     deps,
                 });
                 this_last = Some(plan.steps.len() - 1);

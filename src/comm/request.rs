@@ -316,86 +316,47 @@ pub fn check(op: Op, dtype: DataType, rank: usize, size: usize) -> Result<Op> {
                 reduce,
             }
         }
-        Op::AllGatherCoalesced {
-            sends,
-            recvs,
-            counts,
-        } => {
-            if sends.len() != counts.len() || recvs.len() != counts.len() {
-                return Err(Error::InvalidArgument(format!(
-                    "coalesced all-gather: {} send buffers, {} receive buffers, {} counts",
-                    sends.len(),
-                    recvs.len(),
-                    counts.len()
-                )));
-            }
-            let mut s2 = Vec::new();
-            let mut r2 = Vec::new();
-            for i in 0..counts.len() {
-                match check(
-                    Op::AllGather {
-                        send: sends[i].clone(),
-                        recv: recvs[i].clone(),
-                        count: counts[i],
-                    },
-                    dtype,
-                    rank,
-                    size,
-                )? {
-                    Op::AllGather { send, recv, .. } => {
-                        s2.push(send);
-                        r2.push(recv);
-                    }
-                    _ => unreachable!("check preserves the op kind"),
-                }
-            }
-            Op::AllGatherCoalesced {
-                sends: s2,
-                recvs: r2,
-                counts,
-            }
+        Op::AllGatherCoalesced { sends, recvs, counts } => {
+            let (sends, recvs) = check_list(&sends, &recvs, &counts, "coalesced all-gather", |send, recv, count| {
+                check(Op::AllGather { send, recv, count }, dtype, rank, size)
+            })?;
+            Op::AllGatherCoalesced { sends, recvs, counts }
         }
-        Op::ReduceScatterCoalesced {
-            sends,
-            recvs,
-            counts,
-            op,
-        } => {
-            if sends.len() != counts.len() || recvs.len() != counts.len() {
-                return Err(Error::InvalidArgument(format!(
-                    "coalesced reduce-scatter: {} send buffers, {} receive buffers, {} counts",
-                    sends.len(),
-                    recvs.len(),
-                    counts.len()
-                )));
-            }
-            let mut s2 = Vec::new();
-            let mut r2 = Vec::new();
-            for i in 0..counts.len() {
-                match check(
-                    Op::ReduceScatter {
-                        send: sends[i].clone(),
-                        recv: recvs[i].clone(),
-                        count: counts[i],
-                        op,
-                    },
-                    dtype,
-                    rank,
-                    size,
-                )? {
-                    Op::ReduceScatter { send, recv, .. } => {
-                        s2.push(send);
-                        r2.push(recv);
-                    }
-                    _ => unreachable!("check preserves the op kind"),
-                }
-            }
-            Op::ReduceScatterCoalesced {
-                sends: s2,
-                recvs: r2,
-                counts,
-                op,
-            }
+        Op::ReduceScatterCoalesced { sends, recvs, counts, op } => {
+            let (sends, recvs) = check_list(&sends, &recvs, &counts, "coalesced reduce-scatter", |send, recv, count| {
+                check(Op::ReduceScatter { send, recv, count, op }, dtype, rank, size)
+            })?;
+            Op::ReduceScatterCoalesced { sends, recvs, counts, op }
         }
     })
+}
+
+/// Check every member of a coalesced list as its single-buffer op (`one`), returning the
+/// trimmed buffers.
+fn check_list(
+    sends: &[Buffer],
+    recvs: &[Buffer],
+    counts: &[usize],
+    what: &str,
+    one: impl Fn(Buffer, Buffer, usize) -> Result<Op>,
+) -> Result<(Vec<Buffer>, Vec<Buffer>)> {
+    if sends.len() != counts.len() || recvs.len() != counts.len() {
+        return Err(Error::InvalidArgument(format!(
+            "{what}: {} send buffers, {} receive buffers, {} counts",
+            sends.len(),
+            recvs.len(),
+            counts.len()
+        )));
+    }
+    let mut out = (Vec::new(), Vec::new());
+    for i in 0..counts.len() {
+        match one(sends[i].clone(), recvs[i].clone(), counts[i])? {
+            Op::AllGather { send, recv, .. } | Op::ReduceScatter { send, recv, .. } => {
+                out.0.push(send);
+                out.1.push(recv);
+            }
+            other => return Err(Error::Internal(format!("coalesced check produced {}", other.name()))),
+        }
+    }
+    Ok(out)
 }
