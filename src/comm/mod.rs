@@ -330,6 +330,46 @@ impl Comm {
         Ok(c)
     }
 
+    /// Ranks of this rank's node (`node_comm`) or its rail (same index within the node,
+    /// across nodes: `rail_comm`), split on first use and cached; collective like
+    /// [`Comm::level_comm`]. Needs a regular mesh ([`Comm::hierarchy`]). On one node the
+    /// node communicator has every rank and each rail one.
+    pub fn node_comm(&self) -> Result<Comm> {
+        self.node_or_rail(true)
+    }
+
+    /// See [`Comm::node_comm`].
+    pub fn rail_comm(&self) -> Result<Comm> {
+        self.node_or_rail(false)
+    }
+
+    fn node_or_rail(&self, node: bool) -> Result<Comm> {
+        let h = self
+            .0
+            .hierarchy
+            .as_ref()
+            .ok_or_else(|| Error::InvalidUsage("ranks are not a regular mesh of the topology: no node groups".into()))?;
+        let n = match h.levels.first() {
+            Some((Level::Network, n)) => *n,
+            _ => 1,
+        };
+        let per = self.size() / n;
+        let (idx, local) = (self.rank() / per, self.rank() % per);
+        let key = if node { "node" } else { "rail" };
+        if let Some(Some(c)) = self.0.subcomms.lock().map_err(|_| Error::Internal("subcomm lock".into()))?.get(key) {
+            return Ok(c.clone());
+        }
+        let (color, k) = if node { (idx, local) } else { (local, idx) };
+        let t = self
+            .0
+            .transport
+            .split(Some(color as u32), k as i32)?
+            .ok_or_else(|| Error::Internal("node/rail split returned no communicator".into()))?;
+        let c = Comm::from_transport(t, self.0.topo.clone(), self.0.config.clone())?;
+        self.0.subcomms.lock().map_err(|_| Error::Internal("subcomm lock".into()))?.insert(key.into(), Some(c.clone()));
+        Ok(c)
+    }
+
     /// The one submit path: check the request, pick the algorithm, and queue it on this
     /// communicator's stream (or hold it until the thread's group ends). Bad arguments
     /// fail here, synchronously, and nothing is queued. A collective that fails while
