@@ -1,0 +1,688 @@
+"""strata for Python: a ctypes package over the C ABI (``include/strata.h``).
+
+Quick start (an in-process world of 8 ranks on 2 nodes of 4, driven from threads)::
+
+    import numpy as np, strata
+    from concurrent.futures import ThreadPoolExecutor
+
+    comms = strata.init_local(8, "nodes:2x4")
+    def rank(comm):
+        send = np.full(4, comm.rank, dtype=np.float32)
+        recv = np.empty(4 * comm.size, dtype=np.float32)
+        comm.all_gather(send, recv)          # blocks until recv holds the result
+        return recv
+    with ThreadPoolExecutor(len(comms)) as pool:
+        results = list(pool.map(rank, comms))
+    for c in comms:
+        c.destroy()
+
+Semantics are the C ABI's (NCCL's):
+
+- Buffers: numpy arrays (or any object exposing ``__array_interface__``) and objects with
+  ``data_ptr()`` (PyTorch CPU tensors), C-contiguous, in host memory. Objects exposing
+  ``__cuda_array_interface__`` or living on a GPU are refused with a ``StrataError``
+  until the GPU transports land. The dtype is taken from the array (float32, float16,
+  int8, uint8, int32, and bfloat16 from ml_dtypes or torch); pass ``dtype="bf16"`` to
+  reinterpret, e.g., a uint16 array as bfloat16.
+- Counts are inferred from the arrays (``count=`` overrides); in-place calls are NCCL's
+  layouts, recognised from the pointers: ``all_gather(recv[r*n:(r+1)*n], recv)``,
+  ``reduce_scatter(send, send[r*n:(r+1)*n])``, ``all_reduce(x)`` / ``broadcast(x)``.
+- Every call blocks until its result is in the receive buffer, except inside
+  ``with strata.group():`` where calls return at once and complete when the block ends
+  (the package keeps the arrays alive until then). ``stream`` arguments are accepted and
+  ignored on host transports.
+- One communicator is driven by one thread at a time; ctypes releases the GIL during
+  calls, so ranks on threads run concurrently.
+- Failures raise ``StrataError`` with ``.code`` (NCCL's ``ncclResult_t`` value: 4 invalid
+  argument, 5 invalid usage, 6 remote, ...) and ``.message`` (``strataGetLastError``).
+
+The shared library is found through ``STRATA_LIB`` (a path), else ``target/release`` then
+``target/debug`` of the source tree this package sits in, then the system's library path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import sys
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterable, List, Optional, Sequence
+
+__all__ = [
+    "StrataError",
+    "LibraryNotFound",
+    "Comm",
+    "UniqueId",
+    "init_local",
+    "init_rank",
+    "get_unique_id",
+    "group",
+    "group_start",
+    "group_end",
+    "version",
+    "finalize",
+    "library_path",
+    "error_string",
+]
+
+__version__ = "0.1.0"
+#: ``STRATA_VERSION_CODE`` this package was written against (major*10000 + minor*100 + patch).
+ABI_VERSION_CODE = 100
+
+# ---- constants of include/strata.h ----
+
+SUCCESS, UNHANDLED_CUDA_ERROR, SYSTEM_ERROR, INTERNAL_ERROR = 0, 1, 2, 3
+INVALID_ARGUMENT, INVALID_USAGE, REMOTE_ERROR, IN_PROGRESS = 4, 5, 6, 7
+RESULT_NAMES = {
+    0: "strataSuccess",
+    1: "strataUnhandledCudaError",
+    2: "strataSystemError",
+    3: "strataInternalError",
+    4: "strataInvalidArgument",
+    5: "strataInvalidUsage",
+    6: "strataRemoteError",
+    7: "strataInProgress",
+}
+
+INT8, UINT8, INT32, FLOAT16, FLOAT32, BFLOAT16 = 0, 1, 2, 6, 7, 9
+DTYPES = {
+    "i8": INT8, "int8": INT8,
+    "u8": UINT8, "uint8": UINT8,
+    "i32": INT32, "int32": INT32,
+    "f16": FLOAT16, "float16": FLOAT16, "half": FLOAT16,
+    "f32": FLOAT32, "float32": FLOAT32, "float": FLOAT32,
+    "bf16": BFLOAT16, "bfloat16": BFLOAT16,
+}  # fmt: skip
+DTYPE_SIZES = {INT8: 1, UINT8: 1, INT32: 4, FLOAT16: 2, FLOAT32: 4, BFLOAT16: 2}
+# NCCL values strata does not support: passed through so the library reports them.
+_NCCL_ONLY = {"uint32": 3, "int64": 4, "uint64": 5, "float64": 8}
+
+SUM, PROD, MAX, MIN, AVG = 0, 1, 2, 3, 4
+OPS = {"sum": SUM, "prod": PROD, "max": MAX, "min": MIN, "avg": AVG, "mean": AVG}
+
+TRANSPORT_DEFAULT, TRANSPORT_LOCAL, TRANSPORT_MPI = 0, 1, 2
+TRANSPORTS = {None: 0, "default": 0, "local": 1, "mpi": 2}
+SPLIT_NOCOLOR = -1
+CONFIG_MAGIC = 0x53545241
+UNIQUE_ID_BYTES = 128
+
+
+class StrataError(RuntimeError):
+    """A strata call failed: ``code`` is the ``strataResult_t`` (NCCL's value) and
+    ``message`` what ``strataGetLastError`` said (or the package's own check)."""
+
+    def __init__(self, code: int, message: str):
+        self.code = code
+        self.name = RESULT_NAMES.get(code, f"strataResult({code})")
+        self.message = message
+        super().__init__(f"{self.name} ({code}): {message}")
+
+
+class LibraryNotFound(ImportError):
+    """The shared library could not be loaded; the message names every candidate."""
+
+
+# ---- C types ----
+
+
+class UniqueId(ctypes.Structure):
+    """``strataUniqueId``: names an in-process world; pass the same id to every rank."""
+
+    _fields_ = [("internal", ctypes.c_char * UNIQUE_ID_BYTES)]
+
+    def __bytes__(self) -> bytes:
+        return ctypes.string_at(ctypes.addressof(self), ctypes.sizeof(self))
+
+    @classmethod
+    def from_bytes(cls, b: bytes) -> "UniqueId":
+        if len(b) != UNIQUE_ID_BYTES:
+            raise ValueError(f"a unique id has {UNIQUE_ID_BYTES} bytes, not {len(b)}")
+        return cls.from_buffer_copy(b)
+
+
+class Config(ctypes.Structure):
+    """``strataConfig_t`` (filled by the package; see ``init_rank``)."""
+
+    _fields_ = [
+        ("size", ctypes.c_size_t),
+        ("magic", ctypes.c_uint),
+        ("version", ctypes.c_uint),
+        ("transport", ctypes.c_int),
+        ("topology", ctypes.c_char_p),
+        ("algo", ctypes.c_char_p),
+        ("timeout_ms", ctypes.c_int),
+    ]
+
+
+_c_int, _c_size, _vp = ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p
+_PROTOTYPES = {
+    "strataGetVersion": [ctypes.POINTER(_c_int)],
+    "strataGetUniqueId": [ctypes.POINTER(UniqueId)],
+    "strataCommInitRankConfig": [ctypes.POINTER(_vp), _c_int, UniqueId, _c_int, ctypes.POINTER(Config)],
+    "strataCommInitLocal": [ctypes.POINTER(_vp), _c_int, ctypes.c_char_p, ctypes.POINTER(Config)],
+    "strataCommSplit": [_vp, _c_int, _c_int, ctypes.POINTER(_vp), ctypes.POINTER(Config)],
+    "strataCommDestroy": [_vp],
+    "strataCommAbort": [_vp],
+    "strataCommCount": [_vp, ctypes.POINTER(_c_int)],
+    "strataCommUserRank": [_vp, ctypes.POINTER(_c_int)],
+    "strataAllGather": [_vp, _vp, _c_size, _c_int, _vp, _vp],
+    "strataReduceScatter": [_vp, _vp, _c_size, _c_int, _c_int, _vp, _vp],
+    "strataAllReduce": [_vp, _vp, _c_size, _c_int, _c_int, _vp, _vp],
+    "strataAllToAll": [_vp, _vp, _c_size, _c_int, _vp, _vp],
+    "strataBroadcast": [_vp, _vp, _c_size, _c_int, _c_int, _vp, _vp],
+    "strataSend": [_vp, _c_size, _c_int, _c_int, _vp, _vp],
+    "strataRecv": [_vp, _c_size, _c_int, _c_int, _vp, _vp],
+    "strataAllGatherCoalesced": [ctypes.POINTER(_vp), ctypes.POINTER(_vp), ctypes.POINTER(_c_size), _c_size, _c_int, _vp, _vp],
+    "strataReduceScatterCoalesced": [ctypes.POINTER(_vp), ctypes.POINTER(_vp), ctypes.POINTER(_c_size), _c_size, _c_int, _c_int, _vp, _vp],
+    "strataGroupStart": [],
+    "strataGroupEnd": [],
+    "strataFinalize": [],
+}  # fmt: skip
+
+_lib: Optional[ctypes.CDLL] = None
+_lib_path: Optional[str] = None
+_lib_lock = threading.Lock()
+
+
+def _lib_name() -> str:
+    if sys.platform == "darwin":
+        return "libstrata.dylib"
+    if sys.platform == "win32":
+        return "strata.dll"
+    return "libstrata.so"
+
+
+def _candidates() -> List[str]:
+    env = os.environ.get("STRATA_LIB")
+    if env:
+        return [env]
+    root = Path(__file__).resolve().parent.parent.parent
+    name = _lib_name()
+    c = [str(root / "target" / "release" / name), str(root / "target" / "debug" / name)]
+    found = ctypes.util.find_library("strata")
+    c.append(found or name)
+    return c
+
+
+def _load() -> ctypes.CDLL:
+    global _lib, _lib_path
+    if _lib is not None:
+        return _lib
+    with _lib_lock:
+        if _lib is not None:
+            return _lib
+        tried = []
+        for cand in _candidates():
+            local = os.sep in cand
+            if local and not os.path.exists(cand):
+                tried.append(f"{cand} (no such file)")
+                continue
+            try:
+                lib = ctypes.CDLL(cand)
+            except OSError as e:
+                tried.append(f"{cand} ({e})")
+                continue
+            for name, args in _PROTOTYPES.items():
+                f = getattr(lib, name)
+                f.argtypes = args
+                f.restype = ctypes.c_int
+            lib.strataGetErrorString.argtypes = [ctypes.c_int]
+            lib.strataGetErrorString.restype = ctypes.c_char_p
+            lib.strataGetLastError.argtypes = [_vp]
+            lib.strataGetLastError.restype = ctypes.c_char_p
+            v = ctypes.c_int()
+            lib.strataGetVersion(ctypes.byref(v))
+            if v.value // 100 != ABI_VERSION_CODE // 100:
+                tried.append(f"{cand} (version code {v.value}, this package needs {ABI_VERSION_CODE})")
+                continue
+            _lib, _lib_path = lib, cand
+            return lib
+        raise LibraryNotFound(
+            "cannot load the strata shared library; tried: "
+            + "; ".join(tried)
+            + ". Build it with `cargo build --release` or set STRATA_LIB to its path."
+        )
+
+
+def library_path() -> str:
+    """Path (or name) of the loaded shared library (loading it if needed)."""
+    _load()
+    assert _lib_path is not None
+    return _lib_path
+
+
+def _last_error(handle: Optional[int]) -> str:
+    msg = _load().strataGetLastError(handle)
+    return msg.decode("utf-8", "replace") if msg else ""
+
+
+def _check(code: int, handle: Optional[int] = None) -> None:
+    if code != SUCCESS:
+        raise StrataError(code, _last_error(handle))
+
+
+def error_string(code: int) -> str:
+    """``strataGetErrorString(code)``."""
+    return _load().strataGetErrorString(code).decode()
+
+
+def version() -> int:
+    """``strataGetVersion``: the library's version code (major*10000 + minor*100 + patch)."""
+    v = ctypes.c_int()
+    _check(_load().strataGetVersion(ctypes.byref(v)))
+    return v.value
+
+
+def get_unique_id() -> UniqueId:
+    """``strataGetUniqueId``: a new id; pass it to ``init_rank`` on every rank."""
+    uid = UniqueId()
+    _check(_load().strataGetUniqueId(ctypes.byref(uid)))
+    return uid
+
+
+def finalize() -> None:
+    """``strataFinalize``: end MPI if strata started it (no-op otherwise)."""
+    _check(_load().strataFinalize())
+
+
+def _config(transport=None, topology=None, algo=None, timeout=None) -> Config:
+    if transport not in TRANSPORTS:
+        raise StrataError(INVALID_ARGUMENT, f"transport {transport!r} is not one of local, mpi")
+    cfg = Config()
+    cfg.size = ctypes.sizeof(Config)
+    cfg.magic = CONFIG_MAGIC
+    cfg.version = ABI_VERSION_CODE
+    cfg.transport = TRANSPORTS[transport]
+    cfg.topology = topology.encode() if topology else None
+    cfg.algo = algo.encode() if algo else None
+    cfg.timeout_ms = 0 if timeout is None else max(1, int(round(timeout * 1000)))
+    return cfg
+
+
+# ---- buffers ----
+
+_TYPESTR = {"f4": FLOAT32, "f2": FLOAT16, "i1": INT8, "u1": UINT8, "i4": INT32,
+            "u4": 3, "i8": 4, "u8": 5, "f8": 8}  # fmt: skip
+_TORCH = {"torch.float32": FLOAT32, "torch.float16": FLOAT16, "torch.bfloat16": BFLOAT16,
+          "torch.int8": INT8, "torch.uint8": UINT8, "torch.int32": INT32,
+          "torch.float64": 8, "torch.int64": 4}  # fmt: skip
+
+
+class _Buf:
+    """A host buffer seen through its data pointer: address, size in bytes, dtype code."""
+
+    __slots__ = ("obj", "ptr", "nbytes", "dtype")
+
+    def __init__(self, obj: Any, ptr: int, nbytes: int, dtype: Optional[int]):
+        self.obj, self.ptr, self.nbytes, self.dtype = obj, ptr, nbytes, dtype
+
+
+def _dtype_code(d: Any) -> int:
+    if isinstance(d, int):
+        return d
+    s = str(d).lower()
+    if s in DTYPES:
+        return DTYPES[s]
+    if s in _NCCL_ONLY:
+        return _NCCL_ONLY[s]
+    raise StrataError(INVALID_ARGUMENT, f"unknown dtype {d!r} (f32, f16, bf16, i8, u8, i32)")
+
+
+def _buf(obj: Any, writable: bool, what: str) -> _Buf:
+    if hasattr(obj, "__cuda_array_interface__"):
+        raise StrataError(
+            INVALID_ARGUMENT,
+            f"{what} is device memory (__cuda_array_interface__): this build has host transports only",
+        )
+    ai = getattr(obj, "__array_interface__", None)
+    if ai is not None:
+        shape = tuple(ai["shape"])
+        typestr = ai["typestr"]
+        itemsize = int(typestr[2:])
+        n = 1
+        for s in shape:
+            n *= s
+        strides = ai.get("strides")
+        if strides is not None and n > 1:
+            want, acc = [], itemsize
+            for s in reversed(shape):
+                want.append(acc)
+                acc *= s
+            if tuple(st for st, sh in zip(strides, shape) if sh > 1) != tuple(
+                w for w, sh in zip(reversed(want), shape) if sh > 1
+            ):
+                raise StrataError(INVALID_ARGUMENT, f"{what} is not C-contiguous")
+        ptr, readonly = ai["data"]
+        if writable and readonly:
+            raise StrataError(INVALID_ARGUMENT, f"{what} is read-only")
+        dt = getattr(obj, "dtype", None)
+        code = BFLOAT16 if getattr(dt, "name", "") == "bfloat16" else _TYPESTR.get(typestr[1:])
+        return _Buf(obj, ptr or 0, n * itemsize, code)
+    if callable(getattr(obj, "data_ptr", None)):
+        dev = getattr(obj, "device", None)
+        if dev is not None and getattr(dev, "type", "cpu") != "cpu":
+            raise StrataError(
+                INVALID_ARGUMENT, f"{what} is on {dev}: this build has host transports only"
+            )
+        if callable(getattr(obj, "is_contiguous", None)) and not obj.is_contiguous():
+            raise StrataError(INVALID_ARGUMENT, f"{what} is not contiguous")
+        nbytes = obj.numel() * obj.element_size()
+        return _Buf(obj, obj.data_ptr(), nbytes, _TORCH.get(str(getattr(obj, "dtype", ""))))
+    raise StrataError(
+        INVALID_ARGUMENT,
+        f"{what}: {type(obj).__name__} has no __array_interface__ or data_ptr() (numpy arrays, CPU tensors)",
+    )
+
+
+def _resolve_dtype(dtype: Any, *bufs: Optional[_Buf]) -> int:
+    if dtype is not None:
+        return _dtype_code(dtype)
+    for b in bufs:
+        if b is not None and b.dtype is not None:
+            return b.dtype
+    raise StrataError(INVALID_ARGUMENT, "cannot infer the dtype: pass dtype=")
+
+
+def _size_of(code: int) -> int:
+    # Unsupported NCCL codes: any size; the library rejects the dtype itself.
+    return DTYPE_SIZES.get(code, 1)
+
+
+def _need(b: _Buf, nbytes: int, what: str) -> None:
+    if b.nbytes < nbytes:
+        raise StrataError(
+            INVALID_ARGUMENT, f"{what} holds {b.nbytes} bytes, the call needs {nbytes}"
+        )
+
+
+def _stream(stream: Any) -> Optional[int]:
+    if stream is None:
+        return None
+    if isinstance(stream, int):
+        return stream
+    for attr in ("cuda_stream", "ptr", "handle"):
+        v = getattr(stream, attr, None)
+        if isinstance(v, int):
+            return v
+    raise StrataError(INVALID_ARGUMENT, f"cannot take a stream pointer from {stream!r}")
+
+
+def _op_code(op: Any) -> int:
+    if isinstance(op, int):
+        return op
+    try:
+        return OPS[str(op).lower()]
+    except KeyError:
+        raise StrataError(INVALID_ARGUMENT, f"unknown op {op!r} (sum, prod, max, min, avg)") from None
+
+
+# ---- groups ----
+
+_tls = threading.local()
+
+
+def _group_keep(*objs: Any) -> None:
+    if getattr(_tls, "depth", 0) > 0:
+        _tls.keep.extend(objs)
+
+
+def group_start() -> None:
+    """``strataGroupStart``: calls on this thread return at once until ``group_end``."""
+    _check(_load().strataGroupStart())
+    if getattr(_tls, "depth", 0) == 0:
+        _tls.keep = []
+    _tls.depth = getattr(_tls, "depth", 0) + 1
+
+
+def group_end() -> None:
+    """``strataGroupEnd``: at the outermost end, run the group's calls and fill their
+    receive buffers; the arrays are kept alive until then."""
+    code = _load().strataGroupEnd()
+    if getattr(_tls, "depth", 0) > 0:
+        _tls.depth -= 1
+        if _tls.depth == 0:
+            _tls.keep = []
+    _check(code)
+
+
+@contextmanager
+def group():
+    """``with strata.group(): ...`` = ``group_start()`` ... ``group_end()``."""
+    group_start()
+    try:
+        yield
+    finally:
+        group_end()
+
+
+# ---- communicators ----
+
+
+class Comm:
+    """A communicator (``strataComm_t``): one rank's handle on a group of ranks. Drive it
+    from one thread at a time. Release it with ``destroy()`` (or use it as a context
+    manager); a destroyed communicator raises ``StrataError`` code 5."""
+
+    def __init__(self, handle: int):
+        self._h: Optional[int] = handle
+        self._addr = handle
+
+    # -- properties --
+    @property
+    def handle(self) -> int:
+        """The raw ``strataComm_t`` value."""
+        return self._addr
+
+    def _int(self, fn: str) -> int:
+        v = ctypes.c_int()
+        _check(getattr(_load(), fn)(self._addr, ctypes.byref(v)), self._addr)
+        return v.value
+
+    @property
+    def rank(self) -> int:
+        """``strataCommUserRank``."""
+        return self._int("strataCommUserRank")
+
+    @property
+    def size(self) -> int:
+        """``strataCommCount``."""
+        return self._int("strataCommCount")
+
+    @property
+    def last_error(self) -> str:
+        """``strataGetLastError(comm)``."""
+        return _last_error(self._addr)
+
+    def __repr__(self) -> str:
+        if self._h is None:
+            return f"<strata.Comm {self._addr:#x} destroyed>"
+        return f"<strata.Comm {self._addr:#x}>"
+
+    def __enter__(self) -> "Comm":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._h is not None:
+            self.destroy()
+
+    # -- lifetime --
+    def destroy(self) -> None:
+        """``strataCommDestroy``: finish queued work and release the communicator."""
+        self._h = None
+        _check(_load().strataCommDestroy(self._addr))
+
+    def abort(self) -> None:
+        """``strataCommAbort``: fail every waiter here and on the peers, and release."""
+        self._h = None
+        _check(_load().strataCommAbort(self._addr))
+
+    def split(self, color: Optional[int], key: int = 0) -> Optional["Comm"]:
+        """``strataCommSplit`` (collective): ranks with the same ``color`` form a new
+        communicator ordered by (key, rank); ``color=None`` opts out and returns None."""
+        out = _vp()
+        c = SPLIT_NOCOLOR if color is None else color
+        _check(_load().strataCommSplit(self._addr, c, key, ctypes.byref(out), None), self._addr)
+        return Comm(out.value) if out.value else None
+
+    # -- collectives --
+    def _call(self, fn: str, *args: Any) -> None:
+        _check(getattr(_load(), fn)(*args), self._addr)
+
+    def all_gather(self, send, recv, count=None, dtype=None, stream=None) -> None:
+        """``strataAllGather``: ``recv`` (size*count) gathers every rank's ``send``
+        (count; default: all of ``send``). In place when ``send`` is
+        ``recv[rank*count:(rank+1)*count]``."""
+        s, r = _buf(send, False, "send"), _buf(recv, True, "recv")
+        dt = _resolve_dtype(dtype, s, r)
+        sz = _size_of(dt)
+        count = s.nbytes // sz if count is None else count
+        _need(s, count * sz, "send")
+        _need(r, count * sz * self.size, "recv")
+        _group_keep(send, recv)
+        self._call("strataAllGather", s.ptr, r.ptr, count, dt, self._addr, _stream(stream))
+
+    def reduce_scatter(self, send, recv, op="sum", count=None, dtype=None, stream=None) -> None:
+        """``strataReduceScatter``: ``recv`` (count; default: all of ``recv``) = ``op``
+        over ranks of ``send[rank*count:]`` (size*count). In place when ``recv`` is
+        ``send[rank*count:(rank+1)*count]``."""
+        s, r = _buf(send, False, "send"), _buf(recv, True, "recv")
+        dt = _resolve_dtype(dtype, s, r)
+        sz = _size_of(dt)
+        count = r.nbytes // sz if count is None else count
+        _need(r, count * sz, "recv")
+        _need(s, count * sz * self.size, "send")
+        _group_keep(send, recv)
+        self._call("strataReduceScatter", s.ptr, r.ptr, count, dt, _op_code(op), self._addr, _stream(stream))
+
+    def all_reduce(self, send, recv=None, op="sum", count=None, dtype=None, stream=None) -> None:
+        """``strataAllReduce``; in place when ``recv`` is None or ``send`` itself."""
+        recv = send if recv is None else recv
+        s, r = _buf(send, False, "send"), _buf(recv, True, "recv")
+        dt = _resolve_dtype(dtype, s, r)
+        sz = _size_of(dt)
+        count = s.nbytes // sz if count is None else count
+        _need(s, count * sz, "send")
+        _need(r, count * sz, "recv")
+        _group_keep(send, recv)
+        self._call("strataAllReduce", s.ptr, r.ptr, count, dt, _op_code(op), self._addr, _stream(stream))
+
+    def all_to_all(self, send, recv, count=None, dtype=None, stream=None) -> None:
+        """``strataAllToAll``: block j (count; default len(send)/size) of ``send`` goes to
+        rank j, block i of ``recv`` comes from rank i."""
+        s, r = _buf(send, False, "send"), _buf(recv, True, "recv")
+        dt = _resolve_dtype(dtype, s, r)
+        sz = _size_of(dt)
+        n = self.size
+        if count is None:
+            if s.nbytes % (sz * n):
+                raise StrataError(INVALID_ARGUMENT, f"send ({s.nbytes} bytes) does not split into {n} blocks")
+            count = s.nbytes // (sz * n)
+        _need(s, count * sz * n, "send")
+        _need(r, count * sz * n, "recv")
+        _group_keep(send, recv)
+        self._call("strataAllToAll", s.ptr, r.ptr, count, dt, self._addr, _stream(stream))
+
+    def broadcast(self, send, recv=None, root=0, count=None, dtype=None, stream=None) -> None:
+        """``strataBroadcast`` from ``root``; in place when ``recv`` is None (then ``send``
+        is the buffer on every rank). Off the root, ``send`` may be None."""
+        if recv is None:
+            recv, send = send, send
+        r = _buf(recv, True, "recv")
+        s = _buf(send, False, "send") if send is not None else None
+        dt = _resolve_dtype(dtype, r, s)
+        sz = _size_of(dt)
+        count = r.nbytes // sz if count is None else count
+        _need(r, count * sz, "recv")
+        if s is not None:
+            _need(s, count * sz, "send")
+        _group_keep(send, recv)
+        self._call("strataBroadcast", s.ptr if s else None, r.ptr, count, dt, root, self._addr, _stream(stream))
+
+    def send(self, buf, peer: int, count=None, dtype=None, stream=None) -> None:
+        """``strataSend`` of ``buf`` to ``peer``."""
+        b = _buf(buf, False, "buf")
+        dt = _resolve_dtype(dtype, b)
+        sz = _size_of(dt)
+        count = b.nbytes // sz if count is None else count
+        _need(b, count * sz, "buf")
+        _group_keep(buf)
+        self._call("strataSend", b.ptr, count, dt, peer, self._addr, _stream(stream))
+
+    def recv(self, buf, peer: int, count=None, dtype=None, stream=None) -> None:
+        """``strataRecv`` into ``buf`` from ``peer``."""
+        b = _buf(buf, True, "buf")
+        dt = _resolve_dtype(dtype, b)
+        sz = _size_of(dt)
+        count = b.nbytes // sz if count is None else count
+        _need(b, count * sz, "buf")
+        _group_keep(buf)
+        self._call("strataRecv", b.ptr, count, dt, peer, self._addr, _stream(stream))
+
+    def _coalesced(self, fn, sends, recvs, counts, dtype, op, gather: bool, stream) -> None:
+        sends, recvs = list(sends), list(recvs)
+        if len(sends) != len(recvs):
+            raise StrataError(INVALID_ARGUMENT, f"{len(sends)} send buffers but {len(recvs)} receive buffers")
+        sb = [_buf(x, False, f"sends[{i}]") for i, x in enumerate(sends)]
+        rb = [_buf(x, True, f"recvs[{i}]") for i, x in enumerate(recvs)]
+        dt = _resolve_dtype(dtype, *(sb + rb))
+        sz = _size_of(dt)
+        n = self.size
+        if counts is None:
+            counts = [(s.nbytes if gather else r.nbytes) // sz for s, r in zip(sb, rb)]
+        counts = list(counts)
+        if len(counts) != len(sb):
+            raise StrataError(INVALID_ARGUMENT, f"{len(counts)} counts for {len(sb)} buffers")
+        for i, (s, r, c) in enumerate(zip(sb, rb, counts)):
+            _need(s, c * sz * (1 if gather else n), f"sends[{i}]")
+            _need(r, c * sz * (n if gather else 1), f"recvs[{i}]")
+        k = len(sb)
+        sp = (_vp * k)(*[s.ptr for s in sb])
+        rp = (_vp * k)(*[r.ptr for r in rb])
+        cp = (_c_size * k)(*counts)
+        _group_keep(*sends, *recvs)
+        args = [sp, rp, cp, k, dt] + ([] if gather else [_op_code(op)]) + [self._addr, _stream(stream)]
+        self._call(fn, *args)
+
+    def all_gather_coalesced(self, sends: Sequence, recvs: Sequence, counts=None, dtype=None, stream=None) -> None:
+        """``strataAllGatherCoalesced``: ``recvs[i]`` gathers ``sends[i]`` for every i, in one
+        collective (MiCS §4); counts default to the sizes of ``sends``."""
+        self._coalesced("strataAllGatherCoalesced", sends, recvs, counts, dtype, None, True, stream)
+
+    def reduce_scatter_coalesced(self, sends: Sequence, recvs: Sequence, op="sum", counts=None, dtype=None, stream=None) -> None:
+        """``strataReduceScatterCoalesced``: ``recvs[i]`` = ``op`` over ranks of
+        ``sends[i][rank*count_i:]``; counts default to the sizes of ``recvs``."""
+        self._coalesced("strataReduceScatterCoalesced", sends, recvs, counts, dtype, op, False, stream)
+
+
+def init_local(nranks: int, topology: Optional[str] = None, algo: Optional[str] = None,
+               timeout: Optional[float] = None) -> List[Comm]:
+    """``strataCommInitLocal``: an in-process world of ``nranks`` ranks (local transport);
+    returns one ``Comm`` per rank, rank i at index i, to drive from threads (or from one
+    thread inside ``group()``). ``topology`` is a SPEC such as ``"nodes:2x4"`` (default:
+    ``STRATA_TOPOLOGY``, else one node); ``algo`` ``ring|hier|auto``; ``timeout`` seconds."""
+    out = (_vp * max(nranks, 1))()
+    cfg = _config("local", None, algo, timeout)
+    _check(_load().strataCommInitLocal(out, nranks, topology.encode() if topology else None, ctypes.byref(cfg)))
+    return [Comm(out[i]) for i in range(nranks)]
+
+
+def init_rank(nranks: int, uid: UniqueId, rank: int, transport: Optional[str] = None,
+              topology: Optional[str] = None, algo: Optional[str] = None,
+              timeout: Optional[float] = None) -> Comm:
+    """``strataCommInitRankConfig``: this rank's communicator of a world of ``nranks``,
+    blocking until all ranks joined with the same ``uid`` (local transport: threads of
+    this process) or the MPI world formed (``transport="mpi"``)."""
+    out = _vp()
+    cfg = _config(transport, topology, algo, timeout)
+    _check(_load().strataCommInitRankConfig(ctypes.byref(out), nranks, uid, rank, ctypes.byref(cfg)))
+    return Comm(out.value)
+
+
+def destroy_all(comms: Iterable[Optional[Comm]]) -> None:
+    """Destroy every communicator of a list (None entries skipped)."""
+    for c in comms:
+        if c is not None:
+            c.destroy()

@@ -1,0 +1,5 @@
+"""Make the in-tree package importable without installing it."""
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))

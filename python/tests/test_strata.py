@@ -1,0 +1,372 @@
+"""pytest over the C ABI through the ctypes package, on host memory: every call is driven
+from threads on an in-process world (`strata.init_local(8, "nodes:2x4")`)."""
+
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+import strata
+
+N = 8
+
+
+@pytest.fixture
+def comms():
+    cs = strata.init_local(N, "nodes:2x4", timeout=20)
+    yield cs
+    for c in cs:
+        try:
+            c.destroy()
+        except strata.StrataError as e:
+            assert e.code == strata.INVALID_USAGE  # already destroyed by the test
+
+
+def on_ranks(comms, fn):
+    """Run fn(comm, rank) on every rank's thread; return the results in rank order."""
+    with ThreadPoolExecutor(len(comms)) as pool:
+        futs = [pool.submit(fn, c, r) for r, c in enumerate(comms)]
+        return [f.result() for f in futs]
+
+
+def val(r, n, dtype=np.float32):
+    """Small integers: exact sums in every dtype."""
+    return ((np.arange(n) * 3 + r * 7) % 11 - 5).astype(dtype)
+
+
+def bf16(a):
+    """float32 -> bfloat16 bits (round to nearest even) as uint16."""
+    u = np.asarray(a, np.float32).view(np.uint32)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def from_bf16(h):
+    return (h.astype(np.uint32) << 16).view(np.float32)
+
+
+def test_version_and_strings():
+    assert strata.version() == strata.ABI_VERSION_CODE
+    assert strata.error_string(0) == "no error"
+    assert "invalid argument" in strata.error_string(4)
+    assert strata.error_string(42) == "unknown result code"
+    assert os.path.exists(strata.library_path())
+
+
+def test_rank_and_size(comms):
+    assert [c.rank for c in comms] == list(range(N))
+    assert all(c.size == N for c in comms)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32, np.int8])
+def test_all_gather(comms, dtype):
+    def body(c, r):
+        send = val(r, 5, dtype)
+        recv = np.zeros(5 * N, dtype)
+        c.all_gather(send, recv)
+        inplace = np.zeros(5 * N, dtype)
+        inplace[r * 5 : (r + 1) * 5] = send
+        c.all_gather(inplace[r * 5 : (r + 1) * 5], inplace)  # NCCL's in-place layout
+        return recv, inplace
+
+    want = np.concatenate([val(p, 5, dtype) for p in range(N)])
+    for recv, inplace in on_ranks(comms, body):
+        np.testing.assert_array_equal(recv, want)
+        np.testing.assert_array_equal(inplace, want)
+
+
+def test_all_gather_bf16(comms):
+    def body(c, r):
+        recv = np.zeros(3 * N, np.uint16)
+        c.all_gather(bf16(val(r, 3)), recv, dtype="bf16")
+        return from_bf16(recv)
+
+    want = np.concatenate([val(p, 3) for p in range(N)])
+    for got in on_ranks(comms, body):
+        np.testing.assert_array_equal(got, want)
+
+
+def reference(op, parts):
+    s = np.stack(parts).astype(np.float64)
+    return {"sum": s.sum(0), "avg": s.mean(0), "max": s.max(0), "min": s.min(0), "prod": s.prod(0)}[op]
+
+
+@pytest.mark.parametrize("op", ["sum", "avg", "max", "min"])
+def test_reduce_scatter(comms, op):
+    c_ = 3
+
+    def body(c, r):
+        send = val(r, c_ * N)
+        recv = np.zeros(c_, np.float32)
+        c.reduce_scatter(send, recv, op=op)
+        inplace = send.copy()
+        c.reduce_scatter(inplace, inplace[r * c_ : (r + 1) * c_], op=op)
+        return recv, inplace
+
+    full = reference(op, [val(p, c_ * N) for p in range(N)])
+    for r, (recv, inplace) in enumerate(on_ranks(comms, body)):
+        np.testing.assert_allclose(recv, full[r * c_ : (r + 1) * c_], rtol=1e-6)
+        np.testing.assert_allclose(inplace[r * c_ : (r + 1) * c_], full[r * c_ : (r + 1) * c_], rtol=1e-6)
+        rest = np.delete(inplace, np.s_[r * c_ : (r + 1) * c_])
+        np.testing.assert_array_equal(rest, np.delete(val(r, c_ * N), np.s_[r * c_ : (r + 1) * c_]))
+
+
+@pytest.mark.parametrize("op", ["sum", "avg", "max", "min", "prod"])
+def test_all_reduce(comms, op):
+    def body(c, r):
+        x = val(r, 4) / 4 + 1  # prod stays small
+        out = np.zeros(4, np.float32)
+        c.all_reduce(x, out, op=op)
+        c.all_reduce(x, op=op)  # in place
+        return out, x
+
+    want = reference(op, [val(p, 4) / 4 + 1 for p in range(N)])
+    for out, x in on_ranks(comms, body):
+        np.testing.assert_allclose(out, want, rtol=1e-5)
+        np.testing.assert_allclose(x, want, rtol=1e-5)
+
+
+def test_all_reduce_f16(comms):
+    def body(c, r):
+        x = val(r, 6, np.float16)
+        c.all_reduce(x, op="sum")
+        return x
+
+    want = reference("sum", [val(p, 6) for p in range(N)])
+    for x in on_ranks(comms, body):
+        np.testing.assert_array_equal(x.astype(np.float64), want)
+
+
+def test_all_to_all(comms):
+    def body(c, r):
+        send = np.array([r * 100 + p * 10 + i for p in range(N) for i in range(2)], np.float32)
+        recv = np.zeros_like(send)
+        c.all_to_all(send, recv)
+        return recv
+
+    for r, recv in enumerate(on_ranks(comms, body)):
+        want = np.array([p * 100 + r * 10 + i for p in range(N) for i in range(2)], np.float32)
+        np.testing.assert_array_equal(recv, want)
+
+
+def test_broadcast(comms):
+    root = 5
+
+    def body(c, r):
+        recv = np.zeros(7, np.float32)
+        c.broadcast(val(r, 7) if r == root else None, recv, root=root)
+        x = val(r, 7)
+        c.broadcast(x, root=2)  # in place
+        return recv, x
+
+    for recv, x in on_ranks(comms, body):
+        np.testing.assert_array_equal(recv, val(root, 7))
+        np.testing.assert_array_equal(x, val(2, 7))
+
+
+def test_send_recv_and_groups(comms):
+    def body(c, r):
+        nxt, prv = (r + 1) % N, (r - 1) % N
+        got = np.zeros(3, np.float32)
+        with strata.group():
+            c.recv(got, prv)
+            c.send(val(r, 3), nxt)
+        ar = np.array([r, 1], np.float32)
+        ag = np.zeros(N, np.int32)
+        with strata.group():  # results appear when the block ends
+            c.all_reduce(ar)
+            c.all_gather(np.array([r], np.int32), ag)
+        return got, ar, ag
+
+    for r, (got, ar, ag) in enumerate(on_ranks(comms, body)):
+        np.testing.assert_array_equal(got, val((r - 1) % N, 3))
+        np.testing.assert_array_equal(ar, [N * (N - 1) / 2, N])
+        np.testing.assert_array_equal(ag, np.arange(N))
+
+
+def test_one_thread_drives_all_ranks_in_a_group(comms):
+    outs = [np.zeros(2 * N, np.float32) for _ in range(N)]
+    with strata.group():
+        for r, c in enumerate(comms):
+            c.all_gather(np.array([r, -r], np.float32), outs[r])  # temporaries kept alive
+    want = np.array([v for p in range(N) for v in (p, -p)], np.float32)
+    for o in outs:
+        np.testing.assert_array_equal(o, want)
+
+
+def test_coalesced(comms):
+    counts = [1, 7, 4]
+
+    def body(c, r):
+        sends = [val(r, k) + 20 * i for i, k in enumerate(counts)]
+        recvs = [np.zeros(k * N, np.float32) for k in counts]
+        c.all_gather_coalesced(sends, recvs)
+        rs_send = [val(r, k * N) for k in counts]
+        rs_recv = [np.zeros(k, np.float32) for k in counts]
+        c.reduce_scatter_coalesced(rs_send, rs_recv, op="avg")
+        return recvs, rs_recv
+
+    for r, (recvs, rs_recv) in enumerate(on_ranks(comms, body)):
+        for i, k in enumerate(counts):
+            np.testing.assert_array_equal(recvs[i], np.concatenate([val(p, k) + 20 * i for p in range(N)]))
+            full = reference("avg", [val(p, k * N) for p in range(N)])
+            np.testing.assert_allclose(rs_recv[i], full[r * k : (r + 1) * k], rtol=1e-6)
+
+
+def test_split(comms):
+    def body(c, r):
+        sub = c.split(r % 2, key=-r)
+        x = np.array([r], np.float32)
+        sub.all_reduce(x)
+        info = (sub.rank, sub.size, float(x[0]))
+        sub.destroy()
+        with pytest.raises(strata.StrataError) as e:
+            sub.all_reduce(x)
+        assert e.value.code == strata.INVALID_USAGE and "destroyed" in e.value.message
+        none = c.split(None if r == 0 else 1)
+        if none is not None:
+            none.destroy()
+        return info, none is None
+
+    for r, ((rank, size, s), opted_out) in enumerate(on_ranks(comms, body)):
+        assert size == N // 2 and rank == N // 2 - 1 - r // 2
+        assert s == sum(range(r % 2, N, 2))
+        assert opted_out == (r == 0)
+
+
+def test_init_rank_from_threads():
+    uid = strata.get_unique_id()
+    assert len(bytes(uid)) == 128
+
+    def body(r):
+        c = strata.init_rank(4, uid, r, topology="nodes:2x2", algo="hier", timeout=20)
+        x = np.full(3, r, np.float32)
+        c.all_reduce(x)
+        out = (c.rank, c.size, x.copy())
+        c.destroy()
+        return out
+
+    with ThreadPoolExecutor(4) as pool:
+        res = list(pool.map(body, range(4)))
+    for r, (rank, size, x) in enumerate(res):
+        assert (rank, size) == (r, 4)
+        np.testing.assert_array_equal(x, np.full(3, 6.0))
+
+
+def test_init_rank_timeout_is_an_error_not_a_hang():
+    with pytest.raises(strata.StrataError) as e:
+        strata.init_rank(2, strata.get_unique_id(), 0, timeout=0.2)
+    assert e.value.code == strata.REMOTE_ERROR and "1 of 2" in e.value.message
+
+
+class TensorLike:
+    """A stand-in for a CPU tensor: data_ptr(), numel(), element_size(), dtype, device."""
+
+    class _Dev:
+        def __init__(self, t):
+            self.type = t
+
+    def __init__(self, arr, device="cpu"):
+        self.arr = arr
+        self.device = self._Dev(device)
+        self.dtype = "torch.float32"
+
+    def data_ptr(self):
+        return self.arr.ctypes.data
+
+    def numel(self):
+        return self.arr.size
+
+    def element_size(self):
+        return self.arr.itemsize
+
+    def is_contiguous(self):
+        return True
+
+
+def test_objects_with_a_data_pointer(comms):
+    def body(c, r):
+        t = TensorLike(np.full(2, r + 1, np.float32))
+        c.all_reduce(t)
+        return t.arr
+
+    for a in on_ranks(comms, body):
+        np.testing.assert_array_equal(a, np.full(2, N * (N + 1) / 2))
+    with pytest.raises(strata.StrataError) as e:
+        comms[0].all_reduce(TensorLike(np.zeros(2, np.float32), device="cuda"))
+    assert e.value.code == strata.INVALID_ARGUMENT
+
+    class Device:
+        __cuda_array_interface__ = {"data": (1234, False), "shape": (2,), "typestr": "<f4"}
+
+    with pytest.raises(strata.StrataError) as e:
+        comms[0].all_reduce(Device())
+    assert e.value.code == strata.INVALID_ARGUMENT and "device memory" in e.value.message
+
+
+def test_errors_carry_code_and_last_error(comms):
+    c = comms[0]
+    x = np.zeros(4, np.float32)
+    # Unknown dtype: passed to the library, which names it.
+    with pytest.raises(strata.StrataError) as e:
+        c.all_reduce(np.zeros(4, np.float64))
+    assert e.value.code == 4 and "strataAllReduce" in e.value.message and "datatype 8" in e.value.message
+    assert c.last_error == e.value.message
+    with pytest.raises(strata.StrataError) as e:
+        c.all_reduce(x, op=17)
+    assert e.value.code == 4 and "op 17" in e.value.message
+    with pytest.raises(strata.StrataError) as e:
+        c.broadcast(x, root=N)
+    assert e.value.code == 4 and "root" in e.value.message
+    with pytest.raises(strata.StrataError) as e:  # overlapping, not in place
+        c.all_reduce(x[:3], x[1:4])
+    assert e.value.code == 4 and "overlap" in e.value.message
+    with pytest.raises(strata.StrataError) as e:  # count overflow
+        c.all_reduce(x, count=2**62)
+    assert e.value.code == 4
+    with pytest.raises(strata.StrataError) as e:  # package-side size check
+        c.all_gather(x, np.zeros(4, np.float32))
+    assert e.value.code == 4 and "needs" in e.value.message
+    with pytest.raises(strata.StrataError) as e:
+        c.all_reduce(np.zeros((4, 4), np.float32)[:, 0])
+    assert "contiguous" in e.value.message
+    with pytest.raises(strata.StrataError) as e:
+        strata.group_end()
+    assert e.value.code == 5
+    with pytest.raises(strata.StrataError) as e:
+        strata.init_local(3, "nodes:2x2")
+    assert e.value.code == 5 and "4 ranks" in e.value.message
+    with pytest.raises(strata.StrataError) as e:
+        strata.init_local(2, algo="bogus")
+    assert e.value.code == 4 and "bogus" in e.value.message
+    with pytest.raises(strata.StrataError) as e:
+        strata.init_rank(4, strata.get_unique_id(), 4)
+    assert e.value.code == 4 and "rank 4" in e.value.message
+    # The communicator still works after all that.
+    out = on_ranks(comms, lambda cm, r: (cm.all_reduce(np.ones(1, np.float32)) or 0))
+    assert out == [0] * N
+    # Destroyed communicators are detected.
+    comms[0].destroy()
+    with pytest.raises(strata.StrataError) as e:
+        comms[0].size
+    assert e.value.code == 5
+
+
+def test_missing_library_names_the_candidates():
+    env = dict(os.environ, STRATA_LIB="/nonexistent/libstrata.so")
+    p = subprocess.run(
+        [sys.executable, "-c", "import strata; strata.version()"],
+        env=env, capture_output=True, text=True,
+        cwd=os.path.join(os.path.dirname(__file__), ".."),
+    )
+    assert p.returncode != 0
+    assert "LibraryNotFound" in p.stderr and "/nonexistent/libstrata.so" in p.stderr
+
+
+def test_config_layout():
+    import ctypes
+
+    assert ctypes.sizeof(strata.Config) == (48 if ctypes.sizeof(ctypes.c_void_p) == 8 else 28)
+    assert ctypes.sizeof(strata.UniqueId) == 128

@@ -1,0 +1,742 @@
+//! Collectives, point-to-point and groups over host memory.
+//!
+//! Every call: check the communicator, dtype, op, ranks and sizes; recognise NCCL's
+//! in-place layout from the raw pointers (else require disjoint byte ranges); copy the
+//! inputs into strata [`Buffer`]s (one buffer and a view of it for in-place calls);
+//! submit through [`Comm`]'s one submit path; then wait and copy the results into the
+//! user's receive buffers, or, inside a group, hold the copy-out for `strataGroupEnd`.
+
+use super::*;
+use crate::comm::{group_end, group_start, Work};
+use crate::dtype::{DataType, ReduceOp};
+use crate::memory::Buffer;
+
+// ---- argument helpers ----
+
+fn dtype(v: strataDataType_t) -> Result<DataType> {
+    DataType::from_raw(v).map_err(|_| {
+        Error::InvalidArgument(format!(
+            "datatype {v} is not supported (strataInt8 0, strataUint8 1, strataInt32 2, strataFloat16 6, strataFloat32 7, strataBfloat16 9)"
+        ))
+    })
+}
+
+fn redop(v: strataRedOp_t) -> Result<ReduceOp> {
+    ReduceOp::from_raw(v).map_err(|_| {
+        Error::InvalidArgument(format!(
+            "reduction op {v} is not supported (strataSum 0, strataProd 1, strataMax 2, strataMin 3, strataAvg 4)"
+        ))
+    })
+}
+
+/// `count * mult` elements of `dt` in bytes, checked against overflow and `isize::MAX`.
+fn nbytes(count: usize, mult: usize, dt: DataType, what: &str) -> Result<usize> {
+    count
+        .checked_mul(mult)
+        .and_then(|n| n.checked_mul(dt.size()))
+        .filter(|&n| n <= isize::MAX as usize)
+        .ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "{what}: {count} x {mult} elements of {dt} overflow the address space"
+            ))
+        })
+}
+
+fn peer_arg(v: c_int, size: usize, what: &str) -> Result<usize> {
+    if v < 0 || v as usize >= size {
+        return Err(Error::InvalidArgument(format!(
+            "{what} {v} is out of range for a communicator of {size} ranks"
+        )));
+    }
+    Ok(v as usize)
+}
+
+/// A byte range of user memory; `write` when the call stores into it.
+#[derive(Clone, Copy, Debug)]
+struct Span {
+    start: usize,
+    len: usize,
+    write: bool,
+}
+
+fn span(p: *const c_void, len: usize, write: bool, what: &str) -> Result<Span> {
+    if p.is_null() && len > 0 {
+        return Err(Error::InvalidArgument(format!(
+            "{what} is NULL but the call needs {len} bytes"
+        )));
+    }
+    let start = p as usize;
+    start
+        .checked_add(len)
+        .ok_or_else(|| Error::InvalidArgument(format!("{what} + {len} bytes wraps around")))?;
+    Ok(Span { start, len, write })
+}
+
+/// No byte may be both written by the call and touched by another range of it (NCCL's
+/// in-place layouts are recognised before and passed as one span).
+fn disjoint(spans: &mut [Span], what: &str) -> Result<()> {
+    spans.sort_by_key(|s| s.start);
+    let (mut end_any, mut end_write) = (0usize, 0usize);
+    for s in spans.iter().filter(|s| s.len > 0) {
+        if (s.write && s.start < end_any) || s.start < end_write {
+            return Err(Error::InvalidArgument(format!(
+                "{what}: send and receive buffers overlap without being NCCL's in-place layout"
+            )));
+        }
+        end_any = end_any.max(s.start + s.len);
+        if s.write {
+            end_write = end_write.max(s.start + s.len);
+        }
+    }
+    Ok(())
+}
+
+/// `len` bytes of user memory at `p`.
+///
+/// # Safety
+/// `p` is valid for reads of `len` initialised bytes (non-NULL when `len > 0`) that are
+/// not written while the slice lives.
+unsafe fn user_bytes<'a>(p: *const c_void, len: usize) -> &'a [u8] {
+    if len == 0 {
+        return &[];
+    }
+    // SAFETY: the caller's contract: `len` readable, initialised bytes at `p`, which is
+    // non-NULL; `len <= isize::MAX` was checked by `nbytes`.
+    unsafe { std::slice::from_raw_parts(p as *const u8, len) }
+}
+
+/// A new buffer holding a copy of `len` bytes of user memory at `p`.
+///
+/// # Safety
+/// As [`user_bytes`].
+unsafe fn copy_in(p: *const c_void, len: usize) -> Buffer {
+    // SAFETY: the caller's contract.
+    Buffer::from_bytes(unsafe { user_bytes(p, len) })
+}
+
+/// Results to copy from a strata buffer into user memory once the work is done.
+struct Out {
+    buf: Buffer,
+    dst: *mut u8,
+}
+
+fn out(buf: Buffer, dst: *mut c_void) -> Out {
+    Out {
+        buf,
+        dst: dst as *mut u8,
+    }
+}
+
+/// # Safety
+/// Every `dst` is valid for writes of its buffer's length and not accessed concurrently.
+unsafe fn copy_out(outs: &[Out]) -> Result<()> {
+    for o in outs {
+        let g = o.buf.read()?;
+        if g.is_empty() {
+            continue;
+        }
+        // SAFETY: the caller's contract on `dst`; the source is strata-owned memory
+        // distinct from user memory, so the ranges cannot overlap.
+        unsafe { std::ptr::copy_nonoverlapping(g.as_ptr(), o.dst, g.len()) };
+    }
+    Ok(())
+}
+
+struct Held {
+    function: &'static str,
+    handle: Arc<Handle>,
+    work: Work,
+    outs: Vec<Out>,
+}
+
+thread_local! {
+    static HELD: RefCell<Vec<Held>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Outside a group: wait and copy the results out. Inside: hold them for `strataGroupEnd`.
+///
+/// # Safety
+/// As [`copy_out`], until the work completes (inside a group: until `strataGroupEnd`).
+unsafe fn finish(
+    function: &'static str,
+    handle: Arc<Handle>,
+    work: Work,
+    outs: Vec<Out>,
+) -> Result<()> {
+    if crate::comm::group::in_group() {
+        HELD.with(|h| {
+            h.borrow_mut().push(Held {
+                function,
+                handle,
+                work,
+                outs,
+            })
+        });
+        return Ok(());
+    }
+    work.wait()?;
+    // SAFETY: the caller's contract on the destinations.
+    unsafe { copy_out(&outs) }
+}
+
+// ---- collectives ----
+
+/// All-gather (NCCL's `ncclAllGather`): `recvbuff` (`nranks * sendcount` elements) receives
+/// every rank's `sendbuff` (`sendcount` elements), rank-major.
+///
+/// In place when `sendbuff == recvbuff + rank * sendcount` (in elements); any other overlap
+/// of the two ranges is `strataInvalidArgument`. `sendcount == 0` is a no-op (NULL buffers
+/// allowed). Host transports: blocking; the stream is ignored (may be NULL); inside a
+/// group the call returns at once, `sendbuff` is read now and `recvbuff` is written by
+/// `strataGroupEnd` (keep both valid until it returns). Ownership: the buffers stay the
+/// caller's; strata copies from and into them and keeps no pointer after the call (or
+/// the group) ends. Thread-safety: one thread at a time per communicator.
+///
+/// Errors: `strataInvalidArgument` for a NULL/foreign comm, NULL buffers with a nonzero
+/// count, `nranks * sendcount * size` overflow, an unknown datatype, aliasing buffers;
+/// `strataInvalidUsage` for a destroyed comm; `strataRemoteError` when a peer fails or
+/// times out.
+///
+/// # Safety
+/// `sendbuff` readable for `sendcount` elements, `recvbuff` writable for
+/// `nranks * sendcount` elements, both host memory, neither accessed by other threads
+/// during the call (or the group).
+#[no_mangle]
+pub unsafe extern "C" fn strataAllGather(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    sendcount: usize,
+    datatype: strataDataType_t,
+    comm: strataComm_t,
+    stream: strataStream_t,
+) -> strataResult_t {
+    let _ = stream;
+    ffi_boundary!("strataAllGather", comm, {
+        let h = lookup(comm)?;
+        let dt = dtype(datatype)?;
+        let (n, r) = (h.comm.size(), h.comm.rank());
+        let c = nbytes(sendcount, 1, dt, "sendcount")?;
+        let total = nbytes(sendcount, n, dt, "sendcount x nranks")?;
+        let s = span(sendbuff, c, false, "sendbuff")?;
+        let rv = span(recvbuff, total, true, "recvbuff")?;
+        if sendcount == 0 {
+            return Ok(());
+        }
+        let (send, recv) = if s.start == rv.start + r * c {
+            let all = Buffer::zeroed(total);
+            let mine = all.slice(r * c..r * c + c)?;
+            // SAFETY: `sendbuff` is readable for `c` bytes (caller's contract).
+            mine.write_bytes(unsafe { user_bytes(sendbuff, c) })?;
+            (mine, all)
+        } else {
+            disjoint(&mut [s, rv], "strataAllGather")?;
+            // SAFETY: as above.
+            (unsafe { copy_in(sendbuff, c) }, Buffer::zeroed(total))
+        };
+        let work = h.comm.all_gather(&send, &recv, sendcount, dt)?;
+        // SAFETY: `recvbuff` is writable for `total` bytes (caller's contract).
+        unsafe { finish("strataAllGather", h, work, vec![out(recv, recvbuff)]) }
+    })
+}
+
+/// Reduce-scatter (NCCL's `ncclReduceScatter`): `recvbuff` (`recvcount` elements) =
+/// `op` over all ranks of their `sendbuff[rank * recvcount ..]` (`sendbuff` holds
+/// `nranks * recvcount` elements). `strataAvg` is the exact mean.
+///
+/// In place when `recvbuff == sendbuff + rank * recvcount` (in elements); any other
+/// overlap is `strataInvalidArgument`. Only `recvbuff`'s range is written. Blocking,
+/// streams, groups, ownership and thread-safety as `strataAllGather`.
+///
+/// Errors: as `strataAllGather`, plus an unknown reduction op (`strataInvalidArgument`).
+///
+/// # Safety
+/// `sendbuff` readable for `nranks * recvcount` elements, `recvbuff` writable for
+/// `recvcount`, both host memory, not accessed by other threads during the call.
+#[no_mangle]
+pub unsafe extern "C" fn strataReduceScatter(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    recvcount: usize,
+    datatype: strataDataType_t,
+    op: strataRedOp_t,
+    comm: strataComm_t,
+    stream: strataStream_t,
+) -> strataResult_t {
+    let _ = stream;
+    ffi_boundary!("strataReduceScatter", comm, {
+        let h = lookup(comm)?;
+        let dt = dtype(datatype)?;
+        let op = redop(op)?;
+        let (n, r) = (h.comm.size(), h.comm.rank());
+        let c = nbytes(recvcount, 1, dt, "recvcount")?;
+        let total = nbytes(recvcount, n, dt, "recvcount x nranks")?;
+        let s = span(sendbuff, total, false, "sendbuff")?;
+        let rv = span(recvbuff, c, true, "recvbuff")?;
+        if recvcount == 0 {
+            return Ok(());
+        }
+        // SAFETY: `sendbuff` is readable for `total` bytes (caller's contract).
+        let send = unsafe { copy_in(sendbuff, total) };
+        let recv = if rv.start == s.start + r * c {
+            send.slice(r * c..r * c + c)?
+        } else {
+            disjoint(&mut [s, rv], "strataReduceScatter")?;
+            Buffer::zeroed(c)
+        };
+        let work = h.comm.reduce_scatter(&send, &recv, recvcount, dt, op)?;
+        // SAFETY: `recvbuff` is writable for `c` bytes (caller's contract).
+        unsafe { finish("strataReduceScatter", h, work, vec![out(recv, recvbuff)]) }
+    })
+}
+
+/// All-reduce (NCCL's `ncclAllReduce`): `recvbuff` (`count` elements) = `op` over all
+/// ranks' `sendbuff` (`count` elements). In place when `sendbuff == recvbuff`; any other
+/// overlap is `strataInvalidArgument`. Blocking, streams, groups, ownership,
+/// thread-safety and errors as `strataReduceScatter`.
+///
+/// # Safety
+/// `sendbuff` readable and `recvbuff` writable for `count` elements of host memory, not
+/// accessed by other threads during the call.
+#[no_mangle]
+pub unsafe extern "C" fn strataAllReduce(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: strataDataType_t,
+    op: strataRedOp_t,
+    comm: strataComm_t,
+    stream: strataStream_t,
+) -> strataResult_t {
+    let _ = stream;
+    ffi_boundary!("strataAllReduce", comm, {
+        let h = lookup(comm)?;
+        let dt = dtype(datatype)?;
+        let op = redop(op)?;
+        let c = nbytes(count, 1, dt, "count")?;
+        let s = span(sendbuff, c, false, "sendbuff")?;
+        let rv = span(recvbuff, c, true, "recvbuff")?;
+        if count == 0 {
+            return Ok(());
+        }
+        // SAFETY: `sendbuff` is readable for `c` bytes (caller's contract).
+        let send = unsafe { copy_in(sendbuff, c) };
+        let recv = if s.start == rv.start {
+            send.clone()
+        } else {
+            disjoint(&mut [s, rv], "strataAllReduce")?;
+            Buffer::zeroed(c)
+        };
+        let work = h.comm.all_reduce(&send, &recv, count, dt, op)?;
+        // SAFETY: `recvbuff` is writable for `c` bytes (caller's contract).
+        unsafe { finish("strataAllReduce", h, work, vec![out(recv, recvbuff)]) }
+    })
+}
+
+/// All-to-all (NCCL's `ncclAlltoAll`): block j (`count` elements) of `sendbuff` goes to
+/// rank j; block i of `recvbuff` comes from rank i (both `nranks * count` elements). No
+/// in-place form: the buffers must not overlap. Blocking, streams, groups, ownership,
+/// thread-safety and errors as `strataAllGather`.
+///
+/// # Safety
+/// `sendbuff` readable and `recvbuff` writable for `nranks * count` elements of host
+/// memory, not accessed by other threads during the call.
+#[no_mangle]
+pub unsafe extern "C" fn strataAllToAll(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: strataDataType_t,
+    comm: strataComm_t,
+    stream: strataStream_t,
+) -> strataResult_t {
+    let _ = stream;
+    ffi_boundary!("strataAllToAll", comm, {
+        let h = lookup(comm)?;
+        let dt = dtype(datatype)?;
+        let total = nbytes(count, h.comm.size(), dt, "count x nranks")?;
+        let s = span(sendbuff, total, false, "sendbuff")?;
+        let rv = span(recvbuff, total, true, "recvbuff")?;
+        if count == 0 {
+            return Ok(());
+        }
+        disjoint(&mut [s, rv], "strataAllToAll")?;
+        // SAFETY: `sendbuff` is readable for `total` bytes (caller's contract).
+        let send = unsafe { copy_in(sendbuff, total) };
+        let recv = Buffer::zeroed(total);
+        let work = h.comm.all_to_all(&send, &recv, count, dt)?;
+        // SAFETY: `recvbuff` is writable for `total` bytes (caller's contract).
+        unsafe { finish("strataAllToAll", h, work, vec![out(recv, recvbuff)]) }
+    })
+}
+
+/// Broadcast (NCCL's `ncclBroadcast`): `recvbuff` (`count` elements) on every rank =
+/// `sendbuff` of rank `root`. `sendbuff` is read on the root only (may be NULL
+/// elsewhere). In place when `sendbuff == recvbuff` on the root; any other overlap there
+/// is `strataInvalidArgument`. Blocking, streams, groups, ownership, thread-safety and
+/// errors as `strataAllGather`, plus `root` outside `0..nranks` (`strataInvalidArgument`).
+///
+/// # Safety
+/// On the root `sendbuff` readable for `count` elements; `recvbuff` writable for `count`
+/// elements; host memory, not accessed by other threads during the call.
+#[no_mangle]
+pub unsafe extern "C" fn strataBroadcast(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: strataDataType_t,
+    root: c_int,
+    comm: strataComm_t,
+    stream: strataStream_t,
+) -> strataResult_t {
+    let _ = stream;
+    ffi_boundary!("strataBroadcast", comm, {
+        let h = lookup(comm)?;
+        let dt = dtype(datatype)?;
+        let root = peer_arg(root, h.comm.size(), "root")?;
+        let c = nbytes(count, 1, dt, "count")?;
+        let rv = span(recvbuff, c, true, "recvbuff")?;
+        let is_root = h.comm.rank() == root;
+        let s = if is_root {
+            Some(span(sendbuff, c, false, "sendbuff")?)
+        } else {
+            None
+        };
+        if count == 0 {
+            return Ok(());
+        }
+        let (send, recv) = match s {
+            Some(s) => {
+                // SAFETY: on the root `sendbuff` is readable for `c` bytes.
+                let send = unsafe { copy_in(sendbuff, c) };
+                if s.start == rv.start {
+                    (send.clone(), send)
+                } else {
+                    disjoint(&mut [s, rv], "strataBroadcast")?;
+                    (send, Buffer::zeroed(c))
+                }
+            }
+            None => (Buffer::zeroed(0), Buffer::zeroed(c)),
+        };
+        let work = h.comm.broadcast(&send, &recv, count, dt, root)?;
+        // SAFETY: `recvbuff` is writable for `c` bytes (caller's contract).
+        unsafe { finish("strataBroadcast", h, work, vec![out(recv, recvbuff)]) }
+    })
+}
+
+/// In-place broadcast (NCCL's legacy `ncclBcast`): `strataBroadcast(buff, buff, ...)`.
+///
+/// # Safety
+/// `buff` readable (root) and writable for `count` elements of host memory.
+#[no_mangle]
+pub unsafe extern "C" fn strataBcast(
+    buff: *mut c_void,
+    count: usize,
+    datatype: strataDataType_t,
+    root: c_int,
+    comm: strataComm_t,
+    stream: strataStream_t,
+) -> strataResult_t {
+    // SAFETY: the caller's contract is strataBroadcast's with both buffers `buff`.
+    unsafe { strataBroadcast(buff, buff, count, datatype, root, comm, stream) }
+}
+
+/// Sends `count` elements of `sendbuff` to rank `peer` (NCCL's `ncclSend`); the peer
+/// posts a matching `strataRecv`. Host transports send eagerly, so a send outside a group
+/// returns once its bytes are handed over; put matching sends and receives of several
+/// peers in one group (as with NCCL) to exchange without ordering concerns. `sendbuff` is
+/// read during the call. Streams, ownership and thread-safety as `strataAllGather`.
+///
+/// Errors: `strataInvalidArgument` for a NULL/foreign comm, a NULL buffer with a nonzero
+/// count, overflow, an unknown datatype, `peer` outside `0..nranks`; `strataInvalidUsage`
+/// for a destroyed comm or a count that differs from the receiver's;
+/// `strataRemoteError` when the peer fails or times out.
+///
+/// # Safety
+/// `sendbuff` readable for `count` elements of host memory.
+#[no_mangle]
+pub unsafe extern "C" fn strataSend(
+    sendbuff: *const c_void,
+    count: usize,
+    datatype: strataDataType_t,
+    peer: c_int,
+    comm: strataComm_t,
+    stream: strataStream_t,
+) -> strataResult_t {
+    let _ = stream;
+    ffi_boundary!("strataSend", comm, {
+        let h = lookup(comm)?;
+        let dt = dtype(datatype)?;
+        let peer = peer_arg(peer, h.comm.size(), "peer")?;
+        let c = nbytes(count, 1, dt, "count")?;
+        span(sendbuff, c, false, "sendbuff")?;
+        if count == 0 {
+            return Ok(());
+        }
+        // SAFETY: `sendbuff` is readable for `c` bytes (caller's contract).
+        let buf = unsafe { copy_in(sendbuff, c) };
+        let work = h.comm.send(&buf, count, dt, peer)?;
+        // SAFETY: nothing to copy out.
+        unsafe { finish("strataSend", h, work, Vec::new()) }
+    })
+}
+
+/// Receives `count` elements from rank `peer` into `recvbuff` (NCCL's `ncclRecv`).
+/// Blocking outside a group; inside one, `recvbuff` is written by `strataGroupEnd`.
+/// Streams, ownership, thread-safety and errors as `strataSend`.
+///
+/// # Safety
+/// `recvbuff` writable for `count` elements of host memory, not accessed by other
+/// threads until the call (or the group) ends.
+#[no_mangle]
+pub unsafe extern "C" fn strataRecv(
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: strataDataType_t,
+    peer: c_int,
+    comm: strataComm_t,
+    stream: strataStream_t,
+) -> strataResult_t {
+    let _ = stream;
+    ffi_boundary!("strataRecv", comm, {
+        let h = lookup(comm)?;
+        let dt = dtype(datatype)?;
+        let peer = peer_arg(peer, h.comm.size(), "peer")?;
+        let c = nbytes(count, 1, dt, "count")?;
+        span(recvbuff, c, true, "recvbuff")?;
+        if count == 0 {
+            return Ok(());
+        }
+        let buf = Buffer::zeroed(c);
+        let work = h.comm.recv(&buf, count, dt, peer)?;
+        // SAFETY: `recvbuff` is writable for `c` bytes (caller's contract).
+        unsafe { finish("strataRecv", h, work, vec![out(buf, recvbuff)]) }
+    })
+}
+
+/// # Safety
+/// `p` is NULL or readable for `n` values of `T`.
+unsafe fn array<'a, T>(p: *const T, n: usize, what: &str) -> Result<&'a [T]> {
+    if n == 0 {
+        return Ok(&[]);
+    }
+    if p.is_null() {
+        return Err(Error::InvalidArgument(format!(
+            "{what} is NULL with nbuffers {n}"
+        )));
+    }
+    if n.checked_mul(std::mem::size_of::<T>())
+        .map_or(true, |b| b > isize::MAX as usize)
+    {
+        return Err(Error::InvalidArgument(format!("nbuffers {n} overflows")));
+    }
+    // SAFETY: non-NULL, size checked, readable for `n` values by the caller's contract.
+    Ok(unsafe { std::slice::from_raw_parts(p, n) })
+}
+
+/// Coalesced all-gather (MiCS §4): for every i < `nbuffers`, `recvbuffs[i]`
+/// (`nranks * sendcounts[i]` elements) gathers every rank's `sendbuffs[i]`
+/// (`sendcounts[i]` elements), all packed into one collective. Counts may differ between
+/// buffers (not between ranks). Each pair may be in place as in `strataAllGather`; no
+/// other byte of any buffer may be written by one entry and touched by another
+/// (`strataInvalidArgument`). Entries with count 0 are skipped (NULL allowed). The three
+/// arrays are read during the call only. Blocking, streams, groups, ownership,
+/// thread-safety and errors as `strataAllGather`.
+///
+/// # Safety
+/// The arrays are readable for `nbuffers` entries; each buffer as in `strataAllGather`.
+#[no_mangle]
+pub unsafe extern "C" fn strataAllGatherCoalesced(
+    sendbuffs: *const *const c_void,
+    recvbuffs: *const *mut c_void,
+    sendcounts: *const usize,
+    nbuffers: usize,
+    datatype: strataDataType_t,
+    comm: strataComm_t,
+    stream: strataStream_t,
+) -> strataResult_t {
+    let _ = stream;
+    ffi_boundary!("strataAllGatherCoalesced", comm, {
+        let h = lookup(comm)?;
+        let dt = dtype(datatype)?;
+        // SAFETY: the caller's contract on the arrays.
+        let (sb, rb, counts) = unsafe {
+            (
+                array(sendbuffs, nbuffers, "sendbuffs")?,
+                array(recvbuffs, nbuffers, "recvbuffs")?,
+                array(sendcounts, nbuffers, "sendcounts")?,
+            )
+        };
+        let (n, r) = (h.comm.size(), h.comm.rank());
+        let mut spans = Vec::new();
+        let mut items = Vec::new();
+        for i in 0..nbuffers {
+            let c = nbytes(counts[i], 1, dt, &format!("sendcounts[{i}]"))?;
+            let total = nbytes(counts[i], n, dt, &format!("sendcounts[{i}] x nranks"))?;
+            let s = span(sb[i], c, false, &format!("sendbuffs[{i}]"))?;
+            let rv = span(rb[i], total, true, &format!("recvbuffs[{i}]"))?;
+            if counts[i] == 0 {
+                continue;
+            }
+            let in_place = s.start == rv.start + r * c;
+            spans.push(rv);
+            if !in_place {
+                spans.push(s);
+            }
+            items.push((i, c, total, in_place));
+        }
+        disjoint(&mut spans, "strataAllGatherCoalesced")?;
+        if items.is_empty() {
+            return Ok(());
+        }
+        let (mut sends, mut recvs, mut cs, mut outs) = (vec![], vec![], vec![], vec![]);
+        for (i, c, total, in_place) in items {
+            let recv = Buffer::zeroed(total);
+            let send = if in_place {
+                let mine = recv.slice(r * c..r * c + c)?;
+                // SAFETY: `sendbuffs[i]` is readable for `c` bytes (caller's contract).
+                mine.write_bytes(unsafe { user_bytes(sb[i], c) })?;
+                mine
+            } else {
+                // SAFETY: as above.
+                unsafe { copy_in(sb[i], c) }
+            };
+            sends.push(send);
+            recvs.push(recv.clone());
+            cs.push(counts[i]);
+            outs.push(out(recv, rb[i]));
+        }
+        let work = h.comm.all_gather_coalesced(&sends, &recvs, &cs, dt)?;
+        // SAFETY: each `recvbuffs[i]` is writable for its size (caller's contract).
+        unsafe { finish("strataAllGatherCoalesced", h, work, outs) }
+    })
+}
+
+/// Coalesced reduce-scatter (MiCS §4): for every i < `nbuffers`, `recvbuffs[i]`
+/// (`recvcounts[i]` elements) = `op` over all ranks of their
+/// `sendbuffs[i][rank * recvcounts[i] ..]`, all packed into one collective. In-place
+/// pairs as in `strataReduceScatter`; other rules as `strataAllGatherCoalesced`.
+///
+/// # Safety
+/// The arrays are readable for `nbuffers` entries; each buffer as in
+/// `strataReduceScatter`.
+#[no_mangle]
+pub unsafe extern "C" fn strataReduceScatterCoalesced(
+    sendbuffs: *const *const c_void,
+    recvbuffs: *const *mut c_void,
+    recvcounts: *const usize,
+    nbuffers: usize,
+    datatype: strataDataType_t,
+    op: strataRedOp_t,
+    comm: strataComm_t,
+    stream: strataStream_t,
+) -> strataResult_t {
+    let _ = stream;
+    ffi_boundary!("strataReduceScatterCoalesced", comm, {
+        let h = lookup(comm)?;
+        let dt = dtype(datatype)?;
+        let op = redop(op)?;
+        // SAFETY: the caller's contract on the arrays.
+        let (sb, rb, counts) = unsafe {
+            (
+                array(sendbuffs, nbuffers, "sendbuffs")?,
+                array(recvbuffs, nbuffers, "recvbuffs")?,
+                array(recvcounts, nbuffers, "recvcounts")?,
+            )
+        };
+        let (n, r) = (h.comm.size(), h.comm.rank());
+        let mut spans = Vec::new();
+        let mut items = Vec::new();
+        for i in 0..nbuffers {
+            let c = nbytes(counts[i], 1, dt, &format!("recvcounts[{i}]"))?;
+            let total = nbytes(counts[i], n, dt, &format!("recvcounts[{i}] x nranks"))?;
+            let s = span(sb[i], total, false, &format!("sendbuffs[{i}]"))?;
+            let rv = span(rb[i], c, true, &format!("recvbuffs[{i}]"))?;
+            if counts[i] == 0 {
+                continue;
+            }
+            let in_place = rv.start == s.start + r * c;
+            if in_place {
+                spans.push(Span { write: true, ..s });
+            } else {
+                spans.push(s);
+                spans.push(rv);
+            }
+            items.push((i, c, total, in_place));
+        }
+        disjoint(&mut spans, "strataReduceScatterCoalesced")?;
+        if items.is_empty() {
+            return Ok(());
+        }
+        let (mut sends, mut recvs, mut cs, mut outs) = (vec![], vec![], vec![], vec![]);
+        for (i, c, total, in_place) in items {
+            // SAFETY: `sendbuffs[i]` is readable for `total` bytes (caller's contract).
+            let send = unsafe { copy_in(sb[i], total) };
+            let recv = if in_place {
+                send.slice(r * c..r * c + c)?
+            } else {
+                Buffer::zeroed(c)
+            };
+            sends.push(send);
+            recvs.push(recv.clone());
+            cs.push(counts[i]);
+            outs.push(out(recv, rb[i]));
+        }
+        let work = h
+            .comm
+            .reduce_scatter_coalesced(&sends, &recvs, &cs, dt, op)?;
+        // SAFETY: each `recvbuffs[i]` is writable for its size (caller's contract).
+        unsafe { finish("strataReduceScatterCoalesced", h, work, outs) }
+    })
+}
+
+// ---- groups ----
+
+/// Starts (or nests) a group on this thread (NCCL's `ncclGroupStart`): until the
+/// matching outermost `strataGroupEnd`, calls on any communicator return at once and are
+/// launched together, one launch per communicator. This lets one thread drive several
+/// ranks of a local world, and pairs sends with receives. Groups are per thread.
+///
+/// # Safety
+/// None.
+#[no_mangle]
+pub unsafe extern "C" fn strataGroupStart() -> strataResult_t {
+    ffi_boundary!("strataGroupStart", std::ptr::null_mut(), {
+        group_start();
+        Ok(())
+    })
+}
+
+/// Ends a group (NCCL's `ncclGroupEnd`). At the outermost end it launches the group's
+/// calls, waits for all of them, and copies every result into its user buffer: the
+/// buffers of every call in the group must stay valid, and untouched by other threads,
+/// until this returns. Returns the first failure (each failing communicator also records
+/// its own message); results of calls that succeeded are copied out regardless.
+///
+/// Errors: `strataInvalidUsage` without a matching `strataGroupStart`; otherwise the
+/// first error of the grouped calls.
+///
+/// # Safety
+/// The buffers of the grouped calls are still valid (see above).
+#[no_mangle]
+pub unsafe extern "C" fn strataGroupEnd() -> strataResult_t {
+    ffi_boundary!("strataGroupEnd", std::ptr::null_mut(), {
+        group_end()?;
+        if crate::comm::group::in_group() {
+            return Ok(());
+        }
+        let held = HELD.with(|h| std::mem::take(&mut *h.borrow_mut()));
+        let mut first = Ok(());
+        for hd in held {
+            // SAFETY: the grouped calls' contract: destinations valid until now.
+            let r = hd.work.wait().and_then(|_| unsafe { copy_out(&hd.outs) });
+            if let Err(e) = r {
+                hd.handle
+                    .set_error(&format!("strataGroupEnd ({}): {e}", hd.function));
+                if first.is_ok() {
+                    first = Err(e);
+                }
+            }
+        }
+        first
+    })
+}

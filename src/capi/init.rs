@@ -1,0 +1,709 @@
+//! Versions, errors, unique ids, communicator creation and release.
+
+use super::*;
+use crate::algo::Algo;
+use crate::comm::CommConfig;
+use crate::dtype::DataType;
+use crate::memory::Buffer;
+use crate::topology::Topology;
+use std::collections::hash_map::RandomState;
+use std::ffi::CStr;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Condvar;
+use std::time::{Duration, Instant};
+
+/// Writes the library's version code (`STRATA_VERSION_CODE` of the header it was built
+/// with: major * 10000 + minor * 100 + patch) to `*version`.
+///
+/// Errors: `strataInvalidArgument` when `version` is NULL. Thread-safe.
+///
+/// # Safety
+/// `version` is NULL or valid for a write of an `int`.
+#[no_mangle]
+pub unsafe extern "C" fn strataGetVersion(version: *mut c_int) -> strataResult_t {
+    ffi_boundary!("strataGetVersion", std::ptr::null_mut(), {
+        // SAFETY: the caller's contract on `version`.
+        unsafe { write_out(version, STRATA_VERSION_CODE, "version") }
+    })
+}
+
+/// A static, NUL-terminated description of a result code (as `ncclGetErrorString`);
+/// "unknown result code" for values outside 0..7. Never NULL; do not free. Thread-safe.
+///
+/// # Safety
+/// None: any value is accepted.
+#[no_mangle]
+pub unsafe extern "C" fn strataGetErrorString(result: strataResult_t) -> *const c_char {
+    let s: &'static CStr = match result {
+        0 => c"no error",
+        1 => c"unhandled cuda error (run with STRATA_DEBUG=INFO for details)",
+        2 => c"unhandled system error (run with STRATA_DEBUG=INFO for details)",
+        3 => c"internal error - please report this issue to the strata developers",
+        4 => c"invalid argument (see strataGetLastError for details)",
+        5 => c"invalid usage (see strataGetLastError for details)",
+        6 => c"remote process exited, stalled past the timeout, or there was a network error",
+        7 => c"strata operation in progress",
+        _ => c"unknown result code",
+    };
+    s.as_ptr()
+}
+
+/// The message of the last failed call on `comm` (`"<function>: <error>"`), or, when
+/// `comm` is NULL, destroyed or not a communicator, of the last failed call on this
+/// thread. "" when there was none. Never NULL.
+///
+/// Ownership: the string belongs to strata; it stays valid until the next strata call
+/// on that communicator (or, for the thread's message, on this thread), or until the
+/// communicator is destroyed. Copy it if you keep it.
+///
+/// # Safety
+/// `comm` is any value; it is never dereferenced.
+#[no_mangle]
+pub unsafe extern "C" fn strataGetLastError(comm: strataComm_t) -> *const c_char {
+    let r = catch_unwind(AssertUnwindSafe(|| match registry().find(comm) {
+        Ok(h) => {
+            let p = h
+                .last_error
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ptr();
+            // The registry keeps the handle (and so the string) alive after `h` drops.
+            p
+        }
+        Err(_) => thread_error_ptr(),
+    }));
+    r.unwrap_or_else(|_| c"strataGetLastError: internal error".as_ptr())
+}
+
+// ---- unique ids ----
+
+const ID_MAGIC: &[u8; 8] = b"STRATAID";
+const KEY: std::ops::Range<usize> = 12..28;
+
+fn fresh_key() -> [u8; 16] {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let mut h = RandomState::new().build_hasher();
+    h.write_u64(n);
+    h.write_u32(std::process::id());
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    let mut k = [0u8; 16];
+    // The counter makes keys unique within the process (the scope of a local world);
+    // the random half keeps ids of different processes apart.
+    k[..8].copy_from_slice(&n.to_le_bytes());
+    k[8..].copy_from_slice(&h.finish().to_le_bytes());
+    k
+}
+
+fn id_bytes(id: &strataUniqueId) -> [u8; STRATA_UNIQUE_ID_BYTES] {
+    id.internal.map(|c| c as u8)
+}
+
+fn id_key(id: &strataUniqueId) -> Result<[u8; 16]> {
+    let b = id_bytes(id);
+    if &b[..8] != ID_MAGIC {
+        return Err(Error::InvalidArgument(
+            "the unique id was not made by strataGetUniqueId".into(),
+        ));
+    }
+    let mut k = [0u8; 16];
+    k.copy_from_slice(&b[KEY]);
+    Ok(k)
+}
+
+/// Writes a new unique id to `*uniqueId`. Call it once (on one thread, or on MPI rank 0)
+/// and pass the same id to `strataCommInitRank` on every rank of the new world.
+///
+/// The id names an in-process world for the local transport. Under the mpi transport
+/// `MPI_COMM_WORLD` is the rendezvous and the id is only checked for its format, so
+/// broadcasting it (as NCCL programs do) is allowed but not needed.
+///
+/// Errors: `strataInvalidArgument` when `uniqueId` is NULL. Thread-safe.
+///
+/// # Safety
+/// `uniqueId` is NULL or valid for a write of a `strataUniqueId`.
+#[no_mangle]
+pub unsafe extern "C" fn strataGetUniqueId(uniqueId: *mut strataUniqueId) -> strataResult_t {
+    ffi_boundary!("strataGetUniqueId", std::ptr::null_mut(), {
+        let mut b = [0u8; STRATA_UNIQUE_ID_BYTES];
+        b[..8].copy_from_slice(ID_MAGIC);
+        b[8..12].copy_from_slice(&(STRATA_VERSION_CODE as u32).to_le_bytes());
+        b[KEY].copy_from_slice(&fresh_key());
+        let id = strataUniqueId {
+            internal: b.map(|x| x as c_char),
+        };
+        // SAFETY: the caller's contract on `uniqueId`.
+        unsafe { write_out(uniqueId, id, "uniqueId") }
+    })
+}
+
+// ---- settings ----
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Via {
+    Local,
+    Mpi,
+}
+
+struct Settings {
+    transport: strataTransport_t,
+    topo_spec: Option<String>,
+    config: CommConfig,
+}
+
+impl Settings {
+    fn via(&self) -> Result<Via> {
+        match self.transport {
+            strataTransportLocal => Ok(Via::Local),
+            strataTransportMpi => Ok(Via::Mpi),
+            _ => env_transport(),
+        }
+    }
+
+    fn topology(&self) -> Result<Option<Topology>> {
+        self.topo_spec.as_deref().map(Topology::parse).transpose()
+    }
+}
+
+/// `STRATA_TRANSPORT`: `local` (default) or `mpi`.
+fn env_transport() -> Result<Via> {
+    let v = std::env::var("STRATA_TRANSPORT").unwrap_or_default();
+    match v.trim().to_ascii_lowercase().as_str() {
+        "" | "local" => Ok(Via::Local),
+        "mpi" => Ok(Via::Mpi),
+        "nccl" | "rccl" | "cuda-local" => Err(Error::NotCompiled(format!(
+            "STRATA_TRANSPORT={v}: GPU transports are not available through the C ABI in this build (local, mpi)"
+        ))),
+        _ => Err(Error::InvalidArgument(format!(
+            "STRATA_TRANSPORT={v:?} is not a transport (local, mpi)"
+        ))),
+    }
+}
+
+/// A C string argument: NULL or "" is `None`.
+///
+/// # Safety
+/// `p` is NULL or a NUL-terminated string.
+unsafe fn opt_str(p: *const c_char, what: &str) -> Result<Option<String>> {
+    if p.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: non-NULL and NUL-terminated by the caller's contract.
+    let s = unsafe { CStr::from_ptr(p) };
+    let s = s
+        .to_str()
+        .map_err(|_| Error::InvalidArgument(format!("{what} is not UTF-8")))?;
+    Ok((!s.trim().is_empty()).then(|| s.to_string()))
+}
+
+/// Validate a config (NULL: the environment's defaults).
+///
+/// # Safety
+/// `cfg` is NULL or points to a `strataConfig_t` of at least `cfg->size` bytes whose
+/// strings are NULL or NUL-terminated.
+unsafe fn settings(cfg: *const strataConfig_t) -> Result<Settings> {
+    let mut config = CommConfig::from_env()?;
+    if cfg.is_null() {
+        return Ok(Settings {
+            transport: strataTransportDefault,
+            topo_spec: None,
+            config,
+        });
+    }
+    // SAFETY: non-NULL; `size` is the first field of every version of the struct.
+    let size = unsafe { std::ptr::addr_of!((*cfg).size).read_unaligned() };
+    if size < std::mem::size_of::<strataConfig_t>() {
+        return Err(Error::InvalidArgument(format!(
+            "config size is {size}, this library needs {} (initialise it with STRATA_CONFIG_INITIALIZER)",
+            std::mem::size_of::<strataConfig_t>()
+        )));
+    }
+    // SAFETY: the caller's struct holds at least our layout (checked just above).
+    let c = unsafe { &*cfg };
+    if c.magic != STRATA_CONFIG_MAGIC {
+        return Err(Error::InvalidArgument(format!(
+            "config magic is {:#x}, expected {STRATA_CONFIG_MAGIC:#x} (initialise it with STRATA_CONFIG_INITIALIZER)",
+            c.magic
+        )));
+    }
+    if c.version == 0 {
+        return Err(Error::InvalidArgument(
+            "config version is 0 (initialise it with STRATA_CONFIG_INITIALIZER)".into(),
+        ));
+    }
+    if !(strataTransportDefault..=strataTransportMpi).contains(&c.transport) {
+        return Err(Error::InvalidArgument(format!(
+            "config transport {} is not a strataTransport_t (0 default, 1 local, 2 mpi)",
+            c.transport
+        )));
+    }
+    // SAFETY: the caller's contract on the strings.
+    let topo_spec = unsafe { opt_str(c.topology, "config topology") }?;
+    // SAFETY: as above.
+    if let Some(a) = unsafe { opt_str(c.algo, "config algo") }? {
+        config.algo = a.parse::<Algo>()?;
+    }
+    match c.timeout_ms {
+        t if t < 0 => {
+            return Err(Error::InvalidArgument(format!(
+                "config timeout_ms is {t}; use 0 for the default"
+            )))
+        }
+        0 => {}
+        t => config.timeout = Duration::from_millis(t as u64),
+    }
+    if let Some(s) = &topo_spec {
+        Topology::parse(s)?;
+    }
+    Ok(Settings {
+        transport: c.transport,
+        topo_spec,
+        config,
+    })
+}
+
+fn rank_args(nranks: c_int, rank: c_int) -> Result<(usize, usize)> {
+    if nranks < 1 {
+        return Err(Error::InvalidArgument(format!(
+            "nranks is {nranks}; a world needs at least one rank"
+        )));
+    }
+    if rank < 0 || rank >= nranks {
+        return Err(Error::InvalidArgument(format!(
+            "rank {rank} is out of range for {nranks} ranks"
+        )));
+    }
+    Ok((nranks as usize, rank as usize))
+}
+
+// ---- local rendezvous ----
+
+struct Rendezvous {
+    nranks: usize,
+    topo_spec: Option<String>,
+    arrived: Vec<bool>,
+    world: Option<Result<Vec<Option<Comm>>>>,
+    taken: usize,
+}
+
+type RendezvousMap = Mutex<HashMap<[u8; 16], Rendezvous>>;
+
+static RENDEZVOUS: Lazy<(RendezvousMap, Condvar)> =
+    Lazy::new(|| (Mutex::new(HashMap::new()), Condvar::new()));
+
+/// Join the in-process world named by `key` as `rank`; the last rank to arrive builds it
+/// (`Comm::local_world`) with its settings. Waits at most the configured timeout.
+fn local_rank(key: [u8; 16], nranks: usize, rank: usize, s: &Settings) -> Result<Comm> {
+    let (lock, cv) = &*RENDEZVOUS;
+    let mut map = lock.lock().unwrap_or_else(|e| e.into_inner());
+    let e = map.entry(key).or_insert_with(|| Rendezvous {
+        nranks,
+        topo_spec: s.topo_spec.clone(),
+        arrived: vec![false; nranks],
+        world: None,
+        taken: 0,
+    });
+    if e.nranks != nranks {
+        return Err(Error::InvalidUsage(format!(
+            "nranks mismatch for this unique id: rank {rank} passed {nranks}, an earlier rank passed {}",
+            e.nranks
+        )));
+    }
+    if e.arrived[rank] {
+        return Err(Error::InvalidUsage(format!(
+            "rank {rank} joined this unique id's world twice"
+        )));
+    }
+    if e.topo_spec != s.topo_spec {
+        return Err(Error::InvalidUsage(format!(
+            "topology mismatch for this unique id: rank {rank} passed {:?}, an earlier rank passed {:?}",
+            s.topo_spec, e.topo_spec
+        )));
+    }
+    e.arrived[rank] = true;
+    if e.arrived.iter().all(|&a| a) {
+        let world = s
+            .topology()
+            .and_then(|t| Comm::local_world(nranks, t, s.config.clone()))
+            .map(|v| v.into_iter().map(Some).collect());
+        e.world = Some(world);
+        cv.notify_all();
+    }
+    let deadline = Instant::now() + s.config.timeout;
+    loop {
+        let e = map
+            .get_mut(&key)
+            .ok_or_else(|| Error::Internal("rendezvous entry vanished".into()))?;
+        if let Some(w) = e.world.as_mut() {
+            let r = match w {
+                Ok(v) => v[rank]
+                    .take()
+                    .ok_or_else(|| Error::Internal("rank taken twice".into())),
+                Err(err) => Err(err.clone()),
+            };
+            e.taken += 1;
+            if e.taken == e.nranks {
+                map.remove(&key);
+            }
+            return r;
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            e.arrived[rank] = false;
+            let joined = e.arrived.iter().filter(|&&a| a).count();
+            if joined == 0 {
+                map.remove(&key);
+            }
+            return Err(Error::Remote(format!(
+                "rank {rank} waited {:?} for the other ranks of this unique id: {} of {nranks} joined",
+                s.config.timeout,
+                joined + 1
+            )));
+        }
+        map = cv
+            .wait_timeout(map, deadline - now)
+            .unwrap_or_else(|e| e.into_inner())
+            .0;
+    }
+}
+
+/// Join the MPI world and check every rank's (rank, nranks) claims collectively, so all
+/// ranks fail together on a mismatch.
+fn mpi_rank(nranks: usize, rank: usize, s: &Settings) -> Result<Comm> {
+    let comm = Comm::mpi_world(s.topology()?, s.config.clone())?;
+    let check = || -> Result<()> {
+        let n = comm.size();
+        let mine: Vec<u8> = [(rank as u32).to_le_bytes(), (nranks as u32).to_le_bytes()].concat();
+        let all = Buffer::zeroed(8 * n);
+        comm.all_gather(&Buffer::from_bytes(&mine), &all, 8, DataType::U8)?
+            .wait()?;
+        let all = all.to_bytes()?;
+        for (r, c) in all.chunks_exact(8).enumerate() {
+            let claimed = u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize;
+            let nr = u32::from_le_bytes([c[4], c[5], c[6], c[7]]) as usize;
+            if nr != n {
+                return Err(Error::InvalidUsage(format!(
+                    "nranks mismatch: MPI rank {r} passed nranks {nr}, the MPI world has {n} processes"
+                )));
+            }
+            if claimed != r {
+                return Err(Error::InvalidUsage(format!(
+                    "MPI rank {r} passed rank {claimed}: under the mpi transport rank must be the MPI world rank"
+                )));
+            }
+        }
+        Ok(())
+    };
+    match check() {
+        Ok(()) => Ok(comm),
+        Err(e) => {
+            let _ = comm.destroy();
+            Err(e)
+        }
+    }
+}
+
+/// # Safety
+/// As `strataCommInitRankConfig`.
+unsafe fn init_rank(
+    out: *mut strataComm_t,
+    nranks: c_int,
+    id: &strataUniqueId,
+    rank: c_int,
+    cfg: *const strataConfig_t,
+) -> Result<()> {
+    if out.is_null() {
+        return Err(Error::InvalidArgument(
+            "comm (the output pointer) is NULL".into(),
+        ));
+    }
+    // SAFETY: caller's contract on `cfg`.
+    let s = unsafe { settings(cfg) }?;
+    let (n, r) = rank_args(nranks, rank)?;
+    let key = id_key(id)?;
+    let comm = match s.via()? {
+        Via::Local => local_rank(key, n, r, &s)?,
+        Via::Mpi => mpi_rank(n, r, &s)?,
+    };
+    let h = register(comm)?;
+    // SAFETY: `out` is non-NULL and valid for a write by the caller's contract.
+    unsafe { write_out(out, h, "comm") }
+}
+
+/// Creates this rank's communicator of a world of `nranks` (NCCL's `ncclCommInitRank`),
+/// with the transport of `STRATA_TRANSPORT` (`local`, the default, or `mpi`).
+/// Blocking and collective: returns once all `nranks` ranks have called it with the same
+/// id, or fails with `strataRemoteError` after the timeout (`STRATA_TIMEOUT`).
+///
+/// - local: the ranks are `nranks` threads of this process passing the same `commId`
+///   (from one `strataGetUniqueId`), each its own `rank` in `0..nranks`.
+/// - mpi: `nranks` must be the MPI world size and `rank` this process's MPI world rank
+///   (checked on every rank together: a mismatch fails everywhere with
+///   `strataInvalidUsage`). The library initialises MPI with `MPI_THREAD_MULTIPLE` when
+///   the program has not (then call `strataFinalize` at the end).
+///
+/// Ownership: on success `*comm` is a new communicator owned by the caller; release it
+/// with `strataCommDestroy`. On failure `*comm` is not written.
+///
+/// Errors: `strataInvalidArgument` for a NULL `comm`, `nranks < 1`, `rank` outside
+/// `0..nranks`, an id not made by `strataGetUniqueId`; `strataInvalidUsage` for ranks that
+/// disagree on `nranks` or the topology, a rank joining twice, a topology whose size is
+/// not `nranks`, the mpi transport in a build without it; `strataRemoteError` when the
+/// other ranks do not arrive within the timeout.
+///
+/// # Safety
+/// `comm` is NULL or valid for a write of a `strataComm_t`.
+#[no_mangle]
+pub unsafe extern "C" fn strataCommInitRank(
+    comm: *mut strataComm_t,
+    nranks: c_int,
+    commId: strataUniqueId,
+    rank: c_int,
+) -> strataResult_t {
+    ffi_boundary!("strataCommInitRank", std::ptr::null_mut(), {
+        // SAFETY: the caller's contract; no config.
+        unsafe { init_rank(comm, nranks, &commId, rank, std::ptr::null()) }
+    })
+}
+
+/// `strataCommInitRank` with settings (NCCL's `ncclCommInitRankConfig`): `config` selects
+/// the transport (`strataTransportDefault` reads `STRATA_TRANSPORT`), the topology, the
+/// default algorithm and the timeout. `config` may be NULL (as `strataCommInitRank`);
+/// otherwise it must be set up with `STRATA_CONFIG_INITIALIZER`, and is read during the
+/// call only. On the local transport the settings of the last rank to arrive apply, and
+/// every rank must pass the same topology.
+///
+/// Errors: as `strataCommInitRank`, plus `strataInvalidArgument` for a config with a bad
+/// size, magic, version, transport, topology, algorithm or a negative timeout.
+///
+/// # Safety
+/// `comm` as in `strataCommInitRank`; `config` is NULL or points to an initialised
+/// `strataConfig_t` whose strings are NULL or NUL-terminated.
+#[no_mangle]
+pub unsafe extern "C" fn strataCommInitRankConfig(
+    comm: *mut strataComm_t,
+    nranks: c_int,
+    commId: strataUniqueId,
+    rank: c_int,
+    config: *const strataConfig_t,
+) -> strataResult_t {
+    ffi_boundary!("strataCommInitRankConfig", std::ptr::null_mut(), {
+        // SAFETY: the caller's contract on `comm` and `config`.
+        unsafe { init_rank(comm, nranks, &commId, rank, config) }
+    })
+}
+
+/// Creates a whole in-process world (local transport) of `nranks` ranks and writes its
+/// communicators to `comms[0..nranks]`, rank i at index i (the C caller's equivalent of
+/// `ncclCommInitAll`). Drive each communicator from its own thread (or drive several
+/// from one thread inside `strataGroupStart`/`strataGroupEnd`).
+///
+/// `topology`: a topology SPEC or JSON path (`nodes:2x4`, ...); NULL for the config's,
+/// else `STRATA_TOPOLOGY`, else one flat node. Its size must be `nranks`.
+/// `config`: NULL or an initialised config (its transport must be default or local).
+///
+/// Ownership: on success the caller owns the `nranks` communicators (destroy each); on
+/// failure `comms` is not written.
+///
+/// Errors: `strataInvalidArgument` for NULL `comms`, `nranks < 1`, a bad topology SPEC or
+/// config; `strataInvalidUsage` when the topology's size is not `nranks`.
+///
+/// # Safety
+/// `comms` is NULL or valid for writes of `nranks` handles; `topology` is NULL or
+/// NUL-terminated; `config` as in `strataCommInitRankConfig`.
+#[no_mangle]
+pub unsafe extern "C" fn strataCommInitLocal(
+    comms: *mut strataComm_t,
+    nranks: c_int,
+    topology: *const c_char,
+    config: *const strataConfig_t,
+) -> strataResult_t {
+    ffi_boundary!("strataCommInitLocal", std::ptr::null_mut(), {
+        if comms.is_null() {
+            return Err(Error::InvalidArgument("comms is NULL".into()));
+        }
+        if nranks < 1 {
+            return Err(Error::InvalidArgument(format!(
+                "nranks is {nranks}; a world needs at least one rank"
+            )));
+        }
+        // SAFETY: the caller's contract on `config`.
+        let mut s = unsafe { settings(config) }?;
+        if s.transport == strataTransportMpi {
+            return Err(Error::InvalidArgument(
+                "strataCommInitLocal builds an in-process world; use strataCommInitRankConfig for the mpi transport"
+                    .into(),
+            ));
+        }
+        // SAFETY: the caller's contract on `topology`.
+        if let Some(t) = unsafe { opt_str(topology, "topology") }? {
+            s.topo_spec = Some(t);
+        }
+        let world = Comm::local_world(nranks as usize, s.topology()?, s.config.clone())?;
+        let mut handles = Vec::with_capacity(world.len());
+        for c in world {
+            match register(c) {
+                Ok(h) => handles.push(h),
+                Err(e) => {
+                    for h in handles {
+                        if let Ok(h) = unregister(h) {
+                            let _ = h.comm.destroy();
+                        }
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        for (i, h) in handles.into_iter().enumerate() {
+            // SAFETY: `comms` is valid for `nranks` writes (caller's contract), i < nranks.
+            unsafe { comms.add(i).write(h) };
+        }
+        Ok(())
+    })
+}
+
+/// Splits `comm` (NCCL's `ncclCommSplit`): collective over `comm`, blocking. Ranks passing
+/// the same `color >= 0` form a new communicator, ordered by (`key`, old rank); ranks
+/// passing `STRATA_SPLIT_NOCOLOR` get `*newcomm = NULL`. The new communicator inherits
+/// `comm`'s transport, topology, algorithm and timeout; `config` (may be NULL) is only
+/// validated.
+///
+/// Ownership: the caller owns `*newcomm` (destroy it; it is independent of `comm`).
+///
+/// Errors: `strataInvalidArgument` for a NULL/foreign `comm`, NULL `newcomm`,
+/// `color < -1`, a bad config; `strataInvalidUsage` for a destroyed `comm`.
+///
+/// # Safety
+/// `newcomm` is NULL or valid for a write of a `strataComm_t`; `config` as in
+/// `strataCommInitRankConfig`.
+#[no_mangle]
+pub unsafe extern "C" fn strataCommSplit(
+    comm: strataComm_t,
+    color: c_int,
+    key: c_int,
+    newcomm: *mut strataComm_t,
+    config: *const strataConfig_t,
+) -> strataResult_t {
+    ffi_boundary!("strataCommSplit", comm, {
+        let h = lookup(comm)?;
+        if newcomm.is_null() {
+            return Err(Error::InvalidArgument("newcomm is NULL".into()));
+        }
+        if color < STRATA_SPLIT_NOCOLOR {
+            return Err(Error::InvalidArgument(format!(
+                "color {color} is negative (use STRATA_SPLIT_NOCOLOR to opt out)"
+            )));
+        }
+        // SAFETY: the caller's contract on `config`.
+        unsafe { settings(config) }?;
+        let color = (color >= 0).then_some(color as u32);
+        let out = match h.comm.split(color, key)? {
+            Some(c) => register(c)?,
+            None => std::ptr::null_mut(),
+        };
+        // SAFETY: non-NULL (checked) and valid for a write by the caller's contract.
+        unsafe { newcomm.write(out) };
+        Ok(())
+    })
+}
+
+/// Finishes the work queued on `comm` and releases it (NCCL's `ncclCommDestroy`). The
+/// handle is invalid afterwards: calls with it return `strataInvalidUsage`, and strings
+/// from `strataGetLastError(comm)` are freed. A NULL `comm` is a no-op returning
+/// `strataSuccess` (as NCCL). Not collective on host transports.
+///
+/// Errors: `strataInvalidUsage` for a destroyed `comm` (double destroy),
+/// `strataInvalidArgument` for a foreign value; the handle is released even when
+/// draining the queued work reports an error.
+///
+/// # Safety
+/// `comm` is any value; it is never dereferenced.
+#[no_mangle]
+pub unsafe extern "C" fn strataCommDestroy(comm: strataComm_t) -> strataResult_t {
+    ffi_boundary!("strataCommDestroy", comm, {
+        if comm.is_null() {
+            return Ok(());
+        }
+        let h = unregister(comm)?;
+        h.comm.destroy()
+    })
+}
+
+/// Aborts `comm` (NCCL's `ncclCommAbort`): wakes every waiter of this communicator, here
+/// and on its peers, with an error (peers' calls fail at once instead of waiting for the
+/// timeout), and releases the handle as `strataCommDestroy` does. A NULL `comm` is a no-op
+/// returning `strataSuccess`. Unlike every other call it may be made from another thread
+/// while a call on `comm` is blocked: that call then returns `strataRemoteError`.
+///
+/// Errors: `strataInvalidUsage` for a destroyed `comm`, `strataInvalidArgument` for a
+/// foreign value.
+///
+/// # Safety
+/// `comm` is any value; it is never dereferenced.
+#[no_mangle]
+pub unsafe extern "C" fn strataCommAbort(comm: strataComm_t) -> strataResult_t {
+    ffi_boundary!("strataCommAbort", comm, {
+        if comm.is_null() {
+            return Ok(());
+        }
+        let h = unregister(comm)?;
+        h.comm.abort();
+        Ok(())
+    })
+}
+
+/// Writes the number of ranks of `comm` to `*count`.
+///
+/// Errors: `strataInvalidArgument` for a NULL/foreign `comm` or NULL `count`;
+/// `strataInvalidUsage` for a destroyed `comm`.
+///
+/// # Safety
+/// `count` is NULL or valid for a write of an `int`.
+#[no_mangle]
+pub unsafe extern "C" fn strataCommCount(comm: strataComm_t, count: *mut c_int) -> strataResult_t {
+    ffi_boundary!("strataCommCount", comm, {
+        let h = lookup(comm)?;
+        // SAFETY: the caller's contract on `count`.
+        unsafe { write_out(count, h.comm.size() as c_int, "count") }
+    })
+}
+
+/// Writes this rank's index in `comm` (`0..count`) to `*rank`.
+///
+/// Errors: as `strataCommCount`.
+///
+/// # Safety
+/// `rank` is NULL or valid for a write of an `int`.
+#[no_mangle]
+pub unsafe extern "C" fn strataCommUserRank(
+    comm: strataComm_t,
+    rank: *mut c_int,
+) -> strataResult_t {
+    ffi_boundary!("strataCommUserRank", comm, {
+        let h = lookup(comm)?;
+        // SAFETY: the caller's contract on `rank`.
+        unsafe { write_out(rank, h.comm.rank() as c_int, "rank") }
+    })
+}
+
+/// Finalises MPI when strata initialised it (a program that used the mpi transport
+/// without initialising MPI itself calls this once at the end, after destroying its
+/// communicators: OpenMPI reports a process that exits without finalising). A no-op when
+/// MPI was never used or was initialised by the program (which then finalises it), and
+/// in builds without MPI. Communicators of the mpi transport must not be used afterwards.
+///
+/// # Safety
+/// None.
+#[no_mangle]
+pub unsafe extern "C" fn strataFinalize() -> strataResult_t {
+    ffi_boundary!("strataFinalize", std::ptr::null_mut(), {
+        crate::transport::mpi::finalize();
+        Ok(())
+    })
+}
