@@ -365,6 +365,21 @@ pub fn exercise(comm: &Comm) -> Result<()> {
             return Err(Error::Internal(format!("all-reduce {dtype}: {w} wrong")));
         }
     }
+    // Quantized collectives: within the format's bound of the exact result.
+    for (algo, kind, op) in [
+        (Algo::Qgz, Kind::ReduceScatter, ReduceOp::Avg),
+        (Algo::Qgz1, Kind::ReduceScatter, ReduceOp::Sum),
+        (Algo::Qwz, Kind::AllGather, ReduceOp::Sum),
+    ] {
+        for (bits, dtype) in [(4, DataType::BF16), (8, DataType::F16)] {
+            seed += 1;
+            let q = crate::kernels::QuantSpec::new(bits, 32)?;
+            let r = run_checked_quant(comm, kind, dtype, op, 37, algo, q, seed)?;
+            if r.wrong != 0 {
+                return Err(Error::Internal(format!("{algo} {dtype} int{bits}: {} outside the bound {} (max error {})", r.wrong, r.bound, r.max_err)));
+            }
+        }
+    }
     // Point to point around the ring.
     let (p, r) = (comm.size(), comm.rank());
     let out = Buffer::from_bytes(&fill(DataType::F32, r, 0, 11, 99));
@@ -407,4 +422,144 @@ mod tests {
             }
         }
     }
+}
+
+/// Outcome of a checked quantized collective on one rank.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct QuantCheck {
+    /// Elements farther from the exact result than `bound`.
+    pub wrong: usize,
+    /// Largest |got - exact| (exact = f64 reduction of the unquantized inputs).
+    pub max_err: f64,
+    /// Root mean square of |got - exact|.
+    pub rms_err: f64,
+    /// The per-element bound the format promises for this call (docs/quantization.md).
+    pub bound: f64,
+    /// Elements compared.
+    pub count: usize,
+}
+
+/// Half an ulp of `dtype` at magnitude `v` (the output conversion's rounding).
+fn half_ulp(dtype: DataType, v: f64) -> f64 {
+    let mant = match dtype {
+        DataType::F32 => 23,
+        DataType::F16 => 10,
+        DataType::BF16 => 7,
+        _ => 0,
+    };
+    let e = if v > 0.0 { v.log2().floor() } else { -14.0 };
+    2f64.powf(e - mant as f64 - 1.0)
+}
+
+/// The error bound of a quantized collective on inputs with |x| <= `a`: one
+/// quantization (`e1 = QuantSpec::step_bound(a)` per value) for every one of the `p` inputs
+/// summed, plus, for the 2-hop `qgz` with several devices and several nodes, a second
+/// quantization of each node's partial sum (`e2` at magnitude `k·(a + e1)`, summed over
+/// `n` nodes), plus f32 summation rounding and the output conversion; `Avg` divides by
+/// `p`. All-gather (`qwz`) is `e1` plus the output rounding.
+pub fn quant_bound(
+    algo: Algo,
+    q: crate::kernels::QuantSpec,
+    a: f64,
+    nodes: usize,
+    devices: usize,
+    dtype: DataType,
+    op: ReduceOp,
+) -> f64 {
+    // Per value: half a quantization step plus f32 rounding (QuantSpec::step_bound).
+    let e = |m: f64| q.step_bound(m as f32) as f64;
+    let p = (nodes * devices) as f64;
+    let e1 = e(a);
+    if algo == Algo::Qwz {
+        return e1 + half_ulp(dtype, a + e1);
+    }
+    let mut err = p * e1;
+    if algo == Algo::Qgz && nodes > 1 && devices > 1 {
+        err += nodes as f64 * e(devices as f64 * (a + e1));
+    }
+    let sum = p * a + err;
+    err += 2.0 * p * sum * 2f64.powi(-24);
+    if op == ReduceOp::Avg {
+        err /= p;
+        return err + half_ulp(dtype, sum / p) + sum / p * 2f64.powi(-23);
+    }
+    err + half_ulp(dtype, sum)
+}
+
+/// Run one checked quantized collective (`qgz`, `qgz-1hop` on reduce-scatter; `qwz` on
+/// all-gather) and compare with the exact f64 result of the unquantized inputs.
+#[allow(clippy::too_many_arguments)]
+pub fn run_checked_quant(
+    comm: &Comm,
+    kind: Kind,
+    dtype: DataType,
+    redop: ReduceOp,
+    count: usize,
+    algo: Algo,
+    q: crate::kernels::QuantSpec,
+    seed: u64,
+) -> Result<QuantCheck> {
+    let (p, r) = (comm.size(), comm.rank());
+    let (ns, nr) = kind.sizes(count, p);
+    let s = dtype.size();
+    let input = fill(dtype, r, 0, ns, seed);
+    let send = Buffer::from_bytes(&input);
+    let recv = Buffer::from_bytes(&vec![0xA5; nr * s]);
+    comm.submit(
+        Request::new(kind.op(send, recv.clone(), count, redop), dtype)
+            .with_algo(algo)
+            .with_quant(q),
+    )?
+    .wait()?;
+    // Exact: reduce in f64 without rounding to the dtype.
+    let exact: Vec<f64> = match kind {
+        Kind::AllGather => (0..p * count)
+            .map(|j| value(dtype, j / count, j % count, seed))
+            .collect(),
+        Kind::ReduceScatter => (0..count)
+            .map(|i| {
+                let sum: f64 = (0..p)
+                    .map(|src| value(dtype, src, r * count + i, seed))
+                    .sum();
+                if redop == ReduceOp::Avg {
+                    sum / p as f64
+                } else {
+                    sum
+                }
+            })
+            .collect(),
+        _ => {
+            return Err(Error::InvalidArgument(format!(
+                "{} has no quantized form",
+                kind.name()
+            )))
+        }
+    };
+    let nodes = match comm.hierarchy().and_then(|h| h.levels.first().copied()) {
+        Some((crate::topology::Level::Network, n)) => n,
+        _ => 1,
+    };
+    let a = if dtype == DataType::U8 { 6.0 } else { 3.0 };
+    let bound = quant_bound(algo, q, a, nodes, p / nodes, dtype, redop);
+    let got = recv.to_bytes()?;
+    let mut out = QuantCheck {
+        bound,
+        count: exact.len(),
+        ..Default::default()
+    };
+    let mut sq = 0.0;
+    for (i, x) in exact.iter().enumerate() {
+        let d = (dtype.get(&got, i) - x).abs();
+        if !(d <= bound) {
+            out.wrong += 1;
+        }
+        out.max_err = out.max_err.max(if d.is_nan() { f64::INFINITY } else { d });
+        sq += d * d;
+    }
+    out.rms_err = if exact.is_empty() {
+        0.0
+    } else {
+        (sq / exact.len() as f64).sqrt()
+    };
+    Ok(out)
 }

@@ -4,16 +4,52 @@
 //! The local transport records real transfers; the MPI transport records the sends its
 //! own ring and direct algorithms issue (labelled `nominal`: the MPI library may route
 //! them differently underneath).
+//!
+//! Schedule recording: [`Traffic::start_recording`] turns on an event log that the
+//! local transport appends to on every send (before the message can be received) and
+//! every completed receive; [`Traffic::take_recording`] stops it and returns the
+//! events in the order they happened, which [`crate::sim::Schedule::from_recording`]
+//! turns into a dependency graph of transfers. Off by default (one atomic load per
+//! transfer).
 
 use crate::topology::{LinkClass, Topology};
 use serde::{Deserialize, Serialize};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// What a recorded [`Event`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    /// `src` handed `bytes` for `dst` to the transport (logged before it can be received).
+    Send,
+    /// `dst` completed the receive of a message from `src`.
+    Recv,
+}
+
+/// One recorded point-to-point event (world ranks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    pub kind: EventKind,
+    /// The communicator the message travelled on (the transport's group id; messages
+    /// are FIFO per (group, src, dst)).
+    pub group: u64,
+    pub src: usize,
+    pub dst: usize,
+    pub bytes: usize,
+    /// Position in the world's total order of events (0, 1, 2, ... since
+    /// [`Traffic::start_recording`]); a rank's events in `seq` order are its program
+    /// order, across all its communicators' streams.
+    pub seq: u64,
+}
 
 /// Shared byte counters, one per ordered pair of world ranks.
 pub struct Traffic {
     topo: Topology,
     n: usize,
     bytes: Vec<AtomicU64>,
+    recording: AtomicBool,
+    events: Mutex<Option<Vec<Event>>>,
 }
 
 impl Traffic {
@@ -24,6 +60,46 @@ impl Traffic {
             topo,
             n,
             bytes: (0..n * n).map(|_| AtomicU64::new(0)).collect(),
+            recording: AtomicBool::new(false),
+            events: Mutex::new(None),
+        }
+    }
+
+    /// Start (or restart, dropping what was logged) the event log.
+    pub fn start_recording(&self) {
+        let mut g = self.events.lock().unwrap_or_else(|e| e.into_inner());
+        *g = Some(Vec::new());
+        self.recording.store(true, Ordering::SeqCst);
+    }
+
+    /// True while the event log is on.
+    pub fn is_recording(&self) -> bool {
+        self.recording.load(Ordering::Relaxed)
+    }
+
+    /// Stop the event log and return its events in `seq` order (empty when it was off).
+    pub fn take_recording(&self) -> Vec<Event> {
+        let mut g = self.events.lock().unwrap_or_else(|e| e.into_inner());
+        self.recording.store(false, Ordering::SeqCst);
+        g.take().unwrap_or_default()
+    }
+
+    /// Append an event when recording (called by the local transport).
+    pub fn log(&self, kind: EventKind, group: u64, src: usize, dst: usize, bytes: usize) {
+        if !self.recording.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut g = self.events.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(v) = g.as_mut() {
+            let seq = v.len() as u64;
+            v.push(Event {
+                kind,
+                group,
+                src,
+                dst,
+                bytes,
+                seq,
+            });
         }
     }
 

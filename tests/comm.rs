@@ -167,9 +167,16 @@ fn node_and_rail_communicators() {
     let out = common::all_ok("frontier:2", |c| {
         let node = c.node_comm()?;
         let rail = c.rail_comm()?;
-        Ok((node.members().to_vec(), rail.members().to_vec(), node.rank(), rail.rank()))
+        Ok((
+            node.members().to_vec(),
+            rail.members().to_vec(),
+            node.rank(),
+            rail.rank(),
+        ))
     });
     assert_eq!(out[9], ((8..16).collect::<Vec<_>>(), vec![1, 9], 1, 1));
-    let one = common::all_ok("nodes:1x3", |c| Ok((c.node_comm()?.size(), c.rail_comm()?.size())));
+    let one = common::all_ok("nodes:1x3", |c| {
+        Ok((c.node_comm()?.size(), c.rail_comm()?.size()))
+    });
     assert_eq!(one[2], (3, 1));
 }

@@ -12,7 +12,12 @@ use crate::error::{Error, Result};
 use crate::memory::Buffer;
 
 /// Run a coalesced request as one flat request through `flat`.
-pub fn run(comm: &Comm, req: &Request, flat: impl FnOnce(&Request) -> Result<()>) -> Result<()> {
+/// Returns what `flat` returns (whether `Avg` was already divided).
+pub fn run(
+    comm: &Comm,
+    req: &Request,
+    flat: impl FnOnce(&Request) -> Result<bool>,
+) -> Result<bool> {
     let p = comm.size();
     let s = req.dtype.size();
     let t = comm.timeout();
@@ -33,7 +38,7 @@ pub fn run(comm: &Comm, req: &Request, flat: impl FnOnce(&Request) -> Result<()>
                 }
             }
             let frecv = Buffer::zeroed(p * total * s);
-            flat(&Request {
+            let divided = flat(&Request {
                 op: Op::AllGather {
                     send: fsend,
                     recv: frecv.clone(),
@@ -51,7 +56,7 @@ pub fn run(comm: &Comm, req: &Request, flat: impl FnOnce(&Request) -> Result<()>
                 }
                 off += n;
             }
-            Ok(())
+            Ok(divided)
         }
         Op::ReduceScatterCoalesced {
             sends,
@@ -74,7 +79,7 @@ pub fn run(comm: &Comm, req: &Request, flat: impl FnOnce(&Request) -> Result<()>
                 }
             }
             let frecv = Buffer::zeroed(total * s);
-            flat(&Request {
+            let divided = flat(&Request {
                 op: Op::ReduceScatter {
                     send: fsend,
                     recv: frecv.clone(),
@@ -90,7 +95,7 @@ pub fn run(comm: &Comm, req: &Request, flat: impl FnOnce(&Request) -> Result<()>
                     .copy_from_slice(&all[off * s..(off + n) * s]);
                 off += n;
             }
-            Ok(())
+            Ok(divided)
         }
         _ => Err(Error::Internal(format!(
             "{} is not a coalesced op",

@@ -27,7 +27,6 @@ use crate::comm::request::{Op, Request};
 use crate::comm::Comm;
 use crate::error::{Error, Result};
 use crate::memory::Buffer;
-use std::collections::HashMap;
 
 /// The HO-Ring algorithm.
 pub struct HoRing;
@@ -108,16 +107,51 @@ impl Algorithm for HoRing {
     }
 }
 
-fn with(x: &[usize], prefix: &[usize], i: usize, y: usize) -> Vec<usize> {
-    let mut v = prefix.to_vec();
-    v.push(y);
-    v.extend_from_slice(&x[i + 1..]);
-    v
+/// Chunk positions of one rank's levels: the chunk whose level coordinates are
+/// `prefix` (row-major index over the levels before `i`), `y` at level `i`, and this
+/// rank's own coordinates after `i`.
+struct Grid {
+    sizes: Vec<usize>,
+    /// Row-major stride of each level.
+    stride: Vec<usize>,
+    /// Row-major index of this rank's coordinates after each level.
+    suffix: Vec<usize>,
+    x: Vec<usize>,
 }
+
+impl Grid {
+    fn new(h: &Hierarchy, rank: usize) -> Grid {
+        let sizes = h.sizes();
+        let x = h.coords(rank);
+        let m = sizes.len();
+        let stride = (0..m).map(|i| sizes[i + 1..].iter().product()).collect();
+        let suffix = (0..m)
+            .map(|i| index(&sizes[i + 1..], &x[i + 1..]))
+            .collect();
+        Grid {
+            sizes,
+            stride,
+            suffix,
+            x,
+        }
+    }
+
+    fn at(&self, prefix: usize, i: usize, y: usize) -> usize {
+        (prefix * self.sizes[i] + y) * self.stride[i] + self.suffix[i]
+    }
+
+    fn chunks(&self) -> usize {
+        self.sizes.iter().product()
+    }
+}
+
+/// No step: the position is present from the start.
+const NONE: usize = usize::MAX;
 
 /// HO-Ring all-gather plan for `rank`: `count` elements of `s` bytes per rank, output in
 /// `Recv` (this rank's chunk already in place), `chunks` pieces per chunk.
-/// `have` gives, per (chunk index, piece), the step that produced it if not initially present.
+/// `have[chunk · pieces + piece]` gives the step that produced that piece ([`NONE`] when
+/// initially present).
 fn all_gather_on(
     h: &Hierarchy,
     rank: usize,
@@ -126,51 +160,55 @@ fn all_gather_on(
     chunks: usize,
     buf: BufId,
     plan: &mut Plan,
-    have: &mut HashMap<(usize, usize), usize>,
+    have: &mut Vec<usize>,
 ) {
-    let sizes = h.sizes();
-    let x = h.coords(rank);
+    let grid = Grid::new(h, rank);
+    let x = &grid.x;
     let c = count * s;
     let pcs = pieces(count, chunks);
-    let mut batches: Vec<Vec<usize>> = vec![vec![]];
-    for (i, &g) in sizes.iter().enumerate() {
+    let np = pcs.len();
+    have.resize(grid.chunks() * np, NONE);
+    // Work units (batch, piece) of each level, in the order their data arrives: piece
+    // outermost, so an inner ring forwards piece q of a chunk while piece q+1 is still
+    // on its way (a step-major order would stall at step 0 until every piece arrived).
+    // A batch is the row-major index of the coordinates of the levels outside.
+    let mut units: Vec<(usize, usize)> = (0..np).map(|q| (0, q)).collect();
+    for (i, &g) in grid.sizes.iter().enumerate() {
         let (dst, src) = ((x[i] + 1) % g, (x[i] + g - 1) % g);
-        for b in &batches {
+        for &(b, q) in &units {
+            let (po, pl) = pcs[q];
             for t in 0..g - 1 {
-                let out = index(&sizes, &with(&x, b, i, (x[i] + g - t) % g));
-                let inc = index(&sizes, &with(&x, b, i, (x[i] + 2 * g - t - 1) % g));
-                for (q, &(po, pl)) in pcs.iter().enumerate() {
-                    let deps = if t == 0 {
-                        have.get(&(out, q)).copied().into_iter().collect()
-                    } else {
-                        vec![]
-                    };
-                    plan.steps.push(Step {
-                        ring: Ring::Level(i),
-                        dst,
-                        src,
-                        send: Span {
-                            buf,
-                            off: out * c + po * s,
-                            len: pl * s,
-                        },
-                        recv: Span {
-                            buf,
-                            off: inc * c + po * s,
-                            len: pl * s,
-                        },
-                        reduce: false,
-                        deps,
-                    });
-                    have.insert((inc, q), plan.steps.len() - 1);
-                }
+                let out = grid.at(b, i, (x[i] + g - t) % g);
+                let inc = grid.at(b, i, (x[i] + 2 * g - t - 1) % g);
+                let deps = match have[out * np + q] {
+                    d if t == 0 && d != NONE => vec![d],
+                    _ => vec![],
+                };
+                plan.steps.push(Step {
+                    ring: Ring::Level(i),
+                    dst,
+                    src,
+                    send: Span {
+                        buf,
+                        off: out * c + po * s,
+                        len: pl * s,
+                    },
+                    recv: Span {
+                        buf,
+                        off: inc * c + po * s,
+                        len: pl * s,
+                    },
+                    reduce: false,
+                    deps,
+                });
+                have[inc * np + q] = plan.steps.len() - 1;
             }
         }
-        // Next level's batches, in arrival order: own first, then as the ring delivers.
+        // Next level's units, in arrival order: own chunk first, then as the ring delivers.
         let xi = x[i];
-        batches = batches
+        units = units
             .iter()
-            .flat_map(|b| (0..g).map(move |t| [b.as_slice(), &[(xi + g - t) % g]].concat()))
+            .flat_map(|&(b, q)| (0..g).map(move |t| (b * g + (xi + g - t) % g, q)))
             .collect();
     }
 }
@@ -186,13 +224,14 @@ pub fn all_gather(h: &Hierarchy, rank: usize, count: usize, s: usize, chunks: us
         chunks,
         BufId::Recv,
         &mut plan,
-        &mut HashMap::new(),
+        &mut Vec::new(),
     );
     plan
 }
 
-/// HO-Ring reduce-scatter plan over `Work` (a copy of the input); returns the plan and,
-/// per piece, the step that finalizes this rank's own chunk.
+/// HO-Ring reduce-scatter plan over `Work` (a copy of the input); returns, per
+/// `chunk · pieces + piece`, the step that finalizes it ([`NONE`] for other chunks than
+/// this rank's own).
 fn reduce_scatter_on(
     h: &Hierarchy,
     rank: usize,
@@ -200,61 +239,65 @@ fn reduce_scatter_on(
     s: usize,
     chunks: usize,
     plan: &mut Plan,
-) -> HashMap<(usize, usize), usize> {
-    let sizes = h.sizes();
-    let m = sizes.len();
-    let x = h.coords(rank);
+) -> Vec<usize> {
+    let grid = Grid::new(h, rank);
+    let x = &grid.x;
+    let m = grid.sizes.len();
     let c = count * s;
     let pcs = pieces(count, chunks);
-    // Batches per level in the order the next level out consumes them.
-    let mut order: Vec<Vec<Vec<usize>>> = vec![vec![vec![]]];
+    let np = pcs.len();
+    // Work units (batch, piece) per level in the order the next level out consumes
+    // them, piece outermost: the outer ring takes piece q of a chunk as soon as the inner
+    // rings reduced piece q of the chunks it needs, while piece q+1 is still reducing.
+    let mut order: Vec<Vec<(usize, usize)>> = vec![(0..np).map(|q| (0, q)).collect()];
     for i in 0..m - 1 {
-        let g = sizes[i];
+        let g = grid.sizes[i];
         let xi = x[i];
         let next = order[i]
             .iter()
-            .flat_map(|b| (0..g).map(move |t| [b.as_slice(), &[(xi + 2 * g - 1 - t) % g]].concat()))
+            .flat_map(|&(b, q)| (0..g).map(move |t| (b * g + (xi + 2 * g - 1 - t) % g, q)))
             .collect();
         order.push(next);
     }
-    // final_of[(chunk, piece)]: the step after which that position is reduced over every
-    // level inside the current one.
-    let mut final_of: HashMap<(usize, usize), usize> = HashMap::new();
+    // final_of[chunk · np + piece]: the step after which that position is reduced over
+    // every level inside the current one (NONE: nothing inside, the input is final).
+    let mut final_of: Vec<usize> = vec![NONE; grid.chunks() * np];
     for i in (0..m).rev() {
-        let g = sizes[i];
+        let g = grid.sizes[i];
         let (dst, src) = ((x[i] + 1) % g, (x[i] + g - 1) % g);
-        let mut next_final = HashMap::new();
-        for b in &order[i] {
-            for (q, &(po, pl)) in pcs.iter().enumerate() {
-                for t in 0..g - 1 {
-                    let out = index(&sizes, &with(&x, b, i, (x[i] + 2 * g - t - 1) % g));
-                    let inc = index(&sizes, &with(&x, b, i, (x[i] + 2 * g - t - 2) % g));
-                    let mut deps: Vec<usize> =
-                        final_of.get(&(inc, q)).copied().into_iter().collect();
-                    if t == 0 {
-                        deps.extend(final_of.get(&(out, q)).copied());
-                    }
-                    plan.steps.push(Step {
-                        ring: Ring::Level(i),
-                        dst,
-                        src,
-                        send: Span {
-                            buf: BufId::Work,
-                            off: out * c + po * s,
-                            len: pl * s,
-                        },
-                        recv: Span {
-                            buf: BufId::Work,
-                            off: inc * c + po * s,
-                            len: pl * s,
-                        },
-                        reduce: true,
-                        deps,
-                    });
+        let mut next_final = vec![NONE; grid.chunks() * np];
+        for &(b, q) in &order[i] {
+            let (po, pl) = pcs[q];
+            for t in 0..g - 1 {
+                let out = grid.at(b, i, (x[i] + 2 * g - t - 1) % g);
+                let inc = grid.at(b, i, (x[i] + 2 * g - t - 2) % g);
+                let mut deps: Vec<usize> = Vec::new();
+                if final_of[inc * np + q] != NONE {
+                    deps.push(final_of[inc * np + q]);
                 }
-                let own = index(&sizes, &with(&x, b, i, x[i]));
-                next_final.insert((own, q), plan.steps.len() - 1);
+                if t == 0 && final_of[out * np + q] != NONE {
+                    deps.push(final_of[out * np + q]);
+                }
+                plan.steps.push(Step {
+                    ring: Ring::Level(i),
+                    dst,
+                    src,
+                    send: Span {
+                        buf: BufId::Work,
+                        off: out * c + po * s,
+                        len: pl * s,
+                    },
+                    recv: Span {
+                        buf: BufId::Work,
+                        off: inc * c + po * s,
+                        len: pl * s,
+                    },
+                    reduce: true,
+                    deps,
+                });
             }
+            let own = grid.at(b, i, x[i]);
+            next_final[own * np + q] = plan.steps.len() - 1;
         }
         final_of = next_final;
     }

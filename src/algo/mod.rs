@@ -6,6 +6,7 @@
 //! - [`hierarchical`]: MiCS §3.3 hierarchical all-gather / reduce-scatter, 2 and 3 levels;
 //! - [`ho_ring`]: PaRO §3.3 hierarchical overlapping rings, and the pipelined 2-D all-reduce;
 //! - [`plan`]: algorithms as per-rank step lists, executed or turned into schedules;
+//! - [`qgz`], [`qwz`]: ZeRO++ quantized reduce-scatter (2-hop and 1-hop) and all-gather;
 //! - [`coalesced`]: MiCS §4 coalesced all-gather / reduce-scatter over uneven buffers;
 //! - [`select`]: the `auto` rule.
 
@@ -13,6 +14,8 @@ pub mod coalesced;
 pub mod hierarchical;
 pub mod ho_ring;
 pub mod plan;
+pub mod qgz;
+pub mod qwz;
 pub mod ring;
 pub mod select;
 
@@ -31,13 +34,27 @@ pub enum Algo {
     Hier,
     /// PaRO hierarchical overlapping rings (levels' rings run at once, pipelined).
     HoRing,
+    /// ZeRO++ qgZ: quantized 2-hop all-to-all reduce-scatter.
+    Qgz,
+    /// qgZ's 1-hop variant (one flat quantized all-to-all), for comparison.
+    Qgz1,
+    /// ZeRO++ qwZ: quantized all-gather.
+    Qwz,
     /// Pick by topology and message size ([`select`]).
     Auto,
 }
 
 impl Algo {
     /// Every selectable name.
-    pub const ALL: [Algo; 4] = [Algo::Ring, Algo::Hier, Algo::HoRing, Algo::Auto];
+    pub const ALL: [Algo; 7] = [
+        Algo::Ring,
+        Algo::Hier,
+        Algo::HoRing,
+        Algo::Qgz,
+        Algo::Qgz1,
+        Algo::Qwz,
+        Algo::Auto,
+    ];
 
     /// Name as on the command line.
     pub fn name(self) -> &'static str {
@@ -45,6 +62,9 @@ impl Algo {
             Algo::Ring => "ring",
             Algo::Hier => "hier",
             Algo::HoRing => "ho-ring",
+            Algo::Qgz => "qgz",
+            Algo::Qgz1 => "qgz-1hop",
+            Algo::Qwz => "qwz",
             Algo::Auto => "auto",
         }
     }
@@ -64,9 +84,12 @@ impl FromStr for Algo {
             "ring" | "native" | "flat" => Ok(Algo::Ring),
             "hier" | "hierarchical" | "mics" => Ok(Algo::Hier),
             "ho-ring" | "horing" | "ho_ring" => Ok(Algo::HoRing),
+            "qgz" => Ok(Algo::Qgz),
+            "qgz-1hop" | "qgz1" => Ok(Algo::Qgz1),
+            "qwz" => Ok(Algo::Qwz),
             "auto" => Ok(Algo::Auto),
             _ => Err(Error::InvalidArgument(format!(
-                "unknown algorithm '{s}' (ring, hier, ho-ring, auto)"
+                "unknown algorithm '{s}' (ring, hier, ho-ring, qgz, qgz-1hop, qwz, auto)"
             ))),
         }
     }
@@ -81,6 +104,10 @@ pub trait Algorithm: Sync {
     /// Run a checked, non-coalesced request (on the communicator's stream thread).
     /// Reductions with `Avg` leave the sum: the submit path divides once.
     fn run(&self, comm: &Comm, req: &Request) -> Result<()>;
+    /// True when `run` already divides `Avg` results by the communicator size.
+    fn divides_avg(&self) -> bool {
+        false
+    }
 }
 
 /// The ring / native baseline.
@@ -105,7 +132,9 @@ impl Algorithm for Native {
 
 /// Run a checked request: coalesced requests are packed and run as one flat request;
 /// the algorithm is the one [`select::choose`] returns.
-pub fn execute(comm: &Comm, req: &Request) -> Result<()> {
+/// Returns whether the algorithm already divided an `Avg` result (quantized algorithms
+/// divide inside their final f32 reduction, before rounding to the output type).
+pub fn execute(comm: &Comm, req: &Request) -> Result<bool> {
     match &req.op {
         Op::AllGatherCoalesced { .. } | Op::ReduceScatterCoalesced { .. } => {
             coalesced::run(comm, req, |flat| run_flat(comm, flat))
@@ -114,8 +143,9 @@ pub fn execute(comm: &Comm, req: &Request) -> Result<()> {
     }
 }
 
-fn run_flat(comm: &Comm, req: &Request) -> Result<()> {
+fn run_flat(comm: &Comm, req: &Request) -> Result<bool> {
     let (a, why) = select::choose(comm, req);
     tracing::debug!(rank = comm.rank(), op = req.op.name(), algo = a.algo().name(), reason = %why, "dispatch");
-    a.run(comm, req)
+    a.run(comm, req)?;
+    Ok(a.divides_avg())
 }

@@ -76,9 +76,15 @@ pub fn pieces(count: usize, chunks: usize) -> Vec<(usize, usize)> {
         .collect()
 }
 
-/// Default pieces per chunk for pipelined algorithms: one per 512 KiB of chunk, 1 to 8.
+/// Default pieces per chunk for pipelined algorithms: `round(sqrt(chunk / 128 KiB))`,
+/// 1 to 16. Every piece pays a per-step latency on each ring step while the pipeline
+/// fills in 1/q of a chunk's time, so the best piece count grows with the square root
+/// of the chunk size (the classic pipelining optimum). The 128 KiB constant keeps
+/// `ho-ring` within 10% of its modeled lower bound from 64 MiB up on the modeled DGX
+/// A100, p3dn and Frontier clusters (README, "Modeled time"); 256-512 KiB would be a
+/// few percent faster there but leaves reduce-scatter on DGX A100 at 64 MiB 16-23% off.
 pub fn default_chunks(chunk_bytes: usize) -> usize {
-    (chunk_bytes / (512 << 10)).clamp(1, 8)
+    ((chunk_bytes as f64 / (128 << 10) as f64).sqrt().round() as usize).clamp(1, 16)
 }
 
 /// Row-major index of level coordinates.
@@ -259,8 +265,16 @@ pub fn hier_reduce_scatter(h: &Hierarchy, rank: usize, c: usize) -> Plan {
 fn hier_stages(h: &Hierarchy, rank: usize, c: usize, reduce: bool) -> Plan {
     let sizes = h.sizes();
     let x = h.coords(rank);
-    let order: Vec<usize> = if reduce { (0..sizes.len()).rev().collect() } else { (0..sizes.len()).collect() };
-    let (shift, buf) = if reduce { (1, BufId::Work) } else { (0, BufId::Recv) };
+    let order: Vec<usize> = if reduce {
+        (0..sizes.len()).rev().collect()
+    } else {
+        (0..sizes.len()).collect()
+    };
+    let (shift, buf) = if reduce {
+        (1, BufId::Work)
+    } else {
+        (0, BufId::Recv)
+    };
     let mut plan = Plan::default();
     let mut last: Option<usize> = None;
     for i in order {
@@ -270,7 +284,11 @@ fn hier_stages(h: &Hierarchy, rank: usize, c: usize, reduce: bool) -> Plan {
         let mut this_last = last;
         for j in 0..b {
             for t in 0..g - 1 {
-                let deps = if j == 0 && t == 0 { last.into_iter().collect() } else { vec![] };
+                let deps = if j == 0 && t == 0 {
+                    last.into_iter().collect()
+                } else {
+                    vec![]
+                };
                 // Positions inside the stage's buffer; only lengths matter to the model.
                 let so = (j * g + (x[i] + 2 * g - t - shift) % g) * c;
                 let ro = (j * g + (x[i] + 2 * g - t - 1 - shift) % g) * c;
@@ -278,8 +296,16 @@ fn hier_stages(h: &Hierarchy, rank: usize, c: usize, reduce: bool) -> Plan {
                     ring: Ring::Level(i),
                     dst,
                     src,
-                    send: Span { buf, off: so, len: c },
-                    recv: Span { buf, off: ro, len: c },
+                    send: Span {
+                        buf,
+                        off: so,
+                        len: c,
+                    },
+                    recv: Span {
+                        buf,
+                        off: ro,
+                        len: c,
+                    },
                     reduce,
                     deps,
                 });

@@ -32,6 +32,17 @@
 //!   waited, none of this process's sends is in flight, so its row of (after - before) is
 //!   exactly its share of the loop; the rows are all-gathered and assembled on rank 0.
 //!   Labelled `nominal` (the MPI library may route bytes differently underneath).
+//!
+//! Modeling ([`strata::sim`]): `--model SPEC` replays the schedule every row's call
+//! would execute (a dry run of the same algorithm, count, dtype and `--chunks` on the
+//! SPEC topology, which must have the run's world size) on that topology's link model,
+//! and adds `model_us` / `model_busbw` beside the measured time and bandwidth (JSON:
+//! `model_time_us`, `model_busbw`, `lower_bound_us`). `--dry-run` runs no transport and
+//! moves no data: only the modeled columns, with the traffic of the schedule (label
+//! `modeled`); 1024 ranks take seconds. `--trace FILE` writes the Chrome trace
+//! (Perfetto) of the largest size of the sweep (`-<op>-<algo>` inserted before the
+//! extension when the sweep has several), `--plot FILE.svg` the modeled time against
+//! the size for every algo of the sweep.
 
 use clap::error::ErrorKind;
 use clap::{CommandFactory, Parser};
@@ -44,6 +55,7 @@ use std::process::ExitCode;
 use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 use strata::check::{self, Kind};
+use strata::sim;
 use strata::traffic::{TrafficMatrix, TrafficReport};
 use strata::transport::TransportKind;
 use strata::{
@@ -142,6 +154,25 @@ struct Cli {
     /// Also write the results as a JSON array to FILE.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
+
+    /// Topology SPEC to model every row on (same world size as the run): adds the
+    /// modeled time and bus bandwidth (model_us, model_busbw) beside the measured ones.
+    #[arg(long, value_name = "SPEC")]
+    model: Option<String>,
+
+    /// Model only: no transport, no data; needs --model or --topology (--ranks, when
+    /// given, must be its world size).
+    #[arg(long)]
+    dry_run: bool,
+
+    /// Write the Chrome trace (Perfetto JSON) of the modeled schedule of the largest size;
+    /// with several ops/algos, `-<op>-<algo>` is inserted before the extension.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
+
+    /// Write an SVG of modeled time against message size for the algos of the sweep.
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<PathBuf>,
 
     /// Seconds to wait for a peer before failing (default: STRATA_TIMEOUT, else 120).
     #[arg(long, value_name = "SECS", value_parser = parse_secs)]
@@ -638,6 +669,417 @@ fn bench_row(comm: &Comm, plan: &Plan, row: &Row, pace: &dyn Pace) -> Result<Ran
 }
 
 // ---------------------------------------------------------------------------------------
+// Modeling (--model, --dry-run, --trace, --plot)
+// ---------------------------------------------------------------------------------------
+
+/// One row as modeled on the model topology.
+#[derive(Debug, Clone)]
+struct Modeled {
+    /// The algorithm the schedule came from (`auto` resolved, fallbacks applied).
+    used: Algo,
+    time_us: f64,
+    algbw: f64,
+    busbw: f64,
+    lower_bound_us: f64,
+    bandwidth_bound_us: f64,
+    traffic: TrafficReport,
+}
+
+/// The modeled topology and what the trace and plot collect over the sweep.
+struct Modeler {
+    topo: Topology,
+    chunks: Option<usize>,
+    trace: Option<PathBuf>,
+    plot: Option<PathBuf>,
+    /// Traces and plots cover the rows of the first dtype and redop.
+    dtype: Option<DataType>,
+    redop: Option<ReduceOp>,
+    /// Per (op, algo): (row index, size) of the largest row, and the plot's points.
+    largest: Vec<((Kind, Algo), usize, u64)>,
+    points: Vec<((Kind, Algo), Vec<(f64, f64)>)>,
+    several: bool,
+    multi_op: bool,
+}
+
+impl Modeler {
+    fn new(cli: &Cli, topo: Topology, chunks: Option<usize>, algos: &[Algo]) -> Modeler {
+        let ops = dedup(&cli.op);
+        Modeler {
+            topo,
+            chunks,
+            trace: cli.trace.clone(),
+            plot: cli.plot.clone(),
+            dtype: cli.datatype.first().copied(),
+            redop: cli.redop.first().copied(),
+            largest: Vec::new(),
+            points: Vec::new(),
+            several: ops.len() * algos.len() > 1,
+            multi_op: ops.len() > 1,
+        }
+    }
+
+    fn modelable(k: Kind) -> bool {
+        matches!(k, Kind::AllGather | Kind::ReduceScatter | Kind::AllReduce)
+    }
+
+    /// Dry run and replay of `row` (None for ops the simulator does not model).
+    fn model(&self, row: &Row) -> Result<Option<Modeled>> {
+        if !Self::modelable(row.kind) {
+            return Ok(None);
+        }
+        let p = self.topo.world_size();
+        let (sched, r) = sim::model(
+            &self.topo,
+            row.kind,
+            row.algo,
+            row.count,
+            row.dtype,
+            self.chunks,
+        )?;
+        let algbw = if r.makespan_us > 0.0 {
+            row.bytes as f64 / (r.makespan_us * 1e3)
+        } else {
+            0.0
+        };
+        Ok(Some(Modeled {
+            used: sched.algo.unwrap_or(row.algo),
+            time_us: r.makespan_us,
+            algbw,
+            busbw: algbw * bus_factor(row.kind, p),
+            lower_bound_us: r.lower_bound_us,
+            bandwidth_bound_us: r.bandwidth_bound_us,
+            traffic: sched.traffic(&self.topo),
+        }))
+    }
+
+    /// Remember row `i` for the trace and the plot.
+    fn note(&mut self, i: usize, row: &Row, m: &Modeled) {
+        if Some(row.dtype) != self.dtype || (row.redop.is_some() && row.redop != self.redop) {
+            return;
+        }
+        let key = (row.kind, row.algo);
+        match self.largest.iter_mut().find(|e| e.0 == key) {
+            Some(e) if e.2 < row.bytes => (e.1, e.2) = (i, row.bytes),
+            Some(_) => {}
+            None => self.largest.push((key, i, row.bytes)),
+        }
+        if m.time_us > 0.0 {
+            match self.points.iter_mut().find(|e| e.0 == key) {
+                Some(e) => e.1.push((row.bytes as f64, m.time_us)),
+                None => self.points.push((key, vec![(row.bytes as f64, m.time_us)])),
+            }
+        }
+    }
+
+    /// Write the traces and the plot.
+    fn finish(&self, rows: &[Row]) -> Result<()> {
+        if let Some(path) = &self.trace {
+            for &((kind, algo), i, _) in &self.largest {
+                let row = &rows[i];
+                let (sched, r) =
+                    sim::model(&self.topo, kind, algo, row.count, row.dtype, self.chunks)?;
+                let path = if self.several {
+                    tagged(path, &format!("{}-{}", kind.name(), algo.name()))
+                } else {
+                    path.clone()
+                };
+                sim::trace::save_trace(&path, &sched, &r, &self.topo)?;
+                out(&format!(
+                    "# trace     : {} ({} {}, {} B, {} transfers)",
+                    path.display(),
+                    kind.name(),
+                    algo.name(),
+                    row.bytes,
+                    sched.len()
+                ));
+            }
+        }
+        if let Some(path) = &self.plot {
+            let series: Vec<sim::plot::Series> = self
+                .points
+                .iter()
+                .map(|((kind, algo), pts)| sim::plot::Series {
+                    name: if self.multi_op {
+                        format!("{} {}", kind.name(), algo.name())
+                    } else {
+                        algo.name().to_string()
+                    },
+                    points: pts.clone(),
+                })
+                .collect();
+            let title = format!(
+                "modeled time, {} ({} ranks), {}",
+                self.topo.name,
+                self.topo.world_size(),
+                self.dtype.map(|d| d.name()).unwrap_or("")
+            );
+            let svg = sim::plot::svg(
+                &title,
+                "message size (bytes, nccl-tests size)",
+                "modeled time",
+                &series,
+            );
+            std::fs::write(path, svg)
+                .map_err(|e| Error::System(format!("cannot write {}: {e}", path.display())))?;
+            out(&format!("# plot      : {}", path.display()));
+        }
+        Ok(())
+    }
+}
+
+/// `path` with `-<tag>` inserted before its extension.
+fn tagged(path: &std::path::Path, tag: &str) -> PathBuf {
+    let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("trace");
+    let name = match path.extension().and_then(|e| e.to_str()) {
+        Some(ext) => format!("{stem}-{tag}.{ext}"),
+        None => format!("{stem}-{tag}"),
+    };
+    path.with_file_name(name)
+}
+
+/// The model topology of `--model SPEC` for a run of `p` ranks.
+fn model_topology(spec: &str, p: usize) -> Result<Topology> {
+    let t = Topology::parse(spec)?;
+    if t.world_size() != p {
+        return Err(Error::InvalidUsage(format!(
+            "--model {spec} describes {} ranks but the run has {p}",
+            t.world_size()
+        )));
+    }
+    Ok(t)
+}
+
+/// One JSON record of a dry run (contract: field names shared with [`Record`]).
+#[derive(Debug, Serialize)]
+struct DryRecord {
+    op: &'static str,
+    algo: &'static str,
+    algo_used: &'static str,
+    dtype: &'static str,
+    redop: &'static str,
+    size: u64,
+    count: usize,
+    ranks: usize,
+    topology: String,
+    transport: &'static str,
+    model_time_us: f64,
+    model_algbw: f64,
+    model_busbw: f64,
+    lower_bound_us: f64,
+    bandwidth_bound_us: f64,
+    traffic: TrafficReport,
+    traffic_source: &'static str,
+    chunks: Option<usize>,
+    coalesce: Option<usize>,
+}
+
+fn dry_columns() -> [String; 2] {
+    let h1 = format!(
+        "#{:>11}  {:>12}  {:>8}  {:>6}  {:>7}  {:>7}  {:>10}  {:>7}  {:>7}  {:>10}  {:>6}  {:>12}  {:>12}  {:>12}  {:>12}",
+        "size", "count", "type", "redop", "algo", "used", "model_us", "algbw", "busbw", "lower_bnd", "ratio", "intra_pkg", "intra_node", "inter_node", "node_egress"
+    );
+    let h2 = format!(
+        "#{:>11}  {:>12}  {:>8}  {:>6}  {:>7}  {:>7}  {:>10}  {:>7}  {:>7}  {:>10}  {:>6}  {:>12}  {:>12}  {:>12}  {:>12}",
+        "(B)", "(elements)", "", "", "", "", "(us)", "(GB/s)", "(GB/s)", "(us)", "", "(B)", "(B)", "(B)", "(B)"
+    );
+    [h1, h2]
+}
+
+/// `--dry-run`: model every row (in parallel over the machine's cores), print the
+/// modeled columns, write JSON, traces and plot. No transport, no data.
+fn run_dry(cli: &Cli, config: &CommConfig, algos: &[Algo]) -> Result<u64> {
+    let started = Instant::now();
+    let spec = cli
+        .model
+        .as_deref()
+        .or(cli.topology.as_deref())
+        .ok_or_else(|| Error::InvalidUsage("--dry-run needs --model or --topology".into()))?;
+    let topo = Topology::parse(spec)?;
+    let p = topo.world_size();
+    if let (Some(_), Some(t)) = (&cli.model, &cli.topology) {
+        let run = Topology::parse(t)?;
+        if run.world_size() != p {
+            return Err(Error::InvalidUsage(format!(
+                "--topology {t} has {} ranks but --model {spec} has {p}",
+                run.world_size()
+            )));
+        }
+    }
+    if let Some(n) = cli.ranks {
+        if n as usize != p {
+            return Err(Error::InvalidUsage(format!(
+                "--ranks {n} but the modeled topology {spec} has {p} ranks"
+            )));
+        }
+    }
+    let plan = build_plan(cli, algos, p)?;
+    let mut json = match &cli.json {
+        Some(path) => Some((
+            path.clone(),
+            std::fs::File::create(path)
+                .map_err(|e| Error::System(format!("cannot create {}: {e}", path.display())))?,
+        )),
+        None => None,
+    };
+    let mut modeler = Modeler::new(cli, topo.clone(), config.ho_ring_chunks, algos);
+    let list = |v: Vec<&str>| v.join(",");
+    let ops = dedup(&cli.op);
+    let redops = if ops.iter().any(|&k| reduces(k)) {
+        list(dedup(&cli.redop).iter().map(|o| o.name()).collect())
+    } else {
+        "none".to_string()
+    };
+    for l in [
+        format!("# strata-perf {} (nccl-tests style), dry run", env!("CARGO_PKG_VERSION")),
+        "#  transport : none (dry run: schedules built and replayed, no data moved)".to_string(),
+        format!("#  topology  : {} (modeled)", topo.summary()),
+        format!("#  ranks     : {p}"),
+        format!("#  op        : {}", list(ops.iter().map(|k| k.name()).collect())),
+        format!("#  algo      : {}", list(algos.iter().map(|a| a.name()).collect())),
+        format!(
+            "#  dtype     : {}",
+            list(dedup(&cli.datatype).iter().map(|d| d.name()).collect())
+        ),
+        format!("#  redop     : {redops}"),
+        format!(
+            "#  minBytes {} maxBytes {} step: {}",
+            cli.minbytes,
+            cli.maxbytes,
+            if cli.stepfactor > 1 {
+                format!("{}(factor)", cli.stepfactor)
+            } else {
+                format!("{}(bytes)", cli.stepbytes)
+            }
+        ),
+        format!(
+            "#  chunks    : {}",
+            config
+                .ho_ring_chunks
+                .map(|c| c.to_string())
+                .unwrap_or_else(|| "default (by size)".into())
+        ),
+        "#  model     : per link class latency + bytes/bandwidth, shared NICs, classes busy at once (strata::sim)".to_string(),
+        "#  lower_bnd : busiest resource's wire time + one latency, or longest stream of steps; ratio = model_us / lower_bnd".to_string(),
+        "#  traffic   : modeled: bytes of the schedule per call".to_string(),
+    ] {
+        out(&l);
+    }
+    // Model the rows on every core; each worker holds one schedule at a time.
+    let rows = &plan.rows;
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results: Mutex<Vec<Option<Result<Option<Modeled>>>>> =
+        Mutex::new((0..rows.len()).map(|_| None).collect());
+    let workers = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .clamp(1, rows.len().max(1));
+    std::thread::scope(|sc| {
+        for _ in 0..workers {
+            sc.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= rows.len() {
+                    break;
+                }
+                let m = modeler.model(&rows[i]);
+                results.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(m);
+            });
+        }
+    });
+    let results = results.into_inner().unwrap_or_else(|e| e.into_inner());
+    let mut records = Vec::new();
+    let mut last_kind = None;
+    let mut busbw_sum = 0.0;
+    for (i, (row, m)) in rows.iter().zip(results).enumerate() {
+        let m = match m {
+            Some(Ok(Some(m))) => m,
+            Some(Ok(None)) => {
+                return Err(Error::InvalidArgument(format!(
+                    "--dry-run models all-gather, reduce-scatter and all-reduce, not {}",
+                    row.kind.name()
+                )))
+            }
+            Some(Err(e)) => return Err(e),
+            None => return Err(Error::Internal(format!("row {i} was not modeled"))),
+        };
+        if last_kind != Some(row.kind) {
+            last_kind = Some(row.kind);
+            out("#");
+            if ops.len() > 1 {
+                out(&format!("# {}", row.kind.name()));
+            }
+            for h in dry_columns() {
+                out(&h);
+            }
+        }
+        let ratio = if m.lower_bound_us > 0.0 {
+            m.time_us / m.lower_bound_us
+        } else {
+            1.0
+        };
+        out(&format!(
+            "{:>12}  {:>12}  {:>8}  {:>6}  {:>7}  {:>7}  {:>10}  {:>7.2}  {:>7.2}  {:>10}  {:>6.3}  {:>12}  {:>12}  {:>12}  {:>12}",
+            row.bytes,
+            row.count,
+            row.dtype.name(),
+            row.redop_name(),
+            row.algo.name(),
+            m.used.name(),
+            fmt_time(m.time_us).trim(),
+            m.algbw,
+            m.busbw,
+            fmt_time(m.lower_bound_us).trim(),
+            ratio,
+            m.traffic.intra_package,
+            m.traffic.intra_node,
+            m.traffic.inter_node,
+            m.traffic.max_node_egress,
+        ));
+        busbw_sum += m.busbw;
+        modeler.note(i, row, &m);
+        records.push(DryRecord {
+            op: row.kind.name(),
+            algo: row.algo.name(),
+            algo_used: m.used.name(),
+            dtype: row.dtype.name(),
+            redop: row.redop_name(),
+            size: row.bytes,
+            count: row.count,
+            ranks: p,
+            topology: topo.name.clone(),
+            transport: "none",
+            model_time_us: m.time_us,
+            model_algbw: m.algbw,
+            model_busbw: m.busbw,
+            lower_bound_us: m.lower_bound_us,
+            bandwidth_bound_us: m.bandwidth_bound_us,
+            traffic: m.traffic,
+            traffic_source: "modeled",
+            chunks: config.ho_ring_chunks,
+            coalesce: plan.coalesce,
+        });
+    }
+    out(&format!(
+        "# Avg modeled bus bandwidth : {:.4}",
+        busbw_sum / records.len().max(1) as f64
+    ));
+    out(&format!(
+        "# Modeled {} rows in {:.2} s ({workers} threads)",
+        records.len(),
+        started.elapsed().as_secs_f64()
+    ));
+    out("#");
+    if let Some((path, f)) = json.as_mut() {
+        let text = serde_json::to_string_pretty(&records)
+            .map_err(|e| Error::Internal(format!("json: {e}")))?;
+        f.write_all((text + "\n").as_bytes())
+            .and_then(|_| f.flush())
+            .map_err(|e| Error::System(format!("cannot write {}: {e}", path.display())))?;
+    }
+    modeler.finish(rows)?;
+    Ok(0)
+}
+
+// ---------------------------------------------------------------------------------------
 // Reporting (rank 0)
 // ---------------------------------------------------------------------------------------
 
@@ -664,6 +1106,15 @@ struct Record {
     traffic_source: Option<&'static str>,
     /// Tensors per coalesced call; null when not coalesced.
     coalesce: Option<usize>,
+    /// With --model: the modeled time of one call on the model topology (us).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    model_time_us: Option<f64>,
+    /// With --model: the modeled bus bandwidth (GB/s).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    model_busbw: Option<f64>,
+    /// With --model: the lower bound of the modeled schedule (us).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lower_bound_us: Option<f64>,
 }
 
 fn columns() -> [String; 2] {
@@ -674,6 +1125,19 @@ fn columns() -> [String; 2] {
     let h2 = format!(
         "#{:>11}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}  {:>10}  {:>10}  {:>10}  {:>11}",
         "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(B)", "(B)", "(B)", "(B)"
+    );
+    [h1, h2]
+}
+
+/// [`columns`] with `model_us` and `model_busbw` after the measured busbw.
+fn model_columns() -> [String; 2] {
+    let h1 = format!(
+        "#{:>11}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>9}  {:>11}  {:>6}  {:>10}  {:>10}  {:>10}  {:>11}",
+        "size", "count", "type", "redop", "algo", "time", "algbw", "busbw", "model_us", "model_busbw", "#wrong", "intra_pkg", "intra_node", "inter_node", "node_egress"
+    );
+    let h2 = format!(
+        "#{:>11}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>9}  {:>11}  {:>6}  {:>10}  {:>10}  {:>10}  {:>11}",
+        "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "(us)", "(GB/s)", "", "(B)", "(B)", "(B)", "(B)"
     );
     [h1, h2]
 }
@@ -704,6 +1168,8 @@ struct Reporter<'a> {
     multi_op: bool,
     /// Opened (created) before the sweep so a bad path fails at once, written at the end.
     json: Option<(PathBuf, std::fs::File)>,
+    /// `--model`: every row is also modeled on this topology.
+    modeler: Option<Modeler>,
 }
 
 fn out(line: &str) {
@@ -724,6 +1190,15 @@ impl<'a> Reporter<'a> {
         let topo = comm0.topology().clone();
         let p = comm0.size();
         let transport = comm0.transport_kind();
+        let modeler = match &cli.model {
+            Some(spec) => Some(Modeler::new(
+                cli,
+                model_topology(spec, p)?,
+                comm0.config().ho_ring_chunks,
+                algos,
+            )),
+            None => None,
+        };
         let pb = (std::io::stdout().is_terminal() && plan.rows.len() > 4).then(|| {
             let pb = ProgressBar::with_draw_target(
                 Some(plan.rows.len() as u64),
@@ -751,6 +1226,7 @@ impl<'a> Reporter<'a> {
             last_kind: None,
             multi_op: dedup(&cli.op).len() > 1,
             json,
+            modeler,
         };
         r.header(cli, algos);
         r.progress_msg();
@@ -825,7 +1301,13 @@ impl<'a> Reporter<'a> {
             format!("#  timeout   : {:?}", self.comm0.timeout()),
             format!("#  traffic   : {how}"),
         ];
-        for l in lines {
+        let model = self.modeler.as_ref().map(|m| {
+            format!(
+                "#  model     : {} (strata::sim dry run of each row: latency + bytes/bandwidth per link class, shared NICs)",
+                m.topo.summary()
+            )
+        });
+        for l in lines.into_iter().chain(model) {
             self.print(&l);
         }
     }
@@ -865,7 +1347,12 @@ impl<'a> Reporter<'a> {
             if self.multi_op {
                 self.print(&format!("# {}", row.kind.name()));
             }
-            for h in columns() {
+            let cols = if self.modeler.is_some() {
+                model_columns()
+            } else {
+                columns()
+            };
+            for h in cols {
                 self.print(&h);
             }
         }
@@ -882,8 +1369,21 @@ impl<'a> Reporter<'a> {
                 .map(|r| f(r).to_string())
                 .unwrap_or_else(|| "-".into())
         };
+        let modeled = match self.modeler.as_ref().map(|m| m.model(row)) {
+            Some(Ok(m)) => m,
+            Some(Err(e)) => {
+                self.print(&format!("# model of this row failed: {e}"));
+                None
+            }
+            None => None,
+        };
+        let model_cols = match (&self.modeler, &modeled) {
+            (None, _) => String::new(),
+            (Some(_), Some(m)) => format!("  {:>9}  {:>11.2}", fmt_time(m.time_us).trim(), m.busbw),
+            (Some(_), None) => format!("  {:>9}  {:>11}", "-", "-"),
+        };
         let line = format!(
-            "{:>12}  {:>12}  {:>8}  {:>6}  {:>6}  {}  {:>6.2}  {:>6.2}  {:>6}  {:>10}  {:>10}  {:>10}  {:>11}",
+            "{:>12}  {:>12}  {:>8}  {:>6}  {:>6}  {}  {:>6.2}  {:>6.2}{}  {:>6}  {:>10}  {:>10}  {:>10}  {:>11}",
             row.bytes,
             row.count,
             row.dtype.name(),
@@ -892,12 +1392,16 @@ impl<'a> Reporter<'a> {
             fmt_time(time_us),
             algbw,
             busbw,
+            model_cols,
             if self.plan.check { wrong.to_string() } else { "N/A".into() },
             t(|r| r.intra_package),
             t(|r| r.intra_node),
             t(|r| r.inter_node),
             t(|r| r.max_node_egress),
         );
+        if let (Some(m), Some(md)) = (self.modeler.as_mut(), &modeled) {
+            m.note(i, row, md);
+        }
         self.print(&line);
         self.total_wrong += wrong;
         self.busbw_sum += busbw;
@@ -919,6 +1423,9 @@ impl<'a> Reporter<'a> {
             traffic: report,
             traffic_source: report.map(|_| self.traffic_source()),
             coalesce: self.plan.coalesce,
+            model_time_us: modeled.as_ref().map(|m| m.time_us),
+            model_busbw: modeled.as_ref().map(|m| m.busbw),
+            lower_bound_us: modeled.as_ref().map(|m| m.lower_bound_us),
         });
         self.next = i + 1;
         if let Some(pb) = &self.pb {
@@ -953,6 +1460,9 @@ impl<'a> Reporter<'a> {
             f.write_all((text + "\n").as_bytes())
                 .and_then(|_| f.flush())
                 .map_err(|e| Error::System(format!("cannot write {}: {e}", path.display())))?;
+        }
+        if let Some(m) = &self.modeler {
+            m.finish(&self.plan.rows)?;
         }
         Ok(self.total_wrong)
     }
@@ -1196,6 +1706,9 @@ fn run(cli: &Cli) -> ExitCode {
     } else {
         dedup(&cli.algo)
     };
+    if cli.dry_run {
+        return conclude(run_dry(cli, &config, &algos));
+    }
     let r = match cli.transport {
         TransportKind::Local => run_local(cli, config, topo, &algos),
         TransportKind::Mpi => {
@@ -1241,6 +1754,42 @@ fn validate(cli: &Cli) {
     }
     if let Err(m) = raw_sizes(cli.minbytes, cli.maxbytes, cli.stepfactor, cli.stepbytes) {
         cmd.error(ErrorKind::ValueValidation, m).exit();
+    }
+    if cli.dry_run {
+        if cli.model.is_none() && cli.topology.is_none() {
+            cmd.error(
+                ErrorKind::MissingRequiredArgument,
+                "--dry-run needs --model SPEC or --topology SPEC (the cluster to model)",
+            )
+            .exit();
+        }
+        if cli.transport != TransportKind::Local {
+            cmd.error(
+                ErrorKind::ArgumentConflict,
+                format!(
+                    "--dry-run uses no transport; drop --transport {}",
+                    cli.transport.name()
+                ),
+            )
+            .exit();
+        }
+        if let Some(k) = dedup(&cli.op).into_iter().find(|&k| !Modeler::modelable(k)) {
+            cmd.error(
+                ErrorKind::ArgumentConflict,
+                format!(
+                    "--dry-run models all-gather, reduce-scatter and all-reduce, not {}",
+                    k.name()
+                ),
+            )
+            .exit();
+        }
+    }
+    if (cli.trace.is_some() || cli.plot.is_some()) && cli.model.is_none() && !cli.dry_run {
+        cmd.error(
+            ErrorKind::MissingRequiredArgument,
+            "--trace and --plot draw the modeled schedule: add --model SPEC (or --dry-run)",
+        )
+        .exit();
     }
     if cli.ranks.is_some()
         && !matches!(

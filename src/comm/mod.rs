@@ -344,11 +344,11 @@ impl Comm {
     }
 
     fn node_or_rail(&self, node: bool) -> Result<Comm> {
-        let h = self
-            .0
-            .hierarchy
-            .as_ref()
-            .ok_or_else(|| Error::InvalidUsage("ranks are not a regular mesh of the topology: no node groups".into()))?;
+        let h = self.0.hierarchy.as_ref().ok_or_else(|| {
+            Error::InvalidUsage(
+                "ranks are not a regular mesh of the topology: no node groups".into(),
+            )
+        })?;
         let n = match h.levels.first() {
             Some((Level::Network, n)) => *n,
             _ => 1,
@@ -356,7 +356,13 @@ impl Comm {
         let per = self.size() / n;
         let (idx, local) = (self.rank() / per, self.rank() % per);
         let key = if node { "node" } else { "rail" };
-        if let Some(Some(c)) = self.0.subcomms.lock().map_err(|_| Error::Internal("subcomm lock".into()))?.get(key) {
+        if let Some(Some(c)) = self
+            .0
+            .subcomms
+            .lock()
+            .map_err(|_| Error::Internal("subcomm lock".into()))?
+            .get(key)
+        {
             return Ok(c.clone());
         }
         let (color, k) = if node { (idx, local) } else { (local, idx) };
@@ -366,7 +372,11 @@ impl Comm {
             .split(Some(color as u32), k as i32)?
             .ok_or_else(|| Error::Internal("node/rail split returned no communicator".into()))?;
         let c = Comm::from_transport(t, self.0.topo.clone(), self.0.config.clone())?;
-        self.0.subcomms.lock().map_err(|_| Error::Internal("subcomm lock".into()))?.insert(key.into(), Some(c.clone()));
+        self.0
+            .subcomms
+            .lock()
+            .map_err(|_| Error::Internal("subcomm lock".into()))?
+            .insert(key.into(), Some(c.clone()));
         Ok(c)
     }
 
@@ -384,7 +394,13 @@ impl Comm {
             let deps = req.deps.clone();
             let is_send = matches!(req.op, Op::Send { .. });
             let job: group::Job = Box::new(move || {
-                let r = algo::execute(&comm, &req).and_then(|_| comm.finish(&req));
+                let r = algo::execute(&comm, &req).and_then(|divided| {
+                    if divided {
+                        Ok(())
+                    } else {
+                        comm.finish(&req)
+                    }
+                });
                 if let Err(e) = &r {
                     // Like an asynchronous NCCL error, a failed collective leaves the
                     // communicator unusable; aborting wakes the peers at once.

@@ -124,6 +124,9 @@ pub struct Request {
     pub dtype: DataType,
     pub algo: Option<Algo>,
     pub deps: Vec<Work>,
+    /// Wire format of the quantized algorithms (`qgz`, `qwz`); `None`: their defaults
+    /// (qgz int4, qwz int8, blocks of 256).
+    pub quant: Option<crate::kernels::QuantSpec>,
 }
 
 impl Request {
@@ -134,7 +137,14 @@ impl Request {
             dtype,
             algo: None,
             deps: Vec::new(),
+            quant: None,
         }
+    }
+
+    /// With a quantization format for `qgz` / `qwz`.
+    pub fn with_quant(mut self, q: crate::kernels::QuantSpec) -> Request {
+        self.quant = Some(q);
+        self
     }
 
     /// With an algorithm hint.
@@ -316,17 +326,55 @@ pub fn check(op: Op, dtype: DataType, rank: usize, size: usize) -> Result<Op> {
                 reduce,
             }
         }
-        Op::AllGatherCoalesced { sends, recvs, counts } => {
-            let (sends, recvs) = check_list(&sends, &recvs, &counts, "coalesced all-gather", |send, recv, count| {
-                check(Op::AllGather { send, recv, count }, dtype, rank, size)
-            })?;
-            Op::AllGatherCoalesced { sends, recvs, counts }
+        Op::AllGatherCoalesced {
+            sends,
+            recvs,
+            counts,
+        } => {
+            let (sends, recvs) = check_list(
+                &sends,
+                &recvs,
+                &counts,
+                "coalesced all-gather",
+                |send, recv, count| check(Op::AllGather { send, recv, count }, dtype, rank, size),
+            )?;
+            Op::AllGatherCoalesced {
+                sends,
+                recvs,
+                counts,
+            }
         }
-        Op::ReduceScatterCoalesced { sends, recvs, counts, op } => {
-            let (sends, recvs) = check_list(&sends, &recvs, &counts, "coalesced reduce-scatter", |send, recv, count| {
-                check(Op::ReduceScatter { send, recv, count, op }, dtype, rank, size)
-            })?;
-            Op::ReduceScatterCoalesced { sends, recvs, counts, op }
+        Op::ReduceScatterCoalesced {
+            sends,
+            recvs,
+            counts,
+            op,
+        } => {
+            let (sends, recvs) = check_list(
+                &sends,
+                &recvs,
+                &counts,
+                "coalesced reduce-scatter",
+                |send, recv, count| {
+                    check(
+                        Op::ReduceScatter {
+                            send,
+                            recv,
+                            count,
+                            op,
+                        },
+                        dtype,
+                        rank,
+                        size,
+                    )
+                },
+            )?;
+            Op::ReduceScatterCoalesced {
+                sends,
+                recvs,
+                counts,
+                op,
+            }
         }
     })
 }
@@ -355,7 +403,12 @@ fn check_list(
                 out.0.push(send);
                 out.1.push(recv);
             }
-            other => return Err(Error::Internal(format!("coalesced check produced {}", other.name()))),
+            other => {
+                return Err(Error::Internal(format!(
+                    "coalesced check produced {}",
+                    other.name()
+                )))
+            }
         }
     }
     Ok(out)

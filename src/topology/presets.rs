@@ -35,7 +35,30 @@
 //! Latencies are modeling figures (one-way, small message, including library overhead),
 //! not vendor figures: NVLink / NVSwitch 1.5 us (range ~1-2 us), Infinity Fabric inside
 //! an MI250X 1.0 us and between MI250X 2.0 us, InfiniBand 4.0 us (~3-5 us), EFA 15 us,
-//! Slingshot-11 2.5 us (~2-3 us).
+//! Slingshot-11 2.5 us (~2-3 us). For scale, NCCL's own per-step ring latencies
+//! (`hwLat` in NVIDIA/nccl `src/graph/tuning.cc`, e.g. at commit 01afd20a) are
+//! 0.47 / 1.9 / 3.4 us over NVLink and 2.7 / 4.0 / 9.6 us over the network for its
+//! LL / LL128 / Simple protocols; the NVLink and InfiniBand figures here sit between LL
+//! and LL128. The EFA figure is deliberately higher (its SRD transport runs through a
+//! host-side libfabric provider), and the Slingshot-11 one is a modeling choice as well:
+//! the Frontier paper (002 §III) reports Slingshot bandwidth, not latency. No per-hop
+//! Infinity Fabric latency is published; the in-package figure is taken below NVLink and
+//! the package-to-package one above it.
+//!
+//! How the simulator ([`crate::sim::replay`]) uses the figures, per link class:
+//! - `intra_package` / `intra_node`: `bandwidth_gbs` is one rank's port to the class
+//!   (its share of the NVSwitch / its xGMI links), per direction; every transfer costs
+//!   `latency_us + bytes / bandwidth`, one transfer at a time per rank and class.
+//! - `inter_node`: transfers go through the sender's NIC at `nic_bandwidth_gbs`: NIC
+//!   `local_rank · nics_per_node / ranks_per_node`, shared by the ranks mapped to it,
+//!   where a node has fewer NICs than ranks (Frontier: the 2 GCDs of an MI250X per
+//!   Slingshot NIC; p3dn: all 8 V100 on one EFA interface; p4d: 2 A100 per EFA
+//!   interface), else the rank's own `nics_per_node / ranks_per_node` NICs as one port
+//!   (DGX: 1 HDR/NDR NIC per GPU; p5: 4 EFA interfaces per H100, 50 GB/s).
+//!   `inter_node.bandwidth_gbs` is the per-rank share and is what the `auto` estimates
+//!   use; `inter_node.latency_us` is the per-transfer latency in both.
+//! - Links of different classes are independent, so intra- and inter-node transfers of
+//!   one rank overlap in time when the algorithm lets them (HO-Ring).
 
 use super::{LinkSpec, Links, Topology};
 

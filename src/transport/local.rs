@@ -2,12 +2,14 @@
 //! test bed). Point-to-point messages are copied into per-pair FIFO mailboxes (eager: a
 //! send never waits for its receiver), every transfer is recorded in the world's
 //! [`Traffic`] counters, and a receive that outlives the timeout or meets an aborted
-//! communicator returns an error instead of hanging.
+//! communicator returns an error instead of hanging. While [`Traffic::start_recording`]
+//! is on, every send (before it can be received) and every completed receive is also
+//! appended to the traffic's event log (the schedule recording of [`crate::sim`]).
 
 use super::{Transport, TransportKind};
 use crate::error::{Error, Result};
 use crate::topology::Topology;
-use crate::traffic::Traffic;
+use crate::traffic::{EventKind, Traffic};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -224,6 +226,13 @@ impl Transport for LocalTransport {
             self.group.members[peer],
             data.len(),
         );
+        self.world.traffic.log(
+            EventKind::Send,
+            self.group.id,
+            self.group.members[self.rank],
+            self.group.members[peer],
+            data.len(),
+        );
         b.q.lock()
             .map_err(|_| Error::Internal("mailbox poisoned".into()))?
             .push_back(data.to_vec());
@@ -250,6 +259,13 @@ impl Transport for LocalTransport {
                     )));
                 }
                 data.copy_from_slice(&msg);
+                self.world.traffic.log(
+                    EventKind::Recv,
+                    self.group.id,
+                    self.group.members[peer],
+                    self.group.members[self.rank],
+                    msg.len(),
+                );
                 return Ok(());
             }
             if self.group.aborted.load(Ordering::SeqCst) {

@@ -1,0 +1,751 @@
+// strata_quant.cuh: the block-quantization kernels of strata, written once for CUDA
+// (NVRTC, kernels-cuda/strata_quant.cu) and HIP (hipcc, kernels-hip/strata_quant.hip).
+//
+// The contract is docs/quantization.md; the oracle is the CPU reference in src/kernels/.
+// Every kernel here must equal it bit for bit, under these rules:
+//   * every product and sum is a separate IEEE f32 operation: compile with NVRTC
+//     `--fmad=false` (and the default --prec-div=true --ftz=false) or hipcc
+//     `-ffp-contract=off`; never with fast math;
+//   * scale = amax / qmax and inv = qmax / amax are IEEE divisions; q = clamp(rint(x*inv));
+//   * reductions over senders run in sender order, left to right, in f32;
+//   * a tiny block (amax < 2^-64) is prescaled by 2^64 (exact) so qmax / amax is finite;
+//   * every NaN written is canonical: f32 0x7FC00000, f16 0x7E00, bf16 0x7FC0.
+// (The fused ops in hipcc's code objects, v_div_scale/v_fma/v_div_fmas and v_mad_u64,
+// are its IEEE f32 division and 64-bit integer division sequences, not contraction.)
+// kernels-cuda/emu/ runs these kernels on a CPU for tests/gpu_kernels_compile.rs.
+//
+// Wire format of one packed slice of n elements (scales first):
+//   [nb f32 scales, little-endian][codes: int8 n bytes | int4 ceil(n/2) bytes,
+//    element 2i in the low nibble of byte i, 2i+1 in the high nibble]
+//
+// Kernel shape (ZeRO++ appendix F.2: vectorized accesses, one pass, fusion):
+//   * one *group* of `gs` threads (a power of two, 1..512, chosen by the host from the
+//     block size) quantizes one quantization block; groups of <= one warp reduce amax
+//     with xor shuffles, larger groups add one shared-memory step;
+//   * each thread handles *chunks* of CH elements whose codes fill 16 bytes
+//     (CH = 16 for int8, 32 for int4): one 16-byte code load/store per chunk and 16-byte
+//     element loads/stores, when the block's addresses are 16-byte aligned and the chunk
+//     is full; otherwise the same arithmetic element by element;
+//   * the first K = 32/CH chunks of a thread stay in registers between the amax pass and
+//     the quantize pass, so blocks of up to 32*gs elements (16384 with gs = 512) are
+//     read from memory once; larger blocks re-read their tail (from L2, usually);
+//   * a grid-stride loop over groups bounds the grid; the host never launches an empty
+//     grid for a non-empty problem, and rejects invalid specs before launching.
+//
+// Kernels (extern "C", one per element type and bit width):
+//   strata_quantize_{f32,f16,bf16}_{q8,q4}        swizzled (and plain) quantization
+//   strata_dequant_reduce_{f32,f16,bf16}_{q8,q4}  dequantize (k = 1) / dequantize-reduce
+//   strata_dequant_reduce_quant_{q8,q4}           the fused qgZ middle hop
+
+#ifndef STRATA_QUANT_CUH
+#define STRATA_QUANT_CUH
+
+// ---------------------------------------------------------------------------------
+// Platform layer: the only part that differs between CUDA and HIP.
+// ---------------------------------------------------------------------------------
+#if defined(__HIPCC__) || defined(__HIP__) || defined(__HIP_PLATFORM_AMD__)
+#include <hip/hip_runtime.h>
+#include <hip/hip_fp16.h>
+#define STRATA_HIP 1
+#if defined(__AMDGCN_WAVEFRONT_SIZE)
+#define STRATA_WARP __AMDGCN_WAVEFRONT_SIZE
+#else
+#define STRATA_WARP 64
+#endif
+#define STRATA_SHFL_XOR(v, m) __shfl_xor((v), (int)(m))
+#else
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#define STRATA_CUDA 1
+#define STRATA_WARP 32
+#define STRATA_SHFL_XOR(v, m) __shfl_xor_sync(0xffffffffu, (v), (int)(m))
+#endif
+
+#define STRATA_DEV __device__ __forceinline__
+// Largest thread block (and group): 512 leaves 128 registers per thread on NVIDIA and
+// 128 VGPRs + AGPRs on gfx90a/gfx940, so the 32 cached values never spill.
+#define STRATA_MAX_THREADS 512
+
+typedef unsigned long long strata_u64;
+typedef unsigned int strata_u32;
+typedef unsigned char strata_u8;
+
+// Element types, matching strata::DataType's wire encodings.
+#define STRATA_F32 0
+#define STRATA_F16 1
+#define STRATA_BF16 2
+
+STRATA_DEV float strata_f16_to_f32(unsigned short h) {
+  return __half2float(__ushort_as_half(h));
+}
+
+// Canonical quiet NaNs (docs/quantization.md): the only NaNs a kernel writes.
+#define STRATA_NAN_F32 0x7fc00000u
+#define STRATA_NAN_F16 0x7e00u
+#define STRATA_NAN_BF16 0x7fc0u
+
+STRATA_DEV unsigned short strata_f32_to_f16(float f) {
+  // Round to nearest even (cvt.rn.f16.f32 / v_cvt_f16_f32), subnormals kept.
+  if (f != f) return (unsigned short)STRATA_NAN_F16;
+  return __half_as_ushort(__float2half_rn(f));
+}
+
+// f32 as written to an f32 output: NaNs canonical.
+STRATA_DEV unsigned int strata_f32_out(float f) {
+  return f != f ? STRATA_NAN_F32 : __float_as_uint(f);
+}
+
+STRATA_DEV float strata_bf16_to_f32(unsigned short h) {
+  return __uint_as_float(((unsigned int)h) << 16);
+}
+
+STRATA_DEV unsigned short strata_f32_to_bf16(float f) {
+  if (f != f) return (unsigned short)STRATA_NAN_BF16;
+#if defined(STRATA_CUDA)
+  // cvt.rn.bf16.f32 on sm_80+: round to nearest even.
+  return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+#else
+  // Round to nearest even on the bits (no bf16 conversion instruction on gfx90a).
+  unsigned int u = __float_as_uint(f);
+  return (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+#endif
+}
+
+// ---------------------------------------------------------------------------------
+// Element access.
+// ---------------------------------------------------------------------------------
+STRATA_DEV bool strata_aligned(const void* p, strata_u64 a) {
+  return (((strata_u64)p) & (a - 1)) == 0;
+}
+
+// Element i of a buffer with no alignment guarantee (host buffers and views may start
+// anywhere: the CPU reference takes byte slices), read and written as little-endian bytes
+// when the element is not naturally aligned.
+template <int DT> struct StrataElem {
+  static const int size = DT == STRATA_F32 ? 4 : 2;
+  STRATA_DEV static float load(const strata_u8* p, strata_u32 i) {
+    const strata_u8* e = p + (strata_u64)i * size;
+    if (DT == STRATA_F32) {
+      unsigned int u;
+      if (strata_aligned(e, 4))
+        u = *reinterpret_cast<const unsigned int*>(e);
+      else
+        u = (unsigned int)e[0] | ((unsigned int)e[1] << 8) | ((unsigned int)e[2] << 16) |
+            ((unsigned int)e[3] << 24);
+      return __uint_as_float(u);
+    }
+    unsigned short h;
+    if (strata_aligned(e, 2))
+      h = *reinterpret_cast<const unsigned short*>(e);
+    else
+      h = (unsigned short)((unsigned int)e[0] | ((unsigned int)e[1] << 8));
+    return DT == STRATA_F16 ? strata_f16_to_f32(h) : strata_bf16_to_f32(h);
+  }
+  STRATA_DEV static void store(strata_u8* p, strata_u32 i, float v) {
+    strata_u8* e = p + (strata_u64)i * size;
+    if (DT == STRATA_F32) {
+      const unsigned int u = strata_f32_out(v);
+      if (strata_aligned(e, 4)) {
+        *reinterpret_cast<unsigned int*>(e) = u;
+      } else {
+        e[0] = (strata_u8)(u & 0xffu);
+        e[1] = (strata_u8)((u >> 8) & 0xffu);
+        e[2] = (strata_u8)((u >> 16) & 0xffu);
+        e[3] = (strata_u8)(u >> 24);
+      }
+      return;
+    }
+    const unsigned short h = DT == STRATA_F16 ? strata_f32_to_f16(v) : strata_f32_to_bf16(v);
+    if (strata_aligned(e, 2)) {
+      *reinterpret_cast<unsigned short*>(e) = h;
+    } else {
+      e[0] = (strata_u8)(h & 0xffu);
+      e[1] = (strata_u8)(h >> 8);
+    }
+  }
+};
+
+// Loads CH elements starting at p (16-byte aligned) as floats, with 16-byte loads.
+template <int DT, int CH>
+STRATA_DEV void strata_load_vec(const strata_u8* p, float (&v)[CH]) {
+  const uint4* q = reinterpret_cast<const uint4*>(p);
+  if (DT == STRATA_F32) {
+#pragma unroll
+    for (int w = 0; w < CH / 4; ++w) {
+      uint4 u = q[w];
+      v[4 * w + 0] = __uint_as_float(u.x);
+      v[4 * w + 1] = __uint_as_float(u.y);
+      v[4 * w + 2] = __uint_as_float(u.z);
+      v[4 * w + 3] = __uint_as_float(u.w);
+    }
+  } else {
+#pragma unroll
+    for (int w = 0; w < CH / 8; ++w) {
+      uint4 u = q[w];
+      unsigned int h[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        unsigned short lo = (unsigned short)(h[i] & 0xffffu);
+        unsigned short hi = (unsigned short)(h[i] >> 16);
+        v[8 * w + 2 * i] = DT == STRATA_F16 ? strata_f16_to_f32(lo) : strata_bf16_to_f32(lo);
+        v[8 * w + 2 * i + 1] = DT == STRATA_F16 ? strata_f16_to_f32(hi) : strata_bf16_to_f32(hi);
+      }
+    }
+  }
+}
+
+// Stores CH floats at p (16-byte aligned) converted to DT, with 16-byte stores.
+template <int DT, int CH>
+STRATA_DEV void strata_store_vec(strata_u8* p, const float (&v)[CH]) {
+  uint4* q = reinterpret_cast<uint4*>(p);
+  if (DT == STRATA_F32) {
+#pragma unroll
+    for (int w = 0; w < CH / 4; ++w) {
+      uint4 u;
+      u.x = strata_f32_out(v[4 * w + 0]);
+      u.y = strata_f32_out(v[4 * w + 1]);
+      u.z = strata_f32_out(v[4 * w + 2]);
+      u.w = strata_f32_out(v[4 * w + 3]);
+      q[w] = u;
+    }
+  } else {
+#pragma unroll
+    for (int w = 0; w < CH / 8; ++w) {
+      unsigned int h[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        unsigned int lo = DT == STRATA_F16 ? strata_f32_to_f16(v[8 * w + 2 * i])
+                                           : strata_f32_to_bf16(v[8 * w + 2 * i]);
+        unsigned int hi = DT == STRATA_F16 ? strata_f32_to_f16(v[8 * w + 2 * i + 1])
+                                           : strata_f32_to_bf16(v[8 * w + 2 * i + 1]);
+        h[i] = lo | (hi << 16);
+      }
+      uint4 u;
+      u.x = h[0];
+      u.y = h[1];
+      u.z = h[2];
+      u.w = h[3];
+      q[w] = u;
+    }
+  }
+}
+
+// f32 scale at any byte address (packed slices are concatenated, so a slice may start
+// at an odd address).
+STRATA_DEV float strata_load_scale(const strata_u8* p) {
+  if (strata_aligned(p, 4)) return *reinterpret_cast<const float*>(p);
+  unsigned int u = (unsigned int)p[0] | ((unsigned int)p[1] << 8) | ((unsigned int)p[2] << 16) |
+                   ((unsigned int)p[3] << 24);
+  return __uint_as_float(u);
+}
+
+STRATA_DEV void strata_store_scale(strata_u8* p, float s) {
+  if (strata_aligned(p, 4)) {
+    *reinterpret_cast<float*>(p) = s;
+    return;
+  }
+  unsigned int u = __float_as_uint(s);
+  p[0] = (strata_u8)(u & 0xffu);
+  p[1] = (strata_u8)((u >> 8) & 0xffu);
+  p[2] = (strata_u8)((u >> 16) & 0xffu);
+  p[3] = (strata_u8)(u >> 24);
+}
+
+// ---------------------------------------------------------------------------------
+// Codes.
+// ---------------------------------------------------------------------------------
+template <int BITS> struct StrataCodes {
+  // Elements per chunk: the codes of one chunk fill 16 bytes.
+  static const int CH = BITS == 8 ? 16 : 32;
+  // Chunks per thread kept in registers between the amax and the quantize passes.
+  static const int K = 32 / CH;
+  static const int QMAX = BITS == 8 ? 127 : 7;
+
+  // Byte offset of element e's code (e even when BITS == 4).
+  STRATA_DEV static strata_u64 offset(strata_u64 e) { return BITS == 8 ? e : e / 2; }
+  STRATA_DEV static strata_u64 bytes(strata_u64 n) { return BITS == 8 ? n : (n + 1) / 2; }
+
+  // A chunk's codes travel as four 32-bit words (16 bytes, little-endian): element j's
+  // code is byte j (int8) or nibble j (int4) of them. Working on words, not on CH ints,
+  // keeps register pressure low.
+
+  // Code j of a chunk, sign-extended.
+  STRATA_DEV static int code(const unsigned int (&w)[4], int j) {
+    if (BITS == 8) return ((int)(w[j >> 2] << (24 - 8 * (j & 3)))) >> 24;
+    return ((int)(w[j >> 3] << (28 - 4 * (j & 7)))) >> 28;
+  }
+
+  // Adds code q (already clamped) of element j into the words.
+  STRATA_DEV static void put(unsigned int (&w)[4], int j, int q) {
+    if (BITS == 8)
+      w[j >> 2] |= ((unsigned int)q & 0xffu) << (8 * (j & 3));
+    else
+      w[j >> 3] |= ((unsigned int)q & 0xfu) << (4 * (j & 7));
+  }
+
+  // The code words of a chunk of cnt elements at c: one 16-byte load when `vec` (c
+  // 16-byte aligned, full chunk), else byte loads of the chunk's code bytes (a padding
+  // nibble is read as stored and ignored by the caller, as the CPU does).
+  STRATA_DEV static void load(const strata_u8* c, strata_u32 cnt, bool vec, unsigned int (&w)[4]) {
+    if (vec && cnt == (strata_u32)CH) {
+      const uint4 u = *reinterpret_cast<const uint4*>(c);
+      w[0] = u.x;
+      w[1] = u.y;
+      w[2] = u.z;
+      w[3] = u.w;
+      return;
+    }
+    const strata_u32 nbytes = (strata_u32)bytes(cnt);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w[i] = 0;
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+      if ((strata_u32)j < nbytes) w[j >> 2] |= (unsigned int)c[j] << (8 * (j & 3));
+  }
+
+  // Stores the code words of a chunk of cnt elements at c: one 16-byte store when `vec`,
+  // else the chunk's code bytes one by one (codes of elements >= cnt must be 0 in w, so
+  // an odd slice's last high nibble is 0).
+  STRATA_DEV static void store(strata_u8* c, strata_u32 cnt, bool vec, const unsigned int (&w)[4]) {
+    if (vec && cnt == (strata_u32)CH) {
+      uint4 u;
+      u.x = w[0];
+      u.y = w[1];
+      u.z = w[2];
+      u.w = w[3];
+      *reinterpret_cast<uint4*>(c) = u;
+      return;
+    }
+    const strata_u32 nbytes = (strata_u32)bytes(cnt);
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+      if ((strata_u32)j < nbytes) c[j] = (strata_u8)((w[j >> 2] >> (8 * (j & 3))) & 0xffu);
+  }
+};
+
+// ---------------------------------------------------------------------------------
+// Group reduction (amax). Called by every thread of the thread block the same number of
+// times (gs is uniform over the launch), so shuffles and barriers never diverge.
+// ---------------------------------------------------------------------------------
+STRATA_DEV float strata_group_max(float v, strata_u32 gs, float* smem) {
+  const strata_u32 lim = gs < (strata_u32)STRATA_WARP ? gs : (strata_u32)STRATA_WARP;
+  for (strata_u32 o = 1; o < lim; o <<= 1) v = fmaxf(v, STRATA_SHFL_XOR(v, o));
+  if (gs > (strata_u32)STRATA_WARP) {
+    const strata_u32 warp = threadIdx.x / STRATA_WARP;
+    const strata_u32 lane = threadIdx.x % STRATA_WARP;
+    __syncthreads();  // the previous round's readers are done with smem
+    if (lane == 0) smem[warp] = v;
+    __syncthreads();
+    const strata_u32 wpg = gs / STRATA_WARP;
+    const strata_u32 first = (warp / wpg) * wpg;
+    v = smem[first];
+    for (strata_u32 i = 1; i < wpg; ++i) v = fmaxf(v, smem[first + i]);
+  }
+  return v;
+}
+
+// |x| for amax, with +inf standing for "the block holds a NaN or an infinity".
+STRATA_DEV float strata_abs_or_inf(float x) {
+  float a = fabsf(x);
+  return a <= 3.402823466e+38f ? a : __uint_as_float(0x7f800000u);
+}
+
+// 2^-64 and 2^64: blocks with amax < 2^-64 are prescaled by 2^64 (exact) so that
+// qmax / amax stays finite (docs/quantization.md, "Tiny blocks").
+#define STRATA_TINY 5.42101086242752217e-20f
+#define STRATA_UP 18446744073709551616.0f
+
+// Quantization of one value of a finite block with amax > 0:
+// q = clamp(rint(x * inv), -qmax, qmax) (f32 multiply, round half to even), with x first
+// multiplied by 2^64 in a tiny block. |x * inv| <= qmax * (1 + 2^-22), never NaN.
+STRATA_DEV int strata_quant_one(float x, float inv, float qmax, bool tiny) {
+  const float xs = tiny ? x * STRATA_UP : x;
+  float r = rintf(xs * inv);
+  r = fminf(fmaxf(r, -qmax), qmax);
+  return (int)r;
+}
+
+// ---------------------------------------------------------------------------------
+// Kernel arguments (mirrored by #[repr(C)] structs in src/kernels_gpu/).
+// ---------------------------------------------------------------------------------
+
+// Swizzled quantization (docs/quantization.md, "Swizzled quantization"). Input: p = nodes
+// * devices chunks of `chunk` elements, rank-major (chunk r = b * devices + j). Output, for
+// stage s, local destination j, node b: the packed slice of chunk (b, j)'s elements in
+// stage range s. Plain quantization of `slices` slices of n elements is nodes = 1,
+// devices = slices, chunk = n, stages = 1.
+struct StrataQuantArgs {
+  const strata_u8* in;
+  strata_u8* out;
+  strata_u64 block;
+  strata_u64 nodes;
+  strata_u64 devices;
+  strata_u64 chunk;
+  strata_u64 stages;
+  strata_u64 total_blocks;  // quantization blocks over all slices (host computed)
+  strata_u32 gs;            // threads per quantization block, power of two <= 512
+  strata_u32 pad;
+};
+
+// Dequantize-reduce: k senders, sender s's `slices` packed slices of n elements at
+// in + s * in_stride; output slice i (n elements of DT) at out + i * n * sizeof(DT).
+// out = (sum over senders in order of q * scale), divided once by `divisor` (the world
+// size as f32, host-converted like the CPU's `d as f32`) when `avg` is set, then
+// converted to DT (NaN canonical).
+struct StrataDequantArgs {
+  const strata_u8* in;
+  strata_u8* out;
+  strata_u64 block;
+  strata_u64 n;
+  strata_u64 slices;
+  strata_u64 k;
+  strata_u64 in_stride;
+  strata_u64 total_blocks;
+  strata_u32 gs;
+  strata_u32 avg;
+  float divisor;
+  strata_u32 pad;
+};
+
+// Fused dequantize-reduce-quantize (qgZ middle hop): k senders as above; output slice i
+// = quantize(sum over senders of deq(sender slice i)) at out + i * packed_len(n).
+struct StrataDrqArgs {
+  const strata_u8* in;
+  strata_u8* out;
+  strata_u64 block;
+  strata_u64 n;
+  strata_u64 slices;
+  strata_u64 k;
+  strata_u64 in_stride;
+  strata_u64 total_blocks;
+  strata_u32 gs;
+  strata_u32 pad;
+};
+
+// a / b and a % b, in 32-bit arithmetic when both fit (the common case: 64-bit division
+// is a long software sequence on both vendors).
+STRATA_DEV void strata_divmod(strata_u64 a, strata_u64 b, strata_u64& q, strata_u64& r) {
+  if (((a | b) >> 32) == 0) {
+    const strata_u32 a32 = (strata_u32)a, b32 = (strata_u32)b;
+    q = a32 / b32;
+    r = a32 - (strata_u32)q * b32;
+  } else {
+    q = a / b;
+    r = a - q * b;
+  }
+}
+
+template <int BITS>
+STRATA_DEV strata_u64 strata_nblocks(strata_u64 n, strata_u64 block) {
+  return (n + block - 1) / block;
+}
+
+template <int BITS>
+STRATA_DEV strata_u64 strata_packed_len(strata_u64 n, strata_u64 block) {
+  return 4 * strata_nblocks<BITS>(n, block) + StrataCodes<BITS>::bytes(n);
+}
+
+// ---------------------------------------------------------------------------------
+// Sources of f32 values for the shared quantize body.
+// ---------------------------------------------------------------------------------
+
+// Elements of type DT of one block.
+template <int DT, int CH> struct StrataElemSource {
+  const strata_u8* p;  // first element of the block
+  bool vec;            // p is 16-byte aligned
+  STRATA_DEV void load(strata_u32 first, strata_u32 cnt, float (&v)[CH]) const {
+    if (vec && cnt == (strata_u32)CH) {
+      strata_load_vec<DT, CH>(p + (strata_u64)first * StrataElem<DT>::size, v);
+    } else {
+#pragma unroll
+      for (int j = 0; j < CH; ++j)
+        v[j] = (strata_u32)j < cnt ? StrataElem<DT>::load(p, first + j) : 0.0f;
+    }
+  }
+};
+
+// The sum over k senders, in sender order, of the dequantized values of one block.
+template <int BITS> struct StrataDeqSource {
+  static const int CH = StrataCodes<BITS>::CH;
+  const strata_u8* scales;  // sender 0's scale of this block
+  const strata_u8* codes;   // sender 0's first code of this block
+  strata_u64 stride;        // bytes between senders
+  strata_u32 k;
+  bool vec;                 // every sender's codes of this block are 16-byte aligned
+  STRATA_DEV void load(strata_u32 first, strata_u32 cnt, float (&v)[CH]) const {
+    const strata_u64 coff = StrataCodes<BITS>::offset(first);
+    for (strata_u32 s = 0; s < k; ++s) {
+      const float scale = strata_load_scale(scales + s * stride);
+      const strata_u8* c = codes + s * stride;
+      unsigned int w[4];
+      StrataCodes<BITS>::load(c + coff, cnt, vec, w);
+#pragma unroll
+      for (int j = 0; j < CH; ++j) {
+        const float d = (float)StrataCodes<BITS>::code(w, j) * scale;  // one f32 multiply
+        v[j] = s == 0 ? d : v[j] + d;                                   // sender order
+      }
+    }
+    if (cnt < (strata_u32)CH) {
+#pragma unroll
+      for (int j = 0; j < CH; ++j)
+        if ((strata_u32)j >= cnt) v[j] = 0.0f;
+    }
+  }
+};
+
+// ---------------------------------------------------------------------------------
+// The shared quantize body: one group quantizes the m values of one block from `src`
+// into a scale at `scale_out` and codes at `codes_out`. Every thread of the thread block
+// calls it (inactive groups with m = 0) so that the amax reduction stays uniform.
+// ---------------------------------------------------------------------------------
+template <int BITS, class Src>
+STRATA_DEV void strata_quantize_block(const Src& src, strata_u32 m, strata_u8* scale_out,
+                                      strata_u8* codes_out, bool codes_vec, strata_u32 tig,
+                                      strata_u32 gs, float* smem) {
+  typedef StrataCodes<BITS> C;
+  const int CH = C::CH;
+  const int K = C::K;
+  const strata_u32 nchunks = (m + CH - 1) / CH;
+  float cache[K][CH];
+  float amax = 0.0f;
+#pragma unroll
+  for (int j = 0; j < K; ++j) {
+    const strata_u32 c = tig + (strata_u32)j * gs;
+    if (c < nchunks) {
+      const strata_u32 first = c * CH;
+      const strata_u32 cnt = m - first < (strata_u32)CH ? m - first : (strata_u32)CH;
+      src.load(first, cnt, cache[j]);
+#pragma unroll
+      for (int e = 0; e < CH; ++e) amax = fmaxf(amax, strata_abs_or_inf(cache[j][e]));
+    }
+  }
+  for (strata_u32 c = tig + (strata_u32)K * gs; c < nchunks; c += gs) {
+    const strata_u32 first = c * CH;
+    const strata_u32 cnt = m - first < (strata_u32)CH ? m - first : (strata_u32)CH;
+    float t[CH];
+    src.load(first, cnt, t);
+#pragma unroll
+    for (int e = 0; e < CH; ++e) amax = fmaxf(amax, strata_abs_or_inf(t[e]));
+  }
+  amax = strata_group_max(amax, gs, smem);
+  if (nchunks == 0) return;
+
+  // mode 0: finite, amax > 0; 1: all zero; 2: a NaN or an infinity in the block.
+  const float qmax = (float)C::QMAX;
+  const int mode = amax == 0.0f ? 1 : (amax <= 3.402823466e+38f ? 0 : 2);
+  const float scale = mode == 0 ? amax / qmax : (mode == 1 ? 0.0f : __uint_as_float(STRATA_NAN_F32));
+  const bool tiny = amax < STRATA_TINY;
+  const float inv = mode != 0 ? 0.0f : (tiny ? qmax / (amax * STRATA_UP) : qmax / amax);
+  if (tig == 0) strata_store_scale(scale_out, scale);
+
+#pragma unroll
+  for (int j = 0; j < K; ++j) {
+    const strata_u32 c = tig + (strata_u32)j * gs;
+    if (c < nchunks) {
+      const strata_u32 first = c * CH;
+      const strata_u32 cnt = m - first < (strata_u32)CH ? m - first : (strata_u32)CH;
+      unsigned int w[4] = {0u, 0u, 0u, 0u};
+      if (mode == 0) {
+#pragma unroll
+        for (int e = 0; e < CH; ++e)
+          if ((strata_u32)e < cnt) C::put(w, e, strata_quant_one(cache[j][e], inv, qmax, tiny));
+      }
+      C::store(codes_out + C::offset(first), cnt, codes_vec, w);
+    }
+  }
+  for (strata_u32 c = tig + (strata_u32)K * gs; c < nchunks; c += gs) {
+    const strata_u32 first = c * CH;
+    const strata_u32 cnt = m - first < (strata_u32)CH ? m - first : (strata_u32)CH;
+    float t[CH];
+    src.load(first, cnt, t);
+    unsigned int w[4] = {0u, 0u, 0u, 0u};
+    if (mode == 0) {
+#pragma unroll
+      for (int e = 0; e < CH; ++e)
+        if ((strata_u32)e < cnt) C::put(w, e, strata_quant_one(t[e], inv, qmax, tiny));
+    }
+    C::store(codes_out + C::offset(first), cnt, codes_vec, w);
+  }
+}
+
+// Group geometry of a launch: blockDim.x = max(gs, 256) threads, blockDim.x / gs groups.
+#define STRATA_GROUP_LOOP_BEGIN(total, gs_)                                               \
+  const strata_u32 gs = (gs_);                                                            \
+  const strata_u32 tig = threadIdx.x & (gs - 1);                                          \
+  const strata_u32 gpc = blockDim.x / gs;                                                 \
+  const strata_u32 gic = threadIdx.x / gs;                                                \
+  for (strata_u64 base = (strata_u64)blockIdx.x * gpc; base < (total);                    \
+       base += (strata_u64)gridDim.x * gpc) {                                             \
+    const strata_u64 id = base + gic;                                                     \
+    const bool active = id < (total);
+#define STRATA_GROUP_LOOP_END }
+
+// ---------------------------------------------------------------------------------
+// Kernel bodies.
+// ---------------------------------------------------------------------------------
+template <int DT, int BITS>
+STRATA_DEV void strata_quantize_body(const StrataQuantArgs& a) {
+  __shared__ float smem[STRATA_MAX_THREADS / STRATA_WARP];
+  typedef StrataCodes<BITS> C;
+  const strata_u64 p = a.nodes * a.devices;
+  const strata_u64 S = a.stages;
+  const strata_u64 qlen = a.chunk / S;  // short stage length
+  const strata_u64 rem = a.chunk % S;   // the first rem stages are one element longer
+  const strata_u64 nbL = strata_nblocks<BITS>(qlen + 1, a.block);
+  const strata_u64 nbS = strata_nblocks<BITS>(qlen, a.block);
+  const strata_u64 plL = strata_packed_len<BITS>(qlen + 1, a.block);
+  const strata_u64 plS = strata_packed_len<BITS>(qlen, a.block);
+  const strata_u64 long_blocks = rem * p * nbL;
+  STRATA_GROUP_LOOP_BEGIN(a.total_blocks, a.gs)
+  strata_u32 m = 0;
+  const strata_u8* in = a.in;
+  strata_u8* scale_out = a.out;
+  strata_u8* codes_out = a.out;
+  bool in_vec = false, codes_vec = false;
+  if (active) {
+    strata_u64 s, w, len, nb, pl, out_base;
+    if (id < long_blocks) {  // a stage of qlen + 1 elements per slice
+      strata_divmod(id, p * nbL, s, w);
+      len = qlen + 1;
+      nb = nbL;
+      pl = plL;
+      out_base = s * p * plL;
+    } else {  // a stage of qlen elements (qlen > 0 here: else no block is left)
+      const strata_u64 id2 = id - long_blocks;
+      strata_divmod(id2, p * nbS, s, w);
+      s += rem;
+      len = qlen;
+      nb = nbS;
+      pl = plS;
+      out_base = rem * p * plL + (s - rem) * p * plS;
+    }
+    strata_u64 L, blk, j, b;
+    strata_divmod(w, nb, L, blk);     // L: slice within the stage (j * nodes + b)
+    strata_divmod(L, a.nodes, j, b);  // j: local destination, b: node
+    const strata_u64 r = b * a.devices + j;  // source chunk, rank-major
+    const strata_u64 stage_start = s * qlen + (s < rem ? s : rem);
+    const strata_u64 e0 = blk * a.block;
+    const strata_u64 left = len - e0;
+    m = (strata_u32)(left < a.block ? left : a.block);
+    in = a.in + (r * a.chunk + stage_start + e0) * StrataElem<DT>::size;
+    const strata_u64 slice = out_base + L * pl;
+    scale_out = a.out + slice + 4 * blk;
+    codes_out = a.out + slice + 4 * nb + C::offset(e0);
+    in_vec = strata_aligned(in, 16);
+    codes_vec = strata_aligned(codes_out, 16);
+  }
+  StrataElemSource<DT, C::CH> src;
+  src.p = in;
+  src.vec = in_vec;
+  strata_quantize_block<BITS>(src, m, scale_out, codes_out, codes_vec, tig, gs, smem);
+  STRATA_GROUP_LOOP_END
+}
+
+template <int DT, int BITS>
+STRATA_DEV void strata_dequant_reduce_body(const StrataDequantArgs& a) {
+  typedef StrataCodes<BITS> C;
+  const int CH = C::CH;
+  const strata_u64 nb = strata_nblocks<BITS>(a.n, a.block);
+  const strata_u64 pl = strata_packed_len<BITS>(a.n, a.block);
+  STRATA_GROUP_LOOP_BEGIN(a.total_blocks, a.gs)
+  if (active) {
+    strata_u64 i, blk;  // slice, block within the slice
+    strata_divmod(id, nb, i, blk);
+    const strata_u64 e0 = blk * a.block;
+    const strata_u64 left = a.n - e0;
+    const strata_u32 m = (strata_u32)(left < a.block ? left : a.block);
+    StrataDeqSource<BITS> src;
+    src.scales = a.in + i * pl + 4 * blk;
+    src.codes = a.in + i * pl + 4 * nb + C::offset(e0);
+    src.stride = a.in_stride;
+    src.k = (strata_u32)a.k;
+    src.vec = strata_aligned(src.codes, 16) && (a.k == 1 || a.in_stride % 16 == 0);
+    strata_u8* out = a.out + (i * a.n + e0) * StrataElem<DT>::size;
+    const bool out_vec = strata_aligned(out, 16);
+    const strata_u32 nchunks = (m + CH - 1) / CH;
+    for (strata_u32 c = tig; c < nchunks; c += gs) {
+      const strata_u32 first = c * CH;
+      const strata_u32 cnt = m - first < (strata_u32)CH ? m - first : (strata_u32)CH;
+      float v[CH];
+      src.load(first, cnt, v);
+      if (a.avg != 0) {
+#pragma unroll
+        for (int e = 0; e < CH; ++e) v[e] = v[e] / a.divisor;  // one IEEE division
+      }
+      if (out_vec && cnt == (strata_u32)CH) {
+        strata_store_vec<DT, CH>(out + (strata_u64)first * StrataElem<DT>::size, v);
+      } else {
+#pragma unroll
+        for (int e = 0; e < CH; ++e)
+          if ((strata_u32)e < cnt) StrataElem<DT>::store(out, first + e, v[e]);
+      }
+    }
+  }
+  STRATA_GROUP_LOOP_END
+}
+
+template <int BITS>
+STRATA_DEV void strata_dequant_reduce_quant_body(const StrataDrqArgs& a) {
+  __shared__ float smem[STRATA_MAX_THREADS / STRATA_WARP];
+  typedef StrataCodes<BITS> C;
+  const strata_u64 nb = strata_nblocks<BITS>(a.n, a.block);
+  const strata_u64 pl = strata_packed_len<BITS>(a.n, a.block);
+  STRATA_GROUP_LOOP_BEGIN(a.total_blocks, a.gs)
+  strata_u32 m = 0;
+  StrataDeqSource<BITS> src;
+  src.scales = a.in;
+  src.codes = a.in;
+  src.stride = a.in_stride;
+  src.k = (strata_u32)a.k;
+  src.vec = false;
+  strata_u8* scale_out = a.out;
+  strata_u8* codes_out = a.out;
+  bool codes_vec = false;
+  if (active) {
+    strata_u64 i, blk;
+    strata_divmod(id, nb, i, blk);
+    const strata_u64 e0 = blk * a.block;
+    const strata_u64 left = a.n - e0;
+    m = (strata_u32)(left < a.block ? left : a.block);
+    src.scales = a.in + i * pl + 4 * blk;
+    src.codes = a.in + i * pl + 4 * nb + C::offset(e0);
+    src.vec = strata_aligned(src.codes, 16) && (a.k == 1 || a.in_stride % 16 == 0);
+    scale_out = a.out + i * pl + 4 * blk;
+    codes_out = a.out + i * pl + 4 * nb + C::offset(e0);
+    codes_vec = strata_aligned(codes_out, 16);
+  }
+  strata_quantize_block<BITS>(src, m, scale_out, codes_out, codes_vec, tig, gs, smem);
+  STRATA_GROUP_LOOP_END
+}
+
+// ---------------------------------------------------------------------------------
+// The extern "C" entry points. kernels-cuda/strata_quant.cu and
+// kernels-hip/strata_quant.hip expand this macro once; nothing else is per-platform.
+// ---------------------------------------------------------------------------------
+#define STRATA_QUANT_KERNEL(DTN, DT, BITS)                                                  \
+  extern "C" __global__ void __launch_bounds__(STRATA_MAX_THREADS)                          \
+      strata_quantize_##DTN##_q##BITS(StrataQuantArgs a) {                                  \
+    strata_quantize_body<DT, BITS>(a);                                                      \
+  }                                                                                         \
+  extern "C" __global__ void __launch_bounds__(STRATA_MAX_THREADS)                          \
+      strata_dequant_reduce_##DTN##_q##BITS(StrataDequantArgs a) {                          \
+    strata_dequant_reduce_body<DT, BITS>(a);                                                \
+  }
+
+#define STRATA_QUANT_KERNELS()                                                              \
+  STRATA_QUANT_KERNEL(f32, STRATA_F32, 8)                                                   \
+  STRATA_QUANT_KERNEL(f32, STRATA_F32, 4)                                                   \
+  STRATA_QUANT_KERNEL(f16, STRATA_F16, 8)                                                   \
+  STRATA_QUANT_KERNEL(f16, STRATA_F16, 4)                                                   \
+  STRATA_QUANT_KERNEL(bf16, STRATA_BF16, 8)                                                 \
+  STRATA_QUANT_KERNEL(bf16, STRATA_BF16, 4)                                                 \
+  extern "C" __global__ void __launch_bounds__(STRATA_MAX_THREADS)                          \
+      strata_dequant_reduce_quant_q8(StrataDrqArgs a) {                                     \
+    strata_dequant_reduce_quant_body<8>(a);                                                 \
+  }                                                                                         \
+  extern "C" __global__ void __launch_bounds__(STRATA_MAX_THREADS)                          \
+      strata_dequant_reduce_quant_q4(StrataDrqArgs a) {                                     \
+    strata_dequant_reduce_quant_body<4>(a);                                                 \
+  }
+
+#endif  // STRATA_QUANT_CUH

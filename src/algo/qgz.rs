@@ -1,0 +1,244 @@
+//! `qgz`: ZeRO++'s quantized gradient reduce-scatter (seed 004, B.3, E.3, Algorithm 2),
+//! hierarchical 2-hop all-to-all, and `qgz-1hop`, the flat variant for comparison.
+//!
+//! 2-hop, on rank (node x, local j) of n nodes x k devices, for each pipeline stage s of
+//! the per-rank chunk (stages split the chunk's elements; default 1, `stages` below):
+//! 1. swizzled quantization of the whole input: for stage s and local peer j', the
+//!    chunks (b, j') of every node b become one contiguous run of packed slices;
+//! 2. intra-node all-to-all on the node communicator: one message per peer, carrying
+//!    scales and codes together;
+//! 3. fused dequantize-reduce-quantize of the k runs received: partial sums over the
+//!    node of chunks (b, j) for every node b;
+//! 4. inter-node all-to-all on the rail: slice b goes to node b's rank j;
+//! 5. final dequantize-reduce of the n slices received, with `Avg` divided once by the
+//!    world size in f32 (never by devices-per-node).
+//!
+//! Stages pipeline the hops: the intra all-to-alls of all stages are queued on the node
+//! stream at once, and stage s's inter all-to-all runs on the rail stream while stage
+//! s+1 still crosses the node. One node skips the inter hop and one device per node the
+//! intra hop (no second quantization where nothing moves). Any element count and any
+//! node count work: every slice is quantized on its own, partial blocks included.
+//!
+//! Traffic (bytes per rank, P(c) = packed_len(c) = 4·ceil(c/block) + c·bits/8):
+//! intra `(k-1)·n·P(c)`, inter `(n-1)·P(c)`; so `max_node_egress = k(n-1)·P(c)` against
+//! ring's `(p-1)·c·s` for s-byte elements: 0.19x for int4 on fp16 at nodes:4x8.
+//! 1-hop: every rank sends its quantized chunk for rank r straight to r:
+//! `(p-1)·P(c)` per rank, `k(p-k)·P(c)` out of each node.
+
+use super::{Algo, Algorithm};
+use crate::comm::request::{Op, Request};
+use crate::comm::{Comm, Work};
+use crate::dtype::{DataType, ReduceOp};
+use crate::error::{Error, Result};
+use crate::kernels::{self, QuantSpec};
+use crate::memory::Buffer;
+
+/// Default qgZ format: int4, blocks of 256 (ZeRO++ quantizes gradients to int4).
+pub const DEFAULT_QGZ: (u32, usize) = (4, 256);
+
+/// Pipeline stages of the 2-hop algorithm (`STRATA_QGZ_STAGES`, default 1 below 1 MiB
+/// of chunk, else up to 4).
+fn stages(chunk_bytes: usize) -> usize {
+    std::env::var("STRATA_QGZ_STAGES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .filter(|&n: &usize| n >= 1)
+        .unwrap_or((chunk_bytes >> 20).clamp(1, 4))
+}
+
+pub(crate) fn float_only(req: &Request, what: &str) -> Option<String> {
+    (!matches!(req.dtype, DataType::F32 | DataType::F16 | DataType::BF16))
+        .then(|| format!("{what} quantizes f32, f16 and bf16 only, not {}", req.dtype))
+}
+
+pub(crate) fn spec(req: &Request, default: (u32, usize)) -> Result<QuantSpec> {
+    match req.quant {
+        Some(q) => Ok(q),
+        None => QuantSpec::new(default.0, default.1),
+    }
+}
+
+/// The 2-hop quantized reduce-scatter.
+pub struct Qgz;
+/// The 1-hop (flat all-to-all) quantized reduce-scatter.
+pub struct Qgz1;
+
+fn unsupported(comm: &Comm, req: &Request, two_hop: bool) -> Option<String> {
+    let Op::ReduceScatter { op, .. } = &req.op else {
+        return Some(format!("qgz is a reduce-scatter, not {}", req.op.name()));
+    };
+    if !matches!(op, ReduceOp::Sum | ReduceOp::Avg) {
+        return Some(format!("qgz reduces with sum or avg, not {op}"));
+    }
+    if two_hop && comm.hierarchy().is_none() {
+        return Some("ranks are not a regular mesh of the topology".into());
+    }
+    float_only(req, "qgz")
+}
+
+impl Algorithm for Qgz {
+    fn algo(&self) -> Algo {
+        Algo::Qgz
+    }
+    fn unsupported(&self, comm: &Comm, req: &Request) -> Option<String> {
+        unsupported(comm, req, true)
+    }
+    fn run(&self, comm: &Comm, req: &Request) -> Result<()> {
+        two_hop(comm, req)
+    }
+    fn divides_avg(&self) -> bool {
+        true
+    }
+}
+
+impl Algorithm for Qgz1 {
+    fn algo(&self) -> Algo {
+        Algo::Qgz1
+    }
+    fn unsupported(&self, comm: &Comm, req: &Request) -> Option<String> {
+        unsupported(comm, req, false)
+    }
+    fn run(&self, comm: &Comm, req: &Request) -> Result<()> {
+        one_hop(comm, req)
+    }
+    fn divides_avg(&self) -> bool {
+        true
+    }
+}
+
+fn parts(req: &Request) -> Result<(&Buffer, &Buffer, usize, ReduceOp)> {
+    match &req.op {
+        Op::ReduceScatter {
+            send,
+            recv,
+            count,
+            op,
+        } => Ok((send, recv, *count, *op)),
+        _ => Err(Error::Internal(
+            "qgz dispatched a non reduce-scatter".into(),
+        )),
+    }
+}
+
+/// All-to-all of equal `block`-byte pieces over `c` (U8 counts), nonblocking.
+fn a2a(c: &Comm, send: &Buffer, recv: &Buffer, block: usize) -> Result<Work> {
+    c.submit(
+        Request::new(
+            Op::AllToAll {
+                send: send.clone(),
+                recv: recv.clone(),
+                count: block,
+            },
+            DataType::U8,
+        )
+        .with_algo(Algo::Ring),
+    )
+}
+
+fn two_hop(comm: &Comm, req: &Request) -> Result<()> {
+    let (send, recv, c, op) = parts(req)?;
+    let q = spec(req, DEFAULT_QGZ)?;
+    let dt = req.dtype;
+    let to = comm.timeout();
+    let node = comm.node_comm()?;
+    let rail = comm.rail_comm()?;
+    let (k, n) = (node.size(), rail.size());
+    let st = stages(c * dt.size());
+    let ranges = kernels::swizzle_ranges(c, st);
+    // 1. swizzled quantization of the whole input.
+    let sw = Buffer::zeroed(kernels::swizzled_len(q, c, n, k, st));
+    kernels::swizzled_quantize(
+        q,
+        dt,
+        &send.read_timeout(to)?,
+        c,
+        n,
+        k,
+        st,
+        &mut sw.write_timeout(to)?,
+    )?;
+    // 2. intra-node all-to-alls of every stage, queued at once.
+    let mut intra = Vec::new();
+    for (s, r) in ranges.iter().enumerate() {
+        let run = n * q.packed_len(r.len());
+        let first = kernels::swizzled_offset(q, c, n, k, st, s, 0).start;
+        let out = sw.slice(first..first + k * run)?;
+        if k == 1 {
+            intra.push((out, Work::ready(Ok(()))));
+        } else {
+            let inc = Buffer::zeroed(k * run);
+            intra.push((inc.clone(), a2a(&node, &out, &inc, run)?));
+        }
+    }
+    // 3./4. per stage: fused dequant-reduce-quant, then the inter-node all-to-all.
+    let mut inter = Vec::new();
+    for (s, r) in ranges.iter().enumerate() {
+        let (inc, w) = &intra[s];
+        w.wait()?;
+        let slice = q.packed_len(r.len());
+        let run = n * slice;
+        if n == 1 {
+            inter.push((inc.clone(), k, Work::ready(Ok(()))));
+            continue;
+        }
+        let partial = if k == 1 {
+            inc.clone()
+        } else {
+            let g = inc.read_timeout(to)?;
+            let ins: Vec<&[u8]> = g.chunks(run).collect();
+            let out = Buffer::zeroed(run);
+            kernels::dequant_reduce_quant(q, &ins, r.len(), n, &mut out.write_timeout(to)?)?;
+            out
+        };
+        let got = Buffer::zeroed(run);
+        inter.push((got.clone(), n, a2a(&rail, &partial, &got, slice)?));
+    }
+    // 5. final dequantize-reduce into the output, stage by stage.
+    let s_out = dt.size();
+    let mut out = recv.write_timeout(to)?;
+    for (s, r) in ranges.iter().enumerate() {
+        let (got, senders, w) = &inter[s];
+        w.wait()?;
+        let g = got.read_timeout(to)?;
+        let ins: Vec<&[u8]> = g.chunks(q.packed_len(r.len())).take(*senders).collect();
+        kernels::dequant_reduce(
+            q,
+            &ins,
+            r.len(),
+            op,
+            comm.size(),
+            dt,
+            &mut out[r.start * s_out..r.end * s_out],
+        )?;
+    }
+    Ok(())
+}
+
+fn one_hop(comm: &Comm, req: &Request) -> Result<()> {
+    let (send, recv, c, op) = parts(req)?;
+    let q = spec(req, DEFAULT_QGZ)?;
+    let (dt, p, to) = (req.dtype, comm.size(), comm.timeout());
+    let slice = q.packed_len(c);
+    let packed = Buffer::zeroed(p * slice);
+    {
+        let src = send.read_timeout(to)?;
+        let mut w = packed.write_timeout(to)?;
+        for r in 0..p {
+            let bytes = c * dt.size();
+            kernels::quantize(
+                q,
+                dt,
+                &src[r * bytes..(r + 1) * bytes],
+                &mut w[r * slice..(r + 1) * slice],
+            )?;
+        }
+    }
+    let got = Buffer::zeroed(p * slice);
+    // On our own stream thread: the transport's all-to-all directly.
+    comm.transport()
+        .all_to_all(&packed.read_timeout(to)?, &mut got.write_timeout(to)?)?;
+    let g = got.read_timeout(to)?;
+    let ins: Vec<&[u8]> = g.chunks(slice.max(1)).take(p).collect();
+    let ins: Vec<&[u8]> = if slice == 0 { vec![&[][..]; p] } else { ins };
+    kernels::dequant_reduce(q, &ins, c, op, p, dt, &mut recv.write_timeout(to)?)
+}

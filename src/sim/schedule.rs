@@ -1,0 +1,727 @@
+//! Schedules: a collective as a dependency graph of transfers.
+//!
+//! A [`Schedule`] is every point-to-point transfer one call of a collective makes
+//! (sender, receiver, bytes, link class) and, per transfer, the transfers that must
+//! complete before it may start. Three ways to get one:
+//!
+//! - [`Schedule::from_plans`]: from the per-rank [`Plan`]s of [`crate::algo::plan`]
+//!   (what `ring`, `hier` and `ho-ring` execute). Each plan step is one sendrecv on its
+//!   ring's stream: the transfer `rank -> dst` of the step's send span, and a receive
+//!   from `src`, matched to that peer's transfer on the same ring in FIFO order per
+//!   (ring, src, dst) (the order of the transports' mailboxes). A step completes when
+//!   both its transfer and its matched receive have completed; a transfer waits for the
+//!   previous step on the same (rank, ring) stream and for every explicit dependency
+//!   step of the plan (`Step::deps`, the cross-communicator `Request::after`).
+//! - [`dry_run`]: builds every rank's plan of one collective on a whole topology and
+//!   turns them into a schedule, without buffers or threads (1024 ranks in well under
+//!   a second per schedule in release builds).
+//! - [`Schedule::from_recording`]: from the event log of a real run on the local
+//!   transport ([`start_recording`] / [`finish_recording`], or
+//!   [`crate::traffic::Traffic::start_recording`] directly).
+//!
+//! Dependencies are stored compactly (a flat `u32` list with offsets), so millions of
+//! transfers cost tens of bytes each.
+
+use crate::algo::plan::{self, Plan, Ring};
+use crate::algo::{ho_ring, select, Algo};
+use crate::check::Kind;
+use crate::comm::hierarchy::Hierarchy;
+use crate::comm::Comm;
+use crate::dtype::DataType;
+use crate::error::{Error, Result};
+use crate::topology::{LinkClass, Topology};
+use crate::traffic::{Event, EventKind, TrafficReport};
+use std::collections::{HashMap, VecDeque};
+
+/// One transfer: `bytes` from world rank `src` to world rank `dst`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transfer {
+    pub src: u32,
+    pub dst: u32,
+    pub bytes: u64,
+    /// Link class between `src` and `dst` in the schedule's topology.
+    pub class: LinkClass,
+    /// The sender's rank in the communicator the schedule describes (plans: the comm
+    /// rank whose plan holds the step; recordings: the sender's world rank).
+    pub rank: u32,
+    /// The sender's step: its plan step index (plans), or the number of sends it made
+    /// before on the same communicator (recordings).
+    pub step: u32,
+    /// Index into [`Schedule::rings`]: the ring (plans: hierarchy level or `flat`) or the
+    /// communicator (recordings) the transfer ran on.
+    pub ring: u32,
+}
+
+/// A collective as a dependency graph of transfers (see the module doc).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Schedule {
+    /// World size of the topology the schedule was built for.
+    pub ranks: usize,
+    /// The transfers; from plans ordered step-major (every rank's step 0, then step 1,
+    /// ...), from recordings in send order.
+    pub transfers: Vec<Transfer>,
+    /// Names of the ring labels ([`Transfer::ring`]): `network`, `node`, `package`, `flat`
+    /// for plans; `group<id>` for recordings.
+    pub rings: Vec<String>,
+    /// The algorithm the plans came from (`auto` resolved); `None` for recordings.
+    pub algo: Option<Algo>,
+    /// Pieces per chunk of a dry-run `ho-ring` schedule (the `chunks` argument or the
+    /// default [`plan::default_chunks`]); `None` otherwise.
+    pub pieces: Option<usize>,
+    /// `dep_start[i]..dep_start[i+1]` indexes `dep_list` for transfer i.
+    dep_start: Vec<u32>,
+    dep_list: Vec<u32>,
+}
+
+impl Schedule {
+    fn empty(ranks: usize) -> Schedule {
+        Schedule {
+            ranks,
+            transfers: Vec::new(),
+            rings: Vec::new(),
+            algo: None,
+            pieces: None,
+            dep_start: vec![0],
+            dep_list: Vec::new(),
+        }
+    }
+
+    /// Number of transfers.
+    pub fn len(&self) -> usize {
+        self.transfers.len()
+    }
+
+    /// True when there is no transfer (one rank, or a collective that moves nothing).
+    pub fn is_empty(&self) -> bool {
+        self.transfers.is_empty()
+    }
+
+    /// The transfers that must complete before transfer `i` may start.
+    pub fn deps(&self, i: usize) -> &[u32] {
+        &self.dep_list[self.dep_start[i] as usize..self.dep_start[i + 1] as usize]
+    }
+
+    /// Total number of dependency edges.
+    pub fn num_deps(&self) -> usize {
+        self.dep_list.len()
+    }
+
+    /// Name of transfer `i`'s ring label.
+    pub fn ring_name(&self, i: usize) -> &str {
+        self.rings
+            .get(self.transfers[i].ring as usize)
+            .map(String::as_str)
+            .unwrap_or("?")
+    }
+
+    /// Bytes per link class, in [`LinkClass::index`] order.
+    pub fn class_bytes(&self) -> [u64; 3] {
+        let mut b = [0u64; 3];
+        for t in &self.transfers {
+            b[t.class.index()] += t.bytes;
+        }
+        b
+    }
+
+    /// The traffic figures strata-perf reports (bytes per class, largest node egress),
+    /// computed from the transfers on `topo` (the topology the schedule was built for).
+    pub fn traffic(&self, topo: &Topology) -> TrafficReport {
+        let mut r = TrafficReport::default();
+        let mut egress = vec![0u64; topo.nodes];
+        for t in &self.transfers {
+            match t.class {
+                LinkClass::IntraPackage => r.intra_package += t.bytes,
+                LinkClass::IntraNode => r.intra_node += t.bytes,
+                LinkClass::InterNode => {
+                    r.inter_node += t.bytes;
+                    if let Some(e) = egress.get_mut(topo.node_of(t.src as usize)) {
+                        *e += t.bytes;
+                    }
+                }
+            }
+        }
+        r.max_node_egress = egress.into_iter().max().unwrap_or(0);
+        r
+    }
+
+    /// The reverse graph in CSR form: `(start, list)`, the dependents of transfer i are
+    /// `list[start[i]..start[i+1]]`.
+    pub fn dependents(&self) -> (Vec<u32>, Vec<u32>) {
+        let n = self.transfers.len();
+        let mut start = vec![0u32; n + 1];
+        for &d in &self.dep_list {
+            start[d as usize + 1] += 1;
+        }
+        for i in 0..n {
+            start[i + 1] += start[i];
+        }
+        let mut fill = start.clone();
+        let mut list = vec![0u32; self.dep_list.len()];
+        for i in 0..n {
+            for &d in self.deps(i) {
+                let f = &mut fill[d as usize];
+                list[*f as usize] = i as u32;
+                *f += 1;
+            }
+        }
+        (start, list)
+    }
+
+    /// Err(InvalidUsage) naming a transfer on a dependency cycle (a deadlock) when there
+    /// is one.
+    pub fn check_acyclic(&self) -> Result<()> {
+        let n = self.transfers.len();
+        // Fast path: every dependency points to an earlier transfer (the usual case of
+        // step-major plans and of recordings) is a topological order already.
+        if (0..n).all(|i| self.deps(i).iter().all(|&d| (d as usize) < i)) {
+            return Ok(());
+        }
+        let (start, list) = self.dependents();
+        let mut indeg: Vec<u32> = (0..n)
+            .map(|i| self.dep_start[i + 1] - self.dep_start[i])
+            .collect();
+        let mut stack: Vec<u32> = (0..n as u32).filter(|&i| indeg[i as usize] == 0).collect();
+        let mut seen = 0usize;
+        while let Some(i) = stack.pop() {
+            seen += 1;
+            for &d in &list[start[i as usize] as usize..start[i as usize + 1] as usize] {
+                indeg[d as usize] -= 1;
+                if indeg[d as usize] == 0 {
+                    stack.push(d);
+                }
+            }
+        }
+        if seen == n {
+            return Ok(());
+        }
+        let stuck = (0..n).find(|&i| indeg[i] > 0).unwrap_or(0);
+        let t = &self.transfers[stuck];
+        Err(Error::InvalidUsage(format!(
+            "deadlock: {} of {n} transfers wait on a dependency cycle, e.g. rank {} step {} \
+             ({} -> {}, ring {})",
+            n - seen,
+            t.rank,
+            t.step,
+            t.src,
+            t.dst,
+            self.ring_name(stuck)
+        )))
+    }
+
+    /// The schedule of `plans` (one per communicator rank) on `topo`: `members[r]` is the
+    /// world rank of comm rank r, `h` the communicator's hierarchy (needed when a plan
+    /// has `Ring::Level` steps). Err(InvalidUsage) on an unmatched receive or send, a
+    /// size mismatch between a send and its receive, or a dependency cycle.
+    pub fn from_plans(
+        topo: &Topology,
+        h: Option<&Hierarchy>,
+        members: &[usize],
+        plans: &[Plan],
+    ) -> Result<Schedule> {
+        if plans.len() != members.len() {
+            return Err(Error::InvalidArgument(format!(
+                "{} plans for {} members",
+                plans.len(),
+                members.len()
+            )));
+        }
+        let mut b = Builder::new(topo, h, members)?;
+        for (r, p) in plans.iter().enumerate() {
+            b.add(r, p)?;
+        }
+        b.finish()
+    }
+
+    /// The schedule of a recorded run: `events` as returned by
+    /// [`crate::traffic::Traffic::take_recording`] on `topo` (world ranks). Every send is
+    /// a transfer; a receive is matched to the sends of its (communicator, src, dst) in
+    /// FIFO order. A transfer waits for, in the sender's program order (`seq`): its
+    /// previous send on the same communicator, the transfer its last completed receive
+    /// on that communicator matched, and the last receive it completed on any other
+    /// communicator before the send (how cross-communicator dependencies show in a
+    /// recording: observed order, so possibly stricter than the algorithm needs).
+    pub fn from_recording(topo: &Topology, events: &[Event]) -> Result<Schedule> {
+        let n = topo.world_size();
+        let mut ev: Vec<&Event> = events.iter().collect();
+        ev.sort_by_key(|e| e.seq);
+        let mut s = Schedule::empty(n);
+        let mut group_idx: HashMap<u64, u32> = HashMap::new();
+        // (group, world rank) -> (last send, last matched receive, sends so far)
+        let mut stream: HashMap<(u64, usize), (Option<u32>, Option<u32>, u32)> = HashMap::new();
+        // world rank -> (group, transfer) of its last completed receive
+        let mut last_recv: Vec<Option<(u64, u32)>> = vec![None; n];
+        let mut pending: HashMap<(u64, usize, usize), VecDeque<u32>> = HashMap::new();
+        for e in ev {
+            if e.src >= n || e.dst >= n {
+                return Err(Error::InvalidArgument(format!(
+                    "recorded event {} -> {} outside topology {} ({n} ranks)",
+                    e.src, e.dst, topo.name
+                )));
+            }
+            match e.kind {
+                EventKind::Send => {
+                    let g = *group_idx.entry(e.group).or_insert_with(|| {
+                        s.rings.push(format!("group{}", e.group));
+                        (s.rings.len() - 1) as u32
+                    });
+                    let st = stream.entry((e.group, e.src)).or_insert((None, None, 0));
+                    let id = s.transfers.len() as u32;
+                    s.transfers.push(Transfer {
+                        src: e.src as u32,
+                        dst: e.dst as u32,
+                        bytes: e.bytes as u64,
+                        class: topo.link_class(e.src, e.dst),
+                        rank: e.src as u32,
+                        step: st.2,
+                        ring: g,
+                    });
+                    let mut deps: Vec<u32> = st.0.into_iter().chain(st.1).collect();
+                    if let Some((og, t)) = last_recv[e.src] {
+                        if og != e.group && !deps.contains(&t) {
+                            deps.push(t);
+                        }
+                    }
+                    s.dep_list.extend(deps);
+                    s.dep_start.push(s.dep_list.len() as u32);
+                    st.0 = Some(id);
+                    st.2 += 1;
+                    pending
+                        .entry((e.group, e.src, e.dst))
+                        .or_default()
+                        .push_back(id);
+                }
+                EventKind::Recv => {
+                    let t = pending
+                        .get_mut(&(e.group, e.src, e.dst))
+                        .and_then(|q| q.pop_front())
+                        .ok_or_else(|| {
+                            Error::InvalidUsage(format!(
+                                "recorded receive {} <- {} (group {}) has no matching send",
+                                e.dst, e.src, e.group
+                            ))
+                        })?;
+                    if s.transfers[t as usize].bytes != e.bytes as u64 {
+                        return Err(Error::InvalidUsage(format!(
+                            "recorded receive {} <- {} of {} bytes matched a send of {}",
+                            e.dst, e.src, e.bytes, s.transfers[t as usize].bytes
+                        )));
+                    }
+                    stream.entry((e.group, e.dst)).or_insert((None, None, 0)).1 = Some(t);
+                    last_recv[e.dst] = Some((e.group, t));
+                }
+            }
+        }
+        s.check_acyclic()?;
+        Ok(s)
+    }
+}
+
+/// Incremental [`Schedule::from_plans`]: plans are added one rank at a time (so a dry
+/// run never holds more than one plan), receives resolved at the end.
+struct Builder<'a> {
+    topo: &'a Topology,
+    members: &'a [usize],
+    sizes: Vec<usize>,
+    strides: Vec<usize>,
+    flat: u32,
+    s: Schedule,
+    /// Per transfer: (send list, ordinal) its step's receive is matched by, and the
+    /// bytes it expects.
+    recv: Vec<(u32, u32)>,
+    recv_bytes: Vec<u64>,
+    /// Per transfer: the same-rank transfers (steps) whose completion it waits for.
+    local_start: Vec<u32>,
+    local: Vec<u32>,
+    /// Send lists: per (ring, src, dst) the transfers in send order, and how many
+    /// receives claimed one.
+    lists: Vec<Vec<u32>>,
+    claimed: Vec<u32>,
+    /// keys[src world] = [(ring, dst world, list)] (rings have one or two peers per
+    /// rank, so a linear search is the fastest map).
+    keys: Vec<Vec<(u32, u32, u32)>>,
+    /// First transfer of each comm rank's plan (plans are added in rank order), plus the end.
+    rank_start: Vec<usize>,
+}
+
+impl<'a> Builder<'a> {
+    fn new(topo: &'a Topology, h: Option<&Hierarchy>, members: &'a [usize]) -> Result<Builder<'a>> {
+        let n = topo.world_size();
+        if let Some(&bad) = members.iter().find(|&&m| m >= n) {
+            return Err(Error::InvalidArgument(format!(
+                "member {bad} outside topology {} ({n} ranks)",
+                topo.name
+            )));
+        }
+        let sizes = h.map(|h| h.sizes()).unwrap_or_default();
+        if !sizes.is_empty() && sizes.iter().product::<usize>() != members.len() {
+            return Err(Error::InvalidArgument(format!(
+                "hierarchy {sizes:?} does not cover {} members",
+                members.len()
+            )));
+        }
+        let strides = (0..sizes.len())
+            .map(|i| sizes[i + 1..].iter().product())
+            .collect();
+        let mut s = Schedule::empty(n);
+        if let Some(h) = h {
+            s.rings = h.levels.iter().map(|(l, _)| l.name().to_string()).collect();
+        }
+        s.rings.push("flat".into());
+        Ok(Builder {
+            topo,
+            members,
+            flat: (s.rings.len() - 1) as u32,
+            sizes,
+            strides,
+            s,
+            recv: Vec::new(),
+            recv_bytes: Vec::new(),
+            local_start: vec![0],
+            local: Vec::new(),
+            lists: Vec::new(),
+            claimed: Vec::new(),
+            keys: vec![Vec::new(); n],
+            rank_start: vec![0],
+        })
+    }
+
+    /// World rank of the peer with index `y` on `ring`, seen from comm rank `r`.
+    fn peer(&self, r: usize, ring: Ring, y: usize) -> Result<usize> {
+        let c = match ring {
+            Ring::Flat => y,
+            Ring::Level(i) => {
+                let (g, st) = match (self.sizes.get(i), self.strides.get(i)) {
+                    (Some(&g), Some(&st)) => (g, st),
+                    _ => {
+                        return Err(Error::InvalidArgument(format!(
+                            "plan of rank {r} uses level {i} of a {}-level hierarchy",
+                            self.sizes.len()
+                        )))
+                    }
+                };
+                if y >= g {
+                    return Err(Error::InvalidArgument(format!(
+                        "plan of rank {r}: peer {y} outside level {i} of size {g}"
+                    )));
+                }
+                let xi = (r / st) % g;
+                r - xi * st + y * st
+            }
+        };
+        self.members.get(c).copied().ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "plan of rank {r}: peer {c} outside the {} members",
+                self.members.len()
+            ))
+        })
+    }
+
+    fn list(&mut self, ring: u32, src: usize, dst: usize) -> u32 {
+        if let Some(k) = self.keys[src]
+            .iter()
+            .find(|k| k.0 == ring && k.1 == dst as u32)
+        {
+            return k.2;
+        }
+        let id = self.lists.len() as u32;
+        self.lists.push(Vec::new());
+        self.claimed.push(0);
+        self.keys[src].push((ring, dst as u32, id));
+        id
+    }
+
+    fn add(&mut self, r: usize, plan: &Plan) -> Result<()> {
+        if r + 1 != self.rank_start.len() {
+            return Err(Error::Internal(format!(
+                "plan of rank {r} added out of order"
+            )));
+        }
+        let me = self.members[r];
+        let base = self.s.transfers.len();
+        if r == 0 {
+            // Plans of one collective have (nearly) the same length on every rank.
+            let est = plan.steps.len() * self.members.len();
+            self.s.transfers.reserve(est);
+            self.recv.reserve(est);
+            self.recv_bytes.reserve(est);
+            self.local_start.reserve(est);
+            self.local.reserve(est + est / 4);
+        }
+        // Last step per ring label on this rank's streams.
+        let mut last: Vec<Option<u32>> = vec![None; self.s.rings.len()];
+        for (k, st) in plan.steps.iter().enumerate() {
+            let ring = match st.ring {
+                Ring::Flat => self.flat,
+                Ring::Level(i) => i as u32,
+            };
+            let dst = self.peer(r, st.ring, st.dst)?;
+            let src = self.peer(r, st.ring, st.src)?;
+            let id = (base + k) as u32;
+            self.s.transfers.push(Transfer {
+                src: me as u32,
+                dst: dst as u32,
+                bytes: st.send.len as u64,
+                class: self.topo.link_class(me, dst),
+                rank: r as u32,
+                step: k as u32,
+                ring,
+            });
+            let l = self.list(ring, me, dst);
+            self.lists[l as usize].push(id);
+            let l = self.list(ring, src, me);
+            let ord = self.claimed[l as usize];
+            self.claimed[l as usize] += 1;
+            self.recv.push((l, ord));
+            self.recv_bytes.push(st.recv.len as u64);
+            let slot = &mut last[ring as usize];
+            self.local.extend(slot.iter().copied());
+            *slot = Some(id);
+            for &d in &st.deps {
+                if d >= k {
+                    return Err(Error::InvalidArgument(format!(
+                        "plan of rank {r}: step {k} depends on later step {d}"
+                    )));
+                }
+                self.local.push((base + d) as u32);
+            }
+            self.local_start.push(self.local.len() as u32);
+        }
+        self.rank_start.push(self.s.transfers.len());
+        Ok(())
+    }
+
+    fn finish(mut self) -> Result<Schedule> {
+        let n = self.s.transfers.len();
+        if n >= u32::MAX as usize {
+            return Err(Error::InvalidArgument(format!("{n} transfers: too many")));
+        }
+        for (l, sends) in self.lists.iter().enumerate() {
+            if sends.len() != self.claimed[l] as usize {
+                let (src, (ring, dst, _)) = self
+                    .keys
+                    .iter()
+                    .enumerate()
+                    .find_map(|(s, ks)| ks.iter().find(|k| k.2 == l as u32).map(|k| (s, *k)))
+                    .unwrap_or((0, (0, 0, 0)));
+                return Err(Error::InvalidUsage(format!(
+                    "unmatched {}: world rank {src} sends {} message(s) to {dst} on ring {} \
+                     which receives {}",
+                    if sends.len() < self.claimed[l] as usize {
+                        "receive (deadlock)"
+                    } else {
+                        "send"
+                    },
+                    sends.len(),
+                    self.s
+                        .rings
+                        .get(ring as usize)
+                        .map(String::as_str)
+                        .unwrap_or("?"),
+                    self.claimed[l]
+                )));
+            }
+        }
+        let matched: Vec<u32> = self
+            .recv
+            .iter()
+            .map(|&(l, o)| self.lists[l as usize][o as usize])
+            .collect();
+        for (i, &m) in matched.iter().enumerate() {
+            let (want, got) = (self.recv_bytes[i], self.s.transfers[m as usize].bytes);
+            if want != got {
+                let t = &self.s.transfers[i];
+                return Err(Error::InvalidUsage(format!(
+                    "rank {} step {} receives {want} bytes but its peer sends {got}",
+                    t.rank, t.step
+                )));
+            }
+        }
+        // Number the transfers step-major (every rank's step 0, then step 1, ...): a
+        // transfer's dependents (its rank's next step, its receiver's next step) then lie
+        // about one rank count away, which keeps the replay's accesses cache-local.
+        let mut order: Vec<u32> = Vec::with_capacity(n);
+        let steps = |r: usize| self.rank_start[r + 1] - self.rank_start[r];
+        let most = (0..self.rank_start.len() - 1).map(steps).max().unwrap_or(0);
+        for k in 0..most {
+            for r in 0..self.rank_start.len() - 1 {
+                if k < steps(r) {
+                    order.push((self.rank_start[r] + k) as u32);
+                }
+            }
+        }
+        let mut new_of = vec![0u32; n];
+        for (i, &o) in order.iter().enumerate() {
+            new_of[o as usize] = i as u32;
+        }
+        let old = std::mem::take(&mut self.s.transfers);
+        self.s.transfers = order.iter().map(|&o| old[o as usize]).collect();
+        drop(old);
+        let mut deps: Vec<u32> = Vec::with_capacity(8);
+        self.s.dep_list.reserve(self.local.len() * 2);
+        for &o in &order {
+            let o = o as usize;
+            deps.clear();
+            for &d in &self.local[self.local_start[o] as usize..self.local_start[o + 1] as usize] {
+                for x in [d, matched[d as usize]] {
+                    let x = new_of[x as usize];
+                    if !deps.contains(&x) {
+                        deps.push(x);
+                    }
+                }
+            }
+            self.s.dep_list.extend_from_slice(&deps);
+            if self.s.dep_list.len() >= u32::MAX as usize {
+                return Err(Error::InvalidArgument("too many dependencies".into()));
+            }
+            self.s.dep_start.push(self.s.dep_list.len() as u32);
+        }
+        self.s.check_acyclic()?;
+        Ok(self.s)
+    }
+}
+
+/// The algorithm `algo` resolves to for `kind` with `count` elements of `dtype` on the
+/// whole world of `topo`, as [`crate::algo::select::choose`] resolves it: `auto` by the
+/// alpha-beta estimates, `hier` / `ho-ring` fall back to `ring` where the world does not
+/// span 2 or 3 levels.
+pub fn resolve(
+    topo: &Topology,
+    kind: Kind,
+    algo: Algo,
+    count: usize,
+    dtype: DataType,
+    chunks: Option<usize>,
+) -> Result<Algo> {
+    let p = topo.world_size();
+    let members: Vec<usize> = (0..p).collect();
+    let h = Hierarchy::detect(topo, &members);
+    let multi = h.as_ref().is_some_and(|h| h.levels.len() >= 2);
+    Ok(match algo {
+        Algo::Ring => Algo::Ring,
+        Algo::Hier | Algo::HoRing if !multi => Algo::Ring,
+        Algo::Hier | Algo::HoRing => algo,
+        Algo::Auto if !multi => Algo::Ring,
+        Algo::Auto => {
+            let (count, factor) = match kind {
+                Kind::AllReduce => (count.div_ceil(p.max(1)), 2.0),
+                _ => (count, 1.0),
+            };
+            let est = select::estimate(
+                topo,
+                &members,
+                h.as_ref(),
+                count,
+                factor,
+                dtype.size(),
+                chunks,
+            );
+            select::auto_pick(est)
+        }
+        #[allow(unreachable_patterns)] // quantized algorithms, where compiled in
+        other => {
+            return Err(Error::InvalidArgument(format!(
+                "the simulator models ring, hier, ho-ring and auto, not {other}"
+            )))
+        }
+    })
+}
+
+/// The schedule of one `kind` collective with NCCL's per-call `count` of `dtype`
+/// elements (all-gather: per-rank send count; reduce-scatter: per-rank receive count;
+/// all-reduce: the count) under `algo` on the whole world of `topo`, built from the
+/// plans every rank would execute, without buffers, threads or data. `chunks`: pieces
+/// per chunk for `ho-ring` (default [`plan::default_chunks`], as when executed).
+/// All-gather, reduce-scatter and all-reduce only (other ops: `InvalidArgument`).
+pub fn dry_run(
+    topo: &Topology,
+    kind: Kind,
+    algo: Algo,
+    count: usize,
+    dtype: DataType,
+    chunks: Option<usize>,
+) -> Result<Schedule> {
+    if !matches!(
+        kind,
+        Kind::AllGather | Kind::ReduceScatter | Kind::AllReduce
+    ) {
+        return Err(Error::InvalidArgument(format!(
+            "the simulator models all-gather, reduce-scatter and all-reduce, not {}",
+            kind.name()
+        )));
+    }
+    topo.validate()?;
+    let algo = resolve(topo, kind, algo, count, dtype, chunks)?;
+    let p = topo.world_size();
+    let members: Vec<usize> = (0..p).collect();
+    let h = Hierarchy::detect(topo, &members);
+    let s = dtype.size();
+    let c = count * s;
+    let pieces = |elems: usize| {
+        chunks
+            .unwrap_or_else(|| plan::default_chunks(elems * s))
+            .max(1)
+    };
+    let elems = match kind {
+        Kind::AllReduce => count.div_ceil(p.max(1)),
+        _ => count,
+    };
+    let mut b = Builder::new(topo, h.as_ref(), &members)?;
+    for r in 0..p {
+        let pl = match (algo, h.as_ref()) {
+            (Algo::Hier, Some(h)) => match kind {
+                Kind::AllGather => plan::hier_all_gather(h, r, c),
+                Kind::ReduceScatter => plan::hier_reduce_scatter(h, r, c),
+                _ => plan::hier_all_reduce(h, r, count, s),
+            },
+            (Algo::HoRing, Some(h)) => match kind {
+                Kind::AllGather => ho_ring::all_gather(h, r, count, s, pieces(count)),
+                Kind::ReduceScatter => ho_ring::reduce_scatter(h, r, count, s, pieces(count)),
+                _ => {
+                    let q = count.div_ceil(p);
+                    ho_ring::all_reduce(h, r, q, s, pieces(q))
+                }
+            },
+            _ => match kind {
+                Kind::AllGather => plan::ring_all_gather(p, r, c),
+                Kind::ReduceScatter => plan::ring_reduce_scatter(p, r, c),
+                _ => plan::ring_all_reduce(p, r, count, s),
+            },
+        };
+        b.add(r, &pl)?;
+    }
+    let mut sched = b.finish()?;
+    sched.algo = Some(algo);
+    if algo == Algo::HoRing {
+        // As the plans split it: at most one piece per element.
+        sched.pieces = Some(plan::pieces(elems, pieces(elems)).len());
+    }
+    Ok(sched)
+}
+
+/// Start recording the schedule of everything that runs on `comm`'s world from now on
+/// (local transport only: `InvalidUsage` where the transport keeps no traffic log).
+pub fn start_recording(comm: &Comm) -> Result<()> {
+    let t = comm.traffic().ok_or_else(|| {
+        Error::InvalidUsage(format!(
+            "the {} transport cannot record schedules",
+            comm.transport_kind().name()
+        ))
+    })?;
+    if !comm.transport_kind().traffic_measured() {
+        return Err(Error::InvalidUsage(format!(
+            "the {} transport records nominal traffic only, not schedules",
+            comm.transport_kind().name()
+        )));
+    }
+    t.start_recording();
+    Ok(())
+}
+
+/// Stop recording and build the schedule of what ran since [`start_recording`] (call
+/// once every rank's work was waited).
+pub fn finish_recording(comm: &Comm) -> Result<Schedule> {
+    let t = comm
+        .traffic()
+        .ok_or_else(|| Error::InvalidUsage("this transport cannot record schedules".into()))?;
+    Schedule::from_recording(comm.topology(), &t.take_recording())
+}

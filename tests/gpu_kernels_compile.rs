@@ -1,0 +1,538 @@
+//! Every GPU kernel compiles: the CUDA ones with NVRTC (loaded at run time through
+//! cudarc, from the PyPI wheel nvidia-cuda-nvrtc-cu12, headers from
+//! nvidia-cuda-runtime-cu12) for compute_80 and compute_90, the HIP ones with hipcc into
+//! code objects for gfx90a and gfx940. `scripts/gpu-toolchains` installs both and prints
+//! the environment this test needs.
+//!
+//! With `STRATA_REQUIRE_GPU_TOOLCHAINS=1` (scripts/test sets it) a missing toolchain
+//! (libnvrtc, the CUDA headers, hipcc, a C++20 compiler for the host emulation) FAILS the
+//! test; without it the test prints why it skipped and passes. The NVRTC part needs
+//! `--features cuda` and says it skipped in a build without it.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use strata::kernels_gpu::{self, HIPCC_OPTIONS, HIP_ARCHS};
+
+fn required() -> bool {
+    std::env::var("STRATA_REQUIRE_GPU_TOOLCHAINS").is_ok_and(|v| v == "1")
+}
+
+/// Fail under STRATA_REQUIRE_GPU_TOOLCHAINS=1, else print the reason and skip.
+fn unavailable(what: &str, why: &str) {
+    if required() {
+        panic!("{what}: {why} (STRATA_REQUIRE_GPU_TOOLCHAINS=1: run scripts/gpu-toolchains)");
+    }
+    eprintln!("SKIPPED {what}: {why} (set STRATA_REQUIRE_GPU_TOOLCHAINS=1 to make this fail)");
+}
+
+#[test]
+fn cuda_kernels_compile_with_nvrtc() {
+    if !cfg!(feature = "cuda") {
+        // Not a missing toolchain: this build has no NVRTC path at all. Skipped even
+        // under STRATA_REQUIRE_GPU_TOOLCHAINS=1, so that a plain `cargo test` stays green;
+        // the CI runs this test with --features cuda.
+        eprintln!("SKIPPED NVRTC compile: built without --features cuda (run: cargo test --features cuda --test gpu_kernels_compile)");
+        return;
+    }
+    for arch in kernels_gpu::CUDA_ARCHS {
+        let ptx = match kernels_gpu::compile_cuda_ptx(arch) {
+            Ok(p) => p,
+            Err(e @ strata::Error::System(_)) => {
+                let msg = e.to_string();
+                // A missing library or header is the toolchain's absence; a compile
+                // error in our own source always fails.
+                if msg.contains("not found") {
+                    unavailable("NVRTC compile", &msg);
+                    return;
+                }
+                panic!("{arch}: {msg}");
+            }
+            Err(e) => panic!("{arch}: {e}"),
+        };
+        for name in kernels_gpu::kernel_names() {
+            assert!(
+                ptx.contains(&format!(".entry {name}(")),
+                "{arch}: kernel {name} missing from the PTX"
+            );
+        }
+        // --fmad=false: no fused multiply-add anywhere (docs/quantization.md), IEEE
+        // division, no register spills to local memory.
+        assert!(
+            !ptx.contains("fma.rn.f32"),
+            "{arch}: FMA contraction in the PTX"
+        );
+        assert!(
+            !ptx.contains("div.approx"),
+            "{arch}: approximate division in the PTX"
+        );
+        assert!(
+            !ptx.contains(".ftz."),
+            "{arch}: flush-to-zero arithmetic in the PTX"
+        );
+        let entries = ptx.matches(".entry ").count();
+        eprintln!(
+            "NVRTC {arch}: {entries} kernels, {} bytes of PTX",
+            ptx.len()
+        );
+    }
+}
+
+#[test]
+fn nvrtc_rejects_a_bad_arch_without_panicking() {
+    let r = kernels_gpu::compile_cuda_ptx("sm_90");
+    assert!(r.is_err());
+    if cfg!(feature = "cuda") {
+        assert!(matches!(r, Err(strata::Error::InvalidArgument(_))), "{r:?}");
+    }
+}
+
+fn find_hipcc() -> Option<PathBuf> {
+    if let Ok(p) = std::env::var("HIPCC") {
+        return Some(PathBuf::from(p));
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join("hipcc"))
+        .find(|p| p.is_file())
+}
+
+#[test]
+fn hip_kernels_compile_with_hipcc() {
+    let Some(hipcc) = find_hipcc() else {
+        unavailable("hipcc compile", "hipcc not found on PATH (nor $HIPCC)");
+        return;
+    };
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let src = root.join("kernels-hip/strata_quant.hip");
+    let out_dir = std::env::temp_dir().join(format!("strata-hip-{}", std::process::id()));
+    std::fs::create_dir_all(&out_dir).unwrap();
+    for arch in HIP_ARCHS {
+        let out = out_dir.join(format!("strata_quant_{arch}.co"));
+        let mut cmd = Command::new(&hipcc);
+        cmd.args(HIPCC_OPTIONS)
+            .arg(format!("--offload-arch={arch}"))
+            .arg(&src)
+            .arg("-o")
+            .arg(&out);
+        if std::env::var_os("HIP_PATH").is_none() {
+            cmd.env("HIP_PATH", "/usr"); // Debian's layout
+        }
+        let res = cmd
+            .output()
+            .unwrap_or_else(|e| panic!("running {hipcc:?}: {e}"));
+        assert!(
+            res.status.success(),
+            "hipcc {arch} failed:\n{}\n{}",
+            String::from_utf8_lossy(&res.stdout),
+            String::from_utf8_lossy(&res.stderr)
+        );
+        let co = std::fs::read(&out).unwrap();
+        for name in kernels_gpu::kernel_names() {
+            let sym = format!("{name}.kd");
+            assert!(
+                co.windows(sym.len()).any(|w| w == sym.as_bytes()),
+                "{arch}: kernel descriptor {sym} missing from the code object"
+            );
+        }
+        eprintln!("hipcc {arch}: {} bytes of code object", co.len());
+    }
+    let _ = std::fs::remove_dir_all(&out_dir);
+}
+
+// ---------------------------------------------------------------------------------
+// The kernels themselves, run on the CPU: kernels-cuda/emu/ compiles the CUDA entry file
+// with a host C++ compiler against a small emulation of the CUDA facilities it uses (one
+// OS thread per CUDA thread, block-wide barriers and shuffles), launched with the
+// geometry and argument blocks of src/kernels_gpu/plan.rs. Every output must equal the
+// CPU reference byte for byte, and the poisoned guard bytes around it must survive. This
+// checks indexing, layouts, vector and scalar paths and group reductions without a GPU;
+// the GPU itself is checked by scripts/gpu-check.
+
+use strata::kernels::{self as cpu, QuantSpec};
+use strata::kernels_gpu::plan;
+use strata::{DataType, ReduceOp};
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+fn values(rng: &mut Rng, n: usize, dt: DataType) -> Vec<u8> {
+    let mut out = vec![0u8; n * dt.size()];
+    let mut i = 0;
+    while i < n {
+        let run = (1 + rng.below(700) as usize).min(n - i);
+        let profile = rng.below(8);
+        let mag = 2f64.powi(rng.below(41) as i32 - 20);
+        for e in i..i + run {
+            let u = rng.unit() * 2.0 - 1.0;
+            let v = match profile {
+                0 | 1 => u * mag,
+                2 => (rng.below(509) as f64 - 254.0) / 2.0,
+                3 => 0.0,
+                4 => u * 2f64.powi(-70 - rng.below(60) as i32),
+                5 => match rng.below(100) {
+                    0 => f64::NAN,
+                    1 => f64::INFINITY,
+                    2 => f64::NEG_INFINITY,
+                    _ => u * mag,
+                },
+                6 => u * 3.0e38,
+                _ => u * 1e-30,
+            };
+            dt.set(&mut out, e, v);
+        }
+        i += run;
+    }
+    out
+}
+
+fn packed(rng: &mut Rng, s: QuantSpec, n: usize, raw: bool) -> Vec<u8> {
+    if raw {
+        return (0..s.packed_len(n)).map(|_| rng.next() as u8).collect();
+    }
+    let src = values(rng, n, DataType::F32);
+    let mut p = vec![0u8; s.packed_len(n)];
+    cpu::quantize(s, DataType::F32, &src, &mut p).unwrap();
+    p
+}
+
+const GUARD: usize = 32;
+
+struct Emu {
+    exe: PathBuf,
+    dir: PathBuf,
+    runs: usize,
+}
+
+impl Emu {
+    /// Run `kernel` on `input`; the output region is `want.len()` bytes; compare.
+    #[allow(clippy::too_many_arguments)]
+    fn check(
+        &mut self,
+        what: &str,
+        kernel: &str,
+        l: plan::Launch,
+        fields: &[u64],
+        input: &[u8],
+        in_off: usize,
+        out_off: usize,
+        want: &[u8],
+    ) {
+        self.runs += 1;
+        let (inf, outf) = (self.dir.join("in.bin"), self.dir.join("out.bin"));
+        std::fs::write(&inf, input).unwrap();
+        let poison = (self.runs as u8).wrapping_mul(37) | 1;
+        let buf = vec![poison; want.len() + 2 * GUARD];
+        std::fs::write(&outf, &buf).unwrap();
+        let mut cmd = Command::new(&self.exe);
+        cmd.arg(kernel)
+            .arg(l.grid.to_string())
+            .arg(l.threads.to_string())
+            .arg(&inf)
+            .arg(in_off.to_string())
+            .arg(&outf)
+            .arg(out_off.to_string())
+            .arg(GUARD.to_string())
+            .args(fields.iter().map(|f| f.to_string()));
+        let res = cmd.output().expect("running the emulator");
+        assert!(
+            res.status.success(),
+            "{what}: emulator failed: {}",
+            String::from_utf8_lossy(&res.stderr)
+        );
+        let got = std::fs::read(&outf).unwrap();
+        assert!(
+            got[..GUARD].iter().all(|&b| b == poison)
+                && got[GUARD + want.len()..].iter().all(|&b| b == poison),
+            "{what}: guard bytes overwritten"
+        );
+        let body = &got[GUARD..GUARD + want.len()];
+        if let Some(i) = (0..want.len()).find(|&i| body[i] != want[i]) {
+            let bad = (0..want.len()).filter(|&i| body[i] != want[i]).count();
+            panic!(
+                "{what}: {bad} of {} bytes differ from the CPU reference, first at byte {i}: cpu {:#04x} emulated {:#04x}",
+                want.len(),
+                want[i],
+                body[i]
+            );
+        }
+    }
+}
+
+fn find_cxx() -> Option<PathBuf> {
+    if let Ok(p) = std::env::var("CXX") {
+        return Some(PathBuf::from(p));
+    }
+    let path = std::env::var_os("PATH")?;
+    for name in ["g++", "clang++", "c++"] {
+        if let Some(p) = std::env::split_paths(&path)
+            .map(|d| d.join(name))
+            .find(|p| p.is_file())
+        {
+            return Some(p);
+        }
+    }
+    None
+}
+
+fn quant_fields(a: &plan::QuantArgs) -> Vec<u64> {
+    vec![
+        a.block,
+        a.nodes,
+        a.devices,
+        a.chunk,
+        a.stages,
+        a.total_blocks,
+        a.gs as u64,
+    ]
+}
+fn deq_fields(a: &plan::DequantArgs) -> Vec<u64> {
+    vec![
+        a.block,
+        a.n,
+        a.slices,
+        a.k,
+        a.in_stride,
+        a.total_blocks,
+        a.gs as u64,
+        a.avg as u64,
+        a.divisor.to_bits() as u64,
+    ]
+}
+fn drq_fields(a: &plan::DrqArgs) -> Vec<u64> {
+    vec![
+        a.block,
+        a.n,
+        a.slices,
+        a.k,
+        a.in_stride,
+        a.total_blocks,
+        a.gs as u64,
+    ]
+}
+
+#[test]
+fn emulated_kernels_match_the_cpu_reference() {
+    let Some(cxx) = find_cxx() else {
+        unavailable(
+            "emulated kernels",
+            "no C++ compiler (g++, clang++, c++ or $CXX)",
+        );
+        return;
+    };
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = std::env::temp_dir().join(format!("strata-emu-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = dir.join("strata_emu");
+    let res = Command::new(&cxx)
+        .args(["-std=c++20", "-O1", "-ffp-contract=off", "-pthread"])
+        .arg(format!(
+            "-I{}",
+            root.join("kernels-cuda/emu/include").display()
+        ))
+        .arg(root.join("kernels-cuda/emu/emu.cpp"))
+        .arg("-o")
+        .arg(&exe)
+        .output()
+        .expect("running the C++ compiler");
+    if !res.status.success() {
+        let err = String::from_utf8_lossy(&res.stderr).to_string();
+        // An old compiler without C++20 <barrier> or _Float16 is the toolchain's absence.
+        if err.contains("barrier") || err.contains("_Float16") {
+            unavailable(
+                "emulated kernels",
+                &format!("{cxx:?} lacks C++20/_Float16: {err}"),
+            );
+            return;
+        }
+        panic!("compiling the kernels for host emulation failed:\n{err}");
+    }
+    let mut emu = Emu {
+        exe,
+        dir: dir.clone(),
+        runs: 0,
+    };
+    let mut rng = Rng(0xC0FFEE);
+    let dts = [DataType::F32, DataType::F16, DataType::BF16];
+
+    // quantize and dequantize: every type, both widths, block sizes across the group
+    // sizes (1 thread .. 1024 threads per block), full and partial blocks, misaligned
+    // buffers (scalar paths) and aligned ones (16-byte paths).
+    for (bits, block) in [
+        (8, 1),
+        (8, 7),
+        (4, 2),
+        (4, 6),
+        (8, 32),
+        (4, 64),
+        (8, 130),
+        (4, 2048),
+        (8, 2048),
+        (8, 40000),
+        (4, 40000),
+    ] {
+        let s = QuantSpec::new(bits, block).unwrap();
+        for n in [1usize, 33, 1000, 4099, 45000] {
+            if n > 5000 && block < 1000 {
+                continue;
+            }
+            for dt in dts {
+                let src = values(&mut rng, n, dt);
+                let mut want = vec![0u8; s.packed_len(n)];
+                cpu::quantize(s, dt, &src, &mut want).unwrap();
+                let (l, a) = plan::quantize_plan(s, n, 1, 1, 1).unwrap();
+                let in_off = [0, 16, dt.size(), 1][rng.below(4) as usize];
+                let out_off = [0, 16, 3][rng.below(3) as usize];
+                let what =
+                    format!("quantize {dt} q{bits} block {block} n {n} offsets {in_off}/{out_off}");
+                emu.check(
+                    &what,
+                    &format!("strata_quantize_{dt}_q{bits}"),
+                    l,
+                    &quant_fields(&a),
+                    &src,
+                    in_off,
+                    out_off,
+                    &want,
+                );
+
+                let raw = rng.below(4) == 0;
+                let p = if raw {
+                    packed(&mut rng, s, n, true)
+                } else {
+                    want.clone()
+                };
+                let mut want = vec![0u8; n * dt.size()];
+                cpu::dequantize(s, &p, n, dt, &mut want).unwrap();
+                let (l, a) = plan::dequant_plan(s, n, 1, None).unwrap();
+                let in_off = [0, 16, 5][rng.below(3) as usize];
+                let out_off = [0, 16, dt.size(), 1][rng.below(4) as usize];
+                let what = format!("dequantize {dt} q{bits} block {block} n {n} raw {raw} offsets {in_off}/{out_off}");
+                emu.check(
+                    &what,
+                    &format!("strata_dequant_reduce_{dt}_q{bits}"),
+                    l,
+                    &deq_fields(&a),
+                    &p,
+                    in_off,
+                    out_off,
+                    &want,
+                );
+            }
+        }
+    }
+
+    // swizzled quantization: odd node counts, one node, more stages than elements.
+    for (nodes, devices, stages, c, bits, block) in [
+        (2, 4, 1, 100, 8, 32),
+        (3, 2, 2, 1001, 4, 64),
+        (1, 3, 4, 37, 8, 5),
+        (3, 2, 5, 3, 4, 2),
+        (4, 2, 3, 5000, 8, 2048),
+        (2, 2, 2, 0, 8, 4),
+    ] {
+        let s = QuantSpec::new(bits, block).unwrap();
+        let dt = dts[rng.below(3) as usize];
+        let src = values(&mut rng, nodes * devices * c, dt);
+        let len = cpu::swizzled_len(s, c, nodes, devices, stages);
+        let mut want = vec![0u8; len];
+        cpu::swizzled_quantize(s, dt, &src, c, nodes, devices, stages, &mut want).unwrap();
+        let what = format!("swizzled {dt} q{bits} block {block} c {c} {nodes}x{devices}x{stages}");
+        match plan::quantize_plan(s, c, nodes, devices, stages) {
+            Some((l, a)) => {
+                let off = [0, 16, 1][rng.below(3) as usize];
+                emu.check(
+                    &what,
+                    &format!("strata_quantize_{dt}_q{bits}"),
+                    l,
+                    &quant_fields(&a),
+                    &src,
+                    0,
+                    off,
+                    &want,
+                );
+            }
+            None => assert!(want.is_empty(), "{what}: no launch for a non-empty output"),
+        }
+    }
+
+    // fused dequantize-reduce-quantize and dequantize-reduce, k senders in order.
+    for (bits, block) in [(8, 1), (4, 2), (8, 32), (4, 130), (8, 2048), (4, 40000)] {
+        let s = QuantSpec::new(bits, block).unwrap();
+        for n in [1usize, 999, 5000, 41000] {
+            if n > 5000 && block < 1000 {
+                continue;
+            }
+            for (k, slices) in [(1usize, 1usize), (3, 2), (8, 1)] {
+                let raw = rng.below(4) == 0;
+                let per = s.packed_len(n) * slices;
+                let all: Vec<u8> = (0..k * slices)
+                    .flat_map(|_| packed(&mut rng, s, n, raw))
+                    .collect();
+                let ins: Vec<&[u8]> = all.chunks(per).collect();
+                let mut want = vec![0u8; per];
+                cpu::dequant_reduce_quant(s, &ins, n, slices, &mut want).unwrap();
+                let (l, a) = plan::drq_plan(s, n, slices, k).unwrap();
+                let (in_off, out_off) = (
+                    [0, 16, 3][rng.below(3) as usize],
+                    [0, 16, 1][rng.below(3) as usize],
+                );
+                let what = format!("dequant_reduce_quant q{bits} block {block} n {n} k {k} slices {slices} raw {raw} offsets {in_off}/{out_off}");
+                emu.check(
+                    &what,
+                    &format!("strata_dequant_reduce_quant_q{bits}"),
+                    l,
+                    &drq_fields(&a),
+                    &all,
+                    in_off,
+                    out_off,
+                    &want,
+                );
+
+                let dt = dts[rng.below(3) as usize];
+                let (op, div) = if rng.below(2) == 0 {
+                    (ReduceOp::Sum, 1)
+                } else {
+                    (ReduceOp::Avg, 3 + rng.below(30) as usize)
+                };
+                let one = s.packed_len(n);
+                let ins: Vec<&[u8]> = all[..k * one].chunks(one).collect();
+                let mut want = vec![0u8; n * dt.size()];
+                cpu::dequant_reduce(s, &ins, n, op, div, dt, &mut want).unwrap();
+                let d = (op == ReduceOp::Avg).then_some(div as f32);
+                let (l, a) = plan::dequant_plan(s, n, k, d).unwrap();
+                let what = format!(
+                    "dequant_reduce {dt} q{bits} block {block} n {n} k {k} {op}/{div} raw {raw}"
+                );
+                emu.check(
+                    &what,
+                    &format!("strata_dequant_reduce_{dt}_q{bits}"),
+                    l,
+                    &deq_fields(&a),
+                    &all[..k * one],
+                    in_off,
+                    0,
+                    &want,
+                );
+            }
+        }
+    }
+    eprintln!(
+        "emulated kernels: {} runs, all bitwise equal to the CPU reference",
+        emu.runs
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
