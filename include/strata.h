@@ -268,6 +268,36 @@ extern "C" {
 strataResult_t strataAllGather(const void *sendbuff, void *recvbuff, size_t sendcount, strataDataType_t datatype, strataComm_t comm, strataStream_t stream);
 
 /**
+ * Quantized all-gather (ZeRO++ qwZ, `docs/quantization.md`): as `strataAllGather`, but
+ * every rank's `sendbuff` travels block-quantized to `bits` (4 or 8) with one f32 scale
+ * per `block` elements, and is dequantized into `recvbuff` (f32, f16 or bf16). Each
+ * element is within the format's bound (half a quantization step of its block) of the
+ * exact value. In place when `sendbuff == recvbuff + rank * sendcount`.
+ *
+ * Errors: as `strataAllGather`, plus `strataInvalidArgument` for bits other than 4/8,
+ * a block of 0 or above 2^20 or odd with 4 bits, and integer datatypes.
+ *
+ * # Safety
+ * As `strataAllGather`.
+ */
+strataResult_t strataAllGatherQuantized(const void *sendbuff, void *recvbuff, size_t sendcount, strataDataType_t datatype, int bits, size_t block, strataComm_t comm, strataStream_t stream);
+
+/**
+ * Quantized reduce-scatter (ZeRO++ qgZ, 2-hop all-to-all: intra-node then inter-node,
+ * with fused dequantize-reduce-quantize in between; `docs/quantization.md`): as
+ * `strataReduceScatter` with `op` = `strataSum` or `strataAvg` (the exact mean over all
+ * ranks), the gradients travel block-quantized to `bits` (4 or 8) with one f32 scale
+ * per `block` elements. Results are within the format's bound of the exact reduction.
+ *
+ * Errors: as `strataReduceScatter`, plus `strataInvalidArgument` for bits other than
+ * 4/8, a bad block, integer datatypes, and ops other than sum/avg.
+ *
+ * # Safety
+ * As `strataReduceScatter`.
+ */
+strataResult_t strataReduceScatterQuantized(const void *sendbuff, void *recvbuff, size_t recvcount, strataDataType_t datatype, strataRedOp_t op, int bits, size_t block, strataComm_t comm, strataStream_t stream);
+
+/**
  * Reduce-scatter (NCCL's `ncclReduceScatter`): `recvbuff` (`recvcount` elements) =
  * `op` over all ranks of their `sendbuff[rank * recvcount ..]` (`sendbuff` holds
  * `nranks * recvcount` elements). `strataAvg` is the exact mean.

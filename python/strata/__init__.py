@@ -170,6 +170,8 @@ _PROTOTYPES = {
     "strataCommUserRank": [_vp, ctypes.POINTER(_c_int)],
     "strataAllGather": [_vp, _vp, _c_size, _c_int, _vp, _vp],
     "strataReduceScatter": [_vp, _vp, _c_size, _c_int, _c_int, _vp, _vp],
+    "strataAllGatherQuantized": [_vp, _vp, _c_size, _c_int, _c_int, _c_size, _vp, _vp],
+    "strataReduceScatterQuantized": [_vp, _vp, _c_size, _c_int, _c_int, _c_int, _c_size, _vp, _vp],
     "strataAllReduce": [_vp, _vp, _c_size, _c_int, _c_int, _vp, _vp],
     "strataAllToAll": [_vp, _vp, _c_size, _c_int, _vp, _vp],
     "strataBroadcast": [_vp, _vp, _c_size, _c_int, _c_int, _vp, _vp],
@@ -556,6 +558,30 @@ class Comm:
         _need(s, count * sz * self.size, "send")
         _group_keep(send, recv)
         self._call("strataReduceScatter", s.ptr, r.ptr, count, dt, _op_code(op), self._addr, _stream(stream))
+
+    def all_gather_quantized(self, send, recv, bits=8, block=256, count=None, dtype=None, stream=None) -> None:
+        """``strataAllGatherQuantized`` (ZeRO++ qwZ): as ``all_gather``, every rank's data
+        travels block-quantized to ``bits`` (4 or 8) with one scale per ``block``."""
+        s, r = _buf(send, False, "send"), _buf(recv, True, "recv")
+        dt = _resolve_dtype(dtype, s, r)
+        sz = _size_of(dt)
+        count = s.nbytes // sz if count is None else count
+        _need(s, count * sz, "send")
+        _need(r, count * sz * self.size, "recv")
+        _group_keep(send, recv)
+        self._call("strataAllGatherQuantized", s.ptr, r.ptr, count, dt, bits, block, self._addr, _stream(stream))
+
+    def reduce_scatter_quantized(self, send, recv, op="sum", bits=4, block=256, count=None, dtype=None, stream=None) -> None:
+        """``strataReduceScatterQuantized`` (ZeRO++ qgZ, 2-hop): as ``reduce_scatter`` with
+        ``op`` sum or avg, gradients travel block-quantized to ``bits`` (4 or 8)."""
+        s, r = _buf(send, False, "send"), _buf(recv, True, "recv")
+        dt = _resolve_dtype(dtype, s, r)
+        sz = _size_of(dt)
+        count = r.nbytes // sz if count is None else count
+        _need(r, count * sz, "recv")
+        _need(s, count * sz * self.size, "send")
+        _group_keep(send, recv)
+        self._call("strataReduceScatterQuantized", s.ptr, r.ptr, count, dt, _op_code(op), bits, block, self._addr, _stream(stream))
 
     def all_reduce(self, send, recv=None, op="sum", count=None, dtype=None, stream=None) -> None:
         """``strataAllReduce``; in place when ``recv`` is None or ``send`` itself."""

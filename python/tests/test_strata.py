@@ -370,3 +370,27 @@ def test_config_layout():
 
     assert ctypes.sizeof(strata.Config) == (48 if ctypes.sizeof(ctypes.c_void_p) == 8 else 28)
     assert ctypes.sizeof(strata.UniqueId) == 128
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_quantized_collectives(comms, bits):
+    n = 96
+
+    def body(c, r):
+        send = np.tile(val(r, n), N).astype(np.float16)
+        out = np.zeros(n, dtype=np.float16)
+        c.reduce_scatter_quantized(send, out, op="avg", bits=bits, block=32)
+        exact = np.mean([val(q, n) for q in range(N)], axis=0)
+        qmax = 2 ** (bits - 1) - 1
+        # Bound: every input quantized once (|x| <= 5) plus the node partials requantized.
+        bound = N * 5 / (2 * qmax) / N + 2 * (4 * 5) / (2 * qmax) / N + 0.01
+        assert np.max(np.abs(out.astype(np.float64) - exact)) <= bound
+        gathered = np.zeros(N * n, dtype=np.float32)
+        c.all_gather_quantized(val(r, n), gathered, bits=bits, block=32)
+        want = np.concatenate([val(q, n) for q in range(N)])
+        assert np.max(np.abs(gathered - want)) <= 5 / (2 * qmax) + 1e-5
+        with pytest.raises(strata.StrataError) as e:
+            c.all_gather_quantized(val(r, n), gathered, bits=3)
+        assert e.value.code == strata.INVALID_ARGUMENT
+
+    on_ranks(comms, body)

@@ -239,6 +239,125 @@ pub unsafe extern "C" fn strataAllGather(
     })
 }
 
+/// Quantized all-gather (ZeRO++ qwZ, `docs/quantization.md`): as `strataAllGather`, but
+/// every rank's `sendbuff` travels block-quantized to `bits` (4 or 8) with one f32 scale
+/// per `block` elements, and is dequantized into `recvbuff` (f32, f16 or bf16). Each
+/// element is within the format's bound (half a quantization step of its block) of the
+/// exact value. In place when `sendbuff == recvbuff + rank * sendcount`.
+///
+/// Errors: as `strataAllGather`, plus `strataInvalidArgument` for bits other than 4/8,
+/// a block of 0 or above 2^20 or odd with 4 bits, and integer datatypes.
+///
+/// # Safety
+/// As `strataAllGather`.
+#[no_mangle]
+pub unsafe extern "C" fn strataAllGatherQuantized(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    sendcount: usize,
+    datatype: strataDataType_t,
+    bits: c_int,
+    block: usize,
+    comm: strataComm_t,
+    stream: strataStream_t,
+) -> strataResult_t {
+    let _ = stream;
+    ffi_boundary!("strataAllGatherQuantized", comm, {
+        let h = lookup(comm)?;
+        let dt = dtype(datatype)?;
+        let q = quant_spec(bits, block, dt)?;
+        let (n, r) = (h.comm.size(), h.comm.rank());
+        let c = nbytes(sendcount, 1, dt, "sendcount")?;
+        let total = nbytes(sendcount, n, dt, "sendcount x nranks")?;
+        let s = span(sendbuff, c, false, "sendbuff")?;
+        let rv = span(recvbuff, total, true, "recvbuff")?;
+        if sendcount == 0 {
+            return Ok(());
+        }
+        let recv = Buffer::zeroed(total);
+        let send = if s.start == rv.start + r * c {
+            recv.slice(r * c..r * c + c)?
+        } else {
+            disjoint(&mut [s, rv], "strataAllGatherQuantized")?;
+            Buffer::zeroed(c)
+        };
+        // SAFETY: `sendbuff` is readable for `c` bytes (caller's contract).
+        send.write_bytes(unsafe { user_bytes(sendbuff, c) })?;
+        let req = crate::comm::Request::new(crate::comm::Op::AllGather { send, recv: recv.clone(), count: sendcount }, dt)
+            .with_algo(crate::Algo::Qwz)
+            .with_quant(q);
+        let work = h.comm.submit(req)?;
+        // SAFETY: `recvbuff` is writable for `total` bytes (caller's contract).
+        unsafe { finish("strataAllGatherQuantized", h, work, vec![out(recv, recvbuff)]) }
+    })
+}
+
+/// Quantized reduce-scatter (ZeRO++ qgZ, 2-hop all-to-all: intra-node then inter-node,
+/// with fused dequantize-reduce-quantize in between; `docs/quantization.md`): as
+/// `strataReduceScatter` with `op` = `strataSum` or `strataAvg` (the exact mean over all
+/// ranks), the gradients travel block-quantized to `bits` (4 or 8) with one f32 scale
+/// per `block` elements. Results are within the format's bound of the exact reduction.
+///
+/// Errors: as `strataReduceScatter`, plus `strataInvalidArgument` for bits other than
+/// 4/8, a bad block, integer datatypes, and ops other than sum/avg.
+///
+/// # Safety
+/// As `strataReduceScatter`.
+#[no_mangle]
+pub unsafe extern "C" fn strataReduceScatterQuantized(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    recvcount: usize,
+    datatype: strataDataType_t,
+    op: strataRedOp_t,
+    bits: c_int,
+    block: usize,
+    comm: strataComm_t,
+    stream: strataStream_t,
+) -> strataResult_t {
+    let _ = stream;
+    ffi_boundary!("strataReduceScatterQuantized", comm, {
+        let h = lookup(comm)?;
+        let dt = dtype(datatype)?;
+        let op = redop(op)?;
+        if !matches!(op, ReduceOp::Sum | ReduceOp::Avg) {
+            return Err(Error::InvalidArgument(format!("quantized reduce-scatter reduces with sum or avg, not {op}")));
+        }
+        let q = quant_spec(bits, block, dt)?;
+        let (n, r) = (h.comm.size(), h.comm.rank());
+        let c = nbytes(recvcount, 1, dt, "recvcount")?;
+        let total = nbytes(recvcount, n, dt, "recvcount x nranks")?;
+        let s = span(sendbuff, total, false, "sendbuff")?;
+        let rv = span(recvbuff, c, true, "recvbuff")?;
+        if recvcount == 0 {
+            return Ok(());
+        }
+        // SAFETY: `sendbuff` is readable for `total` bytes (caller's contract).
+        let send = unsafe { copy_in(sendbuff, total) };
+        let recv = if rv.start == s.start + r * c {
+            send.slice(r * c..r * c + c)?
+        } else {
+            disjoint(&mut [s, rv], "strataReduceScatterQuantized")?;
+            Buffer::zeroed(c)
+        };
+        let req = crate::comm::Request::new(crate::comm::Op::ReduceScatter { send, recv: recv.clone(), count: recvcount, op }, dt)
+            .with_algo(crate::Algo::Qgz)
+            .with_quant(q);
+        let work = h.comm.submit(req)?;
+        // SAFETY: `recvbuff` is writable for `c` bytes (caller's contract).
+        unsafe { finish("strataReduceScatterQuantized", h, work, vec![out(recv, recvbuff)]) }
+    })
+}
+
+/// A validated quantization format for float data.
+fn quant_spec(bits: c_int, block: usize, dt: DataType) -> Result<crate::kernels::QuantSpec> {
+    if !matches!(dt, DataType::F32 | DataType::F16 | DataType::BF16) {
+        return Err(Error::InvalidArgument(format!("quantized collectives take f32, f16 or bf16, not {dt}")));
+    }
+    let bits = u32::try_from(bits).map_err(|_| Error::InvalidArgument(format!("bits {bits} must be 4 or 8")))?;
+    crate::kernels::QuantSpec::new(bits, block)
+}
+
 /// Reduce-scatter (NCCL's `ncclReduceScatter`): `recvbuff` (`recvcount` elements) =
 /// `op` over all ranks of their `sendbuff[rank * recvcount ..]` (`sendbuff` holds
 /// `nranks * recvcount` elements). `strataAvg` is the exact mean.
