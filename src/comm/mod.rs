@@ -42,8 +42,9 @@ pub struct CommConfig {
     pub algo: Algo,
     /// How long to wait for a peer or a dependency before failing.
     pub timeout: Duration,
-    /// Pieces per chunk for the pipelined algorithms (`ho-ring`); `None`: one per
-    /// 512 KiB of chunk, 1 to 8 (`STRATA_HORING_CHUNKS`).
+    /// Pieces per chunk for the pipelined algorithms (`ho-ring`); `None`:
+    /// [`crate::algo::plan::default_chunks`], round(sqrt(chunk / 128 KiB)) in 1..=16
+    /// (`STRATA_HORING_CHUNKS` overrides it).
     pub ho_ring_chunks: Option<usize>,
 }
 

@@ -246,8 +246,9 @@ impl Schedule {
         ev.sort_by_key(|e| e.seq);
         let mut s = Schedule::empty(n);
         let mut group_idx: HashMap<u64, u32> = HashMap::new();
-        // (group, world rank) -> (last send, last matched receive, sends so far)
-        let mut stream: HashMap<(u64, usize), (Option<u32>, Option<u32>, u32)> = HashMap::new();
+        // (group, world rank) -> its stream's (last send, last matched receive, sends so far)
+        type Stream = (Option<u32>, Option<u32>, u32);
+        let mut stream: HashMap<(u64, usize), Stream> = HashMap::new();
         // world rank -> (group, transfer) of its last completed receive
         let mut last_recv: Vec<Option<(u64, u32)>> = vec![None; n];
         let mut pending: HashMap<(u64, usize, usize), VecDeque<u32>> = HashMap::new();
