@@ -52,7 +52,7 @@ fn reduced(dtype: DataType, op: ReduceOp, p: usize, i: usize, seed: u64) -> f64 
 }
 
 /// Which collective a check is for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kind {
     AllGather,
     ReduceScatter,
@@ -376,7 +376,10 @@ pub fn exercise(comm: &Comm) -> Result<()> {
             let q = crate::kernels::QuantSpec::new(bits, 32)?;
             let r = run_checked_quant(comm, kind, dtype, op, 37, algo, q, seed)?;
             if r.wrong != 0 {
-                return Err(Error::Internal(format!("{algo} {dtype} int{bits}: {} outside the bound {} (max error {})", r.wrong, r.bound, r.max_err)));
+                return Err(Error::Internal(format!(
+                    "{algo} {dtype} int{bits}: {} outside the bound {} (max error {})",
+                    r.wrong, r.bound, r.max_err
+                )));
             }
         }
     }

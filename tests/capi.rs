@@ -160,11 +160,23 @@ fn quantized_variants_within_the_bound_and_bad_formats_rejected() {
                 let c = c as strataComm_t;
                 let n = 100usize;
                 // Every rank sends r + i/100 to every block: the exact sum is known.
-                let send: Vec<f32> = (0..8 * n).map(|i| r as f32 + (i % n) as f32 / 100.0).collect();
+                let send: Vec<f32> = (0..8 * n)
+                    .map(|i| r as f32 + (i % n) as f32 / 100.0)
+                    .collect();
                 let mut recv = vec![0f32; n];
                 // SAFETY: 8n floats in, n out; live communicator.
                 let rc = unsafe {
-                    strataReduceScatterQuantized(send.as_ptr() as *const c_void, recv.as_mut_ptr() as *mut c_void, n, strataFloat32, strataAvg, 8, 32, c, null_mut())
+                    strataReduceScatterQuantized(
+                        send.as_ptr() as *const c_void,
+                        recv.as_mut_ptr() as *mut c_void,
+                        n,
+                        strataFloat32,
+                        strataAvg,
+                        8,
+                        32,
+                        c,
+                        null_mut(),
+                    )
                 };
                 assert_eq!(rc, strataSuccess, "{}", last(c));
                 for (i, v) in recv.iter().enumerate() {
@@ -175,7 +187,16 @@ fn quantized_variants_within_the_bound_and_bad_formats_rejected() {
                 let mut all = vec![0f32; 8 * n];
                 // SAFETY: n floats in, 8n out.
                 let rc = unsafe {
-                    strataAllGatherQuantized(mine.as_ptr() as *const c_void, all.as_mut_ptr() as *mut c_void, n, strataFloat32, 8, 64, c, null_mut())
+                    strataAllGatherQuantized(
+                        mine.as_ptr() as *const c_void,
+                        all.as_mut_ptr() as *mut c_void,
+                        n,
+                        strataFloat32,
+                        8,
+                        64,
+                        c,
+                        null_mut(),
+                    )
                 };
                 assert_eq!(rc, strataSuccess, "{}", last(c));
                 for (j, v) in all.iter().enumerate() {
@@ -185,11 +206,49 @@ fn quantized_variants_within_the_bound_and_bad_formats_rejected() {
                 // Bad formats: 3 bits, odd int4 block, integer data.
                 // SAFETY: as above.
                 unsafe {
-                    assert_eq!(strataAllGatherQuantized(mine.as_ptr() as *const c_void, all.as_mut_ptr() as *mut c_void, n, strataFloat32, 3, 64, c, null_mut()), strataInvalidArgument);
-                    assert_eq!(strataAllGatherQuantized(mine.as_ptr() as *const c_void, all.as_mut_ptr() as *mut c_void, n, strataFloat32, 4, 7, c, null_mut()), strataInvalidArgument);
-                    assert_eq!(strataAllGatherQuantized(mine.as_ptr() as *const c_void, all.as_mut_ptr() as *mut c_void, n, strataInt32, 8, 64, c, null_mut()), strataInvalidArgument);
+                    assert_eq!(
+                        strataAllGatherQuantized(
+                            mine.as_ptr() as *const c_void,
+                            all.as_mut_ptr() as *mut c_void,
+                            n,
+                            strataFloat32,
+                            3,
+                            64,
+                            c,
+                            null_mut()
+                        ),
+                        strataInvalidArgument
+                    );
+                    assert_eq!(
+                        strataAllGatherQuantized(
+                            mine.as_ptr() as *const c_void,
+                            all.as_mut_ptr() as *mut c_void,
+                            n,
+                            strataFloat32,
+                            4,
+                            7,
+                            c,
+                            null_mut()
+                        ),
+                        strataInvalidArgument
+                    );
+                    assert_eq!(
+                        strataAllGatherQuantized(
+                            mine.as_ptr() as *const c_void,
+                            all.as_mut_ptr() as *mut c_void,
+                            n,
+                            strataInt32,
+                            8,
+                            64,
+                            c,
+                            null_mut()
+                        ),
+                        strataInvalidArgument
+                    );
                 }
-                assert!(last(c).contains("block") || last(c).contains("i32") || !last(c).is_empty());
+                assert!(
+                    last(c).contains("block") || last(c).contains("i32") || !last(c).is_empty()
+                );
             })
         })
         .collect();
@@ -198,6 +257,9 @@ fn quantized_variants_within_the_bound_and_bad_formats_rejected() {
     }
     for c in comms {
         // SAFETY: live handle, destroyed once.
-        assert_eq!(unsafe { strataCommDestroy(c as strataComm_t) }, strataSuccess);
+        assert_eq!(
+            unsafe { strataCommDestroy(c as strataComm_t) },
+            strataSuccess
+        );
     }
 }

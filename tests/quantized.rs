@@ -10,7 +10,13 @@ use strata::{Algo, Buffer, Comm, DataType, ReduceOp, Request, Topology};
 
 #[test]
 fn qgz_and_qwz_stay_within_the_bound() {
-    for topo in ["nodes:4x8", "nodes:3x8", "nodes:1x8", "nodes:3x1", "frontier:1"] {
+    for topo in [
+        "nodes:4x8",
+        "nodes:3x8",
+        "nodes:1x8",
+        "nodes:3x1",
+        "frontier:1",
+    ] {
         let res = common::all_ok(topo, |c| {
             let mut worst = Vec::new();
             for (bits, block) in [(4u32, 256usize), (8, 64), (4, 2)] {
@@ -23,7 +29,16 @@ fn qgz_and_qwz_stay_within_the_bound() {
                             (Algo::Qgz1, Kind::ReduceScatter, ReduceOp::Avg),
                             (Algo::Qwz, Kind::AllGather, ReduceOp::Sum),
                         ] {
-                            let r = run_checked_quant(&c, kind, dt, op, count, algo, q, count as u64 + bits as u64)?;
+                            let r = run_checked_quant(
+                                &c,
+                                kind,
+                                dt,
+                                op,
+                                count,
+                                algo,
+                                q,
+                                count as u64 + bits as u64,
+                            )?;
                             if r.wrong > 0 {
                                 worst.push(format!("{algo} {dt} {op} bits {bits} block {block} count {count}: {r:?}"));
                             }
@@ -49,7 +64,8 @@ fn egress(topo: &str, f: impl Fn(&Comm) + Send + Sync + 'static) -> u64 {
     let hs: Vec<_> = comms
         .into_iter()
         .map(|c| {
-            let (bar, before, traffic, f) = (bar.clone(), before.clone(), traffic.clone(), f.clone());
+            let (bar, before, traffic, f) =
+                (bar.clone(), before.clone(), traffic.clone(), f.clone());
             std::thread::spawn(move || {
                 f(&c);
                 bar.wait();
@@ -68,7 +84,16 @@ fn egress(topo: &str, f: impl Fn(&Comm) + Send + Sync + 'static) -> u64 {
 
 fn call(c: &Comm, kind: Kind, algo: Algo, q: Option<QuantSpec>, count: usize) {
     let (ns, nr) = kind.sizes(count, c.size());
-    let req = Request::new(kind.op(Buffer::zeroed(ns * 2), Buffer::zeroed(nr * 2), count, ReduceOp::Sum), DataType::F16).with_algo(algo);
+    let req = Request::new(
+        kind.op(
+            Buffer::zeroed(ns * 2),
+            Buffer::zeroed(nr * 2),
+            count,
+            ReduceOp::Sum,
+        ),
+        DataType::F16,
+    )
+    .with_algo(algo);
     let req = match q {
         Some(q) => req.with_quant(q),
         None => req,
@@ -79,13 +104,36 @@ fn call(c: &Comm, kind: Kind, algo: Algo, q: Option<QuantSpec>, count: usize) {
 #[test]
 fn zeropp_cross_node_volume() {
     let count = 4096;
-    let ring_rs = egress("nodes:4x8", move |c| call(c, Kind::ReduceScatter, Algo::Ring, None, count));
-    let qgz4 = egress("nodes:4x8", move |c| call(c, Kind::ReduceScatter, Algo::Qgz, Some(QuantSpec::new(4, 256).unwrap()), count));
+    let ring_rs = egress("nodes:4x8", move |c| {
+        call(c, Kind::ReduceScatter, Algo::Ring, None, count)
+    });
+    let qgz4 = egress("nodes:4x8", move |c| {
+        call(
+            c,
+            Kind::ReduceScatter,
+            Algo::Qgz,
+            Some(QuantSpec::new(4, 256).unwrap()),
+            count,
+        )
+    });
     let ratio = qgz4 as f64 / ring_rs as f64;
     eprintln!("qgz int4 / ring reduce-scatter max_node_egress = {ratio:.4}");
-    assert!(ratio <= 0.27, "qgz int4 / ring reduce-scatter egress = {ratio}");
-    let ring_ag = egress("nodes:4x8", move |c| call(c, Kind::AllGather, Algo::Ring, None, count));
-    let qwz8 = egress("nodes:4x8", move |c| call(c, Kind::AllGather, Algo::Qwz, Some(QuantSpec::new(8, 256).unwrap()), count));
+    assert!(
+        ratio <= 0.27,
+        "qgz int4 / ring reduce-scatter egress = {ratio}"
+    );
+    let ring_ag = egress("nodes:4x8", move |c| {
+        call(c, Kind::AllGather, Algo::Ring, None, count)
+    });
+    let qwz8 = egress("nodes:4x8", move |c| {
+        call(
+            c,
+            Kind::AllGather,
+            Algo::Qwz,
+            Some(QuantSpec::new(8, 256).unwrap()),
+            count,
+        )
+    });
     let ratio = qwz8 as f64 / ring_ag as f64;
     eprintln!("qwz int8 / ring all-gather max_node_egress = {ratio:.4}");
     assert!(ratio <= 0.52, "qwz int8 / ring all-gather egress = {ratio}");
@@ -100,14 +148,35 @@ fn average_is_the_sum_over_the_world_size() {
         let input = strata::check::fill(DataType::F32, c.rank(), 0, n * c.size(), 7);
         let go = |op| -> strata::Result<Vec<f32>> {
             let r = Buffer::zeroed(n * 4);
-            c.submit(Request::new(strata::Op::ReduceScatter { send: Buffer::from_bytes(&input), recv: r.clone(), count: n, op }, DataType::F32).with_algo(Algo::Qgz).with_quant(q))?.wait()?;
+            c.submit(
+                Request::new(
+                    strata::Op::ReduceScatter {
+                        send: Buffer::from_bytes(&input),
+                        recv: r.clone(),
+                        count: n,
+                        op,
+                    },
+                    DataType::F32,
+                )
+                .with_algo(Algo::Qgz)
+                .with_quant(q),
+            )?
+            .wait()?;
             r.to_vec::<f32>()
         };
         let (s, a) = (go(ReduceOp::Sum)?, go(ReduceOp::Avg)?);
-        Ok((s.iter().map(|v| *v as f64).sum::<f64>(), a.iter().map(|v| *v as f64).sum::<f64>()))
+        Ok((
+            s.iter().map(|v| *v as f64).sum::<f64>(),
+            a.iter().map(|v| *v as f64).sum::<f64>(),
+        ))
     });
     for (s, a) in sums {
-        assert!((a * 12.0 - s).abs() <= 1e-3 * s.abs().max(1.0), "avg*p {} vs sum {}", a * 12.0, s);
+        assert!(
+            (a * 12.0 - s).abs() <= 1e-3 * s.abs().max(1.0),
+            "avg*p {} vs sum {}",
+            a * 12.0,
+            s
+        );
     }
 }
 
@@ -118,7 +187,16 @@ fn bad_quantized_requests_are_clear_errors() {
     assert!(QuantSpec::new(8, 0).is_err());
     // Quantized algorithms need float data: an i32 request falls back to the exact ring.
     let w = common::all_ok("nodes:2x2", |c| {
-        strata::check::run_checked(&c, Kind::ReduceScatter, DataType::I32, ReduceOp::Sum, 5, Algo::Qgz, false, 1)
+        strata::check::run_checked(
+            &c,
+            Kind::ReduceScatter,
+            DataType::I32,
+            ReduceOp::Sum,
+            5,
+            Algo::Qgz,
+            false,
+            1,
+        )
     });
     assert!(w.iter().all(|x| *x == 0));
 }

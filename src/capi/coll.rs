@@ -8,8 +8,10 @@
 
 use super::*;
 use crate::comm::{group_end, group_start, Work};
+use crate::comm::{Op, Request};
 use crate::dtype::{DataType, ReduceOp};
 use crate::memory::Buffer;
+use crate::Algo;
 
 // ---- argument helpers ----
 
@@ -211,32 +213,69 @@ pub unsafe extern "C" fn strataAllGather(
     stream: strataStream_t,
 ) -> strataResult_t {
     let _ = stream;
+    // SAFETY: forwarded caller contract.
     ffi_boundary!("strataAllGather", comm, {
-        let h = lookup(comm)?;
-        let dt = dtype(datatype)?;
-        let (n, r) = (h.comm.size(), h.comm.rank());
-        let c = nbytes(sendcount, 1, dt, "sendcount")?;
-        let total = nbytes(sendcount, n, dt, "sendcount x nranks")?;
-        let s = span(sendbuff, c, false, "sendbuff")?;
-        let rv = span(recvbuff, total, true, "recvbuff")?;
-        if sendcount == 0 {
-            return Ok(());
+        unsafe {
+            all_gather(
+                "strataAllGather",
+                sendbuff,
+                recvbuff,
+                sendcount,
+                datatype,
+                None,
+                comm,
+            )
         }
-        let (send, recv) = if s.start == rv.start + r * c {
-            let all = Buffer::zeroed(total);
-            let mine = all.slice(r * c..r * c + c)?;
-            // SAFETY: `sendbuff` is readable for `c` bytes (caller's contract).
-            mine.write_bytes(unsafe { user_bytes(sendbuff, c) })?;
-            (mine, all)
-        } else {
-            disjoint(&mut [s, rv], "strataAllGather")?;
-            // SAFETY: as above.
-            (unsafe { copy_in(sendbuff, c) }, Buffer::zeroed(total))
-        };
-        let work = h.comm.all_gather(&send, &recv, sendcount, dt)?;
-        // SAFETY: `recvbuff` is writable for `total` bytes (caller's contract).
-        unsafe { finish("strataAllGather", h, work, vec![out(recv, recvbuff)]) }
     })
+}
+
+/// The body of `strataAllGather` and `strataAllGatherQuantized` (`quant`: bits, block).
+///
+/// # Safety
+/// As `strataAllGather`.
+unsafe fn all_gather(
+    name: &'static str,
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    sendcount: usize,
+    datatype: strataDataType_t,
+    quant: Option<(c_int, usize)>,
+    comm: strataComm_t,
+) -> Result<()> {
+    let h = lookup(comm)?;
+    let dt = dtype(datatype)?;
+    let q = quant.map(|(b, k)| quant_spec(b, k, dt)).transpose()?;
+    let (n, r) = (h.comm.size(), h.comm.rank());
+    let c = nbytes(sendcount, 1, dt, "sendcount")?;
+    let total = nbytes(sendcount, n, dt, "sendcount x nranks")?;
+    let s = span(sendbuff, c, false, "sendbuff")?;
+    let rv = span(recvbuff, total, true, "recvbuff")?;
+    if sendcount == 0 {
+        return Ok(());
+    }
+    let recv = Buffer::zeroed(total);
+    let send = if s.start == rv.start + r * c {
+        recv.slice(r * c..r * c + c)?
+    } else {
+        disjoint(&mut [s, rv], name)?;
+        Buffer::zeroed(c)
+    };
+    // SAFETY: `sendbuff` is readable for `c` bytes (caller's contract).
+    send.write_bytes(unsafe { user_bytes(sendbuff, c) })?;
+    let req = Request::new(
+        Op::AllGather {
+            send,
+            recv: recv.clone(),
+            count: sendcount,
+        },
+        dt,
+    );
+    let work = h.comm.submit(match q {
+        Some(q) => req.with_algo(Algo::Qwz).with_quant(q),
+        None => req,
+    })?;
+    // SAFETY: `recvbuff` is writable for `total` bytes (caller's contract).
+    unsafe { finish(name, h, work, vec![out(recv, recvbuff)]) }
 }
 
 /// Quantized all-gather (ZeRO++ qwZ, `docs/quantization.md`): as `strataAllGather`, but
@@ -262,33 +301,19 @@ pub unsafe extern "C" fn strataAllGatherQuantized(
     stream: strataStream_t,
 ) -> strataResult_t {
     let _ = stream;
+    // SAFETY: forwarded caller contract.
     ffi_boundary!("strataAllGatherQuantized", comm, {
-        let h = lookup(comm)?;
-        let dt = dtype(datatype)?;
-        let q = quant_spec(bits, block, dt)?;
-        let (n, r) = (h.comm.size(), h.comm.rank());
-        let c = nbytes(sendcount, 1, dt, "sendcount")?;
-        let total = nbytes(sendcount, n, dt, "sendcount x nranks")?;
-        let s = span(sendbuff, c, false, "sendbuff")?;
-        let rv = span(recvbuff, total, true, "recvbuff")?;
-        if sendcount == 0 {
-            return Ok(());
+        unsafe {
+            all_gather(
+                "strataAllGatherQuantized",
+                sendbuff,
+                recvbuff,
+                sendcount,
+                datatype,
+                Some((bits, block)),
+                comm,
+            )
         }
-        let recv = Buffer::zeroed(total);
-        let send = if s.start == rv.start + r * c {
-            recv.slice(r * c..r * c + c)?
-        } else {
-            disjoint(&mut [s, rv], "strataAllGatherQuantized")?;
-            Buffer::zeroed(c)
-        };
-        // SAFETY: `sendbuff` is readable for `c` bytes (caller's contract).
-        send.write_bytes(unsafe { user_bytes(sendbuff, c) })?;
-        let req = crate::comm::Request::new(crate::comm::Op::AllGather { send, recv: recv.clone(), count: sendcount }, dt)
-            .with_algo(crate::Algo::Qwz)
-            .with_quant(q);
-        let work = h.comm.submit(req)?;
-        // SAFETY: `recvbuff` is writable for `total` bytes (caller's contract).
-        unsafe { finish("strataAllGatherQuantized", h, work, vec![out(recv, recvbuff)]) }
     })
 }
 
@@ -316,45 +341,32 @@ pub unsafe extern "C" fn strataReduceScatterQuantized(
     stream: strataStream_t,
 ) -> strataResult_t {
     let _ = stream;
+    // SAFETY: forwarded caller contract.
     ffi_boundary!("strataReduceScatterQuantized", comm, {
-        let h = lookup(comm)?;
-        let dt = dtype(datatype)?;
-        let op = redop(op)?;
-        if !matches!(op, ReduceOp::Sum | ReduceOp::Avg) {
-            return Err(Error::InvalidArgument(format!("quantized reduce-scatter reduces with sum or avg, not {op}")));
+        unsafe {
+            reduce_scatter(
+                "strataReduceScatterQuantized",
+                sendbuff,
+                recvbuff,
+                recvcount,
+                datatype,
+                op,
+                Some((bits, block)),
+                comm,
+            )
         }
-        let q = quant_spec(bits, block, dt)?;
-        let (n, r) = (h.comm.size(), h.comm.rank());
-        let c = nbytes(recvcount, 1, dt, "recvcount")?;
-        let total = nbytes(recvcount, n, dt, "recvcount x nranks")?;
-        let s = span(sendbuff, total, false, "sendbuff")?;
-        let rv = span(recvbuff, c, true, "recvbuff")?;
-        if recvcount == 0 {
-            return Ok(());
-        }
-        // SAFETY: `sendbuff` is readable for `total` bytes (caller's contract).
-        let send = unsafe { copy_in(sendbuff, total) };
-        let recv = if rv.start == s.start + r * c {
-            send.slice(r * c..r * c + c)?
-        } else {
-            disjoint(&mut [s, rv], "strataReduceScatterQuantized")?;
-            Buffer::zeroed(c)
-        };
-        let req = crate::comm::Request::new(crate::comm::Op::ReduceScatter { send, recv: recv.clone(), count: recvcount, op }, dt)
-            .with_algo(crate::Algo::Qgz)
-            .with_quant(q);
-        let work = h.comm.submit(req)?;
-        // SAFETY: `recvbuff` is writable for `c` bytes (caller's contract).
-        unsafe { finish("strataReduceScatterQuantized", h, work, vec![out(recv, recvbuff)]) }
     })
 }
 
 /// A validated quantization format for float data.
 fn quant_spec(bits: c_int, block: usize, dt: DataType) -> Result<crate::kernels::QuantSpec> {
     if !matches!(dt, DataType::F32 | DataType::F16 | DataType::BF16) {
-        return Err(Error::InvalidArgument(format!("quantized collectives take f32, f16 or bf16, not {dt}")));
+        return Err(Error::InvalidArgument(format!(
+            "quantized collectives take f32, f16 or bf16, not {dt}"
+        )));
     }
-    let bits = u32::try_from(bits).map_err(|_| Error::InvalidArgument(format!("bits {bits} must be 4 or 8")))?;
+    let bits = u32::try_from(bits)
+        .map_err(|_| Error::InvalidArgument(format!("bits {bits} must be 4 or 8")))?;
     crate::kernels::QuantSpec::new(bits, block)
 }
 
@@ -382,30 +394,81 @@ pub unsafe extern "C" fn strataReduceScatter(
     stream: strataStream_t,
 ) -> strataResult_t {
     let _ = stream;
+    // SAFETY: forwarded caller contract.
     ffi_boundary!("strataReduceScatter", comm, {
-        let h = lookup(comm)?;
-        let dt = dtype(datatype)?;
-        let op = redop(op)?;
-        let (n, r) = (h.comm.size(), h.comm.rank());
-        let c = nbytes(recvcount, 1, dt, "recvcount")?;
-        let total = nbytes(recvcount, n, dt, "recvcount x nranks")?;
-        let s = span(sendbuff, total, false, "sendbuff")?;
-        let rv = span(recvbuff, c, true, "recvbuff")?;
-        if recvcount == 0 {
-            return Ok(());
+        unsafe {
+            reduce_scatter(
+                "strataReduceScatter",
+                sendbuff,
+                recvbuff,
+                recvcount,
+                datatype,
+                op,
+                None,
+                comm,
+            )
         }
-        // SAFETY: `sendbuff` is readable for `total` bytes (caller's contract).
-        let send = unsafe { copy_in(sendbuff, total) };
-        let recv = if rv.start == s.start + r * c {
-            send.slice(r * c..r * c + c)?
-        } else {
-            disjoint(&mut [s, rv], "strataReduceScatter")?;
-            Buffer::zeroed(c)
-        };
-        let work = h.comm.reduce_scatter(&send, &recv, recvcount, dt, op)?;
-        // SAFETY: `recvbuff` is writable for `c` bytes (caller's contract).
-        unsafe { finish("strataReduceScatter", h, work, vec![out(recv, recvbuff)]) }
     })
+}
+
+/// The body of `strataReduceScatter` and `strataReduceScatterQuantized`.
+///
+/// # Safety
+/// As `strataReduceScatter`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn reduce_scatter(
+    name: &'static str,
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    recvcount: usize,
+    datatype: strataDataType_t,
+    op: strataRedOp_t,
+    quant: Option<(c_int, usize)>,
+    comm: strataComm_t,
+) -> Result<()> {
+    let h = lookup(comm)?;
+    let dt = dtype(datatype)?;
+    let op = redop(op)?;
+    let q = match quant {
+        Some(_) if !matches!(op, ReduceOp::Sum | ReduceOp::Avg) => {
+            return Err(Error::InvalidArgument(format!(
+                "quantized reduce-scatter reduces with sum or avg, not {op}"
+            )));
+        }
+        Some((b, k)) => Some(quant_spec(b, k, dt)?),
+        None => None,
+    };
+    let (n, r) = (h.comm.size(), h.comm.rank());
+    let c = nbytes(recvcount, 1, dt, "recvcount")?;
+    let total = nbytes(recvcount, n, dt, "recvcount x nranks")?;
+    let s = span(sendbuff, total, false, "sendbuff")?;
+    let rv = span(recvbuff, c, true, "recvbuff")?;
+    if recvcount == 0 {
+        return Ok(());
+    }
+    // SAFETY: `sendbuff` is readable for `total` bytes (caller's contract).
+    let send = unsafe { copy_in(sendbuff, total) };
+    let recv = if rv.start == s.start + r * c {
+        send.slice(r * c..r * c + c)?
+    } else {
+        disjoint(&mut [s, rv], name)?;
+        Buffer::zeroed(c)
+    };
+    let req = Request::new(
+        Op::ReduceScatter {
+            send,
+            recv: recv.clone(),
+            count: recvcount,
+            op,
+        },
+        dt,
+    );
+    let work = h.comm.submit(match q {
+        Some(q) => req.with_algo(Algo::Qgz).with_quant(q),
+        None => req,
+    })?;
+    // SAFETY: `recvbuff` is writable for `c` bytes (caller's contract).
+    unsafe { finish(name, h, work, vec![out(recv, recvbuff)]) }
 }
 
 /// All-reduce (NCCL's `ncclAllReduce`): `recvbuff` (`count` elements) = `op` over all
