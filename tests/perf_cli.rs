@@ -52,8 +52,9 @@ fn perf_ok(args: &[&str]) -> Out {
     o
 }
 
-/// One data row: size, count, type, redop, algo, time, algbw, busbw, #wrong, intra_pkg,
-/// intra_node, inter_node, node_egress.
+/// One data row: size, count, type, redop, algo, time, algbw, busbw, #wrong, [max_err,
+/// rms_err, bound: sweeps with a quantized algo], intra_pkg, intra_node, inter_node,
+/// node_egress.
 #[derive(Debug)]
 struct Row {
     size: u64,
@@ -62,7 +63,21 @@ struct Row {
     redop: String,
     algo: String,
     wrong: String,
+    /// The error columns as printed (None: the table has none).
+    err: Option<[String; 3]>,
     traffic: [u64; 4],
+}
+
+impl Row {
+    /// (max_err, rms_err, bound) of a checked quantized row.
+    fn errors(&self) -> (f64, f64, f64) {
+        let e = self.err.as_ref().expect("the table has error columns");
+        let v = |i: usize| {
+            e[i].parse::<f64>()
+                .unwrap_or_else(|_| panic!("error column {i} of {self:?} is not a number"))
+        };
+        (v(0), v(1), v(2))
+    }
 }
 
 fn rows(stdout: &str) -> Vec<Row> {
@@ -71,7 +86,11 @@ fn rows(stdout: &str) -> Vec<Row> {
         .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
         .map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
-            assert_eq!(f.len(), 13, "row has 13 columns: {l}");
+            assert!(
+                f.len() == 13 || f.len() == 16,
+                "row has 13 columns (16 with the error columns): {l}"
+            );
+            let t = f.len() - 4;
             let n = |i: usize| {
                 f[i].parse::<u64>()
                     .unwrap_or_else(|_| panic!("column {i} of '{l}' is not an integer"))
@@ -87,7 +106,8 @@ fn rows(stdout: &str) -> Vec<Row> {
                 redop: f[3].into(),
                 algo: f[4].into(),
                 wrong: f[8].into(),
-                traffic: [n(9), n(10), n(11), n(12)],
+                err: (f.len() == 16).then(|| [f[9].into(), f[10].into(), f[11].into()]),
+                traffic: [n(t), n(t + 1), n(t + 2), n(t + 3)],
             }
         })
         .collect()
@@ -471,4 +491,452 @@ fn bad_input_fails_cleanly() {
     let o = perf_env(&["-b", "1K", "-e", "1K"], &[("STRATA_TOPOLOGY", "bogus:3")]);
     assert_eq!(o.code, 1, "{}", o.stderr);
     assert!(o.stderr.contains("STRATA_TOPOLOGY"), "{}", o.stderr);
+}
+
+// ---------------------------------------------------------------------------------------
+// Quantized collectives (qgz, qgz-1hop, qwz)
+// ---------------------------------------------------------------------------------------
+
+/// Fast settings for the quantized sweeps: one timed call, no warm-up.
+const ONCE: [&str; 6] = ["-n", "1", "-w", "0", "--timeout", "60"];
+
+fn quant_args<'a>(a: &[&'a str]) -> Vec<&'a str> {
+    a.iter().copied().chain(ONCE).collect()
+}
+
+/// Every row of a checked quantized sweep: no element outside the bound, a nonzero
+/// error no larger than the bound, RMS <= max; exact algos show "-" error columns.
+fn assert_within_bound(o: &Out) -> Vec<Row> {
+    let r = rows(&o.stdout);
+    assert!(!r.is_empty(), "{}", o.stdout);
+    for row in &r {
+        assert_eq!(row.wrong, "0", "{row:?}\n{}", o.stdout);
+        if matches!(row.algo.as_str(), "qgz" | "qgz-1hop" | "qwz") {
+            let (max, rms, bound) = row.errors();
+            assert!(max > 0.0, "quantization is lossy: {row:?}");
+            assert!(max <= bound, "max_err <= bound: {row:?}");
+            assert!(rms > 0.0 && rms <= max, "0 < rms_err <= max_err: {row:?}");
+        } else {
+            let e = row.err.as_ref().expect("error columns");
+            assert!(e.iter().all(|v| v == "-"), "{row:?}");
+        }
+    }
+    assert!(
+        o.stdout.contains("# Out of bounds values : 0 OK"),
+        "{}",
+        o.stdout
+    );
+    r
+}
+
+#[test]
+fn qgz_int4_bf16_on_four_nodes() {
+    // The command, on a short sweep.
+    let o = perf_ok(&quant_args(&[
+        "--transport",
+        "local",
+        "--ranks",
+        "32",
+        "--topology",
+        "nodes:4x8",
+        "--op",
+        "reduce-scatter",
+        "--algo",
+        "qgz",
+        "--bits",
+        "4",
+        "-d",
+        "bf16",
+        "-b",
+        "1K",
+        "-e",
+        "64K",
+        "-f",
+        "8",
+        "-c",
+        "1",
+    ]));
+    let r = assert_within_bound(&o);
+    assert_eq!(
+        r.iter().map(|r| (r.size, r.count)).collect::<Vec<_>>(),
+        vec![(1024, 16), (8192, 128), (65536, 1024)]
+    );
+    assert!(r
+        .iter()
+        .all(|r| r.algo == "qgz" && r.dtype == "bf16" && r.redop == "sum"));
+    assert!(
+        o.stdout
+            .lines()
+            .any(|l| l.starts_with("#  quant") && l.contains("qgz int4/256")),
+        "{}",
+        o.stdout
+    );
+    for h in ["max_err", "rms_err", "bound"] {
+        assert!(o.stdout.contains(h), "{}", o.stdout);
+    }
+}
+
+#[test]
+fn qgz_dtypes_redops_and_odd_counts() {
+    // f16, f32 and bf16 with sum and avg; 1000 B on 32 ranks gives odd per-rank counts
+    // (15 f16 / bf16 elements, 7 f32 ones) not divisible by the block or the nodes.
+    let o = perf_ok(&quant_args(&[
+        "--ranks",
+        "32",
+        "--topology",
+        "nodes:4x8",
+        "--op",
+        "reduce-scatter",
+        "--algo",
+        "qgz,qgz-1hop",
+        "--redop",
+        "sum,avg",
+        "-d",
+        "f16,f32,bf16",
+        "-b",
+        "1000",
+        "-e",
+        "9000",
+        "-f",
+        "9",
+    ]));
+    let r = assert_within_bound(&o);
+    assert_eq!(r.len(), 2 * 2 * 3 * 2, "{}", o.stdout);
+    for row in &r {
+        let s = if row.dtype == "f32" { 4 } else { 2 };
+        assert_eq!(row.size, row.count * 32 * s, "{row:?}");
+    }
+    assert!(r.iter().any(|r| r.count == 15 && r.dtype == "f16"));
+    assert!(r.iter().any(|r| r.count == 7 && r.dtype == "f32"));
+    assert!(r.iter().any(|r| r.count == 140 && r.dtype == "bf16"));
+    assert!(r.iter().any(|r| r.redop == "avg") && r.iter().any(|r| r.redop == "sum"));
+}
+
+#[test]
+fn qgz_int8_and_other_node_counts() {
+    // --bits 8 on 4 nodes, int4 on 3 nodes (odd) and on one node (no inter-node hop).
+    for (topo, bits, dtype) in [
+        ("nodes:4x8", "8", "f32"),
+        ("nodes:3x8", "4", "f16"),
+        ("nodes:1x8", "4", "bf16"),
+    ] {
+        let o = perf_ok(&quant_args(&[
+            "--topology",
+            topo,
+            "--op",
+            "reduce-scatter",
+            "--algo",
+            "qgz",
+            "--bits",
+            bits,
+            "--redop",
+            "sum,avg",
+            "-d",
+            dtype,
+            "-b",
+            "1000",
+            "-e",
+            "16K",
+            "-f",
+            "16",
+        ]));
+        let r = assert_within_bound(&o);
+        assert_eq!(r.len(), 4, "{}", o.stdout);
+        assert!(
+            o.stdout.contains(&format!("qgz int{bits}/256")),
+            "{}",
+            o.stdout
+        );
+        if topo == "nodes:1x8" {
+            assert!(
+                r.iter().all(|r| r.traffic[2] == 0),
+                "one node: no inter-node bytes"
+            );
+        }
+    }
+}
+
+#[test]
+fn qwz_all_gather_beside_exact_algos() {
+    let o = perf_ok(&quant_args(&[
+        "--ranks",
+        "32",
+        "--topology",
+        "nodes:4x8",
+        "--op",
+        "all-gather",
+        "--algo",
+        "ring,qwz",
+        "-d",
+        "f16,bf16",
+        "--block",
+        "64",
+        "-b",
+        "1000",
+        "-e",
+        "16K",
+        "-f",
+        "16",
+    ]));
+    let r = assert_within_bound(&o);
+    assert_eq!(r.len(), 2 * 2 * 2);
+    assert!(r.iter().any(|r| r.algo == "ring") && r.iter().any(|r| r.algo == "qwz"));
+    assert!(o.stdout.contains("qwz int8/64"), "{}", o.stdout);
+}
+
+/// Per (algo, size): (max_node_egress, record).
+fn egress(recs: &[Value], algo: &str) -> Vec<(u64, u64)> {
+    recs.iter()
+        .filter(|r| r["algo"] == algo)
+        .map(|r| {
+            (
+                r["size"].as_u64().unwrap(),
+                r["traffic"]["max_node_egress"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn quantized_egress_against_ring_and_json_fields() {
+    // qgz int4 on f16: at most 0.27 of ring's reduce-scatter egress on nodes:4x8.
+    let path = tmp("qgz.json");
+    perf_ok(&quant_args(&[
+        "--ranks",
+        "32",
+        "--topology",
+        "nodes:4x8",
+        "--op",
+        "reduce-scatter",
+        "--algo",
+        "ring,qgz",
+        "--bits",
+        "4",
+        "-d",
+        "f16",
+        "-b",
+        "16K",
+        "-e",
+        "64K",
+        "-f",
+        "4",
+        "--json",
+        path.to_str().unwrap(),
+    ]));
+    let recs = read_json(&path);
+    assert_eq!(recs.len(), 4);
+    for r in &recs {
+        assert_eq!(r["wrong"], 0, "{r}");
+        assert_eq!(r["traffic_source"], "measured");
+        if r["algo"] == "qgz" {
+            assert_eq!(r["algo_used"], "qgz");
+            assert_eq!(
+                (r["bits"].as_u64(), r["block"].as_u64()),
+                (Some(4), Some(256))
+            );
+            let (max, rms, bound) = (
+                r["max_err"].as_f64().unwrap(),
+                r["rms_err"].as_f64().unwrap(),
+                r["bound"].as_f64().unwrap(),
+            );
+            assert!(0.0 < rms && rms <= max && max <= bound, "{r}");
+        } else {
+            for k in ["bits", "block", "max_err", "rms_err", "bound"] {
+                assert!(
+                    r.get(k).is_some_and(Value::is_null),
+                    "{k} is null for ring: {r}"
+                );
+            }
+        }
+    }
+    let (ring, qgz) = (egress(&recs, "ring"), egress(&recs, "qgz"));
+    assert_eq!(ring.len(), 2);
+    for ((size, e_ring), (size_q, e_q)) in ring.iter().zip(&qgz) {
+        assert_eq!(size, size_q);
+        assert!(*e_ring > 0);
+        let ratio = *e_q as f64 / *e_ring as f64;
+        assert!(ratio <= 0.27, "qgz/ring egress at {size} B: {ratio:.3}");
+    }
+
+    // qwz int8 on f16: at most 0.52 of ring's all-gather egress.
+    let path = tmp("qwz.json");
+    perf_ok(&quant_args(&[
+        "--ranks",
+        "32",
+        "--topology",
+        "nodes:4x8",
+        "--op",
+        "all-gather",
+        "--algo",
+        "ring,qwz",
+        "--bits",
+        "8",
+        "-d",
+        "f16",
+        "-b",
+        "16K",
+        "-e",
+        "64K",
+        "-f",
+        "4",
+        "--json",
+        path.to_str().unwrap(),
+    ]));
+    let recs = read_json(&path);
+    let (ring, qwz) = (egress(&recs, "ring"), egress(&recs, "qwz"));
+    assert_eq!((ring.len(), qwz.len()), (2, 2));
+    for ((size, e_ring), (_, e_q)) in ring.iter().zip(&qwz) {
+        let ratio = *e_q as f64 / *e_ring as f64;
+        assert!(ratio <= 0.52, "qwz/ring egress at {size} B: {ratio:.3}");
+    }
+    let q = recs.iter().find(|r| r["algo"] == "qwz").unwrap();
+    assert_eq!(
+        (q["bits"].as_u64(), q["block"].as_u64()),
+        (Some(8), Some(256))
+    );
+    assert!(q["max_err"].as_f64().unwrap() <= q["bound"].as_f64().unwrap());
+}
+
+#[test]
+fn quantized_unchecked_and_modeled() {
+    // -c 0: the error columns say N/A (JSON null); --model: qgz is not modeled ("-").
+    let path = tmp("qgz-model.json");
+    let o = perf_ok(&quant_args(&[
+        "--topology",
+        "nodes:2x4",
+        "--model",
+        "nodes:2x4",
+        "--op",
+        "reduce-scatter",
+        "--algo",
+        "ring,qgz",
+        "-d",
+        "bf16",
+        "-b",
+        "1K",
+        "-e",
+        "1K",
+        "-c",
+        "0",
+        "--json",
+        path.to_str().unwrap(),
+    ]));
+    let lines: Vec<Vec<&str>> = o
+        .stdout
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(lines.len(), 2, "{}", o.stdout);
+    // size count type redop algo time algbw busbw model_us model_busbw #wrong max rms bound + 4
+    assert!(lines.iter().all(|f| f.len() == 18), "{}", o.stdout);
+    assert_ne!(lines[0][8], "-", "ring is modeled: {}", o.stdout);
+    assert_eq!(
+        &lines[1][8..14],
+        &["-", "-", "N/A", "N/A", "N/A", "N/A"],
+        "{}",
+        o.stdout
+    );
+    let recs = read_json(&path);
+    let q = &recs[1];
+    assert_eq!(q["algo"], "qgz");
+    assert!(q["wrong"].is_null() && q["max_err"].is_null() && q["bound"].is_null());
+    assert_eq!(q["bits"], 4);
+    assert!(q.get("model_time_us").map_or(true, Value::is_null), "{q}");
+    assert!(recs[0]["model_time_us"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn quantized_bad_input_fails_cleanly() {
+    fails(&["--bits", "3"], 2, "bits must be 4 or 8");
+    fails(&["--block", "0"], 2, "quantization block must be in 1..=");
+    fails(&["--block", "many"], 2, "not a block size");
+    fails(
+        &["--op", "reduce-scatter", "--algo", "qgz", "--block", "255"],
+        2,
+        "even block",
+    );
+    fails(
+        &["--algo", "qgz"],
+        2,
+        "qgz is a quantized reduce-scatter only",
+    );
+    fails(
+        &[
+            "--op",
+            "reduce-scatter,all-reduce",
+            "--algo",
+            "ring,qgz-1hop",
+        ],
+        2,
+        "cannot run all-reduce",
+    );
+    fails(
+        &["--op", "reduce-scatter", "--algo", "qwz"],
+        2,
+        "qwz is a quantized all-gather only",
+    );
+    fails(
+        &[
+            "--op",
+            "reduce-scatter",
+            "--algo",
+            "qgz",
+            "--redop",
+            "sum,max",
+        ],
+        2,
+        "sum or avg only, not max",
+    );
+    fails(
+        &["--op", "all-gather", "--algo", "qwz", "-d", "i32"],
+        2,
+        "f32, f16 and bf16 only",
+    );
+    fails(
+        &["--op", "reduce-scatter", "--algo", "qgz", "--coalesce", "3"],
+        2,
+        "--coalesce",
+    );
+    fails(
+        &[
+            "--dry-run",
+            "--model",
+            "nodes:2x4",
+            "--op",
+            "reduce-scatter",
+            "--algo",
+            "qgz",
+        ],
+        2,
+        "--dry-run models",
+    );
+    // STRATA_ALGO names a quantized algo for an op it does not run: the same usage error.
+    let o = perf_env(
+        &["-b", "1K", "-e", "1K"],
+        &[("STRATA_ALGO", "qwz"), ("STRATA_TOPOLOGY", "nodes:2x2")],
+    );
+    assert_eq!(
+        o.code, 0,
+        "qwz is the all-gather default here: {}",
+        o.stderr
+    );
+    let o = perf_env(&["-b", "1K", "-e", "1K"], &[("STRATA_ALGO", "qgz")]);
+    assert_eq!(o.code, 2, "{}", o.stderr);
+    assert!(o.stderr.contains("reduce-scatter only"), "{}", o.stderr);
+    // --bits / --block without a quantized algo: accepted, noted in the header.
+    let o = perf_ok(&quant_args(&[
+        "--ranks", "4", "--bits", "8", "--block", "32", "-b", "1K", "-e", "1K",
+    ]));
+    assert!(
+        o.stdout
+            .lines()
+            .any(|l| l.starts_with('#') && l.contains("--bits / --block ignored")),
+        "{}",
+        o.stdout
+    );
+    assert!(
+        rows(&o.stdout).iter().all(|r| r.err.is_none()),
+        "no error columns"
+    );
 }

@@ -43,6 +43,25 @@
 //! (Perfetto) of the largest size of the sweep (`-<op>-<algo>` inserted before the
 //! extension when the sweep has several), `--plot FILE.svg` the modeled time against
 //! the size for every algo of the sweep.
+//!
+//! Quantized (lossy) algorithms, run only when named (`--algo`): `qgz` and `qgz-1hop`
+//! (ZeRO++ qgZ, reduce-scatter with sum or avg) and `qwz` (qwZ, all-gather), on f32,
+//! f16 and bf16. `--bits 4|8` and `--block N` set their wire format (defaults: qgz and
+//! qgz-1hop int4, qwz int8, blocks of 256; given without a quantized algo they are
+//! ignored and the header says so). Their timed calls carry the format
+//! ([`Request::with_quant`]); their check ([`check::run_checked_quant`]) compares with
+//! the exact f64 result of the unquantized inputs, and a sweep with a quantized algo
+//! gets three more columns after `#wrong`: `max_err` and `rms_err`, the largest and the
+//! root mean square error over all ranks' elements (per-rank sums of squares added up;
+//! over MPI gathered with the other per-rank results), and `bound`, the per-element
+//! bound of the format (`docs/quantization.md`); `#wrong` counts the elements beyond
+//! it. Exact algos show `-` there (they are checked to a few ulps), unchecked rows
+//! `N/A`. JSON: `bits`, `block`, `max_err`, `rms_err`, `bound` (null where they do not
+//! apply). Traffic is measured as for every algo, so it shows the quantized bytes.
+//! Combinations a quantized algo cannot run (another op, max / min, integer dtypes,
+//! `--coalesce`, `--dry-run`) are usage errors (exit 2) rather than the library's
+//! silent ring fallback; `--model` shows `-` for a quantized row's modeled columns
+//! (null / absent in JSON): the simulator models ring, hier, ho-ring and auto.
 
 use clap::error::ErrorKind;
 use clap::{CommandFactory, Parser};
@@ -54,7 +73,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
-use strata::check::{self, Kind};
+use strata::check::{self, Kind, QuantCheck};
+use strata::kernels::{QuantSpec, MAX_BLOCK};
 use strata::sim;
 use strata::traffic::{TrafficMatrix, TrafficReport};
 use strata::transport::TransportKind;
@@ -96,9 +116,19 @@ struct Cli {
     #[arg(long, default_value = "all-gather", value_delimiter = ',', value_parser = parse_kind)]
     op: Vec<Kind>,
 
-    /// Algorithm(s), comma-separated: ring, hier, auto (default: STRATA_ALGO, else auto).
+    /// Algorithm(s), comma-separated: ring, hier, ho-ring, auto, and the quantized (lossy)
+    /// qgz, qgz-1hop (reduce-scatter) and qwz (all-gather) (default: STRATA_ALGO, else auto).
     #[arg(long, value_delimiter = ',', value_parser = parse_algo)]
     algo: Vec<Algo>,
+
+    /// Bits per code of the quantized algorithms: 4 or 8 (default: qgz and qgz-1hop 4,
+    /// qwz 8).
+    #[arg(long, value_parser = parse_bits)]
+    bits: Option<u32>,
+
+    /// Elements per scale of the quantized algorithms (default 256; even for int4).
+    #[arg(long, value_parser = parse_block)]
+    block: Option<usize>,
 
     /// Smallest size in bytes (K/M/G suffixes are powers of 1024).
     #[arg(short = 'b', long, default_value = "32M", value_parser = parse_size)]
@@ -210,6 +240,22 @@ fn parse_redop(s: &str) -> std::result::Result<ReduceOp, String> {
     }
 }
 
+fn parse_bits(s: &str) -> std::result::Result<u32, String> {
+    match s.trim().parse::<u32>() {
+        Ok(b @ (4 | 8)) => Ok(b),
+        _ => Err(format!("quantization bits must be 4 or 8, got '{s}'")),
+    }
+}
+
+fn parse_block(s: &str) -> std::result::Result<usize, String> {
+    let b = s
+        .trim()
+        .parse::<usize>()
+        .map_err(|_| format!("'{s}' is not a block size (elements per scale, 1..={MAX_BLOCK})"))?;
+    // The range does not depend on the bits (int4's evenness is checked with the algos).
+    QuantSpec::new(8, b).map(|_| b).map_err(bare)
+}
+
 fn parse_secs(s: &str) -> std::result::Result<f64, String> {
     match s.trim().parse::<f64>() {
         Ok(v) if v > 0.0 && v.is_finite() && v < 1e9 => Ok(v),
@@ -301,6 +347,8 @@ struct Row {
     counts: Option<Vec<usize>>,
     /// Seed of the checked call's inputs.
     seed: u64,
+    /// Wire format of a quantized algo's row (`qgz`, `qgz-1hop`, `qwz`); None when exact.
+    quant: Option<QuantSpec>,
 }
 
 impl Row {
@@ -351,6 +399,84 @@ fn split_counts(count: usize, k: usize) -> Vec<usize> {
     v
 }
 
+/// The op a quantized (lossy) algorithm implements and its default (bits, block); None
+/// for the exact algorithms.
+fn quant_algo(a: Algo) -> Option<(Kind, (u32, usize))> {
+    match a {
+        Algo::Qgz | Algo::Qgz1 => Some((Kind::ReduceScatter, strata::algo::qgz::DEFAULT_QGZ)),
+        Algo::Qwz => Some((Kind::AllGather, strata::algo::qwz::DEFAULT_QWZ)),
+        _ => None,
+    }
+}
+
+/// The wire format of `a`'s rows: `--bits` / `--block` over the algo's defaults; None
+/// for an exact algo.
+fn quant_spec(cli: &Cli, a: Algo) -> Option<Result<QuantSpec>> {
+    quant_algo(a).map(|(_, (bits, block))| {
+        QuantSpec::new(cli.bits.unwrap_or(bits), cli.block.unwrap_or(block))
+    })
+}
+
+/// Why the quantized algos of the sweep cannot run it (a usage error), if they cannot:
+/// each runs one op only (qgz, qgz-1hop: reduce-scatter with sum or avg; qwz:
+/// all-gather), on f32 / f16 / bf16, uncoalesced, and is not modeled by `--dry-run`.
+/// Refused rather than run as the library's ring fallback, which would report an exact
+/// ring under the quantized algo's name.
+fn quant_conflict(cli: &Cli, algos: &[Algo]) -> Option<(ErrorKind, String)> {
+    for &algo in algos {
+        let Some((kind, _)) = quant_algo(algo) else {
+            continue;
+        };
+        if let Some(Err(e)) = quant_spec(cli, algo) {
+            return Some((ErrorKind::ValueValidation, format!("{algo}: {}", bare(e))));
+        }
+        if let Some(k) = dedup(&cli.op).into_iter().find(|&k| k != kind) {
+            return Some((
+                ErrorKind::ArgumentConflict,
+                format!(
+                    "{algo} is a quantized {} only, it cannot run {} (use --op {} for {algo}, or sweep {} without it)",
+                    kind.name(),
+                    k.name(),
+                    kind.name(),
+                    k.name()
+                ),
+            ));
+        }
+        if kind == Kind::ReduceScatter {
+            if let Some(o) = dedup(&cli.redop)
+                .into_iter()
+                .find(|o| !matches!(o, ReduceOp::Sum | ReduceOp::Avg))
+            {
+                return Some((
+                    ErrorKind::ArgumentConflict,
+                    format!("{algo} reduces with sum or avg only, not {}", o.name()),
+                ));
+            }
+        }
+        if let Some(d) = dedup(&cli.datatype).into_iter().find(|d| !d.is_float()) {
+            return Some((
+                ErrorKind::ArgumentConflict,
+                format!("{algo} quantizes f32, f16 and bf16 only, not {}", d.name()),
+            ));
+        }
+        if cli.coalesce.is_some() {
+            return Some((
+                ErrorKind::ArgumentConflict,
+                format!("--coalesce does not apply to the quantized {algo}"),
+            ));
+        }
+        if cli.dry_run {
+            return Some((
+                ErrorKind::ArgumentConflict,
+                format!(
+                    "--dry-run models ring, hier, ho-ring and auto, not the quantized {algo} (drop --dry-run to measure it; --model shows '-' for its modeled columns)"
+                ),
+            ));
+        }
+    }
+    None
+}
+
 fn build_plan(cli: &Cli, algos: &[Algo], p: usize) -> Result<Plan> {
     let sizes = raw_sizes(cli.minbytes, cli.maxbytes, cli.stepfactor, cli.stepbytes)
         .map_err(Error::InvalidArgument)?;
@@ -358,6 +484,7 @@ fn build_plan(cli: &Cli, algos: &[Algo], p: usize) -> Result<Plan> {
     let mut rows = Vec::new();
     for kind in dedup(&cli.op) {
         for &algo in algos {
+            let quant = quant_spec(cli, algo).transpose()?;
             for dtype in dedup(&cli.datatype) {
                 let redops: Vec<Option<ReduceOp>> = if reduces(kind) {
                     dedup(&cli.redop).into_iter().map(Some).collect()
@@ -387,6 +514,7 @@ fn build_plan(cli: &Cli, algos: &[Algo], p: usize) -> Result<Plan> {
                             bytes,
                             counts: coalesce.map(|k| split_counts(count, k)),
                             seed: rows.len() as u64 + 1,
+                            quant,
                         });
                     }
                 }
@@ -413,9 +541,60 @@ struct RankRow {
     time_us: f64,
     /// Wrong elements on this rank (0 when unchecked).
     wrong: u64,
+    /// Error statistics of a checked quantized row (None: exact algo or unchecked).
+    err: Option<ErrStats>,
     /// Traffic of the timed loop, where this rank accounts for it (local: rank 0's view
     /// of the whole world; mpi: every rank, its own row).
     traffic: Option<TrafficMatrix>,
+}
+
+/// Error statistics of a checked quantized call against the exact f64 result, in a form
+/// that combines over ranks: the largest error, the SUM of squared errors and the number
+/// of elements (so the RMS over all ranks' elements is sqrt(Σ sumsq / Σ n), not an
+/// average of per-rank RMS values), and the format's per-element bound.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct ErrStats {
+    max: f64,
+    sumsq: f64,
+    n: u64,
+    bound: f64,
+}
+
+impl ErrStats {
+    fn of(q: &QuantCheck) -> ErrStats {
+        ErrStats {
+            max: q.max_err,
+            // QuantCheck's RMS is sqrt(sumsq / count) over this rank's elements.
+            sumsq: q.rms_err * q.rms_err * q.count as f64,
+            n: q.count as u64,
+            bound: q.bound,
+        }
+    }
+
+    /// Both ranks' elements together (a NaN anywhere stays NaN).
+    fn merge(self, o: ErrStats) -> ErrStats {
+        let max = |a: f64, b: f64| {
+            if a.is_nan() || b.is_nan() {
+                f64::NAN
+            } else {
+                a.max(b)
+            }
+        };
+        ErrStats {
+            max: max(self.max, o.max),
+            sumsq: self.sumsq + o.sumsq,
+            n: self.n + o.n,
+            bound: max(self.bound, o.bound),
+        }
+    }
+
+    fn rms(&self) -> f64 {
+        if self.n == 0 {
+            0.0
+        } else {
+            (self.sumsq / self.n as f64).sqrt()
+        }
+    }
 }
 
 /// How the ranks meet around the timed loop and snapshot traffic.
@@ -612,7 +791,11 @@ fn timed_request(row: &Row, p: usize, rank: usize) -> Result<Request> {
             }
         }
     };
-    Ok(Request::new(op, row.dtype).with_algo(row.algo))
+    let req = Request::new(op, row.dtype).with_algo(row.algo);
+    Ok(match row.quant {
+        Some(q) => req.with_quant(q),
+        None => req,
+    })
 }
 
 /// Wait for every handle; the first error, if any.
@@ -648,22 +831,33 @@ fn bench_row(comm: &Comm, plan: &Plan, row: &Row, pace: &dyn Pace) -> Result<Ran
         (Some(b), Some(a)) => Some(a.since(&b)),
         _ => None,
     };
-    let wrong = if plan.check {
-        let redop = row.redop.unwrap_or(ReduceOp::Sum);
-        match &row.counts {
-            None => check::run_checked(
+    let redop = row.redop.unwrap_or(ReduceOp::Sum);
+    let (wrong, err) = match (plan.check, row.quant, &row.counts) {
+        (false, _, _) => (0, None),
+        // Quantized: wrong = elements outside the format's bound of the exact result.
+        (true, Some(q), _) => {
+            let c = check::run_checked_quant(
+                comm, row.kind, row.dtype, redop, row.count, row.algo, q, row.seed,
+            )?;
+            (c.wrong, Some(ErrStats::of(&c)))
+        }
+        (true, None, None) => (
+            check::run_checked(
                 comm, row.kind, row.dtype, redop, row.count, row.algo, false, row.seed,
             )?,
-            Some(counts) => check::run_checked_coalesced(
+            None,
+        ),
+        (true, None, Some(counts)) => (
+            check::run_checked_coalesced(
                 comm, row.kind, row.dtype, redop, counts, row.algo, row.seed,
             )?,
-        }
-    } else {
-        0
+            None,
+        ),
     };
     Ok(RankRow {
         time_us: elapsed.as_secs_f64() * 1e6 / plan.iters as f64,
         wrong: wrong as u64,
+        err,
         traffic,
     })
 }
@@ -685,6 +879,9 @@ struct Modeled {
     traffic: TrafficReport,
 }
 
+/// One line of the plot / one trace: (op, algo).
+type Series = (Kind, Algo);
+
 /// The modeled topology and what the trace and plot collect over the sweep.
 struct Modeler {
     topo: Topology,
@@ -695,8 +892,8 @@ struct Modeler {
     dtype: Option<DataType>,
     redop: Option<ReduceOp>,
     /// Per (op, algo): (row index, size) of the largest row, and the plot's points.
-    largest: Vec<((Kind, Algo), usize, u64)>,
-    points: Vec<((Kind, Algo), Vec<(f64, f64)>)>,
+    largest: Vec<(Series, usize, u64)>,
+    points: Vec<(Series, Vec<(f64, f64)>)>,
     several: bool,
     multi_op: bool,
 }
@@ -722,9 +919,10 @@ impl Modeler {
         matches!(k, Kind::AllGather | Kind::ReduceScatter | Kind::AllReduce)
     }
 
-    /// Dry run and replay of `row` (None for ops the simulator does not model).
+    /// Dry run and replay of `row` (None for ops and quantized algos the simulator does
+    /// not model).
     fn model(&self, row: &Row) -> Result<Option<Modeled>> {
-        if !Self::modelable(row.kind) {
+        if !Self::modelable(row.kind) || row.quant.is_some() {
             return Ok(None);
         }
         let p = self.topo.world_size();
@@ -1106,6 +1304,19 @@ struct Record {
     traffic_source: Option<&'static str>,
     /// Tensors per coalesced call; null when not coalesced.
     coalesce: Option<usize>,
+    /// Quantized algos (`qgz`, `qgz-1hop`, `qwz`): bits per code; null for exact algos.
+    bits: Option<u32>,
+    /// Quantized algos: elements per scale; null for exact algos.
+    block: Option<usize>,
+    /// Quantized algos, checked: the largest |result - exact f64 result| over all ranks'
+    /// elements; null for exact algos and unchecked rows (a NaN result: null, and counted
+    /// in `wrong`).
+    max_err: Option<f64>,
+    /// The root mean square of the same errors over all ranks' elements.
+    rms_err: Option<f64>,
+    /// The per-element bound the format promises for this call (docs/quantization.md,
+    /// `strata::check::quant_bound`); `wrong` counts the elements beyond it.
+    bound: Option<f64>,
     /// With --model: the modeled time of one call on the model topology (us).
     #[serde(skip_serializing_if = "Option::is_none")]
     model_time_us: Option<f64>,
@@ -1117,29 +1328,79 @@ struct Record {
     lower_bound_us: Option<f64>,
 }
 
-fn columns() -> [String; 2] {
-    let h1 = format!(
-        "#{:>11}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}  {:>10}  {:>10}  {:>10}  {:>11}",
-        "size", "count", "type", "redop", "algo", "time", "algbw", "busbw", "#wrong", "intra_pkg", "intra_node", "inter_node", "node_egress"
-    );
-    let h2 = format!(
-        "#{:>11}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}  {:>10}  {:>10}  {:>10}  {:>11}",
-        "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(B)", "(B)", "(B)", "(B)"
-    );
-    [h1, h2]
+/// One column of the table: (name, unit, width).
+type Column = (&'static str, &'static str, usize);
+
+/// The table's columns, (name, unit, width): `model` adds `model_us` / `model_busbw` after
+/// busbw (`--model`), `quant` the error columns `max_err` / `rms_err` / `bound` after
+/// `#wrong` (a sweep with a quantized algo).
+fn table_columns(model: bool, quant: bool) -> Vec<Column> {
+    let mut c = vec![
+        ("size", "(B)", 12),
+        ("count", "(elements)", 12),
+        ("type", "", 8),
+        ("redop", "", 6),
+        ("algo", "", 8),
+        ("time", "(us)", 7),
+        ("algbw", "(GB/s)", 6),
+        ("busbw", "(GB/s)", 6),
+    ];
+    if model {
+        c.extend([("model_us", "(us)", 9), ("model_busbw", "(GB/s)", 11)]);
+    }
+    c.push(("#wrong", "", 6));
+    if quant {
+        c.extend([("max_err", "", 9), ("rms_err", "", 9), ("bound", "", 9)]);
+    }
+    c.extend([
+        ("intra_pkg", "(B)", 10),
+        ("intra_node", "(B)", 10),
+        ("inter_node", "(B)", 10),
+        ("node_egress", "(B)", 11),
+    ]);
+    c
 }
 
-/// [`columns`] with `model_us` and `model_busbw` after the measured busbw.
-fn model_columns() -> [String; 2] {
-    let h1 = format!(
-        "#{:>11}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>9}  {:>11}  {:>6}  {:>10}  {:>10}  {:>10}  {:>11}",
-        "size", "count", "type", "redop", "algo", "time", "algbw", "busbw", "model_us", "model_busbw", "#wrong", "intra_pkg", "intra_node", "inter_node", "node_egress"
-    );
-    let h2 = format!(
-        "#{:>11}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>9}  {:>11}  {:>6}  {:>10}  {:>10}  {:>10}  {:>11}",
-        "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "(us)", "(GB/s)", "", "(B)", "(B)", "(B)", "(B)"
-    );
-    [h1, h2]
+/// The two header lines of [`table_columns`].
+fn header_lines(cols: &[Column]) -> [String; 2] {
+    let line = |f: fn(&Column) -> &'static str| {
+        cols.iter()
+            .enumerate()
+            .map(|(i, c)| {
+                if i == 0 {
+                    format!("#{:>w$}", f(c), w = c.2 - 1)
+                } else {
+                    format!("{:>w$}", f(c), w = c.2)
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("  ")
+    };
+    [line(|c| c.0), line(|c| c.1)]
+}
+
+/// One data line: `cells` right-aligned to [`table_columns`]' widths.
+fn table_line(cols: &[Column], cells: &[String]) -> String {
+    cols.iter()
+        .zip(cells)
+        .map(|(c, v)| format!("{v:>w$}", w = c.2))
+        .collect::<Vec<_>>()
+        .join("  ")
+}
+
+/// An error figure: 3 significant digits, C's `%.2e` (`1.95e-02`); "0" for exactly 0.
+fn fmt_err(x: f64) -> String {
+    if x == 0.0 || !x.is_finite() {
+        return if x == 0.0 { "0".into() } else { x.to_string() };
+    }
+    let s = format!("{x:.2e}");
+    match s.split_once('e') {
+        Some((m, e)) => {
+            let (sign, digits) = e.strip_prefix('-').map_or(("+", e), |d| ("-", d));
+            format!("{m}e{sign}{digits:0>2}")
+        }
+        None => s,
+    }
 }
 
 /// nccl-tests' time format: fewer decimals as the number grows.
@@ -1166,10 +1427,37 @@ struct Reporter<'a> {
     busbw_sum: f64,
     last_kind: Option<Kind>,
     multi_op: bool,
+    /// The sweep has a quantized algo: the table has the error columns.
+    quant: bool,
+    /// (op, algo) pairs whose fallback to ring was already noted.
+    noted: Vec<(Kind, Algo)>,
     /// Opened (created) before the sweep so a bad path fails at once, written at the end.
     json: Option<(PathBuf, std::fs::File)>,
     /// `--model`: every row is also modeled on this topology.
     modeler: Option<Modeler>,
+}
+
+/// The header line of the quantized formats: per quantized algo of the sweep its bits and
+/// block, and what the error columns are; a note when --bits / --block have no algo to
+/// apply to.
+fn quant_header(cli: &Cli, algos: &[Algo]) -> Option<String> {
+    let specs: Vec<String> = algos
+        .iter()
+        .filter_map(|&a| match quant_spec(cli, a) {
+            Some(Ok(q)) => Some(format!("{a} int{}/{}", q.bits, q.block)),
+            _ => None,
+        })
+        .collect();
+    if !specs.is_empty() {
+        Some(format!(
+            "#  quant     : {} (bits/block); max_err, rms_err: largest and RMS |result - exact f64 result| over all ranks' elements; bound: the format's per-element bound; #wrong: elements beyond it",
+            specs.join(", ")
+        ))
+    } else if cli.bits.is_some() || cli.block.is_some() {
+        Some("#  quant     : --bits / --block ignored: no quantized algo (qgz, qgz-1hop, qwz) in the sweep".into())
+    } else {
+        None
+    }
 }
 
 fn out(line: &str) {
@@ -1225,6 +1513,8 @@ impl<'a> Reporter<'a> {
             busbw_sum: 0.0,
             last_kind: None,
             multi_op: dedup(&cli.op).len() > 1,
+            quant: algos.iter().any(|&a| quant_algo(a).is_some()),
+            noted: Vec::new(),
             json,
             modeler,
         };
@@ -1303,11 +1593,16 @@ impl<'a> Reporter<'a> {
         ];
         let model = self.modeler.as_ref().map(|m| {
             format!(
-                "#  model     : {} (strata::sim dry run of each row: latency + bytes/bandwidth per link class, shared NICs)",
-                m.topo.summary()
+                "#  model     : {} (strata::sim dry run of each row: latency + bytes/bandwidth per link class, shared NICs){}",
+                m.topo.summary(),
+                if self.quant { "; quantized algos are not modeled: -" } else { "" }
             )
         });
-        for l in lines.into_iter().chain(model) {
+        for l in lines
+            .into_iter()
+            .chain(model)
+            .chain(quant_header(cli, algos))
+        {
             self.print(&l);
         }
     }
@@ -1324,37 +1619,50 @@ impl<'a> Reporter<'a> {
         }
     }
 
-    /// The algorithm the selector runs for `row` (the flat request of a coalesced call).
-    fn algo_used(&self, row: &Row) -> &'static str {
+    /// The algorithm the selector runs for `row` (the flat request of a coalesced call),
+    /// and the selector's reason.
+    fn chosen(&self, row: &Row) -> (Algo, String) {
         let z = Buffer::zeroed(0);
         let op = row
             .kind
             .op(z.clone(), z, row.count, row.redop.unwrap_or(ReduceOp::Sum));
-        let req = Request::new(op, row.dtype).with_algo(row.algo);
-        strata::algo::select::choose(&self.comm0, &req)
-            .0
-            .algo()
-            .name()
+        let mut req = Request::new(op, row.dtype).with_algo(row.algo);
+        if let Some(q) = row.quant {
+            req = req.with_quant(q);
+        }
+        let (a, why) = strata::algo::select::choose(&self.comm0, &req);
+        (a.algo(), why)
     }
 
-    /// Rank 0's view of row `i`: the max time and the summed wrong counts over ranks,
-    /// and the whole loop's traffic.
-    fn row(&mut self, i: usize, time_us: f64, wrong: u64, traffic: Option<TrafficMatrix>) {
+    /// Rank 0's view of row `i`: the max time, the summed wrong counts and the combined
+    /// error statistics over ranks, and the whole loop's traffic.
+    fn row(
+        &mut self,
+        i: usize,
+        time_us: f64,
+        wrong: u64,
+        err: Option<ErrStats>,
+        traffic: Option<TrafficMatrix>,
+    ) {
         let row = &self.plan.rows[i];
+        let cols = table_columns(self.modeler.is_some(), self.quant);
         if self.last_kind != Some(row.kind) {
             self.last_kind = Some(row.kind);
             self.print("#");
             if self.multi_op {
                 self.print(&format!("# {}", row.kind.name()));
             }
-            let cols = if self.modeler.is_some() {
-                model_columns()
-            } else {
-                columns()
-            };
-            for h in cols {
+            for h in header_lines(&cols) {
                 self.print(&h);
             }
+        }
+        let (used, why) = self.chosen(row);
+        if row.quant.is_some() && used != row.algo && !self.noted.contains(&(row.kind, row.algo)) {
+            self.noted.push((row.kind, row.algo));
+            self.print(&format!(
+                "# note: {} runs {} here ({why}): its rows below measure {}",
+                row.algo, used, used
+            ));
         }
         let algbw = if time_us > 0.0 {
             row.bytes as f64 / (time_us * 1e3)
@@ -1377,28 +1685,46 @@ impl<'a> Reporter<'a> {
             }
             None => None,
         };
-        let model_cols = match (&self.modeler, &modeled) {
-            (None, _) => String::new(),
-            (Some(_), Some(m)) => format!("  {:>9}  {:>11.2}", fmt_time(m.time_us).trim(), m.busbw),
-            (Some(_), None) => format!("  {:>9}  {:>11}", "-", "-"),
-        };
-        let line = format!(
-            "{:>12}  {:>12}  {:>8}  {:>6}  {:>6}  {}  {:>6.2}  {:>6.2}{}  {:>6}  {:>10}  {:>10}  {:>10}  {:>11}",
-            row.bytes,
-            row.count,
-            row.dtype.name(),
-            row.redop_name(),
-            row.algo.name(),
-            fmt_time(time_us),
-            algbw,
-            busbw,
-            model_cols,
-            if self.plan.check { wrong.to_string() } else { "N/A".into() },
+        let mut cells = vec![
+            row.bytes.to_string(),
+            row.count.to_string(),
+            row.dtype.name().to_string(),
+            row.redop_name().to_string(),
+            row.algo.name().to_string(),
+            fmt_time(time_us).trim().to_string(),
+            format!("{algbw:.2}"),
+            format!("{busbw:.2}"),
+        ];
+        if self.modeler.is_some() {
+            match &modeled {
+                Some(m) => cells.extend([
+                    fmt_time(m.time_us).trim().to_string(),
+                    format!("{:.2}", m.busbw),
+                ]),
+                None => cells.extend(["-".to_string(), "-".to_string()]),
+            }
+        }
+        cells.push(if self.plan.check {
+            wrong.to_string()
+        } else {
+            "N/A".into()
+        });
+        if self.quant {
+            match (&err, row.quant.is_some()) {
+                (Some(e), _) => cells.extend([fmt_err(e.max), fmt_err(e.rms()), fmt_err(e.bound)]),
+                // A quantized row, unchecked.
+                (None, true) => cells.extend(["N/A", "N/A", "N/A"].map(String::from)),
+                // An exact algo: checked to a few ulps above, no error figures.
+                (None, false) => cells.extend(["-", "-", "-"].map(String::from)),
+            }
+        }
+        cells.extend([
             t(|r| r.intra_package),
             t(|r| r.intra_node),
             t(|r| r.inter_node),
             t(|r| r.max_node_egress),
-        );
+        ]);
+        let line = table_line(&cols, &cells);
         if let (Some(m), Some(md)) = (self.modeler.as_mut(), &modeled) {
             m.note(i, row, md);
         }
@@ -1408,7 +1734,7 @@ impl<'a> Reporter<'a> {
         self.records.push(Record {
             op: row.kind.name(),
             algo: row.algo.name(),
-            algo_used: self.algo_used(row),
+            algo_used: used.name(),
             dtype: row.dtype.name(),
             redop: row.redop_name(),
             size: row.bytes,
@@ -1423,6 +1749,11 @@ impl<'a> Reporter<'a> {
             traffic: report,
             traffic_source: report.map(|_| self.traffic_source()),
             coalesce: self.plan.coalesce,
+            bits: row.quant.map(|q| q.bits),
+            block: row.quant.map(|q| q.block),
+            max_err: err.map(|e| e.max),
+            rms_err: err.map(|e| e.rms()),
+            bound: err.map(|e| e.bound),
             model_time_us: modeled.as_ref().map(|m| m.time_us),
             model_busbw: modeled.as_ref().map(|m| m.busbw),
             lower_bound_us: modeled.as_ref().map(|m| m.lower_bound_us),
@@ -1538,7 +1869,8 @@ fn run_local(cli: &Cli, config: CommConfig, topo: Option<Topology>, algos: &[Alg
                     let rows = std::mem::take(&mut pending[next]);
                     let time = rows.iter().map(|x| x.time_us).fold(0.0, f64::max);
                     let wrong = rows.iter().map(|x| x.wrong).sum();
-                    reporter.row(next, time, wrong, rank0_traffic[next].take());
+                    let err = rows.iter().filter_map(|x| x.err).reduce(ErrStats::merge);
+                    reporter.row(next, time, wrong, err, rank0_traffic[next].take());
                     next += 1;
                 }
             }
@@ -1625,10 +1957,21 @@ fn run_mpi_on(cli: &Cli, comm: &Comm, algos: &[Algo]) -> Result<u64> {
     let mut reporter = reporter.transpose()?;
     for (i, row) in plan.rows.iter().enumerate() {
         let rr = bench_row(comm, &plan, row, &MpiPace).map_err(|e| with_rank(e, me))?;
-        // Gather (time, wrong, own traffic row) from every rank.
-        let mut mine = Vec::with_capacity((n + 2) * 8);
+        // Gather (time, wrong, error statistics, own traffic row) from every rank.
+        const HEAD: usize = 7;
+        let mut mine = Vec::with_capacity((n + HEAD) * 8);
         mine.extend_from_slice(&rr.time_us.to_le_bytes());
         mine.extend_from_slice(&rr.wrong.to_le_bytes());
+        let e = rr.err.unwrap_or_default();
+        for w in [
+            u64::from(rr.err.is_some()),
+            e.max.to_bits(),
+            e.sumsq.to_bits(),
+            e.n,
+            e.bound.to_bits(),
+        ] {
+            mine.extend_from_slice(&w.to_le_bytes());
+        }
         let own = comm.world_rank(me);
         match &rr.traffic {
             Some(m) => m
@@ -1640,22 +1983,32 @@ fn run_mpi_on(cli: &Cli, comm: &Comm, algos: &[Algo]) -> Result<u64> {
         let all = all_gather_bytes(comm, &mine)?;
         if let Some(rep) = reporter.as_mut() {
             let word = |j: usize, k: usize| {
-                let o = (j * (n + 2) + k) * 8;
+                let o = (j * (n + HEAD) + k) * 8;
                 u64::from_le_bytes(all[o..o + 8].try_into().unwrap_or([0; 8]))
             };
             let mut time = 0.0f64;
             let mut wrong = 0u64;
+            let mut err: Option<ErrStats> = None;
             let mut m = TrafficMatrix::zero(n);
             for j in 0..p {
                 time = time.max(f64::from_bits(word(j, 0)));
                 wrong += word(j, 1);
+                if word(j, 2) == 1 {
+                    let e = ErrStats {
+                        max: f64::from_bits(word(j, 3)),
+                        sumsq: f64::from_bits(word(j, 4)),
+                        n: word(j, 5),
+                        bound: f64::from_bits(word(j, 6)),
+                    };
+                    err = Some(err.map_or(e, |a| a.merge(e)));
+                }
                 let src = comm.world_rank(j);
                 for d in 0..n {
-                    m.bytes[src * n + d] = word(j, 2 + d);
+                    m.bytes[src * n + d] = word(j, HEAD + d);
                 }
             }
             let traffic = rr.traffic.is_some().then_some(m);
-            rep.row(i, time, wrong, traffic);
+            rep.row(i, time, wrong, err, traffic);
         }
     }
     match reporter {
@@ -1706,6 +2059,10 @@ fn run(cli: &Cli) -> ExitCode {
     } else {
         dedup(&cli.algo)
     };
+    // After STRATA_ALGO is read: the quantized algos' constraints (usage errors, exit 2).
+    if let Some((kind, msg)) = quant_conflict(cli, &algos) {
+        Cli::command().error(kind, msg).exit();
+    }
     if cli.dry_run {
         return conclude(run_dry(cli, &config, &algos));
     }
@@ -1812,4 +2169,48 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     validate(&cli);
     run(&cli)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_statistics_combine_sums_of_squares() {
+        // Rank a: 1 element with error 1; rank b: 3 elements with errors 3, 3, 3.
+        let a = ErrStats::of(&QuantCheck {
+            wrong: 0,
+            max_err: 1.0,
+            rms_err: 1.0,
+            bound: 4.0,
+            count: 1,
+        });
+        let b = ErrStats::of(&QuantCheck {
+            wrong: 0,
+            max_err: 3.0,
+            rms_err: 3.0,
+            bound: 4.0,
+            count: 3,
+        });
+        let m = a.merge(b);
+        assert_eq!((m.max, m.n, m.bound), (3.0, 4, 4.0));
+        // sqrt((1 + 27) / 4), not the mean of the per-rank RMS values (2).
+        assert!((m.rms() - 7f64.sqrt()).abs() < 1e-12);
+        assert_eq!(ErrStats::default().rms(), 0.0);
+        let nan = ErrStats { max: f64::NAN, ..a };
+        assert!(a.merge(nan).max.is_nan());
+    }
+
+    #[test]
+    fn error_figures_format_like_c() {
+        assert_eq!(fmt_err(0.0), "0");
+        assert_eq!(fmt_err(0.0195), "1.95e-02");
+        assert_eq!(fmt_err(14.5), "1.45e+01");
+        assert_eq!(fmt_err(f64::INFINITY), "inf");
+        let cols = table_columns(false, true);
+        let [h1, h2] = header_lines(&cols);
+        assert_eq!(h1.len(), h2.len());
+        let cells: Vec<String> = cols.iter().map(|_| "x".to_string()).collect();
+        assert_eq!(table_line(&cols, &cells).len(), h1.len());
+    }
 }
