@@ -180,3 +180,44 @@ fn node_and_rail_communicators() {
     });
     assert_eq!(one[2], (3, 1));
 }
+
+#[test]
+fn sub_communicators_from_user_threads_while_algorithms_run() {
+    // The world's stream splits level communicators inside `hier`; the user thread asks
+    // for the node communicator meanwhile: splits must still line up on every rank.
+    common::all_ok("frontier:2", |c| {
+        let send = Buffer::from_slice(&[c.rank() as f32; 64]);
+        let recv = Buffer::zeroed(16 * 64 * 4);
+        let w = c.submit(
+            Request::new(
+                Op::AllGather {
+                    send,
+                    recv: recv.clone(),
+                    count: 64,
+                },
+                DataType::F32,
+            )
+            .with_algo(Algo::Hier),
+        )?;
+        let node = c.node_comm()?;
+        let rail = c.rail_comm()?;
+        let out = Buffer::zeroed(16 * 64 * 4);
+        node.submit(
+            Request::new(
+                Op::AllReduce {
+                    send: recv.clone(),
+                    recv: out.clone(),
+                    count: 16 * 64,
+                    op: ReduceOp::Max,
+                },
+                DataType::F32,
+            )
+            .after([w]),
+        )?
+        .wait()?;
+        assert_eq!(rail.size(), 2);
+        let v = out.to_vec::<f32>()?;
+        assert!((0..16).all(|r| v[r * 64] == r as f32));
+        Ok(())
+    });
+}

@@ -290,6 +290,7 @@ impl Comm {
     /// Collective: every rank must reach the same first use (algorithms do, since every
     /// rank runs the same requests in the same order on its stream).
     pub fn level_comm(&self, i: usize) -> Result<Comm> {
+        self.split_point()?;
         let h = self
             .0
             .hierarchy
@@ -344,7 +345,20 @@ impl Comm {
         self.node_or_rail(false)
     }
 
+    /// Sub-communicator splits are collective on the transport: from a user thread, run
+    /// them after the queued work (whose algorithms may split too), so every rank splits
+    /// in the same order; on the stream thread, the work itself is that order.
+    fn split_point(&self) -> Result<()> {
+        if self.0.stream.is_current() {
+            Ok(())
+        } else {
+            self.alive()?;
+            self.0.stream.sync()
+        }
+    }
+
     fn node_or_rail(&self, node: bool) -> Result<Comm> {
+        self.split_point()?;
         let h = self.0.hierarchy.as_ref().ok_or_else(|| {
             Error::InvalidUsage(
                 "ranks are not a regular mesh of the topology: no node groups".into(),

@@ -167,6 +167,18 @@ impl Stream {
         }
     }
 
+    /// True when called from this stream's own thread (inside running work).
+    pub(crate) fn is_current(&self) -> bool {
+        self.thread
+            .lock()
+            .ok()
+            .and_then(|t| {
+                t.as_ref()
+                    .map(|h| h.thread().id() == std::thread::current().id())
+            })
+            .unwrap_or(false)
+    }
+
     /// Stop accepting work and join the thread after it drains.
     pub(crate) fn shutdown(&self) {
         if let Ok(mut tx) = self.tx.lock() {
