@@ -748,25 +748,16 @@ pub unsafe extern "C" fn strataAllGatherCoalesced(
                 array(sendcounts, nbuffers, "sendcounts")?,
             )
         };
-        let (n, r) = (h.comm.size(), h.comm.rank());
-        let mut spans = Vec::new();
-        let mut items = Vec::new();
-        for i in 0..nbuffers {
-            let c = nbytes(counts[i], 1, dt, &format!("sendcounts[{i}]"))?;
-            let total = nbytes(counts[i], n, dt, &format!("sendcounts[{i}] x nranks"))?;
-            let s = span(sb[i], c, false, &format!("sendbuffs[{i}]"))?;
-            let rv = span(rb[i], total, true, &format!("recvbuffs[{i}]"))?;
-            if counts[i] == 0 {
-                continue;
-            }
-            let in_place = s.start == rv.start + r * c;
-            spans.push(rv);
-            if !in_place {
-                spans.push(s);
-            }
-            items.push((i, c, total, in_place));
-        }
-        disjoint(&mut spans, "strataAllGatherCoalesced")?;
+        let r = h.comm.rank();
+        let items = coalesced_items(
+            &h.comm,
+            sb,
+            rb,
+            counts,
+            dt,
+            true,
+            "strataAllGatherCoalesced",
+        )?;
         if items.is_empty() {
             return Ok(());
         }
@@ -825,27 +816,16 @@ pub unsafe extern "C" fn strataReduceScatterCoalesced(
                 array(recvcounts, nbuffers, "recvcounts")?,
             )
         };
-        let (n, r) = (h.comm.size(), h.comm.rank());
-        let mut spans = Vec::new();
-        let mut items = Vec::new();
-        for i in 0..nbuffers {
-            let c = nbytes(counts[i], 1, dt, &format!("recvcounts[{i}]"))?;
-            let total = nbytes(counts[i], n, dt, &format!("recvcounts[{i}] x nranks"))?;
-            let s = span(sb[i], total, false, &format!("sendbuffs[{i}]"))?;
-            let rv = span(rb[i], c, true, &format!("recvbuffs[{i}]"))?;
-            if counts[i] == 0 {
-                continue;
-            }
-            let in_place = rv.start == s.start + r * c;
-            if in_place {
-                spans.push(Span { write: true, ..s });
-            } else {
-                spans.push(s);
-                spans.push(rv);
-            }
-            items.push((i, c, total, in_place));
-        }
-        disjoint(&mut spans, "strataReduceScatterCoalesced")?;
+        let r = h.comm.rank();
+        let items = coalesced_items(
+            &h.comm,
+            sb,
+            rb,
+            counts,
+            dt,
+            false,
+            "strataReduceScatterCoalesced",
+        )?;
         if items.is_empty() {
             return Ok(());
         }
@@ -921,4 +901,50 @@ pub unsafe extern "C" fn strataGroupEnd() -> strataResult_t {
         }
         first
     })
+}
+
+/// Validate the buffers of a coalesced call (`gather`: all-gather, else reduce-scatter):
+/// sizes, NULLs, overflow, NCCL's in-place pairs and aliasing across the whole list.
+/// Returns (index, chunk bytes, total bytes, in place) for every non-empty member.
+fn coalesced_items(
+    comm: &crate::comm::Comm,
+    sb: &[*const c_void],
+    rb: &[*mut c_void],
+    counts: &[usize],
+    dt: DataType,
+    gather: bool,
+    name: &str,
+) -> Result<Vec<(usize, usize, usize, bool)>> {
+    let (n, r) = (comm.size(), comm.rank());
+    let what = if gather { "sendcounts" } else { "recvcounts" };
+    let mut spans = Vec::new();
+    let mut items = Vec::new();
+    for i in 0..counts.len() {
+        let c = nbytes(counts[i], 1, dt, &format!("{what}[{i}]"))?;
+        let total = nbytes(counts[i], n, dt, &format!("{what}[{i}] x nranks"))?;
+        let (send_len, recv_len) = if gather { (c, total) } else { (total, c) };
+        let s = span(sb[i], send_len, false, &format!("sendbuffs[{i}]"))?;
+        let rv = span(rb[i], recv_len, true, &format!("recvbuffs[{i}]"))?;
+        if counts[i] == 0 {
+            continue;
+        }
+        let in_place = if gather {
+            s.start == rv.start + r * c
+        } else {
+            rv.start == s.start + r * c
+        };
+        match (in_place, gather) {
+            // All-gather in place: the send range lies inside the written receive range.
+            (true, true) => spans.push(rv),
+            // Reduce-scatter in place: the whole send range is both read and written.
+            (true, false) => spans.push(Span { write: true, ..s }),
+            (false, _) => {
+                spans.push(s);
+                spans.push(rv);
+            }
+        }
+        items.push((i, c, total, in_place));
+    }
+    disjoint(&mut spans, name)?;
+    Ok(items)
 }
