@@ -8,7 +8,10 @@
 //! dependency), and so on inwards; the innermost rings write straight into the output
 //! in rank order. Reduce-scatter is the mirror: the innermost rings reduce first, in the
 //! order the next level out consumes their results, so chunks reduced inside the node
-//! move to the inter-node ring while the next ones are still being reduced. Chunks are
+//! move to the inter-node ring while the next ones are still being reduced. Only the
+//! rank's own output chunk, which no ring sends on, is reduced outermost level first:
+//! the inner rings' last step into it waits for the outer ring rather than the reverse,
+//! so no inter-node transfer is left after the intra rings finish. Chunks are
 //! split into `pieces` (default [`super::plan::default_chunks`], override with
 //! `CommConfig::ho_ring_chunks` / `--chunks`) so the rings pipeline.
 //!
@@ -229,9 +232,27 @@ pub fn all_gather(h: &Hierarchy, rank: usize, count: usize, s: usize, chunks: us
     plan
 }
 
+/// How many pieces later than the outer level's consumption order each level's
+/// own-prefix units (the ones that finish this rank's output chunk, see
+/// [`reduce_scatter_on`]) run on their stream.
+const LAG: usize = 1;
+
+/// A step with its deps as (level, index on that level's stream).
+type LevelStep = (Step, Vec<(usize, usize)>);
+
 /// HO-Ring reduce-scatter plan over `Work` (a copy of the input); returns, per
 /// `chunk · pieces + piece`, the step that finalizes it ([`NONE`] for other chunks than
 /// this rank's own).
+///
+/// Every level's ring reduces a position received at step `t` before it is sent at step
+/// `t + 1`, so each such position must be final at the inner levels before it is
+/// received (the receive reduces into it). The one exception is this rank's own output
+/// chunk `F`, which no ring ever sends: its additions commute, so the order is reversed
+/// for it. The outermost ring reduces into `F` first, then each inner level's last
+/// step of the own-prefix batch, outer to inner; the innermost one finalizes `F`. The
+/// outer ring's last step then waits only for the chunk it sends, and the inner rings'
+/// own-prefix batches (which now wait for the outer ring) run [`LAG`] pieces late on
+/// their streams, overlapping the outer transfer instead of leaving it as a tail.
 fn reduce_scatter_on(
     h: &Hierarchy,
     rank: usize,
@@ -242,44 +263,101 @@ fn reduce_scatter_on(
 ) -> Vec<usize> {
     let grid = Grid::new(h, rank);
     let x = &grid.x;
-    let m = grid.sizes.len();
+    let sz = &grid.sizes;
+    let m = sz.len();
     let c = count * s;
     let pcs = pieces(count, chunks);
     let np = pcs.len();
+    // The batch (row-major index of the outer levels' coordinates) of each level that
+    // holds this rank's own output chunk.
+    let own_b: Vec<usize> = (0..m).map(|j| index(&sz[..j], &x[..j])).collect();
     // Work units (batch, piece) per level in the order the next level out consumes
     // them, piece outermost: the outer ring takes piece q of a chunk as soon as the inner
     // rings reduced piece q of the chunks it needs, while piece q+1 is still reducing.
+    // The own-prefix units move LAG pieces later (they wait for the outer ring).
     let mut order: Vec<Vec<(usize, usize)>> = vec![(0..np).map(|q| (0, q)).collect()];
-    for i in 0..m - 1 {
-        let g = grid.sizes[i];
-        let xi = x[i];
-        let next = order[i]
+    for j in 1..m {
+        let g = sz[j - 1];
+        let xo = x[j - 1];
+        let consumed: Vec<(usize, usize)> = order[j - 1]
             .iter()
-            .flat_map(|&(b, q)| (0..g).map(move |t| (b * g + (xi + 2 * g - 1 - t) % g, q)))
+            .flat_map(|&(b, q)| (0..g).map(move |t| (b * g + (xo + 2 * g - 1 - t) % g, q)))
             .collect();
-        order.push(next);
+        let (chained, rest): (Vec<_>, Vec<_>) =
+            consumed.into_iter().partition(|&(b, _)| b == own_b[j]);
+        // After the last unit of piece q + LAG among the others (or at the end).
+        let mut last_of = vec![NONE; np];
+        for (k, &(_, q)) in rest.iter().enumerate() {
+            last_of[q] = k;
+        }
+        let mut after: Vec<Vec<(usize, usize)>> = vec![Vec::new(); rest.len() + 1];
+        for &(b, q) in &chained {
+            let k = match last_of.get(q + LAG) {
+                Some(&k) if k != NONE => k + 1,
+                _ => rest.len(),
+            };
+            after[k].push((b, q));
+        }
+        let n = rest.len();
+        let mut units = Vec::with_capacity(n + chained.len());
+        for (k, u) in rest.into_iter().enumerate() {
+            units.append(&mut after[k]);
+            units.push(u);
+        }
+        units.append(&mut after[n]);
+        order.push(units);
     }
-    // final_of[chunk · np + piece]: the step after which that position is reduced over
-    // every level inside the current one (NONE: nothing inside, the input is final).
-    let mut final_of: Vec<usize> = vec![NONE; grid.chunks() * np];
-    for i in (0..m).rev() {
-        let g = grid.sizes[i];
-        let (dst, src) = ((x[i] + 1) % g, (x[i] + g - 1) % g);
-        let mut next_final = vec![NONE; grid.chunks() * np];
-        for &(b, q) in &order[i] {
+    // pos[j][b · np + q]: index of unit (b, q) on level j's stream.
+    let pos: Vec<Vec<usize>> = (0..m)
+        .map(|j| {
+            let mut v = vec![NONE; sz[..j].iter().product::<usize>() * np];
+            for (k, &(b, q)) in order[j].iter().enumerate() {
+                v[b * np + q] = k;
+            }
+            v
+        })
+        .collect();
+    // Level j's step t of unit (b, q), as (level, index on that level's stream).
+    let step_of =
+        |j: usize, b: usize, q: usize, t: usize| (j, pos[j][b * np + q] * (sz[j] - 1) + t);
+    // The step after which position `p` of level j (piece q) is reduced over every level
+    // inside j: the last step of the next level in, or, for the own chunk (reversed
+    // order), the innermost such step.
+    let fin = |mut j: usize, p: usize, q: usize| loop {
+        let b = p / grid.stride[j];
+        if b == own_b[j + 1] && j + 2 < m {
+            j += 1;
+            continue;
+        }
+        break step_of(j + 1, b, q, sz[j + 1] - 2);
+    };
+    // Each level's steps with deps as (level, index).
+    let mut levels: Vec<Vec<LevelStep>> = Vec::with_capacity(m);
+    for j in 0..m {
+        let g = sz[j];
+        let (dst, src) = ((x[j] + 1) % g, (x[j] + g - 1) % g);
+        let mut steps = Vec::with_capacity(order[j].len() * (g - 1));
+        for &(b, q) in &order[j] {
             let (po, pl) = pcs[q];
+            let chained = b == own_b[j];
             for t in 0..g - 1 {
-                let out = grid.at(b, i, (x[i] + 2 * g - t - 1) % g);
-                let inc = grid.at(b, i, (x[i] + 2 * g - t - 2) % g);
-                let mut deps: Vec<usize> = Vec::new();
-                if final_of[inc * np + q] != NONE {
-                    deps.push(final_of[inc * np + q]);
+                let out = grid.at(b, j, (x[j] + 2 * g - t - 1) % g);
+                let inc = grid.at(b, j, (x[j] + 2 * g - t - 2) % g);
+                let own = chained && t == g - 2;
+                let mut deps = Vec::new();
+                if j + 1 < m {
+                    if !own {
+                        deps.push(fin(j, inc, q));
+                    }
+                    if t == 0 {
+                        deps.push(fin(j, out, q));
+                    }
                 }
-                if t == 0 && final_of[out * np + q] != NONE {
-                    deps.push(final_of[out * np + q]);
+                if own && j > 0 {
+                    deps.push(step_of(j - 1, own_b[j - 1], q, sz[j - 1] - 2));
                 }
-                plan.steps.push(Step {
-                    ring: Ring::Level(i),
+                let step = Step {
+                    ring: Ring::Level(j),
                     dst,
                     src,
                     send: Span {
@@ -293,13 +371,45 @@ fn reduce_scatter_on(
                         len: pl * s,
                     },
                     reduce: true,
-                    deps,
-                });
+                    deps: Vec::new(),
+                };
+                steps.push((step, deps));
             }
-            let own = grid.at(b, i, x[i]);
-            next_final[own * np + q] = plan.steps.len() - 1;
         }
-        final_of = next_final;
+        levels.push(steps);
+    }
+    // Merge the levels' streams into one plan order that puts every dep first (the same
+    // order on every rank: the plans have the same shape).
+    let base = plan.steps.len();
+    let mut at: Vec<Vec<usize>> = levels.iter().map(|l| vec![NONE; l.len()]).collect();
+    let mut next = vec![0; m];
+    loop {
+        let mut progress = false;
+        for j in (0..m).rev() {
+            while next[j] < levels[j].len()
+                && levels[j][next[j]].1.iter().all(|&(l, k)| at[l][k] != NONE)
+            {
+                let (mut step, deps) = levels[j][next[j]].clone();
+                step.deps = deps.iter().map(|&(l, k)| at[l][k]).collect();
+                at[j][next[j]] = plan.steps.len();
+                plan.steps.push(step);
+                next[j] += 1;
+                progress = true;
+            }
+        }
+        if !progress {
+            break;
+        }
+    }
+    assert!(
+        plan.steps.len() - base == levels.iter().map(Vec::len).sum::<usize>(),
+        "ho-ring reduce-scatter plan has a dependency cycle"
+    );
+    let own = grid.at(0, 0, x[0]);
+    let mut final_of = vec![NONE; grid.chunks() * np];
+    for q in 0..np {
+        let (l, k) = fin(0, own, q);
+        final_of[own * np + q] = at[l][k];
     }
     final_of
 }
