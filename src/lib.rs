@@ -7,6 +7,7 @@
 pub mod algo;
 pub mod capi;
 pub mod check;
+pub mod cli;
 pub mod comm;
 pub mod config;
 pub mod dtype;

@@ -79,10 +79,8 @@ pub fn pieces(count: usize, chunks: usize) -> Vec<(usize, usize)> {
 /// Default pieces per chunk for pipelined algorithms: `round(sqrt(chunk / 128 KiB))`,
 /// 1 to 16. Every piece pays a per-step latency on each ring step while the pipeline
 /// fills in 1/q of a chunk's time, so the best piece count grows with the square root
-/// of the chunk size (the classic pipelining optimum). The 128 KiB constant keeps
-/// `ho-ring` within 10% of its modeled lower bound from 64 MiB up on the modeled DGX
-/// A100, p3dn and Frontier clusters (README, "Modeled time"); 256-512 KiB would be a
-/// few percent faster there but leaves reduce-scatter on DGX A100 at 64 MiB 16-23% off.
+/// of the chunk size (the classic pipelining optimum). The 128 KiB constant was chosen
+/// on the modeled DGX A100, p3dn and Frontier clusters (README, "Modeled time").
 pub fn default_chunks(chunk_bytes: usize) -> usize {
     ((chunk_bytes as f64 / (128 << 10) as f64).sqrt().round() as usize).clamp(1, 16)
 }

@@ -74,6 +74,7 @@ use std::process::ExitCode;
 use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 use strata::check::{self, Kind, QuantCheck};
+use strata::cli::{bare, parse_algo, parse_dtype, parse_kind, parse_size};
 use strata::kernels::{QuantSpec, MAX_BLOCK};
 use strata::sim;
 use strata::traffic::{TrafficMatrix, TrafficReport};
@@ -209,28 +210,8 @@ struct Cli {
     timeout: Option<f64>,
 }
 
-/// The message of a strata error without its category prefix (clap adds its own).
-fn bare(e: Error) -> String {
-    match e {
-        Error::InvalidArgument(m) | Error::InvalidUsage(m) => m,
-        e => e.to_string(),
-    }
-}
-
 fn parse_transport(s: &str) -> std::result::Result<TransportKind, String> {
     s.trim().to_ascii_lowercase().parse().map_err(bare)
-}
-
-fn parse_kind(s: &str) -> std::result::Result<Kind, String> {
-    s.trim().to_ascii_lowercase().parse().map_err(bare)
-}
-
-fn parse_algo(s: &str) -> std::result::Result<Algo, String> {
-    s.parse().map_err(bare)
-}
-
-fn parse_dtype(s: &str) -> std::result::Result<DataType, String> {
-    s.trim().parse().map_err(bare)
 }
 
 fn parse_redop(s: &str) -> std::result::Result<ReduceOp, String> {
@@ -261,29 +242,6 @@ fn parse_secs(s: &str) -> std::result::Result<f64, String> {
         Ok(v) if v > 0.0 && v.is_finite() && v < 1e9 => Ok(v),
         _ => Err(format!("'{s}' is not a positive number of seconds")),
     }
-}
-
-/// nccl-tests sizes: an integer with an optional K, M, G or T suffix (powers of 1024),
-/// optionally followed by B.
-fn parse_size(s: &str) -> std::result::Result<u64, String> {
-    let t = s.trim();
-    let t = t
-        .strip_suffix(['b', 'B'])
-        .filter(|r| !r.is_empty())
-        .unwrap_or(t);
-    let (num, mult) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
-        Some('K') => (&t[..t.len() - 1], 1u64 << 10),
-        Some('M') => (&t[..t.len() - 1], 1 << 20),
-        Some('G') => (&t[..t.len() - 1], 1 << 30),
-        Some('T') => (&t[..t.len() - 1], 1 << 40),
-        _ => (t, 1),
-    };
-    num.parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(mult))
-        .ok_or_else(|| {
-            format!("'{s}' is not a size in bytes (an integer, optionally followed by K, M or G)")
-        })
 }
 
 /// Order-preserving de-duplication of a comma list.

@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 use strata::check::Kind;
+use strata::cli::{parse_algo, parse_dtype, parse_kind};
 use strata::sim::{self, trace};
 use strata::traffic::TrafficReport;
 use strata::{Algo, DataType, Error, Result, Topology};
@@ -63,41 +64,9 @@ struct Cli {
     json: Option<PathBuf>,
 }
 
-fn bare(e: Error) -> String {
-    match e {
-        Error::InvalidArgument(m) | Error::InvalidUsage(m) => m,
-        e => e.to_string(),
-    }
-}
-
-fn parse_kind(s: &str) -> std::result::Result<Kind, String> {
-    s.trim().to_ascii_lowercase().parse().map_err(bare)
-}
-
-fn parse_algo(s: &str) -> std::result::Result<Algo, String> {
-    s.parse().map_err(bare)
-}
-
-fn parse_dtype(s: &str) -> std::result::Result<DataType, String> {
-    s.trim().parse().map_err(bare)
-}
-
 fn parse_size(s: &str) -> std::result::Result<u64, String> {
-    let t = s.trim();
-    let t = t
-        .strip_suffix(['b', 'B'])
-        .filter(|r| !r.is_empty())
-        .unwrap_or(t);
-    let (num, mult) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
-        Some('K') => (&t[..t.len() - 1], 1u64 << 10),
-        Some('M') => (&t[..t.len() - 1], 1 << 20),
-        Some('G') => (&t[..t.len() - 1], 1 << 30),
-        Some('T') => (&t[..t.len() - 1], 1 << 40),
-        _ => (t, 1),
-    };
-    num.parse::<u64>()
+    strata::cli::parse_size(s)
         .ok()
-        .and_then(|n| n.checked_mul(mult))
         .filter(|&n| n > 0)
         .ok_or_else(|| format!("'{s}' is not a positive size in bytes (K, M, G suffixes)"))
 }
