@@ -1,0 +1,72 @@
+//! Criterion benchmarks of the collectives on the local transport (8 ranks as threads,
+//! nodes:2x4): ring, hier and ho-ring all-gather and reduce-scatter of 1 MiB and 8 MiB,
+//! reported as bytes per second of the gathered / reduced buffer. On the local transport
+//! this measures strata's own overhead (copies, reductions, scheduling), not a network.
+//! `cargo bench --bench collectives`.
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+use strata::check::Kind;
+use strata::{Algo, Buffer, Comm, CommConfig, DataType, ReduceOp, Request, Topology};
+
+fn run(comms: &[Comm], kind: Kind, algo: Algo, count: usize, iters: u64) -> Duration {
+    let bar = Arc::new(Barrier::new(comms.len()));
+    let hs: Vec<_> = comms
+        .iter()
+        .cloned()
+        .map(|c| {
+            let bar = bar.clone();
+            std::thread::spawn(move || {
+                let (ns, nr) = kind.sizes(count, c.size());
+                let (s, r) = (Buffer::zeroed(ns * 4), Buffer::zeroed(nr * 4));
+                let go = || {
+                    c.submit(
+                        Request::new(
+                            kind.op(s.clone(), r.clone(), count, ReduceOp::Sum),
+                            DataType::F32,
+                        )
+                        .with_algo(algo),
+                    )
+                    .and_then(|w| w.wait())
+                    .expect("collective")
+                };
+                go(); // warm: creates the level communicators
+                bar.wait();
+                let t0 = Instant::now();
+                for _ in 0..iters {
+                    go();
+                }
+                t0.elapsed()
+            })
+        })
+        .collect();
+    hs.into_iter().map(|h| h.join().unwrap()).max().unwrap()
+}
+
+fn collectives(c: &mut Criterion) {
+    let topo = Topology::parse("nodes:2x4").unwrap();
+    let comms = Comm::local_world(8, Some(topo), CommConfig::default()).unwrap();
+    for kind in [Kind::AllGather, Kind::ReduceScatter] {
+        let mut g = c.benchmark_group(format!("local-nodes2x4/{}", kind.name()));
+        g.sample_size(10)
+            .measurement_time(Duration::from_secs(3))
+            .warm_up_time(Duration::from_millis(500));
+        for mib in [1usize, 8] {
+            let total = mib << 20;
+            let count = total / 4 / 8;
+            g.throughput(Throughput::Bytes(total as u64));
+            for algo in [Algo::Ring, Algo::Hier, Algo::HoRing] {
+                g.bench_with_input(
+                    BenchmarkId::new(algo.name(), format!("{mib}MiB")),
+                    &count,
+                    |b, &count| b.iter_custom(|iters| run(&comms, kind, algo, count, iters)),
+                );
+            }
+        }
+        g.finish();
+    }
+}
+
+criterion_group!(benches, collectives);
+criterion_main!(benches);
