@@ -1,6 +1,19 @@
-//! strata-engine: the sharded-training engine built on strata's safe Rust API.
+//! strata-engine: every seed's sharding strategy in one engine, a planner over all of
+//! them, and real training on strata's collectives (safe Rust API only, never the C ABI).
 //!
-//! This crate is a placeholder member of the workspace until the engine issue lands; it
-//! re-exports the communicator so dependants can already name it.
+//! - [`config`]: the configuration space (AMSP §IV-B generalized) and the presets
+//!   (`zero1`, `zero2`, `zero3`, `mics:K`, `zeropp`, `paro-*`, `frontier-topo`, `amsp:`);
+//! - [`compute`]: the trait the engine drives unit by unit;
+//! - [`model`], [`data`]: a candle decoder-only transformer LM and its byte-level corpus;
+//! - [`planner`]: memory and communication models and the ranked search (AMSP §IV-C/D, §V-B).
 
-pub use strata::comm::Comm;
+pub mod compute;
+pub mod config;
+pub mod data;
+pub mod error;
+pub mod model;
+pub mod planner;
+
+pub use compute::{Batch, UnitModel};
+pub use config::{Factor, GradSync, Mesh, PhaseAlgos, Strategy};
+pub use error::{Error, Result};

@@ -149,3 +149,16 @@ fn run_flat(comm: &Comm, req: &Request) -> Result<bool> {
     a.run(comm, req)?;
     Ok(a.divides_avg())
 }
+
+impl serde::Serialize for Algo {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Algo {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
