@@ -269,3 +269,49 @@ fn ho_ring_moves_hier_bytes_per_class() {
         );
     }
 }
+
+/// A metered communicator counts exactly what its own collectives send (hierarchical
+/// all-gather on nodes:2x4: inter (n-1)·M, intra n·(k-1)·M), while unmetered work on
+/// another communicator runs at the same time and is not counted.
+#[test]
+fn metered_split_counts_only_its_own_traffic() {
+    let t = Topology::parse("nodes:2x4").unwrap();
+    let comms = Comm::local_world(8, Some(t.clone()), common::config()).unwrap();
+    let meter = Arc::new(strata::traffic::Traffic::new(t.clone()));
+    let c = 1000usize; // bytes per rank
+    let hs: Vec<_> = comms
+        .into_iter()
+        .map(|w| {
+            let meter = meter.clone();
+            std::thread::spawn(move || {
+                let m = w
+                    .split_metered(Some(0), w.rank() as i32, meter)
+                    .unwrap()
+                    .unwrap();
+                let other = w.split(Some(0), w.rank() as i32).unwrap().unwrap();
+                let (s, r) = (Buffer::zeroed(c), Buffer::zeroed(8 * c));
+                let (s2, r2) = (Buffer::zeroed(c), Buffer::zeroed(8 * c));
+                let a = m
+                    .submit(
+                        Request::new(Kind::AllGather.op(s, r, c, ReduceOp::Sum), DataType::U8)
+                            .with_algo(Algo::Hier),
+                    )
+                    .unwrap();
+                let b = other
+                    .submit(
+                        Request::new(Kind::AllGather.op(s2, r2, c, ReduceOp::Sum), DataType::U8)
+                            .with_algo(Algo::Ring),
+                    )
+                    .unwrap();
+                a.wait().unwrap();
+                b.wait().unwrap();
+            })
+        })
+        .collect();
+    hs.into_iter().for_each(|h| h.join().unwrap());
+    let big_m = 8 * c as u64;
+    assert_eq!(
+        meter.snapshot().report(&t),
+        rep(0, 2 * 3 * big_m, big_m, 4 * c as u64)
+    );
+}

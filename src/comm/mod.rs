@@ -285,6 +285,31 @@ impl Comm {
         self.note(r)
     }
 
+    /// [`Comm::split`] whose communicator, and every sub-communicator split off it, also
+    /// counts the bytes it sends in `meter` (a [`crate::traffic::Traffic`] sized for the
+    /// world topology), so the traffic of one purpose can be measured while other work
+    /// runs at the same time ([`crate::transport::metered`]). Several communicators may
+    /// share one meter.
+    pub fn split_metered(
+        &self,
+        color: Option<u32>,
+        key: i32,
+        meter: Arc<crate::traffic::Traffic>,
+    ) -> Result<Option<Comm>> {
+        let r = (|| {
+            self.alive()?;
+            self.0.stream.sync()?;
+            let t = self.0.transport.split(color, key)?;
+            t.map(|t| {
+                let m: Arc<dyn Transport> =
+                    Arc::new(crate::transport::metered::Metered::new(t, meter.clone()));
+                Comm::from_transport(m, self.0.topo.clone(), self.0.config.clone())
+            })
+            .transpose()
+        })();
+        self.note(r)
+    }
+
     /// The sub-communicator of level `i` of this communicator's hierarchy (the ranks
     /// differing from this one only along that level), split on first use and cached.
     /// Collective: every rank must reach the same first use (algorithms do, since every

@@ -10,6 +10,7 @@
 
 pub mod gpu;
 pub mod local;
+pub mod metered;
 pub mod mpi;
 
 use crate::algo::ring;
