@@ -7,13 +7,19 @@
 //! - [`model`], [`data`]: a candle decoder-only transformer LM and its byte-level corpus;
 //! - [`planner`]: memory and communication models and the ranked search (AMSP §IV-C/D, §V-B).
 
+pub mod account;
 pub mod compute;
 pub mod config;
 pub mod data;
 pub mod error;
+pub mod mesh;
 pub mod model;
+pub mod optim;
 pub mod planner;
+pub mod runtime;
+pub mod train;
 
 pub use compute::{Batch, UnitModel};
 pub use config::{Factor, GradSync, Mesh, PhaseAlgos, Strategy};
 pub use error::{Error, Result};
+pub use runtime::{Engine, EngineConfig, Precision, StepReport};

@@ -1,0 +1,279 @@
+//! strata-train: train the example decoder-only LM with any sharding strategy, on the
+//! local transport (one thread per rank) or under mpirun (`--transport mpi`).
+//!
+//! Prints loss, step time, memory and traffic per phase; `--json FILE` writes one JSON
+//! record per step (`step`, `loss`, `step_time_us`, `memory`, `traffic`).
+
+use clap::Parser;
+use indicatif::{ProgressBar, ProgressStyle};
+use std::io::Write;
+use strata::Topology;
+use strata_engine::account::Phase;
+use strata_engine::train::{train_local, train_mpi, TrainOptions};
+use strata_engine::{Precision, StepReport};
+
+#[derive(Parser, Debug)]
+#[command(name = "strata-train", about = "Train the example LM with a sharding strategy on strata")]
+struct Args {
+    /// Strategy: dp, zero1, zero2, zero3, mics:K, zeropp, paro-igg, paro-iig, paro-nig,
+    /// frontier-topo, amsp:p=AxB,g=CxD,os=ExF, auto; options after commas
+    /// (e.g. `zero3,algo=hier,accum=4`).
+    #[arg(long, default_value = "zero3")]
+    strategy: String,
+    /// local (threads) or mpi (one process per rank, under mpirun).
+    #[arg(long, default_value = "local")]
+    transport: String,
+    /// Ranks (local transport); default: the topology's size, else 8.
+    #[arg(long)]
+    ranks: Option<usize>,
+    /// Topology SPEC (nodes:2x4, frontier:2, dgx-a100:2, ...); default: nodes:1xRANKS.
+    #[arg(long)]
+    topology: Option<String>,
+    #[arg(long, default_value_t = 100)]
+    steps: u64,
+    /// Micro-batches per step (overrides the strategy's accum option).
+    #[arg(long)]
+    accum: Option<usize>,
+    /// Sequences per micro-batch.
+    #[arg(long, default_value_t = 2)]
+    batch: usize,
+    /// Tokens per sequence.
+    #[arg(long)]
+    seq: Option<usize>,
+    #[arg(long)]
+    d_model: Option<usize>,
+    #[arg(long)]
+    layers: Option<usize>,
+    #[arg(long)]
+    heads: Option<usize>,
+    /// Precision of parameters and gradients in the shards and on the wire: f32 or bf16.
+    #[arg(long, default_value = "f32")]
+    precision: String,
+    #[arg(long)]
+    lr: Option<f32>,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Memory per rank for `--strategy auto` (e.g. 80G).
+    #[arg(long, default_value = "80G")]
+    gpu_mem: String,
+    /// Write one JSON record per step to FILE (JSON lines).
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+    /// Print a line every K steps (and the last).
+    #[arg(long, default_value_t = 10)]
+    log_every: u64,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+}
+
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (num, mul) = match t.find(|c: char| c.is_ascii_alphabetic()) {
+        Some(i) => {
+            let m = match t[i..].to_ascii_lowercase().as_str() {
+                "b" => 1u64,
+                "k" | "kb" | "kib" => 1 << 10,
+                "m" | "mb" | "mib" => 1 << 20,
+                "g" | "gb" | "gib" => 1 << 30,
+                "t" | "tb" | "tib" => 1 << 40,
+                u => return Err(format!("unknown unit '{u}' in '{s}'")),
+            };
+            (&t[..i], m)
+        }
+        None => (t, 1),
+    };
+    num.trim()
+        .parse::<f64>()
+        .map(|v| (v * mul as f64) as u64)
+        .map_err(|_| format!("bad byte count '{s}' (e.g. 80G)"))
+}
+
+fn line(r: &StepReport) -> String {
+    let t = &r.traffic;
+    let phases: Vec<String> = Phase::ALL
+        .iter()
+        .map(|p| {
+            let x = t.get(*p);
+            format!(
+                "{} {}/{}",
+                p.name(),
+                human(x.intra_node + x.intra_package),
+                human(x.inter_node)
+            )
+        })
+        .collect();
+    format!(
+        "step {:>4}  loss {:.5}  {:>8.2} ms  states {}  buffers peak {}  traffic intra/inter: {}",
+        r.step,
+        r.loss,
+        r.step_time_us as f64 / 1e3,
+        human(r.memory.model_states),
+        human(r.memory.buffers_peak),
+        phases.join(", ")
+    )
+}
+
+fn human(b: u64) -> String {
+    let b = b as f64;
+    if b >= (1u64 << 30) as f64 {
+        format!("{:.2}G", b / (1u64 << 30) as f64)
+    } else if b >= (1 << 20) as f64 {
+        format!("{:.2}M", b / (1 << 20) as f64)
+    } else if b >= 1024.0 {
+        format!("{:.1}K", b / 1024.0)
+    } else {
+        format!("{b}B")
+    }
+}
+
+fn run(a: Args) -> Result<(), String> {
+    let mpi = match a.transport.as_str() {
+        "local" => false,
+        "mpi" => true,
+        t => return Err(format!("--transport {t}: local or mpi")),
+    };
+    let topo = match (&a.topology, a.ranks) {
+        (Some(t), _) => Topology::parse(t).map_err(|e| e.to_string())?,
+        (None, Some(n)) => Topology::parse(&format!("nodes:1x{n}")).map_err(|e| e.to_string())?,
+        (None, None) => Topology::parse("nodes:1x8").map_err(|e| e.to_string())?,
+    };
+    if let Some(n) = a.ranks {
+        if n != topo.world_size() && !mpi {
+            return Err(format!(
+                "--ranks {n} does not match topology {} ({} ranks)",
+                topo.name,
+                topo.world_size()
+            ));
+        }
+    }
+    let mut o = TrainOptions::new(&a.strategy, topo, a.steps);
+    o.accum = a.accum;
+    o.batch = a.batch;
+    if let Some(s) = a.seq {
+        o.model.seq = s;
+    }
+    if let Some(d) = a.d_model {
+        o.model.d_model = d;
+        o.model.d_ff = 2 * d;
+    }
+    if let Some(l) = a.layers {
+        o.model.n_layers = l;
+    }
+    if let Some(h) = a.heads {
+        o.model.n_heads = h;
+    }
+    o.precision = Precision::parse(&a.precision).map_err(|e| e.to_string())?;
+    if let Some(lr) = a.lr {
+        o.optimizer.lr = lr;
+    }
+    o.seed = a.seed;
+    o.gpu_mem = parse_bytes(&a.gpu_mem)?;
+    let strategy = o.resolve().map_err(|e| e.to_string())?;
+    let root = !mpi || std::env::var("OMPI_COMM_WORLD_RANK").map_or(true, |r| r == "0");
+    let mut out = match (&a.json, root) {
+        (Some(p), true) => Some(std::io::BufWriter::new(
+            std::fs::File::create(p).map_err(|e| format!("{}: {e}", p.display()))?,
+        )),
+        _ => None,
+    };
+    if root {
+        println!(
+            "# strata-train: strategy {} (p={} g={} os={}{}{}{}, sync {}, accum {}), {} ranks on {}, model {} params, {:?}",
+            strategy.name,
+            strategy.p,
+            strategy.g,
+            strategy.os,
+            strategy.hpz.map(|h| format!(" hpz={h}")).unwrap_or_default(),
+            strategy.qwz_bits.map(|b| format!(" qwz=int{b}")).unwrap_or_default(),
+            strategy.qgz_bits.map(|b| format!(" qgz=int{b}")).unwrap_or_default(),
+            strategy.sync.name(),
+            strategy.accum,
+            o.topology.world_size(),
+            o.topology.name,
+            o.model.params(),
+            o.precision
+        );
+    }
+    let bar = if root && !a.quiet {
+        let b = ProgressBar::new(a.steps);
+        b.set_style(
+            ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        Some(b)
+    } else {
+        None
+    };
+    let mut werr: Option<String> = None;
+    let every = a.log_every.max(1);
+    let steps = a.steps;
+    let mut cb = |r: &StepReport| {
+        if !root {
+            return;
+        }
+        if let Some(w) = out.as_mut() {
+            let s = serde_json::to_string(r).unwrap_or_default();
+            if let Err(e) = writeln!(w, "{s}") {
+                werr.get_or_insert(e.to_string());
+            }
+        }
+        let msg = format!("loss {:.4}", r.loss);
+        match &bar {
+            Some(b) => {
+                b.set_message(msg);
+                b.inc(1);
+                if r.step % every == 0 || r.step == steps || r.step == 1 {
+                    b.println(line(r));
+                }
+            }
+            None => {
+                if r.step % every == 0 || r.step == steps || r.step == 1 {
+                    println!("{}", line(r));
+                }
+            }
+        }
+    };
+    let res = if mpi {
+        train_mpi(&o, &mut cb)
+    } else {
+        train_local(&o, &mut cb)
+    };
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
+    let reports = res.map_err(|e| e.to_string())?;
+    if let Some(e) = werr {
+        return Err(format!("writing JSON: {e}"));
+    }
+    if let Some(mut w) = out {
+        w.flush().map_err(|e| e.to_string())?;
+    }
+    if root {
+        if let (Some(f), Some(l)) = (reports.first(), reports.last()) {
+            let mean_us: f64 =
+                reports.iter().map(|r| r.step_time_us as f64).sum::<f64>() / reports.len() as f64;
+            println!(
+                "# loss {:.5} -> {:.5} over {} steps, mean step {:.2} ms, model states {} per rank",
+                f.loss,
+                l.loss,
+                reports.len(),
+                mean_us / 1e3,
+                human(l.memory.model_states)
+            );
+        }
+    }
+    #[cfg(feature = "mpi")]
+    if mpi {
+        strata::transport::mpi::finalize();
+    }
+    Ok(())
+}
+
+fn main() {
+    let a = Args::parse();
+    if let Err(e) = run(a) {
+        eprintln!("strata-train: {e}");
+        std::process::exit(1);
+    }
+}

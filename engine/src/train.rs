@@ -1,0 +1,187 @@
+//! Training drivers: the example language model on the corpus, with any strategy, on
+//! the local transport (one thread per rank) or one MPI process per rank.
+//!
+//! Micro-batch `i` of step `s` on world rank `r` reads corpus window
+//! `(s·world + r)·M + i`, so every strategy (and the `dp` baseline) sees the same
+//! global batch at every step, and loss curves can be compared point by point.
+
+use crate::account::Meters;
+use crate::config::{Mesh, Strategy};
+use crate::data::Corpus;
+use crate::error::{Error, Result};
+use crate::model::{LmConfig, TinyLm};
+use crate::optim::AdamW;
+use crate::runtime::{Engine, EngineConfig, Precision, StepReport};
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use strata::{Comm, CommConfig, Topology};
+
+/// What to train and how.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TrainOptions {
+    /// Strategy spec (`zero3`, `mics:4`, `amsp:p=..`, `auto`, ...).
+    pub strategy: String,
+    /// The cluster layout (its world size is the rank count).
+    pub topology: Topology,
+    pub steps: u64,
+    /// Micro-batches per step; `None`: the strategy's `accum` option (default 1).
+    pub accum: Option<usize>,
+    pub model: LmConfig,
+    /// Sequences per micro-batch.
+    pub batch: usize,
+    pub precision: Precision,
+    pub optimizer: AdamW,
+    pub seed: u64,
+    /// Memory per rank the planner may use for `auto`.
+    pub gpu_mem: u64,
+}
+
+impl TrainOptions {
+    /// Defaults: the default tiny LM, 2 sequences per micro-batch, f32, AdamW defaults.
+    pub fn new(strategy: &str, topology: Topology, steps: u64) -> TrainOptions {
+        TrainOptions {
+            strategy: strategy.to_string(),
+            topology,
+            steps,
+            accum: None,
+            model: LmConfig::default(),
+            batch: 2,
+            precision: Precision::F32,
+            optimizer: AdamW::default(),
+            seed: 1,
+            gpu_mem: 80 << 30,
+        }
+    }
+
+    /// Expand the strategy for the topology (`auto`: the planner's top feasible choice
+    /// for this model and cluster).
+    pub fn resolve(&self) -> Result<Strategy> {
+        let mesh = Mesh::of(&self.topology);
+        let mut s = if self.strategy.trim() == "auto" {
+            plan_auto(self)?
+        } else {
+            Strategy::parse(&self.strategy, mesh)?
+        };
+        if let Some(a) = self.accum {
+            if a == 0 {
+                return Err(Error::Config("accum must be >= 1".into()));
+            }
+            s.accum = a;
+        }
+        Ok(s)
+    }
+}
+
+/// Train on `world` (this rank's communicator of the whole world); `on_step` sees every
+/// step's report as it completes. Collective: every rank calls it with the same options.
+pub fn run_rank(
+    world: Comm,
+    opts: &TrainOptions,
+    meters: Meters,
+    on_step: &mut dyn FnMut(&StepReport),
+) -> Result<Vec<StepReport>> {
+    let strategy = opts.resolve()?;
+    let model = Arc::new(TinyLm::new(opts.model.clone())?);
+    let corpus = Corpus::builtin();
+    let m = strategy.accum;
+    let cfg = EngineConfig {
+        strategy,
+        precision: opts.precision,
+        optimizer: opts.optimizer,
+        seed: opts.seed,
+    };
+    let (rank, n) = (world.rank() as u64, world.size() as u64);
+    let mut eng = Engine::new(world, model, cfg, meters)?;
+    let mut out = Vec::with_capacity(opts.steps as usize);
+    for s in 0..opts.steps {
+        let seq = opts.model.seq;
+        let b = opts.batch;
+        let r = eng.step(m, &|i| corpus.batch(seq, b, (s * n + rank) * m as u64 + i as u64))?;
+        on_step(&r);
+        out.push(r);
+    }
+    Ok(out)
+}
+
+/// Train with one thread per rank on the local transport. Returns rank 0's reports with
+/// `memory` the element-wise maximum over ranks; `on_step` runs on rank 0's thread.
+pub fn train_local(
+    opts: &TrainOptions,
+    on_step: &mut (dyn FnMut(&StepReport) + Send),
+) -> Result<Vec<StepReport>> {
+    let topo = opts.topology.clone();
+    let n = topo.world_size();
+    let comms = Comm::local_world(n, Some(topo.clone()), CommConfig::from_env()?)?;
+    let meters = Meters::new(&topo);
+    let results: Vec<Result<Vec<StepReport>>> = std::thread::scope(|sc| {
+        let mut hs = Vec::with_capacity(n);
+        let mut first = Some(on_step);
+        for c in comms {
+            let meters = meters.clone();
+            let cb = if c.rank() == 0 { first.take() } else { None };
+            hs.push(sc.spawn(move || {
+                let mut noop = |_: &StepReport| {};
+                let r = match cb {
+                    Some(f) => run_rank(c.clone(), opts, meters, f),
+                    None => run_rank(c.clone(), opts, meters, &mut noop),
+                };
+                if r.is_err() {
+                    // A failing rank must not leave the others waiting for it.
+                    c.abort();
+                }
+                r
+            }));
+        }
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(Error::Model("a rank's thread panicked".into())))
+            })
+            .collect()
+    });
+    let mut ranks = Vec::with_capacity(n);
+    let mut errs = Vec::new();
+    for r in results {
+        match r {
+            Ok(v) => ranks.push(v),
+            Err(e) => errs.push(e),
+        }
+    }
+    if !errs.is_empty() {
+        // The root cause, not the "aborted" errors it caused on the other ranks.
+        let i = errs
+            .iter()
+            .position(|e| !e.to_string().contains("abort"))
+            .unwrap_or(0);
+        return Err(errs.swap_remove(i));
+    }
+    let mut out = ranks.remove(0);
+    for other in &ranks {
+        for (a, b) in out.iter_mut().zip(other) {
+            a.memory = a.memory.max(b.memory);
+        }
+    }
+    Ok(out)
+}
+
+/// Train as one rank of an MPI job (feature `mpi`; launch under mpirun). Every process
+/// returns the same reports except `memory`, which is its own.
+#[cfg(feature = "mpi")]
+pub fn train_mpi(opts: &TrainOptions, on_step: &mut dyn FnMut(&StepReport)) -> Result<Vec<StepReport>> {
+    let world = Comm::mpi_world(Some(opts.topology.clone()), CommConfig::from_env()?)?;
+    let meters = Meters::new(&opts.topology);
+    run_rank(world, opts, meters, on_step)
+}
+
+/// Without the `mpi` feature: `NotCompiled`.
+#[cfg(not(feature = "mpi"))]
+pub fn train_mpi(_: &TrainOptions, _: &mut dyn FnMut(&StepReport)) -> Result<Vec<StepReport>> {
+    Err(Error::Comm(strata::Error::NotCompiled(
+        "strata-train --transport mpi needs the `mpi` feature (cargo build -p strata-engine --features mpi)".into(),
+    )))
+}
+
+/// `auto`: the planner's top feasible strategy for this model on this cluster.
+fn plan_auto(_opts: &TrainOptions) -> Result<Strategy> {
+    Err(Error::Config("auto: the planner is not wired yet".into()))
+}
