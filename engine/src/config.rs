@@ -30,6 +30,7 @@
 //! | `amsp:p=AxB,g=CxD,os=ExF` | AxB | CxD | ExF | AMSP §IV-B, all-reduce + select & drop |
 //!
 //! Options follow a preset after commas: `hpz=AxB|off`, `qwz=4|8|off`, `qgz=4|8|off`,
+//! `qblock=K` (elements per quantization scale, default 256),
 //! `algo=A` (every phase), `fwd=A`, `bwd=A`, `grad=A`, `boundary=A`, `spread=A`
 //! (A: ring, hier, ho-ring, auto; fwd also qwz, grad also qgz), `sync=rs|ar`,
 //! `accum=K`. Example: `zeropp,qgz=8,hpz=4x1`, `zero3,algo=hier`.
@@ -194,6 +195,8 @@ pub struct Strategy {
     pub qwz_bits: Option<u8>,
     /// ZeRO++ qgZ: bits of the quantized gradient reduce-scatter.
     pub qgz_bits: Option<u8>,
+    /// Elements per quantization scale of qwZ / qgZ (strata's block format).
+    pub quant_block: usize,
     /// Gradient synchronization scheme.
     pub sync: GradSync,
     /// Algorithm per phase.
@@ -244,6 +247,7 @@ impl Strategy {
             hpz: None,
             qwz_bits: None,
             qgz_bits: None,
+            quant_block: 256,
             sync: GradSync::ReduceScatter,
             algos: PhaseAlgos::all(Algo::Auto),
             accum: 1,
@@ -279,7 +283,11 @@ impl Strategy {
             "mics" => {
                 let k: usize = match arg.map(str::parse) {
                     Some(Ok(k)) if k >= 1 => k,
-                    _ => return config_err!("mics needs a partition group size: mics:K (e.g. mics:8)"),
+                    _ => {
+                        return config_err!(
+                            "mics needs a partition group size: mics:K (e.g. mics:8)"
+                        )
+                    }
                 };
                 let f = if k <= r {
                     Factor::new(k, 1)
@@ -370,6 +378,12 @@ impl Strategy {
                         _ => return config_err!("option sync={v}: rs or ar"),
                     }
                 }
+                "qblock" => {
+                    s.quant_block = match v.parse() {
+                        Ok(b) if b >= 1 => b,
+                        _ => return config_err!("option qblock={v}: elements per scale, >= 1"),
+                    }
+                }
                 "accum" => {
                     s.accum = match v.parse() {
                         Ok(a) if a >= 1 => a,
@@ -378,7 +392,7 @@ impl Strategy {
                 }
                 _ => {
                     return config_err!(
-                        "unknown option '{k}' (hpz, qwz, qgz, algo, fwd, bwd, grad, boundary, spread, sync, accum)"
+                        "unknown option '{k}' (hpz, qwz, qgz, qblock, algo, fwd, bwd, grad, boundary, spread, sync, accum)"
                     )
                 }
             }
@@ -439,11 +453,38 @@ impl Strategy {
             return config_err!("accum must be >= 1");
         }
         for (phase, a, ok) in [
-            ("fwd", self.algos.fwd_gather, &[Algo::Ring, Algo::Hier, Algo::HoRing, Algo::Auto, Algo::Qwz][..]),
-            ("bwd", self.algos.bwd_gather, &[Algo::Ring, Algo::Hier, Algo::HoRing, Algo::Auto, Algo::Qwz][..]),
-            ("grad", self.algos.grad_reduce, &[Algo::Ring, Algo::Hier, Algo::HoRing, Algo::Auto, Algo::Qgz, Algo::Qgz1][..]),
-            ("boundary", self.algos.boundary, &[Algo::Ring, Algo::Hier, Algo::HoRing, Algo::Auto][..]),
-            ("spread", self.algos.spread, &[Algo::Ring, Algo::Hier, Algo::HoRing, Algo::Auto][..]),
+            (
+                "fwd",
+                self.algos.fwd_gather,
+                &[Algo::Ring, Algo::Hier, Algo::HoRing, Algo::Auto, Algo::Qwz][..],
+            ),
+            (
+                "bwd",
+                self.algos.bwd_gather,
+                &[Algo::Ring, Algo::Hier, Algo::HoRing, Algo::Auto, Algo::Qwz][..],
+            ),
+            (
+                "grad",
+                self.algos.grad_reduce,
+                &[
+                    Algo::Ring,
+                    Algo::Hier,
+                    Algo::HoRing,
+                    Algo::Auto,
+                    Algo::Qgz,
+                    Algo::Qgz1,
+                ][..],
+            ),
+            (
+                "boundary",
+                self.algos.boundary,
+                &[Algo::Ring, Algo::Hier, Algo::HoRing, Algo::Auto][..],
+            ),
+            (
+                "spread",
+                self.algos.spread,
+                &[Algo::Ring, Algo::Hier, Algo::HoRing, Algo::Auto][..],
+            ),
         ] {
             if !ok.contains(&a) {
                 return config_err!(
@@ -490,9 +531,13 @@ mod tests {
     #[test]
     fn rule_errors_explain() {
         let m = Mesh::new(8, 4);
-        let e = Strategy::parse("amsp:p=8x1,g=4x1,os=8x4", m).unwrap_err().to_string();
+        let e = Strategy::parse("amsp:p=8x1,g=4x1,os=8x4", m)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("dependency rule"), "{e}");
-        let e = Strategy::parse("amsp:p=3x1,g=3x1,os=3x1", m).unwrap_err().to_string();
+        let e = Strategy::parse("amsp:p=3x1,g=3x1,os=3x1", m)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("eq. 5"), "{e}");
         assert!(Strategy::parse("mics:12", m).is_err());
         assert!(Strategy::parse("zero4", m).is_err());

@@ -101,9 +101,7 @@ impl Groups {
         Groups {
             pos,
             p: (c(pos.group(mesh, s.p)), i_p as i32),
-            hpz: s
-                .hpz
-                .map(|h| (c(pos.group(mesh, h)), pos.index(h) as i32)),
+            hpz: s.hpz.map(|h| (c(pos.group(mesh, h)), pos.index(h) as i32)),
             gp: (c(pos.group(mesh, s.g) * sp + i_p), j_gp as i32),
             og: (c(pos.group(mesh, s.os) * sg + i_g), j_og as i32),
             op: (c(pos.group(mesh, s.os) * sp + i_p), key),
@@ -158,7 +156,8 @@ mod tests {
             let gs: Vec<Groups> = (0..16).map(|r| Groups::new(&s, mesh, r)).collect();
             let count = |f: &dyn Fn(&Groups) -> (u32, i32)| {
                 let mut m: BTreeMap<u32, Vec<i32>> = BTreeMap::new();
-                gs.iter().for_each(|g| m.entry(f(g).0).or_default().push(f(g).1));
+                gs.iter()
+                    .for_each(|g| m.entry(f(g).0).or_default().push(f(g).1));
                 m
             };
             let check = |name: &str, m: BTreeMap<u32, Vec<i32>>, size: usize| {

@@ -244,7 +244,8 @@ impl<M: UnitModel> Engine<M> {
             let plen = np / sp;
             let p0 = groups.i_p * plen;
             let ph = mem.alloc(Component::Params, plen * w);
-            ph.buf.write_bytes(&cfg.precision.encode(&init[p0..p0 + plen]))?;
+            ph.buf
+                .write_bytes(&cfg.precision.encode(&init[p0..p0 + plen]))?;
             params.push(ph);
             secondary.push(
                 s.hpz
@@ -305,7 +306,7 @@ impl<M: UnitModel> Engine<M> {
     }
 
     fn quant(&self, bits: Option<u8>) -> Result<Option<QuantSpec>> {
-        bits.map(|b| QuantSpec::new(b as u32, 256).map_err(Error::from))
+        bits.map(|b| QuantSpec::new(b as u32, self.cfg.strategy.quant_block).map_err(Error::from))
             .transpose()
     }
 
@@ -414,7 +415,10 @@ impl<M: UnitModel> Engine<M> {
         let mut out2 = None;
         let (mut stash, mut select) = (false, false);
         if let Some(c) = &self.comms.grad_gp {
-            let src = out1.as_ref().map(|h| h.buf.clone()).unwrap_or(full.buf.clone());
+            let src = out1
+                .as_ref()
+                .map(|h| h.buf.clone())
+                .unwrap_or(full.buf.clone());
             match s.sync {
                 GradSync::ReduceScatter => {
                     let o = self.mem.alloc(Component::Buffers, np / sg * w);
@@ -502,7 +506,9 @@ impl<M: UnitModel> Engine<M> {
         let mut next = Some(self.gather(0, false)?);
         let mut out = None;
         for u in 0..nu {
-            let cur = next.take().ok_or_else(|| Error::Model("no gathered unit".into()))?;
+            let cur = next
+                .take()
+                .ok_or_else(|| Error::Model("no gathered unit".into()))?;
             if u + 1 < nu {
                 next = Some(self.gather(u + 1, false)?);
             }
@@ -512,7 +518,8 @@ impl<M: UnitModel> Engine<M> {
                 let len = sec.buf.len();
                 let off = self.groups.i_hpz * len;
                 debug_assert!(off + len <= self.sizes[u].1 * w);
-                sec.buf.write_bytes(&cur.0.buf.slice(off..off + len)?.to_bytes()?)?;
+                sec.buf
+                    .write_bytes(&cur.0.buf.slice(off..off + len)?.to_bytes()?)?;
             }
             drop(cur);
             let y = self.model.forward(u, &p, x.as_ref(), batch)?;
@@ -530,7 +537,9 @@ impl<M: UnitModel> Engine<M> {
         let mut inflight: Vec<Inflight> = Vec::new();
         let mut next = Some(self.gather(nu - 1, true)?);
         for u in (0..nu).rev() {
-            let cur = next.take().ok_or_else(|| Error::Model("no gathered unit".into()))?;
+            let cur = next
+                .take()
+                .ok_or_else(|| Error::Model("no gathered unit".into()))?;
             if u > 0 {
                 next = Some(self.gather(u - 1, true)?);
             }
@@ -592,19 +601,21 @@ impl<M: UnitModel> Engine<M> {
                         None => (None, acc, None),
                     };
                     if let Some(c) = &self.comms.os_rep {
-                        work = Some(c.submit(
-                            Request::new(
-                                Op::AllReduce {
-                                    send: buf.clone(),
-                                    recv: buf.clone(),
-                                    count: olen,
-                                    op: ReduceOp::Sum,
-                                },
-                                dt,
-                            )
-                            .with_algo(s.algos.boundary)
-                            .after(work),
-                        )?);
+                        work = Some(
+                            c.submit(
+                                Request::new(
+                                    Op::AllReduce {
+                                        send: buf.clone(),
+                                        recv: buf.clone(),
+                                        count: olen,
+                                        op: ReduceOp::Sum,
+                                    },
+                                    dt,
+                                )
+                                .with_algo(s.algos.boundary)
+                                .after(work),
+                            )?,
+                        );
                     }
                     pending.push((work, buf, held));
                 }
@@ -624,18 +635,20 @@ impl<M: UnitModel> Engine<M> {
                         h.buf.write_bytes(&self.grads[u].buf.to_bytes()?)?;
                     }
                     let work = match &self.comms.p_rep {
-                        Some(c) => Some(c.submit(
-                            Request::new(
-                                Op::AllReduce {
-                                    send: h.buf.clone(),
-                                    recv: h.buf.clone(),
-                                    count: plen,
-                                    op: ReduceOp::Sum,
-                                },
-                                dt,
-                            )
-                            .with_algo(s.algos.boundary),
-                        )?),
+                        Some(c) => Some(
+                            c.submit(
+                                Request::new(
+                                    Op::AllReduce {
+                                        send: h.buf.clone(),
+                                        recv: h.buf.clone(),
+                                        count: plen,
+                                        op: ReduceOp::Sum,
+                                    },
+                                    dt,
+                                )
+                                .with_algo(s.algos.boundary),
+                            )?,
+                        ),
                         None => None,
                     };
                     let off = self.groups.j_op * olen * w;
@@ -694,7 +707,9 @@ impl<M: UnitModel> Engine<M> {
                 )?;
                 spreads.push((u, wk, scratch));
             }
-            self.grads[u].buf.write_bytes(&vec![0u8; self.grads[u].buf.len()])?;
+            self.grads[u]
+                .buf
+                .write_bytes(&vec![0u8; self.grads[u].buf.len()])?;
         }
         for (u, wk, scratch) in spreads {
             wk.wait()?;
@@ -712,9 +727,15 @@ impl<M: UnitModel> Engine<M> {
 
     /// One training step over `micro_batches` batches (`batch(i)` gives micro-batch i of
     /// this rank). Collective over the world.
-    pub fn step(&mut self, micro_batches: usize, batch: &dyn Fn(usize) -> Batch) -> Result<StepReport> {
+    pub fn step(
+        &mut self,
+        micro_batches: usize,
+        batch: &dyn Fn(usize) -> Batch,
+    ) -> Result<StepReport> {
         if micro_batches == 0 {
-            return Err(Error::Config("a step needs at least one micro-batch".into()));
+            return Err(Error::Config(
+                "a step needs at least one micro-batch".into(),
+            ));
         }
         // Counters are read between two barriers so no rank's sends of this step can
         // land before another rank's reading of the previous step's figures.
@@ -760,9 +781,8 @@ impl<M: UnitModel> Engine<M> {
         let mesh = Mesh::of(self.world.topology());
         let me = self.world.rank();
         let mine = |g: &Groups| (g.i_p, g.j_op);
-        let primary = (0..me).all(|r| {
-            mine(&Groups::new(&self.cfg.strategy, mesh, r)) != mine(&self.groups)
-        });
+        let primary =
+            (0..me).all(|r| mine(&Groups::new(&self.cfg.strategy, mesh, r)) != mine(&self.groups));
         let mut out = Vec::with_capacity(self.sizes.len());
         for (u, &(n, np)) in self.sizes.iter().enumerate() {
             let olen = np / so;

@@ -96,7 +96,9 @@ pub fn run_rank(
     for s in 0..opts.steps {
         let seq = opts.model.seq;
         let b = opts.batch;
-        let r = eng.step(m, &|i| corpus.batch(seq, b, (s * n + rank) * m as u64 + i as u64))?;
+        let r = eng.step(m, &|i| {
+            corpus.batch(seq, b, (s * n + rank) * m as u64 + i as u64)
+        })?;
         on_step(&r);
         out.push(r);
     }
@@ -165,12 +167,18 @@ pub fn train_local(
 }
 
 /// Train as one rank of an MPI job (feature `mpi`; launch under mpirun). Every process
-/// returns the same reports except `memory`, which is its own.
+/// returns the same reports except `memory`, which is its own; `on_step` runs on world
+/// rank 0 only.
 #[cfg(feature = "mpi")]
-pub fn train_mpi(opts: &TrainOptions, on_step: &mut dyn FnMut(&StepReport)) -> Result<Vec<StepReport>> {
+pub fn train_mpi(
+    opts: &TrainOptions,
+    on_step: &mut dyn FnMut(&StepReport),
+) -> Result<Vec<StepReport>> {
     let world = Comm::mpi_world(Some(opts.topology.clone()), CommConfig::from_env()?)?;
     let meters = Meters::new(&opts.topology);
-    run_rank(world, opts, meters, on_step)
+    let mut noop = |_: &StepReport| {};
+    let cb: &mut dyn FnMut(&StepReport) = if world.rank() == 0 { on_step } else { &mut noop };
+    run_rank(world, opts, meters, cb)
 }
 
 /// Without the `mpi` feature: `NotCompiled`.

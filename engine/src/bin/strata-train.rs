@@ -13,7 +13,10 @@ use strata_engine::train::{train_local, train_mpi, TrainOptions};
 use strata_engine::{Precision, StepReport};
 
 #[derive(Parser, Debug)]
-#[command(name = "strata-train", about = "Train the example LM with a sharding strategy on strata")]
+#[command(
+    name = "strata-train",
+    about = "Train the example LM with a sharding strategy on strata"
+)]
 struct Args {
     /// Strategy: dp, zero1, zero2, zero3, mics:K, zeropp, paro-igg, paro-iig, paro-nig,
     /// frontier-topo, amsp:p=AxB,g=CxD,os=ExF, auto; options after commas
@@ -170,7 +173,12 @@ fn run(a: Args) -> Result<(), String> {
     o.seed = a.seed;
     o.gpu_mem = parse_bytes(&a.gpu_mem)?;
     let strategy = o.resolve().map_err(|e| e.to_string())?;
-    let root = !mpi || std::env::var("OMPI_COMM_WORLD_RANK").map_or(true, |r| r == "0");
+    // Before MPI starts, the launcher's environment says which process is rank 0.
+    let root = !mpi
+        || ["OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"]
+            .iter()
+            .find_map(|v| std::env::var(v).ok())
+            .is_none_or(|r| r == "0");
     let mut out = match (&a.json, root) {
         (Some(p), true) => Some(std::io::BufWriter::new(
             std::fs::File::create(p).map_err(|e| format!("{}: {e}", p.display()))?,
