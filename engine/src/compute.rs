@@ -38,8 +38,13 @@ pub trait UnitModel: Send + Sync {
     fn init_unit(&self, u: usize, seed: u64) -> Vec<f32>;
     /// Forward of unit `u` with its flat parameters `params` on input `x` (`None` for
     /// unit 0). The last unit returns the scalar mean loss over the batch's tokens.
-    fn forward(&self, u: usize, params: &[f32], x: Option<&Self::Act>, batch: &Batch)
-        -> Result<Self::Act>;
+    fn forward(
+        &self,
+        u: usize,
+        params: &[f32],
+        x: Option<&Self::Act>,
+        batch: &Batch,
+    ) -> Result<Self::Act>;
     /// The loss value of the last unit's output.
     fn loss_value(&self, out: &Self::Act) -> Result<f32>;
     /// Backward of unit `u` with recomputation: runs the unit's forward again from `x`

@@ -177,7 +177,11 @@ pub fn train_mpi(
     let world = Comm::mpi_world(Some(opts.topology.clone()), CommConfig::from_env()?)?;
     let meters = Meters::new(&opts.topology);
     let mut noop = |_: &StepReport| {};
-    let cb: &mut dyn FnMut(&StepReport) = if world.rank() == 0 { on_step } else { &mut noop };
+    let cb: &mut dyn FnMut(&StepReport) = if world.rank() == 0 {
+        on_step
+    } else {
+        &mut noop
+    };
     run_rank(world, opts, meters, cb)
 }
 
@@ -189,7 +193,26 @@ pub fn train_mpi(_: &TrainOptions, _: &mut dyn FnMut(&StepReport)) -> Result<Vec
     )))
 }
 
-/// `auto`: the planner's top feasible strategy for this model on this cluster.
-fn plan_auto(_opts: &TrainOptions) -> Result<Strategy> {
-    Err(Error::Config("auto: the planner is not wired yet".into()))
+/// `auto`: the planner's top feasible strategy for this model on this cluster (the
+/// example LM described to the planner as a shape: LayerNorm with biases, plain GELU
+/// MLP, learned positions, untied head), with the run's micro-batch, sequence,
+/// precision and global batch (`world · accum · batch · seq` tokens).
+fn plan_auto(o: &TrainOptions) -> Result<Strategy> {
+    use crate::planner::{best, ModelShape, Norm, PlanRequest};
+    let c = &o.model;
+    let mut m = ModelShape::custom(c.n_layers, c.d_model, c.n_heads, c.d_ff, c.vocab, false)?;
+    m.name = "example-lm".into();
+    m.norm = Norm::LayerNorm;
+    m.biases = true;
+    m.positions = c.seq;
+    let mut req = PlanRequest::new(m, o.topology.clone());
+    req.gpu_mem = o.gpu_mem;
+    req.seq = c.seq;
+    req.micro_batch = o.batch;
+    req.dtype_bytes = o.precision.bytes();
+    let accum = o.accum.unwrap_or(1);
+    req.global_batch_tokens = (o.topology.world_size() * accum * o.batch * c.seq) as u64;
+    let mut s = best(&req)?;
+    s.accum = accum;
+    Ok(s)
 }
