@@ -1,12 +1,10 @@
 //! The planner: memory model against the papers' formulas, AMSP's filters, the exact
 //! node-symmetric replay, ranking, and the `strata-plan` binary.
 
-use strata::check::Kind;
-use strata::{Algo, DataType, Topology};
+use strata::Topology;
 use strata_engine::config::{Factor, GradSync, Mesh, Strategy};
 use strata_engine::planner::memory::{self, ActivationInputs};
 use strata_engine::planner::search::{amsp_reject, amsp_triples, candidates};
-use strata_engine::planner::symsim::symmetric_makespan;
 use strata_engine::planner::{
     best, group_topology, parse_bytes, plan, CommModel, GroupShape, ModelShape, Norm, PlanRequest,
 };
@@ -204,49 +202,6 @@ fn filters_reject_what_eqs_3_to_7_reject() {
         let s = Strategy::parse(&format!("amsp:p={p},g={g},os={os}"), m).unwrap();
         assert_eq!(s.sync, GradSync::AllReduce);
     }
-}
-
-/// The node-symmetric replay gives strata's full dry run + replay makespan, bit for
-/// bit, for every op and algorithm on multi-node topologies.
-#[test]
-fn symmetric_replay_equals_full_replay() {
-    for (spec, count) in [
-        ("dgx-a100:3", 3000usize),
-        ("frontier:2", 777),
-        ("p4d:3", 1234),
-        ("p3dn:2", 4096),
-        ("nodes:5x2", 999),
-        ("nodes:3x2x2", 2048),
-    ] {
-        let t = Topology::parse(spec).unwrap();
-        let p = t.world_size();
-        for kind in [Kind::AllGather, Kind::ReduceScatter, Kind::AllReduce] {
-            for algo in [Algo::Ring, Algo::Hier, Algo::HoRing, Algo::Auto] {
-                for chunks in [None, Some(3)] {
-                    let count = if kind == Kind::AllReduce {
-                        count.div_ceil(p) * p
-                    } else {
-                        count
-                    };
-                    let (s, r) =
-                        strata::sim::model(&t, kind, algo, count, DataType::BF16, chunks).unwrap();
-                    let (a, x) =
-                        symmetric_makespan(&t, kind, algo, count, DataType::BF16, chunks).unwrap();
-                    assert_eq!(Some(a), s.algo, "{spec} {kind:?} {algo}");
-                    assert_eq!(
-                        x.to_bits(),
-                        r.makespan_us.to_bits(),
-                        "{spec} {kind:?} {algo} {chunks:?}: {x} vs {}",
-                        r.makespan_us
-                    );
-                }
-            }
-        }
-    }
-    // Not node-symmetric: refused rather than wrong.
-    let t = Topology::parse("nodes:2x2").unwrap();
-    assert!(symmetric_makespan(&t, Kind::AllReduce, Algo::Ring, 5, DataType::F32, None).is_err());
-    assert!(symmetric_makespan(&t, Kind::AllToAll, Algo::Ring, 8, DataType::F32, None).is_err());
 }
 
 #[test]

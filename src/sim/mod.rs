@@ -8,6 +8,8 @@
 //! - [`replay`]: time on the topology's link model (per-class latency + bytes /
 //!   bandwidth, shared NICs, link classes busy at once), with per-resource busy times
 //!   and the lower bound the busiest resource sets;
+//! - [`symmetric`]: the same makespan from one node's ranks on identical nodes (exact,
+//!   `1/nodes` of the work: the engine's planner models 1024-rank clusters with it);
 //! - [`trace`]: Chrome-trace JSON of a replay (Perfetto);
 //! - [`plot`]: SVG of modeled time against message size.
 //!
@@ -24,10 +26,12 @@
 pub mod plot;
 pub mod replay;
 pub mod schedule;
+pub mod symmetric;
 pub mod trace;
 
 pub use replay::{replay, Bottleneck, Replay, Resource, ResourceKind};
 pub use schedule::{dry_run, finish_recording, resolve, start_recording, Schedule, Transfer};
+pub use symmetric::symmetric_makespan;
 
 use crate::algo::Algo;
 use crate::check::Kind;

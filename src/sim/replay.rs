@@ -140,7 +140,7 @@ impl Replay {
 
 /// Heap entry: earliest time first (then lowest index).
 #[derive(PartialEq)]
-struct Ready(f64, u32);
+pub(super) struct Ready(pub(super) f64, pub(super) u32);
 
 impl Eq for Ready {}
 
@@ -159,7 +159,7 @@ impl PartialOrd for Ready {
 /// Fibonacci hashing of the bits of a ready time (the wave map's keys; SipHash would
 /// dominate the replay).
 #[derive(Default)]
-struct TimeHasher(u64);
+pub(super) struct TimeHasher(u64);
 
 impl std::hash::Hasher for TimeHasher {
     fn finish(&self) -> u64 {
@@ -175,7 +175,7 @@ impl std::hash::Hasher for TimeHasher {
     }
 }
 
-type Waves = HashMap<u64, Vec<u32>, std::hash::BuildHasherDefault<TimeHasher>>;
+pub(super) type Waves = HashMap<u64, Vec<u32>, std::hash::BuildHasherDefault<TimeHasher>>;
 
 /// The resource index of a transfer from `src` of `class` on `topo`: ports are
 /// `2·rank + (0 intra_package | 1 intra_node)`, NICs follow at `2·ranks + node·nics + nic`

@@ -627,6 +627,70 @@ pub fn resolve(
     })
 }
 
+/// [`resolve`] after checking that the simulator models `kind` and that `topo` is valid.
+pub(crate) fn checked_resolve(
+    topo: &Topology,
+    kind: Kind,
+    algo: Algo,
+    count: usize,
+    dtype: DataType,
+    chunks: Option<usize>,
+) -> Result<Algo> {
+    if !matches!(
+        kind,
+        Kind::AllGather | Kind::ReduceScatter | Kind::AllReduce
+    ) {
+        return Err(Error::InvalidArgument(format!(
+            "the simulator models all-gather, reduce-scatter and all-reduce, not {}",
+            kind.name()
+        )));
+    }
+    topo.validate()?;
+    resolve(topo, kind, algo, count, dtype, chunks)
+}
+
+/// The plan world rank `r` of `p` runs for `kind` under the resolved `algo` (`hier` and
+/// `ho-ring` need the hierarchy `h`; without one they are rings), `count` elements of
+/// `s` bytes as NCCL counts them; `chunks`: pieces per chunk for `ho-ring`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn plan_of(
+    kind: Kind,
+    algo: Algo,
+    h: Option<&Hierarchy>,
+    p: usize,
+    r: usize,
+    count: usize,
+    s: usize,
+    chunks: Option<usize>,
+) -> Plan {
+    let c = count * s;
+    let pieces = |elems: usize| {
+        chunks
+            .unwrap_or_else(|| plan::default_chunks(elems * s))
+            .max(1)
+    };
+    match (algo, h) {
+        (Algo::Hier, Some(h)) => match kind {
+            Kind::AllGather => plan::hier_all_gather(h, r, c),
+            Kind::ReduceScatter => plan::hier_reduce_scatter(h, r, c),
+            _ => plan::hier_all_reduce(h, r, count, s),
+        },
+        (Algo::HoRing, Some(h)) => match kind {
+            Kind::AllGather => ho_ring::all_gather(h, r, count, s, pieces(count)),
+            Kind::ReduceScatter => ho_ring::reduce_scatter(h, r, count, s, pieces(count)),
+            _ => {
+                let q = count.div_ceil(p);
+                ho_ring::all_reduce(h, r, q, s, pieces(q))
+            }
+        },
+        _ => match kind {
+            Kind::AllGather => plan::ring_all_gather(p, r, c),
+            Kind::ReduceScatter => plan::ring_reduce_scatter(p, r, c),
+            _ => plan::ring_all_reduce(p, r, count, s),
+        },
+    }
+}
+
 /// The schedule of one `kind` collective with NCCL's per-call `count` of `dtype`
 /// elements (all-gather: per-rank send count; reduce-scatter: per-rank receive count;
 /// all-reduce: the count) under `algo` on the whole world of `topo`, built from the
@@ -641,22 +705,11 @@ pub fn dry_run(
     dtype: DataType,
     chunks: Option<usize>,
 ) -> Result<Schedule> {
-    if !matches!(
-        kind,
-        Kind::AllGather | Kind::ReduceScatter | Kind::AllReduce
-    ) {
-        return Err(Error::InvalidArgument(format!(
-            "the simulator models all-gather, reduce-scatter and all-reduce, not {}",
-            kind.name()
-        )));
-    }
-    topo.validate()?;
-    let algo = resolve(topo, kind, algo, count, dtype, chunks)?;
+    let algo = checked_resolve(topo, kind, algo, count, dtype, chunks)?;
     let p = topo.world_size();
     let members: Vec<usize> = (0..p).collect();
     let h = Hierarchy::detect(topo, &members);
     let s = dtype.size();
-    let c = count * s;
     let pieces = |elems: usize| {
         chunks
             .unwrap_or_else(|| plan::default_chunks(elems * s))
@@ -668,26 +721,7 @@ pub fn dry_run(
     };
     let mut b = Builder::new(topo, h.as_ref(), &members)?;
     for r in 0..p {
-        let pl = match (algo, h.as_ref()) {
-            (Algo::Hier, Some(h)) => match kind {
-                Kind::AllGather => plan::hier_all_gather(h, r, c),
-                Kind::ReduceScatter => plan::hier_reduce_scatter(h, r, c),
-                _ => plan::hier_all_reduce(h, r, count, s),
-            },
-            (Algo::HoRing, Some(h)) => match kind {
-                Kind::AllGather => ho_ring::all_gather(h, r, count, s, pieces(count)),
-                Kind::ReduceScatter => ho_ring::reduce_scatter(h, r, count, s, pieces(count)),
-                _ => {
-                    let q = count.div_ceil(p);
-                    ho_ring::all_reduce(h, r, q, s, pieces(q))
-                }
-            },
-            _ => match kind {
-                Kind::AllGather => plan::ring_all_gather(p, r, c),
-                Kind::ReduceScatter => plan::ring_reduce_scatter(p, r, c),
-                _ => plan::ring_all_reduce(p, r, count, s),
-            },
-        };
+        let pl = plan_of(kind, algo, h.as_ref(), p, r, count, s, chunks);
         b.add(r, &pl)?;
     }
     let mut sched = b.finish()?;

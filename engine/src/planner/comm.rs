@@ -30,7 +30,7 @@
 //! fair share of a FIFO-shared NIC otherwise). That topology's schedule (the
 //! `strata::sim::dry_run` plans of the resolved algorithm; `auto` resolved by
 //! `strata::sim::resolve`, i.e. the alpha-beta rule the runtime applies) is replayed on
-//! node 0 only ([`super::symsim`], exact by node symmetry) and cached per (op,
+//! node 0 only ([`strata::sim::symmetric`], exact by node symmetry) and cached per (op,
 //! algorithm, count, element size, group topology), since the same collectives repeat
 //! across units and candidates.
 //!
@@ -53,9 +53,9 @@ use strata::topology::Topology;
 use strata::{Algo, DataType};
 
 use super::models::ModelShape;
-use super::symsim::symmetric_makespan;
 use crate::config::{Factor, GradSync, Mesh, Strategy};
 use crate::error::{Error, Result};
+use strata::sim::symmetric_makespan;
 
 /// A group kind: `a` ranks in each of `b` nodes, the ranks of one node `stride` local
 /// indices apart (1 for an aligned block; `Y.intra` for the sub-group X/Y of ranks
@@ -422,36 +422,29 @@ impl CommModel {
         for (phi_u, mult) in model.unit_sizes() {
             let k = mult as f64;
             if sp > 1 {
-                // fwd gather over P (qwZ when the phase's algorithm is qwz).
-                let pg = GroupShape::block(s.p);
-                let c = if s.algos.fwd_gather == Algo::Qwz {
-                    Call::Quant {
-                        kind: Kind::AllGather,
-                        elems: phi_u,
-                        bits: s.qwz_bits.unwrap_or(8),
-                        flat: false,
+                // A parameter all-gather (qwZ when the phase's algorithm is qwz).
+                let gather = |algo: Algo| {
+                    if algo == Algo::Qwz {
+                        Call::Quant {
+                            kind: Kind::AllGather,
+                            elems: phi_u,
+                            bits: s.qwz_bits.unwrap_or(8),
+                            flat: false,
+                        }
+                    } else {
+                        plain(Kind::AllGather, algo, phi_u)
                     }
-                } else {
-                    plain(Kind::AllGather, s.algos.fwd_gather, phi_u)
                 };
-                let (a, x) = self.call(c, pg)?;
+                // fwd gather over P.
+                let pg = GroupShape::block(s.p);
+                let (a, x) = self.call(gather(s.algos.fwd_gather), pg)?;
                 t.fwd_gather_us += mf * k * x;
                 if x > 0.0 {
                     note(&mut names.fwd_gather, a);
                 }
                 // bwd gather over hpZ (ZeRO++ B.2) or P.
                 let bg = GroupShape::block(s.hpz.unwrap_or(s.p));
-                let c = if s.algos.bwd_gather == Algo::Qwz {
-                    Call::Quant {
-                        kind: Kind::AllGather,
-                        elems: phi_u,
-                        bits: s.qwz_bits.unwrap_or(8),
-                        flat: false,
-                    }
-                } else {
-                    plain(Kind::AllGather, s.algos.bwd_gather, phi_u)
-                };
-                let (a, x) = self.call(c, bg)?;
+                let (a, x) = self.call(gather(s.algos.bwd_gather), bg)?;
                 t.bwd_gather_us += mf * k * x;
                 if x > 0.0 {
                     note(&mut names.bwd_gather, a);

@@ -5,7 +5,7 @@
 //! filtered brute force, eqs 3-7, plus every preset of [`crate::config`]), [`comm`]
 //! predicts each one's communication time per step (`T_comm`, AMSP eq. 1, with
 //! collective times from strata's simulator instead of profiling, exact node-symmetric
-//! replay in [`symsim`]), [`memory`] its bytes per rank (`D_total`, AMSP §IV-D and
+//! replay in [`strata::sim::symmetric`]), [`memory`] its bytes per rank (`D_total`, AMSP §IV-D and
 //! eq. 2), and [`plan`] ranks them: feasible ones by communication time (ties: no
 //! recomputation, less memory, name), then the infeasible ones by memory.
 //!
@@ -23,7 +23,6 @@ pub mod comm;
 pub mod memory;
 pub mod models;
 pub mod search;
-pub mod symsim;
 
 pub use comm::{group_topology, CommModel, GroupShape, PhaseAlgoNames, PhaseTimes};
 pub use memory::{ActivationInputs, MemoryBreakdown};

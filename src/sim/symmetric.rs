@@ -1,8 +1,9 @@
-//! Node-symmetric replay: the makespan of `strata::sim::dry_run` + `strata::sim::replay`
-//! computed from one node's ranks only.
+//! Node-symmetric replay: the makespan of [`super::dry_run`] + [`super::replay`]
+//! computed from one node's ranks only (the planner of strata-engine asks it for every
+//! collective of a 1024-rank cluster).
 //!
 //! Why it is exact. On a topology of `b` identical nodes, the plans of `ring`, `hier`
-//! and `ho-ring` (strata `algo::plan`, `algo::ho_ring`) are invariant under the
+//! and `ho-ring` ([`crate::algo::plan`], [`crate::algo::ho_ring`]) are invariant under the
 //! translation `T: rank ↦ rank + R (mod world)` (one node further): every peer is
 //! given relative to the rank's own ring coordinate, and every transfer length
 //! depends on the step and the piece, not on the rank (the one exception, a ring
@@ -17,105 +18,26 @@
 //! `Schedule::from_plans` matches) to the transfer of the translated sender on node 0
 //! towards the translated receiver on node `-m`, which has the same times; the folded
 //! dependency graph has `1/b` of the transfers and the same event order, and its
-//! makespan is the full one bit for bit (`tests/planner.rs` compares both on
+//! makespan is the full one bit for bit (`tests/sim.rs` compares both on
 //! multi-node topologies for every op and algorithm).
 //!
 //! Cost: `R · steps` transfers instead of `R · b · steps`: the ring all-gather over
 //! 128 DGX nodes (1 M transfers, about 0.3 s in a release build) folds to 8 K.
 
-use std::cmp::Ordering;
-use std::collections::{BinaryHeap, HashMap};
+use super::replay::{Ready, Waves};
+use super::schedule::{checked_resolve, plan_of};
+use crate::algo::plan::{Plan, Ring};
+use crate::algo::Algo;
+use crate::check::Kind;
+use crate::comm::Hierarchy;
+use crate::dtype::DataType;
+use crate::error::{Error, Result};
+use crate::topology::{LinkClass, Topology};
+use std::collections::BinaryHeap;
 
-use strata::algo::plan::{self, Plan, Ring};
-use strata::algo::{ho_ring, Algo};
-use strata::check::Kind;
-use strata::comm::Hierarchy;
-use strata::sim::resolve;
-use strata::topology::{LinkClass, Topology};
-use strata::{DataType, Error, Result};
-
-/// Min-heap entry of a ready time (the replay's `Ready`).
-#[derive(PartialEq)]
-struct Ready(f64);
-
-impl Eq for Ready {}
-
-impl Ord for Ready {
-    fn cmp(&self, o: &Self) -> Ordering {
-        o.0.total_cmp(&self.0)
-    }
-}
-
-impl PartialOrd for Ready {
-    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
-        Some(self.cmp(o))
-    }
-}
-
-/// Fibonacci hashing of a ready time's bits (as strata's replay: SipHash would
-/// dominate).
-#[derive(Default)]
-struct TimeHasher(u64);
-
-impl std::hash::Hasher for TimeHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ b as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-    }
-    fn write_u64(&mut self, x: u64) {
-        self.0 = (x ^ (x >> 29)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
-
-type Waves = HashMap<u64, Vec<u32>, std::hash::BuildHasherDefault<TimeHasher>>;
-
-/// The plan of world rank `r` exactly as `strata::sim::dry_run` builds it.
-#[allow(clippy::too_many_arguments)]
-fn plan_of(
-    kind: Kind,
-    algo: Algo,
-    h: Option<&Hierarchy>,
-    p: usize,
-    r: usize,
-    count: usize,
-    s: usize,
-    chunks: Option<usize>,
-) -> Plan {
-    let c = count * s;
-    let pieces = |elems: usize| {
-        chunks
-            .unwrap_or_else(|| plan::default_chunks(elems * s))
-            .max(1)
-    };
-    match (algo, h) {
-        (Algo::Hier, Some(h)) => match kind {
-            Kind::AllGather => plan::hier_all_gather(h, r, c),
-            Kind::ReduceScatter => plan::hier_reduce_scatter(h, r, c),
-            _ => plan::hier_all_reduce(h, r, count, s),
-        },
-        (Algo::HoRing, Some(h)) => match kind {
-            Kind::AllGather => ho_ring::all_gather(h, r, count, s, pieces(count)),
-            Kind::ReduceScatter => ho_ring::reduce_scatter(h, r, count, s, pieces(count)),
-            _ => {
-                let q = count.div_ceil(p);
-                ho_ring::all_reduce(h, r, q, s, pieces(q))
-            }
-        },
-        _ => match kind {
-            Kind::AllGather => plan::ring_all_gather(p, r, c),
-            Kind::ReduceScatter => plan::ring_reduce_scatter(p, r, c),
-            _ => plan::ring_all_reduce(p, r, count, s),
-        },
-    }
-}
-
-/// The algorithm `algo` resolves to (as `strata::sim::resolve`) and the makespan in
-/// microseconds of the schedule `strata::sim::dry_run(topo, kind, algo, count, dtype,
-/// chunks)` replayed on `topo`, computed on node 0 only (module doc).
+/// The algorithm `algo` resolves to (as [`super::resolve`]) and the makespan in
+/// microseconds of the schedule `dry_run(topo, kind, algo, count, dtype, chunks)`
+/// replayed on `topo`, computed on node 0 only (module doc).
 ///
 /// Errors: what `dry_run` refuses (other ops, quantized algorithms, an invalid
 /// topology), and `InvalidArgument` for a ring all-reduce whose count the world size
@@ -129,17 +51,7 @@ pub fn symmetric_makespan(
     dtype: DataType,
     chunks: Option<usize>,
 ) -> Result<(Algo, f64)> {
-    if !matches!(
-        kind,
-        Kind::AllGather | Kind::ReduceScatter | Kind::AllReduce
-    ) {
-        return Err(Error::InvalidArgument(format!(
-            "the simulator models all-gather, reduce-scatter and all-reduce, not {}",
-            kind.name()
-        )));
-    }
-    topo.validate()?;
-    let algo = resolve(topo, kind, algo, count, dtype, chunks)?;
+    let algo = checked_resolve(topo, kind, algo, count, dtype, chunks)?;
     let p = topo.world_size();
     let a = topo.ranks_per_node().max(1);
     let nodes = topo.nodes.max(1);
@@ -290,7 +202,7 @@ pub fn symmetric_makespan(
         }
     }
 
-    // Replay (strata::sim::replay) on node 0's resources.
+    // Replay (super::replay's model) on node 0's resources.
     let links = &topo.links;
     let nics = links.nics_per_node.max(1);
     let per_port = (links.nics_per_node / a).max(1);
@@ -337,7 +249,7 @@ pub fn symmetric_makespan(
     let push = |waves: &mut Waves, heap: &mut BinaryHeap<Ready>, t: f64, i: u32| {
         let w = waves.entry(t.to_bits()).or_default();
         if w.is_empty() {
-            heap.push(Ready(t));
+            heap.push(Ready(t, 0));
         }
         w.push(i);
     };
@@ -349,7 +261,7 @@ pub fn symmetric_makespan(
     let mut done = 0usize;
     let mut makespan = 0.0f64;
     let mut wave: Vec<u32> = Vec::new();
-    while let Some(Ready(rt)) = heap.pop() {
+    while let Some(Ready(rt, _)) = heap.pop() {
         while let Some(mut w) = waves.remove(&rt.to_bits()) {
             w.sort_unstable();
             std::mem::swap(&mut wave, &mut w);
