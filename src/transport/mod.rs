@@ -12,6 +12,8 @@ pub mod gpu;
 pub mod local;
 pub mod metered;
 pub mod mpi;
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+pub mod vendor;
 
 use crate::algo::ring;
 use crate::dtype::{DataType, ReduceOp};
