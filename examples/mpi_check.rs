@@ -1,6 +1,7 @@
 //! The transport-independent self test (`strata::check::exercise`, the same body the
 //! local-transport tests run) on the MPI transport. Usage:
-//! `mpirun -np N target/release/examples/mpi_check [TOPOLOGY]` (default: one node of N).
+//! `mpirun -np N target/release/examples/mpi_check [TOPOLOGY]` (default: `STRATA_TOPOLOGY`,
+//! else the layout of the hosts the ranks run on).
 
 use std::process::ExitCode;
 use strata::{Comm, CommConfig, Topology};

@@ -76,3 +76,24 @@ fn missing_library_is_an_error_naming_the_candidates() {
         }
     }
 }
+
+/// nccl-tests' bootstrap on strata's own transport: rank 0 makes the id and broadcasts
+/// it; every rank of a 4-rank local world holds the same id afterwards.
+#[test]
+fn unique_id_bootstrap_over_a_communicator() {
+    use strata::{Comm, CommConfig};
+    if strata::transport::vendor::VendorLib::get(Vendor::Nccl).is_err() {
+        assert!(std::env::var("STRATA_REQUIRE_NCCL").is_err());
+        return;
+    }
+    let comms = Comm::local_world(4, None, CommConfig::default()).unwrap();
+    let ids: Vec<[u8; 128]> = comms
+        .into_iter()
+        .map(|c| std::thread::spawn(move || c.vendor_unique_id(Vendor::Nccl).unwrap().bytes()))
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .collect();
+    assert!(ids[0].iter().any(|&b| b != 0));
+    assert!(ids.iter().all(|i| *i == ids[0]));
+}

@@ -27,6 +27,7 @@
 //!
 //! Link figures of every preset, with their sources, are in [`presets`].
 
+pub mod detect;
 pub mod grouping;
 pub mod presets;
 
