@@ -89,6 +89,17 @@ pub type RawComm = *mut c_void;
 /// `cudaStream_t` / `hipStream_t`.
 pub type RawStream = *mut c_void;
 
+/// `ncclReduceScatter` / `ncclAllReduce`: `(send, recv, count, dtype, op, comm, stream)`.
+type ReduceFn = unsafe extern "C" fn(
+    *const c_void,
+    *mut c_void,
+    usize,
+    c_int,
+    c_int,
+    RawComm,
+    RawStream,
+) -> c_int;
+
 /// The raw entry points (`sys` layer). Required ones are resolved at load; optional
 /// ones are `None` where the library's version lacks them. The collective entries are
 /// resolved (a library without them is refused) but not called yet: the device
@@ -107,36 +118,10 @@ struct Sys {
     #[allow(clippy::type_complexity)]
     ncclAllGather:
         unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, RawComm, RawStream) -> c_int,
-    #[allow(clippy::type_complexity)]
-    ncclReduceScatter: unsafe extern "C" fn(
-        *const c_void,
-        *mut c_void,
-        usize,
-        c_int,
-        c_int,
-        RawComm,
-        RawStream,
-    ) -> c_int,
-    #[allow(clippy::type_complexity)]
-    ncclAllReduce: unsafe extern "C" fn(
-        *const c_void,
-        *mut c_void,
-        usize,
-        c_int,
-        c_int,
-        RawComm,
-        RawStream,
-    ) -> c_int,
-    #[allow(clippy::type_complexity)]
-    ncclBroadcast: unsafe extern "C" fn(
-        *const c_void,
-        *mut c_void,
-        usize,
-        c_int,
-        c_int,
-        RawComm,
-        RawStream,
-    ) -> c_int,
+    ncclReduceScatter: ReduceFn,
+    ncclAllReduce: ReduceFn,
+    /// `ncclBroadcast(send, recv, count, dtype, root, comm, stream)`: the same shape.
+    ncclBroadcast: ReduceFn,
     ncclSend: unsafe extern "C" fn(*const c_void, usize, c_int, c_int, RawComm, RawStream) -> c_int,
     ncclRecv: unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, RawComm, RawStream) -> c_int,
     /// `ncclCommSplit(comm, color, key, *newcomm, config)` (NCCL 2.18+, RCCL 2.18+).
