@@ -534,7 +534,7 @@ impl<M: UnitModel> Engine<M> {
         let loss = self.model.loss_value(&out)?;
 
         let mut grad_out: Option<M::Act> = None;
-        let mut inflight: Vec<Inflight> = Vec::new();
+        let mut inflight: std::collections::VecDeque<Inflight> = Default::default();
         let mut next = Some(self.gather(nu - 1, true)?);
         for u in (0..nu).rev() {
             let cur = next
@@ -550,14 +550,15 @@ impl<M: UnitModel> Engine<M> {
                     .backward(u, &p, inputs[u].as_ref(), grad_out.as_ref(), batch)?;
             inputs[u] = None;
             grad_out = gx;
-            inflight.push(self.reduce(u, &gp, last)?);
+            inflight.push_back(self.reduce(u, &gp, last)?);
             // Fold in whatever finished while this unit computed, oldest first.
             while inflight
-                .first()
+                .front()
                 .is_some_and(|f| f.work.as_ref().is_none_or(|w| w.is_done()))
             {
-                let f = inflight.remove(0);
-                self.drain(f)?;
+                if let Some(f) = inflight.pop_front() {
+                    self.drain(f)?;
+                }
             }
         }
         for f in inflight {

@@ -434,7 +434,7 @@ fn adam_reduces_the_loss_on_the_builtin_corpus() {
 /// (`cargo test --release -p strata-engine --test model -- --ignored --nocapture
 /// training_curve`).
 #[test]
-#[ignore]
+#[ignore = "2000 Adam steps: a minute in release, a demonstration rather than a check"]
 fn training_curve() {
     let (before, after) = train_adam(2000, 8, 3e-3, 200);
     eprintln!("adam 2000 steps: eval loss {before} -> {after}");
@@ -580,7 +580,7 @@ fn corpus_batches_are_deterministic_next_byte_windows() {
 /// Per-call timings of the default model (`cargo test -p strata-engine --test model
 /// --release -- --ignored --nocapture timing`).
 #[test]
-#[ignore]
+#[ignore = "prints timings for the README; asserts nothing timing-dependent"]
 fn timing() {
     let m = tiny();
     let params = init_all(&m, 0);

@@ -9,6 +9,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use std::io::Write;
 use strata::Topology;
 use strata_engine::account::Phase;
+use strata_engine::planner::memory::gib;
+use strata_engine::planner::parse_bytes;
 use strata_engine::train::{train_local, train_mpi, TrainOptions};
 use strata_engine::{Precision, StepReport};
 
@@ -70,28 +72,6 @@ struct Args {
     quiet: bool,
 }
 
-fn parse_bytes(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let (num, mul) = match t.find(|c: char| c.is_ascii_alphabetic()) {
-        Some(i) => {
-            let m = match t[i..].to_ascii_lowercase().as_str() {
-                "b" => 1u64,
-                "k" | "kb" | "kib" => 1 << 10,
-                "m" | "mb" | "mib" => 1 << 20,
-                "g" | "gb" | "gib" => 1 << 30,
-                "t" | "tb" | "tib" => 1 << 40,
-                u => return Err(format!("unknown unit '{u}' in '{s}'")),
-            };
-            (&t[..i], m)
-        }
-        None => (t, 1),
-    };
-    num.trim()
-        .parse::<f64>()
-        .map(|v| (v * mul as f64) as u64)
-        .map_err(|_| format!("bad byte count '{s}' (e.g. 80G)"))
-}
-
 fn line(r: &StepReport) -> String {
     let t = &r.traffic;
     let phases: Vec<String> = Phase::ALL
@@ -101,8 +81,8 @@ fn line(r: &StepReport) -> String {
             format!(
                 "{} {}/{}",
                 p.name(),
-                human(x.intra_node + x.intra_package),
-                human(x.inter_node)
+                gib(x.intra_node + x.intra_package),
+                gib(x.inter_node)
             )
         })
         .collect();
@@ -111,23 +91,10 @@ fn line(r: &StepReport) -> String {
         r.step,
         r.loss,
         r.step_time_us as f64 / 1e3,
-        human(r.memory.model_states),
-        human(r.memory.buffers_peak),
+        gib(r.memory.model_states),
+        gib(r.memory.buffers_peak),
         phases.join(", ")
     )
-}
-
-fn human(b: u64) -> String {
-    let b = b as f64;
-    if b >= (1u64 << 30) as f64 {
-        format!("{:.2}G", b / (1u64 << 30) as f64)
-    } else if b >= (1 << 20) as f64 {
-        format!("{:.2}M", b / (1 << 20) as f64)
-    } else if b >= 1024.0 {
-        format!("{:.1}K", b / 1024.0)
-    } else {
-        format!("{b}B")
-    }
 }
 
 fn run(a: Args) -> Result<(), String> {
@@ -171,7 +138,7 @@ fn run(a: Args) -> Result<(), String> {
         o.optimizer.lr = lr;
     }
     o.seed = a.seed;
-    o.gpu_mem = parse_bytes(&a.gpu_mem)?;
+    o.gpu_mem = parse_bytes(&a.gpu_mem).map_err(|e| e.to_string())?;
     let strategy = o.resolve().map_err(|e| e.to_string())?;
     // Before MPI starts, the launcher's environment says which process is rank 0.
     let root = !mpi
@@ -267,7 +234,7 @@ fn run(a: Args) -> Result<(), String> {
                 l.loss,
                 reports.len(),
                 mean_us / 1e3,
-                human(l.memory.model_states)
+                gib(l.memory.model_states)
             );
         }
     }
