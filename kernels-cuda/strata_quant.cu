@@ -5,5 +5,9 @@
 #ifndef STRATA_QUANT_CUH
 #include "strata_quant.cuh"
 #endif
+#ifndef STRATA_REDUCE_CUH
+#include "strata_reduce.cuh"
+#endif
 
 STRATA_QUANT_KERNELS()
+STRATA_REDUCE_KERNELS()

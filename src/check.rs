@@ -187,23 +187,23 @@ pub fn run_checked(
     let input = kind.input(dtype, r, count, p, seed);
     let (send, recv) = match (in_place, kind) {
         (true, Kind::AllGather) => {
-            let recv = Buffer::zeroed(nr * s);
+            let recv = comm.alloc_native(nr * s)?;
             let send = recv.slice(r * count * s..(r + 1) * count * s)?;
             send.write_bytes(&input)?;
             (send, recv)
         }
         (true, Kind::ReduceScatter) => {
-            let send = Buffer::from_bytes(&input);
+            let send = comm.native_from(&input)?;
             let recv = send.slice(r * count * s..(r + 1) * count * s)?;
             (send, recv)
         }
         (true, Kind::AllReduce) | (true, Kind::Broadcast { .. }) => {
-            let b = Buffer::from_bytes(&input);
+            let b = comm.native_from(&input)?;
             (b.clone(), b)
         }
         _ => (
-            Buffer::from_bytes(&input),
-            Buffer::from_bytes(&vec![0xA5; nr * s]),
+            comm.native_from(&input)?,
+            comm.native_from(&vec![0xA5; nr * s])?,
         ),
     };
     comm.submit(Request::new(kind.op(send, recv.clone(), count, redop), dtype).with_algo(algo))?
@@ -228,14 +228,8 @@ pub fn run_checked_coalesced(
     let mut recvs = Vec::new();
     for (t, &c) in counts.iter().enumerate() {
         let (_, nr) = kind.sizes(c, p);
-        sends.push(Buffer::from_bytes(&kind.input(
-            dtype,
-            r,
-            c,
-            p,
-            seed + t as u64,
-        )));
-        recvs.push(Buffer::from_bytes(&vec![0xA5; nr * s]));
+        sends.push(comm.native_from(&kind.input(dtype, r, c, p, seed + t as u64))?);
+        recvs.push(comm.native_from(&vec![0xA5; nr * s])?);
     }
     let op = match kind {
         Kind::AllGather => Op::AllGatherCoalesced {
@@ -385,8 +379,8 @@ pub fn exercise(comm: &Comm) -> Result<()> {
     }
     // Point to point around the ring.
     let (p, r) = (comm.size(), comm.rank());
-    let out = Buffer::from_bytes(&fill(DataType::F32, r, 0, 11, 99));
-    let inc = Buffer::zeroed(11 * 4);
+    let out = comm.native_from(&fill(DataType::F32, r, 0, 11, 99))?;
+    let inc = comm.alloc_native(11 * 4)?;
     let ws = comm.send(&out, 11, DataType::F32, (r + 1) % p)?;
     let wr = comm.recv(&inc, 11, DataType::F32, (r + p - 1) % p)?;
     ws.wait()?;
@@ -506,8 +500,8 @@ pub fn run_checked_quant(
     let (ns, nr) = kind.sizes(count, p);
     let s = dtype.size();
     let input = fill(dtype, r, 0, ns, seed);
-    let send = Buffer::from_bytes(&input);
-    let recv = Buffer::from_bytes(&vec![0xA5; nr * s]);
+    let send = comm.native_from(&input)?;
+    let recv = comm.native_from(&vec![0xA5; nr * s])?;
     comm.submit(
         Request::new(kind.op(send, recv.clone(), count, redop), dtype)
             .with_algo(algo)

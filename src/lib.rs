@@ -5,11 +5,13 @@
 //! the algorithms and the benchmark.
 
 pub mod algo;
+pub mod bufops;
 pub mod capi;
 pub mod check;
 pub mod cli;
 pub mod comm;
 pub mod config;
+pub mod device;
 pub mod dtype;
 pub mod error;
 pub mod kernels;

@@ -8,9 +8,17 @@
 //! this), overlapping ones wait for each other, and a borrow that cannot be had within
 //! the communicator's timeout is an error (`InvalidUsage`), never a hang.
 //!
+//! A buffer's memory is on the host or on a GPU ([`crate::device`]): the same handle,
+//! views and borrow table either way. Host bytes are reached through guards that deref
+//! to slices; device bytes through [`DevGuard`]s that hand out device addresses, which
+//! the device paths of the algorithms and the GPU transports use. `to_bytes` /
+//! `write_bytes` work on both (device: a synchronous copy), so checks and tests read
+//! device results the same way.
+//!
 //! This module holds the only `unsafe` outside FFI and the C ABI: the borrow table is
-//! what makes the raw slices it hands out sound.
+//! what makes the raw slices and addresses it hands out sound.
 
+use crate::device::{DevAddr, Device, DeviceMem};
 use crate::dtype::{DataType, Element};
 use crate::error::{Error, Result};
 use std::cell::UnsafeCell;
@@ -18,8 +26,13 @@ use std::ops::{Deref, DerefMut, Range};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+enum Storage {
+    Host(Box<[UnsafeCell<u8>]>),
+    Device(DeviceMem),
+}
+
 struct Mem {
-    data: Box<[UnsafeCell<u8>]>,
+    data: Storage,
     /// Active borrows: (byte range, exclusive, id).
     borrows: Mutex<Vec<(Range<usize>, bool, u64)>>,
     freed: Condvar,
@@ -81,8 +94,25 @@ impl Mem {
         self.freed.notify_all();
     }
 
-    fn ptr(&self) -> *mut u8 {
-        UnsafeCell::raw_get(self.data.as_ptr())
+    fn ptr(&self) -> Result<*mut u8> {
+        match &self.data {
+            Storage::Host(d) => Ok(UnsafeCell::raw_get(d.as_ptr())),
+            Storage::Device(d) => Err(Error::InvalidUsage(format!(
+                "this buffer is {} bytes of {} device memory: it has no host view (use \
+                 to_bytes / write_bytes, or a GPU transport)",
+                d.len(),
+                d.device().api().name()
+            ))),
+        }
+    }
+
+    fn new(data: Storage) -> Arc<Mem> {
+        Arc::new(Mem {
+            data,
+            borrows: Mutex::new(Vec::new()),
+            freed: Condvar::new(),
+            next_id: 0.into(),
+        })
     }
 }
 
@@ -110,13 +140,84 @@ impl Buffer {
     pub fn zeroed(bytes: usize) -> Buffer {
         let data: Box<[UnsafeCell<u8>]> = (0..bytes).map(|_| UnsafeCell::new(0u8)).collect();
         Buffer {
-            mem: Arc::new(Mem {
-                data,
-                borrows: Mutex::new(Vec::new()),
-                freed: Condvar::new(),
-                next_id: 0.into(),
-            }),
+            mem: Mem::new(Storage::Host(data)),
             range: 0..bytes,
+        }
+    }
+
+    /// `bytes` zeroed bytes of device memory on `dev`, freed when the last view is gone.
+    pub fn on_device(dev: &Arc<dyn Device>, bytes: usize) -> Result<Buffer> {
+        Ok(Buffer {
+            mem: Mem::new(Storage::Device(DeviceMem::alloc(dev, bytes)?)),
+            range: 0..bytes,
+        })
+    }
+
+    /// A buffer over the caller's device memory (C ABI, Python), never freed by strata.
+    ///
+    /// # Safety
+    /// `len` bytes at `addr` are device memory of `dev`, stay allocated and are touched
+    /// by nobody else while the buffer (or a view or work using it) lives.
+    pub unsafe fn from_device_ptr(dev: &Arc<dyn Device>, addr: DevAddr, len: usize) -> Buffer {
+        Buffer {
+            // SAFETY: the caller's contract, passed on.
+            mem: Mem::new(Storage::Device(unsafe {
+                DeviceMem::foreign(dev, addr, len)
+            })),
+            range: 0..len,
+        }
+    }
+
+    /// Zeroed scratch of `bytes` in the same place as this buffer (host, or its device).
+    pub fn alloc_like(&self, bytes: usize) -> Result<Buffer> {
+        match self.device() {
+            None => Ok(Buffer::zeroed(bytes)),
+            Some(d) => Buffer::on_device(d, bytes),
+        }
+    }
+
+    /// The device holding this buffer's memory (`None`: host memory).
+    pub fn device(&self) -> Option<&Arc<dyn Device>> {
+        match &self.mem.data {
+            Storage::Host(_) => None,
+            Storage::Device(d) => Some(d.device()),
+        }
+    }
+
+    /// True for device memory.
+    pub fn is_device(&self) -> bool {
+        self.device().is_some()
+    }
+
+    /// Shared access to device memory: the address of this view's first byte, valid
+    /// while the guard lives. `InvalidUsage` for host memory.
+    pub fn dev_read_timeout(&self, timeout: Duration) -> Result<DevGuard<'_>> {
+        let addr = self.dev_addr()?;
+        let id = self.mem.borrow(&self.range, false, timeout)?;
+        Ok(DevGuard {
+            buf: self,
+            id,
+            addr,
+        })
+    }
+
+    /// Exclusive access to device memory (as [`Buffer::dev_read_timeout`]).
+    pub fn dev_write_timeout(&self, timeout: Duration) -> Result<DevGuard<'_>> {
+        let addr = self.dev_addr()?;
+        let id = self.mem.borrow(&self.range, true, timeout)?;
+        Ok(DevGuard {
+            buf: self,
+            id,
+            addr,
+        })
+    }
+
+    fn dev_addr(&self) -> Result<DevAddr> {
+        match &self.mem.data {
+            Storage::Device(d) => Ok(d.addr() + self.range.start as u64),
+            Storage::Host(_) => Err(Error::InvalidUsage(
+                "host buffer where device memory was expected".into(),
+            )),
         }
     }
 
@@ -185,13 +286,17 @@ impl Buffer {
     }
 
     /// Shared access for reading, waiting up to `timeout` for writers on the range.
+    /// `InvalidUsage` for device memory (see [`Buffer::dev_read_timeout`]).
     pub fn read_timeout(&self, timeout: Duration) -> Result<ReadGuard<'_>> {
+        self.mem.ptr()?;
         let id = self.mem.borrow(&self.range, false, timeout)?;
         Ok(ReadGuard { buf: self, id })
     }
 
     /// Exclusive access for writing, waiting up to `timeout` for other users of the range.
+    /// `InvalidUsage` for device memory (see [`Buffer::dev_write_timeout`]).
     pub fn write_timeout(&self, timeout: Duration) -> Result<WriteGuard<'_>> {
+        self.mem.ptr()?;
         let id = self.mem.borrow(&self.range, true, timeout)?;
         Ok(WriteGuard { buf: self, id })
     }
@@ -206,14 +311,24 @@ impl Buffer {
         self.write_timeout(DEFAULT_BORROW_TIMEOUT)
     }
 
-    /// Copy of the bytes (waits for writers).
+    /// Copy of the bytes (waits for writers; device memory: a synchronous copy).
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
-        Ok(self.read()?.to_vec())
+        match self.device() {
+            None => Ok(self.read()?.to_vec()),
+            Some(d) => {
+                let g = self.dev_read_timeout(DEFAULT_BORROW_TIMEOUT)?;
+                let mut v = vec![0u8; self.len()];
+                if !v.is_empty() {
+                    d.dtoh(&mut v, g.addr())?;
+                }
+                Ok(v)
+            }
+        }
     }
 
     /// Copy of the contents as elements of `T` (length must be a multiple of its size).
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
-        let g = self.read()?;
+        let g = self.to_bytes()?;
         if g.len() % std::mem::size_of::<T>() != 0 {
             return Err(Error::InvalidArgument(format!(
                 "{} bytes is not a whole number of {}",
@@ -233,13 +348,56 @@ impl Buffer {
                 self.len()
             )));
         }
-        self.write()?.copy_from_slice(bytes);
+        match self.device() {
+            None => self.write()?.copy_from_slice(bytes),
+            Some(d) => {
+                let g = self.dev_write_timeout(DEFAULT_BORROW_TIMEOUT)?;
+                if !bytes.is_empty() {
+                    d.htod(g.addr(), bytes)?;
+                }
+            }
+        }
         Ok(())
     }
 
     /// Overwrite the whole view with `data`.
     pub fn write_slice<T: Element>(&self, data: &[T]) -> Result<()> {
         self.write_bytes(bytemuck::cast_slice(data))
+    }
+}
+
+/// A borrow of device memory (shared or exclusive); released on drop.
+pub struct DevGuard<'a> {
+    buf: &'a Buffer,
+    id: u64,
+    addr: DevAddr,
+}
+
+impl DevGuard<'_> {
+    /// Device address of the view's first byte.
+    pub fn addr(&self) -> DevAddr {
+        self.addr
+    }
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.buf.len()
+    }
+    /// True for an empty view.
+    pub fn is_empty(&self) -> bool {
+        self.buf.is_empty()
+    }
+    /// The view as a [`crate::device::Region`].
+    pub fn region(&self) -> crate::device::Region {
+        crate::device::Region {
+            addr: self.addr,
+            len: self.buf.len(),
+        }
+    }
+}
+
+impl Drop for DevGuard<'_> {
+    fn drop(&mut self) {
+        self.buf.mem.release(self.id);
     }
 }
 
@@ -259,9 +417,11 @@ impl Deref for ReadGuard<'_> {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
         let r = &self.buf.range;
-        // SAFETY: the range lies inside the allocation (checked by `slice`) and the borrow
-        // table holds a shared borrow on it, so no `WriteGuard` overlaps it while we live.
-        unsafe { std::slice::from_raw_parts(self.buf.mem.ptr().add(r.start), r.len()) }
+        let p = host_ptr(self.buf);
+        // SAFETY: the range lies inside the host allocation (checked by `slice`; guards
+        // exist only for host memory) and the borrow table holds a shared borrow on it,
+        // so no `WriteGuard` overlaps it while we live.
+        unsafe { std::slice::from_raw_parts(p.add(r.start), r.len()) }
     }
 }
 
@@ -269,17 +429,27 @@ impl Deref for WriteGuard<'_> {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
         let r = &self.buf.range;
+        let p = host_ptr(self.buf);
         // SAFETY: in bounds, and the exclusive borrow excludes every other guard on the range.
-        unsafe { std::slice::from_raw_parts(self.buf.mem.ptr().add(r.start), r.len()) }
+        unsafe { std::slice::from_raw_parts(p.add(r.start), r.len()) }
     }
 }
 
 impl DerefMut for WriteGuard<'_> {
     fn deref_mut(&mut self) -> &mut [u8] {
         let r = &self.buf.range;
+        let p = host_ptr(self.buf);
         // SAFETY: in bounds; the exclusive borrow makes this the only live reference to
         // these bytes, and `&mut self` keeps it unique within this guard.
-        unsafe { std::slice::from_raw_parts_mut(self.buf.mem.ptr().add(r.start), r.len()) }
+        unsafe { std::slice::from_raw_parts_mut(p.add(r.start), r.len()) }
+    }
+}
+
+/// Host base pointer of a guarded buffer (guards are only made for host memory).
+fn host_ptr(b: &Buffer) -> *mut u8 {
+    match &b.mem.data {
+        Storage::Host(d) => UnsafeCell::raw_get(d.as_ptr()),
+        Storage::Device(_) => unreachable!("host guards are refused for device memory"),
     }
 }
 

@@ -49,7 +49,10 @@ fn cuda_kernels_compile_with_nvrtc() {
             }
             Err(e) => panic!("{arch}: {e}"),
         };
-        for name in kernels_gpu::kernel_names() {
+        for name in kernels_gpu::kernel_names()
+            .into_iter()
+            .chain(kernels_gpu::reduce_kernel_names())
+        {
             assert!(
                 ptx.contains(&format!(".entry {name}(")),
                 "{arch}: kernel {name} missing from the PTX"
@@ -231,16 +234,58 @@ impl Emu {
         out_off: usize,
         want: &[u8],
     ) {
+        let got = self.run(
+            kernel,
+            (l.grid, l.threads),
+            fields,
+            input,
+            in_off,
+            out_off,
+            None,
+            want.len(),
+            what,
+        );
+        if let Some(i) = (0..want.len()).find(|&i| got[i] != want[i]) {
+            let bad = (0..want.len()).filter(|&i| got[i] != want[i]).count();
+            panic!(
+                "{what}: {bad} of {} bytes differ from the CPU reference, first at byte {i}: cpu {:#04x} emulated {:#04x}",
+                want.len(),
+                want[i],
+                got[i]
+            );
+        }
+    }
+
+    /// Run `kernel` with `grid` blocks of `threads` threads on `input` (placed at byte
+    /// `in_off`) and an output region of `len` bytes at byte `out_off` + GUARD, holding
+    /// `init` before the launch (the in-place buffer of the element-wise kernels) or
+    /// poison; check the poisoned guard bytes around it and return the region.
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        &mut self,
+        kernel: &str,
+        (grid, threads): (u32, u32),
+        fields: &[u64],
+        input: &[u8],
+        in_off: usize,
+        out_off: usize,
+        init: Option<&[u8]>,
+        len: usize,
+        what: &str,
+    ) -> Vec<u8> {
         self.runs += 1;
         let (inf, outf) = (self.dir.join("in.bin"), self.dir.join("out.bin"));
         std::fs::write(&inf, input).unwrap();
         let poison = (self.runs as u8).wrapping_mul(37) | 1;
-        let buf = vec![poison; want.len() + 2 * GUARD];
+        let mut buf = vec![poison; len + 2 * GUARD];
+        if let Some(init) = init {
+            buf[GUARD..GUARD + len].copy_from_slice(init);
+        }
         std::fs::write(&outf, &buf).unwrap();
         let mut cmd = Command::new(&self.exe);
         cmd.arg(kernel)
-            .arg(l.grid.to_string())
-            .arg(l.threads.to_string())
+            .arg(grid.to_string())
+            .arg(threads.to_string())
             .arg(&inf)
             .arg(in_off.to_string())
             .arg(&outf)
@@ -254,21 +299,13 @@ impl Emu {
             String::from_utf8_lossy(&res.stderr)
         );
         let got = std::fs::read(&outf).unwrap();
+        assert_eq!(got.len(), len + 2 * GUARD, "{what}: output file resized");
         assert!(
             got[..GUARD].iter().all(|&b| b == poison)
-                && got[GUARD + want.len()..].iter().all(|&b| b == poison),
+                && got[GUARD + len..].iter().all(|&b| b == poison),
             "{what}: guard bytes overwritten"
         );
-        let body = &got[GUARD..GUARD + want.len()];
-        if let Some(i) = (0..want.len()).find(|&i| body[i] != want[i]) {
-            let bad = (0..want.len()).filter(|&i| body[i] != want[i]).count();
-            panic!(
-                "{what}: {bad} of {} bytes differ from the CPU reference, first at byte {i}: cpu {:#04x} emulated {:#04x}",
-                want.len(),
-                want[i],
-                body[i]
-            );
-        }
+        got[GUARD..GUARD + len].to_vec()
     }
 }
 
@@ -324,17 +361,15 @@ fn drq_fields(a: &plan::DrqArgs) -> Vec<u64> {
     ]
 }
 
-#[test]
-fn emulated_kernels_match_the_cpu_reference() {
+/// Compile kernels-cuda/emu/ into a directory of its own (`tag`: the tests run in
+/// parallel, in one process); None when the toolchain is missing (and allowed to be).
+fn build_emulator(what: &str, tag: &str) -> Option<Emu> {
     let Some(cxx) = find_cxx() else {
-        unavailable(
-            "emulated kernels",
-            "no C++ compiler (g++, clang++, c++ or $CXX)",
-        );
-        return;
+        unavailable(what, "no C++ compiler (g++, clang++, c++ or $CXX)");
+        return None;
     };
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let dir = std::env::temp_dir().join(format!("strata-emu-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("strata-emu-{}-{tag}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let exe = dir.join("strata_emu");
     let res = Command::new(&cxx)
@@ -352,18 +387,18 @@ fn emulated_kernels_match_the_cpu_reference() {
         let err = String::from_utf8_lossy(&res.stderr).to_string();
         // An old compiler without C++20 <barrier> or _Float16 is the toolchain's absence.
         if err.contains("barrier") || err.contains("_Float16") {
-            unavailable(
-                "emulated kernels",
-                &format!("{cxx:?} lacks C++20/_Float16: {err}"),
-            );
-            return;
+            unavailable(what, &format!("{cxx:?} lacks C++20/_Float16: {err}"));
+            return None;
         }
         panic!("compiling the kernels for host emulation failed:\n{err}");
     }
-    let mut emu = Emu {
-        exe,
-        dir: dir.clone(),
-        runs: 0,
+    Some(Emu { exe, dir, runs: 0 })
+}
+
+#[test]
+fn emulated_kernels_match_the_cpu_reference() {
+    let Some(mut emu) = build_emulator("emulated kernels", "quant") else {
+        return;
     };
     let mut rng = Rng(0xC0FFEE);
     let dts = [DataType::F32, DataType::F16, DataType::BF16];
@@ -534,5 +569,219 @@ fn emulated_kernels_match_the_cpu_reference() {
         "emulated kernels: {} runs, all bitwise equal to the CPU reference",
         emu.runs
     );
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&emu.dir);
+}
+
+// ---------------------------------------------------------------------------------
+// The element-wise kernels of kernels-cuda/strata_reduce.cuh (the device reduce steps and
+// the Avg division), run on the CPU against strata::dtype::reduce_into / finish_avg.
+
+use strata::dtype::{finish_avg, reduce_into};
+
+/// Bit patterns worth combining, per element type: NaNs (quiet, signalling, negative,
+/// with payloads), infinities, signed zeros, subnormals, the extremes, values whose sum or
+/// product overflows (f16: 65504, 32768, 255.9), ones; the integer extremes.
+fn special_bits(dt: DataType) -> &'static [u32] {
+    match dt {
+        DataType::F32 => &[
+            0x7fc0_0000,
+            0x7f80_0001,
+            0xffc1_2345,
+            0x7fff_ffff,
+            0x7f80_0000,
+            0xff80_0000,
+            0,
+            0x8000_0000,
+            1,
+            0x8000_0001,
+            0x007f_ffff,
+            0x0080_0000,
+            0x7f7f_ffff,
+            0xff7f_ffff,
+            0x3f80_0000,
+            0xbf80_0000,
+            0x477f_e000,
+            0x4780_0000,
+            0x3380_0000,
+            0x5f80_0000,
+            0x1f80_0000,
+        ],
+        DataType::F16 => &[
+            0x7e00, 0x7c01, 0xfe5a, 0x7fff, 0x7c00, 0xfc00, 0, 0x8000, 1, 0x8001, 0x03ff, 0x0400,
+            0x7bff, 0xfbff, 0x3c00, 0xbc00, 0x7800, 0x5bff, 0x1400, 0x3555,
+        ],
+        DataType::BF16 => &[
+            0x7fc0, 0x7f81, 0xffc1, 0x7fff, 0x7f80, 0xff80, 0, 0x8000, 1, 0x8001, 0x007f, 0x0080,
+            0x7f7f, 0xff7f, 0x3f80, 0xbf80, 0x5f80, 0x1f80, 0x3eab,
+        ],
+        DataType::I8 | DataType::U8 => &[0, 1, 0xff, 0x7f, 0x80, 0x81, 2, 0x10],
+        DataType::I32 => &[
+            0,
+            1,
+            0xffff_ffff,
+            0x7fff_ffff,
+            0x8000_0000,
+            0x8000_0001,
+            0x0001_0000,
+            0xffff_0000,
+        ],
+    }
+}
+
+/// `n` elements of `dt`: runs of the profiles of `values` (magnitudes from 2^-130 to
+/// 3e38, NaN, infinities; saturated or rounded for integers), special values, and random
+/// bit patterns (every class, every NaN payload).
+fn operands(rng: &mut Rng, n: usize, dt: DataType) -> Vec<u8> {
+    let s = dt.size();
+    let mut out = values(rng, n, dt);
+    let specials = special_bits(dt);
+    for e in out.chunks_mut(s) {
+        let bits = match rng.below(8) {
+            0 | 1 => specials[rng.below(specials.len() as u64) as usize],
+            2 => rng.next() as u32,
+            _ => continue,
+        };
+        e.copy_from_slice(&bits.to_le_bytes()[..s]);
+    }
+    out
+}
+
+fn is_nan(dt: DataType, e: &[u8]) -> bool {
+    match dt {
+        DataType::F32 => f32::from_le_bytes([e[0], e[1], e[2], e[3]]).is_nan(),
+        DataType::F16 => u16::from_le_bytes([e[0], e[1]]) & 0x7fff > 0x7c00,
+        DataType::BF16 => u16::from_le_bytes([e[0], e[1]]) & 0x7fff > 0x7f80,
+        _ => false,
+    }
+}
+
+/// Compare element by element, bit for bit, except that any NaN equals any NaN (the GPU
+/// writes its own NaN, the CPU propagates payloads). Returns how many NaN pairs differed
+/// in their bits.
+fn compare(what: &str, dt: DataType, got: &[u8], want: &[u8]) -> usize {
+    let s = dt.size();
+    let mut nan_payloads = 0;
+    let mut bad = Vec::new();
+    for (i, (g, w)) in got.chunks(s).zip(want.chunks(s)).enumerate() {
+        if g == w {
+            continue;
+        }
+        if is_nan(dt, g) && is_nan(dt, w) {
+            nan_payloads += 1;
+        } else {
+            bad.push(i);
+        }
+    }
+    if let Some(&i) = bad.first() {
+        let hex = |b: &[u8]| {
+            b.iter()
+                .rev()
+                .map(|x| format!("{x:02x}"))
+                .collect::<String>()
+        };
+        panic!(
+            "{what}: {} of {} elements differ from the CPU reference, first at element {i}: cpu {} emulated {}",
+            bad.len(),
+            want.len() / s,
+            hex(&want[i * s..(i + 1) * s]),
+            hex(&got[i * s..(i + 1) * s])
+        );
+    }
+    nan_payloads
+}
+
+/// The launch of the element-wise kernels (strata::device::elementwise_grid), with fewer
+/// threads per block where `threads` says so: the kernels are grid-stride loops, so any
+/// geometry covers the buffer, and the emulator runs one OS thread per CUDA thread.
+fn elementwise_launch(count: usize, threads: u32) -> (u32, u32) {
+    let (grid, full) = strata::device::elementwise_grid(count);
+    (grid, threads.min(full))
+}
+
+#[test]
+fn emulated_reductions_match_the_cpu_reference() {
+    let Some(mut emu) = build_emulator("emulated reductions", "reduce") else {
+        return;
+    };
+    let mut rng = Rng(0x0005_EED5_0F_CAFE);
+    let (mut cases, mut elements, mut nan_payloads) = (0usize, 0usize, 0usize);
+
+    // acc[i] = op(acc[i], src[i]): every type, every op, odd counts, every geometry shape
+    // (one thread, fewer threads than elements, the full 256-thread blocks).
+    for dt in DataType::ALL {
+        let s = dt.size();
+        for op in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min] {
+            for (count, threads) in [
+                (0usize, 64u32),
+                (1, 64),
+                (7, 1),
+                (7, 64),
+                (1000, 64),
+                (1000, 256),
+                (4099, 64),
+                (4099, 33),
+            ] {
+                let acc = operands(&mut rng, count, dt);
+                let src = operands(&mut rng, count, dt);
+                let mut want = acc.clone();
+                reduce_into(&mut want, &src, dt, op);
+                let l = elementwise_launch(count, threads);
+                let (in_off, out_off) = (
+                    [0, 16, s][rng.below(3) as usize],
+                    [0, 16, s][rng.below(3) as usize],
+                );
+                let kernel = kernels_gpu::reduce_kernel_name(dt, Some(op));
+                let what =
+                    format!("{kernel} count {count} launch {l:?} offsets {in_off}/{out_off}");
+                let got = emu.run(
+                    &kernel,
+                    l,
+                    &[count as u64],
+                    &src,
+                    in_off,
+                    out_off,
+                    Some(&acc),
+                    acc.len(),
+                    &what,
+                );
+                nan_payloads += compare(&what, dt, &got, &want);
+                cases += 1;
+                elements += count;
+            }
+        }
+    }
+
+    // buf[i] /= n (Avg), every type, several n: the single rounding from f64.
+    for dt in DataType::ALL {
+        let s = dt.size();
+        for n in [1usize, 3, 7, 8, 1024] {
+            for (count, threads) in [(1usize, 64u32), (1000, 64), (4099, 64)] {
+                let buf = operands(&mut rng, count, dt);
+                let mut want = buf.clone();
+                finish_avg(&mut want, dt, n);
+                let l = elementwise_launch(count, threads);
+                let out_off = [0, 16, s][rng.below(3) as usize];
+                let kernel = kernels_gpu::reduce_kernel_name(dt, None);
+                let what = format!("{kernel} n {n} count {count} launch {l:?} offset {out_off}");
+                let got = emu.run(
+                    &kernel,
+                    l,
+                    &[count as u64, (n as f64).to_bits()],
+                    &[],
+                    0,
+                    out_off,
+                    Some(&buf),
+                    buf.len(),
+                    &what,
+                );
+                nan_payloads += compare(&what, dt, &got, &want);
+                cases += 1;
+                elements += count;
+            }
+        }
+    }
+    eprintln!(
+        "emulated reductions: {cases} launches, {elements} elements, all equal to the CPU reference bit for bit ({nan_payloads} NaNs with other payloads)"
+    );
+    let _ = std::fs::remove_dir_all(&emu.dir);
 }

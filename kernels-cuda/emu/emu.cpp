@@ -1,10 +1,16 @@
-// Runs one kernel of strata_quant.cuh on the CPU (see include/cuda_fp16.h):
+// Runs one kernel of strata_quant.cuh or strata_reduce.cuh on the CPU (see include/cuda_fp16.h):
 //   emu KERNEL GRID THREADS IN_FILE IN_OFF OUT_FILE OUT_OFF GUARD FIELD...
 // IN_FILE is placed at byte IN_OFF of a 64-byte-aligned buffer, OUT_FILE (poisoned,
 // with GUARD bytes on each side of the output) at OUT_OFF; the kernel reads from the
 // input and writes at OUT_OFF + GUARD; the whole OUT_FILE region is written back.
 // FIELDs are the u64/u32 fields of the kernel's argument block after the two pointers,
 // in order (tests/gpu_kernels_compile.rs builds them from src/kernels_gpu/plan.rs).
+//
+// The element-wise kernels of strata_reduce.cuh take the same command line; OUT_FILE
+// then holds the buffer the kernel updates in place (GUARD bytes, the body, GUARD bytes):
+//   strata_reduce_{DT}_{OP}: acc = the body, src = the input, FIELDs: n;
+//   strata_divide_{DT}:      buf = the body (no input: IN_FILE may be empty),
+//                            FIELDs: count, then n as the bits of an f64.
 #include "../strata_quant.cu"
 
 #include <cstdio>
@@ -29,8 +35,9 @@ static std::vector<unsigned char> slurp(const char* path) {
   return v;
 }
 
-template <class Args>
-static void launch(void (*k)(Args), Args a, unsigned grid, unsigned threads) {
+// Runs `k()` as a kernel launch of `grid` blocks of `threads` threads.
+template <class K>
+static void launch_fn(K k, unsigned grid, unsigned threads) {
   blockDim = {threads, 1, 1};
   gridDim = {grid, 1, 1};
   // One OS thread per CUDA thread of a block; the blocks run one after the other, with
@@ -44,11 +51,16 @@ static void launch(void (*k)(Args), Args a, unsigned grid, unsigned threads) {
       threadIdx = {t, 0, 0};
       for (unsigned b = 0; b < grid; ++b) {
         blockIdx = {b, 0, 0};
-        k(a);
+        k();
         bar.arrive_and_wait();
       }
     });
   for (auto& t : ts) t.join();
+}
+
+template <class Args>
+static void launch(void (*k)(Args), Args a, unsigned grid, unsigned threads) {
+  launch_fn([=] { k(a); }, grid, threads);
 }
 
 int main(int argc, char** argv) {
@@ -92,6 +104,28 @@ int main(int argc, char** argv) {
     found = true;                                                                     \
   }
   EMU_DRQ(8) EMU_DRQ(4)
+#define EMU_RED1(DTN, T, OPN)                                                         \
+  if (name == "strata_reduce_" #DTN "_" #OPN) {                                       \
+    T* acc = (T*)op;                                                                  \
+    const T* src = (const T*)ip;                                                      \
+    const strata_u64 n = f.at(0);                                                     \
+    launch_fn([=] { strata_reduce_##DTN##_##OPN(acc, src, n); }, grid, threads);      \
+    found = true;                                                                     \
+  }
+#define EMU_RED(DTN, T)                                                               \
+  EMU_RED1(DTN, T, sum) EMU_RED1(DTN, T, prod) EMU_RED1(DTN, T, max)                  \
+  EMU_RED1(DTN, T, min)                                                               \
+  if (name == "strata_divide_" #DTN) {                                                \
+    T* buf = (T*)op;                                                                  \
+    const strata_u64 count = f.at(0);                                                 \
+    double n;                                                                         \
+    const unsigned long long nb = f.at(1);                                            \
+    std::memcpy(&n, &nb, 8);                                                          \
+    launch_fn([=] { strata_divide_##DTN(buf, count, n); }, grid, threads);            \
+    found = true;                                                                     \
+  }
+  EMU_RED(f32, float) EMU_RED(f16, StrataF16) EMU_RED(bf16, StrataBF16)
+  EMU_RED(i8, signed char) EMU_RED(u8, unsigned char) EMU_RED(i32, int)
   if (!found) { std::fprintf(stderr, "unknown kernel %s\n", name.c_str()); return 2; }
 
   FILE* o = std::fopen(argv[6], "wb");

@@ -6,6 +6,7 @@
 //! host transports the packing copies are cheap next to the ring latency they save:
 //! `Σ_i (p-1)` steps become `p-1`.
 
+use crate::bufops::Ops;
 use crate::comm::request::{Op, Request};
 use crate::comm::Comm;
 use crate::error::{Error, Result};
@@ -20,7 +21,7 @@ pub fn run(
 ) -> Result<bool> {
     let p = comm.size();
     let s = req.dtype.size();
-    let t = comm.timeout();
+    let ops = Ops::of(comm);
     match &req.op {
         Op::AllGatherCoalesced {
             sends,
@@ -28,16 +29,14 @@ pub fn run(
             counts,
         } => {
             let total: usize = counts.iter().sum();
-            let fsend = Buffer::zeroed(total * s);
-            {
-                let mut w = fsend.write_timeout(t)?;
-                let mut off = 0;
-                for (b, &n) in sends.iter().zip(counts) {
-                    w[off..off + n * s].copy_from_slice(&b.read_timeout(t)?);
-                    off += n * s;
-                }
+            let like = place(sends, recvs)?;
+            let fsend = like.alloc_like(total * s)?;
+            let mut off = 0;
+            for (b, &n) in sends.iter().zip(counts) {
+                ops.copy(&fsend.slice(off..off + n * s)?, &b.slice(0..n * s)?)?;
+                off += n * s;
             }
-            let frecv = Buffer::zeroed(p * total * s);
+            let frecv = like.alloc_like(p * total * s)?;
             let divided = flat(&Request {
                 op: Op::AllGather {
                     send: fsend,
@@ -46,13 +45,14 @@ pub fn run(
                 },
                 ..req.clone()
             })?;
-            let all = frecv.read_timeout(t)?;
             let mut off = 0;
             for (b, &n) in recvs.iter().zip(counts) {
-                let mut w = b.write_timeout(t)?;
                 for r in 0..p {
                     let src = (r * total + off) * s;
-                    w[r * n * s..(r + 1) * n * s].copy_from_slice(&all[src..src + n * s]);
+                    ops.copy(
+                        &b.slice(r * n * s..(r + 1) * n * s)?,
+                        &frecv.slice(src..src + n * s)?,
+                    )?;
                 }
                 off += n;
             }
@@ -65,20 +65,20 @@ pub fn run(
             op,
         } => {
             let total: usize = counts.iter().sum();
-            let fsend = Buffer::zeroed(p * total * s);
-            {
-                let mut w = fsend.write_timeout(t)?;
-                let mut off = 0;
-                for (b, &n) in sends.iter().zip(counts) {
-                    let src = b.read_timeout(t)?;
-                    for r in 0..p {
-                        let dst = (r * total + off) * s;
-                        w[dst..dst + n * s].copy_from_slice(&src[r * n * s..(r + 1) * n * s]);
-                    }
-                    off += n;
+            let like = place(sends, recvs)?;
+            let fsend = like.alloc_like(p * total * s)?;
+            let mut off = 0;
+            for (b, &n) in sends.iter().zip(counts) {
+                for r in 0..p {
+                    let dst = (r * total + off) * s;
+                    ops.copy(
+                        &fsend.slice(dst..dst + n * s)?,
+                        &b.slice(r * n * s..(r + 1) * n * s)?,
+                    )?;
                 }
+                off += n;
             }
-            let frecv = Buffer::zeroed(total * s);
+            let frecv = like.alloc_like(total * s)?;
             let divided = flat(&Request {
                 op: Op::ReduceScatter {
                     send: fsend,
@@ -88,11 +88,9 @@ pub fn run(
                 },
                 ..req.clone()
             })?;
-            let all = frecv.read_timeout(t)?;
             let mut off = 0;
             for (b, &n) in recvs.iter().zip(counts) {
-                b.write_timeout(t)?
-                    .copy_from_slice(&all[off * s..(off + n) * s]);
+                ops.copy(&b.slice(0..n * s)?, &frecv.slice(off * s..(off + n) * s)?)?;
                 off += n;
             }
             Ok(divided)
@@ -102,4 +100,14 @@ pub fn run(
             req.op.name()
         ))),
     }
+}
+
+/// A buffer of the coalesced call whose place (host or device) the packed buffers take.
+fn place<'a>(sends: &'a [Buffer], recvs: &'a [Buffer]) -> Result<&'a Buffer> {
+    sends
+        .iter()
+        .chain(recvs)
+        .find(|b| !b.is_empty())
+        .or_else(|| sends.first())
+        .ok_or_else(|| Error::Internal("coalesced call without buffers".into()))
 }

@@ -24,6 +24,7 @@
 //! All-reduce is reduce-scatter then all-gather over the count padded to a multiple of p.
 
 use super::{Algo, Algorithm};
+use crate::bufops::Ops;
 use crate::comm::request::{Op, Request};
 use crate::comm::{group_end, group_start, Comm, Work};
 use crate::dtype::{DataType, ReduceOp};
@@ -74,12 +75,13 @@ impl Algorithm for Hier {
                 let p = comm.size();
                 let s = dt.size();
                 let q = count.div_ceil(p);
-                let padded = Buffer::zeroed(q * p * s);
-                padded.slice(0..count * s)?.write_bytes(&send.to_bytes()?)?;
-                let chunk = Buffer::zeroed(q * s);
+                let ops = Ops::of(comm);
+                let padded = send.alloc_like(q * p * s)?;
+                ops.copy(&padded.slice(0..count * s)?, &send.slice(0..count * s)?)?;
+                let chunk = send.alloc_like(q * s)?;
                 reduce_scatter(comm, &padded, &chunk, q, dt, *op)?;
                 all_gather(comm, &chunk, &padded, q * s)?;
-                recv.write_bytes(&padded.slice(0..count * s)?.to_bytes()?)
+                ops.copy(&recv.slice(0..count * s)?, &padded.slice(0..count * s)?)
             }
             _ => Err(crate::error::Error::Internal(
                 "hier dispatched an unsupported op".into(),
@@ -118,7 +120,7 @@ pub fn all_gather(comm: &Comm, send: &Buffer, recv: &Buffer, c: usize) -> Result
         let out = if i + 1 == m {
             recv.clone()
         } else {
-            Buffer::zeroed(b * g * c)
+            recv.alloc_like(b * g * c)?
         };
         let reqs = (0..b)
             .map(|j| {
@@ -159,7 +161,7 @@ pub fn reduce_scatter(
         let out = if i == 0 {
             recv.clone()
         } else {
-            Buffer::zeroed(b * c)
+            recv.alloc_like(b * c)?
         };
         let reqs = (0..b)
             .map(|j| {

@@ -25,11 +25,11 @@
 
 use super::plan::{self, index, pieces, BufId, Plan, Ring, Span, Step};
 use super::{Algo, Algorithm};
+use crate::bufops::Ops;
 use crate::comm::hierarchy::Hierarchy;
 use crate::comm::request::{Op, Request};
 use crate::comm::Comm;
 use crate::error::{Error, Result};
-use crate::memory::Buffer;
 
 /// The HO-Ring algorithm.
 pub struct HoRing;
@@ -62,7 +62,7 @@ impl Algorithm for HoRing {
             .ok_or_else(|| Error::Internal("ho-ring without hierarchy".into()))?;
         let (dt, r, p) = (req.dtype, comm.rank(), comm.size());
         let s = dt.size();
-        let t = comm.timeout();
+        let ops = Ops::of(comm);
         let chunks = |c_elems: usize| {
             comm.config()
                 .ho_ring_chunks
@@ -72,8 +72,7 @@ impl Algorithm for HoRing {
             Op::AllGather { send, recv, count } => {
                 let c = count * s;
                 if send.offset_in(recv) != Some(r * c) {
-                    recv.slice(r * c..(r + 1) * c)?
-                        .write_bytes(&send.read_timeout(t)?)?;
+                    ops.copy(&recv.slice(r * c..(r + 1) * c)?, &send.slice(0..c)?)?;
                 }
                 let pl = all_gather(h, r, *count, s, chunks(*count));
                 plan::execute(comm, &pl, recv, None, dt, crate::ReduceOp::Sum)
@@ -84,10 +83,15 @@ impl Algorithm for HoRing {
                 count,
                 op,
             } => {
-                let work = Buffer::from_bytes(&send.read_timeout(t)?);
+                let n = p * count * s;
+                let work = send.alloc_like(n)?;
+                ops.copy(&work, &send.slice(0..n)?)?;
                 let pl = reduce_scatter(h, r, *count, s, chunks(*count));
                 plan::execute(comm, &pl, recv, Some(&work), dt, *op)?;
-                recv.write_bytes(&work.slice(r * count * s..(r + 1) * count * s)?.to_bytes()?)
+                ops.copy(
+                    &recv.slice(0..count * s)?,
+                    &work.slice(r * count * s..(r + 1) * count * s)?,
+                )
             }
             Op::AllReduce {
                 send,
@@ -96,12 +100,11 @@ impl Algorithm for HoRing {
                 op,
             } => {
                 let q = count.div_ceil(p);
-                let work = Buffer::zeroed(q * p * s);
-                work.slice(0..count * s)?
-                    .write_bytes(&send.read_timeout(t)?)?;
+                let work = send.alloc_like(q * p * s)?;
+                ops.copy(&work.slice(0..count * s)?, &send.slice(0..count * s)?)?;
                 let pl = all_reduce(h, r, q, s, chunks(q));
                 plan::execute(comm, &pl, recv, Some(&work), dt, *op)?;
-                recv.write_bytes(&work.slice(0..count * s)?.to_bytes()?)
+                ops.copy(&recv.slice(0..count * s)?, &work.slice(0..count * s)?)
             }
             _ => Err(Error::Internal(
                 "ho-ring dispatched an unsupported op".into(),

@@ -26,6 +26,7 @@
 //! `(p-1)·P(c)` per rank, `k(p-k)·P(c)` out of each node.
 
 use super::{Algo, Algorithm};
+use crate::bufops::Ops;
 use crate::comm::request::{Op, Request};
 use crate::comm::{Comm, Work};
 use crate::dtype::{DataType, ReduceOp};
@@ -139,24 +140,16 @@ fn two_hop(comm: &Comm, req: &Request) -> Result<()> {
     let (send, recv, c, op) = parts(req)?;
     let q = spec(req, DEFAULT_QGZ)?;
     let dt = req.dtype;
-    let to = comm.timeout();
+    let ops = Ops::of(comm);
     let node = comm.node_comm()?;
     let rail = comm.rail_comm()?;
     let (k, n) = (node.size(), rail.size());
     let st = stages(c * dt.size());
     let ranges = kernels::swizzle_ranges(c, st);
     // 1. swizzled quantization of the whole input.
-    let sw = Buffer::zeroed(kernels::swizzled_len(q, c, n, k, st));
-    kernels::swizzled_quantize(
-        q,
-        dt,
-        &send.read_timeout(to)?,
-        c,
-        n,
-        k,
-        st,
-        &mut sw.write_timeout(to)?,
-    )?;
+    let sw = send.alloc_like(kernels::swizzled_len(q, c, n, k, st))?;
+    let input = send.slice(0..n * k * c * dt.size())?;
+    ops.swizzled_quantize(q, dt, &input, c, n, k, st, &sw)?;
     // 2. intra-node all-to-alls of every stage, queued at once.
     let mut intra = Vec::new();
     for (s, r) in ranges.iter().enumerate() {
@@ -166,7 +159,7 @@ fn two_hop(comm: &Comm, req: &Request) -> Result<()> {
         if k == 1 {
             intra.push((out, Work::ready(Ok(()))));
         } else {
-            let inc = Buffer::zeroed(k * run);
+            let inc = send.alloc_like(k * run)?;
             intra.push((inc.clone(), a2a(&node, &out, &inc, run)?));
         }
     }
@@ -184,32 +177,20 @@ fn two_hop(comm: &Comm, req: &Request) -> Result<()> {
         let partial = if k == 1 {
             inc.clone()
         } else {
-            let g = inc.read_timeout(to)?;
-            let ins: Vec<&[u8]> = g.chunks(run).collect();
-            let out = Buffer::zeroed(run);
-            kernels::dequant_reduce_quant(q, &ins, r.len(), n, &mut out.write_timeout(to)?)?;
+            let out = send.alloc_like(run)?;
+            ops.dequant_reduce_quant(q, inc, k, r.len(), n, &out)?;
             out
         };
-        let got = Buffer::zeroed(run);
+        let got = send.alloc_like(run)?;
         inter.push((got.clone(), n, a2a(&rail, &partial, &got, slice)?));
     }
     // 5. final dequantize-reduce into the output, stage by stage.
     let s_out = dt.size();
-    let mut out = recv.write_timeout(to)?;
     for (s, r) in ranges.iter().enumerate() {
         let (got, senders, w) = &inter[s];
         w.wait()?;
-        let g = got.read_timeout(to)?;
-        let ins: Vec<&[u8]> = g.chunks(q.packed_len(r.len())).take(*senders).collect();
-        kernels::dequant_reduce(
-            q,
-            &ins,
-            r.len(),
-            op,
-            comm.size(),
-            dt,
-            &mut out[r.start * s_out..r.end * s_out],
-        )?;
+        let out = recv.slice(r.start * s_out..r.end * s_out)?;
+        ops.dequant_reduce(q, got, *senders, r.len(), op, comm.size(), dt, &out)?;
     }
     Ok(())
 }
@@ -217,28 +198,21 @@ fn two_hop(comm: &Comm, req: &Request) -> Result<()> {
 fn one_hop(comm: &Comm, req: &Request) -> Result<()> {
     let (send, recv, c, op) = parts(req)?;
     let q = spec(req, DEFAULT_QGZ)?;
-    let (dt, p, to) = (req.dtype, comm.size(), comm.timeout());
+    let (dt, p) = (req.dtype, comm.size());
+    let ops = Ops::of(comm);
     let slice = q.packed_len(c);
-    let packed = Buffer::zeroed(p * slice);
-    {
-        let src = send.read_timeout(to)?;
-        let mut w = packed.write_timeout(to)?;
-        for r in 0..p {
-            let bytes = c * dt.size();
-            kernels::quantize(
-                q,
-                dt,
-                &src[r * bytes..(r + 1) * bytes],
-                &mut w[r * slice..(r + 1) * slice],
-            )?;
-        }
+    let bytes = c * dt.size();
+    let packed = send.alloc_like(p * slice)?;
+    for r in 0..p {
+        ops.quantize(
+            q,
+            dt,
+            &send.slice(r * bytes..(r + 1) * bytes)?,
+            &packed.slice(r * slice..(r + 1) * slice)?,
+        )?;
     }
-    let got = Buffer::zeroed(p * slice);
+    let got = send.alloc_like(p * slice)?;
     // On our own stream thread: the transport's all-to-all directly.
-    comm.transport()
-        .all_to_all(&packed.read_timeout(to)?, &mut got.write_timeout(to)?)?;
-    let g = got.read_timeout(to)?;
-    let ins: Vec<&[u8]> = g.chunks(slice.max(1)).take(p).collect();
-    let ins: Vec<&[u8]> = if slice == 0 { vec![&[][..]; p] } else { ins };
-    kernels::dequant_reduce(q, &ins, c, op, p, dt, &mut recv.write_timeout(to)?)
+    ops.all_to_all(&packed, &got)?;
+    ops.dequant_reduce(q, &got, p, c, op, p, dt, &recv.slice(0..bytes)?)
 }

@@ -7,11 +7,10 @@
 
 use super::qgz::{float_only, spec};
 use super::{hierarchical, Algo, Algorithm};
+use crate::bufops::Ops;
 use crate::comm::request::{Op, Request};
 use crate::comm::Comm;
 use crate::error::{Error, Result};
-use crate::kernels;
-use crate::memory::Buffer;
 
 /// Default qwZ format: int8, blocks of 256.
 pub const DEFAULT_QWZ: (u32, usize) = (8, 256);
@@ -36,27 +35,25 @@ impl Algorithm for Qwz {
             return Err(Error::Internal("qwz dispatched a non all-gather".into()));
         };
         let q = spec(req, DEFAULT_QWZ)?;
-        let (dt, p, to) = (req.dtype, comm.size(), comm.timeout());
+        let (dt, p) = (req.dtype, comm.size());
+        let ops = Ops::of(comm);
         let slice = q.packed_len(*count);
-        let all = Buffer::zeroed(p * slice);
+        let b = count * dt.size();
+        let all = recv.alloc_like(p * slice)?;
         let mine = all.slice(comm.rank() * slice..(comm.rank() + 1) * slice)?;
-        kernels::quantize(q, dt, &send.read_timeout(to)?, &mut mine.write_timeout(to)?)?;
+        ops.quantize(q, dt, &send.slice(0..b)?, &mine)?;
         if comm.hierarchy().is_some_and(|h| h.levels.len() >= 2) {
             hierarchical::all_gather(comm, &mine, &all, slice)?;
         } else {
-            comm.transport()
-                .all_gather(&mut all.write_timeout(to)?, slice)?;
+            ops.all_gather_in_place(&all, slice)?;
         }
-        let g = all.read_timeout(to)?;
-        let mut out = recv.write_timeout(to)?;
-        let b = count * dt.size();
         for r in 0..p {
-            kernels::dequantize(
+            ops.dequantize(
                 q,
-                &g[r * slice..(r + 1) * slice],
+                &all.slice(r * slice..(r + 1) * slice)?,
                 *count,
                 dt,
-                &mut out[r * b..(r + 1) * b],
+                &recv.slice(r * b..(r + 1) * b)?,
             )?;
         }
         Ok(())

@@ -697,7 +697,8 @@ fn all_gather_bytes(comm: &Comm, data: &[u8]) -> Result<Vec<u8>> {
 
 /// A buffer of `elems` elements filled with a repeated seeded pattern (realistic values
 /// without computing a reference value per element).
-fn patterned(dtype: DataType, rank: usize, elems: usize) -> Result<Buffer> {
+/// On GPU transports the buffer is device memory (filled from the host once).
+fn patterned(comm: &Comm, dtype: DataType, rank: usize, elems: usize) -> Result<Buffer> {
     let b = Buffer::alloc(dtype, elems)?;
     if elems > 0 {
         let pat = check::fill(dtype, rank, 0, elems.min(PATTERN), 0x5eed);
@@ -706,16 +707,22 @@ fn patterned(dtype: DataType, rank: usize, elems: usize) -> Result<Buffer> {
             chunk.copy_from_slice(&pat[..chunk.len()]);
         }
     }
-    Ok(b)
+    match comm.device() {
+        None => Ok(b),
+        Some(_) => comm.native_from(&b.to_bytes()?),
+    }
 }
 
 /// The request of one timed call, on buffers allocated once for the row.
-fn timed_request(row: &Row, p: usize, rank: usize) -> Result<Request> {
+fn timed_request(comm: &Comm, row: &Row, p: usize, rank: usize) -> Result<Request> {
     let s = row.dtype.size();
     let redop = row.redop.unwrap_or(ReduceOp::Sum);
     let (ns, nr) = row.kind.sizes(row.count, p);
-    let send = patterned(row.dtype, rank, ns)?;
-    let recv = Buffer::alloc(row.dtype, nr)?;
+    let send = patterned(comm, row.dtype, rank, ns)?;
+    let recv_bytes = nr
+        .checked_mul(row.dtype.size())
+        .ok_or_else(|| Error::InvalidArgument(format!("{nr} x {} overflows", row.dtype)))?;
+    let recv = comm.alloc_native(recv_bytes)?;
     let op = match &row.counts {
         None => row.kind.op(send, recv, row.count, redop),
         Some(counts) => {
@@ -770,7 +777,7 @@ fn wait_all(works: &[strata::Work]) -> Result<()> {
 
 fn bench_row(comm: &Comm, plan: &Plan, row: &Row, pace: &dyn Pace) -> Result<RankRow> {
     let (p, r) = (comm.size(), comm.rank());
-    let req = timed_request(row, p, r)?;
+    let req = timed_request(comm, row, p, r)?;
     for _ in 0..plan.warmup {
         comm.submit(req.clone())?.wait()?;
     }
@@ -1768,6 +1775,18 @@ enum Msg {
 }
 
 fn run_local(cli: &Cli, config: CommConfig, topo: Option<Topology>, algos: &[Algo]) -> Result<u64> {
+    run_threads(cli, config, topo, algos, false)
+}
+
+/// Ranks as threads of this process: the `local` transport, or `cuda-local` (every
+/// rank on the GPU of `STRATA_DEVICE`, default 0).
+fn run_threads(
+    cli: &Cli,
+    config: CommConfig,
+    topo: Option<Topology>,
+    algos: &[Algo],
+    gpu: bool,
+) -> Result<u64> {
     let ranks = match (cli.ranks, &topo) {
         (Some(n), _) => n as usize,
         (None, Some(t)) => t.world_size(),
@@ -1775,7 +1794,17 @@ fn run_local(cli: &Cli, config: CommConfig, topo: Option<Topology>, algos: &[Alg
     };
     let topo = topo.unwrap_or_else(|| Topology::flat(ranks));
     let timeout = config.timeout;
-    let comms = Comm::local_world(ranks, Some(topo), config)?;
+    let comms = if gpu {
+        let ordinal = match std::env::var("STRATA_DEVICE") {
+            Ok(v) => v.trim().parse().map_err(|_| {
+                Error::InvalidArgument(format!("STRATA_DEVICE={v:?} is not a device ordinal"))
+            })?,
+            Err(_) => 0,
+        };
+        Comm::cuda_local_world(ranks, Some(topo), config, ordinal)?
+    } else {
+        Comm::local_world(ranks, Some(topo), config)?
+    };
     let plan = Arc::new(build_plan(cli, algos, ranks)?);
     let mut reporter = Reporter::new(cli, &plan, comms[0].clone(), algos)?;
 
@@ -2031,22 +2060,57 @@ fn run(cli: &Cli) -> ExitCode {
             strata::transport::mpi::finalize();
             return code;
         }
-        TransportKind::Nccl => {
-            strata::transport::gpu::NcclTransport::new().and_then(|_| Err(no_driver("nccl")))
+        TransportKind::Nccl | TransportKind::Rccl => {
+            let code = conclude(run_vendor(cli, config, topo, &algos));
+            strata::transport::mpi::finalize();
+            return code;
         }
-        TransportKind::Rccl => {
-            strata::transport::gpu::RcclTransport::new().and_then(|_| Err(no_driver("rccl")))
-        }
-        TransportKind::CudaLocal => strata::transport::gpu::CudaLocalTransport::new()
-            .and_then(|_| Err(no_driver("cuda-local"))),
+        TransportKind::CudaLocal => run_threads(cli, config, topo, &algos, true),
     };
     conclude(r)
 }
 
-fn no_driver(name: &str) -> Error {
-    Error::NotCompiled(format!(
-        "strata-perf cannot drive the {name} transport yet (no communicator constructor for it)"
-    ))
+/// True when launched by an MPI launcher (mpirun, srun with PMI).
+fn under_mpi() -> bool {
+    [
+        "OMPI_COMM_WORLD_SIZE",
+        "PMI_SIZE",
+        "PMIX_RANK",
+        "MPI_LOCALNRANKS",
+    ]
+    .iter()
+    .any(|k| std::env::var_os(k).is_some())
+}
+
+/// `--transport nccl|rccl`: bootstrapped like nccl-tests. Under mpirun the MPI world
+/// carries rank 0's unique id to every rank (`Comm::vendor_world`); launched alone, a
+/// one-rank world does, giving a one-rank vendor communicator.
+fn run_vendor(
+    cli: &Cli,
+    config: CommConfig,
+    topo: Option<Topology>,
+    algos: &[Algo],
+) -> Result<u64> {
+    let boot = if under_mpi() {
+        Comm::mpi_world(topo, config.clone())?
+    } else {
+        let topo = topo.unwrap_or_else(|| Topology::flat(1));
+        if topo.world_size() != 1 {
+            return Err(Error::InvalidUsage(format!(
+                "--transport {} runs one rank per process: launch {} processes with mpirun",
+                cli.transport.name(),
+                topo.world_size()
+            )));
+        }
+        Comm::local_world(1, Some(topo), config.clone())?.remove(0)
+    };
+    let comm = Comm::vendor_world(&boot, cli.transport, config)?;
+    let r = run_mpi_on(cli, &comm, algos);
+    if r.is_err() {
+        comm.abort();
+        boot.abort();
+    }
+    r
 }
 
 /// Flag combinations clap cannot express: usage errors (exit 2).

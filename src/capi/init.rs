@@ -6,6 +6,7 @@ use crate::comm::CommConfig;
 use crate::dtype::DataType;
 use crate::memory::Buffer;
 use crate::topology::Topology;
+use crate::transport::TransportKind;
 use std::collections::hash_map::RandomState;
 use std::ffi::CStr;
 use std::hash::{BuildHasher, Hasher};
@@ -80,6 +81,18 @@ pub unsafe extern "C" fn strataGetLastError(comm: strataComm_t) -> *const c_char
 
 const ID_MAGIC: &[u8; 8] = b"STRATAID";
 const KEY: std::ops::Range<usize> = 12..28;
+/// The byte of strata's part saying which vendor id the id carries.
+const VENDOR_FLAG: usize = 28;
+const ID_VENDOR_NONE: u8 = 0;
+const ID_VENDOR_NCCL: u8 = 1;
+const ID_VENDOR_RCCL: u8 = 2;
+/// Where the NCCL/RCCL id sits (`ncclUniqueId`: 128 bytes).
+const VENDOR_ID: std::ops::Range<usize> = STRATA_UNIQUE_ID_VENDOR_OFFSET..STRATA_UNIQUE_ID_BYTES;
+const VENDOR_ID_BYTES: usize = 128;
+const _: () = assert!(STRATA_UNIQUE_ID_BYTES - STRATA_UNIQUE_ID_VENDOR_OFFSET == VENDOR_ID_BYTES);
+const _: () = assert!(VENDOR_FLAG < STRATA_UNIQUE_ID_VENDOR_OFFSET && KEY.end <= VENDOR_FLAG);
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+const _: () = assert!(crate::transport::vendor::VENDOR_UNIQUE_ID_BYTES == VENDOR_ID_BYTES);
 
 fn fresh_key() -> [u8; 16] {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -105,39 +118,142 @@ fn id_bytes(id: &strataUniqueId) -> [u8; STRATA_UNIQUE_ID_BYTES] {
     id.internal.map(|c| c as u8)
 }
 
-fn id_key(id: &strataUniqueId) -> Result<[u8; 16]> {
+/// What a unique id says: the rendezvous key of an in-process world and, for the nccl
+/// and rccl transports, the vendor's id (flag `ID_VENDOR_*`, bytes).
+struct IdParts {
+    key: [u8; 16],
+    vendor: Option<(u8, [u8; VENDOR_ID_BYTES])>,
+}
+
+fn parse_id(id: &strataUniqueId) -> Result<IdParts> {
     let b = id_bytes(id);
     if &b[..8] != ID_MAGIC {
         return Err(Error::InvalidArgument(
             "the unique id was not made by strataGetUniqueId".into(),
         ));
     }
-    let mut k = [0u8; 16];
-    k.copy_from_slice(&b[KEY]);
-    Ok(k)
+    let mut key = [0u8; 16];
+    key.copy_from_slice(&b[KEY]);
+    let vendor = match b[VENDOR_FLAG] {
+        ID_VENDOR_NONE => None,
+        f @ (ID_VENDOR_NCCL | ID_VENDOR_RCCL) => {
+            let mut v = [0u8; VENDOR_ID_BYTES];
+            v.copy_from_slice(&b[VENDOR_ID]);
+            Some((f, v))
+        }
+        f => {
+            return Err(Error::InvalidArgument(format!(
+                "the unique id is damaged (vendor flag {f})"
+            )))
+        }
+    };
+    Ok(IdParts { key, vendor })
 }
 
-/// Writes a new unique id to `*uniqueId`. Call it once (on one thread, or on MPI rank 0)
-/// and pass the same id to `strataCommInitRank` on every rank of the new world.
+/// The vendor id (`ncclGetUniqueId`) a new id for `kind` (nccl or rccl) carries.
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+fn vendor_id(kind: TransportKind) -> Result<(u8, [u8; VENDOR_ID_BYTES])> {
+    use crate::transport::vendor::{Vendor, VendorLib};
+    let (flag, vendor) = match kind {
+        TransportKind::Nccl => (ID_VENDOR_NCCL, Vendor::Nccl),
+        TransportKind::Rccl => (ID_VENDOR_RCCL, Vendor::Rccl),
+        other => {
+            return Err(Error::Internal(format!(
+                "{} has no vendor unique id",
+                other.name()
+            )))
+        }
+    };
+    Ok((flag, VendorLib::get(vendor)?.unique_id()?.bytes()))
+}
+
+#[cfg(not(any(feature = "cuda", feature = "rocm")))]
+fn vendor_id(kind: TransportKind) -> Result<(u8, [u8; VENDOR_ID_BYTES])> {
+    Err(not_compiled(kind))
+}
+
+/// A new unique id for a world of transport `kind`: strata's part, and for nccl/rccl
+/// the vendor's id (the transport must be compiled in and its library loadable).
+fn new_id(kind: TransportKind) -> Result<strataUniqueId> {
+    let mut b = [0u8; STRATA_UNIQUE_ID_BYTES];
+    b[..8].copy_from_slice(ID_MAGIC);
+    b[8..12].copy_from_slice(&(STRATA_VERSION_CODE as u32).to_le_bytes());
+    b[KEY].copy_from_slice(&fresh_key());
+    if matches!(kind, TransportKind::Nccl | TransportKind::Rccl) {
+        require_compiled(kind)?;
+        let (flag, v) = vendor_id(kind)?;
+        b[VENDOR_FLAG] = flag;
+        b[VENDOR_ID].copy_from_slice(&v);
+    }
+    Ok(strataUniqueId {
+        internal: b.map(|x| x as c_char),
+    })
+}
+
+/// Writes a new unique id to `*uniqueId`. Call it once (on one thread, or on one
+/// process) and pass the same id to `strataCommInitRank` on every rank of the new world.
 ///
-/// The id names an in-process world for the local transport. Under the mpi transport
-/// `MPI_COMM_WORLD` is the rendezvous and the id is only checked for its format, so
-/// broadcasting it (as NCCL programs do) is allowed but not needed.
+/// - local, cuda-local: the id names an in-process world.
+/// - mpi: `MPI_COMM_WORLD` is the rendezvous and the id is only checked for its format,
+///   so broadcasting it (as NCCL programs do) is allowed but not needed.
+/// - nccl, rccl (`STRATA_TRANSPORT=nccl` / `rccl`): the id also carries a new NCCL/RCCL
+///   unique id (`ncclGetUniqueId`, which loads the library); broadcast it to every
+///   process. Programs that choose the transport in the config rather than the
+///   environment call `strataGetUniqueIdForTransport`.
 ///
-/// Errors: `strataInvalidArgument` when `uniqueId` is NULL. Thread-safe.
+/// Errors: `strataInvalidArgument` when `uniqueId` is NULL; with `STRATA_TRANSPORT`
+/// naming nccl or rccl, `strataInvalidUsage` when the transport is not compiled into this
+/// library and the library's error when NCCL/RCCL cannot be loaded. Any other value of
+/// `STRATA_TRANSPORT` makes a plain id (the init call reports a bad value).
+/// Thread-safe.
 ///
 /// # Safety
 /// `uniqueId` is NULL or valid for a write of a `strataUniqueId`.
 #[no_mangle]
 pub unsafe extern "C" fn strataGetUniqueId(uniqueId: *mut strataUniqueId) -> strataResult_t {
     ffi_boundary!("strataGetUniqueId", std::ptr::null_mut(), {
-        let mut b = [0u8; STRATA_UNIQUE_ID_BYTES];
-        b[..8].copy_from_slice(ID_MAGIC);
-        b[8..12].copy_from_slice(&(STRATA_VERSION_CODE as u32).to_le_bytes());
-        b[KEY].copy_from_slice(&fresh_key());
-        let id = strataUniqueId {
-            internal: b.map(|x| x as c_char),
+        if uniqueId.is_null() {
+            return Err(Error::InvalidArgument("uniqueId is NULL".into()));
+        }
+        let kind = match env_kind() {
+            Ok(Some(k @ (TransportKind::Nccl | TransportKind::Rccl))) => k,
+            _ => TransportKind::Local,
         };
+        let id = new_id(kind)?;
+        // SAFETY: the caller's contract on `uniqueId`.
+        unsafe { write_out(uniqueId, id, "uniqueId") }
+    })
+}
+
+/// Writes a new unique id for a world of `transport` to `*uniqueId` (as
+/// `strataGetUniqueId`, for programs that pick the transport in `strataConfig_t` rather
+/// than with `STRATA_TRANSPORT`): for `strataTransportNccl` / `strataTransportRccl` it
+/// carries a new NCCL/RCCL unique id; `strataTransportDefault` follows
+/// `STRATA_TRANSPORT`.
+///
+/// Errors: `strataInvalidArgument` for a NULL `uniqueId`, a value that is not a
+/// `strataTransport_t` or a bad `STRATA_TRANSPORT`; `strataInvalidUsage` for a transport
+/// not compiled into this library (the message names the cargo feature);
+/// `strataSystemError` (or the vendor library's code) when NCCL/RCCL cannot be loaded or
+/// make an id. Thread-safe.
+///
+/// # Safety
+/// `uniqueId` is NULL or valid for a write of a `strataUniqueId`.
+#[no_mangle]
+pub unsafe extern "C" fn strataGetUniqueIdForTransport(
+    transport: strataTransport_t,
+    uniqueId: *mut strataUniqueId,
+) -> strataResult_t {
+    ffi_boundary!("strataGetUniqueIdForTransport", std::ptr::null_mut(), {
+        if uniqueId.is_null() {
+            return Err(Error::InvalidArgument("uniqueId is NULL".into()));
+        }
+        let kind = match transport {
+            strataTransportDefault => env_kind()?.unwrap_or(TransportKind::Local),
+            t => kind_of(t)?,
+        };
+        require_compiled(kind)?;
+        let id = new_id(kind)?;
         // SAFETY: the caller's contract on `uniqueId`.
         unsafe { write_out(uniqueId, id, "uniqueId") }
     })
@@ -145,10 +261,63 @@ pub unsafe extern "C" fn strataGetUniqueId(uniqueId: *mut strataUniqueId) -> str
 
 // ---- settings ----
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Via {
-    Local,
-    Mpi,
+/// The `strataTransport_t` of a transport.
+pub(crate) fn transport_code(k: TransportKind) -> strataTransport_t {
+    match k {
+        TransportKind::Local => strataTransportLocal,
+        TransportKind::Mpi => strataTransportMpi,
+        TransportKind::Nccl => strataTransportNccl,
+        TransportKind::Rccl => strataTransportRccl,
+        TransportKind::CudaLocal => strataTransportCudaLocal,
+    }
+}
+
+/// The transport of an explicit `strataTransport_t` (not `strataTransportDefault`).
+fn kind_of(t: strataTransport_t) -> Result<TransportKind> {
+    match t {
+        strataTransportLocal => Ok(TransportKind::Local),
+        strataTransportMpi => Ok(TransportKind::Mpi),
+        strataTransportNccl => Ok(TransportKind::Nccl),
+        strataTransportRccl => Ok(TransportKind::Rccl),
+        strataTransportCudaLocal => Ok(TransportKind::CudaLocal),
+        _ => Err(Error::InvalidArgument(format!(
+            "transport {t} is not a strataTransport_t (0 default, 1 local, 2 mpi, 3 nccl, 4 rccl, 5 cuda-local)"
+        ))),
+    }
+}
+
+/// `NotCompiled` (`strataInvalidUsage`) naming the cargo feature of a transport this
+/// build lacks.
+fn not_compiled(kind: TransportKind) -> Error {
+    crate::transport::gpu::not_compiled(kind.name(), kind.feature().unwrap_or("default"))
+}
+
+fn require_compiled(kind: TransportKind) -> Result<()> {
+    if kind.compiled() {
+        Ok(())
+    } else {
+        Err(not_compiled(kind))
+    }
+}
+
+/// A `STRATA_TRANSPORT` value: `None` when empty.
+fn parse_transport(v: &str) -> Result<Option<TransportKind>> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "" => Ok(None),
+        "local" => Ok(Some(TransportKind::Local)),
+        "mpi" => Ok(Some(TransportKind::Mpi)),
+        "nccl" => Ok(Some(TransportKind::Nccl)),
+        "rccl" => Ok(Some(TransportKind::Rccl)),
+        "cuda-local" | "cuda_local" => Ok(Some(TransportKind::CudaLocal)),
+        _ => Err(Error::InvalidArgument(format!(
+            "STRATA_TRANSPORT={v:?} is not a transport (local, mpi, nccl, rccl, cuda-local)"
+        ))),
+    }
+}
+
+/// `STRATA_TRANSPORT`, parsed (`None` when unset or empty).
+fn env_kind() -> Result<Option<TransportKind>> {
+    parse_transport(&std::env::var("STRATA_TRANSPORT").unwrap_or_default())
 }
 
 struct Settings {
@@ -158,12 +327,17 @@ struct Settings {
 }
 
 impl Settings {
-    fn via(&self) -> Result<Via> {
-        match self.transport {
-            strataTransportLocal => Ok(Via::Local),
-            strataTransportMpi => Ok(Via::Mpi),
-            _ => env_transport(),
+    /// The transport: the config's, else `STRATA_TRANSPORT`, else local. A GPU transport
+    /// this build lacks is `NotCompiled` (the mpi transport reports it when it starts).
+    fn kind(&self) -> Result<TransportKind> {
+        let k = match self.transport {
+            strataTransportDefault => env_kind()?.unwrap_or(TransportKind::Local),
+            t => kind_of(t)?,
+        };
+        if k.is_gpu() {
+            require_compiled(k)?;
         }
+        Ok(k)
     }
 
     fn topology(&self) -> Result<Option<Topology>> {
@@ -171,18 +345,28 @@ impl Settings {
     }
 }
 
-/// `STRATA_TRANSPORT`: `local` (default) or `mpi`.
-fn env_transport() -> Result<Via> {
-    let v = std::env::var("STRATA_TRANSPORT").unwrap_or_default();
-    match v.trim().to_ascii_lowercase().as_str() {
-        "" | "local" => Ok(Via::Local),
-        "mpi" => Ok(Via::Mpi),
-        "nccl" | "rccl" | "cuda-local" => Err(Error::NotCompiled(format!(
-            "STRATA_TRANSPORT={v}: GPU transports are not available through the C ABI in this build (local, mpi)"
-        ))),
-        _ => Err(Error::InvalidArgument(format!(
-            "STRATA_TRANSPORT={v:?} is not a transport (local, mpi)"
-        ))),
+/// The device of a cuda-local world: `STRATA_DEVICE`, else 0.
+fn cuda_local_ordinal() -> Result<usize> {
+    match std::env::var("STRATA_DEVICE") {
+        Ok(v) if !v.trim().is_empty() => v.trim().parse().map_err(|_| {
+            Error::InvalidArgument(format!("STRATA_DEVICE={v:?} is not a device ordinal"))
+        }),
+        _ => Ok(0),
+    }
+}
+
+/// A whole in-process world of `kind` (local or cuda-local).
+fn in_process_world(
+    kind: TransportKind,
+    nranks: usize,
+    topo: Option<Topology>,
+    config: CommConfig,
+) -> Result<Vec<Comm>> {
+    match kind {
+        TransportKind::CudaLocal => {
+            Comm::cuda_local_world(nranks, topo, config, cuda_local_ordinal()?)
+        }
+        _ => Comm::local_world(nranks, topo, config),
     }
 }
 
@@ -237,11 +421,16 @@ unsafe fn settings(cfg: *const strataConfig_t) -> Result<Settings> {
             "config version is 0 (initialise it with STRATA_CONFIG_INITIALIZER)".into(),
         ));
     }
-    if !(strataTransportDefault..=strataTransportMpi).contains(&c.transport) {
-        return Err(Error::InvalidArgument(format!(
-            "config transport {} is not a strataTransport_t (0 default, 1 local, 2 mpi)",
-            c.transport
-        )));
+    if c.transport != strataTransportDefault {
+        let k = kind_of(c.transport).map_err(|_| {
+            Error::InvalidArgument(format!(
+                "config transport {} is not a strataTransport_t (0 default, 1 local, 2 mpi, 3 nccl, 4 rccl, 5 cuda-local)",
+                c.transport
+            ))
+        })?;
+        if k.is_gpu() {
+            require_compiled(k)?;
+        }
     }
     // SAFETY: the caller's contract on the strings.
     let topo_spec = unsafe { opt_str(c.topology, "config topology") }?;

@@ -14,15 +14,23 @@
 //! - Messages: every failing call stores `"<function>: <error>"` on the communicator it
 //!   named (`strataGetLastError(comm)`) and on the calling thread
 //!   (`strataGetLastError(NULL)`).
-//! - Host transports only (local, mpi): user pointers are host memory. A call copies its
+//! - Host transports (local, mpi): user pointers are host memory. A call copies its
 //!   inputs into strata-owned [`Buffer`](crate::Buffer)s, submits through the one submit
 //!   path, waits, and copies the results into the user's receive buffers; NCCL's
 //!   in-place layouts are recognised from the raw pointers first and rebuilt as views of
 //!   one buffer, so in-place semantics are NCCL's. Inside a group, calls return at once
 //!   and complete (results copied out) in `strataGroupEnd`.
-//! - Not yet here: the quantized variants (`strataReduceScatterQuantized`,
-//!   `strataAllGatherQuantized`) arrive with the quantization issue, device buffers and
-//!   streams with the GPU transports issue (same functions, same rules).
+//! - GPU transports (nccl, rccl, cuda-local; features `cuda` / `rocm`): user pointers are
+//!   device memory of the communicator's device, checked
+//!   ([`Device::check_pointer`](crate::device::Device::check_pointer)) and wrapped without
+//!   copying ([`Buffer::from_device_ptr`](crate::Buffer::from_device_ptr)); the same
+//!   in-place recognition builds the views. The communicator's stream waits for the
+//!   caller's stream and the host waits for that, so the caller's earlier work is done;
+//!   the call returns once the collective has completed on the device (host-synchronous),
+//!   so ordering with the caller's stream holds both ways. Inside a group the works
+//!   complete in `strataGroupEnd`.
+//! - Unique ids are 256 bytes: strata's 128 (magic, version, rendezvous key, vendor flag)
+//!   then, for nccl/rccl, the vendor's `ncclUniqueId` (see [`strataUniqueId`]).
 
 #![allow(non_camel_case_types, non_snake_case, non_upper_case_globals)]
 // NCCL's signatures.
@@ -92,25 +100,50 @@ pub const strataMin: strataRedOp_t = 3;
 /// Exact mean over the communicator (summed, divided once at the end).
 pub const strataAvg: strataRedOp_t = 4;
 
-/// Transport of a communicator made by `strataCommInitRankConfig`.
+/// Transport of a communicator made by `strataCommInitRankConfig` (or, for `local` and
+/// `cuda-local`, `strataCommInitLocal`). A transport not compiled into the library fails
+/// with `strataInvalidUsage` and a message naming the cargo feature to turn on.
+/// Host transports (local, mpi) take host pointers; GPU transports (nccl, rccl,
+/// cuda-local) take device pointers of the communicator's device.
 pub type strataTransport_t = c_int;
-/// `STRATA_TRANSPORT` (`local` or `mpi`) when set, else `local`.
+/// `STRATA_TRANSPORT` (`local`, `mpi`, `nccl`, `rccl` or `cuda-local`) when set, else
+/// `local`.
 pub const strataTransportDefault: strataTransport_t = 0;
 /// Ranks are threads of this process (rendezvous through the unique id).
 pub const strataTransportLocal: strataTransport_t = 1;
 /// Ranks are the processes of an MPI job (needs a library built with `--features mpi`).
 pub const strataTransportMpi: strataTransport_t = 2;
+/// NVIDIA NCCL (library built with `--features cuda`; libnccl.so.2 is loaded at run time,
+/// `STRATA_NCCL_LIB` overrides its path). One rank per GPU, on the device current on the
+/// calling thread (as NCCL; `STRATA_DEVICE` overrides); the unique id must carry an NCCL
+/// id (`strataGetUniqueIdForTransport(strataTransportNccl, ...)`, or `strataGetUniqueId`
+/// with `STRATA_TRANSPORT=nccl`).
+pub const strataTransportNccl: strataTransport_t = 3;
+/// AMD RCCL (library built with `--features rocm`; `STRATA_RCCL_LIB` overrides the path
+/// of librccl.so.1); otherwise as `strataTransportNccl`, with HIP devices and streams.
+pub const strataTransportRccl: strataTransport_t = 4;
+/// A world of ranks that are threads of this process sharing ONE CUDA device (library
+/// built with `--features cuda`): `strataCommInitLocal`, or `strataCommInitRankConfig`
+/// from threads with one unique id. The device is `STRATA_DEVICE`, default 0.
+pub const strataTransportCudaLocal: strataTransport_t = 5;
 
-/// Stream argument of every collective: an opaque pointer (`cudaStream_t` /
-/// `hipStream_t` on GPU transports); ignored on host transports, may be NULL.
+/// Stream argument of every collective: an opaque pointer. Host transports ignore it (it
+/// may be NULL). GPU transports take the caller's `cudaStream_t` / `hipStream_t` (NULL:
+/// the legacy default stream) of the communicator's device: the collective starts after
+/// the work queued on it before the call, and the call returns once the collective has
+/// completed on the device (host-synchronous), so work queued on the stream after the
+/// call sees the results.
 pub type strataStream_t = *mut c_void;
 
 /// `color` of `strataCommSplit` for ranks that join no new communicator. Declared to C by
 /// hand in cbindgen.toml's `after_includes` (parenthesised); not `pub` so that cbindgen
 /// does not emit a bare `-1` (the test `header_macros_match` keeps the two in step).
 pub(crate) const STRATA_SPLIT_NOCOLOR: c_int = -1;
-/// Size of `strataUniqueId` (as `NCCL_UNIQUE_ID_BYTES`).
-pub const STRATA_UNIQUE_ID_BYTES: usize = 128;
+/// Size of `strataUniqueId`: strata's 128 bytes, then room for an `ncclUniqueId`.
+pub const STRATA_UNIQUE_ID_BYTES: usize = 256;
+/// Offset in `strataUniqueId` of the NCCL/RCCL unique id (`NCCL_UNIQUE_ID_BYTES`, 128
+/// bytes) that ids made for the nccl and rccl transports carry; zeros otherwise.
+pub const STRATA_UNIQUE_ID_VENDOR_OFFSET: usize = 128;
 pub const STRATA_MAJOR: c_int = 0;
 pub const STRATA_MINOR: c_int = 1;
 pub const STRATA_PATCH: c_int = 0;
@@ -132,8 +165,12 @@ pub struct strataComm {
 /// driven concurrently from different threads.
 pub type strataComm_t = *mut strataComm;
 
-/// The name of an in-process world (`strataGetUniqueId`), passed by value to
-/// `strataCommInitRank` on every rank, as NCCL's `ncclUniqueId`.
+/// The name of a new world (`strataGetUniqueId`, `strataGetUniqueIdForTransport`),
+/// passed by value to `strataCommInitRank` on every rank, as NCCL's `ncclUniqueId`
+/// (broadcast it from one process to the others for nccl/rccl, as NCCL programs do).
+/// Layout: bytes 0..128 are strata's (magic, version, rendezvous key of an in-process
+/// world, and which vendor id follows); bytes `STRATA_UNIQUE_ID_VENDOR_OFFSET`..256 hold
+/// the NCCL/RCCL unique id of an id made for the nccl/rccl transport, zeros otherwise.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct strataUniqueId {

@@ -15,6 +15,7 @@ struct Pending {
     job: Job,
     work: Work,
     is_send: bool,
+    fusable: bool,
 }
 
 thread_local! {
@@ -56,8 +57,57 @@ pub fn group_end() -> Result<()> {
         // concurrent send/recv).
         let mut items = items;
         items.sort_by_key(|p| !p.is_send);
+        let items_fusable = items.iter().all(|p| p.fusable);
         let jobs: Vec<(Job, Work)> = items.into_iter().map(|p| (p.job, p.work)).collect();
         let timeout = comm.timeout();
+        // On a GPU transport, a group of native device-buffer calls is one vendor group
+        // (ncclGroupStart/End): sends and receives between peers cannot deadlock.
+        if items_fusable && comm.transport().gpu().is_some() {
+            let c = comm.clone();
+            let pushed = comm.stream_push(
+                Vec::new(),
+                Box::new(move || {
+                    let mut first = super::stream::wait_deps(&deps, timeout);
+                    let mut results = Vec::new();
+                    let mut works = Vec::new();
+                    if first.is_ok() {
+                        let g = c
+                            .transport()
+                            .gpu()
+                            .ok_or_else(|| Error::Internal("GPU transport vanished".into()))?;
+                        let mut jobs = Some(jobs);
+                        first = g.group(&mut || {
+                            for (job, w) in jobs.take().unwrap_or_default() {
+                                results.push(job());
+                                works.push(w);
+                            }
+                            Ok(())
+                        });
+                    } else {
+                        works = jobs.into_iter().map(|(_, w)| w).collect();
+                    }
+                    for (i, w) in works.iter().enumerate() {
+                        let r = match (&first, results.get(i)) {
+                            (Err(e), _) => Err(e.clone()),
+                            (Ok(()), Some(r)) => r.clone(),
+                            (Ok(()), None) => Ok(()),
+                        };
+                        w.complete(r);
+                    }
+                    if first.is_ok() {
+                        if let Some(Err(e)) = results.into_iter().find(|r| r.is_err()) {
+                            first = Err(e);
+                        }
+                    }
+                    first
+                }),
+                Work::pending(),
+            );
+            if let Err(e) = pushed {
+                works.iter().for_each(|w| w.complete(Err(e.clone())));
+            }
+            continue;
+        }
         let pushed = comm.stream_push(
             Vec::new(),
             Box::new(move || {
@@ -89,7 +139,15 @@ pub fn in_group() -> bool {
 }
 
 /// Hold a submission until the group ends.
-pub(crate) fn hold(comm: Comm, deps: Vec<Work>, job: Job, work: Work, is_send: bool) {
+/// `fusable`: a native call on device buffers (may run inside a vendor group).
+pub(crate) fn hold(
+    comm: Comm,
+    deps: Vec<Work>,
+    job: Job,
+    work: Work,
+    is_send: bool,
+    fusable: bool,
+) {
     GROUP.with(|g| {
         g.borrow_mut().1.push(Pending {
             comm,
@@ -97,6 +155,7 @@ pub(crate) fn hold(comm: Comm, deps: Vec<Work>, job: Job, work: Work, is_send: b
             job,
             work,
             is_send,
+            fusable,
         })
     });
 }

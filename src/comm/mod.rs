@@ -10,6 +10,7 @@
 //! - Sub-communicators come from [`Comm::split`] on the transport; the per-level groups
 //!   hierarchical algorithms use are split from the topology ([`Comm::level_comm`]).
 
+pub mod gpu;
 pub mod group;
 pub mod hierarchy;
 pub mod native;
@@ -23,7 +24,7 @@ pub use stream::Work;
 
 use crate::algo::{self, Algo};
 use crate::config;
-use crate::dtype::{finish_avg, DataType, ReduceOp};
+use crate::dtype::{DataType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::memory::Buffer;
 use crate::topology::{Level, Topology};
@@ -479,6 +480,7 @@ impl Comm {
             let comm = self.clone();
             let deps = req.deps.clone();
             let is_send = matches!(req.op, Op::Send { .. });
+            let fusable = group::in_group() && self.fusable(&req);
             let job: group::Job = Box::new(move || {
                 let r = algo::execute(&comm, &req).and_then(|divided| {
                     if divided {
@@ -501,7 +503,7 @@ impl Comm {
             });
             let work = Work::pending();
             if group::in_group() {
-                group::hold(self.clone(), deps, job, work.clone(), is_send);
+                group::hold(self.clone(), deps, job, work.clone(), is_send, fusable);
             } else {
                 self.0.stream.push(deps, job, work.clone())?;
             }
@@ -510,20 +512,39 @@ impl Comm {
         self.note(r)
     }
 
+    /// True when `req` is one native vendor call on device buffers with nothing
+    /// enqueued after it (no `Avg` division, no reduction of a received message), so a
+    /// group of such calls can be one vendor group.
+    fn fusable(&self, req: &Request) -> bool {
+        self.0.transport.gpu().is_some()
+            && req.op.device().is_some()
+            && req.op.redop() != Some(ReduceOp::Avg)
+            && !matches!(
+                req.op,
+                Op::SendRecv {
+                    reduce: Some(_),
+                    ..
+                } | Op::AllGatherCoalesced { .. }
+                    | Op::ReduceScatterCoalesced { .. }
+            )
+            && algo::select::choose(self, req).0.algo() == Algo::Ring
+    }
+
     /// `Avg`: divide the summed result once by the communicator size.
     fn finish(&self, req: &Request) -> Result<()> {
         if req.op.redop() != Some(ReduceOp::Avg) {
             return Ok(());
         }
         let n = self.size();
-        let t = self.timeout();
+        let ops = crate::bufops::Ops::of(self);
+        let s = req.dtype.size();
         match &req.op {
-            Op::ReduceScatter { recv, .. } | Op::AllReduce { recv, .. } => {
-                finish_avg(&mut recv.write_timeout(t)?, req.dtype, n)
+            Op::ReduceScatter { recv, count, .. } | Op::AllReduce { recv, count, .. } => {
+                ops.divide(&recv.slice(0..count * s)?, req.dtype, n)?
             }
-            Op::ReduceScatterCoalesced { recvs, .. } => {
-                for r in recvs {
-                    finish_avg(&mut r.write_timeout(t)?, req.dtype, n);
+            Op::ReduceScatterCoalesced { recvs, counts, .. } => {
+                for (r, c) in recvs.iter().zip(counts) {
+                    ops.divide(&r.slice(0..c * s)?, req.dtype, n)?;
                 }
             }
             _ => {}

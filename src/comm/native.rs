@@ -8,10 +8,16 @@ use crate::dtype::{reduce_into, DataType};
 use crate::error::{Error, Result};
 use crate::memory::Buffer;
 use crate::transport::Transport;
+use std::sync::Arc;
 use std::time::Duration;
 
-/// Execute `op` (already checked) with the transport's own algorithm.
+/// Execute `op` (already checked) with the transport's own algorithm. Device buffers
+/// go to the transport's device face ([`crate::transport::gpu::GpuTransport`]); host
+/// buffers to its host face (GPU transports stage them through scratch).
 pub fn run(t: &dyn Transport, op: &Op, dtype: DataType, timeout: Duration) -> Result<()> {
+    if let Some(place) = placement(op)? {
+        return device::run(t, op, dtype, timeout, place);
+    }
     let (rank, size) = (t.rank(), t.size());
     match op {
         Op::AllGather { send, recv, count } => {
@@ -88,4 +94,160 @@ fn copy_unless_same(src: &Buffer, dst: &Buffer, timeout: Duration) -> Result<()>
     let data = src.read_timeout(timeout)?;
     dst.write_timeout(timeout)?.copy_from_slice(&data);
     Ok(())
+}
+
+/// `Some(device)` when the op's buffers are device memory, `None` for host memory;
+/// buffers of both kinds, or of two devices, in one op are an `InvalidArgument`.
+fn placement(op: &Op) -> Result<Option<Arc<dyn crate::device::Device>>> {
+    let mut bufs: Vec<&Buffer> = Vec::new();
+    op.for_each_buffer(&mut |b| bufs.push(b));
+    let mut dev: Option<&Arc<dyn crate::device::Device>> = None;
+    let mut host = false;
+    for b in bufs.into_iter().filter(|b| !b.is_empty()) {
+        match b.device() {
+            None => host = true,
+            Some(d) => {
+                if let Some(e) = dev {
+                    if !Arc::ptr_eq(e, d) && e.ordinal() != d.ordinal() {
+                        return Err(Error::InvalidArgument(format!(
+                            "{}: buffers on two devices ({} and {})",
+                            op.name(),
+                            e.ordinal(),
+                            d.ordinal()
+                        )));
+                    }
+                }
+                dev = Some(d);
+            }
+        }
+    }
+    if host && dev.is_some() {
+        return Err(Error::InvalidArgument(format!(
+            "{}: host and device buffers mixed in one call",
+            op.name()
+        )));
+    }
+    Ok(dev.cloned())
+}
+
+/// The device path: the same ops on the transport's [`GpuTransport`].
+mod device {
+    use super::*;
+    use crate::device::Device;
+    use crate::transport::gpu::GpuTransport;
+
+    fn gpu<'a>(t: &'a dyn Transport, op: &Op) -> Result<&'a dyn GpuTransport> {
+        t.gpu().ok_or_else(|| {
+            Error::InvalidUsage(format!(
+                "{} on device buffers needs a GPU transport (nccl, rccl, cuda-local); this \
+                 communicator's transport is {}, which moves host memory",
+                op.name(),
+                t.kind().name()
+            ))
+        })
+    }
+
+    pub(super) fn run(
+        t: &dyn Transport,
+        op: &Op,
+        dtype: DataType,
+        to: Duration,
+        place: Arc<dyn Device>,
+    ) -> Result<()> {
+        let g = gpu(t, op)?;
+        if g.device().ordinal() != place.ordinal() || g.device().api() != place.api() {
+            return Err(Error::InvalidArgument(format!(
+                "{}: buffers on {} device {}, the communicator runs on device {}",
+                op.name(),
+                place.api().name(),
+                place.ordinal(),
+                g.device().ordinal()
+            )));
+        }
+        let rank = t.rank();
+        match op {
+            Op::AllGather { send, recv, count } => {
+                let c = count * dtype.size();
+                let out = recv.dev_write_timeout(to)?;
+                if send.offset_in(recv) != Some(rank * c) {
+                    let s = send.dev_read_timeout(to)?;
+                    g.stream()
+                        .copy(out.addr() + (rank * c) as u64, s.addr(), c)?;
+                }
+                g.all_gather(out.region(), c)
+            }
+            Op::ReduceScatter { send, recv, op, .. } => {
+                if recv.offset_in(send).is_some() {
+                    // In place: one exclusive borrow of the whole input covers the output.
+                    let s = send.dev_write_timeout(to)?;
+                    let off = recv.offset_in(send).unwrap_or(0) as u64;
+                    let r = crate::device::Region {
+                        addr: s.addr() + off,
+                        len: recv.len(),
+                    };
+                    g.reduce_scatter(s.region(), r, dtype, *op)
+                } else {
+                    let s = send.dev_read_timeout(to)?;
+                    let r = recv.dev_write_timeout(to)?;
+                    g.reduce_scatter(s.region(), r.region(), dtype, *op)
+                }
+            }
+            Op::AllReduce { send, recv, op, .. } => {
+                copy_dev(g, send, recv, to)?;
+                g.all_reduce(recv.dev_write_timeout(to)?.region(), dtype, *op)
+            }
+            Op::AllToAll { send, recv, .. } => g.all_to_all(
+                send.dev_read_timeout(to)?.region(),
+                recv.dev_write_timeout(to)?.region(),
+            ),
+            Op::Broadcast {
+                send, recv, root, ..
+            } => {
+                if rank == *root {
+                    copy_dev(g, send, recv, to)?;
+                }
+                g.broadcast(recv.dev_write_timeout(to)?.region(), *root)
+            }
+            Op::Send { buf, peer, .. } => g.send(*peer, buf.dev_read_timeout(to)?.region()),
+            Op::Recv { buf, peer, .. } => g.recv(*peer, buf.dev_write_timeout(to)?.region()),
+            Op::SendRecv {
+                send,
+                recv,
+                dst,
+                src,
+                reduce,
+                ..
+            } => {
+                let s = send.dev_read_timeout(to)?;
+                match reduce {
+                    None => {
+                        g.sendrecv(*dst, s.region(), *src, recv.dev_write_timeout(to)?.region())
+                    }
+                    Some(op) => {
+                        let tmp = recv.alloc_like(recv.len())?;
+                        let tg = tmp.dev_write_timeout(to)?;
+                        g.sendrecv(*dst, s.region(), *src, tg.region())?;
+                        let r = recv.dev_write_timeout(to)?;
+                        let n = crate::transport::gpu::count_of(recv.len(), dtype)?;
+                        g.stream()
+                            .reduce(r.addr(), tg.addr(), n, dtype, op.partial())?;
+                        g.finish("send-receive reduction")
+                    }
+                }
+            }
+            Op::AllGatherCoalesced { .. } | Op::ReduceScatterCoalesced { .. } => Err(
+                Error::Internal(format!("{} reached the native path unpacked", op.name())),
+            ),
+        }
+    }
+
+    fn copy_dev(g: &dyn GpuTransport, src: &Buffer, dst: &Buffer, to: Duration) -> Result<()> {
+        if dst.offset_in(src) == Some(0) && dst.len() == src.len() {
+            return Ok(());
+        }
+        let s = src.dev_read_timeout(to)?;
+        let d = dst.dev_write_timeout(to)?;
+        g.stream().copy(d.addr(), s.addr(), src.len())?;
+        g.finish("copy")
+    }
 }

@@ -104,6 +104,38 @@ impl Op {
         }
     }
 
+    /// Every buffer the op names.
+    pub fn for_each_buffer<'a>(&'a self, f: &mut dyn FnMut(&'a Buffer)) {
+        match self {
+            Op::AllGather { send, recv, .. }
+            | Op::ReduceScatter { send, recv, .. }
+            | Op::AllReduce { send, recv, .. }
+            | Op::AllToAll { send, recv, .. }
+            | Op::Broadcast { send, recv, .. }
+            | Op::SendRecv { send, recv, .. } => {
+                f(send);
+                f(recv);
+            }
+            Op::Send { buf, .. } | Op::Recv { buf, .. } => f(buf),
+            Op::AllGatherCoalesced { sends, recvs, .. }
+            | Op::ReduceScatterCoalesced { sends, recvs, .. } => {
+                sends.iter().chain(recvs).for_each(f)
+            }
+        }
+    }
+
+    /// The device of the op's buffers (`None`: host memory). Empty buffers do not count
+    /// (a non-root's broadcast input may be anything).
+    pub fn device(&self) -> Option<std::sync::Arc<dyn crate::device::Device>> {
+        let mut d = None;
+        self.for_each_buffer(&mut |b| {
+            if d.is_none() && !b.is_empty() {
+                d = b.device().cloned();
+            }
+        });
+        d
+    }
+
     /// The reduction op, where there is one.
     pub fn redop(&self) -> Option<ReduceOp> {
         match self {

@@ -19,6 +19,7 @@
 
 use crate::error::Result;
 
+pub mod call;
 pub mod plan;
 pub use plan::{group_size, Launch};
 
@@ -31,15 +32,20 @@ mod nvrtc;
 
 /// The shared portable header with every kernel body (CUDA and HIP).
 pub const CUDA_HEADER: &str = include_str!("../../kernels-cuda/strata_quant.cuh");
-/// The CUDA entry file (expands the kernels of [`CUDA_HEADER`]).
+/// Element-wise reductions and the `Avg` division (device paths of the algorithms),
+/// built on [`CUDA_HEADER`]'s platform layer.
+pub const REDUCE_HEADER: &str = include_str!("../../kernels-cuda/strata_reduce.cuh");
+/// The CUDA entry file (expands the kernels of [`CUDA_HEADER`] and [`REDUCE_HEADER`]).
 pub const CUDA_ENTRY: &str = include_str!("../../kernels-cuda/strata_quant.cu");
 /// The HIP entry file (includes `../kernels-cuda/strata_quant.cuh`; no kernel code).
 pub const HIP_ENTRY: &str = include_str!("../../kernels-hip/strata_quant.hip");
-/// The whole translation unit NVRTC compiles: the header, then the entry file (whose
-/// `#include` of the header is skipped by its guard), so NVRTC needs an include path only
-/// for `cuda_fp16.h` / `cuda_bf16.h`.
+/// The whole translation unit NVRTC compiles: the headers, then the entry file (whose
+/// `#include`s of the headers are skipped by their guards), so NVRTC needs an include
+/// path only for `cuda_fp16.h` / `cuda_bf16.h`.
 pub const CUDA_SOURCE: &str = concat!(
     include_str!("../../kernels-cuda/strata_quant.cuh"),
+    "\n",
+    include_str!("../../kernels-cuda/strata_reduce.cuh"),
     "\n",
     include_str!("../../kernels-cuda/strata_quant.cu")
 );
@@ -104,6 +110,30 @@ pub fn kernel_names() -> Vec<String> {
     kernels()
         .into_iter()
         .map(|(op, dt, bits)| kernel_name(op, dt, bits))
+        .collect()
+}
+
+/// The reduction kernels: `strata_reduce_{dtype}_{sum|prod|max|min}(acc, src, n)` and
+/// `strata_divide_{dtype}(buf, count, n as f64)` for every [`crate::DataType`].
+pub fn reduce_kernel_name(dtype: crate::DataType, op: Option<crate::ReduceOp>) -> String {
+    use crate::ReduceOp::*;
+    match op {
+        None => format!("strata_divide_{}", dtype.name()),
+        Some(Sum | Avg) => format!("strata_reduce_{}_sum", dtype.name()),
+        Some(o) => format!("strata_reduce_{}_{}", dtype.name(), o.name()),
+    }
+}
+
+/// Every reduction kernel symbol (6 element types x (4 ops + divide)).
+pub fn reduce_kernel_names() -> Vec<String> {
+    use crate::ReduceOp::*;
+    crate::DataType::ALL
+        .into_iter()
+        .flat_map(|dt| {
+            [Some(Sum), Some(Prod), Some(Max), Some(Min), None]
+                .into_iter()
+                .map(move |op| reduce_kernel_name(dt, op))
+        })
         .collect()
 }
 
@@ -172,13 +202,21 @@ mod tests {
         assert!(CUDA_HEADER.contains("strata_quantize_##DTN##_q##BITS"));
         assert!(CUDA_HEADER.contains("strata_dequant_reduce_quant_q8"));
         assert!(CUDA_SOURCE.starts_with(CUDA_HEADER));
+        assert!(CUDA_SOURCE.contains(REDUCE_HEADER));
         assert!(CUDA_ENTRY.contains("STRATA_QUANT_KERNELS()"));
+        assert!(CUDA_ENTRY.contains("STRATA_REDUCE_KERNELS()"));
+        let reduce = reduce_kernel_names();
+        assert_eq!(reduce.len(), 30);
+        assert!(REDUCE_HEADER.contains("strata_reduce_##DTN##_##OPN"));
+        assert!(REDUCE_HEADER.contains("strata_divide_##DTN"));
     }
 
     #[test]
     fn hip_entry_has_no_kernel_code() {
         assert!(HIP_ENTRY.contains("#include \"../kernels-cuda/strata_quant.cuh\""));
+        assert!(HIP_ENTRY.contains("#include \"../kernels-cuda/strata_reduce.cuh\""));
         assert!(HIP_ENTRY.contains("STRATA_QUANT_KERNELS()"));
+        assert!(HIP_ENTRY.contains("STRATA_REDUCE_KERNELS()"));
         for word in ["__global__", "__device__", "template", "threadIdx"] {
             assert!(
                 !HIP_ENTRY.contains(word),

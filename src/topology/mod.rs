@@ -28,6 +28,7 @@
 //! Link figures of every preset, with their sources, are in [`presets`].
 
 pub mod detect;
+pub mod gcd;
 pub mod grouping;
 pub mod presets;
 

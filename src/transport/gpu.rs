@@ -1,39 +1,275 @@
-//! GPU transports (`nccl`, `rccl`, `cuda-local`). They exist as types in every build so
-//! callers can name them; until their issue lands (and in builds without the `cuda` /
-//! `rocm` features) constructing one returns [`Error::NotCompiled`].
+//! What the GPU transports (`nccl`, `rccl`, `cuda-local`) share: the device face of a
+//! transport ([`GpuTransport`]: blocking collectives and point-to-point on device
+//! memory, enqueued on the communicator's stream and waited for with its timeout),
+//! per-communicator scratch allocated once and grown on demand ([`Scratch`]), and the
+//! host face written once over the device one ([`staged`]: host slices are copied into
+//! scratch, moved on the device, and copied back), so host buffers, the ring defaults
+//! and every algorithm keep working on a GPU communicator.
+//!
+//! The transports exist as types in every build; without their feature constructing
+//! one is [`Error::NotCompiled`] with the feature to turn on.
 
+use crate::device::{DevStream, Device, Region};
+use crate::dtype::{DataType, ReduceOp};
 use crate::error::{Error, Result};
+use crate::memory::Buffer;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-/// NCCL through cudarc (feature `cuda`).
-pub struct NcclTransport(());
-/// RCCL through dlopen + hip-sys (feature `rocm`).
-pub struct RcclTransport(());
-/// N ranks as streams on one GPU (feature `cuda`).
-pub struct CudaLocalTransport(());
+/// The device face of a GPU transport. Every call is blocking: it enqueues on
+/// [`GpuTransport::stream`] and returns when the stream has run it (or with
+/// `Error::Remote` after the timeout, the communicator then aborted). Regions are this
+/// rank's device memory; in-place rules are the host trait's.
+pub trait GpuTransport: Send + Sync {
+    /// The GPU this rank runs on.
+    fn device(&self) -> &Arc<dyn Device>;
+    /// The communicator's stream (algorithms enqueue their copies and kernels on it).
+    fn stream(&self) -> &Arc<dyn DevStream>;
+    /// Wait for the stream, polling the communicator's asynchronous errors.
+    fn finish(&self, what: &str) -> Result<()>;
+    /// All-gather in place: `buf` holds `size()` chunks of `chunk` bytes, this rank's at
+    /// `rank()·chunk`.
+    fn all_gather(&self, buf: Region, chunk: usize) -> Result<()>;
+    /// Reduce-scatter of `send` (`size()` chunks of `recv.len` bytes) into `recv`
+    /// (`Avg` sums; `recv` may be this rank's chunk of `send`).
+    fn reduce_scatter(
+        &self,
+        send: Region,
+        recv: Region,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()>;
+    /// All-reduce in place (`Avg` sums).
+    fn all_reduce(&self, buf: Region, dtype: DataType, op: ReduceOp) -> Result<()>;
+    /// All-to-all: block j of `send` to rank j, block i of `recv` from rank i.
+    fn all_to_all(&self, send: Region, recv: Region) -> Result<()>;
+    /// Broadcast in place from `root`.
+    fn broadcast(&self, buf: Region, root: usize) -> Result<()>;
+    /// Send `data` to `peer`.
+    fn send(&self, peer: usize, data: Region) -> Result<()>;
+    /// Receive exactly `data.len` bytes from `peer`.
+    fn recv(&self, peer: usize, data: Region) -> Result<()>;
+    /// Send to `dst` and receive from `src` at once.
+    fn sendrecv(&self, dst: usize, send: Region, src: usize, recv: Region) -> Result<()>;
+    /// Run `body`'s calls as one group (NCCL: between ncclGroupStart and ncclGroupEnd,
+    /// enqueued without waiting, then waited for together). Default: one after another.
+    fn group(&self, body: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        body()
+    }
+}
 
-fn not_compiled(name: &str, feature: &str) -> Error {
+/// Device scratch of one communicator: allocated on first use, grown to the largest
+/// request, then reused (never freed while the communicator lives).
+pub struct Scratch {
+    dev: Arc<dyn Device>,
+    buf: Mutex<Option<Buffer>>,
+}
+
+impl Scratch {
+    /// Empty scratch on `dev`.
+    pub fn new(dev: &Arc<dyn Device>) -> Scratch {
+        Scratch {
+            dev: dev.clone(),
+            buf: Mutex::new(None),
+        }
+    }
+
+    /// A view of at least `bytes` bytes (contents unspecified). Callers are the
+    /// communicator's stream thread, one at a time; the view borrows the memory like any
+    /// buffer, so misuse waits or errors instead of racing.
+    pub fn get(&self, bytes: usize) -> Result<Buffer> {
+        let mut g = self
+            .buf
+            .lock()
+            .map_err(|_| Error::Internal("scratch lock poisoned".into()))?;
+        if g.as_ref().is_none_or(|b| b.len() < bytes) {
+            *g = Some(Buffer::on_device(&self.dev, bytes.max(4096))?);
+        }
+        g.as_ref()
+            .ok_or_else(|| Error::Internal("scratch vanished".into()))?
+            .slice(0..bytes)
+    }
+}
+
+/// The host face of a GPU transport, written once over its device face: host bytes are
+/// staged through the transport's scratch (`htod`, the device call, `dtoh`).
+pub mod staged {
+    use super::*;
+
+    fn region(b: &Buffer, timeout: Duration) -> Result<(crate::memory::DevGuard<'_>, Region)> {
+        let g = b.dev_write_timeout(timeout)?;
+        let r = g.region();
+        Ok((g, r))
+    }
+
+    /// Host all-gather in place.
+    pub fn all_gather(
+        g: &dyn GpuTransport,
+        s: &Scratch,
+        t: Duration,
+        buf: &mut [u8],
+        chunk: usize,
+    ) -> Result<()> {
+        let b = s.get(buf.len())?;
+        b.write_bytes(buf)?;
+        {
+            let (_k, r) = region(&b, t)?;
+            g.all_gather(r, chunk)?;
+        }
+        buf.copy_from_slice(&b.to_bytes()?);
+        Ok(())
+    }
+
+    /// Host reduce-scatter.
+    pub fn reduce_scatter(
+        g: &dyn GpuTransport,
+        s: &Scratch,
+        t: Duration,
+        send: &[u8],
+        recv: &mut [u8],
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let align = 256usize;
+        let off = send.len().div_ceil(align) * align;
+        let b = s.get(off + recv.len())?;
+        let (sb, rb) = (b.slice(0..send.len())?, b.slice(off..off + recv.len())?);
+        sb.write_bytes(send)?;
+        {
+            let (_a, sr) = region(&sb, t)?;
+            let (_b, rr) = region(&rb, t)?;
+            g.reduce_scatter(sr, rr, dtype, op)?;
+        }
+        recv.copy_from_slice(&rb.to_bytes()?);
+        Ok(())
+    }
+
+    /// Host all-reduce in place.
+    pub fn all_reduce(
+        g: &dyn GpuTransport,
+        s: &Scratch,
+        t: Duration,
+        buf: &mut [u8],
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let b = s.get(buf.len())?;
+        b.write_bytes(buf)?;
+        {
+            let (_k, r) = region(&b, t)?;
+            g.all_reduce(r, dtype, op)?;
+        }
+        buf.copy_from_slice(&b.to_bytes()?);
+        Ok(())
+    }
+
+    /// Host all-to-all.
+    pub fn all_to_all(
+        g: &dyn GpuTransport,
+        s: &Scratch,
+        t: Duration,
+        send: &[u8],
+        recv: &mut [u8],
+    ) -> Result<()> {
+        let off = send.len().div_ceil(256) * 256;
+        let b = s.get(off + recv.len())?;
+        let (sb, rb) = (b.slice(0..send.len())?, b.slice(off..off + recv.len())?);
+        sb.write_bytes(send)?;
+        {
+            let (_a, sr) = region(&sb, t)?;
+            let (_b, rr) = region(&rb, t)?;
+            g.all_to_all(sr, rr)?;
+        }
+        recv.copy_from_slice(&rb.to_bytes()?);
+        Ok(())
+    }
+
+    /// Host broadcast in place.
+    pub fn broadcast(
+        g: &dyn GpuTransport,
+        s: &Scratch,
+        t: Duration,
+        buf: &mut [u8],
+        root: usize,
+    ) -> Result<()> {
+        let b = s.get(buf.len())?;
+        b.write_bytes(buf)?;
+        {
+            let (_k, r) = region(&b, t)?;
+            g.broadcast(r, root)?;
+        }
+        buf.copy_from_slice(&b.to_bytes()?);
+        Ok(())
+    }
+
+    /// Host send.
+    pub fn send(
+        g: &dyn GpuTransport,
+        s: &Scratch,
+        t: Duration,
+        peer: usize,
+        data: &[u8],
+    ) -> Result<()> {
+        let b = s.get(data.len())?;
+        b.write_bytes(data)?;
+        let (_k, r) = region(&b, t)?;
+        g.send(peer, r)
+    }
+
+    /// Host receive.
+    pub fn recv(
+        g: &dyn GpuTransport,
+        s: &Scratch,
+        t: Duration,
+        peer: usize,
+        data: &mut [u8],
+    ) -> Result<()> {
+        let b = s.get(data.len())?;
+        {
+            let (_k, r) = region(&b, t)?;
+            g.recv(peer, r)?;
+        }
+        data.copy_from_slice(&b.to_bytes()?);
+        Ok(())
+    }
+
+    /// Host send-receive.
+    pub fn sendrecv(
+        g: &dyn GpuTransport,
+        s: &Scratch,
+        t: Duration,
+        dst: usize,
+        send: &[u8],
+        src: usize,
+        recv: &mut [u8],
+    ) -> Result<()> {
+        let off = send.len().div_ceil(256) * 256;
+        let b = s.get(off + recv.len())?;
+        let (sb, rb) = (b.slice(0..send.len())?, b.slice(off..off + recv.len())?);
+        sb.write_bytes(send)?;
+        {
+            let (_a, sr) = region(&sb, t)?;
+            let (_b, rr) = region(&rb, t)?;
+            g.sendrecv(dst, sr, src, rr)?;
+        }
+        recv.copy_from_slice(&rb.to_bytes()?);
+        Ok(())
+    }
+}
+
+/// The `NotCompiled` error of a GPU transport whose feature is off.
+pub fn not_compiled(name: &str, feature: &str) -> Error {
     Error::NotCompiled(format!(
-        "the {name} transport needs the `{feature}` feature and is not implemented in this build"
+        "the {name} transport needs the `{feature}` feature (cargo build --features {feature})"
     ))
 }
 
-impl NcclTransport {
-    /// Always `Error::NotCompiled` in this build.
-    pub fn new() -> Result<NcclTransport> {
-        Err(not_compiled("nccl", "cuda"))
+/// The size of each element-wise step of a device reduction over `len` bytes of `dtype`.
+pub fn count_of(len: usize, dtype: DataType) -> Result<usize> {
+    if len % dtype.size() != 0 {
+        return Err(Error::InvalidArgument(format!(
+            "{len} bytes is not a whole number of {dtype} elements"
+        )));
     }
-}
-
-impl RcclTransport {
-    /// Always `Error::NotCompiled` in this build.
-    pub fn new() -> Result<RcclTransport> {
-        Err(not_compiled("rccl", "rocm"))
-    }
-}
-
-impl CudaLocalTransport {
-    /// Always `Error::NotCompiled` in this build.
-    pub fn new() -> Result<CudaLocalTransport> {
-        Err(not_compiled("cuda-local", "cuda"))
-    }
+    Ok(len / dtype.size())
 }

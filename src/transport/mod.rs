@@ -8,10 +8,14 @@
 //! nonblocking for the caller. Every transport exists as a type in every build; with
 //! its feature off, constructing it returns [`Error::NotCompiled`].
 
+#[cfg(feature = "cuda")]
+pub mod cuda_local;
 pub mod gpu;
 pub mod local;
 pub mod metered;
 pub mod mpi;
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+pub mod nccl;
 #[cfg(any(feature = "cuda", feature = "rocm"))]
 pub mod vendor;
 
@@ -58,14 +62,32 @@ impl TransportKind {
         match self {
             TransportKind::Local => true,
             TransportKind::Mpi => cfg!(feature = "mpi"),
-            TransportKind::Nccl | TransportKind::CudaLocal => false,
-            TransportKind::Rccl => false,
+            TransportKind::Nccl | TransportKind::CudaLocal => cfg!(feature = "cuda"),
+            TransportKind::Rccl => cfg!(feature = "rocm"),
         }
     }
 
     /// True when traffic figures are measured transfers rather than nominal ones.
     pub fn traffic_measured(self) -> bool {
-        self == TransportKind::Local
+        matches!(self, TransportKind::Local | TransportKind::CudaLocal)
+    }
+
+    /// True for the transports that move device memory.
+    pub fn is_gpu(self) -> bool {
+        matches!(
+            self,
+            TransportKind::Nccl | TransportKind::Rccl | TransportKind::CudaLocal
+        )
+    }
+
+    /// The cargo feature a transport needs (`None`: always built).
+    pub fn feature(self) -> Option<&'static str> {
+        match self {
+            TransportKind::Local => None,
+            TransportKind::Mpi => Some("mpi"),
+            TransportKind::Nccl | TransportKind::CudaLocal => Some("cuda"),
+            TransportKind::Rccl => Some("rocm"),
+        }
     }
 }
 
@@ -110,6 +132,11 @@ pub trait Transport: Send + Sync {
     fn sendrecv(&self, dst: usize, send: &[u8], src: usize, recv: &mut [u8]) -> Result<()> {
         self.send(dst, send)?;
         self.recv(src, recv)
+    }
+    /// The device face of a GPU transport (`None` for host transports): collectives on
+    /// device memory, which [`crate::comm::native`] uses for device buffers.
+    fn gpu(&self) -> Option<&dyn gpu::GpuTransport> {
+        None
     }
     /// Shared traffic counters, where the transport records them.
     fn traffic(&self) -> Option<Arc<Traffic>>;

@@ -101,10 +101,8 @@ type ReduceFn = unsafe extern "C" fn(
 ) -> c_int;
 
 /// The raw entry points (`sys` layer). Required ones are resolved at load; optional
-/// ones are `None` where the library's version lacks them. The collective entries are
-/// resolved (a library without them is refused) but not called yet: the device
-/// transports that issue them are still to come.
-#[allow(non_snake_case, dead_code)]
+/// ones are `None` where the library's version lacks them.
+#[allow(non_snake_case)]
 struct Sys {
     ncclGetVersion: unsafe extern "C" fn(*mut c_int) -> c_int,
     ncclGetUniqueId: unsafe extern "C" fn(*mut VendorUniqueId) -> c_int,
@@ -358,16 +356,151 @@ impl VendorLib {
     }
 }
 
-/// A vendor communicator, destroyed on drop.
+/// `NCCL_SPLIT_NOCOLOR`.
+pub const SPLIT_NOCOLOR: c_int = -1;
+
+/// A vendor communicator, destroyed on drop. The collective calls enqueue on `stream`
+/// (a `cudaStream_t` / `hipStream_t` of the communicator's device, which must be
+/// current) and return; addresses are device addresses.
 pub struct VendorComm<'a> {
     lib: &'a VendorLib,
     raw: RawComm,
 }
 
-impl VendorComm<'_> {
+// SAFETY: an ncclComm_t may be used from any thread, one call at a time; strata calls
+// it only from the owning communicator's stream thread (and abort from any thread,
+// which NCCL allows).
+unsafe impl Send for VendorComm<'_> {}
+// SAFETY: as above.
+unsafe impl Sync for VendorComm<'_> {}
+
+fn vp(a: u64) -> *mut c_void {
+    a as usize as *mut c_void
+}
+
+impl<'a> VendorComm<'a> {
     /// The raw handle.
     pub fn raw(&self) -> RawComm {
         self.raw
+    }
+
+    /// The library.
+    pub fn lib(&self) -> &'a VendorLib {
+        self.lib
+    }
+
+    /// `ncclAllGather` of `bytes` per rank (as `ncclUint8`).
+    pub fn all_gather(&self, send: u64, recv: u64, bytes: usize, stream: RawStream) -> Result<()> {
+        // SAFETY: FFI enqueue; the caller borrows both device ranges until the stream is
+        // synchronized and passes a live stream of the current device.
+        let rc =
+            unsafe { (self.lib.sys.ncclAllGather)(vp(send), vp(recv), bytes, 1, self.raw, stream) };
+        self.lib.check(rc, "ncclAllGather")
+    }
+
+    /// `ncclReduceScatter` of `count` elements per rank.
+    pub fn reduce_scatter(
+        &self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: c_int,
+        op: c_int,
+        stream: RawStream,
+    ) -> Result<()> {
+        // SAFETY: as `all_gather`.
+        let rc = unsafe {
+            (self.lib.sys.ncclReduceScatter)(vp(send), vp(recv), count, dtype, op, self.raw, stream)
+        };
+        self.lib.check(rc, "ncclReduceScatter")
+    }
+
+    /// `ncclAllReduce` of `count` elements.
+    pub fn all_reduce(
+        &self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: c_int,
+        op: c_int,
+        stream: RawStream,
+    ) -> Result<()> {
+        // SAFETY: as `all_gather`.
+        let rc = unsafe {
+            (self.lib.sys.ncclAllReduce)(vp(send), vp(recv), count, dtype, op, self.raw, stream)
+        };
+        self.lib.check(rc, "ncclAllReduce")
+    }
+
+    /// `ncclBroadcast` of `bytes` from `root`.
+    pub fn broadcast(
+        &self,
+        send: u64,
+        recv: u64,
+        bytes: usize,
+        root: c_int,
+        stream: RawStream,
+    ) -> Result<()> {
+        // SAFETY: as `all_gather`; the root argument sits in the op slot of the shared
+        // prototype (`ncclBroadcast(send, recv, count, type, root, comm, stream)`).
+        let rc = unsafe {
+            (self.lib.sys.ncclBroadcast)(vp(send), vp(recv), bytes, 1, root, self.raw, stream)
+        };
+        self.lib.check(rc, "ncclBroadcast")
+    }
+
+    /// `ncclSend` of `bytes` to `peer`.
+    pub fn send(&self, addr: u64, bytes: usize, peer: c_int, stream: RawStream) -> Result<()> {
+        // SAFETY: as `all_gather`.
+        let rc = unsafe { (self.lib.sys.ncclSend)(vp(addr), bytes, 1, peer, self.raw, stream) };
+        self.lib.check(rc, "ncclSend")
+    }
+
+    /// `ncclRecv` of `bytes` from `peer`.
+    pub fn recv(&self, addr: u64, bytes: usize, peer: c_int, stream: RawStream) -> Result<()> {
+        // SAFETY: as `all_gather`.
+        let rc = unsafe { (self.lib.sys.ncclRecv)(vp(addr), bytes, 1, peer, self.raw, stream) };
+        self.lib.check(rc, "ncclRecv")
+    }
+
+    /// The library's all-to-all of `bytes` per peer, `None` when it has none (the
+    /// caller then groups sends and receives).
+    pub fn all_to_all(
+        &self,
+        send: u64,
+        recv: u64,
+        bytes: usize,
+        stream: RawStream,
+    ) -> Option<Result<()>> {
+        let f = self.lib.sys.all_to_all?;
+        // SAFETY: as `all_gather`.
+        let rc = unsafe { f(vp(send), vp(recv), bytes, 1, self.raw, stream) };
+        Some(self.lib.check(rc, "ncclAlltoAll"))
+    }
+
+    /// `ncclCommSplit` (collective over this communicator): `Ok(None)` for ranks passing
+    /// `None`; the outer `None` when the library lacks the call.
+    pub fn split(&self, color: Option<u32>, key: i32) -> Option<Result<Option<VendorComm<'a>>>> {
+        let f = self.lib.sys.ncclCommSplit?;
+        let c = match color.map(c_int::try_from) {
+            None => SPLIT_NOCOLOR,
+            Some(Ok(c)) => c,
+            Some(Err(_)) => {
+                return Some(Err(Error::InvalidArgument(format!(
+                    "color {color:?} does not fit the library's int"
+                ))))
+            }
+        };
+        let mut out: RawComm = std::ptr::null_mut();
+        // SAFETY: FFI, collective over the parent; writes one handle (NULL for NOCOLOR);
+        // a NULL config asks for the parent's.
+        let rc = unsafe { f(self.raw, c, key, &mut out, std::ptr::null_mut()) };
+        Some(self.lib.check(rc, "ncclCommSplit").map(|_| {
+            (!out.is_null()).then_some(VendorComm {
+                lib: self.lib,
+                raw: out,
+            })
+        }))
     }
 
     /// `ncclCommGetAsyncError`: an error the communicator hit while running.
@@ -377,6 +510,20 @@ impl VendorComm<'_> {
         let rc = unsafe { (self.lib.sys.ncclCommGetAsyncError)(self.raw, &mut e) };
         self.lib.check(rc, "ncclCommGetAsyncError")?;
         self.lib.check(e, "asynchronous communicator error")
+    }
+
+    /// `ncclCommAbort` through a shared handle: stop everything in flight; the
+    /// communicator must not be used afterwards (drop still releases nothing twice).
+    pub fn abort_in_place(&mut self) -> Result<()> {
+        let raw = std::mem::replace(&mut self.raw, std::ptr::null_mut());
+        if raw.is_null() {
+            return Ok(());
+        }
+        // SAFETY: `raw` is live and released exactly once (drop sees null).
+        self.lib.check(
+            unsafe { (self.lib.sys.ncclCommAbort)(raw) },
+            "ncclCommAbort",
+        )
     }
 
     /// `ncclCommAbort`: stop everything in flight and free the communicator.

@@ -50,6 +50,24 @@ inline unsigned int __float_as_uint(float f) {
   return u;
 }
 
+// Device runtime functions (built into NVRTC, no header), as the reduction kernels use
+// them. __fadd_rn / __fmul_rn are single IEEE f32 operations rounded to nearest even,
+// never contracted into an FMA: the emulator must be compiled with -ffp-contract=off
+// (tests/gpu_kernels_compile.rs does), and the host must not flush subnormals (x86-64
+// SSE does not by default). A NaN result is the canonical NaN of the PTX instructions
+// add.rn.f32 / mul.rn.f32 (0x7FFFFFFF), whatever the operands' payloads.
+inline float strata_emu_ptx_nan(float r) { return r != r ? __uint_as_float(0x7fffffffu) : r; }
+inline float __fadd_rn(float a, float b) { return strata_emu_ptx_nan(a + b); }
+inline float __fmul_rn(float a, float b) { return strata_emu_ptx_nan(a * b); }
+// cvt.rn.f32.f64: round to nearest even, subnormals kept, overflow to infinity.
+inline float __double2float_rn(double v) { return (float)v; }
+// CUDA's math functions live in the global namespace, for float and double.
+using std::fabs;
+using std::isinf;
+using std::isnan;
+using std::round;
+using std::rint;
+
 struct __half {
   unsigned short x;
 };

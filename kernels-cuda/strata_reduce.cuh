@@ -1,0 +1,135 @@
+// Element-wise reductions and the Avg division on device buffers, for the device paths
+// of the algorithms (HO-Ring's reduce steps, the cuda-local transport's collectives).
+// Included after strata_quant.cuh (its platform layer and conversions); expanded by the
+// CUDA and HIP entry files through STRATA_REDUCE_KERNELS(). Bit for bit the CPU
+// reference (src/dtype.rs reduce_into / finish_avg):
+//   - f16/bf16: each step in f32, rounded to nearest even; integers wrap;
+//   - max/min: `if (a < b) a = b` (a NaN accumulator stays, a NaN input never enters);
+//   - Avg division in f64, rounded once (f32: to f32; f16/bf16: from f64 directly);
+//     integers round half away from zero and saturate.
+// Elements are naturally aligned (the host checks before launching).
+#ifndef STRATA_REDUCE_CUH
+#define STRATA_REDUCE_CUH
+
+#define STRATA_OP_SUM 0
+#define STRATA_OP_PROD 1
+#define STRATA_OP_MAX 2
+#define STRATA_OP_MIN 3
+
+// Integer element types: arithmetic on the unsigned 32-bit value wraps like Rust's
+// wrapping_add / wrapping_mul once truncated back to the element width.
+#define STRATA_INT_OPS(T)                                                                   \
+  STRATA_DEV T strata_add(T a, T b) { return (T)((strata_u32)a + (strata_u32)b); }           \
+  STRATA_DEV T strata_mul(T a, T b) { return (T)((strata_u32)a * (strata_u32)b); }           \
+  STRATA_DEV bool strata_lt(T a, T b) { return a < b; }
+STRATA_INT_OPS(signed char)
+STRATA_INT_OPS(unsigned char)
+STRATA_INT_OPS(int)
+
+STRATA_DEV float strata_add(float a, float b) { return __fadd_rn(a, b); }
+STRATA_DEV float strata_mul(float a, float b) { return __fmul_rn(a, b); }
+STRATA_DEV bool strata_lt(float a, float b) { return a < b; }
+
+// f16 / bf16 travel as their bit patterns (unsigned short) wrapped in distinct types.
+struct StrataF16 { unsigned short v; };
+struct StrataBF16 { unsigned short v; };
+STRATA_DEV float strata_f(StrataF16 x) { return strata_f16_to_f32(x.v); }
+STRATA_DEV float strata_f(StrataBF16 x) { return strata_bf16_to_f32(x.v); }
+STRATA_DEV StrataF16 strata_add(StrataF16 a, StrataF16 b) {
+  StrataF16 r = {strata_f32_to_f16(__fadd_rn(strata_f(a), strata_f(b)))}; return r;
+}
+STRATA_DEV StrataF16 strata_mul(StrataF16 a, StrataF16 b) {
+  StrataF16 r = {strata_f32_to_f16(__fmul_rn(strata_f(a), strata_f(b)))}; return r;
+}
+STRATA_DEV bool strata_lt(StrataF16 a, StrataF16 b) { return strata_f(a) < strata_f(b); }
+STRATA_DEV StrataBF16 strata_add(StrataBF16 a, StrataBF16 b) {
+  StrataBF16 r = {strata_f32_to_bf16(__fadd_rn(strata_f(a), strata_f(b)))}; return r;
+}
+STRATA_DEV StrataBF16 strata_mul(StrataBF16 a, StrataBF16 b) {
+  StrataBF16 r = {strata_f32_to_bf16(__fmul_rn(strata_f(a), strata_f(b)))}; return r;
+}
+STRATA_DEV bool strata_lt(StrataBF16 a, StrataBF16 b) { return strata_f(a) < strata_f(b); }
+
+template <typename T, int OP> STRATA_DEV T strata_combine(T a, T b) {
+  if (OP == STRATA_OP_SUM) return strata_add(a, b);
+  if (OP == STRATA_OP_PROD) return strata_mul(a, b);
+  if (OP == STRATA_OP_MAX) return strata_lt(a, b) ? b : a;
+  return strata_lt(b, a) ? b : a;
+}
+
+// acc[i] = op(acc[i], src[i]) for i < n (grid-stride).
+template <typename T, int OP>
+STRATA_DEV void strata_reduce_body(T* acc, const T* src, strata_u64 n) {
+  strata_u64 step = (strata_u64)gridDim.x * blockDim.x;
+  for (strata_u64 i = (strata_u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step)
+    acc[i] = strata_combine<T, OP>(acc[i], src[i]);
+}
+
+// f64 -> element, as DataType::set.
+STRATA_DEV double strata_clamp(double v, double lo, double hi) {
+  return v < lo ? lo : (v > hi ? hi : v);
+}
+STRATA_DEV signed char strata_from_f64(double v, signed char) {
+  return (signed char)(int)strata_clamp(round(v), -128.0, 127.0);
+}
+STRATA_DEV unsigned char strata_from_f64(double v, unsigned char) {
+  return (unsigned char)(int)strata_clamp(round(v), 0.0, 255.0);
+}
+STRATA_DEV int strata_from_f64(double v, int) {
+  return (int)strata_clamp(round(v), -2147483648.0, 2147483647.0);
+}
+STRATA_DEV float strata_from_f64(double v, float) { return __double2float_rn(v); }
+// f64 -> f16/bf16 rounded once: f64 to f32 rounding to odd (exact where f32 holds the
+// value, else truncated with the last bit set), then f32 -> 16 bits to nearest even;
+// f32 keeps >= 2 more bits than either, so the two steps equal one correct rounding.
+STRATA_DEV float strata_f64_to_f32_odd(double v) {
+  float f = (float)v;
+  double d = (double)f;
+  if (d == v || v != v) return f;
+  if (isinf(f)) return __uint_as_float(v < 0 ? 0xff7fffffu : 0x7f7fffffu);
+  unsigned int u = __float_as_uint(f);
+  if (fabs(d) > fabs(v)) u -= 1u;  // one step toward zero (sign-magnitude)
+  return __uint_as_float(u | 1u);
+}
+STRATA_DEV StrataF16 strata_from_f64(double v, StrataF16) {
+  StrataF16 r = {strata_f32_to_f16(strata_f64_to_f32_odd(v))}; return r;
+}
+STRATA_DEV StrataBF16 strata_from_f64(double v, StrataBF16) {
+  StrataBF16 r = {strata_f32_to_bf16(strata_f64_to_f32_odd(v))}; return r;
+}
+STRATA_DEV double strata_to_f64(signed char x) { return (double)x; }
+STRATA_DEV double strata_to_f64(unsigned char x) { return (double)x; }
+STRATA_DEV double strata_to_f64(int x) { return (double)x; }
+STRATA_DEV double strata_to_f64(float x) { return (double)x; }
+STRATA_DEV double strata_to_f64(StrataF16 x) { return (double)strata_f(x); }
+STRATA_DEV double strata_to_f64(StrataBF16 x) { return (double)strata_f(x); }
+
+// buf[i] = buf[i] / n, rounded once (the exact mean of Avg).
+template <typename T> STRATA_DEV void strata_divide_body(T* buf, strata_u64 count, double n) {
+  strata_u64 step = (strata_u64)gridDim.x * blockDim.x;
+  for (strata_u64 i = (strata_u64)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += step)
+    buf[i] = strata_from_f64(strata_to_f64(buf[i]) / n, T());
+}
+
+#define STRATA_REDUCE_KERNEL(DTN, T, OPN, OP)                                               \
+  extern "C" __global__ void strata_reduce_##DTN##_##OPN(T* acc, const T* src,              \
+                                                         strata_u64 n) {                    \
+    strata_reduce_body<T, OP>(acc, src, n);                                                 \
+  }
+#define STRATA_REDUCE_TYPE(DTN, T)                                                          \
+  STRATA_REDUCE_KERNEL(DTN, T, sum, STRATA_OP_SUM)                                          \
+  STRATA_REDUCE_KERNEL(DTN, T, prod, STRATA_OP_PROD)                                        \
+  STRATA_REDUCE_KERNEL(DTN, T, max, STRATA_OP_MAX)                                          \
+  STRATA_REDUCE_KERNEL(DTN, T, min, STRATA_OP_MIN)                                          \
+  extern "C" __global__ void strata_divide_##DTN(T* buf, strata_u64 count, double n) {      \
+    strata_divide_body<T>(buf, count, n);                                                   \
+  }
+#define STRATA_REDUCE_KERNELS()                                                             \
+  STRATA_REDUCE_TYPE(f32, float)                                                            \
+  STRATA_REDUCE_TYPE(f16, StrataF16)                                                        \
+  STRATA_REDUCE_TYPE(bf16, StrataBF16)                                                      \
+  STRATA_REDUCE_TYPE(i8, signed char)                                                       \
+  STRATA_REDUCE_TYPE(u8, unsigned char)                                                     \
+  STRATA_REDUCE_TYPE(i32, int)
+
+#endif  // STRATA_REDUCE_CUH

@@ -1,0 +1,222 @@
+//! Communicators on GPUs: a single-GPU world of `cuda-local` ranks, and NCCL/RCCL
+//! communicators bootstrapped like nccl-tests (rank 0 makes the vendor's unique id, a
+//! host communicator broadcasts it) or from an id the caller distributed (C ABI). Each
+//! creates the vendor communicator on this rank's device, learns the node layout
+//! (`STRATA_TOPOLOGY`, else the hosts' ids all-gathered over the new communicator),
+//! and builds every sub-communicator the algorithms use once, up front.
+
+use super::{Comm, CommConfig};
+use crate::device::{Api, Device};
+use crate::error::{Error, Result};
+use crate::topology::Topology;
+use std::sync::Arc;
+
+/// The device a GPU rank uses: `STRATA_DEVICE`, else the device current on the calling
+/// thread (as NCCL: the caller's `cudaSetDevice`), else the launcher's local rank
+/// (`OMPI_COMM_WORLD_LOCAL_RANK`, `MPI_LOCALRANKID`, `SLURM_LOCALID`, `LOCAL_RANK`)
+/// modulo the devices present, else `fallback`.
+pub fn select_device(api: Api, fallback: usize) -> Result<Arc<dyn Device>> {
+    if let Ok(v) = std::env::var("STRATA_DEVICE") {
+        let o: usize = v.trim().parse().map_err(|_| {
+            Error::InvalidArgument(format!("STRATA_DEVICE={v:?} is not a device ordinal"))
+        })?;
+        return crate::device::open(api, o);
+    }
+    #[cfg(feature = "cuda")]
+    if api == Api::Cuda {
+        if let Some(o) = crate::device::cuda::current_ordinal() {
+            return crate::device::open(api, o);
+        }
+    }
+    let count = crate::device::count(api);
+    let local = [
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "MPI_LOCALRANKID",
+        "SLURM_LOCALID",
+        "LOCAL_RANK",
+    ]
+    .iter()
+    .find_map(|k| std::env::var(k).ok()?.trim().parse::<usize>().ok());
+    let o = local.unwrap_or(fallback);
+    crate::device::open(api, if count > 0 { o % count } else { o })
+}
+
+impl Comm {
+    /// The GPU this communicator runs on (`None` on host transports).
+    pub fn device(&self) -> Option<Arc<dyn Device>> {
+        self.transport().gpu().map(|g| g.device().clone())
+    }
+
+    /// `bytes` zeroed bytes where this communicator's collectives run natively: device
+    /// memory on GPU transports, host memory otherwise.
+    pub fn alloc_native(&self, bytes: usize) -> Result<crate::memory::Buffer> {
+        match self.device() {
+            Some(d) => crate::memory::Buffer::on_device(&d, bytes),
+            None => Ok(crate::memory::Buffer::zeroed(bytes)),
+        }
+    }
+
+    /// A copy of `data` in [`Comm::alloc_native`] memory.
+    pub fn native_from(&self, data: &[u8]) -> Result<crate::memory::Buffer> {
+        let b = self.alloc_native(data.len())?;
+        b.write_bytes(data)?;
+        Ok(b)
+    }
+
+    /// A whole world of `nranks` ranks on ONE GPU (`cuda-local`, feature `cuda`): ranks
+    /// are threads with their own streams exchanging through device copies, so every
+    /// algorithm runs on device buffers without a second GPU. `topo` as
+    /// [`Comm::local_world`]; `ordinal` picks the device.
+    pub fn cuda_local_world(
+        nranks: usize,
+        topo: Option<Topology>,
+        config: CommConfig,
+        ordinal: usize,
+    ) -> Result<Vec<Comm>> {
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = (nranks, topo, config, ordinal);
+            Err(crate::transport::gpu::not_compiled("cuda-local", "cuda"))
+        }
+        #[cfg(feature = "cuda")]
+        {
+            if nranks == 0 {
+                return Err(Error::InvalidArgument(
+                    "a world needs at least one rank".into(),
+                ));
+            }
+            let topo = match topo {
+                Some(t) => t,
+                None => Topology::from_env()?.unwrap_or_else(|| Topology::flat(nranks)),
+            };
+            topo.check_world(nranks)?;
+            let dev = crate::device::open(Api::Cuda, ordinal)?;
+            let topo = Arc::new(topo);
+            crate::transport::cuda_local::CudaLocalTransport::world(&dev, &topo, config.timeout)?
+                .into_iter()
+                .map(|t| Comm::from_transport(Arc::new(t), topo.clone(), config.clone()))
+                .collect()
+        }
+    }
+
+    /// An NCCL (`TransportKind::Nccl`, feature `cuda`) or RCCL (`Rccl`, feature `rocm`)
+    /// communicator of the same ranks as the host communicator `bootstrap` (an MPI world,
+    /// typically): rank 0 makes the unique id, `bootstrap` broadcasts it, every rank
+    /// joins on its device ([`select_device`], falling back to its index in its node).
+    /// The topology is `bootstrap`'s. Collective over `bootstrap`.
+    pub fn vendor_world(
+        bootstrap: &Comm,
+        kind: crate::transport::TransportKind,
+        config: CommConfig,
+    ) -> Result<Comm> {
+        #[cfg(not(any(feature = "cuda", feature = "rocm")))]
+        {
+            let _ = (bootstrap, config);
+            Err(crate::transport::gpu::not_compiled(
+                kind.name(),
+                kind.feature().unwrap_or("cuda"),
+            ))
+        }
+        #[cfg(any(feature = "cuda", feature = "rocm"))]
+        {
+            let (vendor, api) = vendor_of(kind)?;
+            let id = bootstrap.vendor_unique_id(vendor)?;
+            let topo = bootstrap.topology().clone();
+            let local = topo.local_rank(bootstrap.world_rank(bootstrap.rank()));
+            let dev = select_device(api, local)?;
+            Comm::vendor_join(
+                kind,
+                &dev,
+                &id,
+                bootstrap.rank(),
+                bootstrap.size(),
+                Some((*topo).clone()),
+                config,
+            )
+        }
+    }
+
+    /// Join the vendor communicator of `id` as `rank` of `nranks` on `dev` (C ABI's
+    /// `strataCommInitRank` on the nccl/rccl transports). `topo`: else `STRATA_TOPOLOGY`,
+    /// else the hosts' ids all-gathered over the new communicator
+    /// ([`crate::topology::detect`]). Collective over the `nranks` ranks.
+    #[cfg(any(feature = "cuda", feature = "rocm"))]
+    pub fn vendor_join(
+        kind: crate::transport::TransportKind,
+        dev: &Arc<dyn Device>,
+        id: &crate::transport::vendor::VendorUniqueId,
+        rank: usize,
+        nranks: usize,
+        topo: Option<Topology>,
+        config: CommConfig,
+    ) -> Result<Comm> {
+        use crate::transport::Transport;
+        let (vendor, _) = vendor_of(kind)?;
+        let t = crate::transport::nccl::NcclTransport::init(
+            vendor,
+            dev,
+            id,
+            rank,
+            nranks,
+            None,
+            config.timeout,
+        )?;
+        let topo = match topo {
+            Some(t) => t,
+            None => match Topology::from_env()? {
+                Some(t) => t,
+                None => {
+                    let mut buf = vec![0u8; 8 * nranks];
+                    buf[8 * rank..8 * rank + 8]
+                        .copy_from_slice(&crate::topology::detect::host_id().to_le_bytes());
+                    t.all_gather(&mut buf, 8)?;
+                    let ids: Vec<u64> = buf
+                        .chunks_exact(8)
+                        .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+                        .collect();
+                    crate::topology::detect::from_host_ids(&ids)?
+                }
+            },
+        };
+        topo.check_world(nranks)?;
+        let comm = Comm::from_transport(Arc::new(t), Arc::new(topo), config)?;
+        comm.prepare_subcomms()?;
+        Ok(comm)
+    }
+
+    /// Split every sub-communicator the algorithms use (each level's, the node's and the
+    /// rail's) now, so no collective pays for it later. Collective.
+    pub fn prepare_subcomms(&self) -> Result<()> {
+        let Some(h) = self.hierarchy() else {
+            return Ok(());
+        };
+        for i in 0..h.levels.len() {
+            self.level_comm(i)?;
+        }
+        if h.levels.len() >= 2 {
+            self.node_comm()?;
+            self.rail_comm()?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+fn vendor_of(
+    kind: crate::transport::TransportKind,
+) -> Result<(crate::transport::vendor::Vendor, Api)> {
+    use crate::transport::vendor::Vendor;
+    use crate::transport::TransportKind as K;
+    match kind {
+        K::Nccl if cfg!(feature = "cuda") => Ok((Vendor::Nccl, Api::Cuda)),
+        K::Rccl if cfg!(feature = "rocm") => Ok((Vendor::Rccl, Api::Hip)),
+        K::Nccl | K::Rccl => Err(crate::transport::gpu::not_compiled(
+            kind.name(),
+            kind.feature().unwrap_or("cuda"),
+        )),
+        other => Err(Error::InvalidArgument(format!(
+            "{} is not a vendor transport (nccl, rccl)",
+            other.name()
+        ))),
+    }
+}

@@ -1,0 +1,395 @@
+//! The CUDA device (feature `cuda`): cudarc's driver API loaded at run time, the
+//! device's primary context, raw allocations, streams, and strata's kernels compiled
+//! once per device by NVRTC ([`crate::kernels_gpu`]) and launched through
+//! [`crate::kernels_gpu::call`].
+
+use super::{DevAddr, DevStream, Device, QuantCall};
+use crate::dtype::{DataType, ReduceOp};
+use crate::error::{Error, Result};
+use crate::kernels_gpu::call::{self, ArgBlock};
+use cudarc::driver::LaunchConfig;
+use cudarc::driver::{
+    result, sys, CudaContext, CudaFunction, CudaStream, DriverError, PushKernelArg,
+};
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Arc, OnceLock};
+
+fn dev_err(what: &str, e: DriverError) -> Error {
+    Error::Device(format!("{what}: {e:?}"))
+}
+
+fn check(what: &str, r: sys::CUresult) -> Result<()> {
+    r.result().map_err(|e| dev_err(what, e))
+}
+
+/// One CUDA GPU: its primary context and, once compiled, strata's kernels.
+pub struct CudaDevice {
+    ctx: Arc<CudaContext>,
+    kernels: OnceLock<std::result::Result<Kernels, String>>,
+}
+
+struct Kernels {
+    funcs: HashMap<String, CudaFunction>,
+}
+
+impl std::fmt::Debug for CudaDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CudaDevice({})", self.ctx.ordinal())
+    }
+}
+
+impl CudaDevice {
+    /// Device `ordinal` (errors as [`crate::kernels_gpu::open_device`]). Devices are
+    /// shared per process: opening the same ordinal twice returns the same device, so
+    /// its kernels are compiled once.
+    pub fn open(ordinal: usize) -> Result<Arc<CudaDevice>> {
+        static OPEN: std::sync::Mutex<Vec<(usize, std::sync::Weak<CudaDevice>)>> =
+            std::sync::Mutex::new(Vec::new());
+        let mut open = OPEN.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(d) = open
+            .iter()
+            .find(|(o, _)| *o == ordinal)
+            .and_then(|(_, w)| w.upgrade())
+        {
+            return Ok(d);
+        }
+        let ctx = crate::kernels_gpu::open_device(ordinal)?;
+        let d = Arc::new(CudaDevice {
+            ctx,
+            kernels: OnceLock::new(),
+        });
+        open.retain(|(_, w)| w.strong_count() > 0);
+        open.push((ordinal, Arc::downgrade(&d)));
+        Ok(d)
+    }
+
+    /// Number of CUDA devices (0 when the driver is missing).
+    pub fn count() -> usize {
+        if !driver_ready() {
+            return 0;
+        }
+        result::device::get_count()
+            .map(|n| n.max(0) as usize)
+            .unwrap_or(0)
+    }
+
+    /// The ordinal of the device whose context is current on this thread, if any (what
+    /// `cudaSetDevice` or a framework made current).
+    pub fn current_ordinal_of_thread() -> Option<usize> {
+        if !driver_ready() {
+            return None;
+        }
+        let ctx = result::ctx::get_current().ok()??;
+        let _ = ctx;
+        let mut d: sys::CUdevice = 0;
+        // SAFETY: FFI query of the current context's device, writing one int.
+        let r = unsafe { sys::cuCtxGetDevice(&mut d) };
+        r.result().ok().map(|_| d as usize)
+    }
+
+    /// The cudarc context.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    fn func(&self, name: &str) -> Result<&CudaFunction> {
+        let k = self
+            .kernels
+            .get_or_init(|| self.load_kernels().map_err(|e| e.to_string()))
+            .as_ref()
+            .map_err(|e| Error::System(format!("strata's CUDA kernels: {e}")))?;
+        k.funcs
+            .get(name)
+            .ok_or_else(|| Error::Internal(format!("kernel {name} not loaded")))
+    }
+
+    fn load_kernels(&self) -> Result<Kernels> {
+        let (major, minor) = self
+            .ctx
+            .compute_capability()
+            .map_err(|e| dev_err("reading the compute capability", e))?;
+        let arch = format!("compute_{major}{minor}");
+        let ptx = crate::kernels_gpu::compile_cuda_ptx(&arch)?;
+        let module = self
+            .ctx
+            .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
+            .map_err(|e| dev_err(&format!("loading the {arch} PTX of the strata kernels"), e))?;
+        let mut funcs = HashMap::new();
+        for name in crate::kernels_gpu::kernel_names()
+            .into_iter()
+            .chain(crate::kernels_gpu::reduce_kernel_names())
+        {
+            let f = module
+                .load_function(&name)
+                .map_err(|e| dev_err(&format!("kernel {name} missing from the module"), e))?;
+            funcs.insert(name, f);
+        }
+        Ok(Kernels { funcs })
+    }
+}
+
+impl Device for CudaDevice {
+    fn api(&self) -> super::Api {
+        super::Api::Cuda
+    }
+    fn ordinal(&self) -> usize {
+        self.ctx.ordinal()
+    }
+    fn bind(&self) -> Result<()> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| dev_err("binding the CUDA context", e))
+    }
+    fn alloc_zeroed(&self, bytes: usize) -> Result<DevAddr> {
+        if bytes == 0 {
+            return Ok(0);
+        }
+        self.bind()?;
+        // SAFETY: FFI allocation of `bytes` bytes in the bound context, then zeroed
+        // synchronously before anyone sees the address.
+        unsafe {
+            let p = result::malloc_sync(bytes)
+                .map_err(|e| dev_err(&format!("cuMemAlloc of {bytes} bytes"), e))?;
+            if let Err(e) = result::memset_d8_sync(p, 0, bytes) {
+                let _ = result::free_sync(p);
+                return Err(dev_err("cuMemsetD8", e));
+            }
+            Ok(p)
+        }
+    }
+    unsafe fn free(&self, addr: DevAddr) {
+        if self.bind().is_ok() {
+            // SAFETY: the caller's contract: `addr` came from `alloc_zeroed`, freed once.
+            let _ = unsafe { result::free_sync(addr) };
+        }
+    }
+    fn htod(&self, dst: DevAddr, src: &[u8]) -> Result<()> {
+        self.bind()?;
+        // SAFETY: FFI copy of `src.len()` bytes; the caller holds a borrow of the device
+        // range (a Buffer's DevGuard), which is inside its allocation.
+        unsafe { result::memcpy_htod_sync(dst, src) }.map_err(|e| dev_err("cuMemcpyHtoD", e))
+    }
+    fn dtoh(&self, dst: &mut [u8], src: DevAddr) -> Result<()> {
+        self.bind()?;
+        // SAFETY: as `htod`, in the other direction.
+        unsafe { result::memcpy_dtoh_sync(dst, src) }.map_err(|e| dev_err("cuMemcpyDtoH", e))
+    }
+    fn check_pointer(&self, addr: DevAddr, len: usize) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        let mut kind: u32 = 0;
+        let mut ordinal: i32 = -1;
+        // SAFETY: FFI queries writing one u32 / i32; any address may be queried.
+        let (r1, r2) = unsafe {
+            (
+                sys::cuPointerGetAttribute(
+                    &mut kind as *mut u32 as *mut c_void,
+                    sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                    addr,
+                ),
+                sys::cuPointerGetAttribute(
+                    &mut ordinal as *mut i32 as *mut c_void,
+                    sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                    addr,
+                ),
+            )
+        };
+        let device_kind = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32;
+        if r1.result().is_err() || kind != device_kind {
+            return Err(Error::InvalidArgument(format!(
+                "{addr:#x} is not CUDA device memory (the nccl and cuda-local transports take \
+                 device pointers; host data goes through the local or mpi transport)"
+            )));
+        }
+        if r2.result().is_ok() && ordinal >= 0 && ordinal as usize != self.ordinal() {
+            return Err(Error::InvalidArgument(format!(
+                "{addr:#x} is memory of CUDA device {ordinal}, the communicator runs on device {}",
+                self.ordinal()
+            )));
+        }
+        let (mut base, mut size): (sys::CUdeviceptr, usize) = (0, 0);
+        // SAFETY: FFI query writing the allocation's base and size.
+        let r = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, addr) };
+        if r.result().is_ok() && addr + len as u64 > base + size as u64 {
+            return Err(Error::InvalidArgument(format!(
+                "{len} bytes at {addr:#x} run past the end of their allocation ({size} bytes at {base:#x})"
+            )));
+        }
+        Ok(())
+    }
+    fn new_stream(&self) -> Result<Arc<dyn DevStream>> {
+        self.bind()?;
+        let s = self
+            .ctx
+            .new_stream()
+            .map_err(|e| dev_err("creating a CUDA stream", e))?;
+        let dev = CudaDevice::open(self.ordinal())?;
+        Ok(Arc::new(CudaDevStream { dev, stream: s }))
+    }
+    fn pci_bus_id(&self) -> Result<String> {
+        let mut buf = [0 as std::ffi::c_char; 64];
+        // SAFETY: FFI writing at most 64 bytes, NUL-terminated.
+        check("cuDeviceGetPCIBusId", unsafe {
+            sys::cuDeviceGetPCIBusId(buf.as_mut_ptr(), 64, self.ctx.cu_device())
+        })?;
+        // SAFETY: NUL-terminated by the driver within the buffer.
+        Ok(unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }
+            .to_string_lossy()
+            .to_lowercase())
+    }
+}
+
+/// A CUDA stream of a [`CudaDevice`].
+pub struct CudaDevStream {
+    dev: Arc<CudaDevice>,
+    stream: Arc<CudaStream>,
+}
+
+impl CudaDevStream {
+    fn launch(&self, name: &str, grid: u32, threads: u32, args: &[&dyn LaunchArg]) -> Result<()> {
+        let f = self.dev.func(name)?;
+        let mut b = self.stream.launch_builder(f);
+        for a in args {
+            a.push(&mut b);
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (grid, 1, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: kernel launch. The argument lists below match the kernels' C
+        // signatures (kernels-cuda/strata_reduce.cuh, StrataQuantArgs & co. by value);
+        // the addresses come from buffers whose ranges the caller holds borrowed and
+        // whose sizes `call::prepare` / `call::elementwise` checked.
+        unsafe { b.launch(cfg) }.map_err(|e| dev_err(name, e))?;
+        Ok(())
+    }
+}
+
+/// One kernel argument pushed by value.
+trait LaunchArg {
+    fn push<'a>(&'a self, b: &mut cudarc::driver::LaunchArgs<'a>);
+}
+impl<T: cudarc::driver::DeviceRepr> LaunchArg for T {
+    fn push<'a>(&'a self, b: &mut cudarc::driver::LaunchArgs<'a>) {
+        b.arg(self);
+    }
+}
+
+// SAFETY: #[repr(C)] plain structs matching StrataQuantArgs / StrataDequantArgs /
+// StrataDrqArgs (layout checked by kernels_gpu::plan's tests); the same impls exist for
+// GpuQuant in kernels_gpu::cuda, these are for the by-value copies made here.
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+struct Q(crate::kernels_gpu::plan::QuantArgs);
+// SAFETY: as above.
+unsafe impl cudarc::driver::DeviceRepr for Q {}
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+struct D(crate::kernels_gpu::plan::DequantArgs);
+// SAFETY: as above.
+unsafe impl cudarc::driver::DeviceRepr for D {}
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+struct R(crate::kernels_gpu::plan::DrqArgs);
+// SAFETY: as above.
+unsafe impl cudarc::driver::DeviceRepr for R {}
+
+impl DevStream for CudaDevStream {
+    fn device(&self) -> Arc<dyn Device> {
+        self.dev.clone()
+    }
+    fn raw(&self) -> *mut c_void {
+        self.stream.cu_stream() as *mut c_void
+    }
+    fn copy(&self, dst: DevAddr, src: DevAddr, bytes: usize) -> Result<()> {
+        if bytes == 0 || dst == src {
+            return Ok(());
+        }
+        self.dev.bind()?;
+        // SAFETY: FFI async copy on this stream; both ranges are borrowed by the caller
+        // until the stream is synchronized (`super::finish`).
+        unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }
+            .map_err(|e| dev_err("cuMemcpyDtoDAsync", e))
+    }
+    fn reduce(
+        &self,
+        acc: DevAddr,
+        src: DevAddr,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let Some((name, grid, threads)) =
+            call::elementwise("reduce", &[acc, src], count, dtype, Some(op))?
+        else {
+            return Ok(());
+        };
+        let n = count as u64;
+        self.launch(&name, grid, threads, &[&acc, &src, &n])
+    }
+    fn divide(&self, buf: DevAddr, count: usize, dtype: DataType, n: usize) -> Result<()> {
+        let Some((name, grid, threads)) = call::elementwise("divide", &[buf], count, dtype, None)?
+        else {
+            return Ok(());
+        };
+        let (c, d) = (count as u64, n as f64);
+        self.launch(&name, grid, threads, &[&buf, &c, &d])
+    }
+    fn quant(&self, c: &QuantCall) -> Result<()> {
+        let Some(p) = call::prepare(c)? else {
+            return Ok(());
+        };
+        match p.args {
+            ArgBlock::Quant(a) => self.launch(&p.name, p.grid, p.threads, &[&Q(a)]),
+            ArgBlock::Dequant(a) => self.launch(&p.name, p.grid, p.threads, &[&D(a)]),
+            ArgBlock::Drq(a) => self.launch(&p.name, p.grid, p.threads, &[&R(a)]),
+        }
+    }
+    fn query(&self) -> Result<bool> {
+        // SAFETY: FFI query of a live stream.
+        let r = unsafe { sys::cuStreamQuery(self.stream.cu_stream()) };
+        match r {
+            sys::CUresult::CUDA_SUCCESS => Ok(true),
+            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            other => check("cuStreamQuery", other).map(|_| false),
+        }
+    }
+    unsafe fn wait_foreign(&self, other: *mut c_void) -> Result<()> {
+        self.dev.bind()?;
+        let ev = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+            .map_err(|e| dev_err("cuEventCreate", e))?;
+        // SAFETY: FFI on a fresh event and the caller's live stream (its contract); the
+        // event is destroyed after the wait is enqueued (the driver keeps it alive).
+        let r = unsafe {
+            result::event::record(ev, other as sys::CUstream).and_then(|_| {
+                result::stream::wait_event(
+                    self.stream.cu_stream(),
+                    ev,
+                    sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+                )
+            })
+        };
+        // SAFETY: destroying the event we created.
+        let _ = unsafe { result::event::destroy(ev) };
+        r.map_err(|e| dev_err("waiting for the caller's stream", e))
+    }
+}
+
+/// See [`CudaDevice::current_ordinal_of_thread`].
+pub fn current_ordinal() -> Option<usize> {
+    CudaDevice::current_ordinal_of_thread()
+}
+
+/// True when libcuda loads and initializes (no context is created or made current).
+fn driver_ready() -> bool {
+    // SAFETY: `is_culib_present` only dlopens cudarc's candidate names.
+    let present = std::panic::catch_unwind(|| unsafe { sys::is_culib_present() }).unwrap_or(false);
+    present
+        && std::panic::catch_unwind(result::init)
+            .map(|r| r.is_ok())
+            .unwrap_or(false)
+}

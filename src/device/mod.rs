@@ -1,0 +1,352 @@
+//! Devices: GPU memory, streams, events and strata's kernels behind one object-safe
+//! interface, so buffers, algorithms and the GPU transports are written once for CUDA
+//! ([`cuda`], feature `cuda`, through cudarc) and HIP ([`hip`], feature `rocm`, through
+//! hip-sys).
+//!
+//! - Addresses are plain device addresses ([`DevAddr`]); what makes them sound to use is
+//!   the borrow table of [`crate::memory::Buffer`], which hands them out only while the
+//!   range is borrowed.
+//! - A [`DevStream`] is an ordered queue on one device: copies, the reduction kernels
+//!   (`kernels-cuda/strata_reduce.cuh`), the quantization kernels
+//!   (`kernels-cuda/strata_quant.cuh`), events. Calls enqueue and return; [`finish`]
+//!   waits for the queue with a deadline and an error probe (a vendor communicator's
+//!   asynchronous error), so a dead peer is an error, never a hang.
+//! - The device paths of strata are host-synchronous at the collective boundary: each
+//!   collective enqueues on its communicator's stream and waits for it before its
+//!   [`crate::comm::Work`] completes (the event is the completion handle). Work queued by
+//!   a caller on its own stream before the call is waited for on the device
+//!   ([`DevStream::wait_foreign`]), which is how the C ABI honours `cudaStream_t`.
+
+use crate::dtype::{DataType, ReduceOp};
+use crate::error::{Error, Result};
+use crate::kernels::QuantSpec;
+use std::ffi::c_void;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[cfg(feature = "cuda")]
+pub mod cuda;
+#[cfg(feature = "rocm")]
+pub mod hip;
+
+/// A device address (`CUdeviceptr`, a HIP device pointer).
+pub type DevAddr = u64;
+
+/// Which GPU runtime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Api {
+    /// NVIDIA CUDA (driver API through cudarc).
+    Cuda,
+    /// AMD HIP (through hip-sys).
+    Hip,
+}
+
+impl Api {
+    /// `cuda` / `hip`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Api::Cuda => "cuda",
+            Api::Hip => "hip",
+        }
+    }
+}
+
+/// `len` bytes of device memory at `addr`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Region {
+    pub addr: DevAddr,
+    pub len: usize,
+}
+
+/// One launch of a quantization kernel, with the arguments of the CPU reference in
+/// [`crate::kernels`] (multi-input kernels take their k inputs as one contiguous region,
+/// sender `s` at `s · per_sender` bytes).
+#[derive(Debug, Clone, Copy)]
+pub enum QuantCall {
+    /// [`crate::kernels::quantize`].
+    Quantize {
+        spec: QuantSpec,
+        dtype: DataType,
+        src: Region,
+        dst: Region,
+    },
+    /// [`crate::kernels::swizzled_quantize`].
+    Swizzled {
+        spec: QuantSpec,
+        dtype: DataType,
+        src: Region,
+        c: usize,
+        nodes: usize,
+        devices: usize,
+        stages: usize,
+        dst: Region,
+    },
+    /// [`crate::kernels::dequant_reduce`] (k = 1 and `Sum`: [`crate::kernels::dequantize`]).
+    DequantReduce {
+        spec: QuantSpec,
+        inputs: Region,
+        k: usize,
+        n: usize,
+        op: ReduceOp,
+        divisor: usize,
+        dtype: DataType,
+        dst: Region,
+    },
+    /// [`crate::kernels::dequant_reduce_quant`].
+    DequantReduceQuant {
+        spec: QuantSpec,
+        inputs: Region,
+        k: usize,
+        n: usize,
+        slices: usize,
+        dst: Region,
+    },
+}
+
+/// A GPU. Shared (`Arc<dyn Device>`) by every buffer and stream on it.
+pub trait Device: Send + Sync + std::fmt::Debug {
+    /// The runtime.
+    fn api(&self) -> Api;
+    /// Device ordinal within the process.
+    fn ordinal(&self) -> usize;
+    /// Make this device current on the calling thread (before vendor calls).
+    fn bind(&self) -> Result<()>;
+    /// `bytes` zeroed bytes of device memory (a null address for 0 bytes).
+    fn alloc_zeroed(&self, bytes: usize) -> Result<DevAddr>;
+    /// Free memory from [`Device::alloc_zeroed`].
+    ///
+    /// # Safety
+    /// `addr` came from `alloc_zeroed` on this device, is freed once, and no queued
+    /// work uses it any more.
+    unsafe fn free(&self, addr: DevAddr);
+    /// Copy host bytes to device memory (synchronous).
+    fn htod(&self, dst: DevAddr, src: &[u8]) -> Result<()>;
+    /// Copy device memory to host bytes (synchronous).
+    fn dtoh(&self, dst: &mut [u8], src: DevAddr) -> Result<()>;
+    /// `Ok` when `len` bytes at `addr` are device memory of this device (checks foreign
+    /// pointers at the C ABI), else a clear `InvalidArgument`.
+    fn check_pointer(&self, addr: DevAddr, len: usize) -> Result<()>;
+    /// A new stream on this device.
+    fn new_stream(&self) -> Result<Arc<dyn DevStream>>;
+    /// PCI bus id (`0000:c1:00.0`), for topology detection.
+    fn pci_bus_id(&self) -> Result<String>;
+}
+
+/// An ordered queue of device work. Methods enqueue and return (except [`finish`]).
+pub trait DevStream: Send + Sync {
+    /// The device.
+    fn device(&self) -> Arc<dyn Device>;
+    /// The runtime's handle (`CUstream` / `hipStream_t`), for vendor calls.
+    fn raw(&self) -> *mut c_void;
+    /// Copy `bytes` device bytes (regions may be on any device of the process).
+    fn copy(&self, dst: DevAddr, src: DevAddr, bytes: usize) -> Result<()>;
+    /// `acc[i] = op(acc[i], src[i])` over `count` elements (`Avg` sums).
+    fn reduce(
+        &self,
+        acc: DevAddr,
+        src: DevAddr,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()>;
+    /// `buf[i] /= n`, rounded once (the exact mean of `Avg`).
+    fn divide(&self, buf: DevAddr, count: usize, dtype: DataType, n: usize) -> Result<()>;
+    /// One quantization kernel.
+    fn quant(&self, call: &QuantCall) -> Result<()>;
+    /// True when everything enqueued so far has completed; a device error is `Err`.
+    fn query(&self) -> Result<bool>;
+    /// Make this stream wait (on the device) for the work enqueued so far on the
+    /// runtime stream `other` (a `cudaStream_t` / `hipStream_t`; null is the legacy
+    /// default stream).
+    ///
+    /// # Safety
+    /// `other` is null or a live stream of this device's context.
+    unsafe fn wait_foreign(&self, other: *mut c_void) -> Result<()>;
+}
+
+/// Wait until `stream` has run everything enqueued, polling `probe` (e.g. a vendor
+/// communicator's asynchronous error) between queries. Past `timeout` the result is
+/// [`Error::Remote`] naming `what`: a peer that died or never arrived.
+pub fn finish(
+    stream: &dyn DevStream,
+    timeout: Duration,
+    what: &str,
+    mut probe: impl FnMut() -> Result<()>,
+) -> Result<()> {
+    let start = Instant::now();
+    let mut spins = 0u32;
+    loop {
+        if stream.query()? {
+            return Ok(());
+        }
+        probe()?;
+        if start.elapsed() >= timeout {
+            return Err(Error::Remote(format!(
+                "{what}: the device work did not complete within {timeout:?} (a peer died or \
+                 never joined)"
+            )));
+        }
+        spins += 1;
+        if spins < 64 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(if spins < 1024 { 20 } else { 200 }));
+        }
+    }
+}
+
+/// Open device `ordinal` of `api`: [`Error::NotCompiled`] without the feature,
+/// [`Error::System`] without the runtime library, [`Error::Device`] without the device.
+pub fn open(api: Api, ordinal: usize) -> Result<Arc<dyn Device>> {
+    match api {
+        #[cfg(feature = "cuda")]
+        Api::Cuda => Ok(cuda::CudaDevice::open(ordinal)?),
+        #[cfg(feature = "rocm")]
+        Api::Hip => Ok(hip::HipDevice::open(ordinal)?),
+        #[allow(unreachable_patterns)]
+        other => {
+            let _ = ordinal;
+            Err(Error::NotCompiled(format!(
+                "{} devices need the `{}` feature (cargo build --features {})",
+                other.name(),
+                feature_of(other),
+                feature_of(other)
+            )))
+        }
+    }
+}
+
+/// Devices of `api` present (0 without the feature, the runtime or a device).
+pub fn count(api: Api) -> usize {
+    match api {
+        #[cfg(feature = "cuda")]
+        Api::Cuda => cuda::CudaDevice::count(),
+        #[cfg(feature = "rocm")]
+        Api::Hip => hip::HipDevice::count(),
+        #[allow(unreachable_patterns)]
+        _ => 0,
+    }
+}
+
+fn feature_of(api: Api) -> &'static str {
+    match api {
+        Api::Cuda => "cuda",
+        Api::Hip => "rocm",
+    }
+}
+
+/// Device memory behind a [`crate::memory::Buffer`]: owned (freed on drop) or a
+/// caller's (C ABI, Python: borrowed for the duration of a blocking call).
+pub struct DeviceMem {
+    dev: Arc<dyn Device>,
+    addr: DevAddr,
+    len: usize,
+    owned: bool,
+}
+
+impl DeviceMem {
+    /// `bytes` zeroed bytes on `dev`.
+    pub fn alloc(dev: &Arc<dyn Device>, bytes: usize) -> Result<DeviceMem> {
+        Ok(DeviceMem {
+            dev: dev.clone(),
+            addr: dev.alloc_zeroed(bytes)?,
+            len: bytes,
+            owned: true,
+        })
+    }
+
+    /// The caller's memory, never freed by strata.
+    ///
+    /// # Safety
+    /// `len` bytes at `addr` are device memory of `dev` and stay allocated, and are not
+    /// used by anyone else, for as long as this value (and every buffer over it) lives.
+    pub unsafe fn foreign(dev: &Arc<dyn Device>, addr: DevAddr, len: usize) -> DeviceMem {
+        DeviceMem {
+            dev: dev.clone(),
+            addr,
+            len,
+            owned: false,
+        }
+    }
+
+    /// The device.
+    pub fn device(&self) -> &Arc<dyn Device> {
+        &self.dev
+    }
+    /// Address of byte 0.
+    pub fn addr(&self) -> DevAddr {
+        self.addr
+    }
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// True for zero bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for DeviceMem {
+    fn drop(&mut self) {
+        if self.owned && self.addr != 0 {
+            // SAFETY: allocated by `alloc` on this device and freed only here; buffers
+            // over it are gone (they hold the Arc that owns this value) and the device
+            // paths synchronize their streams before a collective completes.
+            unsafe { self.dev.free(self.addr) };
+        }
+    }
+}
+
+/// Launch geometry of the element-wise kernels: 256 threads, grid-stride, at most
+/// 65535 blocks (one pass covers 16 M elements).
+pub fn elementwise_grid(count: usize) -> (u32, u32) {
+    let threads = 256u32;
+    let blocks = count.div_ceil(threads as usize).clamp(1, 65535) as u32;
+    (blocks, threads)
+}
+
+/// The alignment check of the element-wise kernels (they load whole elements).
+pub fn check_aligned(what: &str, addrs: &[DevAddr], dtype: DataType) -> Result<()> {
+    let a = dtype.size() as u64;
+    if let Some(bad) = addrs.iter().find(|&&p| p % a != 0) {
+        return Err(Error::InvalidArgument(format!(
+            "{what}: device address {bad:#x} is not aligned to its {dtype} elements ({a} bytes)"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grid_covers_counts() {
+        assert_eq!(elementwise_grid(0), (1, 256));
+        assert_eq!(elementwise_grid(257), (2, 256));
+        assert_eq!(elementwise_grid(usize::MAX / 2).0, 65535);
+    }
+
+    #[test]
+    fn alignment_is_checked() {
+        assert!(check_aligned("t", &[0, 4, 8], DataType::F32).is_ok());
+        let e = check_aligned("t", &[0, 6], DataType::F32).unwrap_err();
+        assert!(e.to_string().contains("0x6"), "{e}");
+        assert!(check_aligned("t", &[1, 3], DataType::U8).is_ok());
+    }
+
+    #[test]
+    fn opening_without_the_feature_is_not_compiled() {
+        if !cfg!(feature = "cuda") {
+            let e = open(Api::Cuda, 0).unwrap_err();
+            assert!(matches!(e, Error::NotCompiled(_)), "{e}");
+            assert!(e.to_string().contains("--features cuda"), "{e}");
+        }
+        if !cfg!(feature = "rocm") {
+            let e = open(Api::Hip, 0).unwrap_err();
+            assert!(matches!(e, Error::NotCompiled(_)), "{e}");
+            assert!(e.to_string().contains("rocm"), "{e}");
+        }
+    }
+}

@@ -1,0 +1,530 @@
+//! `cuda-local` (feature `cuda`): N ranks of one process on ONE GPU, each rank a thread
+//! with its own CUDA stream, exchanging through device-to-device copies. NCCL refuses
+//! two ranks on one device; this transport is how every algorithm (hier, ho-ring, qgz
+//! with the real kernels) runs end to end on a single GPU.
+//!
+//! A collective is a rendezvous of the ranks' device addresses (a host-side exchange of
+//! `(address, length)` posts), after which each rank pulls what it needs from its peers'
+//! memory with copies and reduction kernels on its own stream, waits for its stream,
+//! and meets the others once more so no rank reuses memory a peer is still reading.
+//! Reductions add contributions in rank order. Point-to-point messages are eager: the
+//! sender copies into a fresh device buffer and queues it, the receiver copies out.
+//! Bytes pulled from a peer are recorded as that peer's sends in the world's traffic
+//! counters (measured, as on the `local` transport). A rank that does not arrive within
+//! the timeout, or an abort, fails the waiters with `Error::Remote`.
+
+use super::gpu::{self, staged, GpuTransport, Scratch};
+use super::{Transport, TransportKind};
+use crate::device::{finish, DevAddr, DevStream, Device, Region};
+use crate::dtype::{DataType, ReduceOp};
+use crate::error::{Error, Result};
+use crate::memory::Buffer;
+use crate::topology::Topology;
+use crate::traffic::Traffic;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// What a rank contributes to a rendezvous.
+#[derive(Clone, Default)]
+struct Post {
+    addr: DevAddr,
+    len: usize,
+    color: Option<u32>,
+    key: i64,
+    group: Option<Arc<Group>>,
+}
+
+#[derive(Default)]
+struct Board {
+    /// Rendezvous round: posts of this round, how many arrived and left.
+    posts: Vec<Option<Post>>,
+    arrived: usize,
+    result: Option<Arc<Vec<Post>>>,
+    left: usize,
+    round: u64,
+    /// Eager messages, by (src, dst) in communicator ranks.
+    mail: HashMap<(usize, usize), VecDeque<Buffer>>,
+}
+
+/// The shared state of one communicator's ranks.
+struct Group {
+    size: usize,
+    members: Vec<usize>,
+    board: Mutex<Board>,
+    cv: Condvar,
+    aborted: AtomicBool,
+}
+
+impl Group {
+    fn new(members: Vec<usize>) -> Arc<Group> {
+        let size = members.len();
+        Arc::new(Group {
+            size,
+            members,
+            board: Mutex::new(Board {
+                posts: vec![None; size],
+                ..Board::default()
+            }),
+            cv: Condvar::new(),
+            aborted: AtomicBool::new(false),
+        })
+    }
+
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, Board>> {
+        self.board
+            .lock()
+            .map_err(|_| Error::Internal("cuda-local board poisoned".into()))
+    }
+
+    fn check_abort(&self) -> Result<()> {
+        if self.aborted.load(Ordering::SeqCst) {
+            return Err(Error::Remote(
+                "the cuda-local communicator was aborted".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Wait on the board until `ready`, with the deadline and abort checks.
+    fn wait<'a>(
+        &'a self,
+        mut b: std::sync::MutexGuard<'a, Board>,
+        deadline: Instant,
+        what: &str,
+        mut ready: impl FnMut(&Board) -> bool,
+    ) -> Result<std::sync::MutexGuard<'a, Board>> {
+        loop {
+            self.check_abort()?;
+            if ready(&b) {
+                return Ok(b);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let missing: Vec<usize> =
+                    (0..self.size).filter(|&r| b.posts[r].is_none()).collect();
+                return Err(Error::Remote(format!(
+                    "cuda-local: {what} timed out (ranks not arrived: {missing:?})"
+                )));
+            }
+            b = self
+                .cv
+                .wait_timeout(b, deadline - now)
+                .map_err(|_| Error::Internal("cuda-local board poisoned".into()))?
+                .0;
+        }
+    }
+
+    /// Exchange one post per rank (an all-gather of host values, doubling as a barrier).
+    fn rendezvous(&self, rank: usize, post: Post, timeout: Duration) -> Result<Arc<Vec<Post>>> {
+        let deadline = Instant::now() + timeout;
+        let b = self.lock()?;
+        // A previous round still being read: wait for it to drain.
+        let mut b = self.wait(b, deadline, "rendezvous", |b| {
+            b.result.is_none() && b.posts[rank].is_none()
+        })?;
+        let round = b.round;
+        b.posts[rank] = Some(post);
+        b.arrived += 1;
+        if b.arrived == self.size {
+            let all: Vec<Post> = b
+                .posts
+                .iter()
+                .map(|p| p.clone().unwrap_or_default())
+                .collect();
+            b.result = Some(Arc::new(all));
+            self.cv.notify_all();
+        }
+        let mut b = self.wait(b, deadline, "rendezvous", |b| {
+            b.round != round || b.result.is_some()
+        })?;
+        let r = b
+            .result
+            .clone()
+            .ok_or_else(|| Error::Internal("cuda-local round lost".into()))?;
+        b.left += 1;
+        if b.left == self.size {
+            b.posts.iter_mut().for_each(|p| *p = None);
+            b.arrived = 0;
+            b.left = 0;
+            b.result = None;
+            b.round += 1;
+            self.cv.notify_all();
+        }
+        Ok(r)
+    }
+}
+
+/// One rank of a `cuda-local` world.
+pub struct CudaLocalTransport {
+    group: Arc<Group>,
+    rank: usize,
+    dev: Arc<dyn Device>,
+    stream: Arc<dyn DevStream>,
+    stage: Scratch,
+    work: Scratch,
+    traffic: Arc<Traffic>,
+    timeout: Duration,
+    splits: AtomicU64,
+}
+
+impl CudaLocalTransport {
+    /// A whole world of `topo.world_size()` ranks on `dev`, each with its own stream.
+    pub fn world(
+        dev: &Arc<dyn Device>,
+        topo: &Topology,
+        timeout: Duration,
+    ) -> Result<Vec<CudaLocalTransport>> {
+        let n = topo.world_size();
+        let group = Group::new((0..n).collect());
+        let traffic = Arc::new(Traffic::new(topo.clone()));
+        (0..n)
+            .map(|r| CudaLocalTransport::member(&group, r, dev, &traffic, timeout))
+            .collect()
+    }
+
+    fn member(
+        group: &Arc<Group>,
+        rank: usize,
+        dev: &Arc<dyn Device>,
+        traffic: &Arc<Traffic>,
+        timeout: Duration,
+    ) -> Result<CudaLocalTransport> {
+        Ok(CudaLocalTransport {
+            group: group.clone(),
+            rank,
+            dev: dev.clone(),
+            stream: dev.new_stream()?,
+            stage: Scratch::new(dev),
+            work: Scratch::new(dev),
+            traffic: traffic.clone(),
+            timeout,
+            splits: AtomicU64::new(0),
+        })
+    }
+
+    fn rdv(&self, addr: DevAddr, len: usize) -> Result<Arc<Vec<Post>>> {
+        self.group.rendezvous(
+            self.rank,
+            Post {
+                addr,
+                len,
+                ..Post::default()
+            },
+            self.timeout,
+        )
+    }
+
+    fn barrier_(&self) -> Result<()> {
+        self.rdv(0, 0).map(|_| ())
+    }
+
+    /// Pulled `bytes` from communicator rank `peer`.
+    fn count(&self, peer: usize, bytes: usize) {
+        if peer != self.rank && bytes > 0 {
+            self.traffic.record(
+                self.group.members[peer],
+                self.group.members[self.rank],
+                bytes,
+            );
+        }
+    }
+
+    fn check_len(&self, what: &str, posts: &[Post], want: usize) -> Result<()> {
+        if let Some((r, p)) = posts.iter().enumerate().find(|(_, p)| p.len != want) {
+            return Err(Error::InvalidUsage(format!(
+                "cuda-local {what}: rank {r} passed {} bytes, rank {} passed {want} (counts differ across ranks)",
+                p.len, self.rank
+            )));
+        }
+        Ok(())
+    }
+
+    /// The work of a collective after the exchange, then the closing barrier (also on
+    /// error, so no peer is left waiting on this round).
+    fn pull(&self, what: &str, f: impl FnOnce() -> Result<()>) -> Result<()> {
+        let r = f().and_then(|_| self.finish(what));
+        let b = self.barrier_();
+        r.and(b)
+    }
+}
+
+impl GpuTransport for CudaLocalTransport {
+    fn device(&self) -> &Arc<dyn Device> {
+        &self.dev
+    }
+    fn stream(&self) -> &Arc<dyn DevStream> {
+        &self.stream
+    }
+    fn finish(&self, what: &str) -> Result<()> {
+        finish(self.stream.as_ref(), self.timeout, what, || {
+            self.group.check_abort()
+        })
+    }
+
+    fn all_gather(&self, buf: Region, chunk: usize) -> Result<()> {
+        let posts = self.rdv(buf.addr, buf.len)?;
+        self.pull("all-gather", || {
+            self.check_len("all-gather", &posts, buf.len)?;
+            for (j, p) in posts.iter().enumerate() {
+                if j != self.rank {
+                    let off = (j * chunk) as u64;
+                    self.stream.copy(buf.addr + off, p.addr + off, chunk)?;
+                    self.count(j, chunk);
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn reduce_scatter(
+        &self,
+        send: Region,
+        recv: Region,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let posts = self.rdv(send.addr, send.len)?;
+        let c = recv.len;
+        let acc = self.work.get(c)?;
+        let g = acc.dev_write_timeout(self.timeout)?;
+        self.pull("reduce-scatter", || {
+            self.check_len("reduce-scatter", &posts, send.len)?;
+            let n = gpu::count_of(c, dtype)?;
+            let off = (self.rank * c) as u64;
+            for (j, p) in posts.iter().enumerate() {
+                if j == 0 {
+                    self.stream.copy(g.addr(), p.addr + off, c)?;
+                } else {
+                    self.stream.reduce(g.addr(), p.addr + off, n, dtype, op)?;
+                }
+                self.count(j, c);
+            }
+            Ok(())
+        })?;
+        self.stream.copy(recv.addr, g.addr(), c)?;
+        self.finish("reduce-scatter")
+    }
+
+    fn all_reduce(&self, buf: Region, dtype: DataType, op: ReduceOp) -> Result<()> {
+        let posts = self.rdv(buf.addr, buf.len)?;
+        let acc = self.work.get(buf.len)?;
+        let g = acc.dev_write_timeout(self.timeout)?;
+        self.pull("all-reduce", || {
+            self.check_len("all-reduce", &posts, buf.len)?;
+            let n = gpu::count_of(buf.len, dtype)?;
+            for (j, p) in posts.iter().enumerate() {
+                if j == 0 {
+                    self.stream.copy(g.addr(), p.addr, buf.len)?;
+                } else {
+                    self.stream.reduce(g.addr(), p.addr, n, dtype, op)?;
+                }
+                self.count(j, buf.len);
+            }
+            Ok(())
+        })?;
+        // Every rank has read every buffer: now each overwrites its own.
+        self.stream.copy(buf.addr, g.addr(), buf.len)?;
+        self.finish("all-reduce")
+    }
+
+    fn all_to_all(&self, send: Region, recv: Region) -> Result<()> {
+        let posts = self.rdv(send.addr, send.len)?;
+        self.pull("all-to-all", || {
+            self.check_len("all-to-all", &posts, send.len)?;
+            let p = self.group.size;
+            let b = recv.len / p.max(1);
+            for (j, post) in posts.iter().enumerate() {
+                self.stream.copy(
+                    recv.addr + (j * b) as u64,
+                    post.addr + (self.rank * b) as u64,
+                    b,
+                )?;
+                self.count(j, b);
+            }
+            Ok(())
+        })
+    }
+
+    fn broadcast(&self, buf: Region, root: usize) -> Result<()> {
+        let posts = self.rdv(buf.addr, buf.len)?;
+        self.pull("broadcast", || {
+            self.check_len("broadcast", &posts, buf.len)?;
+            if self.rank != root {
+                self.stream.copy(buf.addr, posts[root].addr, buf.len)?;
+                self.count(root, buf.len);
+            }
+            Ok(())
+        })
+    }
+
+    fn send(&self, peer: usize, data: Region) -> Result<()> {
+        self.check_peer(peer)?;
+        let msg = Buffer::on_device(&self.dev, data.len)?;
+        {
+            let g = msg.dev_write_timeout(self.timeout)?;
+            self.stream.copy(g.addr(), data.addr, data.len)?;
+            self.finish("send")?;
+        }
+        let mut b = self.group.lock()?;
+        b.mail.entry((self.rank, peer)).or_default().push_back(msg);
+        self.group.cv.notify_all();
+        Ok(())
+    }
+
+    fn recv(&self, peer: usize, data: Region) -> Result<()> {
+        self.check_peer(peer)?;
+        let deadline = Instant::now() + self.timeout;
+        let key = (peer, self.rank);
+        let b = self.group.lock()?;
+        let mut b = self.group.wait(b, deadline, "receive", |b| {
+            b.mail.get(&key).is_some_and(|q| !q.is_empty())
+        })?;
+        let msg = b
+            .mail
+            .get_mut(&key)
+            .and_then(|q| q.pop_front())
+            .ok_or_else(|| Error::Internal("cuda-local message vanished".into()))?;
+        drop(b);
+        if msg.len() != data.len {
+            return Err(Error::InvalidUsage(format!(
+                "cuda-local: rank {peer} sent {} bytes, rank {} expected {}",
+                msg.len(),
+                self.rank,
+                data.len
+            )));
+        }
+        let g = msg.dev_read_timeout(self.timeout)?;
+        self.stream.copy(data.addr, g.addr(), data.len)?;
+        self.count(peer, data.len);
+        self.finish("receive")
+    }
+
+    fn sendrecv(&self, dst: usize, send: Region, src: usize, recv: Region) -> Result<()> {
+        GpuTransport::send(self, dst, send)?;
+        GpuTransport::recv(self, src, recv)
+    }
+}
+
+impl CudaLocalTransport {
+    fn check_peer(&self, peer: usize) -> Result<()> {
+        if peer >= self.group.size {
+            return Err(Error::InvalidArgument(format!(
+                "peer {peer} out of range for a communicator of {} ranks",
+                self.group.size
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl Transport for CudaLocalTransport {
+    fn kind(&self) -> TransportKind {
+        TransportKind::CudaLocal
+    }
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn size(&self) -> usize {
+        self.group.size
+    }
+    fn world_rank(&self, r: usize) -> usize {
+        self.group.members[r]
+    }
+    fn timeout(&self) -> Duration {
+        self.timeout
+    }
+    fn gpu(&self) -> Option<&dyn GpuTransport> {
+        Some(self)
+    }
+
+    fn split(&self, color: Option<u32>, key: i32) -> Result<Option<Arc<dyn Transport>>> {
+        self.splits.fetch_add(1, Ordering::Relaxed);
+        let mine = Post {
+            color,
+            key: key as i64,
+            ..Post::default()
+        };
+        let posts = self.group.rendezvous(self.rank, mine, self.timeout)?;
+        // The lowest rank of each color makes the group and publishes it.
+        let mut members: Vec<(i64, usize)> = posts
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| color.is_some() && p.color == color)
+            .map(|(r, p)| (p.key, r))
+            .collect();
+        members.sort();
+        let leader = members.iter().map(|&(_, r)| r).min();
+        let made = (leader == Some(self.rank)).then(|| {
+            Group::new(
+                members
+                    .iter()
+                    .map(|&(_, r)| self.group.members[r])
+                    .collect(),
+            )
+        });
+        let published = self.group.rendezvous(
+            self.rank,
+            Post {
+                group: made,
+                ..Post::default()
+            },
+            self.timeout,
+        )?;
+        let (Some(_), Some(leader)) = (color, leader) else {
+            return Ok(None);
+        };
+        let group = published[leader]
+            .group
+            .clone()
+            .ok_or_else(|| Error::Internal("cuda-local split lost its group".into()))?;
+        let rank = members
+            .iter()
+            .position(|&(_, r)| r == self.rank)
+            .ok_or_else(|| Error::Internal("cuda-local split lost this rank".into()))?;
+        let t = CudaLocalTransport::member(&group, rank, &self.dev, &self.traffic, self.timeout)?;
+        Ok(Some(Arc::new(t)))
+    }
+
+    fn send(&self, peer: usize, data: &[u8]) -> Result<()> {
+        staged::send(self, &self.stage, self.timeout, peer, data)
+    }
+    fn recv(&self, peer: usize, data: &mut [u8]) -> Result<()> {
+        staged::recv(self, &self.stage, self.timeout, peer, data)
+    }
+    fn sendrecv(&self, dst: usize, send: &[u8], src: usize, recv: &mut [u8]) -> Result<()> {
+        staged::sendrecv(self, &self.stage, self.timeout, dst, send, src, recv)
+    }
+    fn traffic(&self) -> Option<Arc<Traffic>> {
+        Some(self.traffic.clone())
+    }
+    fn abort(&self) {
+        self.group.aborted.store(true, Ordering::SeqCst);
+        self.group.cv.notify_all();
+    }
+    fn barrier(&self) -> Result<()> {
+        self.barrier_()
+    }
+    fn all_gather(&self, buf: &mut [u8], chunk: usize) -> Result<()> {
+        staged::all_gather(self, &self.stage, self.timeout, buf, chunk)
+    }
+    fn reduce_scatter(
+        &self,
+        send: &[u8],
+        recv: &mut [u8],
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        staged::reduce_scatter(self, &self.stage, self.timeout, send, recv, dtype, op)
+    }
+    fn all_reduce(&self, buf: &mut [u8], dtype: DataType, op: ReduceOp) -> Result<()> {
+        staged::all_reduce(self, &self.stage, self.timeout, buf, dtype, op)
+    }
+    fn all_to_all(&self, send: &[u8], recv: &mut [u8]) -> Result<()> {
+        staged::all_to_all(self, &self.stage, self.timeout, send, recv)
+    }
+    fn broadcast(&self, buf: &mut [u8], root: usize) -> Result<()> {
+        staged::broadcast(self, &self.stage, self.timeout, buf, root)
+    }
+}

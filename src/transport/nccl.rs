@@ -1,0 +1,405 @@
+//! `nccl` (feature `cuda`) and `rccl` (feature `rocm`): one rank per process and GPU,
+//! over the vendor library loaded at run time ([`super::vendor`]). Native collectives
+//! are the library's (`ncclAllGather`, `ncclReduceScatter`, ...), enqueued on the
+//! communicator's own stream and waited for with the communicator's timeout while
+//! polling `ncclCommGetAsyncError`; a timeout or an asynchronous error aborts the
+//! vendor communicator (`ncclCommAbort`) and fails the call with `Error::Remote`, so a
+//! dead peer never hangs a rank. All-to-all is the library's where it has one, else
+//! grouped send/receive; sub-communicators come from `ncclCommSplit` (or, on libraries
+//! without it, a new unique id per color exchanged over the parent). Host buffers are
+//! staged through scratch allocated once per communicator ([`super::gpu::staged`]).
+//!
+//! NCCL's data types and reduction ops have strata's numbers ([`DataType`] and
+//! [`ReduceOp`] are `#[repr]`ed on them); `Avg` is sent as `Sum` (the caller divides).
+
+use super::gpu::{staged, GpuTransport, Scratch};
+use super::vendor::{Vendor, VendorComm, VendorLib, VendorUniqueId, VENDOR_UNIQUE_ID_BYTES};
+use super::{Transport, TransportKind};
+use crate::device::{finish, DevStream, Device, Region};
+use crate::dtype::{DataType, ReduceOp};
+use crate::error::{Error, Result};
+use crate::traffic::Traffic;
+use std::ffi::c_int;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+thread_local! {
+    /// Inside a vendor group on this thread: calls enqueue without waiting.
+    static DEFER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// One rank of an NCCL or RCCL communicator.
+pub struct NcclTransport {
+    vendor: Vendor,
+    comm: Mutex<VendorComm<'static>>,
+    rank: usize,
+    members: Vec<usize>,
+    dev: Arc<dyn Device>,
+    stream: Arc<dyn DevStream>,
+    stage: Scratch,
+    traffic: Option<Arc<Traffic>>,
+    timeout: Duration,
+}
+
+fn op_code(op: ReduceOp) -> c_int {
+    match op {
+        ReduceOp::Avg => ReduceOp::Sum as c_int,
+        o => o as c_int,
+    }
+}
+
+fn int(v: usize, what: &str) -> Result<c_int> {
+    c_int::try_from(v)
+        .map_err(|_| Error::InvalidArgument(format!("{what} {v} exceeds the library's int")))
+}
+
+impl NcclTransport {
+    /// Rank `rank` of `size` joins the vendor communicator of `id` on `dev`
+    /// (`ncclCommInitRank`, collective: blocks until every rank has joined).
+    /// `members` are the world ranks of the communicator's ranks (identity for a world).
+    pub fn init(
+        vendor: Vendor,
+        dev: &Arc<dyn Device>,
+        id: &VendorUniqueId,
+        rank: usize,
+        size: usize,
+        traffic: Option<Arc<Traffic>>,
+        timeout: Duration,
+    ) -> Result<NcclTransport> {
+        let lib = VendorLib::get(vendor)?;
+        dev.bind()?;
+        let comm = lib.comm_init_rank(size, id, rank)?;
+        NcclTransport::wrap(
+            vendor,
+            comm,
+            rank,
+            (0..size).collect(),
+            dev,
+            traffic,
+            timeout,
+        )
+    }
+
+    fn wrap(
+        vendor: Vendor,
+        comm: VendorComm<'static>,
+        rank: usize,
+        members: Vec<usize>,
+        dev: &Arc<dyn Device>,
+        traffic: Option<Arc<Traffic>>,
+        timeout: Duration,
+    ) -> Result<NcclTransport> {
+        Ok(NcclTransport {
+            vendor,
+            comm: Mutex::new(comm),
+            rank,
+            members,
+            dev: dev.clone(),
+            stream: dev.new_stream()?,
+            stage: Scratch::new(dev),
+            traffic,
+            timeout,
+        })
+    }
+
+    /// Which library.
+    pub fn vendor(&self) -> Vendor {
+        self.vendor
+    }
+
+    /// Run `f` on the vendor communicator (device bound), then wait for the stream
+    /// (inside [`GpuTransport::group`]: only enqueue; the group waits).
+    fn run(
+        &self,
+        what: &str,
+        f: impl FnOnce(&VendorComm<'static>, *mut std::ffi::c_void) -> Result<()>,
+    ) -> Result<()> {
+        self.dev.bind()?;
+        let deferred = DEFER.with(|d| d.get());
+        {
+            let c = self.lock()?;
+            if c.raw().is_null() {
+                return Err(Error::Remote(format!(
+                    "{what}: the {} communicator was aborted",
+                    self.vendor.name()
+                )));
+            }
+            f(&c, self.stream.raw())?;
+        }
+        if deferred {
+            return Ok(());
+        }
+        self.finish(what)
+    }
+
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, VendorComm<'static>>> {
+        self.comm
+            .lock()
+            .map_err(|_| Error::Internal("vendor communicator lock poisoned".into()))
+    }
+
+    fn grouped(&self, c: &VendorComm<'static>, f: impl FnOnce() -> Result<()>) -> Result<()> {
+        c.lib().group_start()?;
+        let r = f();
+        let e = c.lib().group_end();
+        r.and(e)
+    }
+
+    /// `(color, key, world rank)` of every rank, over the parent (a split's bookkeeping).
+    fn gather_colors(
+        &self,
+        color: Option<u32>,
+        key: i32,
+    ) -> Result<Vec<(Option<u32>, i32, usize)>> {
+        let mut mine = [0u8; 16];
+        mine[0] = color.is_some() as u8;
+        mine[4..8].copy_from_slice(&color.unwrap_or(0).to_le_bytes());
+        mine[8..12].copy_from_slice(&key.to_le_bytes());
+        mine[12..16].copy_from_slice(&(self.members[self.rank] as u32).to_le_bytes());
+        let p = self.members.len();
+        let mut all = vec![0u8; 16 * p];
+        all[16 * self.rank..16 * self.rank + 16].copy_from_slice(&mine);
+        Transport::all_gather(self, &mut all, 16)?;
+        Ok(all
+            .chunks_exact(16)
+            .map(|c| {
+                let col = u32::from_le_bytes([c[4], c[5], c[6], c[7]]);
+                let key = i32::from_le_bytes([c[8], c[9], c[10], c[11]]);
+                let w = u32::from_le_bytes([c[12], c[13], c[14], c[15]]) as usize;
+                ((c[0] == 1).then_some(col), key, w)
+            })
+            .collect())
+    }
+}
+
+impl GpuTransport for NcclTransport {
+    fn device(&self) -> &Arc<dyn Device> {
+        &self.dev
+    }
+    fn stream(&self) -> &Arc<dyn DevStream> {
+        &self.stream
+    }
+    fn finish(&self, what: &str) -> Result<()> {
+        let r = finish(self.stream.as_ref(), self.timeout, what, || {
+            self.lock()?
+                .async_error()
+                .map_err(|e| Error::Remote(format!("{what}: {e}")))
+        });
+        if r.is_err() {
+            // A stuck or failed collective: abort so the peers' calls fail too and the
+            // library's resources are released.
+            if let Ok(mut c) = self.comm.lock() {
+                let _ = c.abort_in_place();
+            }
+        }
+        r
+    }
+    fn all_gather(&self, buf: Region, chunk: usize) -> Result<()> {
+        let mine = buf.addr + (self.rank * chunk) as u64;
+        self.run("ncclAllGather", |c, s| {
+            c.all_gather(mine, buf.addr, chunk, s)
+        })
+    }
+    fn reduce_scatter(
+        &self,
+        send: Region,
+        recv: Region,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let n = super::gpu::count_of(recv.len, dtype)?;
+        self.run("ncclReduceScatter", |c, s| {
+            c.reduce_scatter(send.addr, recv.addr, n, dtype as c_int, op_code(op), s)
+        })
+    }
+    fn all_reduce(&self, buf: Region, dtype: DataType, op: ReduceOp) -> Result<()> {
+        let n = super::gpu::count_of(buf.len, dtype)?;
+        self.run("ncclAllReduce", |c, s| {
+            c.all_reduce(buf.addr, buf.addr, n, dtype as c_int, op_code(op), s)
+        })
+    }
+    fn all_to_all(&self, send: Region, recv: Region) -> Result<()> {
+        let p = self.members.len();
+        let b = recv.len / p.max(1);
+        self.run("all-to-all", |c, s| {
+            if let Some(r) = c.all_to_all(send.addr, recv.addr, b, s) {
+                return r;
+            }
+            self.grouped(c, || {
+                for j in 0..p {
+                    let peer = int(j, "peer")?;
+                    c.send(send.addr + (j * b) as u64, b, peer, s)?;
+                    c.recv(recv.addr + (j * b) as u64, b, peer, s)?;
+                }
+                Ok(())
+            })
+        })
+    }
+    fn broadcast(&self, buf: Region, root: usize) -> Result<()> {
+        let root = int(root, "root")?;
+        self.run("ncclBroadcast", |c, s| {
+            c.broadcast(buf.addr, buf.addr, buf.len, root, s)
+        })
+    }
+    fn send(&self, peer: usize, data: Region) -> Result<()> {
+        let peer = int(peer, "peer")?;
+        self.run("ncclSend", |c, s| c.send(data.addr, data.len, peer, s))
+    }
+    fn recv(&self, peer: usize, data: Region) -> Result<()> {
+        let peer = int(peer, "peer")?;
+        self.run("ncclRecv", |c, s| c.recv(data.addr, data.len, peer, s))
+    }
+    fn group(&self, body: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        self.dev.bind()?;
+        let lib = VendorLib::get(self.vendor)?;
+        lib.group_start()?;
+        DEFER.with(|d| d.set(true));
+        let r = body();
+        DEFER.with(|d| d.set(false));
+        let e = lib.group_end();
+        r.and(e)?;
+        self.finish("grouped calls")
+    }
+    fn sendrecv(&self, dst: usize, send: Region, src: usize, recv: Region) -> Result<()> {
+        let (d, r) = (int(dst, "peer")?, int(src, "peer")?);
+        self.run("ncclSend/ncclRecv", |c, s| {
+            self.grouped(c, || {
+                c.send(send.addr, send.len, d, s)?;
+                c.recv(recv.addr, recv.len, r, s)
+            })
+        })
+    }
+}
+
+impl Transport for NcclTransport {
+    fn kind(&self) -> TransportKind {
+        match self.vendor {
+            Vendor::Nccl => TransportKind::Nccl,
+            Vendor::Rccl => TransportKind::Rccl,
+        }
+    }
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn size(&self) -> usize {
+        self.members.len()
+    }
+    fn world_rank(&self, r: usize) -> usize {
+        self.members[r]
+    }
+    fn timeout(&self) -> Duration {
+        self.timeout
+    }
+    fn gpu(&self) -> Option<&dyn GpuTransport> {
+        Some(self)
+    }
+
+    fn split(&self, color: Option<u32>, key: i32) -> Result<Option<Arc<dyn Transport>>> {
+        let all = self.gather_colors(color, key)?;
+        let mut group: Vec<(i32, usize)> = all
+            .iter()
+            .enumerate()
+            .filter(|(_, (c, _, _))| color.is_some() && *c == color)
+            .map(|(r, (_, k, _))| (*k, r))
+            .collect();
+        group.sort();
+        let members: Vec<usize> = group.iter().map(|&(_, r)| all[r].2).collect();
+        let new_rank = group.iter().position(|&(_, r)| r == self.rank);
+        self.dev.bind()?;
+        let native = {
+            let c = self.lock()?;
+            c.split(color, key)
+        };
+        let made = match native {
+            Some(r) => r?,
+            None => {
+                // No ncclCommSplit: the lowest rank of each color makes a unique id; the
+                // ids travel over the parent; each group inits its own communicator.
+                let lib = VendorLib::get(self.vendor)?;
+                let p = self.members.len();
+                let leader = group.iter().map(|&(_, r)| r).min();
+                let mut ids = vec![0u8; VENDOR_UNIQUE_ID_BYTES * p];
+                if leader == Some(self.rank) {
+                    let id = lib.unique_id()?.bytes();
+                    ids[self.rank * VENDOR_UNIQUE_ID_BYTES
+                        ..(self.rank + 1) * VENDOR_UNIQUE_ID_BYTES]
+                        .copy_from_slice(&id);
+                }
+                Transport::all_gather(self, &mut ids, VENDOR_UNIQUE_ID_BYTES)?;
+                match (leader, new_rank) {
+                    (Some(l), Some(nr)) => {
+                        let mut b = [0u8; VENDOR_UNIQUE_ID_BYTES];
+                        b.copy_from_slice(
+                            &ids[l * VENDOR_UNIQUE_ID_BYTES..(l + 1) * VENDOR_UNIQUE_ID_BYTES],
+                        );
+                        Some(lib.comm_init_rank(
+                            members.len(),
+                            &VendorUniqueId::from_bytes(&b),
+                            nr,
+                        )?)
+                    }
+                    _ => None,
+                }
+            }
+        };
+        match (made, new_rank) {
+            (Some(c), Some(r)) => Ok(Some(Arc::new(NcclTransport::wrap(
+                self.vendor,
+                c,
+                r,
+                members,
+                &self.dev,
+                self.traffic.clone(),
+                self.timeout,
+            )?))),
+            (None, _) if color.is_none() => Ok(None),
+            _ => Err(Error::Internal(format!(
+                "{} split: color {color:?} gave no communicator",
+                self.vendor.name()
+            ))),
+        }
+    }
+
+    fn send(&self, peer: usize, data: &[u8]) -> Result<()> {
+        staged::send(self, &self.stage, self.timeout, peer, data)
+    }
+    fn recv(&self, peer: usize, data: &mut [u8]) -> Result<()> {
+        staged::recv(self, &self.stage, self.timeout, peer, data)
+    }
+    fn sendrecv(&self, dst: usize, send: &[u8], src: usize, recv: &mut [u8]) -> Result<()> {
+        staged::sendrecv(self, &self.stage, self.timeout, dst, send, src, recv)
+    }
+    fn traffic(&self) -> Option<Arc<Traffic>> {
+        self.traffic.clone()
+    }
+    fn abort(&self) {
+        if let Ok(mut c) = self.comm.lock() {
+            let _ = c.abort_in_place();
+        }
+    }
+    fn barrier(&self) -> Result<()> {
+        let mut one = [0u8; 4];
+        Transport::all_reduce(self, &mut one, DataType::I32, ReduceOp::Sum)
+    }
+    fn all_gather(&self, buf: &mut [u8], chunk: usize) -> Result<()> {
+        staged::all_gather(self, &self.stage, self.timeout, buf, chunk)
+    }
+    fn reduce_scatter(
+        &self,
+        send: &[u8],
+        recv: &mut [u8],
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        staged::reduce_scatter(self, &self.stage, self.timeout, send, recv, dtype, op)
+    }
+    fn all_reduce(&self, buf: &mut [u8], dtype: DataType, op: ReduceOp) -> Result<()> {
+        staged::all_reduce(self, &self.stage, self.timeout, buf, dtype, op)
+    }
+    fn all_to_all(&self, send: &[u8], recv: &mut [u8]) -> Result<()> {
+        staged::all_to_all(self, &self.stage, self.timeout, send, recv)
+    }
+    fn broadcast(&self, buf: &mut [u8], root: usize) -> Result<()> {
+        staged::broadcast(self, &self.stage, self.timeout, buf, root)
+    }
+}
