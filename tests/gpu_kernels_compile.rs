@@ -130,7 +130,10 @@ fn hip_kernels_compile_with_hipcc() {
             String::from_utf8_lossy(&res.stderr)
         );
         let co = std::fs::read(&out).unwrap();
-        for name in kernels_gpu::kernel_names() {
+        for name in kernels_gpu::kernel_names()
+            .into_iter()
+            .chain(kernels_gpu::reduce_kernel_names())
+        {
             let sym = format!("{name}.kd");
             assert!(
                 co.windows(sym.len()).any(|w| w == sym.as_bytes()),

@@ -1,14 +1,22 @@
-//! Collectives, point-to-point and groups over host memory.
+//! Collectives, point-to-point and groups over host memory (host transports) and
+//! device memory (GPU transports).
 //!
 //! Every call: check the communicator, dtype, op, ranks and sizes; recognise NCCL's
-//! in-place layout from the raw pointers (else require disjoint byte ranges); copy the
-//! inputs into strata [`Buffer`]s (one buffer and a view of it for in-place calls);
-//! submit through [`Comm`]'s one submit path; then wait and copy the results into the
-//! user's receive buffers, or, inside a group, hold the copy-out for `strataGroupEnd`.
+//! in-place layout from the raw pointers (else require disjoint byte ranges); then
+//! - host transports: copy the inputs into strata [`Buffer`]s (one buffer and a view of
+//!   it for in-place calls); submit through [`Comm`]'s one submit path; then wait and
+//!   copy the results into the user's receive buffers, or, inside a group, hold the
+//!   copy-out for `strataGroupEnd`;
+//! - GPU transports (the communicator has a device): check every pointer against the
+//!   device and wrap it ([`Buffer::from_device_ptr`], no copies; in-place calls wrap one
+//!   range and view it); make the communicator's stream wait for the caller's stream and
+//!   wait for that on the host; submit; wait (or, inside a group, hold the work for
+//!   `strataGroupEnd`). Nothing is copied out.
 
 use super::*;
 use crate::comm::{group_end, group_start, Work};
 use crate::comm::{Op, Request};
+use crate::device::{DevAddr, Device};
 use crate::dtype::{DataType, ReduceOp};
 use crate::memory::Buffer;
 use crate::Algo;
@@ -114,6 +122,70 @@ unsafe fn user_bytes<'a>(p: *const c_void, len: usize) -> &'a [u8] {
 unsafe fn copy_in(p: *const c_void, len: usize) -> Buffer {
     // SAFETY: the caller's contract.
     Buffer::from_bytes(unsafe { user_bytes(p, len) })
+}
+
+// ---- device memory (GPU transports) ----
+
+/// The caller's `len` bytes of device memory at `p` as a buffer, after checking that
+/// they are memory of `dev` (a host pointer is a clear `InvalidArgument`).
+///
+/// # Safety
+/// The range stays allocated, and untouched by anyone else, until the work using the
+/// buffer completes (the device-path contract of every collective).
+unsafe fn wrap(dev: &Arc<dyn Device>, p: *const c_void, len: usize, what: &str) -> Result<Buffer> {
+    if len == 0 {
+        return Ok(Buffer::zeroed(0));
+    }
+    let addr = p as usize as DevAddr;
+    dev.check_pointer(addr, len).map_err(|e| match e {
+        Error::InvalidArgument(m) => Error::InvalidArgument(format!("{what}: {m}")),
+        other => other,
+    })?;
+    // SAFETY: `len` bytes at `addr` are memory of `dev` (checked just above); that they
+    // stay allocated and unshared while the buffer lives is the caller's contract.
+    Ok(unsafe { Buffer::from_device_ptr(dev, addr, len) })
+}
+
+/// Make `comm`'s stream wait for the work queued on the caller's `stream`, then wait on
+/// the host until that has run: the caller's earlier work (which produced the inputs,
+/// or still reads the outputs) is complete before the collective starts on any stream
+/// (sub-communicators' included).
+///
+/// # Safety
+/// `stream` is NULL (the legacy default stream) or a live stream of `comm`'s device.
+unsafe fn after_caller_stream(comm: &Comm, stream: strataStream_t, name: &str) -> Result<()> {
+    let g = comm.transport().gpu().ok_or_else(|| {
+        Error::Internal(format!(
+            "{name}: a communicator with a device but no GPU transport"
+        ))
+    })?;
+    let s = g.stream();
+    // SAFETY: the caller's contract on `stream`.
+    unsafe { s.wait_foreign(stream) }?;
+    crate::device::finish(
+        s.as_ref(),
+        comm.timeout(),
+        &format!("{name}: waiting for the work queued on the caller's stream"),
+        || Ok(()),
+    )
+}
+
+/// The device path's common end: wait for the caller's stream, submit `req`, and wait
+/// for the work (inside a group: hold it for `strataGroupEnd`).
+///
+/// # Safety
+/// As [`after_caller_stream`]; the buffers of `req` as [`wrap`].
+unsafe fn run_device(
+    name: &'static str,
+    h: Arc<Handle>,
+    req: Request,
+    stream: strataStream_t,
+) -> Result<()> {
+    // SAFETY: forwarded caller contract on `stream`.
+    unsafe { after_caller_stream(&h.comm, stream, name) }?;
+    let work = h.comm.submit(req)?;
+    // SAFETY: nothing to copy out (results are written in place on the device).
+    unsafe { finish(name, h, work, Vec::new()) }
 }
 
 /// Results to copy from a strata buffer into user memory once the work is done.

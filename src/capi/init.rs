@@ -122,6 +122,7 @@ fn id_bytes(id: &strataUniqueId) -> [u8; STRATA_UNIQUE_ID_BYTES] {
 /// and rccl transports, the vendor's id (flag `ID_VENDOR_*`, bytes).
 struct IdParts {
     key: [u8; 16],
+    #[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
     vendor: Option<(u8, [u8; VENDOR_ID_BYTES])>,
 }
 
@@ -474,6 +475,7 @@ fn rank_args(nranks: c_int, rank: c_int) -> Result<(usize, usize)> {
 // ---- local rendezvous ----
 
 struct Rendezvous {
+    kind: TransportKind,
     nranks: usize,
     topo_spec: Option<String>,
     arrived: Vec<bool>,
@@ -486,12 +488,20 @@ type RendezvousMap = Mutex<HashMap<[u8; 16], Rendezvous>>;
 static RENDEZVOUS: Lazy<(RendezvousMap, Condvar)> =
     Lazy::new(|| (Mutex::new(HashMap::new()), Condvar::new()));
 
-/// Join the in-process world named by `key` as `rank`; the last rank to arrive builds it
-/// (`Comm::local_world`) with its settings. Waits at most the configured timeout.
-fn local_rank(key: [u8; 16], nranks: usize, rank: usize, s: &Settings) -> Result<Comm> {
+/// Join the in-process world of `kind` (local or cuda-local) named by `key` as `rank`;
+/// the last rank to arrive builds it (`Comm::local_world` / `Comm::cuda_local_world`)
+/// with its settings. Waits at most the configured timeout.
+fn local_rank(
+    kind: TransportKind,
+    key: [u8; 16],
+    nranks: usize,
+    rank: usize,
+    s: &Settings,
+) -> Result<Comm> {
     let (lock, cv) = &*RENDEZVOUS;
     let mut map = lock.lock().unwrap_or_else(|e| e.into_inner());
     let e = map.entry(key).or_insert_with(|| Rendezvous {
+        kind,
         nranks,
         topo_spec: s.topo_spec.clone(),
         arrived: vec![false; nranks],
@@ -502,6 +512,13 @@ fn local_rank(key: [u8; 16], nranks: usize, rank: usize, s: &Settings) -> Result
         return Err(Error::InvalidUsage(format!(
             "nranks mismatch for this unique id: rank {rank} passed {nranks}, an earlier rank passed {}",
             e.nranks
+        )));
+    }
+    if e.kind != kind {
+        return Err(Error::InvalidUsage(format!(
+            "transport mismatch for this unique id: rank {rank} asked for {}, an earlier rank for {}",
+            kind.name(),
+            e.kind.name()
         )));
     }
     if e.arrived[rank] {
@@ -519,7 +536,7 @@ fn local_rank(key: [u8; 16], nranks: usize, rank: usize, s: &Settings) -> Result
     if e.arrived.iter().all(|&a| a) {
         let world = s
             .topology()
-            .and_then(|t| Comm::local_world(nranks, t, s.config.clone()))
+            .and_then(|t| in_process_world(kind, nranks, t, s.config.clone()))
             .map(|v| v.into_iter().map(Some).collect());
         e.world = Some(world);
         cv.notify_all();
@@ -598,6 +615,71 @@ fn mpi_rank(nranks: usize, rank: usize, s: &Settings) -> Result<Comm> {
     }
 }
 
+/// Join the NCCL/RCCL communicator of the vendor id inside `id` as `rank` of `nranks`
+/// on this thread's device ([`crate::comm::gpu::select_device`]: `STRATA_DEVICE`, else
+/// the current device, as NCCL).
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+fn vendor_rank(
+    kind: TransportKind,
+    id: &IdParts,
+    nranks: usize,
+    rank: usize,
+    s: &Settings,
+) -> Result<Comm> {
+    use crate::device::Api;
+    use crate::transport::vendor::VendorUniqueId;
+    let (want, api) = match kind {
+        TransportKind::Rccl => (ID_VENDOR_RCCL, Api::Hip),
+        _ => (ID_VENDOR_NCCL, Api::Cuda),
+    };
+    let name = |f: u8| if f == ID_VENDOR_RCCL { "RCCL" } else { "NCCL" };
+    let v = match &id.vendor {
+        Some((f, v)) if *f == want => v,
+        Some((f, _)) => {
+            return Err(Error::InvalidArgument(format!(
+                "the unique id carries an {} id but the transport is {}",
+                name(*f),
+                kind.name()
+            )))
+        }
+        None => {
+            return Err(Error::InvalidArgument(format!(
+                "the unique id carries no {} id: make the id with STRATA_TRANSPORT={} or \
+                 strataGetUniqueIdForTransport({})",
+                name(want),
+                kind.name(),
+                if want == ID_VENDOR_RCCL {
+                    "strataTransportRccl"
+                } else {
+                    "strataTransportNccl"
+                }
+            )))
+        }
+    };
+    let topo = s.topology()?;
+    let dev = crate::comm::gpu::select_device(api, 0)?;
+    Comm::vendor_join(
+        kind,
+        &dev,
+        &VendorUniqueId::from_bytes(v),
+        rank,
+        nranks,
+        topo,
+        s.config.clone(),
+    )
+}
+
+#[cfg(not(any(feature = "cuda", feature = "rocm")))]
+fn vendor_rank(
+    kind: TransportKind,
+    _id: &IdParts,
+    _nranks: usize,
+    _rank: usize,
+    _s: &Settings,
+) -> Result<Comm> {
+    Err(not_compiled(kind))
+}
+
 /// # Safety
 /// As `strataCommInitRankConfig`.
 unsafe fn init_rank(
@@ -615,10 +697,11 @@ unsafe fn init_rank(
     // SAFETY: caller's contract on `cfg`.
     let s = unsafe { settings(cfg) }?;
     let (n, r) = rank_args(nranks, rank)?;
-    let key = id_key(id)?;
-    let comm = match s.via()? {
-        Via::Local => local_rank(key, n, r, &s)?,
-        Via::Mpi => mpi_rank(n, r, &s)?,
+    let id = parse_id(id)?;
+    let comm = match s.kind()? {
+        k @ (TransportKind::Local | TransportKind::CudaLocal) => local_rank(k, id.key, n, r, &s)?,
+        TransportKind::Mpi => mpi_rank(n, r, &s)?,
+        k @ (TransportKind::Nccl | TransportKind::Rccl) => vendor_rank(k, &id, n, r, &s)?,
     };
     let h = register(comm)?;
     // SAFETY: `out` is non-NULL and valid for a write by the caller's contract.
@@ -626,9 +709,10 @@ unsafe fn init_rank(
 }
 
 /// Creates this rank's communicator of a world of `nranks` (NCCL's `ncclCommInitRank`),
-/// with the transport of `STRATA_TRANSPORT` (`local`, the default, or `mpi`).
-/// Blocking and collective: returns once all `nranks` ranks have called it with the same
-/// id, or fails with `strataRemoteError` after the timeout (`STRATA_TIMEOUT`).
+/// with the transport of `STRATA_TRANSPORT` (`local`, the default, `mpi`, `nccl`, `rccl`
+/// or `cuda-local`). Blocking and collective: returns once all `nranks` ranks have called
+/// it with the same id, or fails with `strataRemoteError` after the timeout
+/// (`STRATA_TIMEOUT`).
 ///
 /// - local: the ranks are `nranks` threads of this process passing the same `commId`
 ///   (from one `strataGetUniqueId`), each its own `rank` in `0..nranks`.
@@ -636,15 +720,26 @@ unsafe fn init_rank(
 ///   (checked on every rank together: a mismatch fails everywhere with
 ///   `strataInvalidUsage`). The library initialises MPI with `MPI_THREAD_MULTIPLE` when
 ///   the program has not (then call `strataFinalize` at the end).
+/// - nccl / rccl: as `ncclCommInitRank`: one rank per GPU, any mix of processes and
+///   threads, on the device current on the calling thread (`cudaSetDevice` /
+///   `hipSetDevice`; `STRATA_DEVICE` overrides). `commId` must carry an NCCL/RCCL id:
+///   make it with `strataGetUniqueIdForTransport` (or `strataGetUniqueId` under
+///   `STRATA_TRANSPORT=nccl`) on one rank and broadcast it. The node layout is the
+///   config's topology, else `STRATA_TOPOLOGY`, else detected from the ranks' hosts.
+/// - cuda-local: as local, with every rank on one CUDA device (`STRATA_DEVICE`,
+///   default 0) exchanging through device copies.
 ///
 /// Ownership: on success `*comm` is a new communicator owned by the caller; release it
 /// with `strataCommDestroy`. On failure `*comm` is not written.
 ///
 /// Errors: `strataInvalidArgument` for a NULL `comm`, `nranks < 1`, `rank` outside
-/// `0..nranks`, an id not made by `strataGetUniqueId`; `strataInvalidUsage` for ranks that
-/// disagree on `nranks` or the topology, a rank joining twice, a topology whose size is
-/// not `nranks`, the mpi transport in a build without it; `strataRemoteError` when the
-/// other ranks do not arrive within the timeout.
+/// `0..nranks`, an id not made by `strataGetUniqueId`, an id without the NCCL/RCCL id
+/// the nccl/rccl transport needs, a bad `STRATA_TRANSPORT`; `strataInvalidUsage` for
+/// ranks that disagree on `nranks`, the topology or the transport, a rank joining twice,
+/// a topology whose size is not `nranks`, a transport not compiled into this library
+/// (the message names the cargo feature); `strataUnhandledCudaError` /
+/// `strataSystemError` when there is no usable GPU or vendor library;
+/// `strataRemoteError` when the other ranks do not arrive within the timeout.
 ///
 /// # Safety
 /// `comm` is NULL or valid for a write of a `strataComm_t`.
@@ -665,11 +760,13 @@ pub unsafe extern "C" fn strataCommInitRank(
 /// the transport (`strataTransportDefault` reads `STRATA_TRANSPORT`), the topology, the
 /// default algorithm and the timeout. `config` may be NULL (as `strataCommInitRank`);
 /// otherwise it must be set up with `STRATA_CONFIG_INITIALIZER`, and is read during the
-/// call only. On the local transport the settings of the last rank to arrive apply, and
-/// every rank must pass the same topology.
+/// call only. On the local and cuda-local transports the settings of the last rank to
+/// arrive apply, and every rank must pass the same topology and transport.
 ///
 /// Errors: as `strataCommInitRank`, plus `strataInvalidArgument` for a config with a bad
-/// size, magic, version, transport, topology, algorithm or a negative timeout.
+/// size, magic, version, transport, topology, algorithm or a negative timeout, and
+/// `strataInvalidUsage` for a GPU transport (`strataTransportNccl`, `...Rccl`,
+/// `...CudaLocal`) not compiled into this library.
 ///
 /// # Safety
 /// `comm` as in `strataCommInitRank`; `config` is NULL or points to an initialised
@@ -688,20 +785,29 @@ pub unsafe extern "C" fn strataCommInitRankConfig(
     })
 }
 
-/// Creates a whole in-process world (local transport) of `nranks` ranks and writes its
-/// communicators to `comms[0..nranks]`, rank i at index i (the C caller's equivalent of
+/// Creates a whole in-process world of `nranks` ranks and writes its communicators to
+/// `comms[0..nranks]`, rank i at index i (the C caller's equivalent of
 /// `ncclCommInitAll`). Drive each communicator from its own thread (or drive several
 /// from one thread inside `strataGroupStart`/`strataGroupEnd`).
 ///
+/// Transport: local (host memory), or cuda-local when the config's transport is
+/// `strataTransportCudaLocal` (or it is `strataTransportDefault` and
+/// `STRATA_TRANSPORT=cuda-local`): every rank on one CUDA device (`STRATA_DEVICE`,
+/// default 0), taking device pointers of it. Any other value of `STRATA_TRANSPORT` is
+/// ignored here (local).
+///
 /// `topology`: a topology SPEC or JSON path (`nodes:2x4`, ...); NULL for the config's,
 /// else `STRATA_TOPOLOGY`, else one flat node. Its size must be `nranks`.
-/// `config`: NULL or an initialised config (its transport must be default or local).
+/// `config`: NULL or an initialised config (its transport must be default, local or
+/// cuda-local).
 ///
 /// Ownership: on success the caller owns the `nranks` communicators (destroy each); on
 /// failure `comms` is not written.
 ///
 /// Errors: `strataInvalidArgument` for NULL `comms`, `nranks < 1`, a bad topology SPEC or
-/// config; `strataInvalidUsage` when the topology's size is not `nranks`.
+/// config, the mpi/nccl/rccl transports; `strataInvalidUsage` when the topology's size is
+/// not `nranks` or cuda-local is not compiled into this library; `strataUnhandledCudaError`
+/// / `strataSystemError` when the device cannot be opened.
 ///
 /// # Safety
 /// `comms` is NULL or valid for writes of `nranks` handles; `topology` is NULL or
@@ -724,17 +830,24 @@ pub unsafe extern "C" fn strataCommInitLocal(
         }
         // SAFETY: the caller's contract on `config`.
         let mut s = unsafe { settings(config) }?;
-        if s.transport == strataTransportMpi {
-            return Err(Error::InvalidArgument(
-                "strataCommInitLocal builds an in-process world; use strataCommInitRankConfig for the mpi transport"
-                    .into(),
-            ));
+        let kind = match s.transport {
+            strataTransportDefault => match env_kind() {
+                Ok(Some(TransportKind::CudaLocal)) => TransportKind::CudaLocal,
+                _ => TransportKind::Local,
+            },
+            t => kind_of(t)?,
+        };
+        if !matches!(kind, TransportKind::Local | TransportKind::CudaLocal) {
+            return Err(Error::InvalidArgument(format!(
+                "strataCommInitLocal builds an in-process world (local, cuda-local); use strataCommInitRankConfig for the {} transport",
+                kind.name()
+            )));
         }
         // SAFETY: the caller's contract on `topology`.
         if let Some(t) = unsafe { opt_str(topology, "topology") }? {
             s.topo_spec = Some(t);
         }
-        let world = Comm::local_world(nranks as usize, s.topology()?, s.config.clone())?;
+        let world = in_process_world(kind, nranks as usize, s.topology()?, s.config.clone())?;
         let mut handles = Vec::with_capacity(world.len());
         for c in world {
             match register(c) {
@@ -878,6 +991,27 @@ pub unsafe extern "C" fn strataCommUserRank(
         let h = lookup(comm)?;
         // SAFETY: the caller's contract on `rank`.
         unsafe { write_out(rank, h.comm.rank() as c_int, "rank") }
+    })
+}
+
+/// Writes the transport `comm` runs on (`strataTransportLocal`, `...Mpi`, `...Nccl`,
+/// `...Rccl` or `...CudaLocal`, never `strataTransportDefault`) to `*transport`: whether
+/// its calls take host pointers (local, mpi) or device pointers (the GPU transports).
+///
+/// Errors: as `strataCommCount`.
+///
+/// # Safety
+/// `transport` is NULL or valid for a write of a `strataTransport_t`.
+#[no_mangle]
+pub unsafe extern "C" fn strataCommGetTransport(
+    comm: strataComm_t,
+    transport: *mut strataTransport_t,
+) -> strataResult_t {
+    ffi_boundary!("strataCommGetTransport", comm, {
+        let h = lookup(comm)?;
+        let t = transport_code(h.comm.transport_kind());
+        // SAFETY: the caller's contract on `transport`.
+        unsafe { write_out(transport, t, "transport") }
     })
 }
 
