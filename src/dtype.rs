@@ -90,8 +90,8 @@ impl DataType {
             DataType::I8 => b[0] = (v.round().clamp(-128.0, 127.0) as i8) as u8,
             DataType::U8 => b[0] = v.round().clamp(0.0, 255.0) as u8,
             DataType::I32 => b.copy_from_slice(&(v.round() as i32).to_le_bytes()),
-            DataType::F16 => b.copy_from_slice(&f16::from_f64(v).to_le_bytes()),
-            DataType::BF16 => b.copy_from_slice(&bf16::from_f64(v).to_le_bytes()),
+            DataType::F16 => b.copy_from_slice(&f16::from_f32(f64_to_f32_odd(v)).to_le_bytes()),
+            DataType::BF16 => b.copy_from_slice(&bf16::from_f32(f64_to_f32_odd(v)).to_le_bytes()),
             DataType::F32 => b.copy_from_slice(&(v as f32).to_le_bytes()),
         }
     }
@@ -214,6 +214,27 @@ impl FromStr for ReduceOp {
             }
         })
     }
+}
+
+/// f64 to f32 rounding to odd: exact where f32 holds the value, else truncated with the
+/// last bit set. Rounding that to f16/bf16 (nearest even) equals one correct rounding of
+/// the f64, since f32 keeps at least two more bits than either; `half`'s own `from_f64`
+/// drops low bits (bf16) or rounds twice (f16 with F16C). The device kernels do the same
+/// (`kernels-cuda/strata_reduce.cuh`).
+pub fn f64_to_f32_odd(v: f64) -> f32 {
+    let f = v as f32;
+    let d = f as f64;
+    if d == v || v.is_nan() {
+        return f;
+    }
+    if f.is_infinite() {
+        return if v < 0.0 { -f32::MAX } else { f32::MAX };
+    }
+    let mut u = f.to_bits();
+    if d.abs() > v.abs() {
+        u -= 1;
+    }
+    f32::from_bits(u | 1)
 }
 
 /// A Rust element type strata can move and reduce.
@@ -351,6 +372,21 @@ pub fn finish_avg(buf: &mut [u8], dtype: DataType, n: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn halves_from_f64_round_once() {
+        // bf16 0x0689 / 4111: the f64 quotient sits just above a bf16 halfway point that
+        // dropping its low bits would miss.
+        let v = bf16::from_bits(0x0689).to_f64() / 4111.0;
+        let mut b = [0u8; 2];
+        DataType::BF16.set(&mut b, 0, v);
+        assert_eq!(u16::from_le_bytes(b), 0x0089);
+        assert_eq!(f64_to_f32_odd(1.0), 1.0);
+        assert_eq!(f64_to_f32_odd(f64::MAX), f32::MAX);
+        assert!(f64_to_f32_odd(f64::NAN).is_nan());
+        let x = 1.0 + 2f64.powi(-40);
+        assert_eq!(f64_to_f32_odd(x).to_bits(), 1.0f32.to_bits() | 1);
+    }
 
     #[test]
     fn reduce_all_types() {
