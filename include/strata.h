@@ -33,9 +33,15 @@
 
 
 /**
- * Size of `strataUniqueId` (as `NCCL_UNIQUE_ID_BYTES`).
+ * Size of `strataUniqueId`: strata's 128 bytes, then room for an `ncclUniqueId`.
  */
-#define STRATA_UNIQUE_ID_BYTES 128
+#define STRATA_UNIQUE_ID_BYTES 256
+
+/**
+ * Offset in `strataUniqueId` of the NCCL/RCCL unique id (`NCCL_UNIQUE_ID_BYTES`, 128
+ * bytes) that ids made for the nccl and rccl transports carry; zeros otherwise.
+ */
+#define STRATA_UNIQUE_ID_VENDOR_OFFSET 128
 
 #define STRATA_MAJOR 0
 
@@ -80,8 +86,12 @@ typedef int strataDataType_t;
 typedef struct strataComm *strataComm_t;
 
 /**
- * Stream argument of every collective: an opaque pointer (`cudaStream_t` /
- * `hipStream_t` on GPU transports); ignored on host transports, may be NULL.
+ * Stream argument of every collective: an opaque pointer. Host transports ignore it (it
+ * may be NULL). GPU transports take the caller's `cudaStream_t` / `hipStream_t` (NULL:
+ * the legacy default stream) of the communicator's device: the collective starts after
+ * the work queued on it before the call, and the call returns once the collective has
+ * completed on the device (host-synchronous), so work queued on the stream after the
+ * call sees the results.
  */
 typedef void *strataStream_t;
 
@@ -92,15 +102,23 @@ typedef void *strataStream_t;
 typedef int strataRedOp_t;
 
 /**
- * The name of an in-process world (`strataGetUniqueId`), passed by value to
- * `strataCommInitRank` on every rank, as NCCL's `ncclUniqueId`.
+ * The name of a new world (`strataGetUniqueId`, `strataGetUniqueIdForTransport`),
+ * passed by value to `strataCommInitRank` on every rank, as NCCL's `ncclUniqueId`
+ * (broadcast it from one process to the others for nccl/rccl, as NCCL programs do).
+ * Layout: bytes 0..128 are strata's (magic, version, rendezvous key of an in-process
+ * world, and which vendor id follows); bytes `STRATA_UNIQUE_ID_VENDOR_OFFSET`..256 hold
+ * the NCCL/RCCL unique id of an id made for the nccl/rccl transport, zeros otherwise.
  */
 typedef struct strataUniqueId {
   char internal[STRATA_UNIQUE_ID_BYTES];
 } strataUniqueId;
 
 /**
- * Transport of a communicator made by `strataCommInitRankConfig`.
+ * Transport of a communicator made by `strataCommInitRankConfig` (or, for `local` and
+ * `cuda-local`, `strataCommInitLocal`). A transport not compiled into the library fails
+ * with `strataInvalidUsage` and a message naming the cargo feature to turn on.
+ * Host transports (local, mpi) take host pointers; GPU transports (nccl, rccl,
+ * cuda-local) take device pointers of the communicator's device.
  */
 typedef int strataTransport_t;
 
@@ -225,7 +243,8 @@ typedef struct strataConfig_t {
 #define strataAvg 4
 
 /**
- * `STRATA_TRANSPORT` (`local` or `mpi`) when set, else `local`.
+ * `STRATA_TRANSPORT` (`local`, `mpi`, `nccl`, `rccl` or `cuda-local`) when set, else
+ * `local`.
  */
 #define strataTransportDefault 0
 
@@ -239,6 +258,28 @@ typedef struct strataConfig_t {
  */
 #define strataTransportMpi 2
 
+/**
+ * NVIDIA NCCL (library built with `--features cuda`; libnccl.so.2 is loaded at run time,
+ * `STRATA_NCCL_LIB` overrides its path). One rank per GPU, on the device current on the
+ * calling thread (as NCCL; `STRATA_DEVICE` overrides); the unique id must carry an NCCL
+ * id (`strataGetUniqueIdForTransport(strataTransportNccl, ...)`, or `strataGetUniqueId`
+ * with `STRATA_TRANSPORT=nccl`).
+ */
+#define strataTransportNccl 3
+
+/**
+ * AMD RCCL (library built with `--features rocm`; `STRATA_RCCL_LIB` overrides the path
+ * of librccl.so.1); otherwise as `strataTransportNccl`, with HIP devices and streams.
+ */
+#define strataTransportRccl 4
+
+/**
+ * A world of ranks that are threads of this process sharing ONE CUDA device (library
+ * built with `--features cuda`): `strataCommInitLocal`, or `strataCommInitRankConfig`
+ * from threads with one unique id. The device is `STRATA_DEVICE`, default 0.
+ */
+#define strataTransportCudaLocal 5
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -249,21 +290,39 @@ extern "C" {
  *
  * In place when `sendbuff == recvbuff + rank * sendcount` (in elements); any other overlap
  * of the two ranges is `strataInvalidArgument`. `sendcount == 0` is a no-op (NULL buffers
- * allowed). Host transports: blocking; the stream is ignored (may be NULL); inside a
- * group the call returns at once, `sendbuff` is read now and `recvbuff` is written by
- * `strataGroupEnd` (keep both valid until it returns). Ownership: the buffers stay the
- * caller's; strata copies from and into them and keeps no pointer after the call (or
- * the group) ends. Thread-safety: one thread at a time per communicator.
+ * allowed).
+ *
+ * Host transports (local, mpi): the buffers are host memory; blocking; the stream is
+ * ignored (may be NULL); inside a group the call returns at once, `sendbuff` is read now
+ * and `recvbuff` is written by `strataGroupEnd` (keep both valid until it returns).
+ * Ownership: the buffers stay the caller's; strata copies from and into them and keeps
+ * no pointer after the call (or the group) ends.
+ *
+ * GPU transports (nccl, rccl, cuda-local): the buffers are device memory of the
+ * communicator's device (anything else, a host pointer included, is
+ * `strataInvalidArgument`), used in place without copies; `stream` is the caller's
+ * `cudaStream_t` / `hipStream_t` on that device (NULL: the legacy default stream). The
+ * collective starts after the work queued on `stream` before the call, and the call
+ * returns once it has completed on the device (host-synchronous), so work queued on
+ * `stream` afterwards sees the results. Inside a group the call returns once `stream`'s
+ * earlier work is done, and the collective completes in `strataGroupEnd` (keep the
+ * buffers valid and untouched until it returns). strata keeps no pointer after the call
+ * (or the group) ends.
+ *
+ * Thread-safety: one thread at a time per communicator.
  *
  * Errors: `strataInvalidArgument` for a NULL/foreign comm, NULL buffers with a nonzero
- * count, `nranks * sendcount * size` overflow, an unknown datatype, aliasing buffers;
+ * count, `nranks * sendcount * size` overflow, an unknown datatype, aliasing buffers,
+ * pointers that are not the communicator's device memory (GPU transports);
  * `strataInvalidUsage` for a destroyed comm; `strataRemoteError` when a peer fails or
- * times out.
+ * times out; `strataUnhandledCudaError` when a device call fails.
  *
  * # Safety
  * `sendbuff` readable for `sendcount` elements, `recvbuff` writable for
- * `nranks * sendcount` elements, both host memory, neither accessed by other threads
- * during the call (or the group).
+ * `nranks * sendcount` elements, both host memory (host transports) or device memory of
+ * the communicator's device (GPU transports), neither accessed by other threads or
+ * other streams during the call (or the group). On GPU transports `stream` is NULL or a
+ * live stream of the communicator's device.
  */
 strataResult_t strataAllGather(const void *sendbuff, void *recvbuff, size_t sendcount, strataDataType_t datatype, strataComm_t comm, strataStream_t stream);
 
@@ -310,7 +369,8 @@ strataResult_t strataReduceScatterQuantized(const void *sendbuff, void *recvbuff
  *
  * # Safety
  * `sendbuff` readable for `nranks * recvcount` elements, `recvbuff` writable for
- * `recvcount`, both host memory, not accessed by other threads during the call.
+ * `recvcount`, both host or device memory as in `strataAllGather`, not accessed by others
+ * during the call; `stream` as in `strataAllGather`.
  */
 strataResult_t strataReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount, strataDataType_t datatype, strataRedOp_t op, strataComm_t comm, strataStream_t stream);
 
@@ -321,8 +381,9 @@ strataResult_t strataReduceScatter(const void *sendbuff, void *recvbuff, size_t 
  * thread-safety and errors as `strataReduceScatter`.
  *
  * # Safety
- * `sendbuff` readable and `recvbuff` writable for `count` elements of host memory, not
- * accessed by other threads during the call.
+ * `sendbuff` readable and `recvbuff` writable for `count` elements of host or device
+ * memory as in `strataAllGather`, not accessed by others during the call; `stream` as
+ * in `strataAllGather`.
  */
 strataResult_t strataAllReduce(const void *sendbuff, void *recvbuff, size_t count, strataDataType_t datatype, strataRedOp_t op, strataComm_t comm, strataStream_t stream);
 
@@ -347,7 +408,8 @@ strataResult_t strataAllToAll(const void *sendbuff, void *recvbuff, size_t count
  *
  * # Safety
  * On the root `sendbuff` readable for `count` elements; `recvbuff` writable for `count`
- * elements; host memory, not accessed by other threads during the call.
+ * elements; host or device memory as in `strataAllGather`, not accessed by others during
+ * the call; `stream` as in `strataAllGather`.
  */
 strataResult_t strataBroadcast(const void *sendbuff, void *recvbuff, size_t count, strataDataType_t datatype, int root, strataComm_t comm, strataStream_t stream);
 
@@ -355,7 +417,8 @@ strataResult_t strataBroadcast(const void *sendbuff, void *recvbuff, size_t coun
  * In-place broadcast (NCCL's legacy `ncclBcast`): `strataBroadcast(buff, buff, ...)`.
  *
  * # Safety
- * `buff` readable (root) and writable for `count` elements of host memory.
+ * `buff` readable (root) and writable for `count` elements of host or device memory as
+ * in `strataAllGather`; `stream` as in `strataAllGather`.
  */
 strataResult_t strataBcast(void *buff, size_t count, strataDataType_t datatype, int root, strataComm_t comm, strataStream_t stream);
 
@@ -364,7 +427,9 @@ strataResult_t strataBcast(void *buff, size_t count, strataDataType_t datatype, 
  * posts a matching `strataRecv`. Host transports send eagerly, so a send outside a group
  * returns once its bytes are handed over; put matching sends and receives of several
  * peers in one group (as with NCCL) to exchange without ordering concerns. `sendbuff` is
- * read during the call. Streams, ownership and thread-safety as `strataAllGather`.
+ * read during the call. GPU transports: the call returns once the peer has received
+ * the data (so pair sends and receives in a group, as with NCCL). Memory, streams,
+ * ownership and thread-safety as `strataAllGather`.
  *
  * Errors: `strataInvalidArgument` for a NULL/foreign comm, a NULL buffer with a nonzero
  * count, overflow, an unknown datatype, `peer` outside `0..nranks`; `strataInvalidUsage`
@@ -372,7 +437,8 @@ strataResult_t strataBcast(void *buff, size_t count, strataDataType_t datatype, 
  * `strataRemoteError` when the peer fails or times out.
  *
  * # Safety
- * `sendbuff` readable for `count` elements of host memory.
+ * `sendbuff` readable for `count` elements of host or device memory as in
+ * `strataAllGather`; `stream` as in `strataAllGather`.
  */
 strataResult_t strataSend(const void *sendbuff, size_t count, strataDataType_t datatype, int peer, strataComm_t comm, strataStream_t stream);
 
@@ -382,8 +448,9 @@ strataResult_t strataSend(const void *sendbuff, size_t count, strataDataType_t d
  * Streams, ownership, thread-safety and errors as `strataSend`.
  *
  * # Safety
- * `recvbuff` writable for `count` elements of host memory, not accessed by other
- * threads until the call (or the group) ends.
+ * `recvbuff` writable for `count` elements of host or device memory as in
+ * `strataAllGather`, not accessed by others until the call (or the group) ends;
+ * `stream` as in `strataAllGather`.
  */
 strataResult_t strataRecv(void *recvbuff, size_t count, strataDataType_t datatype, int peer, strataComm_t comm, strataStream_t stream);
 
@@ -427,9 +494,10 @@ strataResult_t strataGroupStart(void);
 
 /**
  * Ends a group (NCCL's `ncclGroupEnd`). At the outermost end it launches the group's
- * calls, waits for all of them, and copies every result into its user buffer: the
- * buffers of every call in the group must stay valid, and untouched by other threads,
- * until this returns. Returns the first failure (each failing communicator also records
+ * calls, waits for all of them, and copies every result into its user buffer (host
+ * transports; on GPU transports the results are already in place on the device when
+ * this returns): the buffers of every call in the group must stay valid, and untouched
+ * by other threads and streams, until this returns. Returns the first failure (each failing communicator also records
  * its own message); results of calls that succeeded are copied out regardless.
  *
  * Errors: `strataInvalidUsage` without a matching `strataGroupStart`; otherwise the
@@ -475,14 +543,22 @@ const char *strataGetErrorString(strataResult_t result);
 const char *strataGetLastError(strataComm_t comm);
 
 /**
- * Writes a new unique id to `*uniqueId`. Call it once (on one thread, or on MPI rank 0)
- * and pass the same id to `strataCommInitRank` on every rank of the new world.
+ * Writes a new unique id to `*uniqueId`. Call it once (on one thread, or on one
+ * process) and pass the same id to `strataCommInitRank` on every rank of the new world.
  *
- * The id names an in-process world for the local transport. Under the mpi transport
- * `MPI_COMM_WORLD` is the rendezvous and the id is only checked for its format, so
- * broadcasting it (as NCCL programs do) is allowed but not needed.
+ * - local, cuda-local: the id names an in-process world.
+ * - mpi: `MPI_COMM_WORLD` is the rendezvous and the id is only checked for its format,
+ *   so broadcasting it (as NCCL programs do) is allowed but not needed.
+ * - nccl, rccl (`STRATA_TRANSPORT=nccl` / `rccl`): the id also carries a new NCCL/RCCL
+ *   unique id (`ncclGetUniqueId`, which loads the library); broadcast it to every
+ *   process. Programs that choose the transport in the config rather than the
+ *   environment call `strataGetUniqueIdForTransport`.
  *
- * Errors: `strataInvalidArgument` when `uniqueId` is NULL. Thread-safe.
+ * Errors: `strataInvalidArgument` when `uniqueId` is NULL; with `STRATA_TRANSPORT`
+ * naming nccl or rccl, `strataInvalidUsage` when the transport is not compiled into this
+ * library and the library's error when NCCL/RCCL cannot be loaded. Any other value of
+ * `STRATA_TRANSPORT` makes a plain id (the init call reports a bad value).
+ * Thread-safe.
  *
  * # Safety
  * `uniqueId` is NULL or valid for a write of a `strataUniqueId`.
@@ -490,10 +566,29 @@ const char *strataGetLastError(strataComm_t comm);
 strataResult_t strataGetUniqueId(struct strataUniqueId *uniqueId);
 
 /**
+ * Writes a new unique id for a world of `transport` to `*uniqueId` (as
+ * `strataGetUniqueId`, for programs that pick the transport in `strataConfig_t` rather
+ * than with `STRATA_TRANSPORT`): for `strataTransportNccl` / `strataTransportRccl` it
+ * carries a new NCCL/RCCL unique id; `strataTransportDefault` follows
+ * `STRATA_TRANSPORT`.
+ *
+ * Errors: `strataInvalidArgument` for a NULL `uniqueId`, a value that is not a
+ * `strataTransport_t` or a bad `STRATA_TRANSPORT`; `strataInvalidUsage` for a transport
+ * not compiled into this library (the message names the cargo feature);
+ * `strataSystemError` (or the vendor library's code) when NCCL/RCCL cannot be loaded or
+ * make an id. Thread-safe.
+ *
+ * # Safety
+ * `uniqueId` is NULL or valid for a write of a `strataUniqueId`.
+ */
+strataResult_t strataGetUniqueIdForTransport(strataTransport_t transport, struct strataUniqueId *uniqueId);
+
+/**
  * Creates this rank's communicator of a world of `nranks` (NCCL's `ncclCommInitRank`),
- * with the transport of `STRATA_TRANSPORT` (`local`, the default, or `mpi`).
- * Blocking and collective: returns once all `nranks` ranks have called it with the same
- * id, or fails with `strataRemoteError` after the timeout (`STRATA_TIMEOUT`).
+ * with the transport of `STRATA_TRANSPORT` (`local`, the default, `mpi`, `nccl`, `rccl`
+ * or `cuda-local`). Blocking and collective: returns once all `nranks` ranks have called
+ * it with the same id, or fails with `strataRemoteError` after the timeout
+ * (`STRATA_TIMEOUT`).
  *
  * - local: the ranks are `nranks` threads of this process passing the same `commId`
  *   (from one `strataGetUniqueId`), each its own `rank` in `0..nranks`.
@@ -501,15 +596,26 @@ strataResult_t strataGetUniqueId(struct strataUniqueId *uniqueId);
  *   (checked on every rank together: a mismatch fails everywhere with
  *   `strataInvalidUsage`). The library initialises MPI with `MPI_THREAD_MULTIPLE` when
  *   the program has not (then call `strataFinalize` at the end).
+ * - nccl / rccl: as `ncclCommInitRank`: one rank per GPU, any mix of processes and
+ *   threads, on the device current on the calling thread (`cudaSetDevice` /
+ *   `hipSetDevice`; `STRATA_DEVICE` overrides). `commId` must carry an NCCL/RCCL id:
+ *   make it with `strataGetUniqueIdForTransport` (or `strataGetUniqueId` under
+ *   `STRATA_TRANSPORT=nccl`) on one rank and broadcast it. The node layout is the
+ *   config's topology, else `STRATA_TOPOLOGY`, else detected from the ranks' hosts.
+ * - cuda-local: as local, with every rank on one CUDA device (`STRATA_DEVICE`,
+ *   default 0) exchanging through device copies.
  *
  * Ownership: on success `*comm` is a new communicator owned by the caller; release it
  * with `strataCommDestroy`. On failure `*comm` is not written.
  *
  * Errors: `strataInvalidArgument` for a NULL `comm`, `nranks < 1`, `rank` outside
- * `0..nranks`, an id not made by `strataGetUniqueId`; `strataInvalidUsage` for ranks that
- * disagree on `nranks` or the topology, a rank joining twice, a topology whose size is
- * not `nranks`, the mpi transport in a build without it; `strataRemoteError` when the
- * other ranks do not arrive within the timeout.
+ * `0..nranks`, an id not made by `strataGetUniqueId`, an id without the NCCL/RCCL id
+ * the nccl/rccl transport needs, a bad `STRATA_TRANSPORT`; `strataInvalidUsage` for
+ * ranks that disagree on `nranks`, the topology or the transport, a rank joining twice,
+ * a topology whose size is not `nranks`, a transport not compiled into this library
+ * (the message names the cargo feature); `strataUnhandledCudaError` /
+ * `strataSystemError` when there is no usable GPU or vendor library;
+ * `strataRemoteError` when the other ranks do not arrive within the timeout.
  *
  * # Safety
  * `comm` is NULL or valid for a write of a `strataComm_t`.
@@ -521,11 +627,13 @@ strataResult_t strataCommInitRank(strataComm_t *comm, int nranks, struct strataU
  * the transport (`strataTransportDefault` reads `STRATA_TRANSPORT`), the topology, the
  * default algorithm and the timeout. `config` may be NULL (as `strataCommInitRank`);
  * otherwise it must be set up with `STRATA_CONFIG_INITIALIZER`, and is read during the
- * call only. On the local transport the settings of the last rank to arrive apply, and
- * every rank must pass the same topology.
+ * call only. On the local and cuda-local transports the settings of the last rank to
+ * arrive apply, and every rank must pass the same topology and transport.
  *
  * Errors: as `strataCommInitRank`, plus `strataInvalidArgument` for a config with a bad
- * size, magic, version, transport, topology, algorithm or a negative timeout.
+ * size, magic, version, transport, topology, algorithm or a negative timeout, and
+ * `strataInvalidUsage` for a GPU transport (`strataTransportNccl`, `...Rccl`,
+ * `...CudaLocal`) not compiled into this library.
  *
  * # Safety
  * `comm` as in `strataCommInitRank`; `config` is NULL or points to an initialised
@@ -534,20 +642,29 @@ strataResult_t strataCommInitRank(strataComm_t *comm, int nranks, struct strataU
 strataResult_t strataCommInitRankConfig(strataComm_t *comm, int nranks, struct strataUniqueId commId, int rank, const struct strataConfig_t *config);
 
 /**
- * Creates a whole in-process world (local transport) of `nranks` ranks and writes its
- * communicators to `comms[0..nranks]`, rank i at index i (the C caller's equivalent of
+ * Creates a whole in-process world of `nranks` ranks and writes its communicators to
+ * `comms[0..nranks]`, rank i at index i (the C caller's equivalent of
  * `ncclCommInitAll`). Drive each communicator from its own thread (or drive several
  * from one thread inside `strataGroupStart`/`strataGroupEnd`).
  *
+ * Transport: local (host memory), or cuda-local when the config's transport is
+ * `strataTransportCudaLocal` (or it is `strataTransportDefault` and
+ * `STRATA_TRANSPORT=cuda-local`): every rank on one CUDA device (`STRATA_DEVICE`,
+ * default 0), taking device pointers of it. Any other value of `STRATA_TRANSPORT` is
+ * ignored here (local).
+ *
  * `topology`: a topology SPEC or JSON path (`nodes:2x4`, ...); NULL for the config's,
  * else `STRATA_TOPOLOGY`, else one flat node. Its size must be `nranks`.
- * `config`: NULL or an initialised config (its transport must be default or local).
+ * `config`: NULL or an initialised config (its transport must be default, local or
+ * cuda-local).
  *
  * Ownership: on success the caller owns the `nranks` communicators (destroy each); on
  * failure `comms` is not written.
  *
  * Errors: `strataInvalidArgument` for NULL `comms`, `nranks < 1`, a bad topology SPEC or
- * config; `strataInvalidUsage` when the topology's size is not `nranks`.
+ * config, the mpi/nccl/rccl transports; `strataInvalidUsage` when the topology's size is
+ * not `nranks` or cuda-local is not compiled into this library; `strataUnhandledCudaError`
+ * / `strataSystemError` when the device cannot be opened.
  *
  * # Safety
  * `comms` is NULL or valid for writes of `nranks` handles; `topology` is NULL or
@@ -623,6 +740,18 @@ strataResult_t strataCommCount(strataComm_t comm, int *count);
  * `rank` is NULL or valid for a write of an `int`.
  */
 strataResult_t strataCommUserRank(strataComm_t comm, int *rank);
+
+/**
+ * Writes the transport `comm` runs on (`strataTransportLocal`, `...Mpi`, `...Nccl`,
+ * `...Rccl` or `...CudaLocal`, never `strataTransportDefault`) to `*transport`: whether
+ * its calls take host pointers (local, mpi) or device pointers (the GPU transports).
+ *
+ * Errors: as `strataCommCount`.
+ *
+ * # Safety
+ * `transport` is NULL or valid for a write of a `strataTransport_t`.
+ */
+strataResult_t strataCommGetTransport(strataComm_t comm, strataTransport_t *transport);
 
 /**
  * Finalises MPI when strata initialised it (a program that used the mpi transport

@@ -18,19 +18,33 @@ Quick start (an in-process world of 8 ranks on 2 nodes of 4, driven from threads
 
 Semantics are the C ABI's (NCCL's):
 
-- Buffers: numpy arrays (or any object exposing ``__array_interface__``) and objects with
-  ``data_ptr()`` (PyTorch CPU tensors), C-contiguous, in host memory. Objects exposing
-  ``__cuda_array_interface__`` or living on a GPU are refused with a ``StrataError``
-  until the GPU transports land. The dtype is taken from the array (float32, float16,
-  int8, uint8, int32, and bfloat16 from ml_dtypes or torch); pass ``dtype="bf16"`` to
-  reinterpret, e.g., a uint16 array as bfloat16.
+- Transports: ``local`` (threads of this process) and ``mpi`` move host memory; the GPU
+  transports ``nccl``, ``rccl`` (one rank per GPU, as NCCL; library built with
+  ``--features cuda`` / ``rocm``) and ``cuda-local`` (every rank a thread on one GPU,
+  ``init_local(n, transport="cuda-local")``) move device memory. ``Comm.transport`` says
+  which; ``get_unique_id("nccl")`` makes the 256-byte id that carries the NCCL id
+  (broadcast it to every process, then ``init_rank(n, uid, rank, transport="nccl")``).
+- Buffers on host transports: numpy arrays (or any object exposing
+  ``__array_interface__``) and objects with ``data_ptr()`` (PyTorch CPU tensors),
+  C-contiguous, in host memory; device memory is refused with a ``StrataError``.
+- Buffers on GPU transports: PyTorch CUDA/ROCm tensors (``data_ptr()``, ``is_cuda``) or
+  objects exposing ``__cuda_array_interface__`` (CuPy, Numba), contiguous, on the
+  communicator's device; host memory is refused. The data pointer is passed as is (no
+  copies), and the stream is ``torch.cuda.current_stream(tensor.device)`` unless
+  ``stream=`` names one (a ``torch.cuda.Stream``, a CuPy stream or a raw pointer):
+  the collective starts after the work queued on that stream and the call returns when
+  it has completed on the device.
+- The dtype is taken from the array (float32, float16, int8, uint8, int32, and bfloat16
+  from ml_dtypes or torch); pass ``dtype="bf16"`` to reinterpret, e.g., a uint16 array
+  as bfloat16.
 - Counts are inferred from the arrays (``count=`` overrides); in-place calls are NCCL's
   layouts, recognised from the pointers: ``all_gather(recv[r*n:(r+1)*n], recv)``,
   ``reduce_scatter(send, send[r*n:(r+1)*n])``, ``all_reduce(x)`` / ``broadcast(x)``.
 - Every call blocks until its result is in the receive buffer, except inside
   ``with strata.group():`` where calls return at once and complete when the block ends
   (the package keeps the arrays alive until then). ``stream`` arguments are accepted and
-  ignored on host transports.
+  ignored on host transports. Inside a group on GPU transports, results are in place
+  when the block ends.
 - One communicator is driven by one thread at a time; ctypes releases the GIL during
   calls, so ranks on threads run concurrently.
 - Failures raise ``StrataError`` with ``.code`` (NCCL's ``ncclResult_t`` value: 4 invalid
@@ -104,10 +118,18 @@ SUM, PROD, MAX, MIN, AVG = 0, 1, 2, 3, 4
 OPS = {"sum": SUM, "prod": PROD, "max": MAX, "min": MIN, "avg": AVG, "mean": AVG}
 
 TRANSPORT_DEFAULT, TRANSPORT_LOCAL, TRANSPORT_MPI = 0, 1, 2
-TRANSPORTS = {None: 0, "default": 0, "local": 1, "mpi": 2}
+TRANSPORT_NCCL, TRANSPORT_RCCL, TRANSPORT_CUDA_LOCAL = 3, 4, 5
+TRANSPORTS = {None: 0, "default": 0, "local": 1, "mpi": 2, "nccl": 3, "rccl": 4,
+              "cuda-local": 5, "cuda_local": 5}  # fmt: skip
+TRANSPORT_NAMES = {1: "local", 2: "mpi", 3: "nccl", 4: "rccl", 5: "cuda-local"}
+#: Transports whose calls take device memory.
+GPU_TRANSPORTS = frozenset({"nccl", "rccl", "cuda-local"})
 SPLIT_NOCOLOR = -1
 CONFIG_MAGIC = 0x53545241
-UNIQUE_ID_BYTES = 128
+#: ``STRATA_UNIQUE_ID_BYTES``: strata's 128 bytes, then room for an ``ncclUniqueId``.
+UNIQUE_ID_BYTES = 256
+#: ``STRATA_UNIQUE_ID_VENDOR_OFFSET``: where the NCCL/RCCL id sits in a unique id.
+UNIQUE_ID_VENDOR_OFFSET = 128
 
 
 class StrataError(RuntimeError):
@@ -129,12 +151,22 @@ class LibraryNotFound(ImportError):
 
 
 class UniqueId(ctypes.Structure):
-    """``strataUniqueId``: names an in-process world; pass the same id to every rank."""
+    """``strataUniqueId`` (256 bytes): names a new world; pass the same id to every rank
+    (``bytes(uid)`` / ``UniqueId.from_bytes`` to send it between processes). Ids made for
+    nccl/rccl carry the vendor's id at ``UNIQUE_ID_VENDOR_OFFSET``."""
 
     _fields_ = [("internal", ctypes.c_char * UNIQUE_ID_BYTES)]
 
     def __bytes__(self) -> bytes:
         return ctypes.string_at(ctypes.addressof(self), ctypes.sizeof(self))
+
+    @property
+    def vendor_id(self) -> Optional[bytes]:
+        """The embedded NCCL/RCCL unique id (128 bytes), or None for a plain id."""
+        b = bytes(self)
+        if b[28] == 0:
+            return None
+        return b[UNIQUE_ID_VENDOR_OFFSET:]
 
     @classmethod
     def from_bytes(cls, b: bytes) -> "UniqueId":
@@ -161,6 +193,7 @@ _c_int, _c_size, _vp = ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p
 _PROTOTYPES = {
     "strataGetVersion": [ctypes.POINTER(_c_int)],
     "strataGetUniqueId": [ctypes.POINTER(UniqueId)],
+    "strataGetUniqueIdForTransport": [_c_int, ctypes.POINTER(UniqueId)],
     "strataCommInitRankConfig": [ctypes.POINTER(_vp), _c_int, UniqueId, _c_int, ctypes.POINTER(Config)],
     "strataCommInitLocal": [ctypes.POINTER(_vp), _c_int, ctypes.c_char_p, ctypes.POINTER(Config)],
     "strataCommSplit": [_vp, _c_int, _c_int, ctypes.POINTER(_vp), ctypes.POINTER(Config)],
@@ -168,6 +201,7 @@ _PROTOTYPES = {
     "strataCommAbort": [_vp],
     "strataCommCount": [_vp, ctypes.POINTER(_c_int)],
     "strataCommUserRank": [_vp, ctypes.POINTER(_c_int)],
+    "strataCommGetTransport": [_vp, ctypes.POINTER(_c_int)],
     "strataAllGather": [_vp, _vp, _c_size, _c_int, _vp, _vp],
     "strataReduceScatter": [_vp, _vp, _c_size, _c_int, _c_int, _vp, _vp],
     "strataAllGatherQuantized": [_vp, _vp, _c_size, _c_int, _c_int, _c_size, _vp, _vp],
@@ -278,10 +312,16 @@ def version() -> int:
     return v.value
 
 
-def get_unique_id() -> UniqueId:
-    """``strataGetUniqueId``: a new id; pass it to ``init_rank`` on every rank."""
+def get_unique_id(transport: Optional[str] = None) -> UniqueId:
+    """A new id; pass it to ``init_rank`` on every rank. Without ``transport``:
+    ``strataGetUniqueId`` (an NCCL/RCCL id is embedded when ``STRATA_TRANSPORT`` is nccl
+    or rccl); with one: ``strataGetUniqueIdForTransport`` (``"nccl"`` / ``"rccl"`` embed
+    the vendor's id; a transport not compiled into the library raises code 5)."""
     uid = UniqueId()
-    _check(_load().strataGetUniqueId(ctypes.byref(uid)))
+    if transport is None:
+        _check(_load().strataGetUniqueId(ctypes.byref(uid)))
+    else:
+        _check(_load().strataGetUniqueIdForTransport(_transport_code(transport), ctypes.byref(uid)))
     return uid
 
 
@@ -290,14 +330,25 @@ def finalize() -> None:
     _check(_load().strataFinalize())
 
 
+def _transport_code(transport: Any) -> int:
+    if isinstance(transport, int) and not isinstance(transport, bool):
+        return transport
+    key = transport.lower() if isinstance(transport, str) else transport
+    if key not in TRANSPORTS:
+        raise StrataError(
+            INVALID_ARGUMENT,
+            f"transport {transport!r} is not one of local, mpi, nccl, rccl, cuda-local",
+        )
+    return TRANSPORTS[key]
+
+
 def _config(transport=None, topology=None, algo=None, timeout=None) -> Config:
-    if transport not in TRANSPORTS:
-        raise StrataError(INVALID_ARGUMENT, f"transport {transport!r} is not one of local, mpi")
+    code = _transport_code(transport)
     cfg = Config()
     cfg.size = ctypes.sizeof(Config)
     cfg.magic = CONFIG_MAGIC
     cfg.version = ABI_VERSION_CODE
-    cfg.transport = TRANSPORTS[transport]
+    cfg.transport = code
     cfg.topology = topology.encode() if topology else None
     cfg.algo = algo.encode() if algo else None
     cfg.timeout_ms = 0 if timeout is None else max(1, int(round(timeout * 1000)))
@@ -314,12 +365,14 @@ _TORCH = {"torch.float32": FLOAT32, "torch.float16": FLOAT16, "torch.bfloat16": 
 
 
 class _Buf:
-    """A host buffer seen through its data pointer: address, size in bytes, dtype code."""
+    """A buffer seen through its data pointer: address, size in bytes, dtype code, and
+    for device memory the torch device whose current stream orders the call."""
 
-    __slots__ = ("obj", "ptr", "nbytes", "dtype")
+    __slots__ = ("obj", "ptr", "nbytes", "dtype", "torch_device")
 
-    def __init__(self, obj: Any, ptr: int, nbytes: int, dtype: Optional[int]):
+    def __init__(self, obj: Any, ptr: int, nbytes: int, dtype: Optional[int], torch_device: Any = None):
         self.obj, self.ptr, self.nbytes, self.dtype = obj, ptr, nbytes, dtype
+        self.torch_device = torch_device
 
 
 def _dtype_code(d: Any) -> int:
@@ -333,42 +386,75 @@ def _dtype_code(d: Any) -> int:
     raise StrataError(INVALID_ARGUMENT, f"unknown dtype {d!r} (f32, f16, bf16, i8, u8, i32)")
 
 
-def _buf(obj: Any, writable: bool, what: str) -> _Buf:
+def _interface(obj: Any, ai: dict, writable: bool, what: str, torch_device: Any = None) -> _Buf:
+    """A buffer from an ``__array_interface__`` / ``__cuda_array_interface__`` dict."""
+    shape = tuple(ai["shape"])
+    typestr = ai["typestr"]
+    itemsize = int(typestr[2:])
+    n = 1
+    for s in shape:
+        n *= s
+    strides = ai.get("strides")
+    if strides is not None and n > 1:
+        want, acc = [], itemsize
+        for s in reversed(shape):
+            want.append(acc)
+            acc *= s
+        if tuple(st for st, sh in zip(strides, shape) if sh > 1) != tuple(
+            w for w, sh in zip(reversed(want), shape) if sh > 1
+        ):
+            raise StrataError(INVALID_ARGUMENT, f"{what} is not C-contiguous")
+    ptr, readonly = ai["data"]
+    if writable and readonly:
+        raise StrataError(INVALID_ARGUMENT, f"{what} is read-only")
+    dt = getattr(obj, "dtype", None)
+    code = BFLOAT16 if getattr(dt, "name", "") == "bfloat16" else _TYPESTR.get(typestr[1:])
+    return _Buf(obj, ptr or 0, n * itemsize, code, torch_device)
+
+
+def _device_of(obj: Any) -> Optional[str]:
+    """A description of where ``obj`` lives when that is not host memory, else None."""
     if hasattr(obj, "__cuda_array_interface__"):
+        return "device memory (__cuda_array_interface__)"
+    if callable(getattr(obj, "data_ptr", None)):
+        dev = getattr(obj, "device", None)
+        if getattr(obj, "is_cuda", False) is True:
+            return f"device memory ({dev if dev is not None else 'cuda'})"
+        if dev is not None and getattr(dev, "type", "cpu") != "cpu":
+            return f"device memory ({dev})"
+    return None
+
+
+def _buf(obj: Any, writable: bool, what: str, gpu: bool = False) -> _Buf:
+    """``obj``'s memory for a call on a host (``gpu=False``) or GPU transport."""
+    where = _device_of(obj)
+    if gpu:
+        if where is None:
+            raise StrataError(
+                INVALID_ARGUMENT,
+                f"{what} is host memory ({type(obj).__name__}): this communicator's transport "
+                "moves device memory (pass a CUDA tensor, e.g. tensor.cuda())",
+            )
+        if callable(getattr(obj, "data_ptr", None)):
+            dev = getattr(obj, "device", None)
+            if dev is not None and getattr(dev, "type", "cuda") != "cuda":
+                raise StrataError(INVALID_ARGUMENT, f"{what} is on {dev}: GPU transports take CUDA/ROCm tensors")
+            if callable(getattr(obj, "is_contiguous", None)) and not obj.is_contiguous():
+                raise StrataError(INVALID_ARGUMENT, f"{what} is not contiguous")
+            nbytes = obj.numel() * obj.element_size()
+            code = _TORCH.get(str(getattr(obj, "dtype", "")))
+            return _Buf(obj, obj.data_ptr(), nbytes, code, dev)
+        return _interface(obj, obj.__cuda_array_interface__, writable, what)
+    if where is not None:
         raise StrataError(
             INVALID_ARGUMENT,
-            f"{what} is device memory (__cuda_array_interface__): this build has host transports only",
+            f"{what} is {where}: this communicator's transport moves host memory "
+            "(device memory needs the nccl, rccl or cuda-local transport)",
         )
     ai = getattr(obj, "__array_interface__", None)
     if ai is not None:
-        shape = tuple(ai["shape"])
-        typestr = ai["typestr"]
-        itemsize = int(typestr[2:])
-        n = 1
-        for s in shape:
-            n *= s
-        strides = ai.get("strides")
-        if strides is not None and n > 1:
-            want, acc = [], itemsize
-            for s in reversed(shape):
-                want.append(acc)
-                acc *= s
-            if tuple(st for st, sh in zip(strides, shape) if sh > 1) != tuple(
-                w for w, sh in zip(reversed(want), shape) if sh > 1
-            ):
-                raise StrataError(INVALID_ARGUMENT, f"{what} is not C-contiguous")
-        ptr, readonly = ai["data"]
-        if writable and readonly:
-            raise StrataError(INVALID_ARGUMENT, f"{what} is read-only")
-        dt = getattr(obj, "dtype", None)
-        code = BFLOAT16 if getattr(dt, "name", "") == "bfloat16" else _TYPESTR.get(typestr[1:])
-        return _Buf(obj, ptr or 0, n * itemsize, code)
+        return _interface(obj, ai, writable, what)
     if callable(getattr(obj, "data_ptr", None)):
-        dev = getattr(obj, "device", None)
-        if dev is not None and getattr(dev, "type", "cpu") != "cpu":
-            raise StrataError(
-                INVALID_ARGUMENT, f"{what} is on {dev}: this build has host transports only"
-            )
         if callable(getattr(obj, "is_contiguous", None)) and not obj.is_contiguous():
             raise StrataError(INVALID_ARGUMENT, f"{what} is not contiguous")
         nbytes = obj.numel() * obj.element_size()
@@ -400,8 +486,15 @@ def _need(b: _Buf, nbytes: int, what: str) -> None:
         )
 
 
-def _stream(stream: Any) -> Optional[int]:
+def _stream(stream: Any, *bufs: Optional[_Buf]) -> Optional[int]:
+    """The raw stream pointer of ``stream``; when None and a buffer is a torch device
+    tensor, that device's current torch stream (NULL otherwise: the legacy default)."""
     if stream is None:
+        for b in bufs:
+            if b is not None and b.torch_device is not None:
+                torch = sys.modules.get("torch")
+                if torch is not None:
+                    return torch.cuda.current_stream(b.torch_device).cuda_stream or None
         return None
     if isinstance(stream, int):
         return stream
@@ -471,6 +564,11 @@ class Comm:
     def __init__(self, handle: int):
         self._h: Optional[int] = handle
         self._addr = handle
+        self._transport: Optional[str] = None
+        try:
+            self._transport = self._query_transport()
+        except StrataError:
+            pass  # reported by the first call that needs it
 
     # -- properties --
     @property
@@ -492,6 +590,31 @@ class Comm:
     def size(self) -> int:
         """``strataCommCount``."""
         return self._int("strataCommCount")
+
+    def _query_transport(self) -> str:
+        code = self._int("strataCommGetTransport")
+        return TRANSPORT_NAMES.get(code, str(code))
+
+    @property
+    def transport(self) -> str:
+        """``strataCommGetTransport``: ``local``, ``mpi``, ``nccl``, ``rccl`` or
+        ``cuda-local``."""
+        if self._transport is None:
+            self._transport = self._query_transport()
+        return self._transport
+
+    @property
+    def is_gpu(self) -> bool:
+        """True on the GPU transports (nccl, rccl, cuda-local): calls take device memory."""
+        return self.transport in GPU_TRANSPORTS
+
+    @property
+    def _gpu(self) -> bool:
+        # A destroyed communicator: let the call itself report it (host checks first).
+        try:
+            return self.is_gpu
+        except StrataError:
+            return False
 
     @property
     def last_error(self) -> str:
@@ -537,68 +660,68 @@ class Comm:
         """``strataAllGather``: ``recv`` (size*count) gathers every rank's ``send``
         (count; default: all of ``send``). In place when ``send`` is
         ``recv[rank*count:(rank+1)*count]``."""
-        s, r = _buf(send, False, "send"), _buf(recv, True, "recv")
+        s, r = _buf(send, False, "send", self._gpu), _buf(recv, True, "recv", self._gpu)
         dt = _resolve_dtype(dtype, s, r)
         sz = _size_of(dt)
         count = s.nbytes // sz if count is None else count
         _need(s, count * sz, "send")
         _need(r, count * sz * self.size, "recv")
         _group_keep(send, recv)
-        self._call("strataAllGather", s.ptr, r.ptr, count, dt, self._addr, _stream(stream))
+        self._call("strataAllGather", s.ptr, r.ptr, count, dt, self._addr, _stream(stream, s, r))
 
     def reduce_scatter(self, send, recv, op="sum", count=None, dtype=None, stream=None) -> None:
         """``strataReduceScatter``: ``recv`` (count; default: all of ``recv``) = ``op``
         over ranks of ``send[rank*count:]`` (size*count). In place when ``recv`` is
         ``send[rank*count:(rank+1)*count]``."""
-        s, r = _buf(send, False, "send"), _buf(recv, True, "recv")
+        s, r = _buf(send, False, "send", self._gpu), _buf(recv, True, "recv", self._gpu)
         dt = _resolve_dtype(dtype, s, r)
         sz = _size_of(dt)
         count = r.nbytes // sz if count is None else count
         _need(r, count * sz, "recv")
         _need(s, count * sz * self.size, "send")
         _group_keep(send, recv)
-        self._call("strataReduceScatter", s.ptr, r.ptr, count, dt, _op_code(op), self._addr, _stream(stream))
+        self._call("strataReduceScatter", s.ptr, r.ptr, count, dt, _op_code(op), self._addr, _stream(stream, s, r))
 
     def all_gather_quantized(self, send, recv, bits=8, block=256, count=None, dtype=None, stream=None) -> None:
         """``strataAllGatherQuantized`` (ZeRO++ qwZ): as ``all_gather``, every rank's data
         travels block-quantized to ``bits`` (4 or 8) with one scale per ``block``."""
-        s, r = _buf(send, False, "send"), _buf(recv, True, "recv")
+        s, r = _buf(send, False, "send", self._gpu), _buf(recv, True, "recv", self._gpu)
         dt = _resolve_dtype(dtype, s, r)
         sz = _size_of(dt)
         count = s.nbytes // sz if count is None else count
         _need(s, count * sz, "send")
         _need(r, count * sz * self.size, "recv")
         _group_keep(send, recv)
-        self._call("strataAllGatherQuantized", s.ptr, r.ptr, count, dt, bits, block, self._addr, _stream(stream))
+        self._call("strataAllGatherQuantized", s.ptr, r.ptr, count, dt, bits, block, self._addr, _stream(stream, s, r))
 
     def reduce_scatter_quantized(self, send, recv, op="sum", bits=4, block=256, count=None, dtype=None, stream=None) -> None:
         """``strataReduceScatterQuantized`` (ZeRO++ qgZ, 2-hop): as ``reduce_scatter`` with
         ``op`` sum or avg, gradients travel block-quantized to ``bits`` (4 or 8)."""
-        s, r = _buf(send, False, "send"), _buf(recv, True, "recv")
+        s, r = _buf(send, False, "send", self._gpu), _buf(recv, True, "recv", self._gpu)
         dt = _resolve_dtype(dtype, s, r)
         sz = _size_of(dt)
         count = r.nbytes // sz if count is None else count
         _need(r, count * sz, "recv")
         _need(s, count * sz * self.size, "send")
         _group_keep(send, recv)
-        self._call("strataReduceScatterQuantized", s.ptr, r.ptr, count, dt, _op_code(op), bits, block, self._addr, _stream(stream))
+        self._call("strataReduceScatterQuantized", s.ptr, r.ptr, count, dt, _op_code(op), bits, block, self._addr, _stream(stream, s, r))
 
     def all_reduce(self, send, recv=None, op="sum", count=None, dtype=None, stream=None) -> None:
         """``strataAllReduce``; in place when ``recv`` is None or ``send`` itself."""
         recv = send if recv is None else recv
-        s, r = _buf(send, False, "send"), _buf(recv, True, "recv")
+        s, r = _buf(send, False, "send", self._gpu), _buf(recv, True, "recv", self._gpu)
         dt = _resolve_dtype(dtype, s, r)
         sz = _size_of(dt)
         count = s.nbytes // sz if count is None else count
         _need(s, count * sz, "send")
         _need(r, count * sz, "recv")
         _group_keep(send, recv)
-        self._call("strataAllReduce", s.ptr, r.ptr, count, dt, _op_code(op), self._addr, _stream(stream))
+        self._call("strataAllReduce", s.ptr, r.ptr, count, dt, _op_code(op), self._addr, _stream(stream, s, r))
 
     def all_to_all(self, send, recv, count=None, dtype=None, stream=None) -> None:
         """``strataAllToAll``: block j (count; default len(send)/size) of ``send`` goes to
         rank j, block i of ``recv`` comes from rank i."""
-        s, r = _buf(send, False, "send"), _buf(recv, True, "recv")
+        s, r = _buf(send, False, "send", self._gpu), _buf(recv, True, "recv", self._gpu)
         dt = _resolve_dtype(dtype, s, r)
         sz = _size_of(dt)
         n = self.size
@@ -609,15 +732,15 @@ class Comm:
         _need(s, count * sz * n, "send")
         _need(r, count * sz * n, "recv")
         _group_keep(send, recv)
-        self._call("strataAllToAll", s.ptr, r.ptr, count, dt, self._addr, _stream(stream))
+        self._call("strataAllToAll", s.ptr, r.ptr, count, dt, self._addr, _stream(stream, s, r))
 
     def broadcast(self, send, recv=None, root=0, count=None, dtype=None, stream=None) -> None:
         """``strataBroadcast`` from ``root``; in place when ``recv`` is None (then ``send``
         is the buffer on every rank). Off the root, ``send`` may be None."""
         if recv is None:
             recv, send = send, send
-        r = _buf(recv, True, "recv")
-        s = _buf(send, False, "send") if send is not None else None
+        r = _buf(recv, True, "recv", self._gpu)
+        s = _buf(send, False, "send", self._gpu) if send is not None else None
         dt = _resolve_dtype(dtype, r, s)
         sz = _size_of(dt)
         count = r.nbytes // sz if count is None else count
@@ -625,34 +748,34 @@ class Comm:
         if s is not None:
             _need(s, count * sz, "send")
         _group_keep(send, recv)
-        self._call("strataBroadcast", s.ptr if s else None, r.ptr, count, dt, root, self._addr, _stream(stream))
+        self._call("strataBroadcast", s.ptr if s else None, r.ptr, count, dt, root, self._addr, _stream(stream, s, r))
 
     def send(self, buf, peer: int, count=None, dtype=None, stream=None) -> None:
         """``strataSend`` of ``buf`` to ``peer``."""
-        b = _buf(buf, False, "buf")
+        b = _buf(buf, False, "buf", self._gpu)
         dt = _resolve_dtype(dtype, b)
         sz = _size_of(dt)
         count = b.nbytes // sz if count is None else count
         _need(b, count * sz, "buf")
         _group_keep(buf)
-        self._call("strataSend", b.ptr, count, dt, peer, self._addr, _stream(stream))
+        self._call("strataSend", b.ptr, count, dt, peer, self._addr, _stream(stream, b))
 
     def recv(self, buf, peer: int, count=None, dtype=None, stream=None) -> None:
         """``strataRecv`` into ``buf`` from ``peer``."""
-        b = _buf(buf, True, "buf")
+        b = _buf(buf, True, "buf", self._gpu)
         dt = _resolve_dtype(dtype, b)
         sz = _size_of(dt)
         count = b.nbytes // sz if count is None else count
         _need(b, count * sz, "buf")
         _group_keep(buf)
-        self._call("strataRecv", b.ptr, count, dt, peer, self._addr, _stream(stream))
+        self._call("strataRecv", b.ptr, count, dt, peer, self._addr, _stream(stream, b))
 
     def _coalesced(self, fn, sends, recvs, counts, dtype, op, gather: bool, stream) -> None:
         sends, recvs = list(sends), list(recvs)
         if len(sends) != len(recvs):
             raise StrataError(INVALID_ARGUMENT, f"{len(sends)} send buffers but {len(recvs)} receive buffers")
-        sb = [_buf(x, False, f"sends[{i}]") for i, x in enumerate(sends)]
-        rb = [_buf(x, True, f"recvs[{i}]") for i, x in enumerate(recvs)]
+        sb = [_buf(x, False, f"sends[{i}]", self._gpu) for i, x in enumerate(sends)]
+        rb = [_buf(x, True, f"recvs[{i}]", self._gpu) for i, x in enumerate(recvs)]
         dt = _resolve_dtype(dtype, *(sb + rb))
         sz = _size_of(dt)
         n = self.size
@@ -669,7 +792,7 @@ class Comm:
         rp = (_vp * k)(*[r.ptr for r in rb])
         cp = (_c_size * k)(*counts)
         _group_keep(*sends, *recvs)
-        args = [sp, rp, cp, k, dt] + ([] if gather else [_op_code(op)]) + [self._addr, _stream(stream)]
+        args = [sp, rp, cp, k, dt] + ([] if gather else [_op_code(op)]) + [self._addr, _stream(stream, *sb, *rb)]
         self._call(fn, *args)
 
     def all_gather_coalesced(self, sends: Sequence, recvs: Sequence, counts=None, dtype=None, stream=None) -> None:
@@ -684,13 +807,15 @@ class Comm:
 
 
 def init_local(nranks: int, topology: Optional[str] = None, algo: Optional[str] = None,
-               timeout: Optional[float] = None) -> List[Comm]:
-    """``strataCommInitLocal``: an in-process world of ``nranks`` ranks (local transport);
-    returns one ``Comm`` per rank, rank i at index i, to drive from threads (or from one
-    thread inside ``group()``). ``topology`` is a SPEC such as ``"nodes:2x4"`` (default:
-    ``STRATA_TOPOLOGY``, else one node); ``algo`` ``ring|hier|auto``; ``timeout`` seconds."""
+               timeout: Optional[float] = None, transport: str = "local") -> List[Comm]:
+    """``strataCommInitLocal``: an in-process world of ``nranks`` ranks; returns one
+    ``Comm`` per rank, rank i at index i, to drive from threads (or from one thread
+    inside ``group()``). ``topology`` is a SPEC such as ``"nodes:2x4"`` (default:
+    ``STRATA_TOPOLOGY``, else one node); ``algo`` ``ring|hier|auto``; ``timeout`` seconds.
+    ``transport``: ``"local"`` (host memory) or ``"cuda-local"`` (every rank on one CUDA
+    device, ``STRATA_DEVICE`` or 0, taking device tensors; needs ``--features cuda``)."""
     out = (_vp * max(nranks, 1))()
-    cfg = _config("local", None, algo, timeout)
+    cfg = _config(transport, None, algo, timeout)
     _check(_load().strataCommInitLocal(out, nranks, topology.encode() if topology else None, ctypes.byref(cfg)))
     return [Comm(out[i]) for i in range(nranks)]
 
@@ -699,8 +824,10 @@ def init_rank(nranks: int, uid: UniqueId, rank: int, transport: Optional[str] = 
               topology: Optional[str] = None, algo: Optional[str] = None,
               timeout: Optional[float] = None) -> Comm:
     """``strataCommInitRankConfig``: this rank's communicator of a world of ``nranks``,
-    blocking until all ranks joined with the same ``uid`` (local transport: threads of
-    this process) or the MPI world formed (``transport="mpi"``)."""
+    blocking until all ranks joined with the same ``uid`` (local and cuda-local: threads
+    of this process; nccl/rccl: any processes and threads, one per GPU, on the current
+    device, with a ``uid`` from ``get_unique_id("nccl")``) or the MPI world formed
+    (``transport="mpi"``). ``transport`` None: ``STRATA_TRANSPORT``, else local."""
     out = _vp()
     cfg = _config(transport, topology, algo, timeout)
     _check(_load().strataCommInitRankConfig(ctypes.byref(out), nranks, uid, rank, ctypes.byref(cfg)))

@@ -238,7 +238,7 @@ def test_split(comms):
 
 def test_init_rank_from_threads():
     uid = strata.get_unique_id()
-    assert len(bytes(uid)) == 128
+    assert len(bytes(uid)) == 256 and uid.vendor_id is None
 
     def body(r):
         c = strata.init_rank(4, uid, r, topology="nodes:2x2", algo="hier", timeout=20)
@@ -369,7 +369,7 @@ def test_config_layout():
     import ctypes
 
     assert ctypes.sizeof(strata.Config) == (48 if ctypes.sizeof(ctypes.c_void_p) == 8 else 28)
-    assert ctypes.sizeof(strata.UniqueId) == 128
+    assert ctypes.sizeof(strata.UniqueId) == 256 == strata.UNIQUE_ID_BYTES
 
 
 @pytest.mark.parametrize("bits", [4, 8])
@@ -394,3 +394,69 @@ def test_quantized_collectives(comms, bits):
         assert e.value.code == strata.INVALID_ARGUMENT
 
     on_ranks(comms, body)
+
+
+def test_transports_and_unique_ids(comms):
+    assert comms[0].transport == "local" and not comms[0].is_gpu
+    uid = strata.get_unique_id("local")
+    assert len(bytes(uid)) == strata.UNIQUE_ID_BYTES and uid.vendor_id is None
+    assert bytes(uid)[:8] == b"STRATAID"
+    assert strata.UniqueId.from_bytes(bytes(uid)).vendor_id is None
+    with pytest.raises(ValueError):
+        strata.UniqueId.from_bytes(bytes(128))
+    with pytest.raises(strata.StrataError) as e:
+        strata.get_unique_id("gloo")
+    assert e.value.code == strata.INVALID_ARGUMENT and "cuda-local" in e.value.message
+    with pytest.raises(strata.StrataError) as e:
+        strata.get_unique_id(9)  # not a strataTransport_t: the library says so
+    assert e.value.code == strata.INVALID_ARGUMENT
+    # nccl: an id carrying an NCCL id where the library has the cuda feature and libnccl
+    # loads; otherwise a clear error naming what is missing.
+    try:
+        nccl = strata.get_unique_id("nccl")
+    except strata.StrataError as e:
+        assert (e.code == strata.INVALID_USAGE and "`cuda` feature" in e.message) or (
+            e.code == strata.SYSTEM_ERROR and "nccl" in e.message.lower()
+        ), e
+    else:
+        assert nccl.vendor_id is not None and any(nccl.vendor_id)
+        assert bytes(nccl)[:8] == b"STRATAID"
+    # The GPU transports where they are not an in-process world, or not compiled in.
+    with pytest.raises(strata.StrataError) as e:
+        strata.init_local(2, transport="nccl")
+    assert e.value.code in (strata.INVALID_ARGUMENT, strata.INVALID_USAGE)
+    try:
+        world = strata.init_local(2, transport="cuda-local", timeout=20)
+    except strata.StrataError as e:
+        assert e.code in (strata.INVALID_USAGE, strata.SYSTEM_ERROR, strata.UNHANDLED_CUDA_ERROR), e
+        if e.code == strata.INVALID_USAGE:
+            assert "`cuda` feature" in e.message
+    else:  # a cuda build on a machine with a GPU
+        assert [c.transport for c in world] == ["cuda-local"] * 2
+        strata.destroy_all(world)
+    # A plain id on the nccl transport: not compiled, or no NCCL id in it.
+    with pytest.raises(strata.StrataError) as e:
+        strata.init_rank(1, uid, 0, transport="nccl", timeout=2)
+    assert (e.value.code == strata.INVALID_USAGE and "feature" in e.value.message) or (
+        e.value.code == strata.INVALID_ARGUMENT and "strataGetUniqueIdForTransport" in e.value.message
+    ), e.value
+
+
+class CudaTensorLike(TensorLike):
+    """A stand-in for a CUDA tensor (is_cuda): refused by host communicators before the
+    pointer reaches the library."""
+
+    is_cuda = True
+
+    def __init__(self, arr):
+        super().__init__(arr, device="cuda")
+
+
+def test_device_tensors_on_host_communicators(comms):
+    with pytest.raises(strata.StrataError) as e:
+        comms[0].all_reduce(CudaTensorLike(np.zeros(2, np.float32)))
+    assert e.value.code == strata.INVALID_ARGUMENT
+    assert "device memory" in e.value.message and "cuda-local" in e.value.message
+    with pytest.raises(strata.StrataError) as e:
+        comms[0].all_gather(np.zeros(1, np.float32), CudaTensorLike(np.zeros(N, np.float32)))
+    assert e.value.code == strata.INVALID_ARGUMENT and "recv" in e.value.message

@@ -260,21 +260,39 @@ unsafe fn finish(
 ///
 /// In place when `sendbuff == recvbuff + rank * sendcount` (in elements); any other overlap
 /// of the two ranges is `strataInvalidArgument`. `sendcount == 0` is a no-op (NULL buffers
-/// allowed). Host transports: blocking; the stream is ignored (may be NULL); inside a
-/// group the call returns at once, `sendbuff` is read now and `recvbuff` is written by
-/// `strataGroupEnd` (keep both valid until it returns). Ownership: the buffers stay the
-/// caller's; strata copies from and into them and keeps no pointer after the call (or
-/// the group) ends. Thread-safety: one thread at a time per communicator.
+/// allowed).
+///
+/// Host transports (local, mpi): the buffers are host memory; blocking; the stream is
+/// ignored (may be NULL); inside a group the call returns at once, `sendbuff` is read now
+/// and `recvbuff` is written by `strataGroupEnd` (keep both valid until it returns).
+/// Ownership: the buffers stay the caller's; strata copies from and into them and keeps
+/// no pointer after the call (or the group) ends.
+///
+/// GPU transports (nccl, rccl, cuda-local): the buffers are device memory of the
+/// communicator's device (anything else, a host pointer included, is
+/// `strataInvalidArgument`), used in place without copies; `stream` is the caller's
+/// `cudaStream_t` / `hipStream_t` on that device (NULL: the legacy default stream). The
+/// collective starts after the work queued on `stream` before the call, and the call
+/// returns once it has completed on the device (host-synchronous), so work queued on
+/// `stream` afterwards sees the results. Inside a group the call returns once `stream`'s
+/// earlier work is done, and the collective completes in `strataGroupEnd` (keep the
+/// buffers valid and untouched until it returns). strata keeps no pointer after the call
+/// (or the group) ends.
+///
+/// Thread-safety: one thread at a time per communicator.
 ///
 /// Errors: `strataInvalidArgument` for a NULL/foreign comm, NULL buffers with a nonzero
-/// count, `nranks * sendcount * size` overflow, an unknown datatype, aliasing buffers;
+/// count, `nranks * sendcount * size` overflow, an unknown datatype, aliasing buffers,
+/// pointers that are not the communicator's device memory (GPU transports);
 /// `strataInvalidUsage` for a destroyed comm; `strataRemoteError` when a peer fails or
-/// times out.
+/// times out; `strataUnhandledCudaError` when a device call fails.
 ///
 /// # Safety
 /// `sendbuff` readable for `sendcount` elements, `recvbuff` writable for
-/// `nranks * sendcount` elements, both host memory, neither accessed by other threads
-/// during the call (or the group).
+/// `nranks * sendcount` elements, both host memory (host transports) or device memory of
+/// the communicator's device (GPU transports), neither accessed by other threads or
+/// other streams during the call (or the group). On GPU transports `stream` is NULL or a
+/// live stream of the communicator's device.
 #[no_mangle]
 pub unsafe extern "C" fn strataAllGather(
     sendbuff: *const c_void,
@@ -284,7 +302,6 @@ pub unsafe extern "C" fn strataAllGather(
     comm: strataComm_t,
     stream: strataStream_t,
 ) -> strataResult_t {
-    let _ = stream;
     // SAFETY: forwarded caller contract.
     ffi_boundary!("strataAllGather", comm, {
         unsafe {
@@ -296,6 +313,7 @@ pub unsafe extern "C" fn strataAllGather(
                 datatype,
                 None,
                 comm,
+                stream,
             )
         }
     })
@@ -313,6 +331,7 @@ unsafe fn all_gather(
     datatype: strataDataType_t,
     quant: Option<(c_int, usize)>,
     comm: strataComm_t,
+    stream: strataStream_t,
 ) -> Result<()> {
     let h = lookup(comm)?;
     let dt = dtype(datatype)?;
@@ -324,6 +343,35 @@ unsafe fn all_gather(
     let rv = span(recvbuff, total, true, "recvbuff")?;
     if sendcount == 0 {
         return Ok(());
+    }
+    if let Some(dev) = h.comm.device() {
+        let in_place = s.start == rv.start + r * c;
+        if !in_place {
+            disjoint(&mut [s, rv], name)?;
+        }
+        // SAFETY: the caller's contract: device memory of the communicator's device,
+        // `c` / `total` bytes, untouched by others until the call (or group) ends.
+        let recv = unsafe { wrap(&dev, recvbuff, total, "recvbuff") }?;
+        let send = if in_place {
+            recv.slice(r * c..r * c + c)?
+        } else {
+            // SAFETY: as above.
+            unsafe { wrap(&dev, sendbuff, c, "sendbuff") }?
+        };
+        let req = Request::new(
+            Op::AllGather {
+                send,
+                recv,
+                count: sendcount,
+            },
+            dt,
+        );
+        let req = match q {
+            Some(q) => req.with_algo(Algo::Qwz).with_quant(q),
+            None => req,
+        };
+        // SAFETY: the caller's contract on `stream` and the buffers.
+        return unsafe { run_device(name, h, req, stream) };
     }
     let recv = Buffer::zeroed(total);
     let send = if s.start == rv.start + r * c {
@@ -372,7 +420,6 @@ pub unsafe extern "C" fn strataAllGatherQuantized(
     comm: strataComm_t,
     stream: strataStream_t,
 ) -> strataResult_t {
-    let _ = stream;
     // SAFETY: forwarded caller contract.
     ffi_boundary!("strataAllGatherQuantized", comm, {
         unsafe {
@@ -384,6 +431,7 @@ pub unsafe extern "C" fn strataAllGatherQuantized(
                 datatype,
                 Some((bits, block)),
                 comm,
+                stream,
             )
         }
     })
@@ -412,7 +460,6 @@ pub unsafe extern "C" fn strataReduceScatterQuantized(
     comm: strataComm_t,
     stream: strataStream_t,
 ) -> strataResult_t {
-    let _ = stream;
     // SAFETY: forwarded caller contract.
     ffi_boundary!("strataReduceScatterQuantized", comm, {
         unsafe {
@@ -425,6 +472,7 @@ pub unsafe extern "C" fn strataReduceScatterQuantized(
                 op,
                 Some((bits, block)),
                 comm,
+                stream,
             )
         }
     })
@@ -454,7 +502,8 @@ fn quant_spec(bits: c_int, block: usize, dt: DataType) -> Result<crate::kernels:
 ///
 /// # Safety
 /// `sendbuff` readable for `nranks * recvcount` elements, `recvbuff` writable for
-/// `recvcount`, both host memory, not accessed by other threads during the call.
+/// `recvcount`, both host or device memory as in `strataAllGather`, not accessed by others
+/// during the call; `stream` as in `strataAllGather`.
 #[no_mangle]
 pub unsafe extern "C" fn strataReduceScatter(
     sendbuff: *const c_void,
@@ -465,7 +514,6 @@ pub unsafe extern "C" fn strataReduceScatter(
     comm: strataComm_t,
     stream: strataStream_t,
 ) -> strataResult_t {
-    let _ = stream;
     // SAFETY: forwarded caller contract.
     ffi_boundary!("strataReduceScatter", comm, {
         unsafe {
@@ -478,6 +526,7 @@ pub unsafe extern "C" fn strataReduceScatter(
                 op,
                 None,
                 comm,
+                stream,
             )
         }
     })
@@ -497,6 +546,7 @@ unsafe fn reduce_scatter(
     op: strataRedOp_t,
     quant: Option<(c_int, usize)>,
     comm: strataComm_t,
+    stream: strataStream_t,
 ) -> Result<()> {
     let h = lookup(comm)?;
     let dt = dtype(datatype)?;
@@ -517,6 +567,36 @@ unsafe fn reduce_scatter(
     let rv = span(recvbuff, c, true, "recvbuff")?;
     if recvcount == 0 {
         return Ok(());
+    }
+    if let Some(dev) = h.comm.device() {
+        let in_place = rv.start == s.start + r * c;
+        if !in_place {
+            disjoint(&mut [s, rv], name)?;
+        }
+        // SAFETY: the caller's contract: device memory of the communicator's device,
+        // `total` / `c` bytes, untouched by others until the call (or group) ends.
+        let send = unsafe { wrap(&dev, sendbuff, total, "sendbuff") }?;
+        let recv = if in_place {
+            send.slice(r * c..r * c + c)?
+        } else {
+            // SAFETY: as above.
+            unsafe { wrap(&dev, recvbuff, c, "recvbuff") }?
+        };
+        let req = Request::new(
+            Op::ReduceScatter {
+                send,
+                recv,
+                count: recvcount,
+                op,
+            },
+            dt,
+        );
+        let req = match q {
+            Some(q) => req.with_algo(Algo::Qgz).with_quant(q),
+            None => req,
+        };
+        // SAFETY: the caller's contract on `stream` and the buffers.
+        return unsafe { run_device(name, h, req, stream) };
     }
     // SAFETY: `sendbuff` is readable for `total` bytes (caller's contract).
     let send = unsafe { copy_in(sendbuff, total) };
@@ -549,8 +629,9 @@ unsafe fn reduce_scatter(
 /// thread-safety and errors as `strataReduceScatter`.
 ///
 /// # Safety
-/// `sendbuff` readable and `recvbuff` writable for `count` elements of host memory, not
-/// accessed by other threads during the call.
+/// `sendbuff` readable and `recvbuff` writable for `count` elements of host or device
+/// memory as in `strataAllGather`, not accessed by others during the call; `stream` as
+/// in `strataAllGather`.
 #[no_mangle]
 pub unsafe extern "C" fn strataAllReduce(
     sendbuff: *const c_void,
@@ -561,7 +642,6 @@ pub unsafe extern "C" fn strataAllReduce(
     comm: strataComm_t,
     stream: strataStream_t,
 ) -> strataResult_t {
-    let _ = stream;
     ffi_boundary!("strataAllReduce", comm, {
         let h = lookup(comm)?;
         let dt = dtype(datatype)?;
@@ -571,6 +651,31 @@ pub unsafe extern "C" fn strataAllReduce(
         let rv = span(recvbuff, c, true, "recvbuff")?;
         if count == 0 {
             return Ok(());
+        }
+        if let Some(dev) = h.comm.device() {
+            if s.start != rv.start {
+                disjoint(&mut [s, rv], "strataAllReduce")?;
+            }
+            // SAFETY: the caller's contract: `c` bytes of the communicator's device
+            // memory each, untouched by others until the call (or group) ends.
+            let send = unsafe { wrap(&dev, sendbuff, c, "sendbuff") }?;
+            let recv = if s.start == rv.start {
+                send.clone()
+            } else {
+                // SAFETY: as above.
+                unsafe { wrap(&dev, recvbuff, c, "recvbuff") }?
+            };
+            let req = Request::new(
+                Op::AllReduce {
+                    send,
+                    recv,
+                    count,
+                    op,
+                },
+                dt,
+            );
+            // SAFETY: the caller's contract on `stream` and the buffers.
+            return unsafe { run_device("strataAllReduce", h, req, stream) };
         }
         // SAFETY: `sendbuff` is readable for `c` bytes (caller's contract).
         let send = unsafe { copy_in(sendbuff, c) };
@@ -603,7 +708,6 @@ pub unsafe extern "C" fn strataAllToAll(
     comm: strataComm_t,
     stream: strataStream_t,
 ) -> strataResult_t {
-    let _ = stream;
     ffi_boundary!("strataAllToAll", comm, {
         let h = lookup(comm)?;
         let dt = dtype(datatype)?;
@@ -614,6 +718,19 @@ pub unsafe extern "C" fn strataAllToAll(
             return Ok(());
         }
         disjoint(&mut [s, rv], "strataAllToAll")?;
+        if let Some(dev) = h.comm.device() {
+            // SAFETY: the caller's contract: `total` bytes of the communicator's device
+            // memory each, untouched by others until the call (or group) ends.
+            let (send, recv) = unsafe {
+                (
+                    wrap(&dev, sendbuff, total, "sendbuff")?,
+                    wrap(&dev, recvbuff, total, "recvbuff")?,
+                )
+            };
+            let req = Request::new(Op::AllToAll { send, recv, count }, dt);
+            // SAFETY: the caller's contract on `stream` and the buffers.
+            return unsafe { run_device("strataAllToAll", h, req, stream) };
+        }
         // SAFETY: `sendbuff` is readable for `total` bytes (caller's contract).
         let send = unsafe { copy_in(sendbuff, total) };
         let recv = Buffer::zeroed(total);
@@ -631,7 +748,8 @@ pub unsafe extern "C" fn strataAllToAll(
 ///
 /// # Safety
 /// On the root `sendbuff` readable for `count` elements; `recvbuff` writable for `count`
-/// elements; host memory, not accessed by other threads during the call.
+/// elements; host or device memory as in `strataAllGather`, not accessed by others during
+/// the call; `stream` as in `strataAllGather`.
 #[no_mangle]
 pub unsafe extern "C" fn strataBroadcast(
     sendbuff: *const c_void,
@@ -642,7 +760,6 @@ pub unsafe extern "C" fn strataBroadcast(
     comm: strataComm_t,
     stream: strataStream_t,
 ) -> strataResult_t {
-    let _ = stream;
     ffi_boundary!("strataBroadcast", comm, {
         let h = lookup(comm)?;
         let dt = dtype(datatype)?;
@@ -657,6 +774,41 @@ pub unsafe extern "C" fn strataBroadcast(
         };
         if count == 0 {
             return Ok(());
+        }
+        if let Some(dev) = h.comm.device() {
+            let (send, recv) = match s {
+                Some(s) if s.start == rv.start => {
+                    // SAFETY: the caller's contract: `c` bytes of the communicator's
+                    // device memory, untouched by others until the call (or group) ends.
+                    let b = unsafe { wrap(&dev, recvbuff, c, "recvbuff") }?;
+                    (b.clone(), b)
+                }
+                Some(s) => {
+                    disjoint(&mut [s, rv], "strataBroadcast")?;
+                    // SAFETY: as above, for both buffers.
+                    unsafe {
+                        (
+                            wrap(&dev, sendbuff, c, "sendbuff")?,
+                            wrap(&dev, recvbuff, c, "recvbuff")?,
+                        )
+                    }
+                }
+                // SAFETY: as above.
+                None => (Buffer::zeroed(0), unsafe {
+                    wrap(&dev, recvbuff, c, "recvbuff")
+                }?),
+            };
+            let req = Request::new(
+                Op::Broadcast {
+                    send,
+                    recv,
+                    count,
+                    root,
+                },
+                dt,
+            );
+            // SAFETY: the caller's contract on `stream` and the buffers.
+            return unsafe { run_device("strataBroadcast", h, req, stream) };
         }
         let (send, recv) = match s {
             Some(s) => {
@@ -680,7 +832,8 @@ pub unsafe extern "C" fn strataBroadcast(
 /// In-place broadcast (NCCL's legacy `ncclBcast`): `strataBroadcast(buff, buff, ...)`.
 ///
 /// # Safety
-/// `buff` readable (root) and writable for `count` elements of host memory.
+/// `buff` readable (root) and writable for `count` elements of host or device memory as
+/// in `strataAllGather`; `stream` as in `strataAllGather`.
 #[no_mangle]
 pub unsafe extern "C" fn strataBcast(
     buff: *mut c_void,
@@ -698,7 +851,9 @@ pub unsafe extern "C" fn strataBcast(
 /// posts a matching `strataRecv`. Host transports send eagerly, so a send outside a group
 /// returns once its bytes are handed over; put matching sends and receives of several
 /// peers in one group (as with NCCL) to exchange without ordering concerns. `sendbuff` is
-/// read during the call. Streams, ownership and thread-safety as `strataAllGather`.
+/// read during the call. GPU transports: the call returns once the peer has received
+/// the data (so pair sends and receives in a group, as with NCCL). Memory, streams,
+/// ownership and thread-safety as `strataAllGather`.
 ///
 /// Errors: `strataInvalidArgument` for a NULL/foreign comm, a NULL buffer with a nonzero
 /// count, overflow, an unknown datatype, `peer` outside `0..nranks`; `strataInvalidUsage`
@@ -706,7 +861,8 @@ pub unsafe extern "C" fn strataBcast(
 /// `strataRemoteError` when the peer fails or times out.
 ///
 /// # Safety
-/// `sendbuff` readable for `count` elements of host memory.
+/// `sendbuff` readable for `count` elements of host or device memory as in
+/// `strataAllGather`; `stream` as in `strataAllGather`.
 #[no_mangle]
 pub unsafe extern "C" fn strataSend(
     sendbuff: *const c_void,
@@ -716,7 +872,6 @@ pub unsafe extern "C" fn strataSend(
     comm: strataComm_t,
     stream: strataStream_t,
 ) -> strataResult_t {
-    let _ = stream;
     ffi_boundary!("strataSend", comm, {
         let h = lookup(comm)?;
         let dt = dtype(datatype)?;
@@ -725,6 +880,14 @@ pub unsafe extern "C" fn strataSend(
         span(sendbuff, c, false, "sendbuff")?;
         if count == 0 {
             return Ok(());
+        }
+        if let Some(dev) = h.comm.device() {
+            // SAFETY: the caller's contract: `c` bytes of the communicator's device
+            // memory, untouched by others until the call (or group) ends.
+            let buf = unsafe { wrap(&dev, sendbuff, c, "sendbuff") }?;
+            let req = Request::new(Op::Send { buf, count, peer }, dt);
+            // SAFETY: the caller's contract on `stream` and the buffer.
+            return unsafe { run_device("strataSend", h, req, stream) };
         }
         // SAFETY: `sendbuff` is readable for `c` bytes (caller's contract).
         let buf = unsafe { copy_in(sendbuff, c) };
@@ -739,8 +902,9 @@ pub unsafe extern "C" fn strataSend(
 /// Streams, ownership, thread-safety and errors as `strataSend`.
 ///
 /// # Safety
-/// `recvbuff` writable for `count` elements of host memory, not accessed by other
-/// threads until the call (or the group) ends.
+/// `recvbuff` writable for `count` elements of host or device memory as in
+/// `strataAllGather`, not accessed by others until the call (or the group) ends;
+/// `stream` as in `strataAllGather`.
 #[no_mangle]
 pub unsafe extern "C" fn strataRecv(
     recvbuff: *mut c_void,
@@ -750,7 +914,6 @@ pub unsafe extern "C" fn strataRecv(
     comm: strataComm_t,
     stream: strataStream_t,
 ) -> strataResult_t {
-    let _ = stream;
     ffi_boundary!("strataRecv", comm, {
         let h = lookup(comm)?;
         let dt = dtype(datatype)?;
@@ -759,6 +922,14 @@ pub unsafe extern "C" fn strataRecv(
         span(recvbuff, c, true, "recvbuff")?;
         if count == 0 {
             return Ok(());
+        }
+        if let Some(dev) = h.comm.device() {
+            // SAFETY: the caller's contract: `c` bytes of the communicator's device
+            // memory, untouched by others until the call (or group) ends.
+            let buf = unsafe { wrap(&dev, recvbuff, c, "recvbuff") }?;
+            let req = Request::new(Op::Recv { buf, count, peer }, dt);
+            // SAFETY: the caller's contract on `stream` and the buffer.
+            return unsafe { run_device("strataRecv", h, req, stream) };
         }
         let buf = Buffer::zeroed(c);
         let work = h.comm.recv(&buf, count, dt, peer)?;
@@ -808,7 +979,6 @@ pub unsafe extern "C" fn strataAllGatherCoalesced(
     comm: strataComm_t,
     stream: strataStream_t,
 ) -> strataResult_t {
-    let _ = stream;
     ffi_boundary!("strataAllGatherCoalesced", comm, {
         let h = lookup(comm)?;
         let dt = dtype(datatype)?;
@@ -832,6 +1002,33 @@ pub unsafe extern "C" fn strataAllGatherCoalesced(
         )?;
         if items.is_empty() {
             return Ok(());
+        }
+        if let Some(dev) = h.comm.device() {
+            let (mut sends, mut recvs, mut cs) = (vec![], vec![], vec![]);
+            for (i, c, total, in_place) in items {
+                // SAFETY: the caller's contract: each buffer is the communicator's device
+                // memory of its size, untouched by others until the call (or group) ends.
+                let recv = unsafe { wrap(&dev, rb[i], total, &format!("recvbuffs[{i}]")) }?;
+                let send = if in_place {
+                    recv.slice(r * c..r * c + c)?
+                } else {
+                    // SAFETY: as above.
+                    unsafe { wrap(&dev, sb[i], c, &format!("sendbuffs[{i}]")) }?
+                };
+                sends.push(send);
+                recvs.push(recv);
+                cs.push(counts[i]);
+            }
+            let req = Request::new(
+                Op::AllGatherCoalesced {
+                    sends,
+                    recvs,
+                    counts: cs,
+                },
+                dt,
+            );
+            // SAFETY: the caller's contract on `stream` and the buffers.
+            return unsafe { run_device("strataAllGatherCoalesced", h, req, stream) };
         }
         let (mut sends, mut recvs, mut cs, mut outs) = (vec![], vec![], vec![], vec![]);
         for (i, c, total, in_place) in items {
@@ -875,7 +1072,6 @@ pub unsafe extern "C" fn strataReduceScatterCoalesced(
     comm: strataComm_t,
     stream: strataStream_t,
 ) -> strataResult_t {
-    let _ = stream;
     ffi_boundary!("strataReduceScatterCoalesced", comm, {
         let h = lookup(comm)?;
         let dt = dtype(datatype)?;
@@ -900,6 +1096,34 @@ pub unsafe extern "C" fn strataReduceScatterCoalesced(
         )?;
         if items.is_empty() {
             return Ok(());
+        }
+        if let Some(dev) = h.comm.device() {
+            let (mut sends, mut recvs, mut cs) = (vec![], vec![], vec![]);
+            for (i, c, total, in_place) in items {
+                // SAFETY: the caller's contract: each buffer is the communicator's device
+                // memory of its size, untouched by others until the call (or group) ends.
+                let send = unsafe { wrap(&dev, sb[i], total, &format!("sendbuffs[{i}]")) }?;
+                let recv = if in_place {
+                    send.slice(r * c..r * c + c)?
+                } else {
+                    // SAFETY: as above.
+                    unsafe { wrap(&dev, rb[i], c, &format!("recvbuffs[{i}]")) }?
+                };
+                sends.push(send);
+                recvs.push(recv);
+                cs.push(counts[i]);
+            }
+            let req = Request::new(
+                Op::ReduceScatterCoalesced {
+                    sends,
+                    recvs,
+                    counts: cs,
+                    op,
+                },
+                dt,
+            );
+            // SAFETY: the caller's contract on `stream` and the buffers.
+            return unsafe { run_device("strataReduceScatterCoalesced", h, req, stream) };
         }
         let (mut sends, mut recvs, mut cs, mut outs) = (vec![], vec![], vec![], vec![]);
         for (i, c, total, in_place) in items {
@@ -941,9 +1165,10 @@ pub unsafe extern "C" fn strataGroupStart() -> strataResult_t {
 }
 
 /// Ends a group (NCCL's `ncclGroupEnd`). At the outermost end it launches the group's
-/// calls, waits for all of them, and copies every result into its user buffer: the
-/// buffers of every call in the group must stay valid, and untouched by other threads,
-/// until this returns. Returns the first failure (each failing communicator also records
+/// calls, waits for all of them, and copies every result into its user buffer (host
+/// transports; on GPU transports the results are already in place on the device when
+/// this returns): the buffers of every call in the group must stay valid, and untouched
+/// by other threads and streams, until this returns. Returns the first failure (each failing communicator also records
 /// its own message); results of calls that succeeded are copied out regardless.
 ///
 /// Errors: `strataInvalidUsage` without a matching `strataGroupStart`; otherwise the

@@ -4,8 +4,10 @@
  *   test_strata            local transport: strataCommInitLocal(8, "nodes:2x4") driven by
  *                          8 pthreads (every collective, f32/f16/bf16/i32, in-place forms,
  *                          groups, coalesced, split, send/recv), every error path, the
- *                          unique-id + strataCommInitRank path from threads, and one
- *                          thread driving a whole world inside a group.
+ *                          unique-id + strataCommInitRank path from threads, one
+ *                          thread driving a whole world inside a group, the 256-byte
+ *                          unique id and the GPU transports' constants (not compiled
+ *                          into this build: strataInvalidUsage naming the feature).
  *   test_strata --mpi      under mpirun: one rank per process on the mpi transport (library
  *                          built with --features mpi). Built with mpicc and
  *                          -DSTRATA_TEST_WITH_MPI, the program initialises MPI itself and
@@ -592,17 +594,125 @@ static void *blocked_thread(void *p) {
   return NULL;
 }
 
+/* ---- unique ids (256 bytes, vendor id at STRATA_UNIQUE_ID_VENDOR_OFFSET) and the GPU
+   transports' constants; in a build without `cuda` / `rocm` they are strataInvalidUsage
+   naming the cargo feature. Runs before any thread (it sets STRATA_TRANSPORT). ---- */
+
+_Static_assert(sizeof(strataUniqueId) == 256, "strataUniqueId is 256 bytes");
+_Static_assert(STRATA_UNIQUE_ID_BYTES == 256 && STRATA_UNIQUE_ID_VENDOR_OFFSET == 128, "id layout");
+_Static_assert(strataTransportNccl == 3 && strataTransportRccl == 4 && strataTransportCudaLocal == 5,
+               "transport values");
+
+static int all_zero(const char *p, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (p[i] != 0) return 0;
+  return 1;
+}
+
+/* A vendor transport's id: made (library built with its feature and the vendor library
+   loadable) or refused with the feature's name. Returns 1 when made. */
+static int vendor_id_or_not_compiled(strataResult_t rc, const strataUniqueId *id, const char *feature) {
+  const char *m = strataGetLastError(NULL);
+  if (rc == strataSuccess) {
+    CHECK(memcmp(id->internal, "STRATAID", 8) == 0, "vendor id magic");
+    CHECK(!all_zero(id->internal + STRATA_UNIQUE_ID_VENDOR_OFFSET, 128), "vendor id embedded");
+    return 1;
+  }
+  if (rc == strataInvalidUsage && strstr(m, feature) != NULL) {
+    atomic_fetch_add(&passed, 1);
+    return 0;
+  }
+  /* Built with the feature but the vendor library cannot be loaded. */
+  CHECK(rc == strataSystemError && m[0] != '\0', "vendor id -> %d (%s)", rc, m);
+  return 0;
+}
+
+static void test_ids_and_transports(void) {
+  strataUniqueId id, id2;
+  memset(&id, 0x5a, sizeof id);
+  OK(strataGetUniqueId(&id));
+  CHECK(memcmp(id.internal, "STRATAID", 8) == 0, "id magic");
+  CHECK(all_zero(id.internal + 29, sizeof id - 29), "plain id: no vendor flag, no vendor id");
+  OK(strataGetUniqueIdForTransport(strataTransportLocal, &id2));
+  CHECK(memcmp(id.internal + 12, id2.internal + 12, 16) != 0, "two ids, two worlds");
+  OK(strataGetUniqueIdForTransport(strataTransportDefault, &id2));
+  EXPECT(strataInvalidArgument, NULL, strataGetUniqueIdForTransport(strataTransportLocal, NULL));
+  EXPECT(strataInvalidArgument, NULL, strataGetUniqueIdForTransport(6, &id2));
+  EXPECT(strataInvalidArgument, NULL, strataGetUniqueIdForTransport(-1, &id2));
+  CHECK(strstr(strataGetLastError(NULL), "cuda-local") != NULL, "names the transports: %s", strataGetLastError(NULL));
+
+  strataUniqueId nccl;
+  memset(&nccl, 0, sizeof nccl);
+  int have_nccl = vendor_id_or_not_compiled(strataGetUniqueIdForTransport(strataTransportNccl, &nccl), &nccl, "`cuda` feature");
+  /* scripts/capi-test sets it for the --features cuda library, with libnccl at hand. */
+  if (getenv("STRATA_REQUIRE_NCCL")) CHECK(have_nccl, "STRATA_REQUIRE_NCCL: no NCCL id (%s)", strataGetLastError(NULL));
+  strataUniqueId rccl;
+  memset(&rccl, 0, sizeof rccl);
+  vendor_id_or_not_compiled(strataGetUniqueIdForTransport(strataTransportRccl, &rccl), &rccl, "`rocm` feature");
+  /* STRATA_TRANSPORT=nccl: strataGetUniqueId embeds an NCCL id (or says what is missing);
+     any other value makes a plain id. */
+  setenv("STRATA_TRANSPORT", "nccl", 1);
+  memset(&id2, 0, sizeof id2);
+  int env_nccl = vendor_id_or_not_compiled(strataGetUniqueId(&id2), &id2, "`cuda` feature");
+  CHECK(env_nccl == have_nccl, "STRATA_TRANSPORT=nccl agrees with strataGetUniqueIdForTransport");
+  setenv("STRATA_TRANSPORT", "bogus", 1);
+  OK(strataGetUniqueId(&id2));
+  CHECK(all_zero(id2.internal + 29, sizeof id2 - 29), "plain id under STRATA_TRANSPORT=bogus");
+  unsetenv("STRATA_TRANSPORT");
+
+  /* Config transports. */
+  strataConfig_t cfg = STRATA_CONFIG_INITIALIZER;
+  strataComm_t cs[2], c = NULL;
+  cfg.transport = 6;
+  EXPECT(strataInvalidArgument, NULL, strataCommInitLocal(cs, 2, NULL, &cfg));
+  cfg.transport = strataTransportNccl;
+  strataResult_t rc = strataCommInitLocal(cs, 2, NULL, &cfg);
+  CHECK(rc == strataInvalidUsage ? strstr(strataGetLastError(NULL), "`cuda` feature") != NULL
+                                 : rc == strataInvalidArgument &&
+                                       strstr(strataGetLastError(NULL), "strataCommInitRankConfig") != NULL,
+        "nccl is not an in-process world -> %d (%s)", rc, strataGetLastError(NULL));
+  cfg.timeout_ms = 2000;
+  /* A plain id on nccl: not compiled, or no NCCL id in it. */
+  rc = strataCommInitRankConfig(&c, 1, id, 0, &cfg);
+  CHECK(rc == strataInvalidUsage || rc == strataInvalidArgument, "nccl with a plain id -> %d", rc);
+  CHECK(rc == strataInvalidUsage ? strstr(strataGetLastError(NULL), "`cuda` feature") != NULL
+                                 : strstr(strataGetLastError(NULL), "strataGetUniqueIdForTransport") != NULL,
+        "nccl with a plain id: %s", strataGetLastError(NULL));
+  CHECK(c == NULL, "no communicator written on failure");
+  cfg.transport = strataTransportRccl;
+  rc = strataCommInitRankConfig(&c, 1, id, 0, &cfg);
+  CHECK(rc == strataInvalidUsage || rc == strataInvalidArgument, "rccl with a plain id -> %d", rc);
+  cfg.transport = strataTransportCudaLocal;
+  rc = strataCommInitLocal(cs, 2, NULL, &cfg);
+  if (rc == strataSuccess) { /* a cuda build on a machine with a GPU */
+    strataTransport_t t = 0;
+    OK(strataCommGetTransport(cs[0], &t));
+    CHECK(t == strataTransportCudaLocal, "cuda-local transport %d", t);
+    OK(strataCommDestroy(cs[0]));
+    OK(strataCommDestroy(cs[1]));
+  } else {
+    CHECK(strlen(strataGetLastError(NULL)) > 0, "cuda-local failure message");
+  }
+}
+
 static int local_mode(void) {
   enum { N = 8 };
   int version = 0;
   OK(strataGetVersion(&version));
   CHECK(version == STRATA_VERSION_CODE, "version %d vs header %d", version, STRATA_VERSION_CODE);
+  test_ids_and_transports();
 
   /* A whole world from one call, each rank driven by its own thread. */
   strataComm_t comms[N];
   strataConfig_t cfg = STRATA_CONFIG_INITIALIZER;
   cfg.timeout_ms = 20000;
   OK(strataCommInitLocal(comms, N, "nodes:2x4", &cfg));
+  {
+    strataTransport_t tr = -1;
+    OK(strataCommGetTransport(comms[0], &tr));
+    CHECK(tr == strataTransportLocal, "local world's transport %d", tr);
+    EXPECT(strataInvalidArgument, comms[0], strataCommGetTransport(comms[0], NULL));
+  }
   pthread_t t[N];
   for (int i = 0; i < N; i++)
     if (pthread_create(&t[i], NULL, rank_thread, comms[i])) FAIL("pthread_create");
@@ -726,6 +836,9 @@ static int mpi_mode(void) {
   OK(strataCommUserRank(c, &r));
   OK(strataCommCount(c, &n));
   CHECK(r == rank && n == size, "mpi world %d/%d vs %d/%d", r, n, rank, size);
+  strataTransport_t tr = -1;
+  OK(strataCommGetTransport(c, &tr));
+  CHECK(tr == strataTransportMpi, "mpi world's transport %d", tr);
   rank_body(c);
   OK(strataCommDestroy(c));
   /* Wrong nranks: every rank fails together with invalid usage. */

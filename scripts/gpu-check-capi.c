@@ -1,0 +1,238 @@
+/*
+ * GPU check of the C ABI: a C program on device memory, for a machine with an NVIDIA
+ * GPU (run by scripts/gpu-check's caller, not by CI). No CUDA toolkit is needed to build
+ * it: the driver API (libcuda.so.1) is loaded with dlopen, as strata loads it.
+ *
+ *   cargo build --release --features cuda
+ *   cc -std=c11 -Wall -Wextra -Werror -Iinclude scripts/gpu-check-capi.c \
+ *      -Ltarget/release -Wl,-rpath,$PWD/target/release -lstrata -ldl -o gpu-check-capi
+ *   ./gpu-check-capi          # STRATA_NCCL_LIB=.../libnccl.so.2 when it is not on the path
+ *
+ * Checks, on device 0 (made current first, as an NCCL program does):
+ *   1. nccl: strataGetUniqueIdForTransport(strataTransportNccl) embeds an NCCL id; a
+ *      1-rank communicator from strataCommInitRankConfig; all-reduce (out of place, after
+ *      a memset queued on the caller's stream, and in place), all-gather in place,
+ *      reduce-scatter, broadcast, a group of two all-reduces; a host pointer is
+ *      strataInvalidArgument.
+ *   2. cuda-local: strataCommInitLocal of 2 ranks on the one GPU, driven from one thread
+ *      inside a group (all-reduce and all-gather), results checked.
+ * Prints "gpu-check-capi: N passed, 0 failed" and exits 0; exits 1 on the first failed
+ * check; exits 77 when there is no CUDA driver or device (skipped).
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "strata.h"
+
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef void *CUcontext;
+typedef unsigned long long CUdeviceptr;
+typedef void *CUstream;
+
+static CUresult (*cuInit)(unsigned int);
+static CUresult (*cuDeviceGet)(CUdevice *, int);
+static CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice);
+static CUresult (*cuCtxSetCurrent)(CUcontext);
+static CUresult (*cuMemAlloc)(CUdeviceptr *, size_t);
+static CUresult (*cuMemFree)(CUdeviceptr);
+static CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void *, size_t);
+static CUresult (*cuMemcpyDtoH)(void *, CUdeviceptr, size_t);
+static CUresult (*cuMemsetD32Async)(CUdeviceptr, unsigned int, size_t, CUstream);
+static CUresult (*cuStreamCreate)(CUstream *, unsigned int);
+static CUresult (*cuStreamSynchronize)(CUstream);
+static CUresult (*cuStreamDestroy)(CUstream);
+
+static long passed;
+
+#define FAIL(...)                                                                  \
+  do {                                                                             \
+    fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                           \
+    fprintf(stderr, __VA_ARGS__);                                                  \
+    fprintf(stderr, "\n");                                                         \
+    exit(1);                                                                       \
+  } while (0)
+#define CHECK(cond, ...)                                                           \
+  do {                                                                             \
+    if (!(cond)) FAIL(__VA_ARGS__);                                                \
+    passed++;                                                                      \
+  } while (0)
+#define OK(call)                                                                   \
+  do {                                                                             \
+    strataResult_t r_ = (call);                                                    \
+    if (r_ != strataSuccess)                                                       \
+      FAIL("%s -> %d (%s): %s", #call, r_, strataGetErrorString(r_),               \
+           strataGetLastError(NULL));                                              \
+    passed++;                                                                      \
+  } while (0)
+#define CU(call)                                                                   \
+  do {                                                                             \
+    CUresult c_ = (call);                                                          \
+    if (c_ != 0) FAIL("%s -> CUresult %d", #call, c_);                             \
+  } while (0)
+
+static void load(void *lib, const char *name, void *fn) {
+  void *p = dlsym(lib, name);
+  if (!p) FAIL("libcuda has no %s", name);
+  memcpy(fn, &p, sizeof p); /* POSIX: data and function pointers have one size */
+}
+
+static int load_driver(void) {
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+  if (!lib) return 0;
+  load(lib, "cuInit", &cuInit);
+  load(lib, "cuDeviceGet", &cuDeviceGet);
+  load(lib, "cuDevicePrimaryCtxRetain", &cuDevicePrimaryCtxRetain);
+  load(lib, "cuCtxSetCurrent", &cuCtxSetCurrent);
+  load(lib, "cuMemAlloc_v2", &cuMemAlloc);
+  load(lib, "cuMemFree_v2", &cuMemFree);
+  load(lib, "cuMemcpyHtoD_v2", &cuMemcpyHtoD);
+  load(lib, "cuMemcpyDtoH_v2", &cuMemcpyDtoH);
+  load(lib, "cuMemsetD32Async", &cuMemsetD32Async);
+  load(lib, "cuStreamCreate", &cuStreamCreate);
+  load(lib, "cuStreamSynchronize", &cuStreamSynchronize);
+  load(lib, "cuStreamDestroy_v2", &cuStreamDestroy);
+  return 1;
+}
+
+enum { N = 4096 };
+
+static CUdeviceptr dev_floats(size_t n, float first, float step) {
+  CUdeviceptr p;
+  CU(cuMemAlloc(&p, n * sizeof(float)));
+  float *h = malloc(n * sizeof(float));
+  for (size_t i = 0; i < n; i++) h[i] = first + step * (float)i;
+  CU(cuMemcpyHtoD(p, h, n * sizeof(float)));
+  free(h);
+  return p;
+}
+
+/* Every element of `n` floats at `p` equals first + step * i. */
+static int dev_equals(CUdeviceptr p, size_t n, float first, float step) {
+  float *h = malloc(n * sizeof(float));
+  CU(cuMemcpyDtoH(h, p, n * sizeof(float)));
+  int ok = 1;
+  for (size_t i = 0; i < n && ok; i++)
+    if (h[i] != first + step * (float)i) {
+      fprintf(stderr, "  [%zu] = %g, expected %g\n", i, h[i], first + step * (float)i);
+      ok = 0;
+    }
+  free(h);
+  return ok;
+}
+
+static void check_nccl(CUstream stream) {
+  strataUniqueId id;
+  OK(strataGetUniqueIdForTransport(strataTransportNccl, &id));
+  int nonzero = 0;
+  for (int i = STRATA_UNIQUE_ID_VENDOR_OFFSET; i < STRATA_UNIQUE_ID_BYTES; i++) nonzero |= id.internal[i];
+  CHECK(nonzero, "the unique id carries an NCCL id");
+  strataConfig_t cfg = STRATA_CONFIG_INITIALIZER;
+  cfg.transport = strataTransportNccl;
+  cfg.timeout_ms = 60000;
+  strataComm_t c = NULL;
+  OK(strataCommInitRankConfig(&c, 1, id, 0, &cfg));
+  strataTransport_t t = 0;
+  OK(strataCommGetTransport(c, &t));
+  CHECK(t == strataTransportNccl, "transport %d", t);
+
+  CUdeviceptr send = dev_floats(N, 0.0f, 1.0f), recv = dev_floats(N, -1.0f, 0.0f);
+  /* 7.0f queued on the caller's stream just before the call: the collective must see it. */
+  float seven = 7.0f;
+  unsigned int bits;
+  memcpy(&bits, &seven, sizeof bits);
+  CU(cuMemsetD32Async(send, bits, N, stream));
+  OK(strataAllReduce((void *)(uintptr_t)send, (void *)(uintptr_t)recv, N, strataFloat32, strataSum, c, stream));
+  CHECK(dev_equals(recv, N, 7.0f, 0.0f), "all-reduce after the caller's memset");
+  OK(strataAllReduce((void *)(uintptr_t)recv, (void *)(uintptr_t)recv, N, strataFloat32, strataAvg, c, stream));
+  CHECK(dev_equals(recv, N, 7.0f, 0.0f), "in-place all-reduce (avg over 1 rank)");
+
+  CUdeviceptr g = dev_floats(N, 0.0f, 2.0f);
+  OK(strataAllGather((void *)(uintptr_t)g, (void *)(uintptr_t)g, N, strataFloat32, c, stream));
+  CHECK(dev_equals(g, N, 0.0f, 2.0f), "in-place all-gather");
+  CUdeviceptr rs = dev_floats(N, 0.0f, 0.0f), src = dev_floats(N, 1.0f, 1.0f);
+  OK(strataReduceScatter((void *)(uintptr_t)src, (void *)(uintptr_t)rs, N, strataFloat32, strataMax, c, stream));
+  CHECK(dev_equals(rs, N, 1.0f, 1.0f), "reduce-scatter");
+  OK(strataBroadcast((void *)(uintptr_t)src, (void *)(uintptr_t)g, N, strataFloat32, 0, c, NULL));
+  CHECK(dev_equals(g, N, 1.0f, 1.0f), "broadcast on the default stream");
+
+  OK(strataGroupStart());
+  OK(strataAllReduce((void *)(uintptr_t)src, (void *)(uintptr_t)recv, N, strataFloat32, strataSum, c, stream));
+  OK(strataAllReduce((void *)(uintptr_t)g, (void *)(uintptr_t)g, N, strataFloat32, strataSum, c, stream));
+  OK(strataGroupEnd());
+  CHECK(dev_equals(recv, N, 1.0f, 1.0f) && dev_equals(g, N, 1.0f, 1.0f), "group of two all-reduces");
+
+  float host[4] = {1, 2, 3, 4};
+  strataResult_t r = strataAllReduce(host, host, 4, strataFloat32, strataSum, c, stream);
+  CHECK(r == strataInvalidArgument, "host pointer on nccl -> %d (%s)", r, strataGetLastError(c));
+  printf("  host pointer refused: %s\n", strataGetLastError(c));
+
+  OK(strataCommDestroy(c));
+  CU(cuMemFree(send));
+  CU(cuMemFree(recv));
+  CU(cuMemFree(g));
+  CU(cuMemFree(rs));
+  CU(cuMemFree(src));
+}
+
+static void check_cuda_local(void) {
+  strataConfig_t cfg = STRATA_CONFIG_INITIALIZER;
+  cfg.transport = strataTransportCudaLocal;
+  cfg.timeout_ms = 60000;
+  strataComm_t cs[2];
+  OK(strataCommInitLocal(cs, 2, NULL, &cfg));
+  strataTransport_t t = 0;
+  OK(strataCommGetTransport(cs[1], &t));
+  CHECK(t == strataTransportCudaLocal, "transport %d", t);
+  CUdeviceptr x[2], ag[2];
+  for (int r = 0; r < 2; r++) {
+    x[r] = dev_floats(N, (float)r, 1.0f);
+    CU(cuMemAlloc(&ag[r], 2 * N * sizeof(float)));
+  }
+  OK(strataGroupStart());
+  for (int r = 0; r < 2; r++)
+    OK(strataAllReduce((void *)(uintptr_t)x[r], (void *)(uintptr_t)x[r], N, strataFloat32, strataSum, cs[r], NULL));
+  OK(strataGroupEnd());
+  for (int r = 0; r < 2; r++) CHECK(dev_equals(x[r], N, 1.0f, 2.0f), "cuda-local all-reduce, rank %d", r);
+  OK(strataGroupStart());
+  for (int r = 0; r < 2; r++)
+    OK(strataAllGather((void *)(uintptr_t)x[r], (void *)(uintptr_t)ag[r], N, strataFloat32, cs[r], NULL));
+  OK(strataGroupEnd());
+  for (int r = 0; r < 2; r++) {
+    CHECK(dev_equals(ag[r], N, 1.0f, 2.0f) && dev_equals(ag[r] + N * sizeof(float), N, 1.0f, 2.0f),
+          "cuda-local all-gather, rank %d", r);
+    CU(cuMemFree(x[r]));
+    CU(cuMemFree(ag[r]));
+  }
+  for (int r = 0; r < 2; r++) OK(strataCommDestroy(cs[r]));
+}
+
+int main(void) {
+  setvbuf(stdout, NULL, _IONBF, 0);
+  if (!load_driver()) {
+    printf("gpu-check-capi: skipped (no libcuda.so.1: %s)\n", dlerror());
+    return 77;
+  }
+  CUdevice d;
+  CUcontext ctx;
+  if (cuInit(0) != 0 || cuDeviceGet(&d, 0) != 0) {
+    printf("gpu-check-capi: skipped (no CUDA device)\n");
+    return 77;
+  }
+  CU(cuDevicePrimaryCtxRetain(&ctx, d));
+  CU(cuCtxSetCurrent(ctx));
+  CUstream stream;
+  CU(cuStreamCreate(&stream, 1 /* CU_STREAM_NON_BLOCKING */));
+  printf("gpu-check-capi: nccl, 1 rank\n");
+  check_nccl(stream);
+  printf("gpu-check-capi: cuda-local, 2 ranks\n");
+  check_cuda_local();
+  CU(cuStreamSynchronize(stream));
+  CU(cuStreamDestroy(stream));
+  printf("gpu-check-capi: %ld passed, 0 failed\n", passed);
+  return 0;
+}
