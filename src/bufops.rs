@@ -5,7 +5,7 @@
 //! call returns, so an algorithm is written once for both. Mixing host and device
 //! buffers in one call is an `InvalidArgument`.
 
-use crate::device::QuantCall;
+use crate::device::{QuantCall, Region};
 use crate::dtype::{finish_avg, reduce_into, DataType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::kernels::{self, QuantSpec};
@@ -117,37 +117,44 @@ impl<'a> Ops<'a> {
         }
     }
 
-    fn launch(&self, g: &dyn GpuTransport, call: QuantCall, what: &str) -> Result<()> {
-        g.stream().quant(&call)?;
-        g.finish(what)
-    }
-
-    /// [`kernels::quantize`] of `src` into `dst`.
-    pub fn quantize(&self, q: QuantSpec, dt: DataType, src: &Buffer, dst: &Buffer) -> Result<()> {
-        match self.place("quantize", &[src, dst])? {
-            None => kernels::quantize(
-                q,
-                dt,
+    /// One kernel from `src` into `dst`: `host` on host bytes (the CPU reference), else
+    /// the device kernel `call(src region, dst region)` on the communicator's stream.
+    fn kernel(
+        &self,
+        what: &str,
+        src: &Buffer,
+        dst: &Buffer,
+        host: impl FnOnce(&[u8], &mut [u8]) -> Result<()>,
+        call: impl FnOnce(Region, Region) -> QuantCall,
+    ) -> Result<()> {
+        match self.place(what, &[src, dst])? {
+            None => host(
                 &src.read_timeout(self.to)?,
                 &mut dst.write_timeout(self.to)?,
             ),
             Some(g) => {
-                let (s, d) = (
-                    src.dev_read_timeout(self.to)?,
-                    dst.dev_write_timeout(self.to)?,
-                );
-                self.launch(
-                    g,
-                    QuantCall::Quantize {
-                        spec: q,
-                        dtype: dt,
-                        src: s.region(),
-                        dst: d.region(),
-                    },
-                    "quantize",
-                )
+                let s = src.dev_read_timeout(self.to)?;
+                let d = dst.dev_write_timeout(self.to)?;
+                g.stream().quant(&call(s.region(), d.region()))?;
+                g.finish(what)
             }
         }
+    }
+
+    /// [`kernels::quantize`] of `src` into `dst`.
+    pub fn quantize(&self, q: QuantSpec, dt: DataType, src: &Buffer, dst: &Buffer) -> Result<()> {
+        self.kernel(
+            "quantize",
+            src,
+            dst,
+            |s, d| kernels::quantize(q, dt, s, d),
+            |src, dst| QuantCall::Quantize {
+                spec: q,
+                dtype: dt,
+                src,
+                dst,
+            },
+        )
     }
 
     /// [`kernels::swizzled_quantize`].
@@ -163,42 +170,26 @@ impl<'a> Ops<'a> {
         stages: usize,
         dst: &Buffer,
     ) -> Result<()> {
-        match self.place("swizzled_quantize", &[src, dst])? {
-            None => kernels::swizzled_quantize(
-                q,
-                dt,
-                &src.read_timeout(self.to)?,
+        self.kernel(
+            "swizzled_quantize",
+            src,
+            dst,
+            |s, d| kernels::swizzled_quantize(q, dt, s, c, nodes, devices, stages, d),
+            |src, dst| QuantCall::Swizzled {
+                spec: q,
+                dtype: dt,
+                src,
                 c,
                 nodes,
                 devices,
                 stages,
-                &mut dst.write_timeout(self.to)?,
-            ),
-            Some(g) => {
-                let (s, d) = (
-                    src.dev_read_timeout(self.to)?,
-                    dst.dev_write_timeout(self.to)?,
-                );
-                self.launch(
-                    g,
-                    QuantCall::Swizzled {
-                        spec: q,
-                        dtype: dt,
-                        src: s.region(),
-                        c,
-                        nodes,
-                        devices,
-                        stages,
-                        dst: d.region(),
-                    },
-                    "swizzled_quantize",
-                )
-            }
-        }
+                dst,
+            },
+        )
     }
 
     /// [`kernels::dequant_reduce`] of the first `k` packed slices of `n` elements in
-    /// `inputs` (contiguous, `per` bytes apart) into `dst`.
+    /// `inputs` (contiguous, `packed_len(n)` bytes apart) into `dst`.
     #[allow(clippy::too_many_arguments)]
     pub fn dequant_reduce(
         &self,
@@ -212,46 +203,22 @@ impl<'a> Ops<'a> {
         dst: &Buffer,
     ) -> Result<()> {
         let per = q.packed_len(n);
-        let inputs = inputs.slice(0..k * per)?;
-        match self.place("dequant_reduce", &[&inputs, dst])? {
-            None => {
-                let g = inputs.read_timeout(self.to)?;
-                let ins: Vec<&[u8]> = if per == 0 {
-                    vec![&[][..]; k]
-                } else {
-                    g.chunks(per).collect()
-                };
-                kernels::dequant_reduce(
-                    q,
-                    &ins,
-                    n,
-                    op,
-                    divisor,
-                    dt,
-                    &mut dst.write_timeout(self.to)?,
-                )
-            }
-            Some(gt) => {
-                let (s, d) = (
-                    inputs.dev_read_timeout(self.to)?,
-                    dst.dev_write_timeout(self.to)?,
-                );
-                self.launch(
-                    gt,
-                    QuantCall::DequantReduce {
-                        spec: q,
-                        inputs: s.region(),
-                        k,
-                        n,
-                        op,
-                        divisor,
-                        dtype: dt,
-                        dst: d.region(),
-                    },
-                    "dequant_reduce",
-                )
-            }
-        }
+        self.kernel(
+            "dequant_reduce",
+            &inputs.slice(0..k * per)?,
+            dst,
+            |s, d| kernels::dequant_reduce(q, &split(s, k, per), n, op, divisor, dt, d),
+            |inputs, dst| QuantCall::DequantReduce {
+                spec: q,
+                inputs,
+                k,
+                n,
+                op,
+                divisor,
+                dtype: dt,
+                dst,
+            },
+        )
     }
 
     /// [`kernels::dequantize`] (a dequant-reduce of one input).
@@ -263,15 +230,6 @@ impl<'a> Ops<'a> {
         dt: DataType,
         dst: &Buffer,
     ) -> Result<()> {
-        if !src.is_device() {
-            return kernels::dequantize(
-                q,
-                &src.read_timeout(self.to)?,
-                n,
-                dt,
-                &mut dst.write_timeout(self.to)?,
-            );
-        }
         self.dequant_reduce(q, src, 1, n, ReduceOp::Sum, 1, dt, dst)
     }
 
@@ -286,32 +244,21 @@ impl<'a> Ops<'a> {
         slices: usize,
         dst: &Buffer,
     ) -> Result<()> {
-        match self.place("dequant_reduce_quant", &[inputs, dst])? {
-            None => {
-                let g = inputs.read_timeout(self.to)?;
-                let run = (g.len() / k.max(1)).max(1);
-                let ins: Vec<&[u8]> = g.chunks(run).collect();
-                kernels::dequant_reduce_quant(q, &ins, n, slices, &mut dst.write_timeout(self.to)?)
-            }
-            Some(gt) => {
-                let (s, d) = (
-                    inputs.dev_read_timeout(self.to)?,
-                    dst.dev_write_timeout(self.to)?,
-                );
-                self.launch(
-                    gt,
-                    QuantCall::DequantReduceQuant {
-                        spec: q,
-                        inputs: s.region(),
-                        k,
-                        n,
-                        slices,
-                        dst: d.region(),
-                    },
-                    "dequant_reduce_quant",
-                )
-            }
-        }
+        let per = q.packed_len(n) * slices;
+        self.kernel(
+            "dequant_reduce_quant",
+            &inputs.slice(0..k * per)?,
+            dst,
+            |s, d| kernels::dequant_reduce_quant(q, &split(s, k, per), n, slices, d),
+            |inputs, dst| QuantCall::DequantReduceQuant {
+                spec: q,
+                inputs,
+                k,
+                n,
+                slices,
+                dst,
+            },
+        )
     }
 
     /// The transport's native all-to-all of `send` into `recv` (host or device), on the
@@ -335,4 +282,9 @@ impl<'a> Ops<'a> {
         };
         crate::comm::native::run(self.t, &op, DataType::U8, self.to)
     }
+}
+
+/// `k` consecutive inputs of `per` bytes (empty ones when `per` is 0).
+fn split(bytes: &[u8], k: usize, per: usize) -> Vec<&[u8]> {
+    (0..k).map(|i| &bytes[i * per..(i + 1) * per]).collect()
 }

@@ -35,17 +35,7 @@ fn on_cuda_local<T: Send + 'static>(
     let topo = Topology::parse(topo).expect("topology");
     let n = topo.world_size();
     let comms = Comm::cuda_local_world(n, Some(topo), common::config(), 0).expect("world");
-    let body = std::sync::Arc::new(body);
-    let hs: Vec<_> = comms
-        .into_iter()
-        .map(|c| {
-            let b = body.clone();
-            std::thread::spawn(move || b(c))
-        })
-        .collect();
-    hs.into_iter()
-        .map(|h| h.join().expect("rank panicked"))
-        .collect()
+    common::on_comms(comms, body)
 }
 
 #[test]

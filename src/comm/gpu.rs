@@ -80,16 +80,7 @@ impl Comm {
         }
         #[cfg(feature = "cuda")]
         {
-            if nranks == 0 {
-                return Err(Error::InvalidArgument(
-                    "a world needs at least one rank".into(),
-                ));
-            }
-            let topo = match topo {
-                Some(t) => t,
-                None => Topology::from_env()?.unwrap_or_else(|| Topology::flat(nranks)),
-            };
-            topo.check_world(nranks)?;
+            let topo = Comm::world_topology(nranks, topo)?;
             let dev = crate::device::open(Api::Cuda, ordinal)?;
             let topo = Arc::new(topo);
             crate::transport::cuda_local::CudaLocalTransport::world(&dev, &topo, config.timeout)?

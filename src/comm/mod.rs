@@ -152,6 +152,16 @@ impl Comm {
         topo: Option<Topology>,
         config: CommConfig,
     ) -> Result<Vec<Comm>> {
+        let topo = Arc::new(Comm::world_topology(nranks, topo)?);
+        LocalTransport::world(&topo, config.timeout)
+            .into_iter()
+            .map(|t| Comm::from_transport(Arc::new(t), topo.clone(), config.clone()))
+            .collect()
+    }
+
+    /// The topology of an in-process world of `nranks`: `topo`, else `STRATA_TOPOLOGY`,
+    /// else one node; checked against `nranks` (at least one).
+    pub(crate) fn world_topology(nranks: usize, topo: Option<Topology>) -> Result<Topology> {
         if nranks == 0 {
             return Err(Error::InvalidArgument(
                 "a world needs at least one rank".into(),
@@ -162,11 +172,7 @@ impl Comm {
             None => Topology::from_env()?.unwrap_or_else(|| Topology::flat(nranks)),
         };
         topo.check_world(nranks)?;
-        let topo = Arc::new(topo);
-        LocalTransport::world(&topo, config.timeout)
-            .into_iter()
-            .map(|t| Comm::from_transport(Arc::new(t), topo.clone(), config.clone()))
-            .collect()
+        Ok(topo)
     }
 
     /// The world communicator of an MPI job (feature `mpi`): one rank per process, the

@@ -6,12 +6,9 @@
 use super::{DevAddr, DevStream, Device, QuantCall};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::{Error, Result};
-use crate::kernels_gpu::call::{self, ArgBlock};
-use cudarc::driver::LaunchConfig;
-use cudarc::driver::{
-    result, sys, CudaContext, CudaFunction, CudaStream, DriverError, PushKernelArg,
-};
-use std::collections::HashMap;
+use crate::kernels_gpu::call;
+use crate::kernels_gpu::GpuQuant;
+use cudarc::driver::{result, sys, CudaContext, CudaStream, DriverError, PushKernelArg};
 use std::ffi::c_void;
 use std::sync::{Arc, OnceLock};
 
@@ -26,11 +23,7 @@ fn check(what: &str, r: sys::CUresult) -> Result<()> {
 /// One CUDA GPU: its primary context and, once compiled, strata's kernels.
 pub struct CudaDevice {
     ctx: Arc<CudaContext>,
-    kernels: OnceLock<std::result::Result<Kernels, String>>,
-}
-
-struct Kernels {
-    funcs: HashMap<String, CudaFunction>,
+    kernels: OnceLock<std::result::Result<GpuQuant, String>>,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -93,39 +86,12 @@ impl CudaDevice {
         &self.ctx
     }
 
-    fn func(&self, name: &str) -> Result<&CudaFunction> {
-        let k = self
-            .kernels
-            .get_or_init(|| self.load_kernels().map_err(|e| e.to_string()))
+    /// strata's kernels in this device's context (compiled by NVRTC on first use).
+    fn kernels(&self) -> Result<&GpuQuant> {
+        self.kernels
+            .get_or_init(|| GpuQuant::new(&self.ctx).map_err(|e| e.to_string()))
             .as_ref()
-            .map_err(|e| Error::System(format!("strata's CUDA kernels: {e}")))?;
-        k.funcs
-            .get(name)
-            .ok_or_else(|| Error::Internal(format!("kernel {name} not loaded")))
-    }
-
-    fn load_kernels(&self) -> Result<Kernels> {
-        let (major, minor) = self
-            .ctx
-            .compute_capability()
-            .map_err(|e| dev_err("reading the compute capability", e))?;
-        let arch = format!("compute_{major}{minor}");
-        let ptx = crate::kernels_gpu::compile_cuda_ptx(&arch)?;
-        let module = self
-            .ctx
-            .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
-            .map_err(|e| dev_err(&format!("loading the {arch} PTX of the strata kernels"), e))?;
-        let mut funcs = HashMap::new();
-        for name in crate::kernels_gpu::kernel_names()
-            .into_iter()
-            .chain(crate::kernels_gpu::reduce_kernel_names())
-        {
-            let f = module
-                .load_function(&name)
-                .map_err(|e| dev_err(&format!("kernel {name} missing from the module"), e))?;
-            funcs.insert(name, f);
-        }
-        Ok(Kernels { funcs })
+            .map_err(|e| Error::System(format!("strata's CUDA kernels: {e}")))
     }
 }
 
@@ -249,54 +215,39 @@ pub struct CudaDevStream {
 }
 
 impl CudaDevStream {
-    fn launch(&self, name: &str, grid: u32, threads: u32, args: &[&dyn LaunchArg]) -> Result<()> {
-        let f = self.dev.func(name)?;
-        let mut b = self.stream.launch_builder(f);
-        for a in args {
-            a.push(&mut b);
+    /// Launch an element-wise kernel on `(addresses..., count)` arguments.
+    fn elementwise(
+        &self,
+        name: &str,
+        grid: u32,
+        threads: u32,
+        a: u64,
+        b: u64,
+        n: Scalar,
+    ) -> Result<()> {
+        let k = self.dev.kernels()?;
+        // SAFETY: kernel launch. `strata_reduce_*(T* acc, const T* src, u64 n)` and
+        // `strata_divide_*(T* buf, u64 count, double n)` (kernels-cuda/strata_reduce.cuh)
+        // get exactly these arguments; the addresses come from buffers the caller holds
+        // borrowed, aligned and sized by `call::elementwise`, until the stream is waited for.
+        unsafe {
+            k.launch(&self.stream, name, grid, threads, |l| {
+                l.arg(&a);
+                l.arg(&b);
+                match &n {
+                    Scalar::U64(v) => l.arg(v),
+                    Scalar::F64(v) => l.arg(v),
+                };
+            })
         }
-        let cfg = LaunchConfig {
-            grid_dim: (grid, 1, 1),
-            block_dim: (threads, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: kernel launch. The argument lists below match the kernels' C
-        // signatures (kernels-cuda/strata_reduce.cuh, StrataQuantArgs & co. by value);
-        // the addresses come from buffers whose ranges the caller holds borrowed and
-        // whose sizes `call::prepare` / `call::elementwise` checked.
-        unsafe { b.launch(cfg) }.map_err(|e| dev_err(name, e))?;
-        Ok(())
     }
 }
 
-/// One kernel argument pushed by value.
-trait LaunchArg {
-    fn push<'a>(&'a self, b: &mut cudarc::driver::LaunchArgs<'a>);
+/// The last argument of an element-wise kernel.
+enum Scalar {
+    U64(u64),
+    F64(f64),
 }
-impl<T: cudarc::driver::DeviceRepr> LaunchArg for T {
-    fn push<'a>(&'a self, b: &mut cudarc::driver::LaunchArgs<'a>) {
-        b.arg(self);
-    }
-}
-
-// SAFETY: #[repr(C)] plain structs matching StrataQuantArgs / StrataDequantArgs /
-// StrataDrqArgs (layout checked by kernels_gpu::plan's tests); the same impls exist for
-// GpuQuant in kernels_gpu::cuda, these are for the by-value copies made here.
-#[derive(Clone, Copy)]
-#[repr(transparent)]
-struct Q(crate::kernels_gpu::plan::QuantArgs);
-// SAFETY: as above.
-unsafe impl cudarc::driver::DeviceRepr for Q {}
-#[derive(Clone, Copy)]
-#[repr(transparent)]
-struct D(crate::kernels_gpu::plan::DequantArgs);
-// SAFETY: as above.
-unsafe impl cudarc::driver::DeviceRepr for D {}
-#[derive(Clone, Copy)]
-#[repr(transparent)]
-struct R(crate::kernels_gpu::plan::DrqArgs);
-// SAFETY: as above.
-unsafe impl cudarc::driver::DeviceRepr for R {}
 
 impl DevStream for CudaDevStream {
     fn device(&self) -> Arc<dyn Device> {
@@ -328,26 +279,29 @@ impl DevStream for CudaDevStream {
         else {
             return Ok(());
         };
-        let n = count as u64;
-        self.launch(&name, grid, threads, &[&acc, &src, &n])
+        self.elementwise(&name, grid, threads, acc, src, Scalar::U64(count as u64))
     }
     fn divide(&self, buf: DevAddr, count: usize, dtype: DataType, n: usize) -> Result<()> {
         let Some((name, grid, threads)) = call::elementwise("divide", &[buf], count, dtype, None)?
         else {
             return Ok(());
         };
-        let (c, d) = (count as u64, n as f64);
-        self.launch(&name, grid, threads, &[&buf, &c, &d])
+        self.elementwise(
+            &name,
+            grid,
+            threads,
+            buf,
+            count as u64,
+            Scalar::F64(n as f64),
+        )
     }
     fn quant(&self, c: &QuantCall) -> Result<()> {
         let Some(p) = call::prepare(c)? else {
             return Ok(());
         };
-        match p.args {
-            ArgBlock::Quant(a) => self.launch(&p.name, p.grid, p.threads, &[&Q(a)]),
-            ArgBlock::Dequant(a) => self.launch(&p.name, p.grid, p.threads, &[&D(a)]),
-            ArgBlock::Drq(a) => self.launch(&p.name, p.grid, p.threads, &[&R(a)]),
-        }
+        // SAFETY: `prepare` checked the regions, which the caller (bufops) holds borrowed
+        // until the stream is waited for.
+        unsafe { self.dev.kernels()?.launch_prepared(&self.stream, &p) }
     }
     fn query(&self) -> Result<bool> {
         // SAFETY: FFI query of a live stream.

@@ -1,8 +1,10 @@
 //! [`GpuQuant`]: the CUDA kernels compiled by NVRTC, loaded into a context, and launched
 //! on cudarc device buffers with the CPU reference's API and checks.
 
-use super::plan::{dequant_plan, drq_plan, quantize_plan, DequantArgs, DrqArgs, Launch, QuantArgs};
-use super::{kernel_name, kernels, KernelOp};
+use super::call::{prepare, ArgBlock};
+use super::plan::{DequantArgs, DrqArgs, QuantArgs};
+use super::{kernel_name, kernels};
+use crate::device::{QuantCall, Region};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::kernels::QuantSpec;
@@ -96,8 +98,11 @@ impl GpuQuant {
             .load_module(Ptx::from_src(ptx))
             .map_err(|e| dev(&format!("loading the {arch} PTX of the strata kernels"), e))?;
         let mut funcs = HashMap::new();
-        for (op, dt, bits) in kernels() {
-            let name = kernel_name(op, dt, bits);
+        let names = kernels()
+            .into_iter()
+            .map(|(op, dt, bits)| kernel_name(op, dt, bits))
+            .chain(super::reduce_kernel_names());
+        for name in names {
             let f = module
                 .load_function(&name)
                 .map_err(|e| dev(&format!("kernel {name} missing from the module"), e))?;
@@ -121,19 +126,91 @@ impl GpuQuant {
         &self.ctx
     }
 
-    fn func(&self, op: KernelOp, dt: Option<DataType>, bits: u32) -> Result<&CudaFunction> {
-        let name = kernel_name(op, dt, bits);
-        self.funcs
-            .get(&name)
-            .ok_or_else(|| Error::Internal(format!("kernel {name} not loaded")))
+    /// Validate and launch `make(src region, dst region)` through
+    /// [`super::call::prepare`], the one checking path of every device kernel.
+    fn run<S: DevicePtr<u8>, D: DevicePtrMut<u8>>(
+        &self,
+        stream: &Arc<CudaStream>,
+        src: &S,
+        dst: &mut D,
+        make: impl FnOnce(Region, Region) -> QuantCall,
+    ) -> Result<()> {
+        let (src_ptr, _src_sync) = src.device_ptr(stream);
+        let (src_len, dst_len) = (src.len(), dst.len());
+        let (dst_ptr, _dst_sync) = dst.device_ptr_mut(stream);
+        let call = make(
+            Region {
+                addr: src_ptr,
+                len: src_len,
+            },
+            Region {
+                addr: dst_ptr,
+                len: dst_len,
+            },
+        );
+        let Some(p) = prepare(&call)? else {
+            return Ok(()); // a valid empty problem: nothing to write
+        };
+        // SAFETY: the kernel takes one argument block by value, of the layout pushed
+        // (plan::tests check it against the header); `prepare` checked that it reads and
+        // writes only the two regions, whose buffers stay borrowed (with their stream
+        // sync guards) until the launch is enqueued; `&mut dst` rules out aliasing.
+        unsafe { self.launch_prepared(stream, &p) }
     }
 
-    fn config(l: &Launch) -> LaunchConfig {
-        LaunchConfig {
-            grid_dim: (l.grid, 1, 1),
-            block_dim: (l.threads, 1, 1),
-            shared_mem_bytes: 0,
+    /// Enqueue a launch [`prepare`] returned.
+    ///
+    /// # Safety
+    /// The argument block's addresses are live device memory of the sizes `prepare`
+    /// checked, not used by anyone else until the stream has run the kernel.
+    pub(crate) unsafe fn launch_prepared(
+        &self,
+        stream: &Arc<CudaStream>,
+        p: &super::call::Prepared,
+    ) -> Result<()> {
+        // SAFETY: the caller's contract; one argument block by value.
+        unsafe {
+            self.launch(stream, &p.name, p.grid, p.threads, |b| match &p.args {
+                ArgBlock::Quant(a) => {
+                    b.arg(a);
+                }
+                ArgBlock::Dequant(a) => {
+                    b.arg(a);
+                }
+                ArgBlock::Drq(a) => {
+                    b.arg(a);
+                }
+            })
         }
+    }
+
+    /// Enqueue kernel `name` (of this module) with the arguments `push` adds.
+    ///
+    /// # Safety
+    /// The pushed arguments match the kernel's C signature and every address in them is
+    /// live device memory the kernel may touch until the stream has run it.
+    pub(crate) unsafe fn launch<'a>(
+        &'a self,
+        stream: &'a Arc<CudaStream>,
+        name: &str,
+        grid: u32,
+        threads: u32,
+        push: impl FnOnce(&mut cudarc::driver::LaunchArgs<'a>),
+    ) -> Result<()> {
+        let f = self
+            .funcs
+            .get(name)
+            .ok_or_else(|| Error::Internal(format!("kernel {name} not loaded")))?;
+        let cfg = LaunchConfig {
+            grid_dim: (grid, 1, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = stream.launch_builder(f);
+        push(&mut b);
+        // SAFETY: the caller's contract.
+        unsafe { b.launch(cfg) }.map_err(|e| dev(name, e))?;
+        Ok(())
     }
 
     /// [`crate::kernels::quantize`] on the device: `src` is n elements of `dtype`, `dst`
@@ -146,17 +223,12 @@ impl GpuQuant {
         src: &S,
         dst: &mut D,
     ) -> Result<()> {
-        const W: &str = "quantize";
-        check_spec(W, spec)?;
-        check_dtype(W, dtype)?;
-        if src.len() % dtype.size() != 0 {
-            return Err(Error::InvalidArgument(format!(
-                "{W} (GPU): src has {} bytes, not a whole number of {dtype} elements",
-                src.len()
-            )));
-        }
-        let n = src.len() / dtype.size();
-        self.swizzle(W, stream, spec, dtype, src, n, 1, 1, 1, dst)
+        self.run(stream, src, dst, |src, dst| QuantCall::Quantize {
+            spec,
+            dtype,
+            src,
+            dst,
+        })
     }
 
     /// [`crate::kernels::swizzled_quantize`] on the device (ZeRO++ B.3.2, Algorithm 2,
@@ -175,56 +247,16 @@ impl GpuQuant {
         stages: usize,
         dst: &mut D,
     ) -> Result<()> {
-        const W: &str = "swizzled_quantize";
-        crate::kernels::swizzle_check(spec, c, nodes, devices, stages)?;
-        check_dtype(W, dtype)?;
-        let want = nodes
-            .checked_mul(devices)
-            .and_then(|p| p.checked_mul(c))
-            .and_then(|e| e.checked_mul(dtype.size()))
-            .ok_or_else(|| Error::InvalidArgument(format!("{W} (GPU): input size overflows")))?;
-        check_len(W, "src", want, src.len())?;
-        self.swizzle(W, stream, spec, dtype, src, c, nodes, devices, stages, dst)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn swizzle<S: DevicePtr<u8>, D: DevicePtrMut<u8>>(
-        &self,
-        what: &str,
-        stream: &Arc<CudaStream>,
-        spec: QuantSpec,
-        dtype: DataType,
-        src: &S,
-        c: usize,
-        nodes: usize,
-        devices: usize,
-        stages: usize,
-        dst: &mut D,
-    ) -> Result<()> {
-        let total = crate::kernels::swizzled_len(spec, c, nodes, devices, stages);
-        if total == usize::MAX {
-            return Err(Error::InvalidArgument(format!(
-                "{what} (GPU): output size overflows"
-            )));
-        }
-        check_len(what, "dst", total, dst.len())?;
-        let Some((l, mut args)) = quantize_plan(spec, c, nodes, devices, stages) else {
-            return Ok(()); // a valid empty problem (c = 0): nothing to write
-        };
-        let f = self.func(KernelOp::Quantize, Some(dtype), spec.bits)?;
-        let (src_ptr, _src_sync) = src.device_ptr(stream);
-        let (dst_ptr, _dst_sync) = dst.device_ptr_mut(stream);
-        args.input = src_ptr;
-        args.out = dst_ptr;
-        let mut b = stream.launch_builder(f);
-        b.arg(&args);
-        // SAFETY: `f` takes one StrataQuantArgs by value (same layout as QuantArgs). The
-        // kernel reads nodes·devices·c elements of `dtype` from src_ptr and writes exactly
-        // swizzled_len(..) bytes at dst_ptr; both lengths were checked above against the
-        // buffers, which stay borrowed (and their stream-sync guards alive) until the
-        // launch is enqueued; `&mut dst` rules out aliasing with `src`.
-        unsafe { b.launch(Self::config(&l)) }.map_err(|e| dev(what, e))?;
-        Ok(())
+        self.run(stream, src, dst, |src, dst| QuantCall::Swizzled {
+            spec,
+            dtype,
+            src,
+            c,
+            nodes,
+            devices,
+            stages,
+            dst,
+        })
     }
 
     /// [`crate::kernels::dequantize`] on the device: `src` is one packed slice of `n`
@@ -238,7 +270,7 @@ impl GpuQuant {
         dtype: DataType,
         dst: &mut D,
     ) -> Result<()> {
-        self.deq("dequantize", stream, spec, src, 1, n, None, dtype, dst)
+        self.dequant_reduce(stream, spec, src, 1, n, ReduceOp::Sum, 1, dtype, dst)
     }
 
     /// [`crate::kernels::dequant_reduce`] on the device: `inputs` holds the k >= 1 packed
@@ -258,71 +290,18 @@ impl GpuQuant {
         dtype: DataType,
         dst: &mut D,
     ) -> Result<()> {
-        const W: &str = "dequant_reduce";
-        let div = match op {
-            ReduceOp::Sum => None,
-            ReduceOp::Avg if divisor >= 1 => Some(divisor as f32),
-            ReduceOp::Avg => {
-                return Err(Error::InvalidArgument(format!(
-                    "{W} (GPU): avg needs a divisor >= 1 (the world size), got 0"
-                )))
+        self.run(stream, inputs, dst, |inputs, dst| {
+            QuantCall::DequantReduce {
+                spec,
+                inputs,
+                k,
+                n,
+                op,
+                divisor,
+                dtype,
+                dst,
             }
-            other => {
-                return Err(Error::InvalidArgument(format!(
-                    "{W} (GPU): quantized reduction supports sum and avg, got {other}"
-                )))
-            }
-        };
-        self.deq(W, stream, spec, inputs, k, n, div, dtype, dst)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn deq<S: DevicePtr<u8>, D: DevicePtrMut<u8>>(
-        &self,
-        what: &str,
-        stream: &Arc<CudaStream>,
-        spec: QuantSpec,
-        inputs: &S,
-        k: usize,
-        n: usize,
-        div: Option<f32>,
-        dtype: DataType,
-        dst: &mut D,
-    ) -> Result<()> {
-        check_spec(what, spec)?;
-        check_dtype(what, dtype)?;
-        if k == 0 {
-            return Err(Error::InvalidArgument(format!(
-                "{what} (GPU): needs at least one input, got none"
-            )));
-        }
-        let one = spec.checked_packed_len(n).ok_or_else(|| {
-            Error::InvalidArgument(format!("{what} (GPU): packed size overflows"))
-        })?;
-        let all = one
-            .checked_mul(k)
-            .ok_or_else(|| Error::InvalidArgument(format!("{what} (GPU): input size overflows")))?;
-        check_len(what, "inputs", all, inputs.len())?;
-        let out = n.checked_mul(dtype.size()).ok_or_else(|| {
-            Error::InvalidArgument(format!("{what} (GPU): output size overflows"))
-        })?;
-        check_len(what, "dst", out, dst.len())?;
-        let Some((l, mut args)) = dequant_plan(spec, n, k, div) else {
-            return Ok(()); // n = 0
-        };
-        let f = self.func(KernelOp::DequantReduce, Some(dtype), spec.bits)?;
-        let (in_ptr, _in_sync) = inputs.device_ptr(stream);
-        let (dst_ptr, _dst_sync) = dst.device_ptr_mut(stream);
-        args.input = in_ptr;
-        args.out = dst_ptr;
-        let mut b = stream.launch_builder(f);
-        b.arg(&args);
-        // SAFETY: `f` takes one StrataDequantArgs by value (same layout as DequantArgs).
-        // It reads k slices of packed_len(n) bytes at in_ptr + s·packed_len(n) (k·one
-        // bytes, checked) and writes n elements of `dtype` at dst_ptr (checked); the
-        // buffers stay borrowed until the launch is enqueued and cannot alias.
-        unsafe { b.launch(Self::config(&l)) }.map_err(|e| dev(what, e))?;
-        Ok(())
+        })
     }
 
     /// [`crate::kernels::dequant_reduce_quant`] on the device (qgZ's middle hop, ZeRO++
@@ -340,69 +319,15 @@ impl GpuQuant {
         slices: usize,
         dst: &mut D,
     ) -> Result<()> {
-        const W: &str = "dequant_reduce_quant";
-        check_spec(W, spec)?;
-        if k == 0 {
-            return Err(Error::InvalidArgument(format!(
-                "{W} (GPU): needs at least one input, got none"
-            )));
-        }
-        let one = spec
-            .checked_packed_len(n)
-            .ok_or_else(|| Error::InvalidArgument(format!("{W} (GPU): packed size overflows")))?;
-        let per = one.checked_mul(slices).ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "{W} (GPU): {slices} slices of {one} bytes overflow"
-            ))
-        })?;
-        let all = per
-            .checked_mul(k)
-            .ok_or_else(|| Error::InvalidArgument(format!("{W} (GPU): input size overflows")))?;
-        check_len(W, "inputs", all, inputs.len())?;
-        check_len(W, "dst", per, dst.len())?;
-        let Some((l, mut args)) = drq_plan(spec, n, slices, k) else {
-            return Ok(()); // n = 0 or no slices
-        };
-        let f = self.func(KernelOp::DequantReduceQuant, None, spec.bits)?;
-        let (in_ptr, _in_sync) = inputs.device_ptr(stream);
-        let (dst_ptr, _dst_sync) = dst.device_ptr_mut(stream);
-        args.input = in_ptr;
-        args.out = dst_ptr;
-        let mut b = stream.launch_builder(f);
-        b.arg(&args);
-        // SAFETY: `f` takes one StrataDrqArgs by value (same layout as DrqArgs). It reads
-        // k buffers of slices·packed_len(n) bytes at in_ptr + s·per (k·per bytes, checked)
-        // and writes slices·packed_len(n) bytes at dst_ptr (checked); the buffers stay
-        // borrowed until the launch is enqueued and cannot alias.
-        unsafe { b.launch(Self::config(&l)) }.map_err(|e| dev(W, e))?;
-        Ok(())
-    }
-}
-
-/// InvalidArgument unless `spec` is valid (the contract's check, with the kernel's name).
-fn check_spec(what: &str, spec: QuantSpec) -> Result<()> {
-    spec.validate().map_err(|e| match e {
-        Error::InvalidArgument(m) => Error::InvalidArgument(format!("{what} (GPU): {m}")),
-        other => other,
-    })
-}
-
-fn check_dtype(what: &str, dtype: DataType) -> Result<()> {
-    if dtype.is_float() {
-        Ok(())
-    } else {
-        Err(Error::InvalidArgument(format!(
-            "{what} (GPU): quantization supports f32, f16 and bf16, got {dtype}"
-        )))
-    }
-}
-
-fn check_len(what: &str, buf: &str, want: usize, got: usize) -> Result<()> {
-    if want == got {
-        Ok(())
-    } else {
-        Err(Error::InvalidArgument(format!(
-            "{what} (GPU): {buf} has {got} bytes, expected {want}"
-        )))
+        self.run(stream, inputs, dst, |inputs, dst| {
+            QuantCall::DequantReduceQuant {
+                spec,
+                inputs,
+                k,
+                n,
+                slices,
+                dst,
+            }
+        })
     }
 }

@@ -257,6 +257,9 @@ impl GpuTransport for CudaLocalTransport {
     fn stream(&self) -> &Arc<dyn DevStream> {
         &self.stream
     }
+    fn staging(&self) -> &Scratch {
+        &self.stage
+    }
     fn finish(&self, what: &str) -> Result<()> {
         finish(self.stream.as_ref(), self.timeout, what, || {
             self.group.check_abort()
@@ -488,13 +491,13 @@ impl Transport for CudaLocalTransport {
     }
 
     fn send(&self, peer: usize, data: &[u8]) -> Result<()> {
-        staged::send(self, &self.stage, self.timeout, peer, data)
+        staged::send(self, self.timeout, peer, data)
     }
     fn recv(&self, peer: usize, data: &mut [u8]) -> Result<()> {
-        staged::recv(self, &self.stage, self.timeout, peer, data)
+        staged::recv(self, self.timeout, peer, data)
     }
     fn sendrecv(&self, dst: usize, send: &[u8], src: usize, recv: &mut [u8]) -> Result<()> {
-        staged::sendrecv(self, &self.stage, self.timeout, dst, send, src, recv)
+        staged::sendrecv(self, self.timeout, dst, send, src, recv)
     }
     fn traffic(&self) -> Option<Arc<Traffic>> {
         Some(self.traffic.clone())
@@ -505,26 +508,5 @@ impl Transport for CudaLocalTransport {
     }
     fn barrier(&self) -> Result<()> {
         self.barrier_()
-    }
-    fn all_gather(&self, buf: &mut [u8], chunk: usize) -> Result<()> {
-        staged::all_gather(self, &self.stage, self.timeout, buf, chunk)
-    }
-    fn reduce_scatter(
-        &self,
-        send: &[u8],
-        recv: &mut [u8],
-        dtype: DataType,
-        op: ReduceOp,
-    ) -> Result<()> {
-        staged::reduce_scatter(self, &self.stage, self.timeout, send, recv, dtype, op)
-    }
-    fn all_reduce(&self, buf: &mut [u8], dtype: DataType, op: ReduceOp) -> Result<()> {
-        staged::all_reduce(self, &self.stage, self.timeout, buf, dtype, op)
-    }
-    fn all_to_all(&self, send: &[u8], recv: &mut [u8]) -> Result<()> {
-        staged::all_to_all(self, &self.stage, self.timeout, send, recv)
-    }
-    fn broadcast(&self, buf: &mut [u8], root: usize) -> Result<()> {
-        staged::broadcast(self, &self.stage, self.timeout, buf, root)
     }
 }

@@ -25,6 +25,8 @@ pub trait GpuTransport: Send + Sync {
     fn device(&self) -> &Arc<dyn Device>;
     /// The communicator's stream (algorithms enqueue their copies and kernels on it).
     fn stream(&self) -> &Arc<dyn DevStream>;
+    /// Scratch for staging host bytes ([`staged`]).
+    fn staging(&self) -> &Scratch;
     /// Wait for the stream, polling the communicator's asynchronous errors.
     fn finish(&self, what: &str) -> Result<()>;
     /// All-gather in place: `buf` holds `size()` chunks of `chunk` bytes, this rank's at
@@ -92,167 +94,132 @@ impl Scratch {
 }
 
 /// The host face of a GPU transport, written once over its device face: host bytes are
-/// staged through the transport's scratch (`htod`, the device call, `dtoh`).
+/// staged through the transport's scratch (`htod`, the device call, `dtoh`). The
+/// [`super::Transport`] defaults call these for every transport with a device face;
+/// the transports themselves only route `send`/`recv`/`sendrecv` here.
 pub mod staged {
     use super::*;
 
-    fn region(b: &Buffer, timeout: Duration) -> Result<(crate::memory::DevGuard<'_>, Region)> {
-        let g = b.dev_write_timeout(timeout)?;
-        let r = g.region();
-        Ok((g, r))
+    /// Stage `input` into scratch (and room for `out_len` result bytes after it unless
+    /// `in_place`), run `f(input region, output region)`, return the output bytes.
+    fn through(
+        g: &dyn GpuTransport,
+        t: Duration,
+        input: &[u8],
+        out_len: usize,
+        in_place: bool,
+        f: impl FnOnce(Region, Region) -> Result<()>,
+    ) -> Result<Vec<u8>> {
+        let off = if in_place {
+            0
+        } else {
+            input.len().div_ceil(256) * 256
+        };
+        let b = g
+            .staging()
+            .get(if in_place { input.len() } else { off + out_len })?;
+        let (ib, ob) = (b.slice(0..input.len())?, b.slice(off..off + out_len)?);
+        ib.write_bytes(input)?;
+        {
+            let ig = ib.dev_write_timeout(t)?;
+            let og = if in_place {
+                None
+            } else {
+                Some(ob.dev_write_timeout(t)?)
+            };
+            let out = og.as_ref().map_or(ig.region(), |o| o.region());
+            f(ig.region(), out)?;
+        }
+        ob.to_bytes()
     }
 
     /// Host all-gather in place.
     pub fn all_gather(
         g: &dyn GpuTransport,
-        s: &Scratch,
         t: Duration,
         buf: &mut [u8],
         chunk: usize,
     ) -> Result<()> {
-        let b = s.get(buf.len())?;
-        b.write_bytes(buf)?;
-        {
-            let (_k, r) = region(&b, t)?;
-            g.all_gather(r, chunk)?;
-        }
-        buf.copy_from_slice(&b.to_bytes()?);
+        let out = through(g, t, buf, buf.len(), true, |r, _| g.all_gather(r, chunk))?;
+        buf.copy_from_slice(&out);
         Ok(())
     }
 
     /// Host reduce-scatter.
     pub fn reduce_scatter(
         g: &dyn GpuTransport,
-        s: &Scratch,
         t: Duration,
         send: &[u8],
         recv: &mut [u8],
         dtype: DataType,
         op: ReduceOp,
     ) -> Result<()> {
-        let align = 256usize;
-        let off = send.len().div_ceil(align) * align;
-        let b = s.get(off + recv.len())?;
-        let (sb, rb) = (b.slice(0..send.len())?, b.slice(off..off + recv.len())?);
-        sb.write_bytes(send)?;
-        {
-            let (_a, sr) = region(&sb, t)?;
-            let (_b, rr) = region(&rb, t)?;
-            g.reduce_scatter(sr, rr, dtype, op)?;
-        }
-        recv.copy_from_slice(&rb.to_bytes()?);
+        let out = through(g, t, send, recv.len(), false, |s, r| {
+            g.reduce_scatter(s, r, dtype, op)
+        })?;
+        recv.copy_from_slice(&out);
         Ok(())
     }
 
     /// Host all-reduce in place.
     pub fn all_reduce(
         g: &dyn GpuTransport,
-        s: &Scratch,
         t: Duration,
         buf: &mut [u8],
         dtype: DataType,
         op: ReduceOp,
     ) -> Result<()> {
-        let b = s.get(buf.len())?;
-        b.write_bytes(buf)?;
-        {
-            let (_k, r) = region(&b, t)?;
-            g.all_reduce(r, dtype, op)?;
-        }
-        buf.copy_from_slice(&b.to_bytes()?);
+        let out = through(g, t, buf, buf.len(), true, |r, _| {
+            g.all_reduce(r, dtype, op)
+        })?;
+        buf.copy_from_slice(&out);
         Ok(())
     }
 
     /// Host all-to-all.
     pub fn all_to_all(
         g: &dyn GpuTransport,
-        s: &Scratch,
         t: Duration,
         send: &[u8],
         recv: &mut [u8],
     ) -> Result<()> {
-        let off = send.len().div_ceil(256) * 256;
-        let b = s.get(off + recv.len())?;
-        let (sb, rb) = (b.slice(0..send.len())?, b.slice(off..off + recv.len())?);
-        sb.write_bytes(send)?;
-        {
-            let (_a, sr) = region(&sb, t)?;
-            let (_b, rr) = region(&rb, t)?;
-            g.all_to_all(sr, rr)?;
-        }
-        recv.copy_from_slice(&rb.to_bytes()?);
+        let out = through(g, t, send, recv.len(), false, |s, r| g.all_to_all(s, r))?;
+        recv.copy_from_slice(&out);
         Ok(())
     }
 
     /// Host broadcast in place.
-    pub fn broadcast(
-        g: &dyn GpuTransport,
-        s: &Scratch,
-        t: Duration,
-        buf: &mut [u8],
-        root: usize,
-    ) -> Result<()> {
-        let b = s.get(buf.len())?;
-        b.write_bytes(buf)?;
-        {
-            let (_k, r) = region(&b, t)?;
-            g.broadcast(r, root)?;
-        }
-        buf.copy_from_slice(&b.to_bytes()?);
+    pub fn broadcast(g: &dyn GpuTransport, t: Duration, buf: &mut [u8], root: usize) -> Result<()> {
+        let out = through(g, t, buf, buf.len(), true, |r, _| g.broadcast(r, root))?;
+        buf.copy_from_slice(&out);
         Ok(())
     }
 
     /// Host send.
-    pub fn send(
-        g: &dyn GpuTransport,
-        s: &Scratch,
-        t: Duration,
-        peer: usize,
-        data: &[u8],
-    ) -> Result<()> {
-        let b = s.get(data.len())?;
-        b.write_bytes(data)?;
-        let (_k, r) = region(&b, t)?;
-        g.send(peer, r)
+    pub fn send(g: &dyn GpuTransport, t: Duration, peer: usize, data: &[u8]) -> Result<()> {
+        through(g, t, data, 0, true, |r, _| g.send(peer, r)).map(|_| ())
     }
 
     /// Host receive.
-    pub fn recv(
-        g: &dyn GpuTransport,
-        s: &Scratch,
-        t: Duration,
-        peer: usize,
-        data: &mut [u8],
-    ) -> Result<()> {
-        let b = s.get(data.len())?;
-        {
-            let (_k, r) = region(&b, t)?;
-            g.recv(peer, r)?;
-        }
-        data.copy_from_slice(&b.to_bytes()?);
+    pub fn recv(g: &dyn GpuTransport, t: Duration, peer: usize, data: &mut [u8]) -> Result<()> {
+        let out = through(g, t, &[], data.len(), false, |_, r| g.recv(peer, r))?;
+        data.copy_from_slice(&out);
         Ok(())
     }
 
     /// Host send-receive.
     pub fn sendrecv(
         g: &dyn GpuTransport,
-        s: &Scratch,
         t: Duration,
         dst: usize,
         send: &[u8],
         src: usize,
         recv: &mut [u8],
     ) -> Result<()> {
-        let off = send.len().div_ceil(256) * 256;
-        let b = s.get(off + recv.len())?;
-        let (sb, rb) = (b.slice(0..send.len())?, b.slice(off..off + recv.len())?);
-        sb.write_bytes(send)?;
-        {
-            let (_a, sr) = region(&sb, t)?;
-            let (_b, rr) = region(&rb, t)?;
-            g.sendrecv(dst, sr, src, rr)?;
-        }
-        recv.copy_from_slice(&rb.to_bytes()?);
+        let out = through(g, t, send, recv.len(), false, |s, r| {
+            g.sendrecv(dst, s, src, r)
+        })?;
+        recv.copy_from_slice(&out);
         Ok(())
     }
 }

@@ -155,9 +155,13 @@ pub trait Transport: Send + Sync {
     }
 
     /// Native all-gather, in place: `buf` holds `size()` chunks of `chunk` bytes and this
-    /// rank's own chunk is already at `rank()*chunk`.
+    /// rank's own chunk is already at `rank()*chunk`. Default: the device face staged
+    /// through scratch where the transport has one ([`gpu::staged`]), else the ring.
     fn all_gather(&self, buf: &mut [u8], chunk: usize) -> Result<()> {
-        ring::all_gather(self, buf, chunk)
+        match self.gpu() {
+            Some(g) => gpu::staged::all_gather(g, self.timeout(), buf, chunk),
+            None => ring::all_gather(self, buf, chunk),
+        }
     }
     /// Native reduce-scatter: `send` holds `size()` chunks of `recv.len()` bytes; `recv`
     /// gets the reduction of everyone's chunk `rank()` (with `Avg`: the sum; the caller divides).
@@ -168,18 +172,30 @@ pub trait Transport: Send + Sync {
         dtype: DataType,
         op: ReduceOp,
     ) -> Result<()> {
-        ring::reduce_scatter(self, send, recv, dtype, op)
+        match self.gpu() {
+            Some(g) => gpu::staged::reduce_scatter(g, self.timeout(), send, recv, dtype, op),
+            None => ring::reduce_scatter(self, send, recv, dtype, op),
+        }
     }
     /// Native all-reduce in place (with `Avg`: the sum; the caller divides).
     fn all_reduce(&self, buf: &mut [u8], dtype: DataType, op: ReduceOp) -> Result<()> {
-        ring::all_reduce(self, buf, dtype, op)
+        match self.gpu() {
+            Some(g) => gpu::staged::all_reduce(g, self.timeout(), buf, dtype, op),
+            None => ring::all_reduce(self, buf, dtype, op),
+        }
     }
     /// Native all-to-all: block `j` of `send` goes to rank `j`, block `i` of `recv` comes from rank `i`.
     fn all_to_all(&self, send: &[u8], recv: &mut [u8]) -> Result<()> {
-        ring::all_to_all(self, send, recv)
+        match self.gpu() {
+            Some(g) => gpu::staged::all_to_all(g, self.timeout(), send, recv),
+            None => ring::all_to_all(self, send, recv),
+        }
     }
     /// Native broadcast in place from `root`.
     fn broadcast(&self, buf: &mut [u8], root: usize) -> Result<()> {
-        ring::broadcast(self, buf, root)
+        match self.gpu() {
+            Some(g) => gpu::staged::broadcast(g, self.timeout(), buf, root),
+            None => ring::broadcast(self, buf, root),
+        }
     }
 }

@@ -13,7 +13,9 @@
 //! [`ReduceOp`] are `#[repr]`ed on them); `Avg` is sent as `Sum` (the caller divides).
 
 use super::gpu::{staged, GpuTransport, Scratch};
-use super::vendor::{Vendor, VendorComm, VendorLib, VendorUniqueId, VENDOR_UNIQUE_ID_BYTES};
+use super::vendor::{
+    Reduction, Vendor, VendorComm, VendorLib, VendorUniqueId, VENDOR_UNIQUE_ID_BYTES,
+};
 use super::{Transport, TransportKind};
 use crate::device::{finish, DevStream, Device, Region};
 use crate::dtype::{DataType, ReduceOp};
@@ -179,6 +181,9 @@ impl GpuTransport for NcclTransport {
     fn stream(&self) -> &Arc<dyn DevStream> {
         &self.stream
     }
+    fn staging(&self) -> &Scratch {
+        &self.stage
+    }
     fn finish(&self, what: &str) -> Result<()> {
         let r = finish(self.stream.as_ref(), self.timeout, what, || {
             self.lock()?
@@ -209,13 +214,29 @@ impl GpuTransport for NcclTransport {
     ) -> Result<()> {
         let n = super::gpu::count_of(recv.len, dtype)?;
         self.run("ncclReduceScatter", |c, s| {
-            c.reduce_scatter(send.addr, recv.addr, n, dtype as c_int, op_code(op), s)
+            c.reduce(
+                Reduction::ReduceScatter,
+                send.addr,
+                recv.addr,
+                n,
+                dtype as c_int,
+                op_code(op),
+                s,
+            )
         })
     }
     fn all_reduce(&self, buf: Region, dtype: DataType, op: ReduceOp) -> Result<()> {
         let n = super::gpu::count_of(buf.len, dtype)?;
         self.run("ncclAllReduce", |c, s| {
-            c.all_reduce(buf.addr, buf.addr, n, dtype as c_int, op_code(op), s)
+            c.reduce(
+                Reduction::AllReduce,
+                buf.addr,
+                buf.addr,
+                n,
+                dtype as c_int,
+                op_code(op),
+                s,
+            )
         })
     }
     fn all_to_all(&self, send: Region, recv: Region) -> Result<()> {
@@ -361,13 +382,13 @@ impl Transport for NcclTransport {
     }
 
     fn send(&self, peer: usize, data: &[u8]) -> Result<()> {
-        staged::send(self, &self.stage, self.timeout, peer, data)
+        staged::send(self, self.timeout, peer, data)
     }
     fn recv(&self, peer: usize, data: &mut [u8]) -> Result<()> {
-        staged::recv(self, &self.stage, self.timeout, peer, data)
+        staged::recv(self, self.timeout, peer, data)
     }
     fn sendrecv(&self, dst: usize, send: &[u8], src: usize, recv: &mut [u8]) -> Result<()> {
-        staged::sendrecv(self, &self.stage, self.timeout, dst, send, src, recv)
+        staged::sendrecv(self, self.timeout, dst, send, src, recv)
     }
     fn traffic(&self) -> Option<Arc<Traffic>> {
         self.traffic.clone()
@@ -380,26 +401,5 @@ impl Transport for NcclTransport {
     fn barrier(&self) -> Result<()> {
         let mut one = [0u8; 4];
         Transport::all_reduce(self, &mut one, DataType::I32, ReduceOp::Sum)
-    }
-    fn all_gather(&self, buf: &mut [u8], chunk: usize) -> Result<()> {
-        staged::all_gather(self, &self.stage, self.timeout, buf, chunk)
-    }
-    fn reduce_scatter(
-        &self,
-        send: &[u8],
-        recv: &mut [u8],
-        dtype: DataType,
-        op: ReduceOp,
-    ) -> Result<()> {
-        staged::reduce_scatter(self, &self.stage, self.timeout, send, recv, dtype, op)
-    }
-    fn all_reduce(&self, buf: &mut [u8], dtype: DataType, op: ReduceOp) -> Result<()> {
-        staged::all_reduce(self, &self.stage, self.timeout, buf, dtype, op)
-    }
-    fn all_to_all(&self, send: &[u8], recv: &mut [u8]) -> Result<()> {
-        staged::all_to_all(self, &self.stage, self.timeout, send, recv)
-    }
-    fn broadcast(&self, buf: &mut [u8], root: usize) -> Result<()> {
-        staged::broadcast(self, &self.stage, self.timeout, buf, root)
     }
 }

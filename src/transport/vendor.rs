@@ -356,6 +356,13 @@ impl VendorLib {
     }
 }
 
+/// Which reduce-shaped collective [`VendorComm::reduce`] calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reduction {
+    ReduceScatter,
+    AllReduce,
+}
+
 /// `NCCL_SPLIT_NOCOLOR`.
 pub const SPLIT_NOCOLOR: c_int = -1;
 
@@ -398,9 +405,12 @@ impl<'a> VendorComm<'a> {
         self.lib.check(rc, "ncclAllGather")
     }
 
-    /// `ncclReduceScatter` of `count` elements per rank.
-    pub fn reduce_scatter(
+    /// `ncclReduceScatter` (`count` elements per rank) or `ncclAllReduce` (`count`
+    /// elements): the two share one prototype.
+    #[allow(clippy::too_many_arguments)]
+    pub fn reduce(
         &self,
+        which: Reduction,
         send: u64,
         recv: u64,
         count: usize,
@@ -408,28 +418,13 @@ impl<'a> VendorComm<'a> {
         op: c_int,
         stream: RawStream,
     ) -> Result<()> {
-        // SAFETY: as `all_gather`.
-        let rc = unsafe {
-            (self.lib.sys.ncclReduceScatter)(vp(send), vp(recv), count, dtype, op, self.raw, stream)
+        let (f, name) = match which {
+            Reduction::ReduceScatter => (self.lib.sys.ncclReduceScatter, "ncclReduceScatter"),
+            Reduction::AllReduce => (self.lib.sys.ncclAllReduce, "ncclAllReduce"),
         };
-        self.lib.check(rc, "ncclReduceScatter")
-    }
-
-    /// `ncclAllReduce` of `count` elements.
-    pub fn all_reduce(
-        &self,
-        send: u64,
-        recv: u64,
-        count: usize,
-        dtype: c_int,
-        op: c_int,
-        stream: RawStream,
-    ) -> Result<()> {
         // SAFETY: as `all_gather`.
-        let rc = unsafe {
-            (self.lib.sys.ncclAllReduce)(vp(send), vp(recv), count, dtype, op, self.raw, stream)
-        };
-        self.lib.check(rc, "ncclAllReduce")
+        let rc = unsafe { f(vp(send), vp(recv), count, dtype, op, self.raw, stream) };
+        self.lib.check(rc, name)
     }
 
     /// `ncclBroadcast` of `bytes` from `root`.

@@ -29,7 +29,14 @@ pub fn on_local_with<T: Send + 'static>(
 ) -> Vec<Result<T>> {
     let topo = Topology::parse(topo).expect("topology");
     let n = topo.world_size();
-    let comms = Comm::local_world(n, Some(topo), cfg).expect("world");
+    on_comms(Comm::local_world(n, Some(topo), cfg).expect("world"), body)
+}
+
+/// Run `body` on every communicator of a world, one thread each, collecting results.
+pub fn on_comms<T: Send + 'static>(
+    comms: Vec<Comm>,
+    body: impl Fn(Comm) -> Result<T> + Send + Sync + 'static,
+) -> Vec<Result<T>> {
     let body = std::sync::Arc::new(body);
     let hs: Vec<_> = comms
         .into_iter()
