@@ -51,56 +51,10 @@ fn reduced(dtype: DataType, op: ReduceOp, p: usize, i: usize, seed: u64) -> f64 
     dtype.get(&b, 0)
 }
 
-/// Which collective a check is for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Kind {
-    AllGather,
-    ReduceScatter,
-    AllReduce,
-    AllToAll,
-    Broadcast { root: usize },
-}
+pub use crate::kinds::Kind;
 
-impl std::str::FromStr for Kind {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Kind> {
-        Ok(match s {
-            "all-gather" | "allgather" => Kind::AllGather,
-            "reduce-scatter" | "reducescatter" => Kind::ReduceScatter,
-            "all-reduce" | "allreduce" => Kind::AllReduce,
-            "all-to-all" | "alltoall" => Kind::AllToAll,
-            "broadcast" => Kind::Broadcast { root: 0 },
-            _ => {
-                return Err(Error::InvalidArgument(format!(
-                "unknown op '{s}' (all-gather, reduce-scatter, all-reduce, all-to-all, broadcast)"
-            )))
-            }
-        })
-    }
-}
-
+/// The references of a collective kind: inputs, expected outputs, requests.
 impl Kind {
-    /// Name as on the command line.
-    pub fn name(self) -> &'static str {
-        match self {
-            Kind::AllGather => "all-gather",
-            Kind::ReduceScatter => "reduce-scatter",
-            Kind::AllReduce => "all-reduce",
-            Kind::AllToAll => "all-to-all",
-            Kind::Broadcast { .. } => "broadcast",
-        }
-    }
-
-    /// (send, recv) element counts for `count` (NCCL's per-call count) on `p` ranks.
-    pub fn sizes(self, count: usize, p: usize) -> (usize, usize) {
-        match self {
-            Kind::AllGather => (count, count * p),
-            Kind::ReduceScatter => (count * p, count),
-            Kind::AllToAll => (count * p, count * p),
-            Kind::AllReduce | Kind::Broadcast { .. } => (count, count),
-        }
-    }
-
     /// This rank's send buffer contents for `seed` (coalesced tensors use one seed each).
     pub fn input(self, dtype: DataType, rank: usize, count: usize, p: usize, seed: u64) -> Vec<u8> {
         fill(dtype, rank, 0, self.sizes(count, p).0, seed)

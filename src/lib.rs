@@ -16,6 +16,7 @@ pub mod dtype;
 pub mod error;
 pub mod kernels;
 pub mod kernels_gpu;
+pub mod kinds;
 pub mod memory;
 pub mod sim;
 pub mod topology;

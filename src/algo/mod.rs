@@ -21,79 +21,8 @@ pub mod select;
 
 use crate::comm::request::{Op, Request};
 use crate::comm::Comm;
-use crate::error::{Error, Result};
-use std::fmt;
-use std::str::FromStr;
-
-/// An algorithm name (contract: `--algo`, `STRATA_ALGO`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Algo {
-    /// The flat ring over the whole communicator (the transport's native collective).
-    Ring,
-    /// MiCS hierarchical all-gather / reduce-scatter over the topology's levels.
-    Hier,
-    /// PaRO hierarchical overlapping rings (levels' rings run at once, pipelined).
-    HoRing,
-    /// ZeRO++ qgZ: quantized 2-hop all-to-all reduce-scatter.
-    Qgz,
-    /// qgZ's 1-hop variant (one flat quantized all-to-all), for comparison.
-    Qgz1,
-    /// ZeRO++ qwZ: quantized all-gather.
-    Qwz,
-    /// Pick by topology and message size ([`select`]).
-    Auto,
-}
-
-impl Algo {
-    /// Every selectable name.
-    pub const ALL: [Algo; 7] = [
-        Algo::Ring,
-        Algo::Hier,
-        Algo::HoRing,
-        Algo::Qgz,
-        Algo::Qgz1,
-        Algo::Qwz,
-        Algo::Auto,
-    ];
-
-    /// Name as on the command line.
-    pub fn name(self) -> &'static str {
-        match self {
-            Algo::Ring => "ring",
-            Algo::Hier => "hier",
-            Algo::HoRing => "ho-ring",
-            Algo::Qgz => "qgz",
-            Algo::Qgz1 => "qgz-1hop",
-            Algo::Qwz => "qwz",
-            Algo::Auto => "auto",
-        }
-    }
-}
-
-impl fmt::Display for Algo {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for Algo {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        let s = s.trim().to_ascii_lowercase();
-        match s.as_str() {
-            "ring" | "native" | "flat" => Ok(Algo::Ring),
-            "hier" | "hierarchical" | "mics" => Ok(Algo::Hier),
-            "ho-ring" | "horing" | "ho_ring" => Ok(Algo::HoRing),
-            "qgz" => Ok(Algo::Qgz),
-            "qgz-1hop" | "qgz1" => Ok(Algo::Qgz1),
-            "qwz" => Ok(Algo::Qwz),
-            "auto" => Ok(Algo::Auto),
-            _ => Err(Error::InvalidArgument(format!(
-                "unknown algorithm '{s}' (ring, hier, ho-ring, qgz, qgz-1hop, qwz, auto)"
-            ))),
-        }
-    }
-}
+use crate::error::Result;
+pub use crate::kinds::Algo;
 
 /// A registered algorithm.
 pub trait Algorithm: Sync {
@@ -148,17 +77,4 @@ fn run_flat(comm: &Comm, req: &Request) -> Result<bool> {
     tracing::debug!(rank = comm.rank(), op = req.op.name(), algo = a.algo().name(), reason = %why, "dispatch");
     a.run(comm, req)?;
     Ok(a.divides_avg())
-}
-
-impl serde::Serialize for Algo {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        s.serialize_str(self.name())
-    }
-}
-
-impl<'de> serde::Deserialize<'de> for Algo {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse().map_err(serde::de::Error::custom)
-    }
 }
