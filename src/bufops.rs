@@ -3,7 +3,10 @@
 //! buffers use the CPU reference ([`crate::dtype`], [`crate::kernels`]); device buffers
 //! the kernels on the communicator's stream ([`crate::device`]), waited for before the
 //! call returns, so an algorithm is written once for both. Mixing host and device
-//! buffers in one call is an `InvalidArgument`.
+//! buffers in one call is an `InvalidArgument`. Nothing here communicates: collectives
+//! go through the runtime ([`crate::runtime::CommCore::enqueue`]).
+
+#![forbid(unsafe_code)]
 
 use crate::device::{QuantCall, Region};
 use crate::dtype::{finish_avg, reduce_into, DataType, ReduceOp};
@@ -25,11 +28,6 @@ impl<'a> Ops<'a> {
     /// Operations for `t` (device work on its stream), borrows waiting up to `timeout`.
     pub fn new(t: &'a dyn Transport, timeout: Duration) -> Ops<'a> {
         Ops { t, to: timeout }
-    }
-
-    /// For a communicator.
-    pub fn of(comm: &'a crate::comm::Comm) -> Ops<'a> {
-        Ops::new(comm.transport().as_ref(), comm.timeout())
     }
 
     /// `Some(gpu)` when every buffer is device memory, `None` when all are host memory.
@@ -259,28 +257,6 @@ impl<'a> Ops<'a> {
                 dst,
             },
         )
-    }
-
-    /// The transport's native all-to-all of `send` into `recv` (host or device), on the
-    /// calling (stream) thread.
-    pub fn all_to_all(&self, send: &Buffer, recv: &Buffer) -> Result<()> {
-        let op = crate::comm::Op::AllToAll {
-            send: send.clone(),
-            recv: recv.clone(),
-            count: send.len() / self.t.size().max(1),
-        };
-        crate::comm::native::run(self.t, &op, DataType::U8, self.to)
-    }
-
-    /// The transport's native in-place all-gather of `chunk` bytes per rank in `buf`.
-    pub fn all_gather_in_place(&self, buf: &Buffer, chunk: usize) -> Result<()> {
-        let r = self.t.rank();
-        let op = crate::comm::Op::AllGather {
-            send: buf.slice(r * chunk..(r + 1) * chunk)?,
-            recv: buf.clone(),
-            count: chunk,
-        };
-        crate::comm::native::run(self.t, &op, DataType::U8, self.to)
     }
 }
 

@@ -8,8 +8,10 @@
 //!   (default 120);
 //! - `STRATA_NCCL_LIB` / `STRATA_RCCL_LIB`: library overrides (GPU transports).
 
-use crate::algo::Algo;
+#![forbid(unsafe_code)]
+
 use crate::error::{Error, Result};
+use crate::kinds::Algo;
 use once_cell::sync::Lazy;
 use std::time::Duration;
 
@@ -68,25 +70,4 @@ static ENV: Lazy<Result<Env>> = Lazy::new(read);
 /// The process environment, or the error a malformed variable caused.
 pub fn env() -> Result<Env> {
     ENV.clone()
-}
-
-/// Install a `tracing` subscriber according to `STRATA_DEBUG` (once; later calls no-op).
-pub fn init_logging() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let level = match std::env::var("STRATA_DEBUG")
-            .unwrap_or_default()
-            .to_ascii_uppercase()
-            .as_str()
-        {
-            "TRACE" => "strata=trace",
-            "INFO" => "strata=debug",
-            "WARN" => "strata=warn",
-            _ => return,
-        };
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::new(level))
-            .with_writer(std::io::stderr)
-            .try_init();
-    });
 }

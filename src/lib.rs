@@ -1,8 +1,16 @@
 //! strata: topology-aware collective communication for sharded training.
 //!
-//! Layers (dependencies point one way): `capi -> comm -> algo -> {transport, kernels,
-//! topology, sim}`. Start at [`comm::Comm`]; see the README for the topology grammar,
-//! the algorithms and the benchmark.
+//! Layers (dependencies point one way, `tests/layers.rs` keeps them so):
+//!
+//! ```text
+//! capi -> check -> comm (front: check, select, dispatch; bootstrap) -> sim -> algo
+//!      -> runtime (streams, groups, requests, sub-communicators, native enqueue)
+//!      -> bufops -> transport -> memory -> device -> kernels_gpu -> kernels -> traffic
+//! leaves used by all: topology, dtype, kinds, config, log, error
+//! ```
+//!
+//! Start at [`comm::Comm`]; see docs/architecture.md for the layout and the README for
+//! the rest.
 
 pub mod algo;
 pub mod bufops;
@@ -17,7 +25,9 @@ pub mod error;
 pub mod kernels;
 pub mod kernels_gpu;
 pub mod kinds;
+pub mod log;
 pub mod memory;
+pub mod runtime;
 pub mod sim;
 pub mod topology;
 pub mod traffic;

@@ -46,7 +46,7 @@ fn record(
                 bar.wait();
                 if c.rank() == 0 {
                     *before.lock().unwrap() = Some(traffic.snapshot());
-                    sim::start_recording(&c).unwrap();
+                    c.start_recording().unwrap();
                 }
                 bar.wait();
                 call(&c);
@@ -59,7 +59,7 @@ fn record(
         .snapshot()
         .since(&before.lock().unwrap().take().unwrap())
         .report(&t);
-    let s = sim::finish_recording(&comms[0]).unwrap();
+    let s = comms[0].finish_recording().unwrap();
     (s, measured)
 }
 

@@ -6,22 +6,19 @@
 //! host transports the packing copies are cheap next to the ring latency they save:
 //! `Σ_i (p-1)` steps become `p-1`.
 
-use crate::bufops::Ops;
-use crate::comm::request::{Op, Request};
-use crate::comm::Comm;
 use crate::error::{Error, Result};
 use crate::memory::Buffer;
+use crate::runtime::{CommCore, Op, Request};
 
 /// Run a coalesced request as one flat request through `flat`.
-/// Returns what `flat` returns (whether `Avg` was already divided).
 pub fn run(
-    comm: &Comm,
+    comm: &CommCore,
     req: &Request,
-    flat: impl FnOnce(&Request) -> Result<bool>,
-) -> Result<bool> {
+    flat: impl FnOnce(&Request) -> Result<()>,
+) -> Result<()> {
     let p = comm.size();
     let s = req.dtype.size();
-    let ops = Ops::of(comm);
+    let ops = comm.ops();
     match &req.op {
         Op::AllGatherCoalesced {
             sends,
@@ -37,7 +34,7 @@ pub fn run(
                 off += n * s;
             }
             let frecv = like.alloc_like(p * total * s)?;
-            let divided = flat(&Request {
+            flat(&Request {
                 op: Op::AllGather {
                     send: fsend,
                     recv: frecv.clone(),
@@ -56,7 +53,7 @@ pub fn run(
                 }
                 off += n;
             }
-            Ok(divided)
+            Ok(())
         }
         Op::ReduceScatterCoalesced {
             sends,
@@ -79,7 +76,7 @@ pub fn run(
                 off += n;
             }
             let frecv = like.alloc_like(total * s)?;
-            let divided = flat(&Request {
+            flat(&Request {
                 op: Op::ReduceScatter {
                     send: fsend,
                     recv: frecv.clone(),
@@ -93,7 +90,7 @@ pub fn run(
                 ops.copy(&b.slice(0..n * s)?, &frecv.slice(off * s..(off + n) * s)?)?;
                 off += n;
             }
-            Ok(divided)
+            Ok(())
         }
         _ => Err(Error::Internal(format!(
             "{} is not a coalesced op",

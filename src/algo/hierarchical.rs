@@ -1,6 +1,6 @@
 //! `hier`: MiCS hierarchical all-gather (§3.3, Fig. 5) and its mirror for
 //! reduce-scatter, over every level the communicator spans: 2 levels (network, node) or
-//! 3 (network, node, package: Frontier's GCD pairs, seed 002 §IV). The result has
+//! 3 (network, node, package: Frontier's GCD pairs, the Frontier ZeRO paper §IV). The result has
 //! exactly the flat collective's layout.
 //!
 //! All-gather runs the levels outermost first. Stage i all-gathers, over the level-i
@@ -23,13 +23,13 @@
 //! node egress `(p-8)/p·M`. Reduce-scatter sends the same bytes per class (mirror).
 //! All-reduce is reduce-scatter then all-gather over the count padded to a multiple of p.
 
+use super::select::Shape;
 use super::{Algo, Algorithm};
-use crate::bufops::Ops;
-use crate::comm::request::{Op, Request};
-use crate::comm::{group_end, group_start, Comm, Work};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::Result;
+use crate::kinds::Kind;
 use crate::memory::Buffer;
+use crate::runtime::{CommCore, Op, Request};
 
 /// The hierarchical algorithm.
 pub struct Hier;
@@ -39,102 +39,94 @@ impl Algorithm for Hier {
         Algo::Hier
     }
 
-    fn unsupported(&self, comm: &Comm, req: &Request) -> Option<String> {
-        if !matches!(
-            req.op,
-            Op::AllGather { .. } | Op::ReduceScatter { .. } | Op::AllReduce { .. }
-        ) {
-            return Some(format!("hier has no {}", req.op.name()));
-        }
-        match comm.hierarchy() {
-            None => Some("ranks are not a regular mesh of the topology".into()),
-            Some(h) if h.levels.len() < 2 => Some(format!(
-                "communicator spans {} level(s), hier needs 2 or 3",
-                h.levels.len()
-            )),
-            Some(_) => None,
-        }
+    fn unsupported(&self, s: &Shape) -> Option<String> {
+        levels_unsupported(s, "hier")
     }
 
-    fn run(&self, comm: &Comm, req: &Request) -> Result<()> {
-        let dt = req.dtype;
-        match &req.op {
-            Op::AllGather { send, recv, count } => all_gather(comm, send, recv, count * dt.size()),
-            Op::ReduceScatter {
-                send,
-                recv,
-                count,
-                op,
-            } => reduce_scatter(comm, send, recv, *count, dt, *op),
-            Op::AllReduce {
-                send,
-                recv,
-                count,
-                op,
-            } => {
-                let p = comm.size();
-                let s = dt.size();
-                let q = count.div_ceil(p);
-                let ops = Ops::of(comm);
-                let padded = send.alloc_like(q * p * s)?;
-                ops.copy(&padded.slice(0..count * s)?, &send.slice(0..count * s)?)?;
-                let chunk = send.alloc_like(q * s)?;
-                reduce_scatter(comm, &padded, &chunk, q, dt, *op)?;
-                all_gather(comm, &chunk, &padded, q * s)?;
-                ops.copy(&recv.slice(0..count * s)?, &padded.slice(0..count * s)?)
-            }
-            _ => Err(crate::error::Error::Internal(
-                "hier dispatched an unsupported op".into(),
-            )),
-        }
+    fn run(&self, comm: &CommCore, req: &Request) -> Result<()> {
+        hier_run(comm, req)
     }
 }
 
-/// Submit `reqs` on `sub` as one group and wait for all of them.
-fn batch(sub: &Comm, reqs: Vec<Request>) -> Result<()> {
-    group_start();
-    let works: Vec<Result<Work>> = reqs
-        .into_iter()
-        .map(|r| sub.submit(r.with_algo(Algo::Ring)))
-        .collect();
-    group_end()?;
-    let mut first = Ok(());
-    for w in works {
-        if let Err(e) = w.and_then(|w| w.wait()) {
-            if first.is_ok() {
-                first = Err(e);
-            }
-        }
+/// Why a level-structured algorithm (`hier`, `ho-ring`) cannot run a call of shape `s`.
+pub(crate) fn levels_unsupported(s: &Shape, what: &str) -> Option<String> {
+    if !matches!(
+        s.kind,
+        Some(Kind::AllGather | Kind::ReduceScatter | Kind::AllReduce)
+    ) {
+        return Some(format!("{what} has no {}", s.name()));
     }
-    first
+    match s.hierarchy {
+        None => Some("ranks are not a regular mesh of the topology".into()),
+        Some(h) if h.levels.len() < 2 => Some(format!(
+            "communicator spans {} level(s), {what} needs 2 or 3",
+            h.levels.len()
+        )),
+        Some(_) => None,
+    }
+}
+
+fn hier_run(comm: &CommCore, req: &Request) -> Result<()> {
+    let dt = req.dtype;
+    match &req.op {
+        Op::AllGather { send, recv, count } => all_gather(comm, send, recv, count * dt.size()),
+        Op::ReduceScatter {
+            send,
+            recv,
+            count,
+            op,
+        } => reduce_scatter(comm, send, recv, *count, dt, *op),
+        Op::AllReduce {
+            send,
+            recv,
+            count,
+            op,
+        } => {
+            let p = comm.size();
+            let s = dt.size();
+            let q = count.div_ceil(p);
+            let ops = comm.ops();
+            let padded = send.alloc_like(q * p * s)?;
+            ops.copy(&padded.slice(0..count * s)?, &send.slice(0..count * s)?)?;
+            let chunk = send.alloc_like(q * s)?;
+            reduce_scatter(comm, &padded, &chunk, q, dt, *op)?;
+            all_gather(comm, &chunk, &padded, q * s)?;
+            ops.copy(&recv.slice(0..count * s)?, &padded.slice(0..count * s)?)
+        }
+        _ => Err(crate::error::Error::Internal(
+            "hier dispatched an unsupported op".into(),
+        )),
+    }
+}
+
+/// Run `ops` on `sub` as one batch (one vendor group on GPUs) and wait for them.
+fn batch(sub: &CommCore, ops: Vec<Op>, dt: DataType) -> Result<()> {
+    sub.enqueue_batch(ops, dt, Vec::new()).wait()
 }
 
 /// Hierarchical all-gather of `c` bytes per rank from `send` into `recv` (p·c bytes).
-pub fn all_gather(comm: &Comm, send: &Buffer, recv: &Buffer, c: usize) -> Result<()> {
+pub fn all_gather(comm: &CommCore, send: &Buffer, recv: &Buffer, c: usize) -> Result<()> {
     let sizes = comm.hierarchy().map(|h| h.sizes()).unwrap_or_default();
     let m = sizes.len();
     let mut cur = send.clone();
     let mut b = 1;
     for (i, &g) in sizes.iter().enumerate() {
-        let sub = comm.level_comm(i)?;
+        let sub = comm.level(i)?;
         let out = if i + 1 == m {
             recv.clone()
         } else {
             recv.alloc_like(b * g * c)?
         };
-        let reqs = (0..b)
+        let ops = (0..b)
             .map(|j| {
-                Ok(Request::new(
-                    Op::AllGather {
-                        send: cur.slice(j * c..(j + 1) * c)?,
-                        recv: out.slice(j * g * c..(j + 1) * g * c)?,
-                        count: c,
-                    },
-                    DataType::U8,
-                ))
+                Ok(Op::AllGather {
+                    send: cur.slice(j * c..(j + 1) * c)?,
+                    recv: out.slice(j * g * c..(j + 1) * g * c)?,
+                    count: c,
+                })
             })
             .collect::<Result<Vec<_>>>()?;
-        batch(&sub, reqs)?;
+        batch(&sub, ops, DataType::U8)?;
         cur = out;
         b *= g;
     }
@@ -143,7 +135,7 @@ pub fn all_gather(comm: &Comm, send: &Buffer, recv: &Buffer, c: usize) -> Result
 
 /// Hierarchical reduce-scatter: `recv` (count elements) from `send` (p·count); `Avg` sums.
 pub fn reduce_scatter(
-    comm: &Comm,
+    comm: &CommCore,
     send: &Buffer,
     recv: &Buffer,
     count: usize,
@@ -157,26 +149,23 @@ pub fn reduce_scatter(
     for i in (0..sizes.len()).rev() {
         let g = sizes[i];
         let b: usize = sizes[..i].iter().product();
-        let sub = comm.level_comm(i)?;
+        let sub = comm.level(i)?;
         let out = if i == 0 {
             recv.clone()
         } else {
             recv.alloc_like(b * c)?
         };
-        let reqs = (0..b)
+        let ops = (0..b)
             .map(|j| {
-                Ok(Request::new(
-                    Op::ReduceScatter {
-                        send: cur.slice(j * g * c..(j + 1) * g * c)?,
-                        recv: out.slice(j * c..(j + 1) * c)?,
-                        count,
-                        op,
-                    },
-                    dt,
-                ))
+                Ok(Op::ReduceScatter {
+                    send: cur.slice(j * g * c..(j + 1) * g * c)?,
+                    recv: out.slice(j * c..(j + 1) * c)?,
+                    count,
+                    op,
+                })
             })
             .collect::<Result<Vec<_>>>()?;
-        batch(&sub, reqs)?;
+        batch(&sub, ops, dt)?;
         cur = out;
     }
     Ok(())

@@ -1,4 +1,4 @@
-//! `ho-ring`: PaRO's hierarchical overlapping rings (seed 001, §3.3, Fig. 1), for all
+//! `ho-ring`: PaRO's hierarchical overlapping rings (PaRO §3.3, Fig. 1), for all
 //! levels the communicator spans (2: node, network; 3: package, node, network).
 //!
 //! Every level runs its own ring on its own communicator stream, and the rings run at
@@ -24,12 +24,11 @@
 //! that the stages overlap in time (see `sim/` and the README's modeled table).
 
 use super::plan::{self, index, pieces, BufId, Plan, Ring, Span, Step};
+use super::select::Shape;
 use super::{Algo, Algorithm};
-use crate::bufops::Ops;
-use crate::comm::hierarchy::Hierarchy;
-use crate::comm::request::{Op, Request};
-use crate::comm::Comm;
 use crate::error::{Error, Result};
+use crate::runtime::{CommCore, Op, Request};
+use crate::topology::Hierarchy;
 
 /// The HO-Ring algorithm.
 pub struct HoRing;
@@ -39,30 +38,17 @@ impl Algorithm for HoRing {
         Algo::HoRing
     }
 
-    fn unsupported(&self, comm: &Comm, req: &Request) -> Option<String> {
-        if !matches!(
-            req.op,
-            Op::AllGather { .. } | Op::ReduceScatter { .. } | Op::AllReduce { .. }
-        ) {
-            return Some(format!("ho-ring has no {}", req.op.name()));
-        }
-        match comm.hierarchy() {
-            None => Some("ranks are not a regular mesh of the topology".into()),
-            Some(h) if h.levels.len() < 2 => Some(format!(
-                "communicator spans {} level(s), ho-ring needs 2 or 3",
-                h.levels.len()
-            )),
-            Some(_) => None,
-        }
+    fn unsupported(&self, s: &Shape) -> Option<String> {
+        super::hierarchical::levels_unsupported(s, "ho-ring")
     }
 
-    fn run(&self, comm: &Comm, req: &Request) -> Result<()> {
+    fn run(&self, comm: &CommCore, req: &Request) -> Result<()> {
         let h = comm
             .hierarchy()
             .ok_or_else(|| Error::Internal("ho-ring without hierarchy".into()))?;
         let (dt, r, p) = (req.dtype, comm.rank(), comm.size());
         let s = dt.size();
-        let ops = Ops::of(comm);
+        let ops = comm.ops();
         let chunks = |c_elems: usize| {
             comm.config()
                 .ho_ring_chunks

@@ -1,14 +1,20 @@
-//! Algorithms: one file per technique. Each declares the constraints it needs and is
-//! written once against the communicator API, so it runs unchanged on every transport;
-//! when its constraints do not hold the request falls back to the native collective.
+//! Algorithms: one file per technique. Each declares the constraints it needs on a
+//! call's [`select::Shape`] and is written once against the communicator core
+//! ([`CommCore`]), so it runs unchanged on every transport; when its constraints do not
+//! hold the request falls back to the native collective. Every algorithm reaches the
+//! wire the same way, [`CommCore::enqueue`] (native ops on the communicator or its level,
+//! node and rail sub-communicators), and local work through [`CommCore::ops`].
 //!
-//! - [`ring`]: flat baselines (the native collectives of host transports);
+//! - [`Native`]: the flat baselines (the transport's native collectives; on host
+//!   transports the rings of [`crate::transport::ring`]);
 //! - [`hierarchical`]: MiCS §3.3 hierarchical all-gather / reduce-scatter, 2 and 3 levels;
 //! - [`ho_ring`]: PaRO §3.3 hierarchical overlapping rings, and the pipelined 2-D all-reduce;
 //! - [`plan`]: algorithms as per-rank step lists, executed or turned into schedules;
-//! - [`qgz`], [`qwz`]: ZeRO++ quantized reduce-scatter (2-hop and 1-hop) and all-gather;
+//! - [`qgz`], [`qwz`]: ZeRO++ §4.2-4.3 quantized reduce-scatter (2-hop, 1-hop) and all-gather;
 //! - [`coalesced`]: MiCS §4 coalesced all-gather / reduce-scatter over uneven buffers;
-//! - [`select`]: the `auto` rule.
+//! - [`select`]: the one selection rule (`auto`), shared with the simulator.
+
+#![forbid(unsafe_code)]
 
 pub mod coalesced;
 pub mod hierarchical;
@@ -16,65 +22,88 @@ pub mod ho_ring;
 pub mod plan;
 pub mod qgz;
 pub mod qwz;
-pub mod ring;
 pub mod select;
 
-use crate::comm::request::{Op, Request};
-use crate::comm::Comm;
 use crate::error::Result;
 pub use crate::kinds::Algo;
+use crate::runtime::{CommCore, Op, Request};
+use select::Shape;
 
 /// A registered algorithm.
 pub trait Algorithm: Sync {
     /// Its name.
     fn algo(&self) -> Algo;
-    /// `None` when it can run `req` on `comm`, else why not.
-    fn unsupported(&self, comm: &Comm, req: &Request) -> Option<String>;
+    /// `None` when it can run a call of shape `s`, else why not.
+    fn unsupported(&self, s: &Shape) -> Option<String>;
     /// Run a checked, non-coalesced request (on the communicator's stream thread).
-    /// Reductions with `Avg` leave the sum: the submit path divides once.
-    fn run(&self, comm: &Comm, req: &Request) -> Result<()>;
+    /// Reductions with `Avg` leave the sum: [`run`] divides once.
+    fn run(&self, core: &CommCore, req: &Request) -> Result<()>;
     /// True when `run` already divides `Avg` results by the communicator size.
     fn divides_avg(&self) -> bool {
         false
     }
 }
 
-/// The ring / native baseline.
+/// The ring / native baseline: the request as one native op.
 pub struct Native;
 
 impl Algorithm for Native {
     fn algo(&self) -> Algo {
         Algo::Ring
     }
-    fn unsupported(&self, _: &Comm, _: &Request) -> Option<String> {
+    fn unsupported(&self, _: &Shape) -> Option<String> {
         None
     }
-    fn run(&self, comm: &Comm, req: &Request) -> Result<()> {
-        crate::comm::native::run(
-            comm.transport().as_ref(),
-            &req.op,
-            req.dtype,
-            comm.timeout(),
-        )
+    fn run(&self, core: &CommCore, req: &Request) -> Result<()> {
+        core.enqueue(req.op.clone(), req.dtype, Vec::new()).wait()
     }
 }
 
-/// Run a checked request: coalesced requests are packed and run as one flat request;
-/// the algorithm is the one [`select::choose`] returns.
-/// Returns whether the algorithm already divided an `Avg` result (quantized algorithms
-/// divide inside their final f32 reduction, before rounding to the output type).
-pub fn execute(comm: &Comm, req: &Request) -> Result<bool> {
+/// Run a checked request with the algorithm `algo` chosen for it ([`select::choose`]),
+/// on `core`'s stream thread: coalesced requests are packed and run as one flat request;
+/// an `Avg` result is divided by the communicator size here, the one place it happens
+/// (the quantized algorithms divide inside their final f32 reduction instead, before
+/// rounding to the output type).
+pub fn run(core: &CommCore, algo: Algo, req: &Request) -> Result<()> {
+    let a = select::algorithm(algo);
+    let flat = |flat: &Request| a.run(core, flat);
     match &req.op {
         Op::AllGatherCoalesced { .. } | Op::ReduceScatterCoalesced { .. } => {
-            coalesced::run(comm, req, |flat| run_flat(comm, flat))
+            coalesced::run(core, req, flat)?
         }
-        _ => run_flat(comm, req),
+        _ => flat(req)?,
+    }
+    if a.divides_avg() || req.op.redop() != Some(crate::dtype::ReduceOp::Avg) {
+        return Ok(());
+    }
+    let (n, s, ops) = (core.size(), req.dtype.size(), core.ops());
+    match &req.op {
+        Op::ReduceScatter { recv, count, .. } | Op::AllReduce { recv, count, .. } => {
+            ops.divide(&recv.slice(0..count * s)?, req.dtype, n)
+        }
+        Op::ReduceScatterCoalesced { recvs, counts, .. } => {
+            for (r, c) in recvs.iter().zip(counts) {
+                ops.divide(&r.slice(0..c * s)?, req.dtype, n)?;
+            }
+            Ok(())
+        }
+        _ => Ok(()),
     }
 }
 
-fn run_flat(comm: &Comm, req: &Request) -> Result<bool> {
-    let (a, why) = select::choose(comm, req);
-    tracing::debug!(rank = comm.rank(), op = req.op.name(), algo = a.algo().name(), reason = %why, "dispatch");
-    a.run(comm, req)?;
-    Ok(a.divides_avg())
+/// True when `req` runs as one native vendor call with nothing enqueued after it (no
+/// `Avg` division, no reduction of a received message, no packing), so a group of such
+/// calls on a GPU transport can be one vendor group.
+pub fn fusable(req: &Request, algo: Algo) -> bool {
+    algo == Algo::Ring
+        && req.op.device().is_some()
+        && req.op.redop() != Some(crate::dtype::ReduceOp::Avg)
+        && !matches!(
+            req.op,
+            Op::SendRecv {
+                reduce: Some(_),
+                ..
+            } | Op::AllGatherCoalesced { .. }
+                | Op::ReduceScatterCoalesced { .. }
+        )
 }

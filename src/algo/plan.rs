@@ -13,11 +13,11 @@
 //! makes (same peers, bytes and order; `tests/schedule.rs` checks the bytes against the
 //! measured traffic) so that every algorithm can be modeled.
 
-use crate::comm::hierarchy::Hierarchy;
-use crate::comm::{Comm, Op, Request, Work};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::memory::Buffer;
+use crate::runtime::{CommCore, Op, Work};
+use crate::topology::Hierarchy;
 
 /// Which of a plan's buffers a span lies in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,7 +69,7 @@ pub struct Plan {
 /// The element ranges (in elements) a chunk of `count` elements is pipelined in.
 pub fn pieces(count: usize, chunks: usize) -> Vec<(usize, usize)> {
     let q = chunks.clamp(1, count.max(1));
-    super::ring::even_ranges(count, q, 1)
+    crate::transport::ring::even_ranges(count, q, 1)
         .into_iter()
         .map(|r| (r.start, r.len()))
         .filter(|p| p.1 > 0)
@@ -90,10 +90,10 @@ pub fn index(sizes: &[usize], coords: &[usize]) -> usize {
     sizes.iter().zip(coords).fold(0, |acc, (g, x)| acc * g + x)
 }
 
-/// Run `plan` on `comm`'s level communicators: submit every step in plan order, then
-/// wait for all. `bufs` gives the buffer for each `BufId` (`Recv`, `Work`).
+/// Run `plan` on `comm`'s level communicators: enqueue every step in plan order (each
+/// after the steps it depends on), then wait for all. `bufs` gives the buffer for each `BufId` (`Recv`, `Work`).
 pub fn execute(
-    comm: &Comm,
+    comm: &CommCore,
     plan: &Plan,
     recv: &Buffer,
     work: Option<&Buffer>,
@@ -101,9 +101,7 @@ pub fn execute(
     op: ReduceOp,
 ) -> Result<()> {
     let levels = comm.hierarchy().map(|h| h.levels.len()).unwrap_or(0);
-    let comms: Vec<Comm> = (0..levels)
-        .map(|i| comm.level_comm(i))
-        .collect::<Result<_>>()?;
+    let comms: Vec<CommCore> = (0..levels).map(|i| comm.level(i)).collect::<Result<_>>()?;
     let s = dtype.size();
     let buf = |sp: &Span| -> Result<Buffer> {
         let b = match sp.buf {
@@ -115,36 +113,24 @@ pub fn execute(
         b.slice(sp.off..sp.off + sp.len)
     };
     let mut works: Vec<Work> = Vec::with_capacity(plan.steps.len());
-    let mut first: Result<()> = Ok(());
     for st in &plan.steps {
         let Ring::Level(i) = st.ring else {
             return Err(Error::Internal(
                 "flat plan steps are modeled, not executed".into(),
             ));
         };
-        let req = Request::new(
-            Op::SendRecv {
-                send: buf(&st.send)?,
-                recv: buf(&st.recv)?,
-                count: st.send.len / s,
-                dst: st.dst,
-                src: st.src,
-                reduce: st.reduce.then_some(op),
-            },
-            dtype,
-        )
-        .after(st.deps.iter().map(|&d| works[d].clone()));
-        match comms[i].submit(req) {
-            Ok(w) => works.push(w),
-            Err(e) => {
-                // Keep indices aligned; the failure is reported after draining.
-                works.push(Work::ready(Err(e.clone())));
-                if first.is_ok() {
-                    first = Err(e);
-                }
-            }
-        }
+        let op = Op::SendRecv {
+            send: buf(&st.send)?,
+            recv: buf(&st.recv)?,
+            count: st.send.len / s,
+            dst: st.dst,
+            src: st.src,
+            reduce: st.reduce.then_some(op),
+        };
+        let deps = st.deps.iter().map(|&d| works[d].clone()).collect();
+        works.push(comms[i].enqueue(op, dtype, deps));
     }
+    let mut first: Result<()> = Ok(());
     for w in &works {
         if let Err(e) = w.wait() {
             if first.is_ok() {
@@ -213,7 +199,7 @@ pub fn ring_reduce_scatter(p: usize, rank: usize, c: usize) -> Plan {
 /// The flat ring all-reduce: reduce-scatter then all-gather over near-equal element
 /// chunks of `count` elements of `s` bytes.
 pub fn ring_all_reduce(p: usize, rank: usize, count: usize, s: usize) -> Plan {
-    let r = super::ring::even_ranges(count, p, s);
+    let r = crate::transport::ring::even_ranges(count, p, s);
     let (dst, src) = nbrs(rank, p);
     let sp = |k: usize| Span {
         buf: BufId::Work,

@@ -1,4 +1,4 @@
-//! `qgz`: ZeRO++'s quantized gradient reduce-scatter (seed 004, B.3, E.3, Algorithm 2),
+//! `qgz`: ZeRO++'s quantized gradient reduce-scatter (ZeRO++ §4.3 and Algorithm 2),
 //! hierarchical 2-hop all-to-all, and `qgz-1hop`, the flat variant for comparison.
 //!
 //! 2-hop, on rank (node x, local j) of n nodes x k devices, for each pipeline stage s of
@@ -25,14 +25,13 @@
 //! 1-hop: every rank sends its quantized chunk for rank r straight to r:
 //! `(p-1)·P(c)` per rank, `k(p-k)·P(c)` out of each node.
 
+use super::select::Shape;
 use super::{Algo, Algorithm};
-use crate::bufops::Ops;
-use crate::comm::request::{Op, Request};
-use crate::comm::{Comm, Work};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::kernels::{self, QuantSpec};
 use crate::memory::Buffer;
+use crate::runtime::{CommCore, Op, Request, Work};
 
 /// Default qgZ format: int4, blocks of 256 (ZeRO++ quantizes gradients to int4).
 pub const DEFAULT_QGZ: (u32, usize) = (4, 256);
@@ -47,9 +46,9 @@ fn stages(chunk_bytes: usize) -> usize {
         .unwrap_or((chunk_bytes >> 20).clamp(1, 4))
 }
 
-pub(crate) fn float_only(req: &Request, what: &str) -> Option<String> {
-    (!matches!(req.dtype, DataType::F32 | DataType::F16 | DataType::BF16))
-        .then(|| format!("{what} quantizes f32, f16 and bf16 only, not {}", req.dtype))
+pub(crate) fn float_only(s: &Shape, what: &str) -> Option<String> {
+    (!matches!(s.dtype, DataType::F32 | DataType::F16 | DataType::BF16))
+        .then(|| format!("{what} quantizes f32, f16 and bf16 only, not {}", s.dtype))
 }
 
 pub(crate) fn spec(req: &Request, default: (u32, usize)) -> Result<QuantSpec> {
@@ -64,27 +63,30 @@ pub struct Qgz;
 /// The 1-hop (flat all-to-all) quantized reduce-scatter.
 pub struct Qgz1;
 
-fn unsupported(comm: &Comm, req: &Request, two_hop: bool) -> Option<String> {
-    let Op::ReduceScatter { op, .. } = &req.op else {
-        return Some(format!("qgz is a reduce-scatter, not {}", req.op.name()));
-    };
-    if !matches!(op, ReduceOp::Sum | ReduceOp::Avg) {
+fn unsupported(s: &Shape, two_hop: bool) -> Option<String> {
+    if s.kind != Some(crate::kinds::Kind::ReduceScatter) {
+        return Some(format!("qgz is a reduce-scatter, not {}", s.name()));
+    }
+    if let Some(op) = s
+        .redop
+        .filter(|op| !matches!(op, ReduceOp::Sum | ReduceOp::Avg))
+    {
         return Some(format!("qgz reduces with sum or avg, not {op}"));
     }
-    if two_hop && comm.hierarchy().is_none() {
+    if two_hop && s.hierarchy.is_none() {
         return Some("ranks are not a regular mesh of the topology".into());
     }
-    float_only(req, "qgz")
+    float_only(s, "qgz")
 }
 
 impl Algorithm for Qgz {
     fn algo(&self) -> Algo {
         Algo::Qgz
     }
-    fn unsupported(&self, comm: &Comm, req: &Request) -> Option<String> {
-        unsupported(comm, req, true)
+    fn unsupported(&self, s: &Shape) -> Option<String> {
+        unsupported(s, true)
     }
-    fn run(&self, comm: &Comm, req: &Request) -> Result<()> {
+    fn run(&self, comm: &CommCore, req: &Request) -> Result<()> {
         two_hop(comm, req)
     }
     fn divides_avg(&self) -> bool {
@@ -96,10 +98,10 @@ impl Algorithm for Qgz1 {
     fn algo(&self) -> Algo {
         Algo::Qgz1
     }
-    fn unsupported(&self, comm: &Comm, req: &Request) -> Option<String> {
-        unsupported(comm, req, false)
+    fn unsupported(&self, s: &Shape) -> Option<String> {
+        unsupported(s, false)
     }
-    fn run(&self, comm: &Comm, req: &Request) -> Result<()> {
+    fn run(&self, comm: &CommCore, req: &Request) -> Result<()> {
         one_hop(comm, req)
     }
     fn divides_avg(&self) -> bool {
@@ -121,28 +123,27 @@ fn parts(req: &Request) -> Result<(&Buffer, &Buffer, usize, ReduceOp)> {
     }
 }
 
-/// All-to-all of equal `block`-byte pieces over `c` (U8 counts), nonblocking.
-fn a2a(c: &Comm, send: &Buffer, recv: &Buffer, block: usize) -> Result<Work> {
-    c.submit(
-        Request::new(
-            Op::AllToAll {
-                send: send.clone(),
-                recv: recv.clone(),
-                count: block,
-            },
-            DataType::U8,
-        )
-        .with_algo(Algo::Ring),
+/// All-to-all of equal `block`-byte pieces over `c` (U8 counts), nonblocking on
+/// another communicator, at once on `c`'s own stream.
+fn a2a(c: &CommCore, send: &Buffer, recv: &Buffer, block: usize) -> Work {
+    c.enqueue(
+        Op::AllToAll {
+            send: send.clone(),
+            recv: recv.clone(),
+            count: block,
+        },
+        DataType::U8,
+        Vec::new(),
     )
 }
 
-fn two_hop(comm: &Comm, req: &Request) -> Result<()> {
+fn two_hop(comm: &CommCore, req: &Request) -> Result<()> {
     let (send, recv, c, op) = parts(req)?;
     let q = spec(req, DEFAULT_QGZ)?;
     let dt = req.dtype;
-    let ops = Ops::of(comm);
-    let node = comm.node_comm()?;
-    let rail = comm.rail_comm()?;
+    let ops = comm.ops();
+    let node = comm.node_or_rail(true)?;
+    let rail = comm.node_or_rail(false)?;
     let (k, n) = (node.size(), rail.size());
     let st = stages(c * dt.size());
     let ranges = kernels::swizzle_ranges(c, st);
@@ -160,7 +161,7 @@ fn two_hop(comm: &Comm, req: &Request) -> Result<()> {
             intra.push((out, Work::ready(Ok(()))));
         } else {
             let inc = send.alloc_like(k * run)?;
-            intra.push((inc.clone(), a2a(&node, &out, &inc, run)?));
+            intra.push((inc.clone(), a2a(&node, &out, &inc, run)));
         }
     }
     // 3./4. per stage: fused dequant-reduce-quant, then the inter-node all-to-all.
@@ -182,7 +183,7 @@ fn two_hop(comm: &Comm, req: &Request) -> Result<()> {
             out
         };
         let got = send.alloc_like(run)?;
-        inter.push((got.clone(), n, a2a(&rail, &partial, &got, slice)?));
+        inter.push((got.clone(), n, a2a(&rail, &partial, &got, slice)));
     }
     // 5. final dequantize-reduce into the output, stage by stage.
     let s_out = dt.size();
@@ -195,11 +196,11 @@ fn two_hop(comm: &Comm, req: &Request) -> Result<()> {
     Ok(())
 }
 
-fn one_hop(comm: &Comm, req: &Request) -> Result<()> {
+fn one_hop(comm: &CommCore, req: &Request) -> Result<()> {
     let (send, recv, c, op) = parts(req)?;
     let q = spec(req, DEFAULT_QGZ)?;
     let (dt, p) = (req.dtype, comm.size());
-    let ops = Ops::of(comm);
+    let ops = comm.ops();
     let slice = q.packed_len(c);
     let bytes = c * dt.size();
     let packed = send.alloc_like(p * slice)?;
@@ -212,7 +213,6 @@ fn one_hop(comm: &Comm, req: &Request) -> Result<()> {
         )?;
     }
     let got = send.alloc_like(p * slice)?;
-    // On our own stream thread: the transport's all-to-all directly.
-    ops.all_to_all(&packed, &got)?;
+    a2a(comm, &packed, &got, slice).wait()?;
     ops.dequant_reduce(q, &got, p, c, op, p, dt, &recv.slice(0..bytes)?)
 }

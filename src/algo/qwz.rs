@@ -1,4 +1,4 @@
-//! `qwz`: ZeRO++'s quantized weight all-gather (seed 004, B.1, E.1): quantize the local
+//! `qwz`: ZeRO++'s quantized weight all-gather (ZeRO++ §4.1): quantize the local
 //! shard, all-gather codes and scales together as one packed slice per rank (flat ring,
 //! or `hier` when the communicator spans two or more levels), dequantize every slice
 //! into the output dtype. Traffic: the flat or hierarchical all-gather's, of packed
@@ -6,11 +6,12 @@
 //! int8 on fp16/bf16, 0.25x on f32.
 
 use super::qgz::{float_only, spec};
+use super::select::Shape;
 use super::{hierarchical, Algo, Algorithm};
-use crate::bufops::Ops;
-use crate::comm::request::{Op, Request};
-use crate::comm::Comm;
+use crate::dtype::DataType;
 use crate::error::{Error, Result};
+use crate::kinds::Kind;
+use crate::runtime::{CommCore, Op, Request};
 
 /// Default qwZ format: int8, blocks of 256.
 pub const DEFAULT_QWZ: (u32, usize) = (8, 256);
@@ -23,20 +24,20 @@ impl Algorithm for Qwz {
         Algo::Qwz
     }
 
-    fn unsupported(&self, _comm: &Comm, req: &Request) -> Option<String> {
-        if !matches!(req.op, Op::AllGather { .. }) {
-            return Some(format!("qwz is an all-gather, not {}", req.op.name()));
+    fn unsupported(&self, s: &Shape) -> Option<String> {
+        if s.kind != Some(Kind::AllGather) {
+            return Some(format!("qwz is an all-gather, not {}", s.name()));
         }
-        float_only(req, "qwz")
+        float_only(s, "qwz")
     }
 
-    fn run(&self, comm: &Comm, req: &Request) -> Result<()> {
+    fn run(&self, comm: &CommCore, req: &Request) -> Result<()> {
         let Op::AllGather { send, recv, count } = &req.op else {
             return Err(Error::Internal("qwz dispatched a non all-gather".into()));
         };
         let q = spec(req, DEFAULT_QWZ)?;
         let (dt, p) = (req.dtype, comm.size());
-        let ops = Ops::of(comm);
+        let ops = comm.ops();
         let slice = q.packed_len(*count);
         let b = count * dt.size();
         let all = recv.alloc_like(p * slice)?;
@@ -45,7 +46,12 @@ impl Algorithm for Qwz {
         if comm.hierarchy().is_some_and(|h| h.levels.len() >= 2) {
             hierarchical::all_gather(comm, &mine, &all, slice)?;
         } else {
-            ops.all_gather_in_place(&all, slice)?;
+            let op = Op::AllGather {
+                send: mine.clone(),
+                recv: all.clone(),
+                count: slice,
+            };
+            comm.enqueue(op, DataType::U8, Vec::new()).wait()?;
         }
         for r in 0..p {
             ops.dequantize(

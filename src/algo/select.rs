@@ -1,4 +1,7 @@
-//! The `auto` rule and algorithm selection.
+//! The `auto` rule and algorithm selection: ONE pure function, [`select`], from a call's
+//! [`Shape`] (what it is, how big, on which ranks of which topology) to a [`Choice`]. The
+//! submit path ([`choose`], once per call) and the simulator
+//! ([`crate::sim::schedule::resolve`]) both use it, so what is modeled is what runs.
 //!
 //! Order of precedence: the request's own hint, then `STRATA_ALGO` / the communicator's
 //! configured algorithm, then `auto`. A chosen algorithm whose constraints do not hold
@@ -22,10 +25,10 @@
 use super::qgz::{Qgz, Qgz1};
 use super::qwz::Qwz;
 use super::{hierarchical::Hier, ho_ring::HoRing, Algo, Algorithm, Native};
-use crate::comm::request::{Op, Request};
-use crate::comm::Comm;
-use crate::comm::Hierarchy;
-use crate::topology::{LinkClass, Topology};
+use crate::dtype::{DataType, ReduceOp};
+use crate::kinds::Kind;
+use crate::runtime::{CommCore, Op, Request};
+use crate::topology::{Hierarchy, LinkClass, Topology};
 
 static NATIVE: Native = Native;
 static HIER: Hier = Hier;
@@ -34,77 +37,169 @@ static QGZ: Qgz = Qgz;
 static QGZ1: Qgz1 = Qgz1;
 static QWZ: Qwz = Qwz;
 
-/// The algorithm that will run `req` on `comm`, and why.
-pub fn choose(comm: &Comm, req: &Request) -> (&'static dyn Algorithm, String) {
-    let wanted = req.algo.unwrap_or(comm.config().algo);
-    let named: Option<&'static dyn Algorithm> = match wanted {
-        Algo::Ring => return (&NATIVE, "ring requested".into()),
-        Algo::Hier => Some(&HIER),
-        Algo::HoRing => Some(&HO_RING),
-        Algo::Qgz => Some(&QGZ),
-        Algo::Qgz1 => Some(&QGZ1),
-        Algo::Qwz => Some(&QWZ),
-        Algo::Auto => None,
-    };
-    if let Some(a) = named {
-        return match a.unsupported(comm, req) {
-            None => (a, format!("{} requested", a.algo())),
-            Some(why) => {
-                tracing::info!(
-                    rank = comm.rank(),
-                    op = req.op.name(),
-                    "{} falls back to ring: {why}",
-                    a.algo()
-                );
-                (
-                    &NATIVE,
-                    format!("{} not applicable ({why}); native fallback", a.algo()),
-                )
+/// What selection knows about a call: no buffers, no communicator, so the simulator can
+/// ask the same question about a modeled cluster.
+#[derive(Debug, Clone)]
+pub struct Shape<'a> {
+    /// The collective (`None`: point-to-point, always native). Coalesced calls are
+    /// their flat collective over the packed count.
+    pub kind: Option<Kind>,
+    /// The reduction, where there is one.
+    pub redop: Option<ReduceOp>,
+    /// NCCL's per-call count: elements per rank chunk (all-gather, reduce-scatter) or
+    /// of the whole buffer (all-reduce, broadcast).
+    pub count: usize,
+    pub dtype: DataType,
+    pub topo: &'a Topology,
+    /// World ranks of the communicator, in its order.
+    pub members: &'a [usize],
+    pub hierarchy: Option<&'a Hierarchy>,
+    /// Configured ho-ring pieces per chunk.
+    pub chunks: Option<usize>,
+}
+
+impl<'a> Shape<'a> {
+    /// The shape of a checked request on `core`.
+    pub fn of(core: &'a CommCore, req: &Request) -> Shape<'a> {
+        let (kind, count) = match &req.op {
+            Op::AllGatherCoalesced { counts, .. } => (Some(Kind::AllGather), counts.iter().sum()),
+            Op::ReduceScatterCoalesced { counts, .. } => {
+                (Some(Kind::ReduceScatter), counts.iter().sum())
+            }
+            Op::AllGather { count, .. }
+            | Op::ReduceScatter { count, .. }
+            | Op::AllReduce { count, .. }
+            | Op::AllToAll { count, .. }
+            | Op::Broadcast { count, .. } => (req.op.kind(), *count),
+            Op::Send { count, .. } | Op::Recv { count, .. } | Op::SendRecv { count, .. } => {
+                (None, *count)
             }
         };
+        Shape {
+            kind,
+            redop: req.op.redop(),
+            count,
+            dtype: req.dtype,
+            topo: core.topology(),
+            members: core.members(),
+            hierarchy: core.hierarchy(),
+            chunks: core.config().ho_ring_chunks,
+        }
     }
-    if HIER.unsupported(comm, req).is_some() {
-        return (
-            &NATIVE,
+
+    /// Ranks in the communicator.
+    pub fn size(&self) -> usize {
+        self.members.len()
+    }
+
+    /// The op's name, as on the command line.
+    pub fn name(&self) -> &'static str {
+        self.kind.map_or("point-to-point", |k| k.name())
+    }
+}
+
+/// What [`select`] decided.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Choice {
+    /// The algorithm that runs.
+    pub algo: Algo,
+    /// What was asked for (the request's hint, else the communicator's default).
+    pub requested: Algo,
+    /// Why the requested algorithm could not run, when it fell back to `ring`.
+    pub fallback: Option<String>,
+    /// One line on why (the estimates, for `auto`).
+    pub reason: String,
+}
+
+/// The registered algorithm of a name (`Auto` has none: it is resolved by [`select`]).
+pub fn algorithm(a: Algo) -> &'static dyn Algorithm {
+    match a {
+        Algo::Ring | Algo::Auto => &NATIVE,
+        Algo::Hier => &HIER,
+        Algo::HoRing => &HO_RING,
+        Algo::Qgz => &QGZ,
+        Algo::Qgz1 => &QGZ1,
+        Algo::Qwz => &QWZ,
+    }
+}
+
+/// THE selection rule: `wanted` (a name, or `Auto`) for a call of shape `s`.
+pub fn select(wanted: Algo, s: &Shape) -> Choice {
+    let choice = |algo, fallback, reason| Choice {
+        algo,
+        requested: wanted,
+        fallback,
+        reason,
+    };
+    match wanted {
+        Algo::Ring => return choice(Algo::Ring, None, "ring requested".into()),
+        Algo::Auto => {}
+        named => {
+            return match algorithm(named).unsupported(s) {
+                None => choice(named, None, format!("{named} requested")),
+                Some(why) => choice(
+                    Algo::Ring,
+                    Some(why.clone()),
+                    format!("{named} not applicable ({why}); native fallback"),
+                ),
+            }
+        }
+    }
+    if HIER.unsupported(s).is_some() {
+        return choice(
+            Algo::Ring,
+            None,
             "auto: hierarchical algorithms not applicable".into(),
         );
     }
-    let (ring, hier, ho) = estimates(comm, req);
-    if ho < hier && ho < ring {
-        (
-            &HO_RING,
-            format!("auto: ho-ring {ho:.1}us < hier {hier:.1}us, ring {ring:.1}us"),
-        )
-    } else if hier < ring {
-        (&HIER, format!("auto: hier {hier:.1}us < ring {ring:.1}us"))
-    } else {
-        (
-            &NATIVE,
-            format!("auto: ring {ring:.1}us <= hier {hier:.1}us"),
-        )
-    }
+    let (ring, hier, ho) = estimates(s);
+    let reason = match auto_pick((ring, hier, ho)) {
+        Algo::HoRing => format!("auto: ho-ring {ho:.1}us < hier {hier:.1}us, ring {ring:.1}us"),
+        Algo::Hier => format!("auto: hier {hier:.1}us < ring {ring:.1}us"),
+        _ => format!("auto: ring {ring:.1}us <= hier {hier:.1}us"),
+    };
+    choice(auto_pick((ring, hier, ho)), None, reason)
 }
 
-/// Modeled (ring, hier, ho-ring) times in microseconds for `req` on `comm`.
-pub fn estimates(comm: &Comm, req: &Request) -> (f64, f64, f64) {
-    let p = comm.size();
-    let (count, factor) = match &req.op {
-        Op::AllGather { count, .. } | Op::ReduceScatter { count, .. } => (*count, 1.0),
-        Op::AllReduce { count, .. } => (count.div_ceil(p.max(1)), 2.0),
+/// [`select`] for a checked request on `core`: the request's hint, else the
+/// communicator's configured algorithm (`STRATA_ALGO`), else `auto`. Fallbacks are
+/// logged at INFO.
+pub fn choose(core: &CommCore, req: &Request) -> Choice {
+    let c = select(
+        req.algo.unwrap_or(core.config().algo),
+        &Shape::of(core, req),
+    );
+    if let Some(why) = &c.fallback {
+        tracing::info!(
+            rank = core.rank(),
+            op = req.op.name(),
+            "{} falls back to ring: {why}",
+            c.requested
+        );
+    }
+    c
+}
+
+/// Modeled (ring, hier, ho-ring) times in microseconds for a call of shape `s`.
+pub fn estimates(s: &Shape) -> (f64, f64, f64) {
+    let p = s.size();
+    let (count, factor) = match s.kind {
+        Some(Kind::AllGather) | Some(Kind::ReduceScatter) => (s.count, 1.0),
+        Some(Kind::AllReduce) => (s.count.div_ceil(p.max(1)), 2.0),
         _ => (0, 1.0),
     };
     estimate(
-        comm.topology(),
-        comm.members(),
-        comm.hierarchy(),
+        s.topo,
+        s.members,
+        s.hierarchy,
         count,
         factor,
-        req.dtype.size(),
-        comm.config().ho_ring_chunks,
+        s.dtype.size(),
+        s.chunks,
     )
 }
 
-/// [`estimates`] without a communicator (used by the simulator's dry run): `members`
+/// The alpha-beta figures behind [`estimates`]: `members`
 /// are the world ranks in communicator order, `h` their hierarchy, `count` elements of
 /// `elem` bytes per rank chunk, `factor` 1 (all-gather, reduce-scatter) or 2
 /// (all-reduce), `chunks` the configured ho-ring pieces.
@@ -148,8 +243,8 @@ pub fn estimate(
     (ring, hier, ho)
 }
 
-/// The `auto` pick among (ring, hier, ho-ring) estimates: the same comparison as
-/// [`choose`] (ho-ring when strictly cheapest, else hier when cheaper than ring).
+/// The `auto` pick among (ring, hier, ho-ring) estimates: ho-ring when strictly
+/// cheapest, else hier when cheaper than ring, else ring.
 pub fn auto_pick((ring, hier, ho): (f64, f64, f64)) -> Algo {
     if ho < hier && ho < ring {
         Algo::HoRing

@@ -17,8 +17,9 @@
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use std::sync::Arc;
+use strata::device::cuda::open_device;
 use strata::kernels::{self as cpu, QuantSpec};
-use strata::kernels_gpu::{self, open_device, GpuQuant};
+use strata::kernels_gpu::{self, GpuQuant};
 use strata::{DataType, ReduceOp, Result};
 
 const GUARD: usize = 64;

@@ -1595,8 +1595,8 @@ impl<'a> Reporter<'a> {
         if let Some(q) = row.quant {
             req = req.with_quant(q);
         }
-        let (a, why) = strata::algo::select::choose(&self.comm0, &req);
-        (a.algo(), why)
+        let c = self.comm0.choose(&req);
+        (c.algo, c.reason)
     }
 
     /// Rank 0's view of row `i`: the max time, the summed wrong counts and the combined

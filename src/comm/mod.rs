@@ -1,102 +1,50 @@
-//! The public Rust face: [`Comm`], a communicator bound to a topology and a transport.
+//! The public Rust face: [`Comm`], a communicator bound to a topology and a transport,
+//! and the front of every collective: check, select, dispatch.
 //!
 //! - Collectives are nonblocking: each returns a [`Work`] at once and runs on the
 //!   communicator's stream thread in submission order. A `Work` can be waited on, or
 //!   passed as a dependency of a request on another communicator ([`Request::after`]).
 //! - Buffers are [`Buffer`]s (strata-owned memory shared with the stream); counts are
-//!   in elements of the dtype; in-place rules are NCCL's (see [`request::Op`]).
-//! - Every collective, from Rust or C, goes through ONE path, [`Comm::submit`]:
-//!   request -> checks -> algorithm selection -> dispatch (or held by a group).
+//!   in elements of the dtype; in-place rules are NCCL's (see [`request::Op`] and
+//!   [`crate::kinds::Kind::in_place`]).
+//! - Every collective, from Rust or C, goes through ONE path, [`Comm::submit`]: the
+//!   request is checked once ([`request::check`]), its algorithm chosen once
+//!   ([`crate::algo::select::choose`]), and queued on the communicator core's stream
+//!   ([`crate::runtime`]) to run [`crate::algo::run`] (or held by a group).
 //! - Sub-communicators come from [`Comm::split`] on the transport; the per-level groups
 //!   hierarchical algorithms use are split from the topology ([`Comm::level_comm`]).
+//! - Worlds (in-process, MPI, NCCL/RCCL ids) are made in [`bootstrap`] and [`gpu`].
+
+#![forbid(unsafe_code)]
 
 pub mod bootstrap;
 pub mod gpu;
-pub mod group;
-pub mod hierarchy;
-pub mod native;
-pub mod request;
-pub mod stream;
 
-pub use group::{group_end, group_start};
-pub use hierarchy::Hierarchy;
-pub use request::{Op, Request};
-pub use stream::Work;
+pub use crate::runtime::group::{self, group_end, group_start, in_group};
+pub use crate::runtime::request::{self, Op, Request};
+pub use crate::runtime::stream::{self, Work};
+pub use crate::runtime::CommConfig;
+pub use crate::topology::hierarchy::{self, Hierarchy};
 
-use crate::algo::{self, Algo};
-use crate::config;
+use crate::algo::{self, select::Choice};
 use crate::dtype::{DataType, ReduceOp};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::memory::Buffer;
+use crate::runtime::{CommCore, Job};
 use crate::topology::{Level, Topology};
 use crate::traffic::Traffic;
 use crate::transport::{Transport, TransportKind};
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
-
-/// Options of a communicator. `Default` reads `STRATA_ALGO` and `STRATA_TIMEOUT`.
-#[derive(Debug, Clone)]
-pub struct CommConfig {
-    /// Algorithm used when a request carries no hint (`Auto` picks by the documented rule).
-    pub algo: Algo,
-    /// How long to wait for a peer or a dependency before failing.
-    pub timeout: Duration,
-    /// Pieces per chunk for the pipelined algorithms (`ho-ring`); `None`:
-    /// [`crate::algo::plan::default_chunks`], round(sqrt(chunk / 128 KiB)) in 1..=16
-    /// (`STRATA_HORING_CHUNKS` overrides it).
-    pub ho_ring_chunks: Option<usize>,
-}
-
-impl CommConfig {
-    /// From the environment, or the error a malformed variable caused.
-    pub fn from_env() -> Result<CommConfig> {
-        let e = config::env()?;
-        Ok(CommConfig {
-            algo: e.algo.unwrap_or(Algo::Auto),
-            timeout: e.timeout,
-            ho_ring_chunks: e.ho_ring_chunks,
-        })
-    }
-}
-
-impl Default for CommConfig {
-    fn default() -> Self {
-        CommConfig::from_env().unwrap_or(CommConfig {
-            algo: Algo::Auto,
-            timeout: config::DEFAULT_TIMEOUT,
-            ho_ring_chunks: None,
-        })
-    }
-}
-
-struct Inner {
-    transport: Arc<dyn Transport>,
-    topo: Arc<Topology>,
-    members: Vec<usize>,
-    hierarchy: Option<Hierarchy>,
-    stream: stream::Stream,
-    config: CommConfig,
-    subcomms: Mutex<HashMap<String, Option<Comm>>>,
-    destroyed: AtomicBool,
-    last_error: Mutex<String>,
-}
 
 /// A communicator: this rank's handle on a group of ranks. Cheap to clone (clones share
 /// the communicator); `Send + Sync`.
 #[derive(Clone)]
-pub struct Comm(Arc<Inner>);
+pub struct Comm(CommCore);
 
 impl std::fmt::Debug for Comm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "Comm(rank {}/{}, {})",
-            self.rank(),
-            self.size(),
-            self.0.transport.kind().name()
-        )
+        self.0.fmt(f)
     }
 }
 
@@ -108,133 +56,77 @@ impl Comm {
         topo: Arc<Topology>,
         config: CommConfig,
     ) -> Result<Comm> {
-        config::init_logging();
-        let members: Vec<usize> = (0..transport.size())
-            .map(|r| transport.world_rank(r))
-            .collect();
-        if let Some(bad) = members.iter().find(|&&m| m >= topo.world_size()) {
-            return Err(Error::InvalidUsage(format!(
-                "world rank {bad} is outside topology {}",
-                topo.summary()
-            )));
-        }
-        let hierarchy = Hierarchy::detect(&topo, &members);
-        let name = format!(
-            "strata-{}-r{}",
-            transport.kind().name(),
-            transport.world_rank(transport.rank())
-        );
-        let stream = stream::Stream::new(name, config.timeout)?;
-        tracing::debug!(
-            rank = transport.rank(),
-            size = transport.size(),
-            ?hierarchy,
-            "communicator created"
-        );
-        Ok(Comm(Arc::new(Inner {
-            transport,
-            topo,
-            members,
-            hierarchy,
-            stream,
-            config,
-            subcomms: Mutex::new(HashMap::new()),
-            destroyed: AtomicBool::new(false),
-            last_error: Mutex::new(String::new()),
-        })))
+        CommCore::new(transport, topo, config).map(Comm)
+    }
+
+    /// The communicator core algorithms run on.
+    pub fn core(&self) -> &CommCore {
+        &self.0
     }
 
     /// This rank in the communicator.
     pub fn rank(&self) -> usize {
-        self.0.transport.rank()
+        self.0.rank()
     }
     /// Ranks in the communicator.
     pub fn size(&self) -> usize {
-        self.0.transport.size()
+        self.0.size()
     }
     /// World rank of communicator rank `r`.
     pub fn world_rank(&self, r: usize) -> usize {
-        self.0.members[r]
+        self.0.members()[r]
     }
     /// World ranks of all members, in communicator order.
     pub fn members(&self) -> &[usize] {
-        &self.0.members
+        self.0.members()
     }
     /// The world topology.
     pub fn topology(&self) -> &Arc<Topology> {
-        &self.0.topo
+        self.0.topology()
     }
     /// The levels this communicator spans, when its ranks form a regular mesh.
     pub fn hierarchy(&self) -> Option<&Hierarchy> {
-        self.0.hierarchy.as_ref()
+        self.0.hierarchy()
     }
     /// Which transport moves the bytes.
     pub fn transport_kind(&self) -> TransportKind {
-        self.0.transport.kind()
+        self.0.transport_kind()
     }
-    /// The transport (for algorithms and transports' native calls).
+    /// The transport.
     pub fn transport(&self) -> &Arc<dyn Transport> {
-        &self.0.transport
+        self.0.transport()
     }
     /// Peer / dependency timeout.
     pub fn timeout(&self) -> Duration {
-        self.0.config.timeout
+        self.0.timeout()
     }
     /// The configuration.
     pub fn config(&self) -> &CommConfig {
-        &self.0.config
+        self.0.config()
     }
     /// Traffic counters of the world (local: measured; mpi: nominal, this process's sends).
     pub fn traffic(&self) -> Option<Arc<Traffic>> {
-        self.0.transport.traffic()
+        self.0.traffic()
     }
     /// The message of the last failed call on this communicator (empty if none).
     pub fn last_error(&self) -> String {
-        self.0
-            .last_error
-            .lock()
-            .map(|s| s.clone())
-            .unwrap_or_default()
+        self.0.last_error()
+    }
+    /// Record a failed call's message as this communicator's last error.
+    pub fn note<T>(&self, r: Result<T>) -> Result<T> {
+        self.0.note(r)
     }
     /// True when both handles are the same communicator.
     pub fn same(&self, other: &Comm) -> bool {
-        Arc::ptr_eq(&self.0, &other.0)
-    }
-
-    fn note<T>(&self, r: Result<T>) -> Result<T> {
-        if let Err(e) = &r {
-            if let Ok(mut s) = self.0.last_error.lock() {
-                *s = e.to_string();
-            }
-        }
-        r
-    }
-
-    fn alive(&self) -> Result<()> {
-        if self.0.destroyed.load(Ordering::SeqCst) {
-            return Err(Error::InvalidUsage(
-                "communicator used after destroy or abort".into(),
-            ));
-        }
-        Ok(())
-    }
-
-    pub(crate) fn stream_push(&self, deps: Vec<Work>, job: group::Job, work: Work) -> Result<()> {
-        self.0.stream.push(deps, job, work)
+        self.0.same(&other.0)
     }
 
     /// Collective over this communicator (after its queued work): ranks passing the same
     /// `Some(color)` form a new communicator ordered by (key, rank); `None` opts out and
     /// returns `Ok(None)`.
     pub fn split(&self, color: Option<u32>, key: i32) -> Result<Option<Comm>> {
-        let r = (|| {
-            self.alive()?;
-            self.0.stream.sync()?;
-            let t = self.0.transport.split(color, key)?;
-            t.map(|t| Comm::from_transport(t, self.0.topo.clone(), self.0.config.clone()))
-                .transpose()
-        })();
-        self.note(r)
+        let r = self.0.split(color, key, None);
+        self.0.note(r).map(|c| c.map(Comm))
     }
 
     /// [`Comm::split`] whose communicator, and every sub-communicator split off it, also
@@ -248,65 +140,15 @@ impl Comm {
         key: i32,
         meter: Arc<crate::traffic::Traffic>,
     ) -> Result<Option<Comm>> {
-        let r = (|| {
-            self.alive()?;
-            self.0.stream.sync()?;
-            let t = self.0.transport.split(color, key)?;
-            t.map(|t| {
-                let m: Arc<dyn Transport> =
-                    Arc::new(crate::transport::metered::Metered::new(t, meter.clone()));
-                Comm::from_transport(m, self.0.topo.clone(), self.0.config.clone())
-            })
-            .transpose()
-        })();
-        self.note(r)
+        let r = self.0.split(color, key, Some(meter));
+        self.0.note(r).map(|c| c.map(Comm))
     }
 
     /// The sub-communicator of level `i` of this communicator's hierarchy (the ranks
     /// differing from this one only along that level), split on first use and cached.
-    /// Collective: every rank must reach the same first use (algorithms do, since every
-    /// rank runs the same requests in the same order on its stream).
+    /// Collective: every rank must reach the same first use.
     pub fn level_comm(&self, i: usize) -> Result<Comm> {
-        self.split_point()?;
-        let h = self
-            .0
-            .hierarchy
-            .as_ref()
-            .ok_or_else(|| Error::Internal("no hierarchy".into()))?;
-        let (level, size) = *h
-            .levels
-            .get(i)
-            .ok_or_else(|| Error::Internal(format!("no level {i}")))?;
-        let key = format!("level:{i}:{level:?}");
-        if let Some(Some(c)) = self
-            .0
-            .subcomms
-            .lock()
-            .map_err(|_| Error::Internal("subcomm lock".into()))?
-            .get(&key)
-        {
-            return Ok(c.clone());
-        }
-        let (color, k) = h.split_color(i, self.rank());
-        let t = self
-            .0
-            .transport
-            .split(Some(color), k)?
-            .ok_or_else(|| Error::Internal("level split returned no communicator".into()))?;
-        let c = Comm::from_transport(t, self.0.topo.clone(), self.0.config.clone())?;
-        if c.size() != size {
-            return Err(Error::Internal(format!(
-                "level {level:?} group has {} ranks, expected {size}",
-                c.size()
-            )));
-        }
-        tracing::debug!(rank = self.rank(), ?level, members = ?c.members(), "level communicator");
-        self.0
-            .subcomms
-            .lock()
-            .map_err(|_| Error::Internal("subcomm lock".into()))?
-            .insert(key, Some(c.clone()));
-        Ok(c)
+        self.0.level(i).map(Comm)
     }
 
     /// Ranks of this rank's node (`node_comm`) or its rail (same index within the node,
@@ -314,62 +156,18 @@ impl Comm {
     /// [`Comm::level_comm`]. Needs a regular mesh ([`Comm::hierarchy`]). On one node the
     /// node communicator has every rank and each rail one.
     pub fn node_comm(&self) -> Result<Comm> {
-        self.node_or_rail(true)
+        self.0.node_or_rail(true).map(Comm)
     }
 
     /// See [`Comm::node_comm`].
     pub fn rail_comm(&self) -> Result<Comm> {
-        self.node_or_rail(false)
+        self.0.node_or_rail(false).map(Comm)
     }
 
-    /// Sub-communicator splits are collective on the transport: from a user thread, run
-    /// them after the queued work (whose algorithms may split too), so every rank splits
-    /// in the same order; on the stream thread, the work itself is that order.
-    fn split_point(&self) -> Result<()> {
-        if self.0.stream.is_current() {
-            Ok(())
-        } else {
-            self.alive()?;
-            self.0.stream.sync()
-        }
-    }
-
-    fn node_or_rail(&self, node: bool) -> Result<Comm> {
-        self.split_point()?;
-        let h = self.0.hierarchy.as_ref().ok_or_else(|| {
-            Error::InvalidUsage(
-                "ranks are not a regular mesh of the topology: no node groups".into(),
-            )
-        })?;
-        let n = match h.levels.first() {
-            Some((Level::Network, n)) => *n,
-            _ => 1,
-        };
-        let per = self.size() / n;
-        let (idx, local) = (self.rank() / per, self.rank() % per);
-        let key = if node { "node" } else { "rail" };
-        if let Some(Some(c)) = self
-            .0
-            .subcomms
-            .lock()
-            .map_err(|_| Error::Internal("subcomm lock".into()))?
-            .get(key)
-        {
-            return Ok(c.clone());
-        }
-        let (color, k) = if node { (idx, local) } else { (local, idx) };
-        let t = self
-            .0
-            .transport
-            .split(Some(color as u32), k as i32)?
-            .ok_or_else(|| Error::Internal("node/rail split returned no communicator".into()))?;
-        let c = Comm::from_transport(t, self.0.topo.clone(), self.0.config.clone())?;
-        self.0
-            .subcomms
-            .lock()
-            .map_err(|_| Error::Internal("subcomm lock".into()))?
-            .insert(key.into(), Some(c.clone()));
-        Ok(c)
+    /// The algorithm `req` would run with on this communicator, and why (the same
+    /// decision [`Comm::submit`] makes; `req` as submitted, before its checks).
+    pub fn choose(&self, req: &Request) -> Choice {
+        algo::select::choose(&self.0, req)
     }
 
     /// The one submit path: check the request, pick the algorithm, and queue it on this
@@ -378,92 +176,47 @@ impl Comm {
     /// running (a dead peer, counts that differ across ranks) aborts the communicator,
     /// so its peers fail at once instead of waiting for their timeout.
     pub fn submit(&self, req: Request) -> Result<Work> {
+        let core = &self.0;
         let r = (|| {
-            self.alive()?;
-            let op = request::check(req.op, req.dtype, self.rank(), self.size())?;
+            core.alive()?;
+            let op = request::check(req.op, req.dtype, core.rank(), core.size())?;
             let req = Request { op, ..req };
-            let comm = self.clone();
+            let choice = algo::select::choose(core, &req);
+            tracing::debug!(rank = core.rank(), op = req.op.name(), algo = choice.algo.name(), reason = %choice.reason, "dispatch");
             let deps = req.deps.clone();
             let is_send = matches!(req.op, Op::Send { .. });
-            let fusable = group::in_group() && self.fusable(&req);
-            let job: group::Job = Box::new(move || {
-                let r = algo::execute(&comm, &req).and_then(|divided| {
-                    if divided {
-                        Ok(())
-                    } else {
-                        comm.finish(&req)
-                    }
-                });
+            let grouped = group::in_group();
+            let fusable = grouped && core.has_device() && algo::fusable(&req, choice.algo);
+            let c = core.clone();
+            let job: Job = Box::new(move || {
+                let r = algo::run(&c, choice.algo, &req);
                 if let Err(e) = &r {
                     // Like an asynchronous NCCL error, a failed collective leaves the
                     // communicator unusable; aborting wakes the peers at once.
                     tracing::warn!(
-                        rank = comm.rank(),
+                        rank = c.rank(),
                         op = req.op.name(),
                         "collective failed, aborting communicator: {e}"
                     );
-                    comm.abort();
+                    c.abort();
                 }
-                comm.note(r)
+                c.note(r)
             });
             let work = Work::pending();
-            if group::in_group() {
-                group::hold(self.clone(), deps, job, work.clone(), is_send, fusable);
+            if grouped {
+                group::hold(core.clone(), deps, job, work.clone(), is_send, fusable);
             } else {
-                self.0.stream.push(deps, job, work.clone())?;
+                core.push(deps, job, work.clone())?;
             }
             Ok(work)
         })();
-        self.note(r)
-    }
-
-    /// True when `req` is one native vendor call on device buffers with nothing
-    /// enqueued after it (no `Avg` division, no reduction of a received message), so a
-    /// group of such calls can be one vendor group.
-    fn fusable(&self, req: &Request) -> bool {
-        self.0.transport.gpu().is_some()
-            && req.op.device().is_some()
-            && req.op.redop() != Some(ReduceOp::Avg)
-            && !matches!(
-                req.op,
-                Op::SendRecv {
-                    reduce: Some(_),
-                    ..
-                } | Op::AllGatherCoalesced { .. }
-                    | Op::ReduceScatterCoalesced { .. }
-            )
-            && algo::select::choose(self, req).0.algo() == Algo::Ring
-    }
-
-    /// `Avg`: divide the summed result once by the communicator size.
-    fn finish(&self, req: &Request) -> Result<()> {
-        if req.op.redop() != Some(ReduceOp::Avg) {
-            return Ok(());
-        }
-        let n = self.size();
-        let ops = crate::bufops::Ops::of(self);
-        let s = req.dtype.size();
-        match &req.op {
-            Op::ReduceScatter { recv, count, .. } | Op::AllReduce { recv, count, .. } => {
-                ops.divide(&recv.slice(0..count * s)?, req.dtype, n)?
-            }
-            Op::ReduceScatterCoalesced { recvs, counts, .. } => {
-                for (r, c) in recvs.iter().zip(counts) {
-                    ops.divide(&r.slice(0..c * s)?, req.dtype, n)?;
-                }
-            }
-            _ => {}
-        }
-        Ok(())
+        core.note(r)
     }
 
     /// Barrier over the communicator, after its queued work; moves no counted bytes.
     pub fn barrier(&self) -> Result<()> {
-        let r = self
-            .alive()
-            .and_then(|_| self.sync())
-            .and_then(|_| self.0.transport.barrier());
-        self.note(r)
+        let r = self.0.barrier();
+        self.0.note(r)
     }
 
     /// Collective: the sum of every rank's traffic matrix (identity on the local
@@ -474,40 +227,40 @@ impl Comm {
         m: &crate::traffic::TrafficMatrix,
     ) -> Result<crate::traffic::TrafficMatrix> {
         let r = self
+            .0
             .alive()
-            .and_then(|_| self.sync())
-            .and_then(|_| self.0.transport.sum_traffic(m));
-        self.note(r)
+            .and_then(|_| self.0.sync())
+            .and_then(|_| self.0.transport().sum_traffic(m));
+        self.0.note(r)
+    }
+
+    /// Start recording every transfer of this world (measured transports only) for
+    /// [`Comm::finish_recording`] ([`crate::sim::schedule::start_recording`]).
+    pub fn start_recording(&self) -> Result<()> {
+        crate::sim::schedule::start_recording(self.traffic().as_deref(), self.transport_kind())
+    }
+
+    /// The schedule recorded since [`Comm::start_recording`], replayable by the
+    /// simulator.
+    pub fn finish_recording(&self) -> Result<crate::sim::schedule::Schedule> {
+        crate::sim::schedule::finish_recording(self.traffic().as_deref(), self.topology())
     }
 
     /// Wait for everything queued on this communicator so far.
     pub fn sync(&self) -> Result<()> {
-        self.0.stream.sync()
+        self.0.sync()
     }
 
     /// Abort (ncclCommAbort): wake every waiter of this communicator, here and on the
     /// peers, with an error; the communicator is unusable afterwards.
     pub fn abort(&self) {
-        self.0.destroyed.store(true, Ordering::SeqCst);
-        self.0.transport.abort();
-        if let Ok(subs) = self.0.subcomms.lock() {
-            subs.values().flatten().for_each(|c| c.abort());
-        }
+        self.0.abort()
     }
 
     /// Finish queued work and release the communicator; later calls fail with
     /// `InvalidUsage`.
     pub fn destroy(&self) -> Result<()> {
-        let r = self.sync();
-        self.0.destroyed.store(true, Ordering::SeqCst);
-        if let Ok(mut subs) = self.0.subcomms.lock() {
-            for c in subs.values().flatten() {
-                let _ = c.destroy();
-            }
-            subs.clear();
-        }
-        self.0.stream.shutdown();
-        r
+        self.0.destroy()
     }
 
     // ---- convenience constructors of requests (all go through `submit`) ----
@@ -660,12 +413,6 @@ impl Comm {
             },
             dtype,
         ))
-    }
-}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        self.stream.shutdown();
     }
 }
 

@@ -33,7 +33,7 @@ impl std::fmt::Debug for CudaDevice {
 }
 
 impl CudaDevice {
-    /// Device `ordinal` (errors as [`crate::kernels_gpu::open_device`]). Devices are
+    /// Device `ordinal` (errors as [`open_device`]). Devices are
     /// shared per process: opening the same ordinal twice returns the same device, so
     /// its kernels are compiled once.
     pub fn open(ordinal: usize) -> Result<Arc<CudaDevice>> {
@@ -47,7 +47,7 @@ impl CudaDevice {
         {
             return Ok(d);
         }
-        let ctx = crate::kernels_gpu::open_device(ordinal)?;
+        let ctx = open_device(ordinal)?;
         let d = Arc::new(CudaDevice {
             ctx,
             kernels: OnceLock::new(),
@@ -346,4 +346,33 @@ fn driver_ready() -> bool {
         && std::panic::catch_unwind(result::init)
             .map(|r| r.is_ok())
             .unwrap_or(false)
+}
+
+/// The shared-library names cudarc tries for the CUDA driver.
+pub fn driver_candidates() -> Vec<String> {
+    ["cuda", "nvcuda"]
+        .iter()
+        .flat_map(|l| cudarc::get_lib_name_candidates(l))
+        .collect()
+}
+
+/// Open device `ordinal` (a primary context). `System` naming the libcuda candidates
+/// tried when the driver library is missing; `Device` when the driver fails. Never panics.
+pub fn open_device(ordinal: usize) -> Result<Arc<CudaContext>> {
+    // SAFETY: `is_culib_present` only dlopens cudarc's candidate names and drops them.
+    let present = std::panic::catch_unwind(|| unsafe { cudarc::driver::sys::is_culib_present() })
+        .unwrap_or(false);
+    if !present {
+        return Err(Error::System(format!(
+            "libcuda (the NVIDIA driver) not found: tried {:?}",
+            driver_candidates()
+        )));
+    }
+    match std::panic::catch_unwind(|| CudaContext::new(ordinal)) {
+        Ok(r) => r.map_err(|e| Error::Device(format!("opening CUDA device {ordinal}: {e:?}"))),
+        Err(p) => Err(Error::System(format!(
+            "the CUDA driver panicked: {}",
+            crate::kernels_gpu::nvrtc::panic_text(&p)
+        ))),
+    }
 }

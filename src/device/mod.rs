@@ -19,7 +19,7 @@
 
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::{Error, Result};
-use crate::kernels::QuantSpec;
+pub use crate::kernels_gpu::launch::{check_aligned, elementwise_grid, DevAddr, QuantCall, Region};
 use std::ffi::c_void;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -28,9 +28,6 @@ use std::time::{Duration, Instant};
 pub mod cuda;
 #[cfg(feature = "rocm")]
 pub mod hip;
-
-/// A device address (`CUdeviceptr`, a HIP device pointer).
-pub type DevAddr = u64;
 
 /// Which GPU runtime.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -49,58 +46,6 @@ impl Api {
             Api::Hip => "hip",
         }
     }
-}
-
-/// `len` bytes of device memory at `addr`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Region {
-    pub addr: DevAddr,
-    pub len: usize,
-}
-
-/// One launch of a quantization kernel, with the arguments of the CPU reference in
-/// [`crate::kernels`] (multi-input kernels take their k inputs as one contiguous region,
-/// sender `s` at `s · per_sender` bytes).
-#[derive(Debug, Clone, Copy)]
-pub enum QuantCall {
-    /// [`crate::kernels::quantize`].
-    Quantize {
-        spec: QuantSpec,
-        dtype: DataType,
-        src: Region,
-        dst: Region,
-    },
-    /// [`crate::kernels::swizzled_quantize`].
-    Swizzled {
-        spec: QuantSpec,
-        dtype: DataType,
-        src: Region,
-        c: usize,
-        nodes: usize,
-        devices: usize,
-        stages: usize,
-        dst: Region,
-    },
-    /// [`crate::kernels::dequant_reduce`] (k = 1 and `Sum`: [`crate::kernels::dequantize`]).
-    DequantReduce {
-        spec: QuantSpec,
-        inputs: Region,
-        k: usize,
-        n: usize,
-        op: ReduceOp,
-        divisor: usize,
-        dtype: DataType,
-        dst: Region,
-    },
-    /// [`crate::kernels::dequant_reduce_quant`].
-    DequantReduceQuant {
-        spec: QuantSpec,
-        inputs: Region,
-        k: usize,
-        n: usize,
-        slices: usize,
-        dst: Region,
-    },
 }
 
 /// A GPU. Shared (`Arc<dyn Device>`) by every buffer and stream on it.
@@ -298,43 +243,9 @@ impl Drop for DeviceMem {
     }
 }
 
-/// Launch geometry of the element-wise kernels: 256 threads, grid-stride, at most
-/// 65535 blocks (one pass covers 16 M elements).
-pub fn elementwise_grid(count: usize) -> (u32, u32) {
-    let threads = 256u32;
-    let blocks = count.div_ceil(threads as usize).clamp(1, 65535) as u32;
-    (blocks, threads)
-}
-
-/// The alignment check of the element-wise kernels (they load whole elements).
-pub fn check_aligned(what: &str, addrs: &[DevAddr], dtype: DataType) -> Result<()> {
-    let a = dtype.size() as u64;
-    if let Some(bad) = addrs.iter().find(|&&p| p % a != 0) {
-        return Err(Error::InvalidArgument(format!(
-            "{what}: device address {bad:#x} is not aligned to its {dtype} elements ({a} bytes)"
-        )));
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn grid_covers_counts() {
-        assert_eq!(elementwise_grid(0), (1, 256));
-        assert_eq!(elementwise_grid(257), (2, 256));
-        assert_eq!(elementwise_grid(usize::MAX / 2).0, 65535);
-    }
-
-    #[test]
-    fn alignment_is_checked() {
-        assert!(check_aligned("t", &[0, 4, 8], DataType::F32).is_ok());
-        let e = check_aligned("t", &[0, 6], DataType::F32).unwrap_err();
-        assert!(e.to_string().contains("0x6"), "{e}");
-        assert!(check_aligned("t", &[1, 3], DataType::U8).is_ok());
-    }
 
     #[test]
     fn opening_without_the_feature_is_not_compiled() {

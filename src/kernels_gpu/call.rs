@@ -4,9 +4,9 @@
 //! device addresses filled in. The CUDA and HIP devices ([`crate::device`]) only launch
 //! what this returns, so both validate identically.
 
+use super::launch::{DevAddr, QuantCall, Region};
 use super::plan::{dequant_plan, drq_plan, quantize_plan, DequantArgs, DrqArgs, QuantArgs};
 use super::{kernel_name, reduce_kernel_name, KernelOp};
-use crate::device::{DevAddr, QuantCall, Region};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::kernels::QuantSpec;
@@ -237,11 +237,11 @@ pub fn elementwise(
     dtype: DataType,
     op: Option<ReduceOp>,
 ) -> Result<Option<(String, u32, u32)>> {
-    crate::device::check_aligned(what, addrs, dtype)?;
+    super::launch::check_aligned(what, addrs, dtype)?;
     if count == 0 {
         return Ok(None);
     }
-    let (grid, threads) = crate::device::elementwise_grid(count);
+    let (grid, threads) = super::launch::elementwise_grid(count);
     Ok(Some((reduce_kernel_name(dtype, op), grid, threads)))
 }
 

@@ -2,9 +2,9 @@
 //! on cudarc device buffers with the CPU reference's API and checks.
 
 use super::call::{prepare, ArgBlock};
+use super::launch::{QuantCall, Region};
 use super::plan::{DequantArgs, DrqArgs, QuantArgs};
 use super::{kernel_name, kernels};
-use crate::device::{QuantCall, Region};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::kernels::QuantSpec;
@@ -27,35 +27,6 @@ unsafe impl DeviceRepr for DrqArgs {}
 
 fn dev(what: &str, e: DriverError) -> Error {
     Error::Device(format!("{what}: {e:?}"))
-}
-
-/// The shared-library names cudarc tries for the CUDA driver.
-pub fn driver_candidates() -> Vec<String> {
-    ["cuda", "nvcuda"]
-        .iter()
-        .flat_map(|l| cudarc::get_lib_name_candidates(l))
-        .collect()
-}
-
-/// Open device `ordinal` (a primary context). `System` naming the libcuda candidates
-/// tried when the driver library is missing; `Device` when the driver fails. Never panics.
-pub fn open_device(ordinal: usize) -> Result<Arc<CudaContext>> {
-    // SAFETY: `is_culib_present` only dlopens cudarc's candidate names and drops them.
-    let present = std::panic::catch_unwind(|| unsafe { cudarc::driver::sys::is_culib_present() })
-        .unwrap_or(false);
-    if !present {
-        return Err(Error::System(format!(
-            "libcuda (the NVIDIA driver) not found: tried {:?}",
-            driver_candidates()
-        )));
-    }
-    match std::panic::catch_unwind(|| CudaContext::new(ordinal)) {
-        Ok(r) => r.map_err(|e| dev(&format!("opening CUDA device {ordinal}"), e)),
-        Err(p) => Err(Error::System(format!(
-            "the CUDA driver panicked: {}",
-            super::nvrtc::panic_text(&p)
-        ))),
-    }
 }
 
 /// The quantization kernels loaded into one CUDA context. Methods mirror

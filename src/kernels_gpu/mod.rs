@@ -20,15 +20,16 @@
 use crate::error::Result;
 
 pub mod call;
+pub mod launch;
 pub mod plan;
 pub use plan::{group_size, Launch};
 
 #[cfg(feature = "cuda")]
 mod cuda;
 #[cfg(feature = "cuda")]
-pub use cuda::{driver_candidates, open_device, GpuQuant};
+pub use cuda::GpuQuant;
 #[cfg(feature = "cuda")]
-mod nvrtc;
+pub(crate) mod nvrtc;
 
 /// The shared portable header with every kernel body (CUDA and HIP).
 pub const CUDA_HEADER: &str = include_str!("../../kernels-cuda/strata_quant.cuh");

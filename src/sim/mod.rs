@@ -34,9 +34,9 @@ pub use schedule::{dry_run, finish_recording, resolve, start_recording, Schedule
 pub use symmetric::symmetric_makespan;
 
 use crate::algo::Algo;
-use crate::check::Kind;
 use crate::dtype::DataType;
 use crate::error::Result;
+use crate::kinds::Kind;
 use crate::topology::Topology;
 
 /// Dry run and replay of one call: the schedule `algo` resolves to for `kind` with NCCL's

@@ -24,13 +24,14 @@
 
 use crate::algo::plan::{self, Plan, Ring};
 use crate::algo::{ho_ring, select, Algo};
-use crate::check::Kind;
-use crate::comm::hierarchy::Hierarchy;
-use crate::comm::Comm;
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
+use crate::kinds::Kind;
+use crate::topology::Hierarchy;
 use crate::topology::{LinkClass, Topology};
+use crate::traffic::Traffic;
 use crate::traffic::{Event, EventKind, TrafficReport};
+use crate::transport::TransportKind;
 use std::collections::{HashMap, VecDeque};
 
 /// One transfer: `bytes` from world rank `src` to world rank `dst`.
@@ -582,9 +583,9 @@ impl<'a> Builder<'a> {
 }
 
 /// The algorithm `algo` resolves to for `kind` with `count` elements of `dtype` on the
-/// whole world of `topo`, as [`crate::algo::select::choose`] resolves it: `auto` by the
-/// alpha-beta estimates, `hier` / `ho-ring` fall back to `ring` where the world does not
-/// span 2 or 3 levels.
+/// whole world of `topo`, by the one selection rule ([`select::select`], what
+/// [`crate::Comm::submit`] runs): `auto` by the alpha-beta estimates, `hier` / `ho-ring`
+/// fall back to `ring` where the world does not span 2 or 3 levels.
 pub fn resolve(
     topo: &Topology,
     kind: Kind,
@@ -593,38 +594,30 @@ pub fn resolve(
     dtype: DataType,
     chunks: Option<usize>,
 ) -> Result<Algo> {
-    let p = topo.world_size();
-    let members: Vec<usize> = (0..p).collect();
+    if !matches!(algo, Algo::Ring | Algo::Hier | Algo::HoRing | Algo::Auto) {
+        return Err(Error::InvalidArgument(format!(
+            "the simulator models ring, hier, ho-ring and auto, not {algo}"
+        )));
+    }
+    let members: Vec<usize> = (0..topo.world_size()).collect();
     let h = Hierarchy::detect(topo, &members);
-    let multi = h.as_ref().is_some_and(|h| h.levels.len() >= 2);
-    Ok(match algo {
-        Algo::Ring => Algo::Ring,
-        Algo::Hier | Algo::HoRing if !multi => Algo::Ring,
-        Algo::Hier | Algo::HoRing => algo,
-        Algo::Auto if !multi => Algo::Ring,
-        Algo::Auto => {
-            let (count, factor) = match kind {
-                Kind::AllReduce => (count.div_ceil(p.max(1)), 2.0),
-                _ => (count, 1.0),
-            };
-            let est = select::estimate(
-                topo,
-                &members,
-                h.as_ref(),
-                count,
-                factor,
-                dtype.size(),
-                chunks,
-            );
-            select::auto_pick(est)
-        }
-        #[allow(unreachable_patterns)] // quantized algorithms, where compiled in
-        other => {
-            return Err(Error::InvalidArgument(format!(
-                "the simulator models ring, hier, ho-ring and auto, not {other}"
-            )))
-        }
-    })
+    let shape = select::Shape {
+        kind: Some(kind),
+        redop: matches!(kind, Kind::ReduceScatter | Kind::AllReduce)
+            .then_some(crate::ReduceOp::Sum),
+        count,
+        dtype,
+        topo,
+        members: &members,
+        hierarchy: h.as_ref(),
+        chunks,
+    };
+    match select::select(algo, &shape).algo {
+        a @ (Algo::Ring | Algo::Hier | Algo::HoRing) => Ok(a),
+        other => Err(Error::InvalidArgument(format!(
+            "the simulator models ring, hier, ho-ring and auto, not {other}"
+        ))),
+    }
 }
 
 /// [`resolve`] after checking that the simulator models `kind` and that `topo` is valid.
@@ -733,30 +726,31 @@ pub fn dry_run(
     Ok(sched)
 }
 
-/// Start recording the schedule of everything that runs on `comm`'s world from now on
-/// (local transport only: `InvalidUsage` where the transport keeps no traffic log).
-pub fn start_recording(comm: &Comm) -> Result<()> {
-    let t = comm.traffic().ok_or_else(|| {
+/// Start recording the schedule of everything that moves through the traffic counters
+/// `t` of a world on transport `kind` from now on (measured transports only:
+/// `InvalidUsage` where the transport keeps no transfer log). [`crate::Comm`] wraps it
+/// as `start_recording`.
+pub fn start_recording(t: Option<&Traffic>, kind: TransportKind) -> Result<()> {
+    let t = t.ok_or_else(|| {
         Error::InvalidUsage(format!(
             "the {} transport cannot record schedules",
-            comm.transport_kind().name()
+            kind.name()
         ))
     })?;
-    if !comm.transport_kind().traffic_measured() {
+    if !kind.traffic_measured() {
         return Err(Error::InvalidUsage(format!(
             "the {} transport records nominal traffic only, not schedules",
-            comm.transport_kind().name()
+            kind.name()
         )));
     }
     t.start_recording();
     Ok(())
 }
 
-/// Stop recording and build the schedule of what ran since [`start_recording`] (call
-/// once every rank's work was waited).
-pub fn finish_recording(comm: &Comm) -> Result<Schedule> {
-    let t = comm
-        .traffic()
-        .ok_or_else(|| Error::InvalidUsage("this transport cannot record schedules".into()))?;
-    Schedule::from_recording(comm.topology(), &t.take_recording())
+/// Stop recording and build the schedule of what ran since [`start_recording`] on
+/// `topo` (call once every rank's work was waited).
+pub fn finish_recording(t: Option<&Traffic>, topo: &Topology) -> Result<Schedule> {
+    let t =
+        t.ok_or_else(|| Error::InvalidUsage("this transport cannot record schedules".into()))?;
+    Schedule::from_recording(topo, &t.take_recording())
 }

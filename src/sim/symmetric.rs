@@ -28,10 +28,10 @@ use super::replay::{Ready, Waves};
 use super::schedule::{checked_resolve, plan_of};
 use crate::algo::plan::{Plan, Ring};
 use crate::algo::Algo;
-use crate::check::Kind;
-use crate::comm::Hierarchy;
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
+use crate::kinds::Kind;
+use crate::topology::Hierarchy;
 use crate::topology::{LinkClass, Topology};
 use std::collections::BinaryHeap;
 

@@ -30,7 +30,10 @@
 pub mod detect;
 pub mod gcd;
 pub mod grouping;
+pub mod hierarchy;
 pub mod presets;
+
+pub use hierarchy::Hierarchy;
 
 use std::fmt;
 use std::path::Path;

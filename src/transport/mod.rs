@@ -2,7 +2,7 @@
 //!
 //! One trait, [`Transport`], with blocking point-to-point primitives and native
 //! collectives; a transport's native collectives default to the ring algorithms of
-//! [`crate::algo::ring`] written over its point-to-point calls (so the `local`
+//! [`ring`] written over its point-to-point calls (so the `local`
 //! transport's traffic mirrors NCCL's ring). Transports are driven from a
 //! communicator's stream thread ([`crate::comm`]), which is what makes collectives
 //! nonblocking for the caller. Every transport exists as a type in every build; with
@@ -16,10 +16,10 @@ pub mod metered;
 pub mod mpi;
 #[cfg(any(feature = "cuda", feature = "rocm"))]
 pub mod nccl;
+pub mod ring;
 #[cfg(any(feature = "cuda", feature = "rocm"))]
 pub mod vendor;
 
-use crate::algo::ring;
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::traffic::{Traffic, TrafficMatrix};
@@ -134,7 +134,7 @@ pub trait Transport: Send + Sync {
         self.recv(src, recv)
     }
     /// The device face of a GPU transport (`None` for host transports): collectives on
-    /// device memory, which [`crate::comm::native`] uses for device buffers.
+    /// device memory, which the runtime's native execution uses for device buffers.
     fn gpu(&self) -> Option<&dyn gpu::GpuTransport> {
         None
     }

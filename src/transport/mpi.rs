@@ -20,7 +20,7 @@
 //!   `STRATA_MPI_MAX_MESSAGE` lowers it for tests) travel as an 8-byte length header
 //!   (tag 1) followed by pieces (tag 0); shorter ones as one message (tag 0). Counts
 //!   therefore always fit MPI's `int`.
-//! - Native collectives are the ring defaults of [`crate::algo::ring`] over these
+//! - Native collectives are the ring defaults of [`crate::transport::ring`] over these
 //!   calls, so the traffic recorded here (every `send`, world rank to world rank) is the
 //!   nominal ring traffic: MPI may route the bytes differently underneath.
 //! - A timeout or an abort cancels pending requests (best effort). When a request

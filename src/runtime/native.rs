@@ -1,7 +1,10 @@
 //! Runs a checked request on the transport's native collective: borrows the buffers
 //! (shared for what is read, exclusive for what is written), applies NCCL's in-place
 //! rules, and calls the blocking transport on the stream thread. `Avg` is left as a sum:
-//! the submit path divides once at the very end.
+//! `crate::algo::run` divides once at the very end. In-place layouts by the one rule
+//! ([`Op::is_in_place`]).
+
+#![forbid(unsafe_code)]
 
 use super::request::Op;
 use crate::dtype::{reduce_into, DataType};
@@ -19,10 +22,10 @@ pub fn run(t: &dyn Transport, op: &Op, dtype: DataType, timeout: Duration) -> Re
         return device::run(t, op, dtype, timeout, place);
     }
     let (rank, size) = (t.rank(), t.size());
+    let in_place = op.is_in_place(rank, dtype);
     match op {
         Op::AllGather { send, recv, count } => {
             let c = count * dtype.size();
-            let in_place = send.offset_in(recv) == Some(rank * c);
             let mut out = recv.write_timeout(timeout)?;
             if !in_place {
                 out[rank * c..(rank + 1) * c].copy_from_slice(&send.read_timeout(timeout)?);
@@ -30,7 +33,7 @@ pub fn run(t: &dyn Transport, op: &Op, dtype: DataType, timeout: Duration) -> Re
             t.all_gather(&mut out, c)
         }
         Op::ReduceScatter { send, recv, op, .. } => {
-            if recv.offset_in(send).is_some() {
+            if in_place {
                 // In place: the input is the whole buffer, the output one chunk of it.
                 let src = send.to_bytes()?;
                 let mut out = recv.write_timeout(timeout)?;
@@ -42,7 +45,9 @@ pub fn run(t: &dyn Transport, op: &Op, dtype: DataType, timeout: Duration) -> Re
             }
         }
         Op::AllReduce { send, recv, op, .. } => {
-            copy_unless_same(send, recv, timeout)?;
+            if !in_place {
+                copy(send, recv, timeout)?;
+            }
             t.all_reduce(&mut recv.write_timeout(timeout)?, dtype, *op)
         }
         Op::AllToAll { send, recv, .. } => t.all_to_all(
@@ -52,8 +57,8 @@ pub fn run(t: &dyn Transport, op: &Op, dtype: DataType, timeout: Duration) -> Re
         Op::Broadcast {
             send, recv, root, ..
         } => {
-            if rank == *root {
-                copy_unless_same(send, recv, timeout)?;
+            if rank == *root && !in_place {
+                copy(send, recv, timeout)?;
             }
             t.broadcast(&mut recv.write_timeout(timeout)?, *root)
         }
@@ -87,10 +92,7 @@ pub fn run(t: &dyn Transport, op: &Op, dtype: DataType, timeout: Duration) -> Re
     }
 }
 
-fn copy_unless_same(src: &Buffer, dst: &Buffer, timeout: Duration) -> Result<()> {
-    if dst.offset_in(src) == Some(0) && dst.len() == src.len() {
-        return Ok(());
-    }
+fn copy(src: &Buffer, dst: &Buffer, timeout: Duration) -> Result<()> {
     let data = src.read_timeout(timeout)?;
     dst.write_timeout(timeout)?.copy_from_slice(&data);
     Ok(())
@@ -165,11 +167,12 @@ mod device {
             )));
         }
         let rank = t.rank();
+        let in_place = op.is_in_place(rank, dtype);
         match op {
             Op::AllGather { send, recv, count } => {
                 let c = count * dtype.size();
                 let out = recv.dev_write_timeout(to)?;
-                if send.offset_in(recv) != Some(rank * c) {
+                if !in_place {
                     let s = send.dev_read_timeout(to)?;
                     g.stream()
                         .copy(out.addr() + (rank * c) as u64, s.addr(), c)?;
@@ -177,7 +180,7 @@ mod device {
                 g.all_gather(out.region(), c)
             }
             Op::ReduceScatter { send, recv, op, .. } => {
-                if recv.offset_in(send).is_some() {
+                if in_place {
                     // In place: one exclusive borrow of the whole input covers the output.
                     let s = send.dev_write_timeout(to)?;
                     let off = recv.offset_in(send).unwrap_or(0) as u64;
@@ -193,7 +196,9 @@ mod device {
                 }
             }
             Op::AllReduce { send, recv, op, .. } => {
-                copy_dev(g, send, recv, to)?;
+                if !in_place {
+                    copy_dev(g, send, recv, to)?;
+                }
                 g.all_reduce(recv.dev_write_timeout(to)?.region(), dtype, *op)
             }
             Op::AllToAll { send, recv, .. } => g.all_to_all(
@@ -203,7 +208,7 @@ mod device {
             Op::Broadcast {
                 send, recv, root, ..
             } => {
-                if rank == *root {
+                if rank == *root && !in_place {
                     copy_dev(g, send, recv, to)?;
                 }
                 g.broadcast(recv.dev_write_timeout(to)?.region(), *root)
@@ -242,9 +247,6 @@ mod device {
     }
 
     fn copy_dev(g: &dyn GpuTransport, src: &Buffer, dst: &Buffer, to: Duration) -> Result<()> {
-        if dst.offset_in(src) == Some(0) && dst.len() == src.len() {
-            return Ok(());
-        }
         let s = src.dev_read_timeout(to)?;
         let d = dst.dev_write_timeout(to)?;
         g.stream().copy(d.addr(), s.addr(), src.len())?;

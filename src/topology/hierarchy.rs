@@ -2,7 +2,7 @@
 //! (network, node, package) it spans, how many ranks per level, and this rank's index
 //! in each. Computed from the members' coordinates, never by hand in an algorithm.
 
-use crate::topology::{Level, Topology};
+use super::{Level, Topology};
 
 /// Levels outermost first with their sizes (levels of size 1 are left out). The
 /// communicator's rank is the row-major index over these sizes.

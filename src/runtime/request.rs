@@ -1,11 +1,14 @@
 //! The request descriptor every collective becomes, and the checks it passes before
 //! dispatch (NCCL's ncclEnqueueCheck is the model): counts, overflow, buffer sizes,
-//! peers, and NCCL's in-place and aliasing rules.
+//! peers, and NCCL's in-place and aliasing rules (the one rule: [`Kind::in_place`],
+//! applied to buffers by [`in_place`]).
+
+#![forbid(unsafe_code)]
 
 use super::stream::Work;
-use crate::algo::Algo;
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::{Error, Result};
+use crate::kinds::{Algo, Kind};
 use crate::memory::Buffer;
 
 /// One collective or point-to-point operation. Counts are in elements of the request's
@@ -136,6 +139,39 @@ impl Op {
         d
     }
 
+    /// The collective kind of a single-buffer collective (`None`: point-to-point and
+    /// coalesced ops).
+    pub fn kind(&self) -> Option<Kind> {
+        Some(match self {
+            Op::AllGather { .. } => Kind::AllGather,
+            Op::ReduceScatter { .. } => Kind::ReduceScatter,
+            Op::AllReduce { .. } => Kind::AllReduce,
+            Op::AllToAll { .. } => Kind::AllToAll,
+            Op::Broadcast { root, .. } => Kind::Broadcast { root: *root },
+            _ => return None,
+        })
+    }
+
+    /// True when this collective is in NCCL's in-place layout on `rank` ([`in_place`]).
+    pub fn is_in_place(&self, rank: usize, dtype: DataType) -> bool {
+        match self {
+            Op::AllGather { send, recv, count }
+            | Op::ReduceScatter {
+                send, recv, count, ..
+            }
+            | Op::AllReduce {
+                send, recv, count, ..
+            }
+            | Op::Broadcast {
+                send, recv, count, ..
+            }
+            | Op::AllToAll { send, recv, count } => self
+                .kind()
+                .is_some_and(|k| in_place(k, send, recv, rank, count * dtype.size())),
+            _ => false,
+        }
+    }
+
     /// The reduction op, where there is one.
     pub fn redop(&self) -> Option<ReduceOp> {
         match self {
@@ -192,6 +228,18 @@ impl Request {
     }
 }
 
+/// NCCL's in-place rule ([`Kind::in_place`]) applied to buffer views: true when
+/// `send` and `recv` are views of one allocation laid out as `kind` requires for
+/// `rank` with `chunk` bytes per rank.
+pub fn in_place(kind: Kind, send: &Buffer, recv: &Buffer, rank: usize, chunk: usize) -> bool {
+    let diff = match (send.offset_in(recv), recv.offset_in(send)) {
+        (Some(o), _) => o as i128,
+        (None, Some(o)) => -(o as i128),
+        (None, None) => return false,
+    };
+    kind.in_place(rank, chunk).is_some_and(|l| l.matches(diff))
+}
+
 fn bytes(count: usize, factor: usize, dt: DataType, what: &str) -> Result<usize> {
     count
         .checked_mul(factor)
@@ -234,7 +282,7 @@ pub fn check(op: Op, dtype: DataType, rank: usize, size: usize) -> Result<Op> {
                 "all-gather recvbuff",
             )?;
             let send = fits(&send, c, "all-gather sendbuff")?;
-            if send.offset_in(&recv) != Some(rank * c) {
+            if !in_place(Kind::AllGather, &send, &recv, rank, c) {
                 no_alias(&send, &recv, "all-gather")?;
             }
             Op::AllGather { send, recv, count }
@@ -252,7 +300,7 @@ pub fn check(op: Op, dtype: DataType, rank: usize, size: usize) -> Result<Op> {
                 "reduce-scatter sendbuff",
             )?;
             let recv = fits(&recv, c, "reduce-scatter recvbuff")?;
-            if recv.offset_in(&send) != Some(rank * c) {
+            if !in_place(Kind::ReduceScatter, &send, &recv, rank, c) {
                 no_alias(&send, &recv, "reduce-scatter")?;
             }
             Op::ReduceScatter {
@@ -271,7 +319,7 @@ pub fn check(op: Op, dtype: DataType, rank: usize, size: usize) -> Result<Op> {
             let c = bytes(count, 1, dtype, "all-reduce")?;
             let send = fits(&send, c, "all-reduce sendbuff")?;
             let recv = fits(&recv, c, "all-reduce recvbuff")?;
-            if recv.offset_in(&send) != Some(0) {
+            if !in_place(Kind::AllReduce, &send, &recv, rank, c) {
                 no_alias(&send, &recv, "all-reduce")?;
             }
             Op::AllReduce {
@@ -306,7 +354,7 @@ pub fn check(op: Op, dtype: DataType, rank: usize, size: usize) -> Result<Op> {
             } else {
                 send.slice(0..0)?
             };
-            if rank == root && recv.offset_in(&send) != Some(0) {
+            if rank == root && !in_place(Kind::Broadcast { root }, &send, &recv, rank, c) {
                 no_alias(&send, &recv, "broadcast")?;
             }
             Op::Broadcast {

@@ -9,9 +9,9 @@
 //! Summed over a link class, a ring in rank order crosses each boundary of that class
 //! once per lap, which gives the closed forms asserted in `tests/traffic.rs`.
 
+use super::Transport;
 use crate::dtype::{reduce_into, DataType, ReduceOp};
 use crate::error::Result;
-use crate::transport::Transport;
 use std::ops::Range;
 
 fn prev(r: usize, p: usize) -> usize {

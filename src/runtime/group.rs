@@ -1,16 +1,17 @@
 //! Group start/end (ncclGroupStart/End): between them, a thread's submissions are held
 //! and, at the outermost end, queued as one launch per communicator. Their handles
-//! complete as each member finishes. Groups nest; they are per thread.
+//! complete as each member finishes. Groups nest; they are per thread. A group of
+//! native device-buffer calls on a GPU transport is one vendor group.
+
+#![forbid(unsafe_code)]
 
 use super::stream::Work;
-use super::Comm;
+use super::{CommCore, Job};
 use crate::error::{Error, Result};
 use std::cell::RefCell;
 
-pub(crate) type Job = Box<dyn FnOnce() -> Result<()> + Send>;
-
 struct Pending {
-    comm: Comm,
+    comm: CommCore,
     deps: Vec<Work>,
     job: Job,
     work: Work,
@@ -42,7 +43,7 @@ pub fn group_end() -> Result<()> {
             Vec::new()
         })
     })?;
-    let mut per_comm: Vec<(Comm, Vec<Pending>)> = Vec::new();
+    let mut per_comm: Vec<(CommCore, Vec<Pending>)> = Vec::new();
     for p in batch {
         match per_comm.iter_mut().find(|(c, _)| c.same(&p.comm)) {
             Some((_, v)) => v.push(p),
@@ -64,7 +65,7 @@ pub fn group_end() -> Result<()> {
         // (ncclGroupStart/End): sends and receives between peers cannot deadlock.
         if items_fusable && comm.transport().gpu().is_some() {
             let c = comm.clone();
-            let pushed = comm.stream_push(
+            let pushed = comm.push(
                 Vec::new(),
                 Box::new(move || {
                     let mut first = super::stream::wait_deps(&deps, timeout);
@@ -108,7 +109,7 @@ pub fn group_end() -> Result<()> {
             }
             continue;
         }
-        let pushed = comm.stream_push(
+        let pushed = comm.push(
             Vec::new(),
             Box::new(move || {
                 let mut first = super::stream::wait_deps(&deps, timeout);
@@ -141,7 +142,7 @@ pub fn in_group() -> bool {
 /// Hold a submission until the group ends.
 /// `fusable`: a native call on device buffers (may run inside a vendor group).
 pub(crate) fn hold(
-    comm: Comm,
+    comm: CommCore,
     deps: Vec<Work>,
     job: Job,
     work: Work,

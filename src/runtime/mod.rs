@@ -1,0 +1,442 @@
+//! The communicator core: what every collective runs on once the front ([`crate::comm`])
+//! has checked it and chosen its algorithm.
+//!
+//! - [`CommCore`]: a transport bound to the world topology, its members and their
+//!   [`Hierarchy`], a [`stream`] thread that runs work in submission order, and the cache
+//!   of sub-communicators (levels, node, rail) that algorithms split once and reuse.
+//! - [`CommCore::enqueue`] / [`CommCore::enqueue_batch`]: the ONE way an algorithm
+//!   reaches the wire. A native op (already valid by construction) runs on that
+//!   communicator's stream after `deps` and after everything queued on it before; called
+//!   from the communicator's own stream thread (an algorithm using its own communicator)
+//!   it runs at once, which is the same order. A batch is one stream task, and one vendor
+//!   group (ncclGroupStart/End) when it is made of device-buffer ops on a GPU transport.
+//! - [`request`]: the request descriptor, its checks and NCCL's in-place rule;
+//!   [`native`]: execution of one op by the transport; [`group`]: group start/end.
+//!
+//! Nothing here chooses an algorithm or divides an `Avg` result: that is the front's
+//! and [`crate::algo::run`]'s business, one layer up.
+
+#![forbid(unsafe_code)]
+
+pub mod group;
+pub mod native;
+pub mod request;
+pub mod stream;
+
+pub use request::{Op, Request};
+pub use stream::Work;
+
+use crate::bufops::Ops;
+use crate::config;
+use crate::dtype::DataType;
+use crate::error::{Error, Result};
+use crate::kinds::Algo;
+use crate::topology::{Hierarchy, Level, Topology};
+use crate::traffic::Traffic;
+use crate::transport::{Transport, TransportKind};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Options of a communicator. `Default` reads `STRATA_ALGO` and `STRATA_TIMEOUT`.
+#[derive(Debug, Clone)]
+pub struct CommConfig {
+    /// Algorithm used when a request carries no hint (`Auto` picks by the documented rule).
+    pub algo: Algo,
+    /// How long to wait for a peer or a dependency before failing.
+    pub timeout: Duration,
+    /// Pieces per chunk for the pipelined algorithms (`ho-ring`); `None`:
+    /// round(sqrt(chunk / 128 KiB)) in 1..=16 (`STRATA_HORING_CHUNKS` overrides it).
+    pub ho_ring_chunks: Option<usize>,
+}
+
+impl CommConfig {
+    /// From the environment, or the error a malformed variable caused.
+    pub fn from_env() -> Result<CommConfig> {
+        let e = config::env()?;
+        Ok(CommConfig {
+            algo: e.algo.unwrap_or(Algo::Auto),
+            timeout: e.timeout,
+            ho_ring_chunks: e.ho_ring_chunks,
+        })
+    }
+}
+
+impl Default for CommConfig {
+    fn default() -> Self {
+        CommConfig::from_env().unwrap_or(CommConfig {
+            algo: Algo::Auto,
+            timeout: config::DEFAULT_TIMEOUT,
+            ho_ring_chunks: None,
+        })
+    }
+}
+
+pub(crate) type Job = Box<dyn FnOnce() -> Result<()> + Send>;
+
+struct Inner {
+    transport: Arc<dyn Transport>,
+    topo: Arc<Topology>,
+    members: Vec<usize>,
+    hierarchy: Option<Hierarchy>,
+    stream: stream::Stream,
+    config: CommConfig,
+    subcomms: Mutex<HashMap<String, CommCore>>,
+    destroyed: AtomicBool,
+    last_error: Mutex<String>,
+}
+
+/// The core of a communicator (cheap to clone; clones share it). The public face is
+/// [`crate::comm::Comm`]; algorithms get a `&CommCore`.
+#[derive(Clone)]
+pub struct CommCore(Arc<Inner>);
+
+impl std::fmt::Debug for CommCore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Comm(rank {}/{}, {})",
+            self.rank(),
+            self.size(),
+            self.0.transport.kind().name()
+        )
+    }
+}
+
+impl CommCore {
+    /// Bind `transport` to the world topology `topo` (whose world size must cover every
+    /// world rank of the transport) and start its stream.
+    pub fn new(
+        transport: Arc<dyn Transport>,
+        topo: Arc<Topology>,
+        config: CommConfig,
+    ) -> Result<CommCore> {
+        crate::log::init();
+        let members: Vec<usize> = (0..transport.size())
+            .map(|r| transport.world_rank(r))
+            .collect();
+        if let Some(bad) = members.iter().find(|&&m| m >= topo.world_size()) {
+            return Err(Error::InvalidUsage(format!(
+                "world rank {bad} is outside topology {}",
+                topo.summary()
+            )));
+        }
+        let hierarchy = Hierarchy::detect(&topo, &members);
+        let name = format!(
+            "strata-{}-r{}",
+            transport.kind().name(),
+            transport.world_rank(transport.rank())
+        );
+        let stream = stream::Stream::new(name, config.timeout)?;
+        tracing::debug!(
+            rank = transport.rank(),
+            size = transport.size(),
+            ?hierarchy,
+            "communicator created"
+        );
+        Ok(CommCore(Arc::new(Inner {
+            transport,
+            topo,
+            members,
+            hierarchy,
+            stream,
+            config,
+            subcomms: Mutex::new(HashMap::new()),
+            destroyed: AtomicBool::new(false),
+            last_error: Mutex::new(String::new()),
+        })))
+    }
+
+    /// This rank in the communicator.
+    pub fn rank(&self) -> usize {
+        self.0.transport.rank()
+    }
+    /// Ranks in the communicator.
+    pub fn size(&self) -> usize {
+        self.0.transport.size()
+    }
+    /// World ranks of all members, in communicator order.
+    pub fn members(&self) -> &[usize] {
+        &self.0.members
+    }
+    /// The world topology.
+    pub fn topology(&self) -> &Arc<Topology> {
+        &self.0.topo
+    }
+    /// The levels this communicator spans, when its ranks form a regular mesh.
+    pub fn hierarchy(&self) -> Option<&Hierarchy> {
+        self.0.hierarchy.as_ref()
+    }
+    /// The configuration.
+    pub fn config(&self) -> &CommConfig {
+        &self.0.config
+    }
+    /// Peer / dependency timeout.
+    pub fn timeout(&self) -> Duration {
+        self.0.config.timeout
+    }
+    /// Which transport moves the bytes.
+    pub fn transport_kind(&self) -> TransportKind {
+        self.0.transport.kind()
+    }
+    /// The transport.
+    pub fn transport(&self) -> &Arc<dyn Transport> {
+        &self.0.transport
+    }
+    /// Traffic counters (local: measured; mpi: nominal, this process's sends).
+    pub fn traffic(&self) -> Option<Arc<Traffic>> {
+        self.0.transport.traffic()
+    }
+    /// True on a transport with a device face whose stream runs device work.
+    pub fn has_device(&self) -> bool {
+        self.0.transport.gpu().is_some()
+    }
+    /// Local buffer operations (copies, reductions, `Avg`, quantization kernels) on
+    /// this communicator's device stream, or on the host.
+    pub fn ops(&self) -> Ops<'_> {
+        Ops::new(self.0.transport.as_ref(), self.timeout())
+    }
+    /// True when both handles are the same communicator.
+    pub fn same(&self, other: &CommCore) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+
+    /// The message of the last failed call on this communicator (empty if none).
+    pub fn last_error(&self) -> String {
+        self.0
+            .last_error
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_default()
+    }
+
+    /// Record `r`'s error as the last error, and pass `r` on.
+    pub fn note<T>(&self, r: Result<T>) -> Result<T> {
+        if let Err(e) = &r {
+            if let Ok(mut s) = self.0.last_error.lock() {
+                *s = e.to_string();
+            }
+        }
+        r
+    }
+
+    /// `InvalidUsage` once the communicator was destroyed or aborted.
+    pub fn alive(&self) -> Result<()> {
+        if self.0.destroyed.load(Ordering::SeqCst) {
+            return Err(Error::InvalidUsage(
+                "communicator used after destroy or abort".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Queue `job` on the stream after `deps`; `work` completes with its outcome.
+    pub(crate) fn push(&self, deps: Vec<Work>, job: Job, work: Work) -> Result<()> {
+        self.0.stream.push(deps, job, work)
+    }
+
+    /// True when called from this communicator's stream thread (inside running work).
+    pub fn on_stream(&self) -> bool {
+        self.0.stream.is_current()
+    }
+
+    /// Run the native `op` (valid by construction: algorithms build it from checked
+    /// requests) after `deps`, in this communicator's stream order. The one way an
+    /// algorithm reaches the wire; see the module doc.
+    pub fn enqueue(&self, op: Op, dtype: DataType, deps: Vec<Work>) -> Work {
+        self.enqueue_batch(vec![op], dtype, deps)
+    }
+
+    /// [`CommCore::enqueue`] of several ops as one stream task (one vendor group on a
+    /// GPU transport when every op is on device buffers), completing when all have run.
+    pub fn enqueue_batch(&self, ops: Vec<Op>, dtype: DataType, deps: Vec<Work>) -> Work {
+        let work = Work::pending();
+        if let Err(e) = self.alive() {
+            work.complete(Err(e));
+            return work;
+        }
+        let core = self.clone();
+        let job: Job = Box::new(move || core.run_native(&ops, dtype));
+        if self.on_stream() {
+            let r = stream::wait_deps(&deps, self.timeout()).and_then(|_| job());
+            work.complete(r);
+        } else if let Err(e) = self.push(deps, job, work.clone()) {
+            work.complete(Err(e));
+        }
+        work
+    }
+
+    /// Execute native ops on this thread (the stream's): one vendor group when they are
+    /// all device ops on a GPU transport.
+    pub(crate) fn run_native(&self, ops: &[Op], dtype: DataType) -> Result<()> {
+        let t = self.0.transport.as_ref();
+        let to = self.timeout();
+        match t.gpu() {
+            Some(g) if ops.len() > 1 && ops.iter().all(|o| o.device().is_some()) => {
+                let mut first = Ok(());
+                g.group(&mut || {
+                    for op in ops {
+                        if let Err(e) = native::run(t, op, dtype, to) {
+                            if first.is_ok() {
+                                first = Err(e);
+                            }
+                        }
+                    }
+                    Ok(())
+                })?;
+                first
+            }
+            _ => ops.iter().try_for_each(|op| native::run(t, op, dtype, to)),
+        }
+    }
+
+    /// Collective over this communicator (after its queued work): ranks passing the same
+    /// `Some(color)` form a new communicator ordered by (key, rank); `None` opts out.
+    /// With `meter`, the new communicator and its sub-communicators also count their
+    /// sends there ([`crate::transport::metered`]).
+    pub fn split(
+        &self,
+        color: Option<u32>,
+        key: i32,
+        meter: Option<Arc<Traffic>>,
+    ) -> Result<Option<CommCore>> {
+        self.alive()?;
+        self.0.stream.sync()?;
+        let t = self.0.transport.split(color, key)?;
+        t.map(|t| {
+            let t: Arc<dyn Transport> = match &meter {
+                Some(m) => Arc::new(crate::transport::metered::Metered::new(t, m.clone())),
+                None => t,
+            };
+            CommCore::new(t, self.0.topo.clone(), self.0.config.clone())
+        })
+        .transpose()
+    }
+
+    /// Sub-communicator splits are collective on the transport: from a user thread, run
+    /// them after the queued work (whose algorithms may split too), so every rank splits
+    /// in the same order; on the stream thread, the work itself is that order.
+    fn split_point(&self) -> Result<()> {
+        if self.on_stream() {
+            Ok(())
+        } else {
+            self.alive()?;
+            self.0.stream.sync()
+        }
+    }
+
+    /// The cached sub-communicator `key`, or split it with (color, key) and cache it.
+    fn cached(&self, key: &str, color: u32, k: i32) -> Result<CommCore> {
+        let lock = || {
+            self.0
+                .subcomms
+                .lock()
+                .map_err(|_| Error::Internal("subcomm lock".into()))
+        };
+        if let Some(c) = lock()?.get(key) {
+            return Ok(c.clone());
+        }
+        let t = self
+            .0
+            .transport
+            .split(Some(color), k)?
+            .ok_or_else(|| Error::Internal(format!("{key} split returned no communicator")))?;
+        let c = CommCore::new(t, self.0.topo.clone(), self.0.config.clone())?;
+        tracing::debug!(rank = self.rank(), key, members = ?c.members(), "sub-communicator");
+        lock()?.insert(key.to_string(), c.clone());
+        Ok(c)
+    }
+
+    /// The sub-communicator of level `i` of this communicator's hierarchy (the ranks
+    /// differing from this one only along that level), split on first use and cached.
+    /// Collective: every rank must reach the same first use (algorithms do, since every
+    /// rank runs the same requests in the same order on its stream).
+    pub fn level(&self, i: usize) -> Result<CommCore> {
+        self.split_point()?;
+        let h = self
+            .hierarchy()
+            .ok_or_else(|| Error::Internal("no hierarchy".into()))?;
+        let (level, size) = *h
+            .levels
+            .get(i)
+            .ok_or_else(|| Error::Internal(format!("no level {i}")))?;
+        let (color, k) = h.split_color(i, self.rank());
+        let c = self.cached(&format!("level:{i}:{level:?}"), color, k)?;
+        if c.size() != size {
+            return Err(Error::Internal(format!(
+                "level {level:?} group has {} ranks, expected {size}",
+                c.size()
+            )));
+        }
+        Ok(c)
+    }
+
+    /// The ranks of this rank's node (`node: true`) or rail (same index within the node,
+    /// across nodes), split on first use and cached; collective like
+    /// [`CommCore::level`]. Needs a regular mesh. On one node the node communicator
+    /// has every rank and each rail one.
+    pub fn node_or_rail(&self, node: bool) -> Result<CommCore> {
+        self.split_point()?;
+        let h = self.hierarchy().ok_or_else(|| {
+            Error::InvalidUsage(
+                "ranks are not a regular mesh of the topology: no node groups".into(),
+            )
+        })?;
+        let n = match h.levels.first() {
+            Some((Level::Network, n)) => *n,
+            _ => 1,
+        };
+        let per = self.size() / n;
+        let (idx, local) = (self.rank() / per, self.rank() % per);
+        let (key, color, k) = if node {
+            ("node", idx, local)
+        } else {
+            ("rail", local, idx)
+        };
+        self.cached(key, color as u32, k as i32)
+    }
+
+    /// Wait for everything queued on this communicator so far.
+    pub fn sync(&self) -> Result<()> {
+        self.0.stream.sync()
+    }
+
+    /// Barrier over the communicator, after its queued work; moves no counted bytes.
+    pub fn barrier(&self) -> Result<()> {
+        self.alive()?;
+        self.sync()?;
+        self.0.transport.barrier()
+    }
+
+    /// Abort (ncclCommAbort): wake every waiter of this communicator, here and on the
+    /// peers, with an error; the communicator is unusable afterwards.
+    pub fn abort(&self) {
+        self.0.destroyed.store(true, Ordering::SeqCst);
+        self.0.transport.abort();
+        if let Ok(subs) = self.0.subcomms.lock() {
+            subs.values().for_each(|c| c.abort());
+        }
+    }
+
+    /// Finish queued work and release the communicator; later calls fail with
+    /// `InvalidUsage`.
+    pub fn destroy(&self) -> Result<()> {
+        let r = self.sync();
+        self.0.destroyed.store(true, Ordering::SeqCst);
+        if let Ok(mut subs) = self.0.subcomms.lock() {
+            for c in subs.values() {
+                let _ = c.destroy();
+            }
+            subs.clear();
+        }
+        self.0.stream.shutdown();
+        r
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.stream.shutdown();
+    }
+}
