@@ -7,6 +7,8 @@
 //! collectives do (`Avg` divides once at the end), so a correct result matches exactly
 //! and [`count_wrong`] uses only a few-ulp tolerance.
 
+#![forbid(unsafe_code)]
+
 use crate::comm::{Comm, Op, Request};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::{Error, Result};

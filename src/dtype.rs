@@ -5,6 +5,8 @@
 //! `Avg` is the exact mean over the communicator: algorithms reduce with `Sum` and divide
 //! once at the end ([`finish_avg`]), so no intermediate is pre-scaled.
 
+#![forbid(unsafe_code)]
+
 use crate::error::{Error, Result};
 use half::{bf16, f16};
 use serde::{Deserialize, Serialize};

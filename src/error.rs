@@ -4,6 +4,8 @@
 //! (0 success, 1 unhandled cuda, 2 system, 3 internal, 4 invalid argument, 5 invalid
 //! usage, 6 remote, 7 in progress). The message is what `strataGetLastError` returns.
 
+#![forbid(unsafe_code)]
+
 use thiserror::Error;
 
 /// Result alias used throughout strata.

@@ -12,6 +12,8 @@
 //! turns into a dependency graph of transfers. Off by default (one atomic load per
 //! transfer).
 
+#![forbid(unsafe_code)]
+
 use crate::topology::{LinkClass, Topology};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

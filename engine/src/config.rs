@@ -1,4 +1,4 @@
-//! The configuration space: every sharding strategy of the seeds as one point.
+//! The configuration space: every sharding strategy of the papers as one point.
 //!
 //! AMSP §IV-B generalized: parameters (P), gradients (G) and optimizer states (OS) are
 //! each sharded over a device mesh `s = s⁰ × s¹` ([`Factor`]: `s⁰` ranks within a node

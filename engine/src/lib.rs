@@ -1,4 +1,4 @@
-//! strata-engine: every seed's sharding strategy in one engine, a planner over all of
+//! strata-engine: every paper's sharding strategy (ZeRO-1/2/3, MiCS, ZeRO++, PaRO, AMSP, Frontier) in one engine, a planner over all of
 //! them, and real training on strata's collectives (safe Rust API only, never the C ABI).
 //!
 //! - [`config`]: the configuration space (AMSP §IV-B generalized) and the presets

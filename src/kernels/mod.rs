@@ -19,6 +19,8 @@
 //! expected and given sizes; none panics on bad input, and n = 0 is a valid no-op.
 //! Single-threaded; no `unsafe` (f16 conversion uses `half`, with F16C when present).
 
+#![forbid(unsafe_code)]
+
 mod convert;
 mod format;
 mod fused;

@@ -4,6 +4,8 @@
 //! device addresses filled in. The CUDA and HIP devices ([`crate::device`]) only launch
 //! what this returns, so both validate identically.
 
+#![forbid(unsafe_code)]
+
 use super::launch::{DevAddr, QuantCall, Region};
 use super::plan::{dequant_plan, drq_plan, quantize_plan, DequantArgs, DrqArgs, QuantArgs};
 use super::{kernel_name, reduce_kernel_name, KernelOp};

@@ -8,6 +8,8 @@
 //! thread block runs `max(gs, 256)` threads, i.e.
 //! `max(1, 256 / gs)` groups, in a grid-stride loop over all quantization blocks.
 
+#![forbid(unsafe_code)]
+
 use crate::kernels::QuantSpec;
 
 /// Threads of a thread block when a group is smaller than that.

@@ -23,6 +23,8 @@
 //! assert!(r.makespan_us >= r.lower_bound_us);
 //! ```
 
+#![forbid(unsafe_code)]
+
 pub mod plot;
 pub mod replay;
 pub mod schedule;

@@ -27,6 +27,8 @@
 //!
 //! Link figures of every preset, with their sources, are in [`presets`].
 
+#![forbid(unsafe_code)]
+
 pub mod detect;
 pub mod gcd;
 pub mod grouping;

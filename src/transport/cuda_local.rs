@@ -13,6 +13,8 @@
 //! counters (measured, as on the `local` transport). A rank that does not arrive within
 //! the timeout, or an abort, fails the waiters with `Error::Remote`.
 
+#![forbid(unsafe_code)]
+
 use super::gpu::{self, staged, GpuTransport, Scratch};
 use super::{Transport, TransportKind};
 use crate::device::{finish, DevAddr, DevStream, Device, Region};

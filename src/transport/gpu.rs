@@ -9,6 +9,8 @@
 //! The transports exist as types in every build; without their feature constructing
 //! one is [`Error::NotCompiled`] with the feature to turn on.
 
+#![forbid(unsafe_code)]
+
 use crate::device::{DevStream, Device, Region};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::{Error, Result};

@@ -6,6 +6,8 @@
 //! is on, every send (before it can be received) and every completed receive is also
 //! appended to the traffic's event log (the schedule recording of [`crate::sim`]).
 
+#![forbid(unsafe_code)]
+
 use super::{Transport, TransportKind};
 use crate::error::{Error, Result};
 use crate::topology::Topology;

@@ -7,13 +7,22 @@
 //! communicators hierarchical algorithms split off it), is added to a meter shared by
 //! the communicators of one purpose, besides the inner transport's own counters.
 //!
-//! The wrapper forwards point-to-point calls and uses the trait's default (ring)
-//! collectives written over them, so every byte passes through [`Metered::send`] and
-//! [`Metered::sendrecv`]. Like the MPI transport's counters, a meter holds the sends of
+//! On host transports the wrapper forwards point-to-point calls and uses the trait's
+//! default (ring) collectives written over them, so every byte passes through
+//! [`Metered::send`] and [`Metered::sendrecv`]. On GPU transports it forwards the device
+//! face ([`Transport::gpu`]) too, so the device paths stay device paths, and counts each
+//! device call's nominal ring traffic (the bytes NCCL's ring sends to the next rank,
+//! the same figures the GPU transports report). Like the MPI transport's counters, a meter holds the sends of
 //! the ranks of this process; [`crate::Comm::sum_traffic`] adds them up across
 //! processes.
 
+#![forbid(unsafe_code)]
+
+use super::gpu::{GpuTransport, Scratch};
 use super::{Transport, TransportKind};
+use crate::device::{DevStream, Device, Region};
+use crate::dtype::{DataType, ReduceOp};
+use crate::error::Error;
 use crate::error::Result;
 use crate::traffic::{Traffic, TrafficMatrix};
 use std::sync::Arc;
@@ -29,6 +38,20 @@ impl Metered {
     /// Wrap `inner`; `meter` must be sized for the world (`Traffic::new(world topology)`).
     pub fn new(inner: Arc<dyn Transport>, meter: Arc<Traffic>) -> Metered {
         Metered { inner, meter }
+    }
+
+    fn inner_gpu(&self) -> Result<&dyn GpuTransport> {
+        self.inner
+            .gpu()
+            .ok_or_else(|| Error::Internal("metered device call on a host transport".into()))
+    }
+
+    /// Nominal ring traffic: `bytes` to the next rank (nothing on one rank).
+    fn to_next(&self, bytes: usize) {
+        let (r, p) = (self.inner.rank(), self.inner.size());
+        if p > 1 {
+            self.count((r + 1) % p, bytes);
+        }
     }
 
     fn count(&self, peer: usize, bytes: usize) {
@@ -75,6 +98,9 @@ impl Transport for Metered {
         self.count(dst, send.len());
         Ok(())
     }
+    fn gpu(&self) -> Option<&dyn GpuTransport> {
+        self.inner.gpu().map(|_| self as &dyn GpuTransport)
+    }
     fn traffic(&self) -> Option<Arc<Traffic>> {
         self.inner.traffic()
     }
@@ -86,5 +112,84 @@ impl Transport for Metered {
     }
     fn sum_traffic(&self, m: &TrafficMatrix) -> Result<TrafficMatrix> {
         self.inner.sum_traffic(m)
+    }
+}
+
+/// The device face, forwarded; every call also counts its nominal ring traffic.
+impl GpuTransport for Metered {
+    fn device(&self) -> &Arc<dyn Device> {
+        self.inner
+            .gpu()
+            .map(|g| g.device())
+            .expect("gpu() is Some only over a GPU transport")
+    }
+    fn stream(&self) -> &Arc<dyn DevStream> {
+        self.inner
+            .gpu()
+            .map(|g| g.stream())
+            .expect("gpu() is Some only over a GPU transport")
+    }
+    fn staging(&self) -> &Scratch {
+        self.inner
+            .gpu()
+            .map(|g| g.staging())
+            .expect("gpu() is Some only over a GPU transport")
+    }
+    fn finish(&self, what: &str) -> Result<()> {
+        self.inner_gpu()?.finish(what)
+    }
+    fn all_gather(&self, buf: Region, chunk: usize) -> Result<()> {
+        self.inner_gpu()?.all_gather(buf, chunk)?;
+        self.to_next(self.inner.size().saturating_sub(1) * chunk);
+        Ok(())
+    }
+    fn reduce_scatter(
+        &self,
+        send: Region,
+        recv: Region,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.inner_gpu()?.reduce_scatter(send, recv, dtype, op)?;
+        self.to_next(self.inner.size().saturating_sub(1) * recv.len);
+        Ok(())
+    }
+    fn all_reduce(&self, buf: Region, dtype: DataType, op: ReduceOp) -> Result<()> {
+        self.inner_gpu()?.all_reduce(buf, dtype, op)?;
+        let p = self.inner.size();
+        self.to_next(2 * (p - 1) * buf.len / p.max(1));
+        Ok(())
+    }
+    fn all_to_all(&self, send: Region, recv: Region) -> Result<()> {
+        self.inner_gpu()?.all_to_all(send, recv)?;
+        let (r, p) = (self.inner.rank(), self.inner.size());
+        (0..p)
+            .filter(|&j| j != r)
+            .for_each(|j| self.count(j, send.len / p));
+        Ok(())
+    }
+    fn broadcast(&self, buf: Region, root: usize) -> Result<()> {
+        self.inner_gpu()?.broadcast(buf, root)?;
+        let (r, p) = (self.inner.rank(), self.inner.size());
+        if (r + p - root) % p + 1 < p {
+            self.to_next(buf.len);
+        }
+        Ok(())
+    }
+    fn send(&self, peer: usize, data: Region) -> Result<()> {
+        self.inner_gpu()?.send(peer, data)?;
+        self.count(peer, data.len);
+        Ok(())
+    }
+    fn recv(&self, peer: usize, data: Region) -> Result<()> {
+        self.inner_gpu()?.recv(peer, data)
+    }
+    fn sendrecv(&self, dst: usize, send: Region, src: usize, recv: Region) -> Result<()> {
+        self.inner_gpu()?.sendrecv(dst, send, src, recv)?;
+        self.count(dst, send.len);
+        Ok(())
+    }
+    fn group(&self, body: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        self.inner_gpu()?.group(body)
     }
 }

@@ -12,6 +12,8 @@
 //! NCCL's data types and reduction ops have strata's numbers ([`DataType`] and
 //! [`ReduceOp`] are `#[repr]`ed on them); `Avg` is sent as `Sum` (the caller divides).
 
+#![forbid(unsafe_code)]
+
 use super::gpu::{staged, GpuTransport, Scratch};
 use super::vendor::{
     Reduction, Vendor, VendorComm, VendorLib, VendorUniqueId, VENDOR_UNIQUE_ID_BYTES,

@@ -9,6 +9,8 @@
 //! Summed over a link class, a ring in rank order crosses each boundary of that class
 //! once per lap, which gives the closed forms asserted in `tests/traffic.rs`.
 
+#![forbid(unsafe_code)]
+
 use super::Transport;
 use crate::dtype::{reduce_into, DataType, ReduceOp};
 use crate::error::Result;

@@ -1,0 +1,226 @@
+//! The one selection rule (`strata::algo::select::select`), pinned: which algorithm
+//! `auto` picks for each preset topology at small and large sizes, that named
+//! algorithms fall back to `ring` exactly where their constraints fail, and that the
+//! submit path runs what `select` says (a fallback really happens).
+
+use strata::algo::select::{select, Choice, Shape};
+use strata::kinds::Kind;
+use strata::topology::Hierarchy;
+use strata::{Algo, Buffer, Comm, CommConfig, DataType, Op, ReduceOp, Request, Topology};
+
+fn pick(spec: &str, kind: Kind, bytes: usize, wanted: Algo) -> Choice {
+    let topo = Topology::parse(spec).unwrap();
+    let members: Vec<usize> = (0..topo.world_size()).collect();
+    let h = Hierarchy::detect(&topo, &members);
+    let dtype = DataType::F32;
+    let shape = Shape {
+        kind: Some(kind),
+        redop: (kind != Kind::AllGather).then_some(ReduceOp::Sum),
+        count: bytes / dtype.size(),
+        dtype,
+        topo: &topo,
+        members: &members,
+        hierarchy: h.as_ref(),
+        chunks: None,
+    };
+    select(wanted, &shape)
+}
+
+#[test]
+fn auto_is_pinned_per_topology_and_size() {
+    use Algo::*;
+    use Kind::*;
+    // (topology, op, bytes per rank chunk (all-reduce: whole buffer), f32, pick). Pinned
+    // from the model of src/topology/presets.rs: a change of the link figures or of the
+    // estimates in src/algo/select.rs shows up here, row by row.
+    let table = [
+        ("dgx-a100:2", AllGather, 8, Hier),
+        ("dgx-a100:2", AllGather, 65536, Hier),
+        ("dgx-a100:2", AllGather, 16777216, HoRing),
+        ("dgx-a100:2", AllGather, 268435456, HoRing),
+        ("dgx-a100:2", ReduceScatter, 8, Hier),
+        ("dgx-a100:2", ReduceScatter, 65536, Hier),
+        ("dgx-a100:2", ReduceScatter, 16777216, HoRing),
+        ("dgx-a100:2", ReduceScatter, 268435456, HoRing),
+        ("dgx-a100:2", AllReduce, 8, Hier),
+        ("dgx-a100:2", AllReduce, 65536, Hier),
+        ("dgx-a100:2", AllReduce, 16777216, Hier),
+        ("dgx-a100:2", AllReduce, 268435456, HoRing),
+        ("dgx-h100:4", AllGather, 8, Hier),
+        ("dgx-h100:4", AllGather, 65536, Hier),
+        ("dgx-h100:4", AllGather, 16777216, HoRing),
+        ("dgx-h100:4", AllGather, 268435456, HoRing),
+        ("dgx-h100:4", ReduceScatter, 8, Hier),
+        ("dgx-h100:4", ReduceScatter, 65536, Hier),
+        ("dgx-h100:4", ReduceScatter, 16777216, HoRing),
+        ("dgx-h100:4", ReduceScatter, 268435456, HoRing),
+        ("dgx-h100:4", AllReduce, 8, Hier),
+        ("dgx-h100:4", AllReduce, 65536, Hier),
+        ("dgx-h100:4", AllReduce, 16777216, Hier),
+        ("dgx-h100:4", AllReduce, 268435456, HoRing),
+        ("p3dn:2", AllGather, 8, Hier),
+        ("p3dn:2", AllGather, 65536, Hier),
+        ("p3dn:2", AllGather, 16777216, HoRing),
+        ("p3dn:2", AllGather, 268435456, HoRing),
+        ("p3dn:2", ReduceScatter, 8, Hier),
+        ("p3dn:2", ReduceScatter, 65536, Hier),
+        ("p3dn:2", ReduceScatter, 16777216, HoRing),
+        ("p3dn:2", ReduceScatter, 268435456, HoRing),
+        ("p3dn:2", AllReduce, 8, Hier),
+        ("p3dn:2", AllReduce, 65536, Hier),
+        ("p3dn:2", AllReduce, 16777216, Hier),
+        ("p3dn:2", AllReduce, 268435456, HoRing),
+        ("frontier:2", AllGather, 8, HoRing),
+        ("frontier:2", AllGather, 65536, Hier),
+        ("frontier:2", AllGather, 16777216, HoRing),
+        ("frontier:2", AllGather, 268435456, HoRing),
+        ("frontier:2", ReduceScatter, 8, HoRing),
+        ("frontier:2", ReduceScatter, 65536, Hier),
+        ("frontier:2", ReduceScatter, 16777216, HoRing),
+        ("frontier:2", ReduceScatter, 268435456, HoRing),
+        ("frontier:2", AllReduce, 8, HoRing),
+        ("frontier:2", AllReduce, 65536, HoRing),
+        ("frontier:2", AllReduce, 16777216, HoRing),
+        ("frontier:2", AllReduce, 268435456, HoRing),
+        ("nodes:1x8", AllGather, 8, Ring),
+        ("nodes:1x8", AllGather, 65536, Ring),
+        ("nodes:1x8", AllGather, 16777216, Ring),
+        ("nodes:1x8", AllGather, 268435456, Ring),
+        ("nodes:1x8", ReduceScatter, 8, Ring),
+        ("nodes:1x8", ReduceScatter, 65536, Ring),
+        ("nodes:1x8", ReduceScatter, 16777216, Ring),
+        ("nodes:1x8", ReduceScatter, 268435456, Ring),
+        ("nodes:1x8", AllReduce, 8, Ring),
+        ("nodes:1x8", AllReduce, 65536, Ring),
+        ("nodes:1x8", AllReduce, 16777216, Ring),
+        ("nodes:1x8", AllReduce, 268435456, Ring),
+        ("nodes:3x2", AllGather, 8, Hier),
+        ("nodes:3x2", AllGather, 65536, Hier),
+        ("nodes:3x2", AllGather, 16777216, Hier),
+        ("nodes:3x2", AllGather, 268435456, HoRing),
+        ("nodes:3x2", ReduceScatter, 8, Hier),
+        ("nodes:3x2", ReduceScatter, 65536, Hier),
+        ("nodes:3x2", ReduceScatter, 16777216, Hier),
+        ("nodes:3x2", ReduceScatter, 268435456, HoRing),
+        ("nodes:3x2", AllReduce, 8, Hier),
+        ("nodes:3x2", AllReduce, 65536, Hier),
+        ("nodes:3x2", AllReduce, 16777216, Hier),
+        ("nodes:3x2", AllReduce, 268435456, HoRing),
+    ];
+    let mut wrong = Vec::new();
+    for (spec, kind, bytes, want) in table {
+        let c = pick(spec, kind, bytes, Auto);
+        if c.algo != want {
+            wrong.push(format!(
+                "{spec} {} {bytes} B: auto picked {} ({}), pinned {want}",
+                kind.name(),
+                c.algo,
+                c.reason
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+#[test]
+fn named_algorithms_fall_back_exactly_where_constraints_fail() {
+    use Kind::*;
+    let fell = |c: &Choice| c.algo == Algo::Ring && c.fallback.is_some();
+    // One node: no levels to be hierarchical over.
+    assert!(fell(&pick("nodes:1x8", AllGather, 4096, Algo::Hier)));
+    assert!(fell(&pick("nodes:1x8", ReduceScatter, 4096, Algo::HoRing)));
+    // Two nodes: they run.
+    assert_eq!(
+        pick("nodes:2x4", AllGather, 4096, Algo::Hier).algo,
+        Algo::Hier
+    );
+    assert_eq!(
+        pick("nodes:2x4", AllReduce, 4096, Algo::HoRing).algo,
+        Algo::HoRing
+    );
+    // Quantized algorithms: only their collective, only floats.
+    assert!(fell(&pick("nodes:2x4", AllGather, 4096, Algo::Qgz)));
+    assert!(fell(&pick("nodes:2x4", ReduceScatter, 4096, Algo::Qwz)));
+    assert_eq!(
+        pick("nodes:2x4", ReduceScatter, 4096, Algo::Qgz).algo,
+        Algo::Qgz
+    );
+    assert_eq!(
+        pick("nodes:1x8", ReduceScatter, 4096, Algo::Qgz1).algo,
+        Algo::Qgz1
+    );
+    // Ring is never a fallback; auto never picks a lossy algorithm.
+    let r = pick("nodes:1x8", AllGather, 4096, Algo::Ring);
+    assert_eq!((r.algo, r.fallback), (Algo::Ring, None));
+    for kind in [AllGather, ReduceScatter, AllReduce] {
+        for b in [8, 1 << 30] {
+            let a = pick("dgx-a100:4", kind, b, Algo::Auto).algo;
+            assert!(matches!(a, Algo::Ring | Algo::Hier | Algo::HoRing), "{a}");
+        }
+    }
+}
+
+/// Traffic matrix of one reduce-scatter of `count` elements of `dtype` with `algo` on a
+/// local world of `spec`, and the choice the communicator made.
+fn run_rs(spec: &str, dtype: DataType, algo: Algo) -> (Vec<u64>, Choice) {
+    let topo = Topology::parse(spec).unwrap();
+    let p = topo.world_size();
+    let comms = Comm::local_world(p, Some(topo), CommConfig::default()).unwrap();
+    let traffic = comms[0].traffic().unwrap();
+    let count = 1000;
+    let mk = move |c: &Comm| {
+        let n = count * c.size() * dtype.size();
+        let send = Buffer::from_bytes(&vec![1u8; n]);
+        let recv = Buffer::zeroed(count * dtype.size());
+        let req = Request::new(
+            Op::ReduceScatter {
+                send,
+                recv,
+                count,
+                op: ReduceOp::Sum,
+            },
+            dtype,
+        )
+        .with_algo(algo);
+        (c.choose(&req), req)
+    };
+    let before = traffic.snapshot();
+    let hs: Vec<_> = comms
+        .into_iter()
+        .map(|c| {
+            std::thread::spawn(move || {
+                let (choice, req) = mk(&c);
+                c.submit(req).unwrap().wait().unwrap();
+                choice
+            })
+        })
+        .collect();
+    let choices: Vec<Choice> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+    let m = traffic.snapshot().since(&before);
+    (m.bytes, choices[0].clone())
+}
+
+#[test]
+fn a_fallback_really_runs_the_ring() {
+    // qgz on i32 cannot quantize: it falls back, and the bytes on the wire are ring's.
+    let (ring, c) = run_rs("nodes:2x2", DataType::I32, Algo::Ring);
+    assert_eq!(c.algo, Algo::Ring);
+    let (fallback, c) = run_rs("nodes:2x2", DataType::I32, Algo::Qgz);
+    assert_eq!(c.algo, Algo::Ring);
+    assert!(
+        c.fallback
+            .as_deref()
+            .unwrap_or("")
+            .contains("f32, f16 and bf16"),
+        "{c:?}"
+    );
+    assert_eq!(
+        fallback, ring,
+        "the fallback moved other bytes than the ring"
+    );
+    // On f32 it applies, and moves other (fewer) bytes than the ring.
+    let (ring, _) = run_rs("nodes:2x2", DataType::F32, Algo::Ring);
+    let (q, c) = run_rs("nodes:2x2", DataType::F32, Algo::Qgz);
+    assert_eq!((c.algo, c.fallback), (Algo::Qgz, None));
+    assert!(q.iter().sum::<u64>() < ring.iter().sum::<u64>());
+}
