@@ -62,18 +62,7 @@ pub unsafe extern "C" fn strataGetErrorString(result: strataResult_t) -> *const 
 /// `comm` is any value; it is never dereferenced.
 #[no_mangle]
 pub unsafe extern "C" fn strataGetLastError(comm: strataComm_t) -> *const c_char {
-    let r = catch_unwind(AssertUnwindSafe(|| match registry().find(comm) {
-        Ok(h) => {
-            let p = h
-                .last_error
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .as_ptr();
-            // The registry keeps the handle (and so the string) alive after `h` drops.
-            p
-        }
-        Err(_) => thread_error_ptr(),
-    }));
+    let r = catch_unwind(AssertUnwindSafe(|| last_error_ptr(comm)));
     r.unwrap_or_else(|_| c"strataGetLastError: internal error".as_ptr())
 }
 

@@ -37,6 +37,7 @@
 #![allow(clippy::too_many_arguments)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod buffers;
 mod coll;
 mod init;
 
@@ -206,13 +207,8 @@ pub struct strataConfig_t {
 #[derive(Debug)]
 pub(crate) struct Handle {
     pub(crate) comm: Comm,
+    /// This communicator's half of the last-error store ([`store_error`]).
     last_error: Mutex<CString>,
-}
-
-impl Handle {
-    fn set_error(&self, msg: &str) {
-        *self.last_error.lock().unwrap_or_else(|e| e.into_inner()) = c_message(msg);
-    }
 }
 
 struct Registry {
@@ -295,9 +291,10 @@ pub(crate) fn unregister(c: strataComm_t) -> Result<Arc<Handle>> {
     Ok(h)
 }
 
-// ---- errors and the panic boundary ----
+// ---- the last error: one store ----
 
 thread_local! {
+    /// The calling thread's half of the last-error store ([`store_error`]).
     static THREAD_ERROR: RefCell<CString> = RefCell::new(CString::default());
 }
 
@@ -305,26 +302,44 @@ fn c_message(msg: &str) -> CString {
     CString::new(msg.replace('\0', " ")).unwrap_or_default()
 }
 
-fn set_thread_error(msg: &str) {
+/// The one writer of failure messages: `msg` becomes the calling thread's message
+/// (`strataGetLastError(NULL)`) and, when the failure belongs to a communicator, that
+/// communicator's (`strataGetLastError(comm)`).
+pub(crate) fn store_error(handle: Option<&Handle>, msg: &str) {
     let _ = THREAD_ERROR.try_with(|t| *t.borrow_mut() = c_message(msg));
-}
-
-pub(crate) fn thread_error_ptr() -> *const c_char {
-    THREAD_ERROR
-        .try_with(|t| t.borrow().as_ptr())
-        .unwrap_or(c"".as_ptr())
-}
-
-/// Record a failure of `function` on the thread and, when `comm` is live, on it.
-pub(crate) fn record(function: &str, comm: strataComm_t, e: &Error) {
-    let msg = format!("{function}: {e}");
-    set_thread_error(&msg);
-    if !comm.is_null() {
-        if let Some(h) = registry().live.get(&(comm as usize)) {
-            h.set_error(&msg);
-        }
+    if let Some(h) = handle {
+        *h.last_error.lock().unwrap_or_else(|e| e.into_inner()) = c_message(msg);
     }
 }
+
+/// The one reader: the message of `comm` when it is a live communicator, else the
+/// calling thread's ("" when none). The pointer stays valid until the next store into
+/// the same half, or the communicator's destruction.
+pub(crate) fn last_error_ptr(comm: strataComm_t) -> *const c_char {
+    match registry().find(comm) {
+        // The registry keeps the handle (and so the string) alive after `h` drops.
+        Ok(h) => h
+            .last_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ptr(),
+        Err(_) => THREAD_ERROR
+            .try_with(|t| t.borrow().as_ptr())
+            .unwrap_or(c"".as_ptr()),
+    }
+}
+
+/// Record a failure of `function`: `"<function>: <error>"` on the thread and, when
+/// `comm` is live, on it.
+pub(crate) fn record(function: &str, comm: strataComm_t, e: &Error) {
+    let msg = format!("{function}: {e}");
+    let h = (!comm.is_null())
+        .then(|| registry().live.get(&(comm as usize)).cloned())
+        .flatten();
+    store_error(h.as_deref(), &msg);
+}
+
+// ---- the panic boundary ----
 
 fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
     if let Some(s) = p.downcast_ref::<&str>() {
@@ -449,7 +464,7 @@ mod tests {
         let code = guard("strataTest", std::ptr::null_mut(), || panic!("boom"));
         assert_eq!(code, strataInternalError);
         // SAFETY: the thread error pointer is a valid C string until the next failure.
-        let msg = unsafe { std::ffi::CStr::from_ptr(thread_error_ptr()) };
+        let msg = unsafe { std::ffi::CStr::from_ptr(last_error_ptr(std::ptr::null_mut())) };
         let msg = msg.to_str().unwrap();
         assert!(msg.contains("strataTest") && msg.contains("boom"), "{msg}");
     }
