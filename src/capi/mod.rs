@@ -13,22 +13,31 @@
 //!   before anything is copied or queued. Result codes are `ncclResult_t`'s values.
 //! - Messages: every failing call stores `"<function>: <error>"` on the communicator it
 //!   named (`strataGetLastError(comm)`) and on the calling thread
-//!   (`strataGetLastError(NULL)`).
+//!   (`strataGetLastError(NULL)`), through one writer ([`store_error`]) and one reader.
+//! - One body per collective (`coll.rs`, over `buffers.rs`): validate the arguments,
+//!   turn the user's pointers into strata [`Buffer`](crate::Buffer)s, submit one
+//!   request through [`Comm::submit`], finish. NCCL's in-place layouts are recognised
+//!   from the raw pointers by the one rule, [`Kind::in_place`](crate::kinds::Kind::in_place),
+//!   and rebuilt as one buffer and a view of it, so in-place semantics are NCCL's; any
+//!   other overlap is refused.
 //! - Host transports (local, mpi): user pointers are host memory. A call copies its
-//!   inputs into strata-owned [`Buffer`](crate::Buffer)s, submits through the one submit
-//!   path, waits, and copies the results into the user's receive buffers; NCCL's
-//!   in-place layouts are recognised from the raw pointers first and rebuilt as views of
-//!   one buffer, so in-place semantics are NCCL's. Inside a group, calls return at once
-//!   and complete (results copied out) in `strataGroupEnd`.
+//!   inputs into strata-owned buffers, submits, waits, and copies the results into the
+//!   user's receive buffers. Inside a group, calls return at once and complete (results
+//!   copied out) in `strataGroupEnd`.
 //! - GPU transports (nccl, rccl, cuda-local; features `cuda` / `rocm`): user pointers are
 //!   device memory of the communicator's device, checked
 //!   ([`Device::check_pointer`](crate::device::Device::check_pointer)) and wrapped without
-//!   copying ([`Buffer::from_device_ptr`](crate::Buffer::from_device_ptr)); the same
-//!   in-place recognition builds the views. The communicator's stream waits for the
-//!   caller's stream and the host waits for that, so the caller's earlier work is done;
-//!   the call returns once the collective has completed on the device (host-synchronous),
-//!   so ordering with the caller's stream holds both ways. Inside a group the works
-//!   complete in `strataGroupEnd`.
+//!   copying ([`Buffer::from_device_ptr`](crate::Buffer::from_device_ptr)). The
+//!   communicator's stream waits for the caller's stream and the host waits for that, so
+//!   the caller's earlier work is done; the call returns once the collective has
+//!   completed on the device (host-synchronous), so ordering with the caller's stream
+//!   holds both ways. Inside a group the works complete in `strataGroupEnd`.
+//! - Ownership: user memory stays the caller's; strata keeps no pointer to it after the
+//!   call returns (inside a group: after `strataGroupEnd`).
+//! - Bootstrap (rendezvous of in-process worlds, MPI rank checks, NCCL/RCCL ids,
+//!   `STRATA_TRANSPORT` / `STRATA_DEVICE`) is the library's
+//!   ([`crate::comm::bootstrap`], [`crate::comm::gpu`]); this module only maps the C
+//!   arguments and the 256-byte id onto it.
 //! - Unique ids are 256 bytes: strata's 128 (magic, version, rendezvous key, vendor flag)
 //!   then, for nccl/rccl, the vendor's `ncclUniqueId` (see [`strataUniqueId`]).
 
