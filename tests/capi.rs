@@ -263,3 +263,235 @@ fn quantized_variants_within_the_bound_and_bad_formats_rejected() {
         );
     }
 }
+
+/// The one body of each collective on a host transport: NCCL's in-place layouts of
+/// every kind (raw pointers, `Kind::in_place`), other overlaps refused with the same
+/// message, coalesced lists mixing in-place and separate pairs, copy-out at
+/// `strataGroupEnd`, and the last error kept per communicator and per thread.
+#[test]
+fn in_place_layouts_aliasing_groups_and_last_errors() {
+    let comms = local(2, "nodes:1x2");
+    let hs: Vec<_> = comms
+        .iter()
+        .enumerate()
+        .map(|(r, &c)| {
+            std::thread::spawn(move || {
+                let c = c as strataComm_t;
+                let rf = r as f32;
+                // SAFETY: every pointer below is valid for the counts passed; live comm.
+                unsafe {
+                    // Reduce-scatter in place: recvbuff == sendbuff + rank * recvcount.
+                    let mut s = [1.0 + rf, 2.0 + rf, 3.0 + rf, 4.0 + rf];
+                    let p = s.as_mut_ptr();
+                    let rc = strataReduceScatter(
+                        p as *const c_void,
+                        p.add(2 * r) as *mut c_void,
+                        2,
+                        strataFloat32,
+                        strataSum,
+                        c,
+                        null_mut(),
+                    );
+                    assert_eq!(rc, strataSuccess, "{}", last(c));
+                    let want = [[3.0f32, 5.0], [7.0, 9.0]][r];
+                    assert_eq!(&s[2 * r..2 * r + 2], &want);
+                    // All-reduce in place (send == recv).
+                    let mut a = [rf, 10.0];
+                    let ap = a.as_mut_ptr();
+                    let rc = strataAllReduce(
+                        ap as *const c_void,
+                        ap as *mut c_void,
+                        2,
+                        strataFloat32,
+                        strataMax,
+                        c,
+                        null_mut(),
+                    );
+                    assert_eq!(rc, strataSuccess, "{}", last(c));
+                    assert_eq!(a, [1.0, 10.0]);
+                    // Broadcast in place from root 1 (strataBcast).
+                    let mut b = [rf * 5.0; 3];
+                    let rc = strataBcast(
+                        b.as_mut_ptr() as *mut c_void,
+                        3,
+                        strataFloat32,
+                        1,
+                        c,
+                        null_mut(),
+                    );
+                    assert_eq!(rc, strataSuccess, "{}", last(c));
+                    assert_eq!(b, [5.0; 3]);
+                    // Coalesced all-gather: pair 0 in place, pair 1 separate, in a group
+                    // (results copied out by strataGroupEnd).
+                    let mut g0 = [0f32; 4];
+                    g0[2 * r] = rf;
+                    g0[2 * r + 1] = rf + 0.5;
+                    let x1 = [rf * 10.0];
+                    let mut g1 = [0f32; 2];
+                    let g0p = g0.as_mut_ptr();
+                    let sends = [
+                        g0p.add(2 * r) as *const c_void,
+                        x1.as_ptr() as *const c_void,
+                    ];
+                    let recvs = [g0p as *mut c_void, g1.as_mut_ptr() as *mut c_void];
+                    let counts = [2usize, 1];
+                    assert_eq!(strataGroupStart(), strataSuccess);
+                    let rc = strataAllGatherCoalesced(
+                        sends.as_ptr(),
+                        recvs.as_ptr(),
+                        counts.as_ptr(),
+                        2,
+                        strataFloat32,
+                        c,
+                        null_mut(),
+                    );
+                    assert_eq!(rc, strataSuccess, "{}", last(c));
+                    assert_eq!(g1, [0.0; 2], "copied out at strataGroupEnd, not before");
+                    assert_eq!(strataGroupEnd(), strataSuccess, "{}", last(null_mut()));
+                    assert_eq!(g0, [0.0, 0.5, 1.0, 1.5]);
+                    assert_eq!(g1, [0.0, 10.0]);
+                }
+            })
+        })
+        .collect();
+    hs.into_iter().for_each(|h| h.join().unwrap());
+
+    // Refusals on one rank (checked before anything is queued, so no peer is needed).
+    let c = comms[0] as strataComm_t;
+    let mut m = [0f32; 8];
+    let p = m.as_mut_ptr();
+    // SAFETY: every range lies inside `m`; the calls fail their argument checks.
+    unsafe {
+        // All-gather with send one element off NCCL's layout (rank 0: send == recv).
+        let rc = strataAllGather(
+            p.add(1) as *const c_void,
+            p as *mut c_void,
+            2,
+            strataFloat32,
+            c,
+            null_mut(),
+        );
+        assert_eq!(rc, strataInvalidArgument);
+        let msg = last(c);
+        assert!(
+            msg.starts_with("strataAllGather: ") && msg.contains("in-place layout"),
+            "{msg}"
+        );
+        assert_eq!(last(null_mut()), msg, "the thread holds the same message");
+        // All-to-all has no in-place form.
+        let rc = strataAllToAll(
+            p as *const c_void,
+            p as *mut c_void,
+            1,
+            strataFloat32,
+            c,
+            null_mut(),
+        );
+        assert_eq!(rc, strataInvalidArgument);
+        assert!(last(c).starts_with("strataAllToAll: "), "{}", last(c));
+        // Coalesced: two in-place pairs that overlap each other.
+        let sends = [p as *const c_void, p.add(1) as *const c_void];
+        let recvs = [p as *mut c_void, p.add(1) as *mut c_void];
+        let counts = [2usize, 2];
+        let rc = strataAllGatherCoalesced(
+            sends.as_ptr(),
+            recvs.as_ptr(),
+            counts.as_ptr(),
+            2,
+            strataFloat32,
+            c,
+            null_mut(),
+        );
+        assert_eq!(rc, strataInvalidArgument);
+        assert!(last(c).contains("strataAllGatherCoalesced"), "{}", last(c));
+        // A failure naming no communicator changes the thread's message only.
+        let before = last(c);
+        assert_eq!(strataGetVersion(null_mut()), strataInvalidArgument);
+        assert!(last(null_mut()).starts_with("strataGetVersion: "));
+        assert_eq!(last(c), before);
+    }
+    for c in comms {
+        // SAFETY: live handles, destroyed once.
+        assert_eq!(
+            unsafe { strataCommDestroy(c as strataComm_t) },
+            strataSuccess
+        );
+    }
+}
+
+/// The device path of the collectives (GPU transports) through a cuda-local world:
+/// without a GPU the world cannot be made (an error code and a message, never a crash);
+/// with one, host pointers are refused by the device check, NCCL's in-place layout
+/// is recognised on device memory as on the host, and a bad overlap is refused with the
+/// host path's message.
+#[cfg(feature = "cuda")]
+#[test]
+fn device_path_of_the_collectives_on_cuda_local() {
+    use strata::device::{count, Api};
+    let cfg = strataConfig_t {
+        size: std::mem::size_of::<strataConfig_t>(),
+        magic: STRATA_CONFIG_MAGIC,
+        version: STRATA_VERSION_CODE as u32,
+        transport: strataTransportCudaLocal,
+        topology: null(),
+        algo: null(),
+        timeout_ms: 20_000,
+    };
+    let mut comms = [null_mut(); 1];
+    // SAFETY: room for 1 handle; a valid config.
+    let rc = unsafe { strataCommInitLocal(comms.as_mut_ptr(), 1, null(), &cfg) };
+    if count(Api::Cuda) == 0 {
+        assert_ne!(rc, strataSuccess, "cuda-local without a GPU");
+        assert!(!last(null_mut()).is_empty());
+        assert!(comms[0].is_null(), "nothing written on failure");
+        return;
+    }
+    assert_eq!(rc, strataSuccess, "{}", last(null_mut()));
+    let c = comms[0];
+    let x = [1f32; 4];
+    let mut y = [0f32; 4];
+    // SAFETY: host pointers to a device communicator are refused before any access.
+    unsafe {
+        let rc = strataAllReduce(
+            x.as_ptr() as *const c_void,
+            y.as_mut_ptr() as *mut c_void,
+            4,
+            strataFloat32,
+            strataSum,
+            c,
+            null_mut(),
+        );
+        assert_eq!(rc, strataInvalidArgument, "{}", last(c));
+        assert!(last(c).contains("sendbuff"), "{}", last(c));
+        // A bad overlap is refused before the device check, with the host path's message.
+        let p = y.as_mut_ptr();
+        let rc = strataAllGather(
+            p.add(1) as *const c_void,
+            p as *mut c_void,
+            2,
+            strataFloat32,
+            c,
+            null_mut(),
+        );
+        assert_eq!(rc, strataInvalidArgument);
+        assert!(last(c).contains("in-place layout"), "{}", last(c));
+    }
+    // Device memory, in place.
+    let dev = strata::device::open(Api::Cuda, 0).unwrap();
+    let buf = strata::Buffer::on_device(&dev, 16).unwrap();
+    buf.write_bytes(&[2f32, 3.0, 4.0, 5.0].map(f32::to_le_bytes).concat())
+        .unwrap();
+    let addr = buf
+        .dev_write_timeout(std::time::Duration::from_secs(10))
+        .unwrap()
+        .addr() as usize as *mut c_void;
+    // SAFETY: 16 bytes of the communicator's device memory, kept alive by `buf`.
+    let rc = unsafe { strataAllReduce(addr, addr, 4, strataFloat32, strataSum, c, null_mut()) };
+    assert_eq!(rc, strataSuccess, "{}", last(c));
+    assert_eq!(
+        buf.to_bytes().unwrap(),
+        [2f32, 3.0, 4.0, 5.0].map(f32::to_le_bytes).concat()
+    );
+    // SAFETY: live handle, destroyed once.
+    assert_eq!(unsafe { strataCommDestroy(c) }, strataSuccess);
+}

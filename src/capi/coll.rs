@@ -1,25 +1,26 @@
 //! Collectives, point-to-point and groups over host memory (host transports) and
-//! device memory (GPU transports).
+//! device memory (GPU transports), each export with ONE body for both:
 //!
-//! Every call: check the communicator, dtype, op, ranks and sizes; recognise NCCL's
-//! in-place layout from the raw pointers (else require disjoint byte ranges); then
-//! - host transports: copy the inputs into strata [`Buffer`]s (one buffer and a view of
-//!   it for in-place calls); submit through [`Comm`]'s one submit path; then wait and
-//!   copy the results into the user's receive buffers, or, inside a group, hold the
-//!   copy-out for `strataGroupEnd`;
-//! - GPU transports (the communicator has a device): check every pointer against the
-//!   device and wrap it ([`Buffer::from_device_ptr`], no copies; in-place calls wrap one
-//!   range and view it); make the communicator's stream wait for the caller's stream and
-//!   wait for that on the host; submit; wait (or, inside a group, hold the work for
-//!   `strataGroupEnd`). Nothing is copied out.
+//! 1. check the communicator, dtype, op, ranks and sizes, and describe the user ranges
+//!    ([`UserBuf`]); recognise NCCL's in-place layout from the raw pointers with the one
+//!    rule, [`Kind::in_place`] ([`Pair`]), else require disjoint byte ranges
+//!    ([`disjoint`], across the whole list for the coalesced calls);
+//! 2. turn the ranges into strata buffers ([`CallBuffers`]): copies (in now, out at
+//!    completion) on host transports, checked wraps of the device pointers on GPU
+//!    transports; an in-place pair is one buffer and a view of it on both;
+//! 3. submit one [`Request`] through [`Comm::submit`](crate::comm::Comm::submit) and
+//!    finish ([`CallBuffers::run`]): on GPU transports the communicator's stream first
+//!    waits for the caller's stream; outside a group wait and copy out (host), inside a
+//!    group hold the work and the copy-outs for `strataGroupEnd`.
 
+use super::buffers::{disjoint, end_group, CallBuffers, Pair, UserBuf};
 use super::*;
-use crate::comm::{group_end, group_start, Work};
+use crate::comm::group::in_group;
+use crate::comm::{group_end, group_start};
 use crate::comm::{Op, Request};
-use crate::device::{DevAddr, Device};
 use crate::dtype::{DataType, ReduceOp};
+use crate::kinds::{Algo, Kind};
 use crate::memory::Buffer;
-use crate::Algo;
 
 // ---- argument helpers ----
 
@@ -61,196 +62,16 @@ fn peer_arg(v: c_int, size: usize, what: &str) -> Result<usize> {
     Ok(v as usize)
 }
 
-/// A byte range of user memory; `write` when the call stores into it.
-#[derive(Clone, Copy, Debug)]
-struct Span {
-    start: usize,
-    len: usize,
-    write: bool,
-}
-
-fn span(p: *const c_void, len: usize, write: bool, what: &str) -> Result<Span> {
-    if p.is_null() && len > 0 {
+/// A validated quantization format for float data.
+fn quant_spec(bits: c_int, block: usize, dt: DataType) -> Result<crate::kernels::QuantSpec> {
+    if !matches!(dt, DataType::F32 | DataType::F16 | DataType::BF16) {
         return Err(Error::InvalidArgument(format!(
-            "{what} is NULL but the call needs {len} bytes"
+            "quantized collectives take f32, f16 or bf16, not {dt}"
         )));
     }
-    let start = p as usize;
-    start
-        .checked_add(len)
-        .ok_or_else(|| Error::InvalidArgument(format!("{what} + {len} bytes wraps around")))?;
-    Ok(Span { start, len, write })
-}
-
-/// No byte may be both written by the call and touched by another range of it (NCCL's
-/// in-place layouts are recognised before and passed as one span).
-fn disjoint(spans: &mut [Span], what: &str) -> Result<()> {
-    spans.sort_by_key(|s| s.start);
-    let (mut end_any, mut end_write) = (0usize, 0usize);
-    for s in spans.iter().filter(|s| s.len > 0) {
-        if (s.write && s.start < end_any) || s.start < end_write {
-            return Err(Error::InvalidArgument(format!(
-                "{what}: send and receive buffers overlap without being NCCL's in-place layout"
-            )));
-        }
-        end_any = end_any.max(s.start + s.len);
-        if s.write {
-            end_write = end_write.max(s.start + s.len);
-        }
-    }
-    Ok(())
-}
-
-/// `len` bytes of user memory at `p`.
-///
-/// # Safety
-/// `p` is valid for reads of `len` initialised bytes (non-NULL when `len > 0`) that are
-/// not written while the slice lives.
-unsafe fn user_bytes<'a>(p: *const c_void, len: usize) -> &'a [u8] {
-    if len == 0 {
-        return &[];
-    }
-    // SAFETY: the caller's contract: `len` readable, initialised bytes at `p`, which is
-    // non-NULL; `len <= isize::MAX` was checked by `nbytes`.
-    unsafe { std::slice::from_raw_parts(p as *const u8, len) }
-}
-
-/// A new buffer holding a copy of `len` bytes of user memory at `p`.
-///
-/// # Safety
-/// As [`user_bytes`].
-unsafe fn copy_in(p: *const c_void, len: usize) -> Buffer {
-    // SAFETY: the caller's contract.
-    Buffer::from_bytes(unsafe { user_bytes(p, len) })
-}
-
-// ---- device memory (GPU transports) ----
-
-/// The caller's `len` bytes of device memory at `p` as a buffer, after checking that
-/// they are memory of `dev` (a host pointer is a clear `InvalidArgument`).
-///
-/// # Safety
-/// The range stays allocated, and untouched by anyone else, until the work using the
-/// buffer completes (the device-path contract of every collective).
-unsafe fn wrap(dev: &Arc<dyn Device>, p: *const c_void, len: usize, what: &str) -> Result<Buffer> {
-    if len == 0 {
-        return Ok(Buffer::zeroed(0));
-    }
-    let addr = p as usize as DevAddr;
-    dev.check_pointer(addr, len).map_err(|e| match e {
-        Error::InvalidArgument(m) => Error::InvalidArgument(format!("{what}: {m}")),
-        other => other,
-    })?;
-    // SAFETY: `len` bytes at `addr` are memory of `dev` (checked just above); that they
-    // stay allocated and unshared while the buffer lives is the caller's contract.
-    Ok(unsafe { Buffer::from_device_ptr(dev, addr, len) })
-}
-
-/// Make `comm`'s stream wait for the work queued on the caller's `stream`, then wait on
-/// the host until that has run: the caller's earlier work (which produced the inputs,
-/// or still reads the outputs) is complete before the collective starts on any stream
-/// (sub-communicators' included).
-///
-/// # Safety
-/// `stream` is NULL (the legacy default stream) or a live stream of `comm`'s device.
-unsafe fn after_caller_stream(comm: &Comm, stream: strataStream_t, name: &str) -> Result<()> {
-    let g = comm.transport().gpu().ok_or_else(|| {
-        Error::Internal(format!(
-            "{name}: a communicator with a device but no GPU transport"
-        ))
-    })?;
-    let s = g.stream();
-    // SAFETY: the caller's contract on `stream`.
-    unsafe { s.wait_foreign(stream) }?;
-    crate::device::finish(
-        s.as_ref(),
-        comm.timeout(),
-        &format!("{name}: waiting for the work queued on the caller's stream"),
-        || Ok(()),
-    )
-}
-
-/// The device path's common end: wait for the caller's stream, submit `req`, and wait
-/// for the work (inside a group: hold it for `strataGroupEnd`).
-///
-/// # Safety
-/// As [`after_caller_stream`]; the buffers of `req` as [`wrap`].
-unsafe fn run_device(
-    name: &'static str,
-    h: Arc<Handle>,
-    req: Request,
-    stream: strataStream_t,
-) -> Result<()> {
-    // SAFETY: forwarded caller contract on `stream`.
-    unsafe { after_caller_stream(&h.comm, stream, name) }?;
-    let work = h.comm.submit(req)?;
-    // SAFETY: nothing to copy out (results are written in place on the device).
-    unsafe { finish(name, h, work, Vec::new()) }
-}
-
-/// Results to copy from a strata buffer into user memory once the work is done.
-struct Out {
-    buf: Buffer,
-    dst: *mut u8,
-}
-
-fn out(buf: Buffer, dst: *mut c_void) -> Out {
-    Out {
-        buf,
-        dst: dst as *mut u8,
-    }
-}
-
-/// # Safety
-/// Every `dst` is valid for writes of its buffer's length and not accessed concurrently.
-unsafe fn copy_out(outs: &[Out]) -> Result<()> {
-    for o in outs {
-        let g = o.buf.read()?;
-        if g.is_empty() {
-            continue;
-        }
-        // SAFETY: the caller's contract on `dst`; the source is strata-owned memory
-        // distinct from user memory, so the ranges cannot overlap.
-        unsafe { std::ptr::copy_nonoverlapping(g.as_ptr(), o.dst, g.len()) };
-    }
-    Ok(())
-}
-
-struct Held {
-    function: &'static str,
-    handle: Arc<Handle>,
-    work: Work,
-    outs: Vec<Out>,
-}
-
-thread_local! {
-    static HELD: RefCell<Vec<Held>> = const { RefCell::new(Vec::new()) };
-}
-
-/// Outside a group: wait and copy the results out. Inside: hold them for `strataGroupEnd`.
-///
-/// # Safety
-/// As [`copy_out`], until the work completes (inside a group: until `strataGroupEnd`).
-unsafe fn finish(
-    function: &'static str,
-    handle: Arc<Handle>,
-    work: Work,
-    outs: Vec<Out>,
-) -> Result<()> {
-    if crate::comm::group::in_group() {
-        HELD.with(|h| {
-            h.borrow_mut().push(Held {
-                function,
-                handle,
-                work,
-                outs,
-            })
-        });
-        return Ok(());
-    }
-    work.wait()?;
-    // SAFETY: the caller's contract on the destinations.
-    unsafe { copy_out(&outs) }
+    let bits = u32::try_from(bits)
+        .map_err(|_| Error::InvalidArgument(format!("bits {bits} must be 4 or 8")))?;
+    crate::kernels::QuantSpec::new(bits, block)
 }
 
 // ---- collectives ----
@@ -319,7 +140,8 @@ pub unsafe extern "C" fn strataAllGather(
     })
 }
 
-/// The body of `strataAllGather` and `strataAllGatherQuantized` (`quant`: bits, block).
+/// The one body of `strataAllGather` and `strataAllGatherQuantized` (`quant`: bits,
+/// block), host and device alike.
 ///
 /// # Safety
 /// As `strataAllGather`.
@@ -339,63 +161,35 @@ unsafe fn all_gather(
     let (n, r) = (h.comm.size(), h.comm.rank());
     let c = nbytes(sendcount, 1, dt, "sendcount")?;
     let total = nbytes(sendcount, n, dt, "sendcount x nranks")?;
-    let s = span(sendbuff, c, false, "sendbuff")?;
-    let rv = span(recvbuff, total, true, "recvbuff")?;
+    let pair = Pair::new(
+        Kind::AllGather,
+        r,
+        c,
+        UserBuf::new(sendbuff, c, false, "sendbuff")?,
+        UserBuf::new(recvbuff, total, true, "recvbuff")?,
+    );
     if sendcount == 0 {
         return Ok(());
     }
-    if let Some(dev) = h.comm.device() {
-        let in_place = s.start == rv.start + r * c;
-        if !in_place {
-            disjoint(&mut [s, rv], name)?;
-        }
-        // SAFETY: the caller's contract: device memory of the communicator's device,
-        // `c` / `total` bytes, untouched by others until the call (or group) ends.
-        let recv = unsafe { wrap(&dev, recvbuff, total, "recvbuff") }?;
-        let send = if in_place {
-            recv.slice(r * c..r * c + c)?
-        } else {
-            // SAFETY: as above.
-            unsafe { wrap(&dev, sendbuff, c, "sendbuff") }?
-        };
-        let req = Request::new(
-            Op::AllGather {
-                send,
-                recv,
-                count: sendcount,
-            },
-            dt,
-        );
-        let req = match q {
-            Some(q) => req.with_algo(Algo::Qwz).with_quant(q),
-            None => req,
-        };
-        // SAFETY: the caller's contract on `stream` and the buffers.
-        return unsafe { run_device(name, h, req, stream) };
-    }
-    let recv = Buffer::zeroed(total);
-    let send = if s.start == rv.start + r * c {
-        recv.slice(r * c..r * c + c)?
-    } else {
-        disjoint(&mut [s, rv], name)?;
-        Buffer::zeroed(c)
-    };
-    // SAFETY: `sendbuff` is readable for `c` bytes (caller's contract).
-    send.write_bytes(unsafe { user_bytes(sendbuff, c) })?;
+    let mut bufs = CallBuffers::new(&h.comm);
+    // SAFETY: the caller's contract: `sendbuff` readable for `c` bytes, `recvbuff`
+    // writable for `total`, memory of the transport's kind, untouched by others until the
+    // call (or group) ends.
+    let (send, recv) = unsafe { bufs.checked_pair(&pair, name) }?;
     let req = Request::new(
         Op::AllGather {
             send,
-            recv: recv.clone(),
+            recv,
             count: sendcount,
         },
         dt,
     );
-    let work = h.comm.submit(match q {
+    let req = match q {
         Some(q) => req.with_algo(Algo::Qwz).with_quant(q),
         None => req,
-    })?;
-    // SAFETY: `recvbuff` is writable for `total` bytes (caller's contract).
-    unsafe { finish(name, h, work, vec![out(recv, recvbuff)]) }
+    };
+    // SAFETY: the caller's contract on `stream` and the buffers.
+    unsafe { bufs.run(name, h, req, stream) }
 }
 
 /// Quantized all-gather (ZeRO++ qwZ, `docs/quantization.md`): as `strataAllGather`, but
@@ -478,18 +272,6 @@ pub unsafe extern "C" fn strataReduceScatterQuantized(
     })
 }
 
-/// A validated quantization format for float data.
-fn quant_spec(bits: c_int, block: usize, dt: DataType) -> Result<crate::kernels::QuantSpec> {
-    if !matches!(dt, DataType::F32 | DataType::F16 | DataType::BF16) {
-        return Err(Error::InvalidArgument(format!(
-            "quantized collectives take f32, f16 or bf16, not {dt}"
-        )));
-    }
-    let bits = u32::try_from(bits)
-        .map_err(|_| Error::InvalidArgument(format!("bits {bits} must be 4 or 8")))?;
-    crate::kernels::QuantSpec::new(bits, block)
-}
-
 /// Reduce-scatter (NCCL's `ncclReduceScatter`): `recvbuff` (`recvcount` elements) =
 /// `op` over all ranks of their `sendbuff[rank * recvcount ..]` (`sendbuff` holds
 /// `nranks * recvcount` elements). `strataAvg` is the exact mean.
@@ -532,11 +314,10 @@ pub unsafe extern "C" fn strataReduceScatter(
     })
 }
 
-/// The body of `strataReduceScatter` and `strataReduceScatterQuantized`.
+/// The one body of `strataReduceScatter` and `strataReduceScatterQuantized`.
 ///
 /// # Safety
 /// As `strataReduceScatter`.
-#[allow(clippy::too_many_arguments)]
 unsafe fn reduce_scatter(
     name: &'static str,
     sendbuff: *const c_void,
@@ -563,64 +344,36 @@ unsafe fn reduce_scatter(
     let (n, r) = (h.comm.size(), h.comm.rank());
     let c = nbytes(recvcount, 1, dt, "recvcount")?;
     let total = nbytes(recvcount, n, dt, "recvcount x nranks")?;
-    let s = span(sendbuff, total, false, "sendbuff")?;
-    let rv = span(recvbuff, c, true, "recvbuff")?;
+    let pair = Pair::new(
+        Kind::ReduceScatter,
+        r,
+        c,
+        UserBuf::new(sendbuff, total, false, "sendbuff")?,
+        UserBuf::new(recvbuff, c, true, "recvbuff")?,
+    );
     if recvcount == 0 {
         return Ok(());
     }
-    if let Some(dev) = h.comm.device() {
-        let in_place = rv.start == s.start + r * c;
-        if !in_place {
-            disjoint(&mut [s, rv], name)?;
-        }
-        // SAFETY: the caller's contract: device memory of the communicator's device,
-        // `total` / `c` bytes, untouched by others until the call (or group) ends.
-        let send = unsafe { wrap(&dev, sendbuff, total, "sendbuff") }?;
-        let recv = if in_place {
-            send.slice(r * c..r * c + c)?
-        } else {
-            // SAFETY: as above.
-            unsafe { wrap(&dev, recvbuff, c, "recvbuff") }?
-        };
-        let req = Request::new(
-            Op::ReduceScatter {
-                send,
-                recv,
-                count: recvcount,
-                op,
-            },
-            dt,
-        );
-        let req = match q {
-            Some(q) => req.with_algo(Algo::Qgz).with_quant(q),
-            None => req,
-        };
-        // SAFETY: the caller's contract on `stream` and the buffers.
-        return unsafe { run_device(name, h, req, stream) };
-    }
-    // SAFETY: `sendbuff` is readable for `total` bytes (caller's contract).
-    let send = unsafe { copy_in(sendbuff, total) };
-    let recv = if rv.start == s.start + r * c {
-        send.slice(r * c..r * c + c)?
-    } else {
-        disjoint(&mut [s, rv], name)?;
-        Buffer::zeroed(c)
-    };
+    let mut bufs = CallBuffers::new(&h.comm);
+    // SAFETY: the caller's contract: `sendbuff` readable for `total` bytes, `recvbuff`
+    // writable for `c`, memory of the transport's kind, untouched by others until the
+    // call (or group) ends.
+    let (send, recv) = unsafe { bufs.checked_pair(&pair, name) }?;
     let req = Request::new(
         Op::ReduceScatter {
             send,
-            recv: recv.clone(),
+            recv,
             count: recvcount,
             op,
         },
         dt,
     );
-    let work = h.comm.submit(match q {
+    let req = match q {
         Some(q) => req.with_algo(Algo::Qgz).with_quant(q),
         None => req,
-    })?;
-    // SAFETY: `recvbuff` is writable for `c` bytes (caller's contract).
-    unsafe { finish(name, h, work, vec![out(recv, recvbuff)]) }
+    };
+    // SAFETY: the caller's contract on `stream` and the buffers.
+    unsafe { bufs.run(name, h, req, stream) }
 }
 
 /// All-reduce (NCCL's `ncclAllReduce`): `recvbuff` (`count` elements) = `op` over all
@@ -647,47 +400,31 @@ pub unsafe extern "C" fn strataAllReduce(
         let dt = dtype(datatype)?;
         let op = redop(op)?;
         let c = nbytes(count, 1, dt, "count")?;
-        let s = span(sendbuff, c, false, "sendbuff")?;
-        let rv = span(recvbuff, c, true, "recvbuff")?;
+        let pair = Pair::new(
+            Kind::AllReduce,
+            h.comm.rank(),
+            c,
+            UserBuf::new(sendbuff, c, false, "sendbuff")?,
+            UserBuf::new(recvbuff, c, true, "recvbuff")?,
+        );
         if count == 0 {
             return Ok(());
         }
-        if let Some(dev) = h.comm.device() {
-            if s.start != rv.start {
-                disjoint(&mut [s, rv], "strataAllReduce")?;
-            }
-            // SAFETY: the caller's contract: `c` bytes of the communicator's device
-            // memory each, untouched by others until the call (or group) ends.
-            let send = unsafe { wrap(&dev, sendbuff, c, "sendbuff") }?;
-            let recv = if s.start == rv.start {
-                send.clone()
-            } else {
-                // SAFETY: as above.
-                unsafe { wrap(&dev, recvbuff, c, "recvbuff") }?
-            };
-            let req = Request::new(
-                Op::AllReduce {
-                    send,
-                    recv,
-                    count,
-                    op,
-                },
-                dt,
-            );
-            // SAFETY: the caller's contract on `stream` and the buffers.
-            return unsafe { run_device("strataAllReduce", h, req, stream) };
-        }
-        // SAFETY: `sendbuff` is readable for `c` bytes (caller's contract).
-        let send = unsafe { copy_in(sendbuff, c) };
-        let recv = if s.start == rv.start {
-            send.clone()
-        } else {
-            disjoint(&mut [s, rv], "strataAllReduce")?;
-            Buffer::zeroed(c)
-        };
-        let work = h.comm.all_reduce(&send, &recv, count, dt, op)?;
-        // SAFETY: `recvbuff` is writable for `c` bytes (caller's contract).
-        unsafe { finish("strataAllReduce", h, work, vec![out(recv, recvbuff)]) }
+        let mut bufs = CallBuffers::new(&h.comm);
+        // SAFETY: the caller's contract: `c` bytes each, readable / writable, memory of
+        // the transport's kind, untouched by others until the call (or group) ends.
+        let (send, recv) = unsafe { bufs.checked_pair(&pair, "strataAllReduce") }?;
+        let req = Request::new(
+            Op::AllReduce {
+                send,
+                recv,
+                count,
+                op,
+            },
+            dt,
+        );
+        // SAFETY: the caller's contract on `stream` and the buffers.
+        unsafe { bufs.run("strataAllReduce", h, req, stream) }
     })
 }
 
@@ -712,31 +449,23 @@ pub unsafe extern "C" fn strataAllToAll(
         let h = lookup(comm)?;
         let dt = dtype(datatype)?;
         let total = nbytes(count, h.comm.size(), dt, "count x nranks")?;
-        let s = span(sendbuff, total, false, "sendbuff")?;
-        let rv = span(recvbuff, total, true, "recvbuff")?;
+        let pair = Pair::new(
+            Kind::AllToAll,
+            h.comm.rank(),
+            total,
+            UserBuf::new(sendbuff, total, false, "sendbuff")?,
+            UserBuf::new(recvbuff, total, true, "recvbuff")?,
+        );
         if count == 0 {
             return Ok(());
         }
-        disjoint(&mut [s, rv], "strataAllToAll")?;
-        if let Some(dev) = h.comm.device() {
-            // SAFETY: the caller's contract: `total` bytes of the communicator's device
-            // memory each, untouched by others until the call (or group) ends.
-            let (send, recv) = unsafe {
-                (
-                    wrap(&dev, sendbuff, total, "sendbuff")?,
-                    wrap(&dev, recvbuff, total, "recvbuff")?,
-                )
-            };
-            let req = Request::new(Op::AllToAll { send, recv, count }, dt);
-            // SAFETY: the caller's contract on `stream` and the buffers.
-            return unsafe { run_device("strataAllToAll", h, req, stream) };
-        }
-        // SAFETY: `sendbuff` is readable for `total` bytes (caller's contract).
-        let send = unsafe { copy_in(sendbuff, total) };
-        let recv = Buffer::zeroed(total);
-        let work = h.comm.all_to_all(&send, &recv, count, dt)?;
-        // SAFETY: `recvbuff` is writable for `total` bytes (caller's contract).
-        unsafe { finish("strataAllToAll", h, work, vec![out(recv, recvbuff)]) }
+        let mut bufs = CallBuffers::new(&h.comm);
+        // SAFETY: the caller's contract: `total` bytes each, readable / writable, memory
+        // of the transport's kind, untouched by others until the call (or group) ends.
+        let (send, recv) = unsafe { bufs.checked_pair(&pair, "strataAllToAll") }?;
+        let req = Request::new(Op::AllToAll { send, recv, count }, dt);
+        // SAFETY: the caller's contract on `stream` and the buffers.
+        unsafe { bufs.run("strataAllToAll", h, req, stream) }
     })
 }
 
@@ -765,67 +494,44 @@ pub unsafe extern "C" fn strataBroadcast(
         let dt = dtype(datatype)?;
         let root = peer_arg(root, h.comm.size(), "root")?;
         let c = nbytes(count, 1, dt, "count")?;
-        let rv = span(recvbuff, c, true, "recvbuff")?;
-        let is_root = h.comm.rank() == root;
-        let s = if is_root {
-            Some(span(sendbuff, c, false, "sendbuff")?)
+        let recv = UserBuf::new(recvbuff, c, true, "recvbuff")?;
+        let rank = h.comm.rank();
+        // `sendbuff` is the root's only.
+        let pair = if rank == root {
+            let send = UserBuf::new(sendbuff, c, false, "sendbuff")?;
+            Some(Pair::new(
+                Kind::Broadcast { root },
+                rank,
+                c,
+                send,
+                recv.clone(),
+            ))
         } else {
             None
         };
         if count == 0 {
             return Ok(());
         }
-        if let Some(dev) = h.comm.device() {
-            let (send, recv) = match s {
-                Some(s) if s.start == rv.start => {
-                    // SAFETY: the caller's contract: `c` bytes of the communicator's
-                    // device memory, untouched by others until the call (or group) ends.
-                    let b = unsafe { wrap(&dev, recvbuff, c, "recvbuff") }?;
-                    (b.clone(), b)
-                }
-                Some(s) => {
-                    disjoint(&mut [s, rv], "strataBroadcast")?;
-                    // SAFETY: as above, for both buffers.
-                    unsafe {
-                        (
-                            wrap(&dev, sendbuff, c, "sendbuff")?,
-                            wrap(&dev, recvbuff, c, "recvbuff")?,
-                        )
-                    }
-                }
-                // SAFETY: as above.
-                None => (Buffer::zeroed(0), unsafe {
-                    wrap(&dev, recvbuff, c, "recvbuff")
-                }?),
-            };
-            let req = Request::new(
-                Op::Broadcast {
-                    send,
-                    recv,
-                    count,
-                    root,
-                },
-                dt,
-            );
-            // SAFETY: the caller's contract on `stream` and the buffers.
-            return unsafe { run_device("strataBroadcast", h, req, stream) };
-        }
-        let (send, recv) = match s {
-            Some(s) => {
-                // SAFETY: on the root `sendbuff` is readable for `c` bytes.
-                let send = unsafe { copy_in(sendbuff, c) };
-                if s.start == rv.start {
-                    (send.clone(), send)
-                } else {
-                    disjoint(&mut [s, rv], "strataBroadcast")?;
-                    (send, Buffer::zeroed(c))
-                }
-            }
-            None => (Buffer::zeroed(0), Buffer::zeroed(c)),
+        let mut bufs = CallBuffers::new(&h.comm);
+        let (send, recv) = match &pair {
+            // SAFETY: the caller's contract: on the root `sendbuff` readable and
+            // `recvbuff` writable for `c` bytes, memory of the transport's kind, untouched
+            // by others until the call (or group) ends.
+            Some(p) => unsafe { bufs.checked_pair(p, "strataBroadcast") }?,
+            // SAFETY: as above for `recvbuff`.
+            None => (Buffer::zeroed(0), unsafe { bufs.output(&recv) }?),
         };
-        let work = h.comm.broadcast(&send, &recv, count, dt, root)?;
-        // SAFETY: `recvbuff` is writable for `c` bytes (caller's contract).
-        unsafe { finish("strataBroadcast", h, work, vec![out(recv, recvbuff)]) }
+        let req = Request::new(
+            Op::Broadcast {
+                send,
+                recv,
+                count,
+                root,
+            },
+            dt,
+        );
+        // SAFETY: the caller's contract on `stream` and the buffers.
+        unsafe { bufs.run("strataBroadcast", h, req, stream) }
     })
 }
 
@@ -877,23 +583,17 @@ pub unsafe extern "C" fn strataSend(
         let dt = dtype(datatype)?;
         let peer = peer_arg(peer, h.comm.size(), "peer")?;
         let c = nbytes(count, 1, dt, "count")?;
-        span(sendbuff, c, false, "sendbuff")?;
+        let user = UserBuf::new(sendbuff, c, false, "sendbuff")?;
         if count == 0 {
             return Ok(());
         }
-        if let Some(dev) = h.comm.device() {
-            // SAFETY: the caller's contract: `c` bytes of the communicator's device
-            // memory, untouched by others until the call (or group) ends.
-            let buf = unsafe { wrap(&dev, sendbuff, c, "sendbuff") }?;
-            let req = Request::new(Op::Send { buf, count, peer }, dt);
-            // SAFETY: the caller's contract on `stream` and the buffer.
-            return unsafe { run_device("strataSend", h, req, stream) };
-        }
-        // SAFETY: `sendbuff` is readable for `c` bytes (caller's contract).
-        let buf = unsafe { copy_in(sendbuff, c) };
-        let work = h.comm.send(&buf, count, dt, peer)?;
-        // SAFETY: nothing to copy out.
-        unsafe { finish("strataSend", h, work, Vec::new()) }
+        let mut bufs = CallBuffers::new(&h.comm);
+        // SAFETY: the caller's contract: `sendbuff` readable for `c` bytes of the
+        // transport's kind of memory, untouched by others until the call (or group) ends.
+        let buf = unsafe { bufs.input(&user) }?;
+        let req = Request::new(Op::Send { buf, count, peer }, dt);
+        // SAFETY: the caller's contract on `stream` and the buffer.
+        unsafe { bufs.run("strataSend", h, req, stream) }
     })
 }
 
@@ -919,22 +619,17 @@ pub unsafe extern "C" fn strataRecv(
         let dt = dtype(datatype)?;
         let peer = peer_arg(peer, h.comm.size(), "peer")?;
         let c = nbytes(count, 1, dt, "count")?;
-        span(recvbuff, c, true, "recvbuff")?;
+        let user = UserBuf::new(recvbuff, c, true, "recvbuff")?;
         if count == 0 {
             return Ok(());
         }
-        if let Some(dev) = h.comm.device() {
-            // SAFETY: the caller's contract: `c` bytes of the communicator's device
-            // memory, untouched by others until the call (or group) ends.
-            let buf = unsafe { wrap(&dev, recvbuff, c, "recvbuff") }?;
-            let req = Request::new(Op::Recv { buf, count, peer }, dt);
-            // SAFETY: the caller's contract on `stream` and the buffer.
-            return unsafe { run_device("strataRecv", h, req, stream) };
-        }
-        let buf = Buffer::zeroed(c);
-        let work = h.comm.recv(&buf, count, dt, peer)?;
-        // SAFETY: `recvbuff` is writable for `c` bytes (caller's contract).
-        unsafe { finish("strataRecv", h, work, vec![out(buf, recvbuff)]) }
+        let mut bufs = CallBuffers::new(&h.comm);
+        // SAFETY: the caller's contract: `recvbuff` writable for `c` bytes of the
+        // transport's kind of memory, untouched by others until the call (or group) ends.
+        let buf = unsafe { bufs.output(&user) }?;
+        let req = Request::new(Op::Recv { buf, count, peer }, dt);
+        // SAFETY: the caller's contract on `stream` and the buffer.
+        unsafe { bufs.run("strataRecv", h, req, stream) }
     })
 }
 
@@ -956,6 +651,56 @@ unsafe fn array<'a, T>(p: *const T, n: usize, what: &str) -> Result<&'a [T]> {
     }
     // SAFETY: non-NULL, size checked, readable for `n` values by the caller's contract.
     Ok(unsafe { std::slice::from_raw_parts(p, n) })
+}
+
+/// The pairs of a coalesced call of `kind` (all-gather or reduce-scatter): sizes, NULLs,
+/// overflow and NCCL's in-place layout of every pair, and no aliasing across the whole
+/// list ([`disjoint`]). Returns the non-empty members' pairs and counts, in order.
+fn coalesced_pairs(
+    comm: &Comm,
+    kind: Kind,
+    sb: &[*const c_void],
+    rb: &[*mut c_void],
+    counts: &[usize],
+    dt: DataType,
+    name: &str,
+) -> Result<(Vec<Pair>, Vec<usize>)> {
+    let (n, r) = (comm.size(), comm.rank());
+    let gather = kind == Kind::AllGather;
+    let what = if gather { "sendcounts" } else { "recvcounts" };
+    let (mut pairs, mut cs) = (Vec::new(), Vec::new());
+    for (i, &count) in counts.iter().enumerate() {
+        let c = nbytes(count, 1, dt, &format!("{what}[{i}]"))?;
+        let total = nbytes(count, n, dt, &format!("{what}[{i}] x nranks"))?;
+        let (send_len, recv_len) = if gather { (c, total) } else { (total, c) };
+        let send = UserBuf::new(sb[i], send_len, false, format!("sendbuffs[{i}]"))?;
+        let recv = UserBuf::new(rb[i], recv_len, true, format!("recvbuffs[{i}]"))?;
+        if count == 0 {
+            continue;
+        }
+        pairs.push(Pair::new(kind, r, c, send, recv));
+        cs.push(count);
+    }
+    disjoint(&pairs, name)?;
+    Ok((pairs, cs))
+}
+
+/// Build the buffers of every pair of a coalesced call.
+///
+/// # Safety
+/// As [`CallBuffers::pair`] for every pair.
+unsafe fn coalesced_buffers(
+    bufs: &mut CallBuffers,
+    pairs: &[Pair],
+) -> Result<(Vec<Buffer>, Vec<Buffer>)> {
+    let (mut sends, mut recvs) = (Vec::new(), Vec::new());
+    for p in pairs {
+        // SAFETY: the caller's contract.
+        let (s, r) = unsafe { bufs.pair(p) }?;
+        sends.push(s);
+        recvs.push(r);
+    }
+    Ok((sends, recvs))
 }
 
 /// Coalesced all-gather (MiCS §4): for every i < `nbuffers`, `recvbuffs[i]`
@@ -990,66 +735,24 @@ pub unsafe extern "C" fn strataAllGatherCoalesced(
                 array(sendcounts, nbuffers, "sendcounts")?,
             )
         };
-        let r = h.comm.rank();
-        let items = coalesced_items(
-            &h.comm,
-            sb,
-            rb,
-            counts,
-            dt,
-            true,
-            "strataAllGatherCoalesced",
-        )?;
-        if items.is_empty() {
+        let name = "strataAllGatherCoalesced";
+        let (pairs, counts) = coalesced_pairs(&h.comm, Kind::AllGather, sb, rb, counts, dt, name)?;
+        if pairs.is_empty() {
             return Ok(());
         }
-        if let Some(dev) = h.comm.device() {
-            let (mut sends, mut recvs, mut cs) = (vec![], vec![], vec![]);
-            for (i, c, total, in_place) in items {
-                // SAFETY: the caller's contract: each buffer is the communicator's device
-                // memory of its size, untouched by others until the call (or group) ends.
-                let recv = unsafe { wrap(&dev, rb[i], total, &format!("recvbuffs[{i}]")) }?;
-                let send = if in_place {
-                    recv.slice(r * c..r * c + c)?
-                } else {
-                    // SAFETY: as above.
-                    unsafe { wrap(&dev, sb[i], c, &format!("sendbuffs[{i}]")) }?
-                };
-                sends.push(send);
-                recvs.push(recv);
-                cs.push(counts[i]);
-            }
-            let req = Request::new(
-                Op::AllGatherCoalesced {
-                    sends,
-                    recvs,
-                    counts: cs,
-                },
-                dt,
-            );
-            // SAFETY: the caller's contract on `stream` and the buffers.
-            return unsafe { run_device("strataAllGatherCoalesced", h, req, stream) };
-        }
-        let (mut sends, mut recvs, mut cs, mut outs) = (vec![], vec![], vec![], vec![]);
-        for (i, c, total, in_place) in items {
-            let recv = Buffer::zeroed(total);
-            let send = if in_place {
-                let mine = recv.slice(r * c..r * c + c)?;
-                // SAFETY: `sendbuffs[i]` is readable for `c` bytes (caller's contract).
-                mine.write_bytes(unsafe { user_bytes(sb[i], c) })?;
-                mine
-            } else {
-                // SAFETY: as above.
-                unsafe { copy_in(sb[i], c) }
-            };
-            sends.push(send);
-            recvs.push(recv.clone());
-            cs.push(counts[i]);
-            outs.push(out(recv, rb[i]));
-        }
-        let work = h.comm.all_gather_coalesced(&sends, &recvs, &cs, dt)?;
-        // SAFETY: each `recvbuffs[i]` is writable for its size (caller's contract).
-        unsafe { finish("strataAllGatherCoalesced", h, work, outs) }
+        let mut bufs = CallBuffers::new(&h.comm);
+        // SAFETY: the caller's contract on every buffer, as in `strataAllGather`.
+        let (sends, recvs) = unsafe { coalesced_buffers(&mut bufs, &pairs) }?;
+        let req = Request::new(
+            Op::AllGatherCoalesced {
+                sends,
+                recvs,
+                counts,
+            },
+            dt,
+        );
+        // SAFETY: the caller's contract on `stream` and the buffers.
+        unsafe { bufs.run(name, h, req, stream) }
     })
 }
 
@@ -1084,66 +787,26 @@ pub unsafe extern "C" fn strataReduceScatterCoalesced(
                 array(recvcounts, nbuffers, "recvcounts")?,
             )
         };
-        let r = h.comm.rank();
-        let items = coalesced_items(
-            &h.comm,
-            sb,
-            rb,
-            counts,
-            dt,
-            false,
-            "strataReduceScatterCoalesced",
-        )?;
-        if items.is_empty() {
+        let name = "strataReduceScatterCoalesced";
+        let (pairs, counts) =
+            coalesced_pairs(&h.comm, Kind::ReduceScatter, sb, rb, counts, dt, name)?;
+        if pairs.is_empty() {
             return Ok(());
         }
-        if let Some(dev) = h.comm.device() {
-            let (mut sends, mut recvs, mut cs) = (vec![], vec![], vec![]);
-            for (i, c, total, in_place) in items {
-                // SAFETY: the caller's contract: each buffer is the communicator's device
-                // memory of its size, untouched by others until the call (or group) ends.
-                let send = unsafe { wrap(&dev, sb[i], total, &format!("sendbuffs[{i}]")) }?;
-                let recv = if in_place {
-                    send.slice(r * c..r * c + c)?
-                } else {
-                    // SAFETY: as above.
-                    unsafe { wrap(&dev, rb[i], c, &format!("recvbuffs[{i}]")) }?
-                };
-                sends.push(send);
-                recvs.push(recv);
-                cs.push(counts[i]);
-            }
-            let req = Request::new(
-                Op::ReduceScatterCoalesced {
-                    sends,
-                    recvs,
-                    counts: cs,
-                    op,
-                },
-                dt,
-            );
-            // SAFETY: the caller's contract on `stream` and the buffers.
-            return unsafe { run_device("strataReduceScatterCoalesced", h, req, stream) };
-        }
-        let (mut sends, mut recvs, mut cs, mut outs) = (vec![], vec![], vec![], vec![]);
-        for (i, c, total, in_place) in items {
-            // SAFETY: `sendbuffs[i]` is readable for `total` bytes (caller's contract).
-            let send = unsafe { copy_in(sb[i], total) };
-            let recv = if in_place {
-                send.slice(r * c..r * c + c)?
-            } else {
-                Buffer::zeroed(c)
-            };
-            sends.push(send);
-            recvs.push(recv.clone());
-            cs.push(counts[i]);
-            outs.push(out(recv, rb[i]));
-        }
-        let work = h
-            .comm
-            .reduce_scatter_coalesced(&sends, &recvs, &cs, dt, op)?;
-        // SAFETY: each `recvbuffs[i]` is writable for its size (caller's contract).
-        unsafe { finish("strataReduceScatterCoalesced", h, work, outs) }
+        let mut bufs = CallBuffers::new(&h.comm);
+        // SAFETY: the caller's contract on every buffer, as in `strataReduceScatter`.
+        let (sends, recvs) = unsafe { coalesced_buffers(&mut bufs, &pairs) }?;
+        let req = Request::new(
+            Op::ReduceScatterCoalesced {
+                sends,
+                recvs,
+                counts,
+                op,
+            },
+            dt,
+        );
+        // SAFETY: the caller's contract on `stream` and the buffers.
+        unsafe { bufs.run(name, h, req, stream) }
     })
 }
 
@@ -1180,68 +843,10 @@ pub unsafe extern "C" fn strataGroupStart() -> strataResult_t {
 pub unsafe extern "C" fn strataGroupEnd() -> strataResult_t {
     ffi_boundary!("strataGroupEnd", std::ptr::null_mut(), {
         group_end()?;
-        if crate::comm::group::in_group() {
+        if in_group() {
             return Ok(());
         }
-        let held = HELD.with(|h| std::mem::take(&mut *h.borrow_mut()));
-        let mut first = Ok(());
-        for hd in held {
-            // SAFETY: the grouped calls' contract: destinations valid until now.
-            let r = hd.work.wait().and_then(|_| unsafe { copy_out(&hd.outs) });
-            if let Err(e) = r {
-                hd.handle
-                    .set_error(&format!("strataGroupEnd ({}): {e}", hd.function));
-                if first.is_ok() {
-                    first = Err(e);
-                }
-            }
-        }
-        first
+        // SAFETY: the grouped calls' contract: their buffers are valid until now.
+        unsafe { end_group() }
     })
-}
-
-/// Validate the buffers of a coalesced call (`gather`: all-gather, else reduce-scatter):
-/// sizes, NULLs, overflow, NCCL's in-place pairs and aliasing across the whole list.
-/// Returns (index, chunk bytes, total bytes, in place) for every non-empty member.
-fn coalesced_items(
-    comm: &crate::comm::Comm,
-    sb: &[*const c_void],
-    rb: &[*mut c_void],
-    counts: &[usize],
-    dt: DataType,
-    gather: bool,
-    name: &str,
-) -> Result<Vec<(usize, usize, usize, bool)>> {
-    let (n, r) = (comm.size(), comm.rank());
-    let what = if gather { "sendcounts" } else { "recvcounts" };
-    let mut spans = Vec::new();
-    let mut items = Vec::new();
-    for i in 0..counts.len() {
-        let c = nbytes(counts[i], 1, dt, &format!("{what}[{i}]"))?;
-        let total = nbytes(counts[i], n, dt, &format!("{what}[{i}] x nranks"))?;
-        let (send_len, recv_len) = if gather { (c, total) } else { (total, c) };
-        let s = span(sb[i], send_len, false, &format!("sendbuffs[{i}]"))?;
-        let rv = span(rb[i], recv_len, true, &format!("recvbuffs[{i}]"))?;
-        if counts[i] == 0 {
-            continue;
-        }
-        let in_place = if gather {
-            s.start == rv.start + r * c
-        } else {
-            rv.start == s.start + r * c
-        };
-        match (in_place, gather) {
-            // All-gather in place: the send range lies inside the written receive range.
-            (true, true) => spans.push(rv),
-            // Reduce-scatter in place: the whole send range is both read and written.
-            (true, false) => spans.push(Span { write: true, ..s }),
-            (false, _) => {
-                spans.push(s);
-                spans.push(rv);
-            }
-        }
-        items.push((i, c, total, in_place));
-    }
-    disjoint(&mut spans, name)?;
-    Ok(items)
 }

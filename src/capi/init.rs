@@ -1,18 +1,15 @@
 //! Versions, errors, unique ids, communicator creation and release.
 
 use super::*;
-use crate::algo::Algo;
+use crate::comm::bootstrap::{self, env_transport, require_compiled, TransportKind};
 use crate::comm::CommConfig;
-use crate::dtype::DataType;
-use crate::memory::Buffer;
+use crate::kinds::Algo;
 use crate::topology::Topology;
-use crate::transport::TransportKind;
 use std::collections::hash_map::RandomState;
 use std::ffi::CStr;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Condvar;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Writes the library's version code (`STRATA_VERSION_CODE` of the header it was built
 /// with: major * 10000 + minor * 100 + patch) to `*version`.
@@ -62,18 +59,7 @@ pub unsafe extern "C" fn strataGetErrorString(result: strataResult_t) -> *const 
 /// `comm` is any value; it is never dereferenced.
 #[no_mangle]
 pub unsafe extern "C" fn strataGetLastError(comm: strataComm_t) -> *const c_char {
-    let r = catch_unwind(AssertUnwindSafe(|| match registry().find(comm) {
-        Ok(h) => {
-            let p = h
-                .last_error
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .as_ptr();
-            // The registry keeps the handle (and so the string) alive after `h` drops.
-            p
-        }
-        Err(_) => thread_error_ptr(),
-    }));
+    let r = catch_unwind(AssertUnwindSafe(|| last_error_ptr(comm)));
     r.unwrap_or_else(|_| c"strataGetLastError: internal error".as_ptr())
 }
 
@@ -91,8 +77,7 @@ const VENDOR_ID: std::ops::Range<usize> = STRATA_UNIQUE_ID_VENDOR_OFFSET..STRATA
 const VENDOR_ID_BYTES: usize = 128;
 const _: () = assert!(STRATA_UNIQUE_ID_BYTES - STRATA_UNIQUE_ID_VENDOR_OFFSET == VENDOR_ID_BYTES);
 const _: () = assert!(VENDOR_FLAG < STRATA_UNIQUE_ID_VENDOR_OFFSET && KEY.end <= VENDOR_FLAG);
-#[cfg(any(feature = "cuda", feature = "rocm"))]
-const _: () = assert!(crate::transport::vendor::VENDOR_UNIQUE_ID_BYTES == VENDOR_ID_BYTES);
+const _: () = assert!(bootstrap::VENDOR_UNIQUE_ID_BYTES == VENDOR_ID_BYTES);
 
 fn fresh_key() -> [u8; 16] {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -122,7 +107,6 @@ fn id_bytes(id: &strataUniqueId) -> [u8; STRATA_UNIQUE_ID_BYTES] {
 /// and rccl transports, the vendor's id (flag `ID_VENDOR_*`, bytes).
 struct IdParts {
     key: [u8; 16],
-    #[cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
     vendor: Option<(u8, [u8; VENDOR_ID_BYTES])>,
 }
 
@@ -151,28 +135,6 @@ fn parse_id(id: &strataUniqueId) -> Result<IdParts> {
     Ok(IdParts { key, vendor })
 }
 
-/// The vendor id (`ncclGetUniqueId`) a new id for `kind` (nccl or rccl) carries.
-#[cfg(any(feature = "cuda", feature = "rocm"))]
-fn vendor_id(kind: TransportKind) -> Result<(u8, [u8; VENDOR_ID_BYTES])> {
-    use crate::transport::vendor::{Vendor, VendorLib};
-    let (flag, vendor) = match kind {
-        TransportKind::Nccl => (ID_VENDOR_NCCL, Vendor::Nccl),
-        TransportKind::Rccl => (ID_VENDOR_RCCL, Vendor::Rccl),
-        other => {
-            return Err(Error::Internal(format!(
-                "{} has no vendor unique id",
-                other.name()
-            )))
-        }
-    };
-    Ok((flag, VendorLib::get(vendor)?.unique_id()?.bytes()))
-}
-
-#[cfg(not(any(feature = "cuda", feature = "rocm")))]
-fn vendor_id(kind: TransportKind) -> Result<(u8, [u8; VENDOR_ID_BYTES])> {
-    Err(not_compiled(kind))
-}
-
 /// A new unique id for a world of transport `kind`: strata's part, and for nccl/rccl
 /// the vendor's id (the transport must be compiled in and its library loadable).
 fn new_id(kind: TransportKind) -> Result<strataUniqueId> {
@@ -182,9 +144,12 @@ fn new_id(kind: TransportKind) -> Result<strataUniqueId> {
     b[KEY].copy_from_slice(&fresh_key());
     if matches!(kind, TransportKind::Nccl | TransportKind::Rccl) {
         require_compiled(kind)?;
-        let (flag, v) = vendor_id(kind)?;
-        b[VENDOR_FLAG] = flag;
-        b[VENDOR_ID].copy_from_slice(&v);
+        b[VENDOR_FLAG] = if kind == TransportKind::Rccl {
+            ID_VENDOR_RCCL
+        } else {
+            ID_VENDOR_NCCL
+        };
+        b[VENDOR_ID].copy_from_slice(&bootstrap::new_vendor_unique_id(kind)?);
     }
     Ok(strataUniqueId {
         internal: b.map(|x| x as c_char),
@@ -216,7 +181,7 @@ pub unsafe extern "C" fn strataGetUniqueId(uniqueId: *mut strataUniqueId) -> str
         if uniqueId.is_null() {
             return Err(Error::InvalidArgument("uniqueId is NULL".into()));
         }
-        let kind = match env_kind() {
+        let kind = match env_transport() {
             Ok(Some(k @ (TransportKind::Nccl | TransportKind::Rccl))) => k,
             _ => TransportKind::Local,
         };
@@ -250,7 +215,7 @@ pub unsafe extern "C" fn strataGetUniqueIdForTransport(
             return Err(Error::InvalidArgument("uniqueId is NULL".into()));
         }
         let kind = match transport {
-            strataTransportDefault => env_kind()?.unwrap_or(TransportKind::Local),
+            strataTransportDefault => env_transport()?.unwrap_or(TransportKind::Local),
             t => kind_of(t)?,
         };
         require_compiled(kind)?;
@@ -287,40 +252,6 @@ fn kind_of(t: strataTransport_t) -> Result<TransportKind> {
     }
 }
 
-/// `NotCompiled` (`strataInvalidUsage`) naming the cargo feature of a transport this
-/// build lacks.
-fn not_compiled(kind: TransportKind) -> Error {
-    crate::transport::gpu::not_compiled(kind.name(), kind.feature().unwrap_or("default"))
-}
-
-fn require_compiled(kind: TransportKind) -> Result<()> {
-    if kind.compiled() {
-        Ok(())
-    } else {
-        Err(not_compiled(kind))
-    }
-}
-
-/// A `STRATA_TRANSPORT` value: `None` when empty.
-fn parse_transport(v: &str) -> Result<Option<TransportKind>> {
-    match v.trim().to_ascii_lowercase().as_str() {
-        "" => Ok(None),
-        "local" => Ok(Some(TransportKind::Local)),
-        "mpi" => Ok(Some(TransportKind::Mpi)),
-        "nccl" => Ok(Some(TransportKind::Nccl)),
-        "rccl" => Ok(Some(TransportKind::Rccl)),
-        "cuda-local" | "cuda_local" => Ok(Some(TransportKind::CudaLocal)),
-        _ => Err(Error::InvalidArgument(format!(
-            "STRATA_TRANSPORT={v:?} is not a transport (local, mpi, nccl, rccl, cuda-local)"
-        ))),
-    }
-}
-
-/// `STRATA_TRANSPORT`, parsed (`None` when unset or empty).
-fn env_kind() -> Result<Option<TransportKind>> {
-    parse_transport(&std::env::var("STRATA_TRANSPORT").unwrap_or_default())
-}
-
 struct Settings {
     transport: strataTransport_t,
     topo_spec: Option<String>,
@@ -332,7 +263,7 @@ impl Settings {
     /// this build lacks is `NotCompiled` (the mpi transport reports it when it starts).
     fn kind(&self) -> Result<TransportKind> {
         let k = match self.transport {
-            strataTransportDefault => env_kind()?.unwrap_or(TransportKind::Local),
+            strataTransportDefault => env_transport()?.unwrap_or(TransportKind::Local),
             t => kind_of(t)?,
         };
         if k.is_gpu() {
@@ -343,31 +274,6 @@ impl Settings {
 
     fn topology(&self) -> Result<Option<Topology>> {
         self.topo_spec.as_deref().map(Topology::parse).transpose()
-    }
-}
-
-/// The device of a cuda-local world: `STRATA_DEVICE`, else 0.
-fn cuda_local_ordinal() -> Result<usize> {
-    match std::env::var("STRATA_DEVICE") {
-        Ok(v) if !v.trim().is_empty() => v.trim().parse().map_err(|_| {
-            Error::InvalidArgument(format!("STRATA_DEVICE={v:?} is not a device ordinal"))
-        }),
-        _ => Ok(0),
-    }
-}
-
-/// A whole in-process world of `kind` (local or cuda-local).
-fn in_process_world(
-    kind: TransportKind,
-    nranks: usize,
-    topo: Option<Topology>,
-    config: CommConfig,
-) -> Result<Vec<Comm>> {
-    match kind {
-        TransportKind::CudaLocal => {
-            Comm::cuda_local_world(nranks, topo, config, cuda_local_ordinal()?)
-        }
-        _ => Comm::local_world(nranks, topo, config),
     }
 }
 
@@ -472,153 +378,11 @@ fn rank_args(nranks: c_int, rank: c_int) -> Result<(usize, usize)> {
     Ok((nranks as usize, rank as usize))
 }
 
-// ---- local rendezvous ----
-
-struct Rendezvous {
-    kind: TransportKind,
-    nranks: usize,
-    topo_spec: Option<String>,
-    arrived: Vec<bool>,
-    world: Option<Result<Vec<Option<Comm>>>>,
-    taken: usize,
-}
-
-type RendezvousMap = Mutex<HashMap<[u8; 16], Rendezvous>>;
-
-static RENDEZVOUS: Lazy<(RendezvousMap, Condvar)> =
-    Lazy::new(|| (Mutex::new(HashMap::new()), Condvar::new()));
-
-/// Join the in-process world of `kind` (local or cuda-local) named by `key` as `rank`;
-/// the last rank to arrive builds it (`Comm::local_world` / `Comm::cuda_local_world`)
-/// with its settings. Waits at most the configured timeout.
-fn local_rank(
-    kind: TransportKind,
-    key: [u8; 16],
-    nranks: usize,
-    rank: usize,
-    s: &Settings,
-) -> Result<Comm> {
-    let (lock, cv) = &*RENDEZVOUS;
-    let mut map = lock.lock().unwrap_or_else(|e| e.into_inner());
-    let e = map.entry(key).or_insert_with(|| Rendezvous {
-        kind,
-        nranks,
-        topo_spec: s.topo_spec.clone(),
-        arrived: vec![false; nranks],
-        world: None,
-        taken: 0,
-    });
-    if e.nranks != nranks {
-        return Err(Error::InvalidUsage(format!(
-            "nranks mismatch for this unique id: rank {rank} passed {nranks}, an earlier rank passed {}",
-            e.nranks
-        )));
-    }
-    if e.kind != kind {
-        return Err(Error::InvalidUsage(format!(
-            "transport mismatch for this unique id: rank {rank} asked for {}, an earlier rank for {}",
-            kind.name(),
-            e.kind.name()
-        )));
-    }
-    if e.arrived[rank] {
-        return Err(Error::InvalidUsage(format!(
-            "rank {rank} joined this unique id's world twice"
-        )));
-    }
-    if e.topo_spec != s.topo_spec {
-        return Err(Error::InvalidUsage(format!(
-            "topology mismatch for this unique id: rank {rank} passed {:?}, an earlier rank passed {:?}",
-            s.topo_spec, e.topo_spec
-        )));
-    }
-    e.arrived[rank] = true;
-    if e.arrived.iter().all(|&a| a) {
-        let world = s
-            .topology()
-            .and_then(|t| in_process_world(kind, nranks, t, s.config.clone()))
-            .map(|v| v.into_iter().map(Some).collect());
-        e.world = Some(world);
-        cv.notify_all();
-    }
-    let deadline = Instant::now() + s.config.timeout;
-    loop {
-        let e = map
-            .get_mut(&key)
-            .ok_or_else(|| Error::Internal("rendezvous entry vanished".into()))?;
-        if let Some(w) = e.world.as_mut() {
-            let r = match w {
-                Ok(v) => v[rank]
-                    .take()
-                    .ok_or_else(|| Error::Internal("rank taken twice".into())),
-                Err(err) => Err(err.clone()),
-            };
-            e.taken += 1;
-            if e.taken == e.nranks {
-                map.remove(&key);
-            }
-            return r;
-        }
-        let now = Instant::now();
-        if now >= deadline {
-            e.arrived[rank] = false;
-            let joined = e.arrived.iter().filter(|&&a| a).count();
-            if joined == 0 {
-                map.remove(&key);
-            }
-            return Err(Error::Remote(format!(
-                "rank {rank} waited {:?} for the other ranks of this unique id: {} of {nranks} joined",
-                s.config.timeout,
-                joined + 1
-            )));
-        }
-        map = cv
-            .wait_timeout(map, deadline - now)
-            .unwrap_or_else(|e| e.into_inner())
-            .0;
-    }
-}
-
-/// Join the MPI world and check every rank's (rank, nranks) claims collectively, so all
-/// ranks fail together on a mismatch.
-fn mpi_rank(nranks: usize, rank: usize, s: &Settings) -> Result<Comm> {
-    let comm = Comm::mpi_world(s.topology()?, s.config.clone())?;
-    let check = || -> Result<()> {
-        let n = comm.size();
-        let mine: Vec<u8> = [(rank as u32).to_le_bytes(), (nranks as u32).to_le_bytes()].concat();
-        let all = Buffer::zeroed(8 * n);
-        comm.all_gather(&Buffer::from_bytes(&mine), &all, 8, DataType::U8)?
-            .wait()?;
-        let all = all.to_bytes()?;
-        for (r, c) in all.chunks_exact(8).enumerate() {
-            let claimed = u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize;
-            let nr = u32::from_le_bytes([c[4], c[5], c[6], c[7]]) as usize;
-            if nr != n {
-                return Err(Error::InvalidUsage(format!(
-                    "nranks mismatch: MPI rank {r} passed nranks {nr}, the MPI world has {n} processes"
-                )));
-            }
-            if claimed != r {
-                return Err(Error::InvalidUsage(format!(
-                    "MPI rank {r} passed rank {claimed}: under the mpi transport rank must be the MPI world rank"
-                )));
-            }
-        }
-        Ok(())
-    };
-    match check() {
-        Ok(()) => Ok(comm),
-        Err(e) => {
-            let _ = comm.destroy();
-            Err(e)
-        }
-    }
-}
+// ---- joining ----
 
 /// Join the NCCL/RCCL communicator of the vendor id inside `id` as `rank` of `nranks`
-/// on this thread's device ([`crate::comm::gpu::select_device`]: `STRATA_DEVICE`, else
-/// the current device, as NCCL).
-#[cfg(any(feature = "cuda", feature = "rocm"))]
+/// ([`Comm::vendor_join_id`]: on this thread's device, `STRATA_DEVICE` else the current
+/// one, as NCCL), after checking that the id carries the id of `kind`'s vendor.
 fn vendor_rank(
     kind: TransportKind,
     id: &IdParts,
@@ -626,11 +390,9 @@ fn vendor_rank(
     rank: usize,
     s: &Settings,
 ) -> Result<Comm> {
-    use crate::device::Api;
-    use crate::transport::vendor::VendorUniqueId;
-    let (want, api) = match kind {
-        TransportKind::Rccl => (ID_VENDOR_RCCL, Api::Hip),
-        _ => (ID_VENDOR_NCCL, Api::Cuda),
+    let want = match kind {
+        TransportKind::Rccl => ID_VENDOR_RCCL,
+        _ => ID_VENDOR_NCCL,
     };
     let name = |f: u8| if f == ID_VENDOR_RCCL { "RCCL" } else { "NCCL" };
     let v = match &id.vendor {
@@ -656,28 +418,7 @@ fn vendor_rank(
             )))
         }
     };
-    let topo = s.topology()?;
-    let dev = crate::comm::gpu::select_device(api, 0)?;
-    Comm::vendor_join(
-        kind,
-        &dev,
-        &VendorUniqueId::from_bytes(v),
-        rank,
-        nranks,
-        topo,
-        s.config.clone(),
-    )
-}
-
-#[cfg(not(any(feature = "cuda", feature = "rocm")))]
-fn vendor_rank(
-    kind: TransportKind,
-    _id: &IdParts,
-    _nranks: usize,
-    _rank: usize,
-    _s: &Settings,
-) -> Result<Comm> {
-    Err(not_compiled(kind))
+    Comm::vendor_join_id(kind, v, rank, nranks, s.topology()?, s.config.clone())
 }
 
 /// # Safety
@@ -699,8 +440,10 @@ unsafe fn init_rank(
     let (n, r) = rank_args(nranks, rank)?;
     let id = parse_id(id)?;
     let comm = match s.kind()? {
-        k @ (TransportKind::Local | TransportKind::CudaLocal) => local_rank(k, id.key, n, r, &s)?,
-        TransportKind::Mpi => mpi_rank(n, r, &s)?,
+        k @ (TransportKind::Local | TransportKind::CudaLocal) => {
+            Comm::join_in_process(k, id.key, n, r, s.topo_spec.as_deref(), s.config.clone())?
+        }
+        TransportKind::Mpi => Comm::mpi_join(n, r, s.topology()?, s.config.clone())?,
         k @ (TransportKind::Nccl | TransportKind::Rccl) => vendor_rank(k, &id, n, r, &s)?,
     };
     let h = register(comm)?;
@@ -831,7 +574,7 @@ pub unsafe extern "C" fn strataCommInitLocal(
         // SAFETY: the caller's contract on `config`.
         let mut s = unsafe { settings(config) }?;
         let kind = match s.transport {
-            strataTransportDefault => match env_kind() {
+            strataTransportDefault => match env_transport() {
                 Ok(Some(TransportKind::CudaLocal)) => TransportKind::CudaLocal,
                 _ => TransportKind::Local,
             },
@@ -847,7 +590,7 @@ pub unsafe extern "C" fn strataCommInitLocal(
         if let Some(t) = unsafe { opt_str(topology, "topology") }? {
             s.topo_spec = Some(t);
         }
-        let world = in_process_world(kind, nranks as usize, s.topology()?, s.config.clone())?;
+        let world = Comm::in_process_world(kind, nranks as usize, s.topology()?, s.config.clone())?;
         let mut handles = Vec::with_capacity(world.len());
         for c in world {
             match register(c) {
@@ -1026,7 +769,7 @@ pub unsafe extern "C" fn strataCommGetTransport(
 #[no_mangle]
 pub unsafe extern "C" fn strataFinalize() -> strataResult_t {
     ffi_boundary!("strataFinalize", std::ptr::null_mut(), {
-        crate::transport::mpi::finalize();
+        bootstrap::finalize_mpi();
         Ok(())
     })
 }
@@ -1034,6 +777,7 @@ pub unsafe extern "C" fn strataFinalize() -> strataResult_t {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::comm::bootstrap::parse_transport;
     use std::ptr::{null, null_mut};
 
     fn last() -> String {
@@ -1075,7 +819,7 @@ mod tests {
         for t in [strataTransportLocal, strataTransportDefault] {
             if t == strataTransportDefault
                 && matches!(
-                    env_kind(),
+                    env_transport(),
                     Ok(Some(TransportKind::Nccl | TransportKind::Rccl))
                 )
             {
@@ -1308,8 +1052,8 @@ mod tests {
     #[cfg(feature = "cuda")]
     #[test]
     fn capi_nccl_unique_id_and_init_without_a_gpu() {
-        use crate::transport::vendor::{Vendor, VendorLib};
-        if let Err(e) = VendorLib::get(Vendor::Nccl) {
+        use std::time::Instant;
+        if let Err(e) = bootstrap::new_vendor_unique_id(TransportKind::Nccl) {
             if std::env::var_os("STRATA_REQUIRE_NCCL").is_some() {
                 panic!("STRATA_REQUIRE_NCCL is set but libnccl does not load: {e}");
             }

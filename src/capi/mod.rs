@@ -13,22 +13,31 @@
 //!   before anything is copied or queued. Result codes are `ncclResult_t`'s values.
 //! - Messages: every failing call stores `"<function>: <error>"` on the communicator it
 //!   named (`strataGetLastError(comm)`) and on the calling thread
-//!   (`strataGetLastError(NULL)`).
+//!   (`strataGetLastError(NULL)`), through one writer ([`store_error`]) and one reader.
+//! - One body per collective (`coll.rs`, over `buffers.rs`): validate the arguments,
+//!   turn the user's pointers into strata [`Buffer`](crate::Buffer)s, submit one
+//!   request through [`Comm::submit`], finish. NCCL's in-place layouts are recognised
+//!   from the raw pointers by the one rule, [`Kind::in_place`](crate::kinds::Kind::in_place),
+//!   and rebuilt as one buffer and a view of it, so in-place semantics are NCCL's; any
+//!   other overlap is refused.
 //! - Host transports (local, mpi): user pointers are host memory. A call copies its
-//!   inputs into strata-owned [`Buffer`](crate::Buffer)s, submits through the one submit
-//!   path, waits, and copies the results into the user's receive buffers; NCCL's
-//!   in-place layouts are recognised from the raw pointers first and rebuilt as views of
-//!   one buffer, so in-place semantics are NCCL's. Inside a group, calls return at once
-//!   and complete (results copied out) in `strataGroupEnd`.
+//!   inputs into strata-owned buffers, submits, waits, and copies the results into the
+//!   user's receive buffers. Inside a group, calls return at once and complete (results
+//!   copied out) in `strataGroupEnd`.
 //! - GPU transports (nccl, rccl, cuda-local; features `cuda` / `rocm`): user pointers are
 //!   device memory of the communicator's device, checked
 //!   ([`Device::check_pointer`](crate::device::Device::check_pointer)) and wrapped without
-//!   copying ([`Buffer::from_device_ptr`](crate::Buffer::from_device_ptr)); the same
-//!   in-place recognition builds the views. The communicator's stream waits for the
-//!   caller's stream and the host waits for that, so the caller's earlier work is done;
-//!   the call returns once the collective has completed on the device (host-synchronous),
-//!   so ordering with the caller's stream holds both ways. Inside a group the works
-//!   complete in `strataGroupEnd`.
+//!   copying ([`Buffer::from_device_ptr`](crate::Buffer::from_device_ptr)). The
+//!   communicator's stream waits for the caller's stream and the host waits for that, so
+//!   the caller's earlier work is done; the call returns once the collective has
+//!   completed on the device (host-synchronous), so ordering with the caller's stream
+//!   holds both ways. Inside a group the works complete in `strataGroupEnd`.
+//! - Ownership: user memory stays the caller's; strata keeps no pointer to it after the
+//!   call returns (inside a group: after `strataGroupEnd`).
+//! - Bootstrap (rendezvous of in-process worlds, MPI rank checks, NCCL/RCCL ids,
+//!   `STRATA_TRANSPORT` / `STRATA_DEVICE`) is the library's
+//!   ([`crate::comm::bootstrap`], [`crate::comm::gpu`]); this module only maps the C
+//!   arguments and the 256-byte id onto it.
 //! - Unique ids are 256 bytes: strata's 128 (magic, version, rendezvous key, vendor flag)
 //!   then, for nccl/rccl, the vendor's `ncclUniqueId` (see [`strataUniqueId`]).
 
@@ -37,6 +46,7 @@
 #![allow(clippy::too_many_arguments)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod buffers;
 mod coll;
 mod init;
 
@@ -206,13 +216,8 @@ pub struct strataConfig_t {
 #[derive(Debug)]
 pub(crate) struct Handle {
     pub(crate) comm: Comm,
+    /// This communicator's half of the last-error store ([`store_error`]).
     last_error: Mutex<CString>,
-}
-
-impl Handle {
-    fn set_error(&self, msg: &str) {
-        *self.last_error.lock().unwrap_or_else(|e| e.into_inner()) = c_message(msg);
-    }
 }
 
 struct Registry {
@@ -295,9 +300,10 @@ pub(crate) fn unregister(c: strataComm_t) -> Result<Arc<Handle>> {
     Ok(h)
 }
 
-// ---- errors and the panic boundary ----
+// ---- the last error: one store ----
 
 thread_local! {
+    /// The calling thread's half of the last-error store ([`store_error`]).
     static THREAD_ERROR: RefCell<CString> = RefCell::new(CString::default());
 }
 
@@ -305,26 +311,44 @@ fn c_message(msg: &str) -> CString {
     CString::new(msg.replace('\0', " ")).unwrap_or_default()
 }
 
-fn set_thread_error(msg: &str) {
+/// The one writer of failure messages: `msg` becomes the calling thread's message
+/// (`strataGetLastError(NULL)`) and, when the failure belongs to a communicator, that
+/// communicator's (`strataGetLastError(comm)`).
+pub(crate) fn store_error(handle: Option<&Handle>, msg: &str) {
     let _ = THREAD_ERROR.try_with(|t| *t.borrow_mut() = c_message(msg));
-}
-
-pub(crate) fn thread_error_ptr() -> *const c_char {
-    THREAD_ERROR
-        .try_with(|t| t.borrow().as_ptr())
-        .unwrap_or(c"".as_ptr())
-}
-
-/// Record a failure of `function` on the thread and, when `comm` is live, on it.
-pub(crate) fn record(function: &str, comm: strataComm_t, e: &Error) {
-    let msg = format!("{function}: {e}");
-    set_thread_error(&msg);
-    if !comm.is_null() {
-        if let Some(h) = registry().live.get(&(comm as usize)) {
-            h.set_error(&msg);
-        }
+    if let Some(h) = handle {
+        *h.last_error.lock().unwrap_or_else(|e| e.into_inner()) = c_message(msg);
     }
 }
+
+/// The one reader: the message of `comm` when it is a live communicator, else the
+/// calling thread's ("" when none). The pointer stays valid until the next store into
+/// the same half, or the communicator's destruction.
+pub(crate) fn last_error_ptr(comm: strataComm_t) -> *const c_char {
+    match registry().find(comm) {
+        // The registry keeps the handle (and so the string) alive after `h` drops.
+        Ok(h) => h
+            .last_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ptr(),
+        Err(_) => THREAD_ERROR
+            .try_with(|t| t.borrow().as_ptr())
+            .unwrap_or(c"".as_ptr()),
+    }
+}
+
+/// Record a failure of `function`: `"<function>: <error>"` on the thread and, when
+/// `comm` is live, on it.
+pub(crate) fn record(function: &str, comm: strataComm_t, e: &Error) {
+    let msg = format!("{function}: {e}");
+    let h = (!comm.is_null())
+        .then(|| registry().live.get(&(comm as usize)).cloned())
+        .flatten();
+    store_error(h.as_deref(), &msg);
+}
+
+// ---- the panic boundary ----
 
 fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
     if let Some(s) = p.downcast_ref::<&str>() {
@@ -449,7 +473,7 @@ mod tests {
         let code = guard("strataTest", std::ptr::null_mut(), || panic!("boom"));
         assert_eq!(code, strataInternalError);
         // SAFETY: the thread error pointer is a valid C string until the next failure.
-        let msg = unsafe { std::ffi::CStr::from_ptr(thread_error_ptr()) };
+        let msg = unsafe { std::ffi::CStr::from_ptr(last_error_ptr(std::ptr::null_mut())) };
         let msg = msg.to_str().unwrap();
         assert!(msg.contains("strataTest") && msg.contains("boom"), "{msg}");
     }

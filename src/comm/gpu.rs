@@ -41,10 +41,79 @@ pub fn select_device(api: Api, fallback: usize) -> Result<Arc<dyn Device>> {
     crate::device::open(api, if count > 0 { o % count } else { o })
 }
 
+/// The device of a cuda-local world ([`Comm::in_process_world`]): `STRATA_DEVICE`,
+/// else 0.
+pub fn cuda_local_ordinal() -> Result<usize> {
+    match std::env::var("STRATA_DEVICE") {
+        Ok(v) if !v.trim().is_empty() => v.trim().parse().map_err(|_| {
+            Error::InvalidArgument(format!("STRATA_DEVICE={v:?} is not a device ordinal"))
+        }),
+        _ => Ok(0),
+    }
+}
+
 impl Comm {
+    /// Join, as `rank` of `nranks`, the NCCL (`kind` nccl, feature `cuda`) or RCCL
+    /// (rccl, feature `rocm`) communicator of the vendor unique id `id` (from
+    /// [`super::bootstrap::new_vendor_unique_id`] on one rank, distributed by the
+    /// caller), on this thread's device ([`select_device`]: `STRATA_DEVICE`, else the
+    /// current device, as NCCL). `topo` as [`Comm::vendor_join`]. Collective over the
+    /// `nranks` ranks; `NotCompiled` without the feature.
+    pub fn vendor_join_id(
+        kind: crate::transport::TransportKind,
+        id: &[u8; super::bootstrap::VENDOR_UNIQUE_ID_BYTES],
+        rank: usize,
+        nranks: usize,
+        topo: Option<Topology>,
+        config: CommConfig,
+    ) -> Result<Comm> {
+        #[cfg(not(any(feature = "cuda", feature = "rocm")))]
+        {
+            let _ = (id, rank, nranks, topo, config);
+            Err(super::bootstrap::not_compiled(kind))
+        }
+        #[cfg(any(feature = "cuda", feature = "rocm"))]
+        {
+            let (_, api) = vendor_of(kind)?;
+            let dev = select_device(api, 0)?;
+            Comm::vendor_join(
+                kind,
+                &dev,
+                &crate::transport::vendor::VendorUniqueId::from_bytes(id),
+                rank,
+                nranks,
+                topo,
+                config,
+            )
+        }
+    }
+
     /// The GPU this communicator runs on (`None` on host transports).
     pub fn device(&self) -> Option<Arc<dyn Device>> {
         self.transport().gpu().map(|g| g.device().clone())
+    }
+
+    /// Make this communicator's stream wait for the work queued so far on the caller's
+    /// runtime stream `stream` (a `cudaStream_t` / `hipStream_t`; null: the legacy
+    /// default stream), then wait on the host until that has run: the caller's earlier
+    /// work (which produced the inputs, or still reads the outputs) is complete before
+    /// the next collective starts on any stream, sub-communicators' included. `what`
+    /// names the wait in a timeout error. A no-op on host transports.
+    ///
+    /// # Safety
+    /// `stream` is null or a live stream of this communicator's device.
+    pub unsafe fn wait_for_foreign_stream(
+        &self,
+        stream: *mut std::ffi::c_void,
+        what: &str,
+    ) -> Result<()> {
+        let Some(g) = self.transport().gpu() else {
+            return Ok(());
+        };
+        let s = g.stream();
+        // SAFETY: the caller's contract on `stream`.
+        unsafe { s.wait_foreign(stream) }?;
+        crate::device::finish(s.as_ref(), self.timeout(), what, || Ok(()))
     }
 
     /// `bytes` zeroed bytes where this communicator's collectives run natively: device

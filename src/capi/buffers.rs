@@ -1,0 +1,365 @@
+//! Call buffers: the caller's memory of one C call as strata [`Buffer`]s, the same way
+//! for every export, on every transport.
+//!
+//! - [`UserBuf`]: a validated byte range of user memory (NULL with a nonzero length and
+//!   wrap-around are `InvalidArgument`), with its read/write intent.
+//! - [`Pair`]: a send and a receive range plus NCCL's in-place layout recognised from
+//!   the raw pointers by the one rule, [`Kind::in_place`]; [`disjoint`] refuses every
+//!   other overlap across all the pairs of a call (coalesced lists included).
+//! - [`CallBuffers`]: given the communicator, turns user ranges into buffers. Host
+//!   transports (no device): an input is a copy-in, an output a zeroed buffer remembered
+//!   for copy-out at completion. GPU transports: every range is checked against the
+//!   communicator's device ([`Device::check_pointer`]) and wrapped without copying
+//!   ([`Buffer::from_device_ptr`]); nothing is copied out. An in-place pair becomes one
+//!   buffer and a view of it, on both.
+//! - [`CallBuffers::run`]: the one end of every call: on GPU transports the
+//!   communicator's stream waits for the caller's stream (and the host for that);
+//!   then one [`Request`] through [`Comm::submit`]; then outside a group wait and copy
+//!   out, inside a group hold both for `strataGroupEnd` ([`end_group`]).
+//!
+//! Ownership: strata keeps no user pointer after the call, or, inside a group, after
+//! `strataGroupEnd` (the held copy-outs of host transports and the wrapped device
+//! ranges are dropped there).
+
+use super::*;
+use crate::comm::{Request, Work};
+use crate::device::{DevAddr, Device};
+use crate::kinds::{InPlace, Kind};
+use crate::memory::Buffer;
+
+/// A byte range of the caller's memory; `write` when the call stores into it.
+#[derive(Clone, Debug)]
+pub(super) struct UserBuf {
+    addr: usize,
+    len: usize,
+    write: bool,
+    what: String,
+}
+
+impl UserBuf {
+    /// `len` bytes at `p` (`what` names the argument in messages): NULL is allowed only
+    /// for an empty range, and the range must not wrap around the address space.
+    pub(super) fn new(
+        p: *const c_void,
+        len: usize,
+        write: bool,
+        what: impl Into<String>,
+    ) -> Result<UserBuf> {
+        let what = what.into();
+        if p.is_null() && len > 0 {
+            return Err(Error::InvalidArgument(format!(
+                "{what} is NULL but the call needs {len} bytes"
+            )));
+        }
+        let addr = p as usize;
+        addr.checked_add(len)
+            .ok_or_else(|| Error::InvalidArgument(format!("{what} + {len} bytes wraps around")))?;
+        Ok(UserBuf {
+            addr,
+            len,
+            write,
+            what,
+        })
+    }
+
+    fn ptr(&self) -> *mut u8 {
+        self.addr as *mut u8
+    }
+
+    /// The caller's bytes.
+    ///
+    /// # Safety
+    /// The range is readable, initialised host memory not written while the slice lives.
+    unsafe fn bytes<'a>(&self) -> &'a [u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: non-NULL (checked in `new` for a nonzero length), `len` readable
+        // initialised bytes by the caller's contract, `len <= isize::MAX` (`nbytes`).
+        unsafe { std::slice::from_raw_parts(self.ptr(), self.len) }
+    }
+}
+
+/// A send and a receive range of one collective and NCCL's in-place layout of the two,
+/// when the raw pointers form it.
+#[derive(Clone, Debug)]
+pub(super) struct Pair {
+    pub(super) send: UserBuf,
+    pub(super) recv: UserBuf,
+    pub(super) in_place: Option<InPlace>,
+}
+
+impl Pair {
+    /// Recognise `kind`'s in-place layout on `rank` with `chunk` bytes per rank
+    /// ([`Kind::in_place`], NCCL's rule: all-gather `send == recv + rank·chunk`,
+    /// reduce-scatter `recv == send + rank·chunk`, all-reduce and broadcast `send ==
+    /// recv`, all-to-all never).
+    pub(super) fn new(kind: Kind, rank: usize, chunk: usize, send: UserBuf, recv: UserBuf) -> Pair {
+        let d = send.addr as i128 - recv.addr as i128;
+        let in_place = kind.in_place(rank, chunk).filter(|ip| ip.matches(d));
+        Pair {
+            send,
+            recv,
+            in_place,
+        }
+    }
+
+    /// The ranges the call touches, as [`disjoint`] checks them: an in-place pair is one
+    /// range (the outer one, written).
+    fn spans(&self) -> Vec<(usize, usize, bool)> {
+        let (s, r) = (&self.send, &self.recv);
+        match self.in_place {
+            None => vec![(s.addr, s.len, s.write), (r.addr, r.len, r.write)],
+            Some(InPlace::SendInRecv { .. }) => vec![(r.addr, r.len, true)],
+            Some(InPlace::RecvInSend { .. }) => vec![(s.addr, s.len, true)],
+            Some(InPlace::Same) => vec![(r.addr, r.len.max(s.len), true)],
+        }
+    }
+}
+
+/// No byte may be both written by the call and touched by another range of it; NCCL's
+/// in-place pairs count as one range. `name` is the export, for the message.
+pub(super) fn disjoint<'a>(pairs: impl IntoIterator<Item = &'a Pair>, name: &str) -> Result<()> {
+    let mut spans: Vec<_> = pairs.into_iter().flat_map(Pair::spans).collect();
+    spans.sort_by_key(|s| s.0);
+    let (mut end_any, mut end_write) = (0usize, 0usize);
+    for (start, len, write) in spans.into_iter().filter(|s| s.1 > 0) {
+        if (write && start < end_any) || start < end_write {
+            return Err(Error::InvalidArgument(format!(
+                "{name}: send and receive buffers overlap without being NCCL's in-place layout"
+            )));
+        }
+        end_any = end_any.max(start + len);
+        if write {
+            end_write = end_write.max(start + len);
+        }
+    }
+    Ok(())
+}
+
+/// Results to copy from a strata buffer into user memory once the work is done.
+struct Out {
+    buf: Buffer,
+    dst: *mut u8,
+}
+
+/// The buffers of one call on one communicator and what completing it takes.
+pub(super) struct CallBuffers {
+    /// The communicator's GPU (GPU transports): user ranges are its memory.
+    device: Option<Arc<dyn Device>>,
+    /// Host transports: the copy-outs of the outputs.
+    outs: Vec<Out>,
+}
+
+impl CallBuffers {
+    pub(super) fn new(comm: &Comm) -> CallBuffers {
+        CallBuffers {
+            device: comm.device(),
+            outs: Vec::new(),
+        }
+    }
+
+    /// The caller's device range as a buffer, after checking that it is memory of the
+    /// communicator's device (a host pointer is a clear `InvalidArgument`).
+    ///
+    /// # Safety
+    /// The range stays allocated, and untouched by anyone else, until the work using
+    /// the buffer completes (the device contract of every collective).
+    unsafe fn wrap(dev: &Arc<dyn Device>, u: &UserBuf) -> Result<Buffer> {
+        if u.len == 0 {
+            return Ok(Buffer::zeroed(0));
+        }
+        let addr = u.addr as DevAddr;
+        dev.check_pointer(addr, u.len).map_err(|e| match e {
+            Error::InvalidArgument(m) => Error::InvalidArgument(format!("{}: {m}", u.what)),
+            other => other,
+        })?;
+        // SAFETY: `len` bytes at `addr` are memory of `dev` (checked just above); that
+        // they stay allocated and unshared while the buffer lives is the caller's
+        // contract.
+        Ok(unsafe { Buffer::from_device_ptr(dev, addr, u.len) })
+    }
+
+    /// A range the call reads: a copy of it (host), or the device range itself.
+    ///
+    /// # Safety
+    /// Host: readable, initialised for `len` bytes now. Device: as [`Self::wrap`].
+    pub(super) unsafe fn input(&mut self, u: &UserBuf) -> Result<Buffer> {
+        match &self.device {
+            // SAFETY: the caller's contract.
+            Some(d) => unsafe { Self::wrap(d, u) },
+            // SAFETY: the caller's contract.
+            None => Ok(Buffer::from_bytes(unsafe { u.bytes() })),
+        }
+    }
+
+    /// A range the call writes: a zeroed buffer copied into it at completion (host), or
+    /// the device range itself.
+    ///
+    /// # Safety
+    /// Writable for `len` bytes until the call completes (inside a group: until
+    /// `strataGroupEnd`); device: as [`Self::wrap`].
+    pub(super) unsafe fn output(&mut self, u: &UserBuf) -> Result<Buffer> {
+        match &self.device {
+            // SAFETY: the caller's contract.
+            Some(d) => unsafe { Self::wrap(d, u) },
+            None => {
+                let b = Buffer::zeroed(u.len);
+                self.copy_out_at_end(&b, u);
+                Ok(b)
+            }
+        }
+    }
+
+    fn copy_out_at_end(&mut self, buf: &Buffer, u: &UserBuf) {
+        if self.device.is_none() {
+            self.outs.push(Out {
+                buf: buf.clone(),
+                dst: u.ptr(),
+            });
+        }
+    }
+
+    /// The (send, recv) buffers of a pair: separate buffers, or, in place, one buffer
+    /// and the view of it the layout names (filled from the user's send bytes on host
+    /// transports when the send range is the inner one).
+    ///
+    /// # Safety
+    /// As [`Self::input`] for the send range and [`Self::output`] for the receive range.
+    pub(super) unsafe fn pair(&mut self, p: &Pair) -> Result<(Buffer, Buffer)> {
+        let (s, r) = (&p.send, &p.recv);
+        match p.in_place {
+            None => {
+                // SAFETY: the caller's contract on both ranges.
+                let send = unsafe { self.input(s) }?;
+                // SAFETY: as above.
+                let recv = unsafe { self.output(r) }?;
+                Ok((send, recv))
+            }
+            Some(InPlace::SendInRecv { offset }) => {
+                // SAFETY: the caller's contract on the receive range.
+                let recv = unsafe { self.output(r) }?;
+                let send = recv.slice(offset..offset + s.len)?;
+                if self.device.is_none() {
+                    // SAFETY: the send range is readable now (caller's contract).
+                    send.write_bytes(unsafe { s.bytes() })?;
+                }
+                Ok((send, recv))
+            }
+            Some(InPlace::RecvInSend { offset }) => {
+                // SAFETY: the caller's contract on the send range.
+                let send = unsafe { self.input(s) }?;
+                let recv = send.slice(offset..offset + r.len)?;
+                self.copy_out_at_end(&recv, r);
+                Ok((send, recv))
+            }
+            Some(InPlace::Same) => {
+                // SAFETY: the caller's contract on the send range.
+                let send = unsafe { self.input(s) }?;
+                self.copy_out_at_end(&send, r);
+                Ok((send.clone(), send))
+            }
+        }
+    }
+
+    /// Check `p` ([`disjoint`]) and build its buffers ([`Self::pair`]): a one-pair call.
+    ///
+    /// # Safety
+    /// As [`Self::pair`].
+    pub(super) unsafe fn checked_pair(&mut self, p: &Pair, name: &str) -> Result<(Buffer, Buffer)> {
+        disjoint([p], name)?;
+        // SAFETY: the caller's contract.
+        unsafe { self.pair(p) }
+    }
+
+    /// The one end of every call: on GPU transports make the communicator's stream wait
+    /// for the caller's `stream` (and the host for that); submit `req`; then outside a
+    /// group wait for it and copy the results out, inside a group hold both for
+    /// `strataGroupEnd`.
+    ///
+    /// # Safety
+    /// `stream` is NULL or a live stream of the communicator's device (GPU transports;
+    /// ignored otherwise); the ranges behind the buffers stay valid as [`Self::output`]
+    /// says.
+    pub(super) unsafe fn run(
+        self,
+        function: &'static str,
+        handle: Arc<Handle>,
+        req: Request,
+        stream: strataStream_t,
+    ) -> Result<()> {
+        if self.device.is_some() {
+            let what = format!("{function}: waiting for the work queued on the caller's stream");
+            // SAFETY: the caller's contract on `stream`.
+            unsafe { handle.comm.wait_for_foreign_stream(stream, &what) }?;
+        }
+        let work = handle.comm.submit(req)?;
+        if crate::comm::group::in_group() {
+            HELD.with(|h| {
+                h.borrow_mut().push(Held {
+                    function,
+                    handle,
+                    work,
+                    outs: self.outs,
+                })
+            });
+            return Ok(());
+        }
+        work.wait()?;
+        // SAFETY: the caller's contract on the destinations.
+        unsafe { copy_out(&self.outs) }
+    }
+}
+
+/// # Safety
+/// Every `dst` is valid for writes of its buffer's length and not accessed concurrently.
+unsafe fn copy_out(outs: &[Out]) -> Result<()> {
+    for o in outs {
+        let g = o.buf.read()?;
+        if g.is_empty() {
+            continue;
+        }
+        // SAFETY: the caller's contract on `dst`; the source is strata-owned host memory
+        // distinct from user memory, so the ranges cannot overlap.
+        unsafe { std::ptr::copy_nonoverlapping(g.as_ptr(), o.dst, g.len()) };
+    }
+    Ok(())
+}
+
+/// A call of an open group, completed by [`end_group`].
+struct Held {
+    function: &'static str,
+    handle: Arc<Handle>,
+    work: Work,
+    outs: Vec<Out>,
+}
+
+thread_local! {
+    static HELD: RefCell<Vec<Held>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Complete the calls this thread held in its (now closed, outermost) group: wait for
+/// each, copy its results out (host transports), record each failure on its
+/// communicator as `"strataGroupEnd (<function>): <error>"`, and return the first one.
+/// Results of calls that succeeded are copied out regardless.
+///
+/// # Safety
+/// The destinations of the held calls are still valid (the grouped calls' contract).
+pub(super) unsafe fn end_group() -> Result<()> {
+    let held = HELD.with(|h| std::mem::take(&mut *h.borrow_mut()));
+    let mut first = Ok(());
+    for hd in held {
+        // SAFETY: the grouped calls' contract: destinations valid until now.
+        let r = hd.work.wait().and_then(|_| unsafe { copy_out(&hd.outs) });
+        if let Err(e) = r {
+            store_error(
+                Some(&hd.handle),
+                &format!("strataGroupEnd ({}): {e}", hd.function),
+            );
+            if first.is_ok() {
+                first = Err(e);
+            }
+        }
+    }
+    first
+}
