@@ -291,10 +291,10 @@ impl CallBuffers {
         if self.device.is_some() {
             let what = format!("{function}: waiting for the work queued on the caller's stream");
             // SAFETY: the caller's contract on `stream`.
-            unsafe { handle.comm.wait_for_foreign_stream(stream, &what) }?;
+            unsafe { wait_for_foreign_stream(&handle.comm, stream, &what) }?;
         }
         let work = handle.comm.submit(req)?;
-        if crate::comm::group::in_group() {
+        if crate::comm::in_group() {
             HELD.with(|h| {
                 h.borrow_mut().push(Held {
                     function,
@@ -362,4 +362,26 @@ pub(super) unsafe fn end_group() -> Result<()> {
         }
     }
     first
+}
+
+/// Make `comm`'s stream wait for the work queued so far on the caller's runtime stream
+/// `stream` (a `cudaStream_t` / `hipStream_t`; null: the legacy default stream), then
+/// wait on the host until that has run: the caller's earlier work (which produced the
+/// inputs, or still reads the outputs) is complete before the collective starts on any
+/// stream, sub-communicators' included. `what` names the wait in a timeout error. A
+/// no-op on host transports.
+///
+/// # Safety
+/// `stream` is null or a live stream of `comm`'s device.
+unsafe fn wait_for_foreign_stream(
+    comm: &Comm,
+    stream: *mut std::ffi::c_void,
+    what: &str,
+) -> Result<()> {
+    let Some(s) = comm.device_stream() else {
+        return Ok(());
+    };
+    // SAFETY: the caller's contract on `stream`.
+    unsafe { s.wait_foreign(stream) }?;
+    crate::device::finish(s.as_ref(), comm.timeout(), what, || Ok(()))
 }

@@ -15,7 +15,7 @@
 
 use super::buffers::{disjoint, end_group, CallBuffers, Pair, UserBuf};
 use super::*;
-use crate::comm::group::in_group;
+use crate::comm::in_group;
 use crate::comm::{group_end, group_start};
 use crate::comm::{Op, Request};
 use crate::dtype::{DataType, ReduceOp};

@@ -93,27 +93,10 @@ impl Comm {
         self.transport().gpu().map(|g| g.device().clone())
     }
 
-    /// Make this communicator's stream wait for the work queued so far on the caller's
-    /// runtime stream `stream` (a `cudaStream_t` / `hipStream_t`; null: the legacy
-    /// default stream), then wait on the host until that has run: the caller's earlier
-    /// work (which produced the inputs, or still reads the outputs) is complete before
-    /// the next collective starts on any stream, sub-communicators' included. `what`
-    /// names the wait in a timeout error. A no-op on host transports.
-    ///
-    /// # Safety
-    /// `stream` is null or a live stream of this communicator's device.
-    pub unsafe fn wait_for_foreign_stream(
-        &self,
-        stream: *mut std::ffi::c_void,
-        what: &str,
-    ) -> Result<()> {
-        let Some(g) = self.transport().gpu() else {
-            return Ok(());
-        };
-        let s = g.stream();
-        // SAFETY: the caller's contract on `stream`.
-        unsafe { s.wait_foreign(stream) }?;
-        crate::device::finish(s.as_ref(), self.timeout(), what, || Ok(()))
+    /// The device stream this communicator's collectives run on (`None` on host
+    /// transports): what a caller's stream is joined to (the C ABI's `stream`).
+    pub fn device_stream(&self) -> Option<Arc<dyn crate::device::DevStream>> {
+        self.transport().gpu().map(|g| g.stream().clone())
     }
 
     /// `bytes` zeroed bytes where this communicator's collectives run natively: device
