@@ -62,6 +62,7 @@
 //! `--coalesce`, `--dry-run`) are usage errors (exit 2) rather than the library's
 //! silent ring fallback; `--model` shows `-` for a quantized row's modeled columns
 //! (null / absent in JSON): the simulator models ring, hier, ho-ring and auto.
+#![forbid(unsafe_code)]
 
 use clap::error::ErrorKind;
 use clap::{CommandFactory, Parser};
@@ -74,7 +75,6 @@ use std::process::ExitCode;
 use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 use strata::check::{self, Kind, QuantCheck};
-use strata::cli::{bare, parse_algo, parse_dtype, parse_kind, parse_size};
 use strata::kernels::{QuantSpec, MAX_BLOCK};
 use strata::sim;
 use strata::traffic::{TrafficMatrix, TrafficReport};
@@ -82,6 +82,7 @@ use strata::transport::TransportKind;
 use strata::{
     Algo, Buffer, Comm, CommConfig, DataType, Error, Op, ReduceOp, Request, Result, Topology,
 };
+use strata_tools::cli::{bare, parse_algo, parse_dtype, parse_kind, parse_size};
 
 /// Most rows one sweep may have (guards `-f 1 -i 1 -e 1G`).
 const MAX_SIZES: usize = 100_000;
