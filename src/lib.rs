@@ -16,7 +16,6 @@ pub mod algo;
 pub mod bufops;
 pub mod capi;
 pub mod check;
-pub mod cli;
 pub mod comm;
 pub mod config;
 pub mod device;

@@ -12,7 +12,9 @@
 //! GB/s count bytes read + written. The table comes last.
 //!
 //! Run by `scripts/gpu-check` on a GPU machine (prebuilt: `cargo build --release
-//! --features cuda --bin strata-gpu-check`). Exit status 1 when any check fails.
+//! -p strata-tools --features cuda --bin strata-gpu-check`). Exit status 1 when any
+//! check fails.
+#![forbid(unsafe_code)]
 
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};

@@ -9,6 +9,7 @@ mod common;
 use strata::check::{self, Kind};
 use strata::transport::TransportKind;
 use strata::{Algo, Comm, DataType, Error, ReduceOp, Topology};
+use strata_tools::selftest;
 
 fn gpu() -> bool {
     let n = strata::device::count(strata::device::Api::Cuda);
@@ -51,7 +52,7 @@ fn cuda_local_self_test_on_every_shape() {
         "nodes:3x1",
         "nodes:3x2x2",
     ] {
-        for (r, res) in on_cuda_local(topo, |c| check::exercise(&c))
+        for (r, res) in on_cuda_local(topo, |c| selftest::exercise(&c))
             .into_iter()
             .enumerate()
         {
@@ -150,7 +151,7 @@ fn nccl_one_rank_communicator() {
         .remove(0);
     let comm = Comm::vendor_world(&boot, TransportKind::Nccl, common::config()).unwrap();
     assert_eq!(comm.transport_kind(), TransportKind::Nccl);
-    check::exercise(&comm).unwrap();
+    selftest::exercise(&comm).unwrap();
 }
 
 #[test]

@@ -1,7 +1,7 @@
-//! The transport-independent self test (`strata::check::exercise`, the same body the
-//! local-transport tests run) on the MPI transport. Usage:
-//! `mpirun -np N target/release/examples/mpi_check [TOPOLOGY]` (default: `STRATA_TOPOLOGY`,
-//! else the layout of the hosts the ranks run on).
+//! The transport-independent self test (`strata_tools::selftest::exercise`, the same
+//! body the local-transport tests run) on the MPI transport. Usage:
+//! `mpirun -np N target/release/examples/mpi_check [TOPOLOGY]` (default:
+//! `STRATA_TOPOLOGY`, else the layout of the hosts the ranks run on).
 
 use std::process::ExitCode;
 use strata::{Comm, CommConfig, Topology};
@@ -12,7 +12,7 @@ fn run() -> strata::Result<usize> {
         .map(|s| Topology::parse(&s))
         .transpose()?;
     let comm = Comm::mpi_world(topo, CommConfig::from_env()?)?;
-    strata::check::exercise(&comm)?;
+    strata_tools::selftest::exercise(&comm)?;
     let rank = comm.rank();
     if rank == 0 {
         println!(

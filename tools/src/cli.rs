@@ -1,10 +1,8 @@
 //! Command-line value parsers shared by `strata-perf` and `strata-sim` (clap
 //! `value_parser`s: `Err` carries the message clap prints).
 
-#![forbid(unsafe_code)]
-
-use crate::kinds::Kind;
-use crate::{Algo, DataType, Error};
+use strata::check::Kind;
+use strata::{Algo, DataType, Error};
 
 /// The message of a strata error without its category prefix (clap adds its own).
 pub fn bare(e: Error) -> String {

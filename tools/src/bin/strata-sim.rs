@@ -9,6 +9,7 @@
 //!
 //!   strata-sim --topology frontier:4 --op all-gather --algo ring,hier,ho-ring --size 256M
 //!   strata-sim --topology dgx-a100:2 --op reduce-scatter --size 64M,1G -d bf16 --trace rs.json
+#![forbid(unsafe_code)]
 
 use clap::Parser;
 use serde::Serialize;
@@ -16,10 +17,10 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 use strata::check::Kind;
-use strata::cli::{parse_algo, parse_dtype, parse_kind};
 use strata::sim::{self, trace};
 use strata::traffic::TrafficReport;
 use strata::{Algo, DataType, Error, Result, Topology};
+use strata_tools::cli::{parse_algo, parse_dtype, parse_kind};
 
 /// Model a collective on a cluster: modeled time, bandwidths, lower bound, traffic.
 ///
@@ -65,7 +66,7 @@ struct Cli {
 }
 
 fn parse_size(s: &str) -> std::result::Result<u64, String> {
-    strata::cli::parse_size(s)
+    strata_tools::cli::parse_size(s)
         .ok()
         .filter(|&n| n > 0)
         .ok_or_else(|| format!("'{s}' is not a positive size in bytes (K, M, G suffixes)"))

@@ -1,0 +1,348 @@
+//! The command line: clap's `Cli` with its value parsers, the size sweep it describes,
+//! and the flag combinations clap cannot express (usage errors, exit 2).
+
+use crate::model::Modeler;
+use crate::sweep::{quant_algo, quant_spec};
+use clap::error::ErrorKind;
+use clap::{CommandFactory, Parser};
+use std::path::PathBuf;
+use strata::check::Kind;
+use strata::kernels::{QuantSpec, MAX_BLOCK};
+use strata::transport::TransportKind;
+use strata::{Algo, DataType, ReduceOp};
+use strata_tools::cli::{bare, parse_algo, parse_dtype, parse_kind, parse_size};
+
+/// Most rows one sweep may have (guards `-f 1 -i 1 -e 1G`).
+const MAX_SIZES: usize = 100_000;
+
+/// nccl-tests-style benchmark of strata's collectives.
+///
+/// Examples:
+///   strata-perf --ranks 32 --topology nodes:4x8 --op all-gather --algo ring,hier -b 1K -e 16M -f 4
+///   mpirun -np 16 strata-perf --transport mpi --topology nodes:2x8 --op all-reduce -b 8 -e 128M -f 2
+#[derive(Parser, Debug)]
+#[command(name = "strata-perf", version, verbatim_doc_comment)]
+pub(crate) struct Cli {
+    /// Transport: local (ranks are threads), mpi (one rank per process), nccl, rccl, cuda-local.
+    #[arg(long, default_value = "local", value_parser = parse_transport)]
+    pub(crate) transport: TransportKind,
+
+    /// Ranks of a local world (default: the topology's world size, else 8).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=65536))]
+    pub(crate) ranks: Option<u64>,
+
+    /// Topology SPEC (nodes:NxR, nodes:NxPxD, dgx-h100:N, frontier:N, ... or a JSON file);
+    /// default: STRATA_TOPOLOGY, else one node of all ranks.
+    #[arg(long)]
+    pub(crate) topology: Option<String>,
+
+    /// Collective(s), comma-separated: all-gather, reduce-scatter, all-reduce, all-to-all, broadcast.
+    #[arg(long, default_value = "all-gather", value_delimiter = ',', value_parser = parse_kind)]
+    pub(crate) op: Vec<Kind>,
+
+    /// Algorithm(s), comma-separated: ring, hier, ho-ring, auto, and the quantized (lossy)
+    /// qgz, qgz-1hop (reduce-scatter) and qwz (all-gather) (default: STRATA_ALGO, else auto).
+    #[arg(long, value_delimiter = ',', value_parser = parse_algo)]
+    pub(crate) algo: Vec<Algo>,
+
+    /// Bits per code of the quantized algorithms: 4 or 8 (default: qgz and qgz-1hop 4,
+    /// qwz 8).
+    #[arg(long, value_parser = parse_bits)]
+    pub(crate) bits: Option<u32>,
+
+    /// Elements per scale of the quantized algorithms (default 256; even for int4).
+    #[arg(long, value_parser = parse_block)]
+    pub(crate) block: Option<usize>,
+
+    /// Smallest size in bytes (K/M/G suffixes are powers of 1024).
+    #[arg(short = 'b', long, default_value = "32M", value_parser = parse_size)]
+    pub(crate) minbytes: u64,
+
+    /// Largest size in bytes.
+    #[arg(short = 'e', long, default_value = "32M", value_parser = parse_size)]
+    pub(crate) maxbytes: u64,
+
+    /// Multiply the size by this factor each step (1: add --stepbytes instead).
+    #[arg(short = 'f', long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) stepfactor: u64,
+
+    /// Bytes added each step when --stepfactor is 1.
+    #[arg(short = 'i', long, default_value = "1M", value_parser = parse_size)]
+    pub(crate) stepbytes: u64,
+
+    /// Datatype(s), comma-separated: f32, f16, bf16 (also i8, u8, i32).
+    #[arg(short = 'd', long, default_value = "f32", value_delimiter = ',', value_parser = parse_dtype)]
+    pub(crate) datatype: Vec<DataType>,
+
+    /// Reduction(s) of reduce-scatter / all-reduce, comma-separated: sum, avg, max, min.
+    #[arg(long, default_value = "sum", value_delimiter = ',', value_parser = parse_redop)]
+    pub(crate) redop: Vec<ReduceOp>,
+
+    /// Timed iterations per size.
+    #[arg(short = 'n', long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) iters: u64,
+
+    /// Warm-up iterations per size.
+    #[arg(
+        short = 'w',
+        long = "warmup_iters",
+        alias = "warmup-iters",
+        default_value_t = 5
+    )]
+    pub(crate) warmup_iters: u64,
+
+    /// Check results against the exact reference (1) or not (0).
+    #[arg(short = 'c', long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=1))]
+    pub(crate) check: u8,
+
+    /// Split each message into K tensors of uneven sizes, sent as one coalesced call
+    /// (all-gather and reduce-scatter only).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub(crate) coalesce: Option<u64>,
+
+    /// Pieces per chunk for pipelined algorithms (ho-ring); default by size
+    /// (STRATA_HORING_CHUNKS overrides the default).
+    #[arg(long, value_parser = clap::value_parser!(usize))]
+    pub(crate) chunks: Option<usize>,
+
+    /// Also write the results as a JSON array to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) json: Option<PathBuf>,
+
+    /// Topology SPEC to model every row on (same world size as the run): adds the
+    /// modeled time and bus bandwidth (model_us, model_busbw) beside the measured ones.
+    #[arg(long, value_name = "SPEC")]
+    pub(crate) model: Option<String>,
+
+    /// Model only: no transport, no data; needs --model or --topology (--ranks, when
+    /// given, must be its world size).
+    #[arg(long)]
+    pub(crate) dry_run: bool,
+
+    /// Write the Chrome trace (Perfetto JSON) of the modeled schedule of the largest size;
+    /// with several ops/algos, `-<op>-<algo>` is inserted before the extension.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) trace: Option<PathBuf>,
+
+    /// Write an SVG of modeled time against message size for the algos of the sweep.
+    #[arg(long, value_name = "FILE.svg")]
+    pub(crate) plot: Option<PathBuf>,
+
+    /// Seconds to wait for a peer before failing (default: STRATA_TIMEOUT, else 120).
+    #[arg(long, value_name = "SECS", value_parser = parse_secs)]
+    pub(crate) timeout: Option<f64>,
+}
+
+fn parse_transport(s: &str) -> std::result::Result<TransportKind, String> {
+    s.trim().to_ascii_lowercase().parse().map_err(bare)
+}
+
+fn parse_redop(s: &str) -> std::result::Result<ReduceOp, String> {
+    match s.trim().parse().map_err(bare)? {
+        ReduceOp::Prod => Err("prod is not benchmarked (sum, avg, max, min)".into()),
+        op => Ok(op),
+    }
+}
+
+fn parse_bits(s: &str) -> std::result::Result<u32, String> {
+    match s.trim().parse::<u32>() {
+        Ok(b @ (4 | 8)) => Ok(b),
+        _ => Err(format!("quantization bits must be 4 or 8, got '{s}'")),
+    }
+}
+
+fn parse_block(s: &str) -> std::result::Result<usize, String> {
+    let b = s
+        .trim()
+        .parse::<usize>()
+        .map_err(|_| format!("'{s}' is not a block size (elements per scale, 1..={MAX_BLOCK})"))?;
+    // The range does not depend on the bits (int4's evenness is checked with the algos).
+    QuantSpec::new(8, b).map(|_| b).map_err(bare)
+}
+
+fn parse_secs(s: &str) -> std::result::Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v > 0.0 && v.is_finite() && v < 1e9 => Ok(v),
+        _ => Err(format!("'{s}' is not a positive number of seconds")),
+    }
+}
+
+/// Order-preserving de-duplication of a comma list.
+pub(crate) fn dedup<T: PartialEq + Copy>(v: &[T]) -> Vec<T> {
+    let mut out: Vec<T> = Vec::new();
+    for &x in v {
+        if !out.contains(&x) {
+            out.push(x);
+        }
+    }
+    out
+}
+
+/// The raw size sweep, nccl-tests' loop: `size *= f` (or `+= i` when f is 1).
+pub(crate) fn raw_sizes(
+    min: u64,
+    max: u64,
+    factor: u64,
+    step: u64,
+) -> std::result::Result<Vec<u64>, String> {
+    if min > max {
+        return Err(format!(
+            "-b/--minbytes ({min}) is larger than -e/--maxbytes ({max})"
+        ));
+    }
+    if factor <= 1 && step == 0 && min < max {
+        return Err("-i/--stepbytes must be > 0 when -f/--stepfactor is 1".into());
+    }
+    let mut v = vec![min];
+    let mut s = min;
+    loop {
+        let next = if factor > 1 {
+            s.checked_mul(factor).map(|n| n.max(s + 1))
+        } else {
+            s.checked_add(step)
+        };
+        match next {
+            Some(n) if n <= max && n > s => s = n,
+            _ => break,
+        }
+        v.push(s);
+        if v.len() > MAX_SIZES {
+            return Err(format!("the size sweep has more than {MAX_SIZES} steps: raise -f/--stepfactor or -i/--stepbytes"));
+        }
+    }
+    Ok(v)
+}
+
+/// Why the quantized algos of the sweep cannot run it (a usage error), if they cannot:
+/// each runs one op only (qgz, qgz-1hop: reduce-scatter with sum or avg; qwz:
+/// all-gather), on f32 / f16 / bf16, uncoalesced, and is not modeled by `--dry-run`.
+/// Refused rather than run as the library's ring fallback, which would report an exact
+/// ring under the quantized algo's name.
+pub(crate) fn quant_conflict(cli: &Cli, algos: &[Algo]) -> Option<(ErrorKind, String)> {
+    for &algo in algos {
+        let Some((kind, _)) = quant_algo(algo) else {
+            continue;
+        };
+        if let Some(Err(e)) = quant_spec(cli, algo) {
+            return Some((ErrorKind::ValueValidation, format!("{algo}: {}", bare(e))));
+        }
+        if let Some(k) = dedup(&cli.op).into_iter().find(|&k| k != kind) {
+            return Some((
+                ErrorKind::ArgumentConflict,
+                format!(
+                    "{algo} is a quantized {} only, it cannot run {} (use --op {} for {algo}, or sweep {} without it)",
+                    kind.name(),
+                    k.name(),
+                    kind.name(),
+                    k.name()
+                ),
+            ));
+        }
+        if kind == Kind::ReduceScatter {
+            if let Some(o) = dedup(&cli.redop)
+                .into_iter()
+                .find(|o| !matches!(o, ReduceOp::Sum | ReduceOp::Avg))
+            {
+                return Some((
+                    ErrorKind::ArgumentConflict,
+                    format!("{algo} reduces with sum or avg only, not {}", o.name()),
+                ));
+            }
+        }
+        if let Some(d) = dedup(&cli.datatype).into_iter().find(|d| !d.is_float()) {
+            return Some((
+                ErrorKind::ArgumentConflict,
+                format!("{algo} quantizes f32, f16 and bf16 only, not {}", d.name()),
+            ));
+        }
+        if cli.coalesce.is_some() {
+            return Some((
+                ErrorKind::ArgumentConflict,
+                format!("--coalesce does not apply to the quantized {algo}"),
+            ));
+        }
+        if cli.dry_run {
+            return Some((
+                ErrorKind::ArgumentConflict,
+                format!(
+                    "--dry-run models ring, hier, ho-ring and auto, not the quantized {algo} (drop --dry-run to measure it; --model shows '-' for its modeled columns)"
+                ),
+            ));
+        }
+    }
+    None
+}
+
+/// Flag combinations clap cannot express: usage errors (exit 2).
+pub(crate) fn validate(cli: &Cli) {
+    let mut cmd = Cli::command();
+    if cli.coalesce.is_some() {
+        if let Some(k) = dedup(&cli.op)
+            .into_iter()
+            .find(|&k| !matches!(k, Kind::AllGather | Kind::ReduceScatter))
+        {
+            cmd.error(
+                ErrorKind::ArgumentConflict,
+                format!(
+                    "--coalesce applies to all-gather and reduce-scatter only, not {}",
+                    k.name()
+                ),
+            )
+            .exit();
+        }
+    }
+    if let Err(m) = raw_sizes(cli.minbytes, cli.maxbytes, cli.stepfactor, cli.stepbytes) {
+        cmd.error(ErrorKind::ValueValidation, m).exit();
+    }
+    if cli.dry_run {
+        if cli.model.is_none() && cli.topology.is_none() {
+            cmd.error(
+                ErrorKind::MissingRequiredArgument,
+                "--dry-run needs --model SPEC or --topology SPEC (the cluster to model)",
+            )
+            .exit();
+        }
+        if cli.transport != TransportKind::Local {
+            cmd.error(
+                ErrorKind::ArgumentConflict,
+                format!(
+                    "--dry-run uses no transport; drop --transport {}",
+                    cli.transport.name()
+                ),
+            )
+            .exit();
+        }
+        if let Some(k) = dedup(&cli.op).into_iter().find(|&k| !Modeler::modelable(k)) {
+            cmd.error(
+                ErrorKind::ArgumentConflict,
+                format!(
+                    "--dry-run models all-gather, reduce-scatter and all-reduce, not {}",
+                    k.name()
+                ),
+            )
+            .exit();
+        }
+    }
+    if (cli.trace.is_some() || cli.plot.is_some()) && cli.model.is_none() && !cli.dry_run {
+        cmd.error(
+            ErrorKind::MissingRequiredArgument,
+            "--trace and --plot draw the modeled schedule: add --model SPEC (or --dry-run)",
+        )
+        .exit();
+    }
+    if cli.ranks.is_some()
+        && !matches!(
+            cli.transport,
+            TransportKind::Local | TransportKind::Mpi | TransportKind::CudaLocal
+        )
+    {
+        cmd.error(
+            ErrorKind::ArgumentConflict,
+            format!(
+                "--ranks applies to local transports, not {}",
+                cli.transport.name()
+            ),
+        )
+        .exit();
+    }
+}

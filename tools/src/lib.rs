@@ -1,0 +1,9 @@
+//! strata's command-line tools: `strata-perf` (the nccl-tests-style benchmark),
+//! `strata-sim` (the modeled cost of a collective) and `strata-gpu-check` (the GPU
+//! kernels against the CPU reference), with what they share: the command-line value
+//! parsers ([`cli`]) and the transport-independent self test ([`selftest`]) that the
+//! tests and `examples/mpi_check.rs` run on every transport.
+#![forbid(unsafe_code)]
+
+pub mod cli;
+pub mod selftest;
