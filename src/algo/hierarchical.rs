@@ -1,6 +1,6 @@
 //! `hier`: MiCS hierarchical all-gather (§3.3, Fig. 5) and its mirror for
 //! reduce-scatter, over every level the communicator spans: 2 levels (network, node) or
-//! 3 (network, node, package: Frontier's GCD pairs, seed 002 §IV). The result has
+//! 3 (network, node, package: Frontier's GCD pairs, the Frontier ZeRO paper §IV). The result has
 //! exactly the flat collective's layout.
 //!
 //! All-gather runs the levels outermost first. Stage i all-gathers, over the level-i

@@ -1,4 +1,4 @@
-//! `ho-ring`: PaRO's hierarchical overlapping rings (seed 001, §3.3, Fig. 1), for all
+//! `ho-ring`: PaRO's hierarchical overlapping rings (PaRO §3.3, Fig. 1), for all
 //! levels the communicator spans (2: node, network; 3: package, node, network).
 //!
 //! Every level runs its own ring on its own communicator stream, and the rings run at
