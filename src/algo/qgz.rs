@@ -1,4 +1,4 @@
-//! `qgz`: ZeRO++'s quantized gradient reduce-scatter (ZeRO++ B.3, E.3, Algorithm 2),
+//! `qgz`: ZeRO++'s quantized gradient reduce-scatter (ZeRO++ §4.3 and Algorithm 2),
 //! hierarchical 2-hop all-to-all, and `qgz-1hop`, the flat variant for comparison.
 //!
 //! 2-hop, on rank (node x, local j) of n nodes x k devices, for each pipeline stage s of

@@ -1,4 +1,4 @@
-//! `qwz`: ZeRO++'s quantized weight all-gather (ZeRO++ B.1, E.1): quantize the local
+//! `qwz`: ZeRO++'s quantized weight all-gather (ZeRO++ §4.1): quantize the local
 //! shard, all-gather codes and scales together as one packed slice per rank (flat ring,
 //! or `hier` when the communicator spans two or more levels), dequantize every slice
 //! into the output dtype. Traffic: the flat or hierarchical all-gather's, of packed
