@@ -5,7 +5,7 @@
 //! tolerances of [`quant_tol`] for ZeRO++'s quantized variants (ZeRO++ §2.2 reports
 //! on-par loss for billion-parameter models; this 35k-parameter model's gradients are
 //! heavy-tailed, so int4 gradients in blocks of 256 slow its early learning: the bounds
-//! are measured figures with a margin, and the README shows the curves).
+//! are measured figures with a margin, and docs/engine.md gives them).
 use strata::Topology;
 use strata_engine::train::{train_local, TrainOptions};
 

@@ -80,7 +80,7 @@ pub fn pieces(count: usize, chunks: usize) -> Vec<(usize, usize)> {
 /// 1 to 16. Every piece pays a per-step latency on each ring step while the pipeline
 /// fills in 1/q of a chunk's time, so the best piece count grows with the square root
 /// of the chunk size (the classic pipelining optimum). The 128 KiB constant was chosen
-/// on the modeled DGX A100, p3dn and Frontier clusters (README, "Modeled time").
+/// on the modeled DGX A100, p3dn and Frontier clusters (docs/simulator.md).
 pub fn default_chunks(chunk_bytes: usize) -> usize {
     ((chunk_bytes as f64 / (128 << 10) as f64).sqrt().round() as usize).clamp(1, 16)
 }

@@ -1,4 +1,4 @@
-/* The README's C example: 4 ranks on 2 nodes (nodes:2x2) of an in-process world, one
+/* docs/c-api.md's C example: 4 ranks on 2 nodes (nodes:2x2) of an in-process world, one
  * pthread per rank; all-gather, an in-place all-reduce, and an error with its message.
  *
  *   cargo build --release
