@@ -580,7 +580,7 @@ fn corpus_batches_are_deterministic_next_byte_windows() {
 /// Per-call timings of the default model (`cargo test -p strata-engine --test model
 /// --release -- --ignored --nocapture timing`).
 #[test]
-#[ignore = "prints timings for the README; asserts nothing timing-dependent"]
+#[ignore = "prints timings for docs/engine.md; asserts nothing timing-dependent"]
 fn timing() {
     let m = tiny();
     let params = init_all(&m, 0);

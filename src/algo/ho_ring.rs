@@ -21,7 +21,7 @@
 //! all-gather starting as soon as the same piece of the reduce-scatter is final.
 //!
 //! Traffic equals `hier`'s per link class (same stages, same bytes); what changes is
-//! that the stages overlap in time (see `sim/` and the README's modeled table).
+//! that the stages overlap in time (see `sim/` and the modeled table of docs/simulator.md).
 
 use super::plan::{self, index, pieces, BufId, Plan, Ring, Span, Step};
 use super::select::Shape;
