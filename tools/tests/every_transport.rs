@@ -1,6 +1,7 @@
 //! The transport-independent self test (`strata_tools::selftest::exercise`) on the
 //! local transport over many shapes; `examples/mpi_check.rs` runs the same body under
 //! mpirun.
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use strata_tools::selftest::exercise;

@@ -4,6 +4,7 @@
 //! on device buffers; a one-rank NCCL communicator through the same checks. Without a
 //! GPU these print SKIPPED (with `STRATA_REQUIRE_GPU=1`, as `scripts/gpu-check` sets,
 //! they fail instead). The error paths run everywhere.
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use strata::check::{self, Kind};
