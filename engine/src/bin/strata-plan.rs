@@ -1,6 +1,8 @@
 //! `strata-plan`: rank every sharding strategy for a model on a cluster (AMSP §V-B's
 //! planner over the engine's configuration space; see `strata_engine::planner`).
 
+#![forbid(unsafe_code)]
+
 use std::process::ExitCode;
 use std::time::Instant;
 

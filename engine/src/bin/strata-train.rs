@@ -4,6 +4,8 @@
 //! Prints loss, step time, memory and traffic per phase; `--json FILE` writes one JSON
 //! record per step (`step`, `loss`, `step_time_us`, `memory`, `traffic`).
 
+#![forbid(unsafe_code)]
+
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::Write;
