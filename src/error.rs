@@ -50,6 +50,15 @@ impl Error {
             Error::Remote(_) => 6,
         }
     }
+
+    /// A remote error with `what` failed (the collective, its algorithm and size) in
+    /// front of its message; other errors unchanged.
+    pub fn in_collective(self, what: impl FnOnce() -> String) -> Error {
+        match self {
+            Error::Remote(m) => Error::Remote(format!("{} failed: {m}", what())),
+            e => e,
+        }
+    }
 }
 
 /// `Err(Error::InvalidArgument(format!(..)))`.

@@ -189,7 +189,14 @@ impl Comm {
             let fusable = grouped && core.has_device() && algo::fusable(&req, choice.algo);
             let c = core.clone();
             let job: Job = Box::new(move || {
-                let r = algo::run(&c, choice.algo, &req);
+                let r = c
+                    .still_running()
+                    .and_then(|_| algo::run(&c, choice.algo, &req));
+                let r = r.map_err(|e| {
+                    e.in_collective(|| {
+                        format!("{} ({}, {})", req.op.name(), choice.algo, req.dtype)
+                    })
+                });
                 if let Err(e) = &r {
                     // Like an asynchronous NCCL error, a failed collective leaves the
                     // communicator unusable; aborting wakes the peers at once.
@@ -198,7 +205,7 @@ impl Comm {
                         op = req.op.name(),
                         "collective failed, aborting communicator: {e}"
                     );
-                    c.abort();
+                    c.fail(e);
                 }
                 c.note(r)
             });

@@ -10,6 +10,9 @@
 //!   from the communicator's own stream thread (an algorithm using its own communicator)
 //!   it runs at once, which is the same order. A batch is one stream task, and one vendor
 //!   group (ncclGroupStart/End) when it is made of device-buffer ops on a GPU transport.
+//!   A native op that fails aborts its communicator ([`CommCore::fail`]): the work
+//!   queued behind it and the work that depends on it fail at once, so a dead peer costs
+//!   one timeout, not one per pipelined step.
 //! - [`request`]: the request descriptor, its checks and NCCL's in-place rule;
 //!   [`native`]: execution of one op by the transport; [`group`]: group start/end.
 //!
@@ -85,6 +88,8 @@ struct Inner {
     subcomms: Mutex<HashMap<String, CommCore>>,
     destroyed: AtomicBool,
     last_error: Mutex<String>,
+    /// The first failure that aborted the communicator ([`CommCore::fail`]).
+    failure: Mutex<Option<String>>,
 }
 
 /// The core of a communicator (cheap to clone; clones share it). The public face is
@@ -145,6 +150,7 @@ impl CommCore {
             subcomms: Mutex::new(HashMap::new()),
             destroyed: AtomicBool::new(false),
             last_error: Mutex::new(String::new()),
+            failure: Mutex::new(None),
         })))
     }
 
@@ -231,6 +237,19 @@ impl CommCore {
         Ok(())
     }
 
+    /// For work that was queued before the communicator was aborted: a `Remote` error
+    /// (naming the failure that aborted it) instead of running.
+    pub fn still_running(&self) -> Result<()> {
+        if self.0.destroyed.load(Ordering::SeqCst) {
+            let why = self.0.failure.lock().ok().and_then(|f| f.clone());
+            return Err(Error::Remote(match why {
+                Some(why) => format!("communicator was aborted after: {why}"),
+                None => "communicator was aborted".into(),
+            }));
+        }
+        Ok(())
+    }
+
     /// Queue `job` on the stream after `deps`; `work` completes with its outcome.
     pub(crate) fn push(&self, deps: Vec<Work>, job: Job, work: Work) -> Result<()> {
         self.0.stream.push(deps, job, work)
@@ -257,7 +276,18 @@ impl CommCore {
             return work;
         }
         let core = self.clone();
-        let job: Job = Box::new(move || core.run_native(&ops, dtype));
+        let job: Job = Box::new(move || {
+            let r = core
+                .still_running()
+                .and_then(|_| core.run_native(&ops, dtype));
+            if let Err(e) = &r {
+                // As a failed NCCL call leaves its communicator unusable: abort it, so
+                // everything queued on it, and everything that depends on that, fails at
+                // once instead of each waiting out its own timeout.
+                core.fail(e);
+            }
+            r
+        });
         if self.on_stream() {
             let r = stream::wait_deps(&deps, self.timeout()).and_then(|_| job());
             work.complete(r);
@@ -407,6 +437,16 @@ impl CommCore {
         self.alive()?;
         self.sync()?;
         self.0.transport.barrier()
+    }
+
+    /// A collective on this communicator failed with `e`: tell the transport (so its
+    /// teardown does not wait for failed peers, [`Transport::failed`]) and abort.
+    pub fn fail(&self, e: &Error) {
+        if let Ok(mut f) = self.0.failure.lock() {
+            f.get_or_insert_with(|| e.to_string());
+        }
+        self.0.transport.failed(e);
+        self.abort();
     }
 
     /// Abort (ncclCommAbort): wake every waiter of this communicator, here and on the

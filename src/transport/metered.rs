@@ -107,6 +107,9 @@ impl Transport for Metered {
     fn abort(&self) {
         self.inner.abort()
     }
+    fn failed(&self, e: &Error) {
+        self.inner.failed(e)
+    }
     fn barrier(&self) -> Result<()> {
         self.inner.barrier()
     }

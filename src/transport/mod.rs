@@ -142,6 +142,11 @@ pub trait Transport: Send + Sync {
     fn traffic(&self) -> Option<Arc<Traffic>>;
     /// Wake every waiter with an error and refuse further work (ncclCommAbort).
     fn abort(&self);
+    /// A collective on this communicator failed with `e` (the runtime aborts the
+    /// communicator next). Transports whose teardown would wait for the failed peers
+    /// remember it: on `mpi`, [`mpi::finalize`] then aborts the MPI job instead of
+    /// hanging in `MPI_Finalize`. Default: nothing.
+    fn failed(&self, _e: &Error) {}
     /// Wait until every rank arrived, recording no traffic (default: a ring all-gather
     /// of empty messages, which no rank can finish before every rank has entered).
     fn barrier(&self) -> Result<()> {

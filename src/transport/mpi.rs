@@ -123,6 +123,11 @@ mod stub {
 
     /// Nothing to finalise in a build without MPI.
     pub fn finalize() {}
+
+    /// No MPI, no peer failures.
+    pub fn peer_failure() -> Option<String> {
+        None
+    }
 }
 
 #[cfg(feature = "mpi")]
@@ -150,6 +155,29 @@ mod imp {
     static UNIVERSE: Mutex<Option<Universe>> = Mutex::new(None);
     /// Set once strata finalised MPI (it cannot be initialised again).
     static FINALIZED: AtomicBool = AtomicBool::new(false);
+    /// The first peer failure this process saw (a transfer or collective that timed out).
+    static PEER_FAILURE: Mutex<Option<String>> = Mutex::new(None);
+
+    /// Remember that a collective failed (the first message wins). From then on
+    /// [`finalize`] aborts the MPI job instead of waiting in `MPI_Finalize` for the failed
+    /// peer.
+    fn note_peer_failure(msg: &str) {
+        let mut f = PEER_FAILURE.lock().unwrap_or_else(|e| e.into_inner());
+        f.get_or_insert_with(|| msg.to_string());
+    }
+
+    /// How long [`finalize`] waits after a failure before aborting the job.
+    const ABORT_GRACE: Duration = Duration::from_secs(2);
+
+    /// The first failure of a collective on an MPI communicator of this process, if any
+    /// ([`Transport::failed`]: a peer that did not answer within the timeout, dead,
+    /// stalled or calling another collective; or a communicator aborted mid-collective).
+    pub fn peer_failure() -> Option<String> {
+        PEER_FAILURE
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
 
     fn universe_lock() -> MutexGuard<'static, Option<Universe>> {
         UNIVERSE.lock().unwrap_or_else(|e| e.into_inner())
@@ -274,7 +302,31 @@ mod imp {
     /// exits without finalising). Idempotent; does nothing when MPI was never initialised
     /// or was initialised by the host program (which then finalises it). Transports that
     /// outlive this call must not be used again; dropping them is harmless.
+    ///
+    /// After a peer failure ([`peer_failure`]) this does not return: `MPI_Finalize`
+    /// would wait for the failed peer forever, so strata aborts the whole MPI job
+    /// (`MPI_Abort(MPI_COMM_WORLD, 1)`, what NCCL users and PyTorch's watchdog expect)
+    /// after printing the failure on stderr and a grace of 2 s (so the other live ranks,
+    /// among them the ones that waited on the failed peer itself, report what they saw).
+    /// mpirun then kills every rank, stalled ones included, and exits non-zero. This
+    /// holds whoever initialised MPI.
     pub fn finalize() {
+        if let Some(why) = peer_failure() {
+            if mpi::environment::is_initialized() && !is_finalized() {
+                // The ranks that waited on the failed peer itself time out about now too:
+                // give them a moment to report it before the job is killed.
+                std::thread::sleep(ABORT_GRACE);
+                eprintln!(
+                    "strata: a peer failed ({why}); aborting the MPI job instead of finalizing \
+                     (MPI_Finalize would wait for the failed peer)"
+                );
+                // SAFETY: MPI is initialised and not finalised; MPI_Abort does not return.
+                unsafe {
+                    ffi::MPI_Abort(ffi::RSMPI_COMM_WORLD, 1);
+                }
+                std::process::exit(1);
+            }
+        }
         let mut u = universe_lock();
         if let Some(universe) = u.take() {
             FINALIZED.store(true, Ordering::SeqCst);
@@ -995,8 +1047,8 @@ mod imp {
                         .map(|(o, _)| o.peer())
                         .unwrap_or(0);
                     Some(Error::Remote(format!(
-                        "rank {} waited {:?} for rank {peer}: peer dead, stalled or not calling the same collective",
-                        self.rank, self.timeout
+                        "rank {} (world rank {}) waited {:?} for rank {peer} (world rank {}): peer dead, stalled or not calling the same collective",
+                        self.rank, self.members[self.rank], self.timeout, self.members[peer]
                     )))
                 } else {
                     None
@@ -1212,6 +1264,10 @@ mod imp {
 
         fn abort(&self) {
             self.aborted.store(true, Ordering::SeqCst);
+        }
+
+        fn failed(&self, e: &Error) {
+            note_peer_failure(&e.to_string());
         }
     }
 }

@@ -251,6 +251,9 @@ fn main() {
     let a = Args::parse();
     if let Err(e) = run(a) {
         eprintln!("strata-train: {e}");
+        // After a peer failure this aborts the MPI job rather than waiting for the peer
+        // (a no-op without MPI).
+        strata::transport::mpi::finalize();
         std::process::exit(1);
     }
 }
