@@ -271,10 +271,6 @@ impl CommCore {
     /// GPU transport when every op is on device buffers), completing when all have run.
     pub fn enqueue_batch(&self, ops: Vec<Op>, dtype: DataType, deps: Vec<Work>) -> Work {
         let work = Work::pending();
-        if let Err(e) = self.alive() {
-            work.complete(Err(e));
-            return work;
-        }
         let core = self.clone();
         let job: Job = Box::new(move || {
             let r = core
