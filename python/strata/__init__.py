@@ -56,6 +56,7 @@ The shared library is found through ``STRATA_LIB`` (a path), else ``target/relea
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import ctypes.util
 import os
@@ -326,7 +327,10 @@ def get_unique_id(transport: Optional[str] = None) -> UniqueId:
 
 
 def finalize() -> None:
-    """``strataFinalize``: end MPI if strata started it (no-op otherwise)."""
+    """``strataFinalize``: end MPI if strata started it (no-op otherwise). After a peer
+    failure (a ``StrataError`` with code 6 on ``mpi``) it aborts the whole MPI job
+    instead of returning. The package also calls it at interpreter exit once an MPI
+    communicator was made."""
     _check(_load().strataFinalize())
 
 
@@ -831,7 +835,24 @@ def init_rank(nranks: int, uid: UniqueId, rank: int, transport: Optional[str] = 
     out = _vp()
     cfg = _config(transport, topology, algo, timeout)
     _check(_load().strataCommInitRankConfig(ctypes.byref(out), nranks, uid, rank, ctypes.byref(cfg)))
-    return Comm(out.value)
+    comm = Comm(out.value)
+    if comm._transport == "mpi":
+        _finalize_at_exit()
+    return comm
+
+
+_finalize_registered = False
+
+
+def _finalize_at_exit() -> None:
+    """Once an MPI world exists, ``strataFinalize`` runs at interpreter exit (a no-op when
+    the program already called ``finalize()`` or MPI belongs to it). After a peer
+    failure it aborts the MPI job rather than waiting in ``MPI_Finalize`` for the
+    failed peer, so a script that dies of a ``StrataError`` still ends the whole job."""
+    global _finalize_registered
+    if not _finalize_registered:
+        _finalize_registered = True
+        atexit.register(lambda: _load().strataFinalize())
 
 
 def destroy_all(comms: Iterable[Optional[Comm]]) -> None:

@@ -244,6 +244,27 @@ mod imp {
 
     /// Initialise MPI (MPI_THREAD_MULTIPLE) unless this process already did; returns the
     /// MPI world size.
+    /// `MPI_Init` waits for every process of the job: a peer frozen or dead before it
+    /// joins would hold this process there forever. Past the timeout (`STRATA_TIMEOUT`)
+    /// the watchdog reports it and aborts the process (not `exit`: MPI is mid-call), so
+    /// mpirun ends the job. Dropping the sender (init returned) stops the watchdog.
+    fn init_watchdog() -> std::sync::mpsc::Sender<()> {
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let timeout = crate::config::env()
+            .map(|e| e.timeout)
+            .unwrap_or(crate::config::DEFAULT_TIMEOUT);
+        std::thread::spawn(move || {
+            if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(timeout) {
+                eprintln!(
+                    "strata: MPI_Init did not complete within {timeout:?}: a peer process is dead or \
+                     stalled before joining the job; aborting this process"
+                );
+                std::process::abort();
+            }
+        });
+        tx
+    }
+
     fn ensure_init() -> Result<usize> {
         let mut u = universe_lock();
         if FINALIZED.load(Ordering::SeqCst) {
@@ -252,7 +273,10 @@ mod imp {
             ));
         }
         if u.is_none() {
-            match mpi::environment::initialize_with_threading(Threading::Multiple) {
+            let watchdog = init_watchdog();
+            let init = mpi::environment::initialize_with_threading(Threading::Multiple);
+            drop(watchdog);
+            match init {
                 Some((universe, provided)) => {
                     // Keep it even when unusable: finalize() must still finalise MPI.
                     *u = Some(universe);
@@ -967,6 +991,8 @@ mod imp {
             if let Err(e) = &res {
                 let mut b = self.broken.lock().unwrap_or_else(|e| e.into_inner());
                 b.get_or_insert_with(|| format!("a collective did not complete ({e})"));
+                // An MPI collective left pending: MPI_Finalize would wait for it.
+                note_peer_failure(&e.to_string());
             }
             res
         }
@@ -977,6 +1003,7 @@ mod imp {
                 Error::Remote(m) => m.clone(),
                 e => e.to_string(),
             };
+            note_peer_failure(&why);
             let mut b = self.broken.lock().unwrap_or_else(|e| e.into_inner());
             b.get_or_insert_with(|| {
                 format!("a transfer could not be cancelled after this error: {why}")
