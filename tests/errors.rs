@@ -171,3 +171,87 @@ fn abort_wakes_a_waiting_peer() {
     c1.abort();
     assert!(matches!(w.wait().unwrap_err(), Error::Remote(_)));
 }
+
+/// Runs 3 all-reduces on every rank, then `odd` (rank 3) misbehaves while the others
+/// try a 4th, destroy and drop their communicators. `odd` gets a receiver that
+/// disconnects once the others are done. Returns the others' results and the longest
+/// time one of them spent from its 4th call to the end of its drop.
+fn one_rank_misbehaves(
+    odd: impl FnOnce(Comm, std::sync::mpsc::Receiver<()>) + Send + 'static,
+) -> (Vec<strata::Result<()>>, Duration) {
+    let comms = world(4, 2);
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let mut odd = Some((odd, done_rx));
+    let hs: Vec<_> = comms
+        .into_iter()
+        .map(|c| {
+            let odd = if c.rank() == 3 { odd.take() } else { None };
+            std::thread::spawn(move || -> (strata::Result<()>, Duration) {
+                let buf = Buffer::from_slice(&[1.0f32; 10]);
+                let out = Buffer::zeroed(40);
+                for _ in 0..3 {
+                    let r = c.all_reduce(&buf, &out, 10, DataType::F32, ReduceOp::Sum);
+                    r.and_then(|w| w.wait()).unwrap();
+                }
+                assert_eq!(out.to_vec::<f32>().unwrap(), vec![4.0; 10]);
+                if let Some((odd, rx)) = odd {
+                    odd(c, rx);
+                    return (Ok(()), Duration::ZERO);
+                }
+                let t0 = Instant::now();
+                let r = c
+                    .all_reduce(&buf, &out, 10, DataType::F32, ReduceOp::Sum)
+                    .and_then(|w| w.wait());
+                // Destroying a communicator whose peer failed returns.
+                let _ = c.destroy();
+                drop(c);
+                (r, t0.elapsed())
+            })
+        })
+        .collect();
+    let mut hs = hs.into_iter();
+    let mut res = Vec::new();
+    let mut took = Duration::ZERO;
+    for h in hs.by_ref().take(3) {
+        let (r, t) = h.join().unwrap();
+        res.push(r);
+        took = took.max(t);
+    }
+    drop(done_tx);
+    let odd_result = hs.next().unwrap().join();
+    assert!(odd_result.is_ok() || res.iter().all(|r| r.is_err()));
+    (res, took)
+}
+
+#[test]
+fn a_rank_that_stops_calling_leaves_the_others_with_remote_within_the_timeout() {
+    let (res, took) = one_rank_misbehaves(|c, others_done| {
+        // Stops calling collectives but keeps its communicator until the others are done,
+        // then drops it (which returns).
+        let _ = others_done.recv();
+        drop(c);
+    });
+    for r in &res {
+        let e = r.as_ref().unwrap_err();
+        assert!(matches!(e, Error::Remote(_)), "{e}");
+        assert!(e.to_string().contains("all-reduce"), "{e}");
+    }
+    assert!(took < Duration::from_secs(2 + 5), "{took:?}");
+}
+
+#[test]
+fn a_rank_that_panics_aborts_its_communicator_for_the_others() {
+    let (res, took) = one_rank_misbehaves(|_c, _| panic!("rank 3's training step failed"));
+    for r in &res {
+        let e = r.as_ref().unwrap_err();
+        assert!(matches!(e, Error::Remote(_)), "{e}");
+    }
+    // The panic's unwinding aborted the communicator: the others fail with that, not
+    // by waiting out the 2 s timeout.
+    assert!(
+        res.iter()
+            .any(|r| r.as_ref().unwrap_err().to_string().contains("panicked")),
+        "{res:?}"
+    );
+    assert!(took < Duration::from_secs(2 + 5), "{took:?}");
+}

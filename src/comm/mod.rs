@@ -42,6 +42,17 @@ use std::time::Duration;
 #[derive(Clone)]
 pub struct Comm(CommCore);
 
+/// A thread that panics while holding a communicator never takes part in it again: the
+/// drop aborts it, so the peers fail now with a remote error instead of waiting out the
+/// timeout (the C ABI, which catches panics as `strataInternalError`, aborts the same way).
+impl Drop for Comm {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.abort();
+        }
+    }
+}
+
 impl std::fmt::Debug for Comm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         self.0.fmt(f)

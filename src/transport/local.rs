@@ -17,6 +17,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+/// What a peer of an aborted group sees.
+const ABORTED: &str = "communicator was aborted by one of its ranks (abort, a failed collective, \
+                       or a thread that panicked holding it)";
+
 #[derive(Default)]
 struct Mailbox {
     q: Mutex<VecDeque<Vec<u8>>>,
@@ -110,7 +114,7 @@ impl LocalTransport {
             )));
         }
         if self.group.aborted.load(Ordering::SeqCst) {
-            return Err(Error::Remote("communicator was aborted".into()));
+            return Err(Error::Remote(ABORTED.into()));
         }
         Ok(())
     }
@@ -271,7 +275,7 @@ impl Transport for LocalTransport {
                 return Ok(());
             }
             if self.group.aborted.load(Ordering::SeqCst) {
-                return Err(Error::Remote("communicator was aborted".into()));
+                return Err(Error::Remote(ABORTED.into()));
             }
             let now = Instant::now();
             if now >= deadline {

@@ -38,9 +38,9 @@ use crate::topology::Topology;
 use crate::traffic::TrafficMatrix;
 
 #[cfg(feature = "mpi")]
-pub use imp::{finalize, MpiTransport};
+pub use imp::{finalize, peer_failure, MpiTransport};
 #[cfg(not(feature = "mpi"))]
-pub use stub::{finalize, MpiTransport};
+pub use stub::{finalize, peer_failure, MpiTransport};
 
 #[cfg(not(feature = "mpi"))]
 mod stub {
