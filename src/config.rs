@@ -1,6 +1,9 @@
 //! Configuration read once from the environment, NCCL style.
 //!
 //! - `STRATA_DEBUG=WARN|INFO|TRACE`: logging (which algorithm, which groups, which sizes);
+//!   a comma list may add `check`: every collective first verifies that all ranks call
+//!   the same one ([`crate::runtime::mismatch`]), e.g. `STRATA_DEBUG=check` or
+//!   `STRATA_DEBUG=INFO,check`; other names are ignored, as NCCL_DEBUG does;
 //! - `STRATA_ALGO=ring|hier|ho-ring|auto`: force an algorithm (a per-call hint still wins);
 //! - `STRATA_TOPOLOGY=SPEC|FILE`: the topology when the caller gives none;
 //! - `STRATA_HORING_CHUNKS=N`: pieces per chunk for `ho-ring` (default by size);
@@ -24,6 +27,9 @@ pub struct Env {
     pub algo: Option<Algo>,
     pub timeout: Duration,
     pub debug: Option<String>,
+    /// `check` is among the names of `STRATA_DEBUG`: collective mismatch detection on
+    /// every communicator ([`crate::runtime::mismatch`]).
+    pub check: bool,
     pub ho_ring_chunks: Option<usize>,
 }
 
@@ -57,12 +63,21 @@ fn read() -> Result<Env> {
         },
         _ => None,
     };
+    let debug = std::env::var("STRATA_DEBUG").ok();
     Ok(Env {
         ho_ring_chunks,
         algo,
         timeout,
-        debug: std::env::var("STRATA_DEBUG").ok(),
+        check: debug.as_deref().is_some_and(debug_check),
+        debug,
     })
+}
+
+/// True when the comma list `STRATA_DEBUG=value` names `check` (any case, any spaces).
+pub fn debug_check(value: &str) -> bool {
+    value
+        .split(',')
+        .any(|t| t.trim().eq_ignore_ascii_case("check"))
 }
 
 static ENV: Lazy<Result<Env>> = Lazy::new(read);
@@ -70,4 +85,19 @@ static ENV: Lazy<Result<Env>> = Lazy::new(read);
 /// The process environment, or the error a malformed variable caused.
 pub fn env() -> Result<Env> {
     ENV.clone()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_is_a_comma_list_that_may_name_check() {
+        assert!(debug_check("check"));
+        assert!(debug_check("INFO,check"));
+        assert!(debug_check(" WARN , CHECK "));
+        assert!(!debug_check("INFO"));
+        assert!(!debug_check(""));
+        assert!(!debug_check("checks"));
+    }
 }

@@ -1,6 +1,7 @@
 //! `STRATA_DEBUG`: strata's `tracing` events on stderr, NCCL_DEBUG style.
 //!
-//! `STRATA_DEBUG=WARN|INFO|TRACE` installs, once per process and only if the program has
+//! `STRATA_DEBUG=WARN|INFO|TRACE` (alone or in a comma list with `check`, which
+//! [`crate::config`] reads) installs, once per process and only if the program has
 //! no global subscriber of its own, a small subscriber that prints strata's events at
 //! that level or above as `hostname:pid:thread strata LEVEL message key=value ...`
 //! (INFO also shows DEBUG events: which algorithm, which groups, which sizes). A Rust
@@ -30,14 +31,18 @@ pub fn init() {
     });
 }
 
-/// The most verbose level `STRATA_DEBUG=value` shows (`None`: logging off).
+/// The most verbose level `STRATA_DEBUG=value` shows (`None`: logging off): the most
+/// verbose level name in the comma list (other names, such as `check`, are not levels).
 pub fn level(value: &str) -> Option<Level> {
-    match value.trim().to_ascii_uppercase().as_str() {
-        "TRACE" => Some(Level::TRACE),
-        "INFO" => Some(Level::DEBUG),
-        "WARN" => Some(Level::WARN),
-        _ => None,
-    }
+    value
+        .split(',')
+        .filter_map(|t| match t.trim().to_ascii_uppercase().as_str() {
+            "TRACE" => Some(Level::TRACE),
+            "INFO" => Some(Level::DEBUG),
+            "WARN" => Some(Level::WARN),
+            _ => None,
+        })
+        .max()
 }
 
 struct Stderr {
@@ -102,5 +107,9 @@ mod tests {
         assert_eq!(level("TRACE"), Some(Level::TRACE));
         assert_eq!(level(""), None);
         assert_eq!(level("VERSION"), None);
+        assert_eq!(level("check"), None);
+        assert_eq!(level("INFO,check"), Some(Level::DEBUG));
+        assert_eq!(level("check, warn"), Some(Level::WARN));
+        assert_eq!(level("WARN,TRACE"), Some(Level::TRACE));
     }
 }

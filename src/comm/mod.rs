@@ -30,7 +30,7 @@ use crate::algo::{self, select::Choice};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::Result;
 use crate::memory::Buffer;
-use crate::runtime::{CommCore, Job};
+use crate::runtime::{mismatch, CommCore, Job};
 use crate::topology::{Level, Topology};
 use crate::traffic::Traffic;
 use crate::transport::{Transport, TransportKind};
@@ -132,6 +132,20 @@ impl Comm {
         self.0.same(&other.0)
     }
 
+    /// True when collectives submitted now are first checked for mismatches across
+    /// ranks (`STRATA_DEBUG=check` sets it on every communicator;
+    /// [`crate::runtime::mismatch`]).
+    pub fn checks(&self) -> bool {
+        self.0.checks()
+    }
+
+    /// Turn mismatch checking on or off for this communicator's later submissions
+    /// (and the communicators split from it afterwards). Every rank must make the same
+    /// change between the same calls.
+    pub fn set_check(&self, on: bool) {
+        self.0.set_check(on)
+    }
+
     /// Collective over this communicator (after its queued work): ranks passing the same
     /// `Some(color)` form a new communicator ordered by (key, rank); `None` opts out and
     /// returns `Ok(None)`.
@@ -198,8 +212,23 @@ impl Comm {
             let is_send = matches!(req.op, Op::Send { .. });
             let grouped = group::in_group();
             let fusable = grouped && core.has_device() && algo::fusable(&req, choice.algo);
+            // Mismatch detection: what this rank calls, compared across ranks on the
+            // stream before the collective runs (by the group when grouped).
+            let call = core
+                .checks()
+                .then(|| mismatch::describe(&req, choice.algo))
+                .flatten();
+            let own_call = call.clone().filter(|_| !grouped);
             let c = core.clone();
             let job: Job = Box::new(move || {
+                if let Some(call) = &own_call {
+                    if let Err(e) = c
+                        .still_running()
+                        .and_then(|_| mismatch::check(&c, std::slice::from_ref(call)))
+                    {
+                        return Err(e);
+                    }
+                }
                 let r = c
                     .still_running()
                     .and_then(|_| algo::run(&c, choice.algo, &req));
@@ -222,7 +251,15 @@ impl Comm {
             });
             let work = Work::pending();
             if grouped {
-                group::hold(core.clone(), deps, job, work.clone(), is_send, fusable);
+                group::hold(
+                    core.clone(),
+                    deps,
+                    job,
+                    work.clone(),
+                    is_send,
+                    fusable,
+                    call,
+                );
             } else {
                 core.push(deps, job, work.clone())?;
             }

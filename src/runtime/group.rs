@@ -17,6 +17,8 @@ struct Pending {
     work: Work,
     is_send: bool,
     fusable: bool,
+    /// Its description when mismatch checking was on at submit (not point-to-point).
+    call: Option<String>,
 }
 
 thread_local! {
@@ -53,6 +55,8 @@ pub fn group_end() -> Result<()> {
     for (comm, items) in per_comm {
         let deps: Vec<Work> = items.iter().flat_map(|p| p.deps.iter().cloned()).collect();
         let works: Vec<Work> = items.iter().map(|p| p.work.clone()).collect();
+        // Mismatch detection compares the group's collectives in submission order.
+        let calls: Vec<String> = items.iter().filter_map(|p| p.call.clone()).collect();
         // Sends first: on host transports they are eager, so receives posted earlier in
         // the group can be matched by the peers' sends of the same group (ncclGroup's
         // concurrent send/recv).
@@ -68,7 +72,8 @@ pub fn group_end() -> Result<()> {
             let pushed = comm.push(
                 Vec::new(),
                 Box::new(move || {
-                    let mut first = super::stream::wait_deps(&deps, timeout);
+                    let mut first = super::stream::wait_deps(&deps, timeout)
+                        .and_then(|_| super::mismatch::check(&c, &calls));
                     let mut results = Vec::new();
                     let mut works = Vec::new();
                     if first.is_ok() {
@@ -109,10 +114,12 @@ pub fn group_end() -> Result<()> {
             }
             continue;
         }
+        let c = comm.clone();
         let pushed = comm.push(
             Vec::new(),
             Box::new(move || {
-                let mut first = super::stream::wait_deps(&deps, timeout);
+                let mut first = super::stream::wait_deps(&deps, timeout)
+                    .and_then(|_| super::mismatch::check(&c, &calls));
                 for (job, w) in jobs {
                     let r = match &first {
                         Ok(()) => job(),
@@ -140,7 +147,8 @@ pub fn in_group() -> bool {
 }
 
 /// Hold a submission until the group ends.
-/// `fusable`: a native call on device buffers (may run inside a vendor group).
+/// `fusable`: a native call on device buffers (may run inside a vendor group);
+/// `call`: its description for mismatch detection ([`super::mismatch`]), when on.
 pub(crate) fn hold(
     comm: CommCore,
     deps: Vec<Work>,
@@ -148,6 +156,7 @@ pub(crate) fn hold(
     work: Work,
     is_send: bool,
     fusable: bool,
+    call: Option<String>,
 ) {
     GROUP.with(|g| {
         g.borrow_mut().1.push(Pending {
@@ -157,6 +166,7 @@ pub(crate) fn hold(
             work,
             is_send,
             fusable,
+            call,
         })
     });
 }

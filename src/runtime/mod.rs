@@ -13,6 +13,8 @@
 //!   A native op that fails aborts its communicator ([`CommCore::fail`]): the work
 //!   queued behind it and the work that depends on it fail at once, so a dead peer costs
 //!   one timeout, not one per pipelined step.
+//! - [`mismatch`]: collective mismatch detection (`STRATA_DEBUG=check`), run on the
+//!   stream before a checked collective or group.
 //! - [`request`]: the request descriptor, its checks and NCCL's in-place rule;
 //!   [`native`]: execution of one op by the transport; [`group`]: group start/end.
 //!
@@ -22,6 +24,7 @@
 #![forbid(unsafe_code)]
 
 pub mod group;
+pub mod mismatch;
 pub mod native;
 pub mod request;
 pub mod stream;
@@ -38,7 +41,7 @@ use crate::topology::{Hierarchy, Level, Topology};
 use crate::traffic::Traffic;
 use crate::transport::{Transport, TransportKind};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -90,6 +93,10 @@ struct Inner {
     last_error: Mutex<String>,
     /// The first failure that aborted the communicator ([`CommCore::fail`]).
     failure: Mutex<Option<String>>,
+    /// Collective mismatch detection on ([`mismatch`]); the sequence number of the
+    /// next checked call.
+    check: AtomicBool,
+    check_seq: AtomicU64,
 }
 
 /// The core of a communicator (cheap to clone; clones share it). The public face is
@@ -151,7 +158,33 @@ impl CommCore {
             destroyed: AtomicBool::new(false),
             last_error: Mutex::new(String::new()),
             failure: Mutex::new(None),
+            check: AtomicBool::new(config::env().is_ok_and(|e| e.check)),
+            check_seq: AtomicU64::new(0),
         })))
+    }
+
+    /// True when collectives submitted now are checked for mismatches across ranks
+    /// ([`mismatch`]); starts as `STRATA_DEBUG` says (`check`), sub-communicators
+    /// start as the communicator they are split from is at the split.
+    pub fn checks(&self) -> bool {
+        self.0.check.load(Ordering::Relaxed)
+    }
+
+    /// Turn mismatch checking of later submissions on or off. Every rank must make the
+    /// same change between the same calls (a checked call exchanges a fingerprint).
+    pub fn set_check(&self, on: bool) {
+        self.0.check.store(on, Ordering::Relaxed)
+    }
+
+    /// The sequence number of the next checked call (from the stream thread).
+    pub(crate) fn next_check_seq(&self) -> u64 {
+        self.0.check_seq.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// `c` created from this communicator: it checks as this one does now.
+    fn inherit(&self, c: CommCore) -> CommCore {
+        c.set_check(self.checks());
+        c
     }
 
     /// This rank in the communicator.
@@ -335,7 +368,7 @@ impl CommCore {
                 Some(m) => Arc::new(crate::transport::metered::Metered::new(t, m.clone())),
                 None => t,
             };
-            CommCore::new(t, self.0.topo.clone(), self.0.config.clone())
+            CommCore::new(t, self.0.topo.clone(), self.0.config.clone()).map(|c| self.inherit(c))
         })
         .transpose()
     }
@@ -368,7 +401,11 @@ impl CommCore {
             .transport
             .split(Some(color), k)?
             .ok_or_else(|| Error::Internal(format!("{key} split returned no communicator")))?;
-        let c = CommCore::new(t, self.0.topo.clone(), self.0.config.clone())?;
+        let c = self.inherit(CommCore::new(
+            t,
+            self.0.topo.clone(),
+            self.0.config.clone(),
+        )?);
         tracing::debug!(rank = self.rank(), key, members = ?c.members(), "sub-communicator");
         lock()?.insert(key.to_string(), c.clone());
         Ok(c)

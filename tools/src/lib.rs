@@ -2,8 +2,10 @@
 //! `strata-sim` (the modeled cost of a collective) and `strata-gpu-check` (the GPU
 //! kernels against the CPU reference), with what they share: the command-line value
 //! parsers ([`cli`]) and the transport-independent self test ([`selftest`]) that the
-//! tests and `examples/mpi_check.rs` run on every transport.
+//! tests and `examples/mpi_check.rs` run on every transport, and the end-to-end test of
+//! collective mismatch detection ([`mismatch`]), run the same way.
 #![forbid(unsafe_code)]
 
 pub mod cli;
+pub mod mismatch;
 pub mod selftest;
