@@ -300,3 +300,76 @@ impl Transport for LocalTransport {
         self.world.split_cv.notify_all();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The mailboxes between threads (also run under Miri: scripts/miri).
+    use super::*;
+
+    fn pair(timeout_ms: u64) -> Vec<LocalTransport> {
+        let topo = Topology::parse("nodes:1x3").unwrap();
+        LocalTransport::world(&topo, Duration::from_millis(timeout_ms))
+    }
+
+    #[test]
+    fn messages_arrive_in_order_between_threads() {
+        let mut ts = pair(5_000);
+        let t2 = ts.pop().unwrap();
+        let t1 = ts.pop().unwrap();
+        let t0 = ts.pop().unwrap();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for i in 0..4u8 {
+                    t0.send(1, &[i; 3]).unwrap();
+                }
+                let mut b = [0u8; 2];
+                t0.recv(2, &mut b).unwrap();
+                assert_eq!(b, [9, 9]);
+            });
+            s.spawn(|| {
+                for i in 0..4u8 {
+                    let mut b = [0u8; 3];
+                    t1.recv(0, &mut b).unwrap();
+                    assert_eq!(b, [i; 3]);
+                }
+            });
+            s.spawn(|| t2.send(0, &[9, 9]).unwrap());
+        });
+        let tr = t0.traffic().unwrap();
+        assert_eq!(tr.snapshot().bytes.iter().sum::<u64>(), 4 * 3 + 2);
+    }
+
+    #[test]
+    fn split_abort_and_timeout() {
+        let ts = pair(300);
+        let subs: Vec<_> = std::thread::scope(|s| {
+            let hs: Vec<_> = ts
+                .iter()
+                .map(|t| s.spawn(move || t.split((t.rank() != 1).then_some(7), 0).unwrap()))
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(subs[1].is_none());
+        let (a, b) = (subs[0].as_ref().unwrap(), subs[2].as_ref().unwrap());
+        assert_eq!((a.size(), a.rank(), b.rank(), b.world_rank(1)), (2, 0, 1, 2));
+        // A wrong length is a usage error; a missing sender a timeout; abort wakes a waiter.
+        a.send(1, &[1, 2, 3]).unwrap();
+        let mut two = [0u8; 2];
+        assert!(matches!(b.recv(0, &mut two), Err(Error::InvalidUsage(_))));
+        assert!(matches!(b.recv(0, &mut two), Err(Error::Remote(_))));
+        std::thread::scope(|s| {
+            let w = s.spawn(|| {
+                let mut one = [0u8; 1];
+                a.recv(1, &mut one)
+            });
+            b.abort();
+            assert!(matches!(w.join().unwrap(), Err(Error::Remote(m)) if m.contains("aborted")));
+        });
+        assert!(matches!(a.send(1, &[0]), Err(Error::Remote(_))));
+        // The world itself is untouched by the sub-communicator's abort.
+        ts[0].send(1, &[5]).unwrap();
+        let mut one = [0u8; 1];
+        ts[1].recv(0, &mut one).unwrap();
+        assert_eq!(one, [5]);
+    }
+}
