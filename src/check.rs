@@ -326,10 +326,9 @@ pub fn run_checked_quant(
     q: crate::kernels::QuantSpec,
     seed: u64,
 ) -> Result<QuantCheck> {
-    let (p, r) = (comm.size(), comm.rank());
-    let (ns, nr) = kind.sizes(count, p);
+    let (ns, nr) = kind.sizes(count, comm.size());
     let s = dtype.size();
-    let input = fill(dtype, r, 0, ns, seed);
+    let input = fill(dtype, comm.rank(), 0, ns, seed);
     let send = comm.native_from(&input)?;
     let recv = comm.native_from(&vec![0xA5; nr * s])?;
     comm.submit(
@@ -338,6 +337,35 @@ pub fn run_checked_quant(
             .with_quant(q),
     )?
     .wait()?;
+    check_quant(
+        comm,
+        kind,
+        dtype,
+        redop,
+        count,
+        algo,
+        q,
+        seed,
+        &recv.to_bytes()?,
+    )
+}
+
+/// Compare `got`, this rank's receive buffer of a quantized collective on `comm` whose
+/// inputs were [`fill`]`(dtype, rank, 0, .., seed)`, with the exact f64 result (the
+/// comparison [`run_checked_quant`] makes after its call).
+#[allow(clippy::too_many_arguments)]
+pub fn check_quant(
+    comm: &Comm,
+    kind: Kind,
+    dtype: DataType,
+    redop: ReduceOp,
+    count: usize,
+    algo: Algo,
+    q: crate::kernels::QuantSpec,
+    seed: u64,
+    got: &[u8],
+) -> Result<QuantCheck> {
+    let (p, r) = (comm.size(), comm.rank());
     // Exact: reduce in f64 without rounding to the dtype.
     let exact: Vec<f64> = match kind {
         Kind::AllGather => (0..p * count)
@@ -368,7 +396,13 @@ pub fn run_checked_quant(
     };
     let a = if dtype == DataType::U8 { 6.0 } else { 3.0 };
     let bound = quant_bound(algo, q, a, nodes, p / nodes, dtype, redop);
-    let got = recv.to_bytes()?;
+    if got.len() < exact.len() * dtype.size() {
+        return Err(Error::InvalidArgument(format!(
+            "{} bytes received, {} expected",
+            got.len(),
+            exact.len() * dtype.size()
+        )));
+    }
     let mut out = QuantCheck {
         bound,
         count: exact.len(),
@@ -376,7 +410,7 @@ pub fn run_checked_quant(
     };
     let mut sq = 0.0;
     for (i, x) in exact.iter().enumerate() {
-        let d = (dtype.get(&got, i) - x).abs();
+        let d = (dtype.get(got, i) - x).abs();
         if !(d <= bound) {
             out.wrong += 1;
         }

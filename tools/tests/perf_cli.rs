@@ -940,3 +940,92 @@ fn quantized_bad_input_fails_cleanly() {
         "no error columns"
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// Soak runs (--soak)
+// ---------------------------------------------------------------------------------------
+
+/// The value after `key=` in `line` (the summary's `by op` / `failures=` fields).
+fn field(line: &str, key: &str) -> Option<u64> {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(&format!("{key}=")))
+        .and_then(|v| v.trim_end_matches(',').parse().ok())
+}
+
+#[test]
+fn soak_runs_checked_mixes_and_summarises() {
+    let o = perf_ok(&[
+        "--soak",
+        "2",
+        "--seed",
+        "7",
+        "--topology",
+        "nodes:2x2",
+        "--timeout",
+        "60",
+    ]);
+    let out = &o.stdout;
+    assert!(out.contains("#  seed      : 7"), "{out}");
+    // nodes:2x2 has the node x rail grid and the pairs x parity grids: chains run.
+    assert!(out.contains("world = node x rail"), "{out}");
+    let done = out
+        .lines()
+        .find(|l| l.starts_with("# soak done:"))
+        .unwrap_or_else(|| panic!("no summary:\n{out}"));
+    assert_eq!(field(done, "failures"), Some(0), "{done}");
+    let ops: u64 = done
+        .split_whitespace()
+        .nth(3)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no collective count in {done}"));
+    assert!(ops > 0, "{done}");
+    // Every collective is counted once by op, by algo, by comm and by dtype.
+    for key in ["by op", "by algo", "by comm", "by dtype"] {
+        let l = out
+            .lines()
+            .find(|l| l.starts_with(&format!("#  {key}")))
+            .unwrap_or_else(|| panic!("no '{key}' line:\n{out}"));
+        let sum: u64 = l
+            .split_whitespace()
+            .filter_map(|w| w.split_once('=').and_then(|(_, v)| v.parse::<u64>().ok()))
+            .sum();
+        assert_eq!(sum, ops, "{l}");
+    }
+    assert!(out.contains("#  chains   :"), "{out}");
+    // The same seed gives the same schedule: the same first collectives.
+    let again = perf_ok(&[
+        "--soak",
+        "2",
+        "--seed",
+        "7",
+        "--topology",
+        "nodes:2x2",
+        "--timeout",
+        "60",
+    ]);
+    assert!(again.stdout.contains("#  comms     : "), "{}", again.stdout);
+    let comms = |s: &str| {
+        s.lines()
+            .find(|l| l.starts_with("#  comms"))
+            .map(str::to_string)
+    };
+    assert_eq!(comms(out), comms(&again.stdout));
+}
+
+#[test]
+fn soak_bad_flags_fail_cleanly() {
+    fails(&["--soak", "2", "--dry-run"], 2, "cannot be used with");
+    fails(
+        &["--soak", "2", "--op", "all-reduce"],
+        2,
+        "cannot be used with",
+    );
+    fails(&["--soak", "2", "-c", "0"], 2, "cannot be used with");
+    fails(&["--seed", "3"], 2, "--soak");
+    fails(&["--soak", "0"], 2, "not a positive number of seconds");
+    fails(
+        &["--soak", "2", "--transport", "nccl"],
+        2,
+        "--soak runs on the local and mpi transports, not nccl",
+    );
+}

@@ -131,6 +131,20 @@ pub(crate) struct Cli {
     /// Seconds to wait for a peer before failing (default: STRATA_TIMEOUT, else 120).
     #[arg(long, value_name = "SECS", value_parser = parse_secs)]
     pub(crate) timeout: Option<f64>,
+
+    /// Soak run instead of a sweep: random mixes of checked collectives (every op and
+    /// algo, sub-communicators, groups, cross-communicator dependencies) for SECS
+    /// seconds (docs/perf.md, "Soak runs"); local and mpi transports.
+    #[arg(long, value_name = "SECS", value_parser = parse_secs, conflicts_with_all = [
+        "op", "algo", "bits", "block", "minbytes", "maxbytes", "stepfactor", "stepbytes",
+        "datatype", "redop", "iters", "warmup_iters", "check", "coalesce", "json", "model",
+        "dry_run", "trace", "plot",
+    ])]
+    pub(crate) soak: Option<f64>,
+
+    /// Seed of the soak's schedule (default: random, printed in the header).
+    #[arg(long, requires = "soak", value_parser = clap::value_parser!(u64).range(0..1u64 << 48))]
+    pub(crate) seed: Option<u64>,
 }
 
 fn parse_transport(s: &str) -> std::result::Result<TransportKind, String> {
@@ -327,6 +341,16 @@ pub(crate) fn validate(cli: &Cli) {
         cmd.error(
             ErrorKind::MissingRequiredArgument,
             "--trace and --plot draw the modeled schedule: add --model SPEC (or --dry-run)",
+        )
+        .exit();
+    }
+    if cli.soak.is_some() && !matches!(cli.transport, TransportKind::Local | TransportKind::Mpi) {
+        cmd.error(
+            ErrorKind::ArgumentConflict,
+            format!(
+                "--soak runs on the local and mpi transports, not {}",
+                cli.transport.name()
+            ),
         )
         .exit();
     }

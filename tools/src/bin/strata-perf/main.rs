@@ -64,9 +64,13 @@
 //! silent ring fallback; `--model` shows `-` for a quantized row's modeled columns
 //! (null / absent in JSON): the simulator models ring, hier, ho-ring and auto.
 //!
+//! `--soak SECS [--seed N]` runs no sweep: random mixes of checked collectives over
+//! sub-communicators, groups and cross-communicator dependencies for SECS seconds
+//! ([`soak`]).
+//!
 //! Modules: [`cli`] (flags, usage errors), [`sweep`] (the rows), [`rank`] (one rank's
 //! timed and checked calls), [`model`] (`--model`, `--dry-run`), [`report`] (rank 0's
-//! table and JSON), [`launch`] (the transports).
+//! table and JSON), [`launch`] (the transports), [`soak`] (soak runs).
 #![forbid(unsafe_code)]
 
 mod cli;
@@ -74,6 +78,7 @@ mod launch;
 mod model;
 mod rank;
 mod report;
+mod soak;
 mod sweep;
 
 use crate::cli::{dedup, quant_conflict, validate, Cli};
@@ -133,6 +138,14 @@ fn run(cli: &Cli) -> ExitCode {
     }
     if cli.dry_run {
         return conclude(run_dry(cli, &config, &algos));
+    }
+    if cli.soak.is_some() {
+        if cli.transport == TransportKind::Mpi {
+            let code = conclude(soak::soak_mpi(cli, config, topo));
+            strata::transport::mpi::finalize();
+            return code;
+        }
+        return conclude(soak::soak_local(cli, config, topo));
     }
     let r = match cli.transport {
         TransportKind::Local => run_local(cli, config, topo, &algos),
