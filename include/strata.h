@@ -424,12 +424,13 @@ strataResult_t strataBcast(void *buff, size_t count, strataDataType_t datatype, 
 
 /**
  * Sends `count` elements of `sendbuff` to rank `peer` (NCCL's `ncclSend`); the peer
- * posts a matching `strataRecv`. Host transports send eagerly, so a send outside a group
- * returns once its bytes are handed over; put matching sends and receives of several
- * peers in one group (as with NCCL) to exchange without ordering concerns. `sendbuff` is
- * read during the call. GPU transports: the call returns once the peer has received
- * the data (so pair sends and receives in a group, as with NCCL). Memory, streams,
- * ownership and thread-safety as `strataAllGather`.
+ * posts a matching `strataRecv`. Outside a group, on `local` a send returns once its
+ * bytes are handed over; on `mpi` one past MPI's eager limit returns once the peer has
+ * received it. Put matching sends and receives of several peers in one group (as with
+ * NCCL): they are then in flight together, so any exchange pattern of any size
+ * completes. `sendbuff` is read during the call. GPU transports: the call returns once
+ * the peer has received the data (so pair sends and receives in a group, as with
+ * NCCL). Memory, streams, ownership and thread-safety as `strataAllGather`.
  *
  * Errors: `strataInvalidArgument` for a NULL/foreign comm, a NULL buffer with a nonzero
  * count, overflow, an unknown datatype, `peer` outside `0..nranks`; `strataInvalidUsage`
@@ -485,7 +486,9 @@ strataResult_t strataReduceScatterCoalesced(const void *const *sendbuffs, void *
  * Starts (or nests) a group on this thread (NCCL's `ncclGroupStart`): until the
  * matching outermost `strataGroupEnd`, calls on any communicator return at once and are
  * launched together, one launch per communicator. This lets one thread drive several
- * ranks of a local world, and pairs sends with receives. Groups are per thread.
+ * ranks of a local world, and pairs sends with receives: a group's collectives run in
+ * call order, then its sends and receives all together (any pattern, any size, on every
+ * transport; never crossing the collectives' messages). Groups are per thread.
  *
  * # Safety
  * None.

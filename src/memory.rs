@@ -514,7 +514,9 @@ mod tests {
         });
         let got = b.to_bytes().unwrap();
         for i in 0..4u8 {
-            assert!(got[i as usize * 16..][..16].iter().all(|&x| x == i * 10 + 2));
+            assert!(got[i as usize * 16..][..16]
+                .iter()
+                .all(|&x| x == i * 10 + 2));
         }
     }
 

@@ -230,9 +230,7 @@ pub fn world(d: &mut Dec, max_n: usize, max_steps: usize, timeout_ms: u64) -> Wo
             }
             5 | 6 => {
                 let k = d.int(1, 3);
-                // No send/recv beside collectives in one group: strata's group end moves
-                // sends ahead of the collectives, so peers mismatch (reported, issue 13).
-                let cs = (0..k).map(|_| coll(d, n, k == 1)).collect();
+                let cs = (0..k).map(|_| coll(d, n, true)).collect();
                 let bads = (0..n).map(|_| bad(d, true)).collect();
                 Step::Multi(cs, bads, d.chance(1, 2))
             }

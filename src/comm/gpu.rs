@@ -234,11 +234,11 @@ impl Comm {
             return Ok(());
         };
         for i in 0..h.levels.len() {
-            self.level_comm(i)?;
+            self.0.level(i)?;
         }
         if h.levels.len() >= 2 {
-            self.node_comm()?;
-            self.rail_comm()?;
+            self.0.node_or_rail(true)?;
+            self.0.node_or_rail(false)?;
         }
         Ok(())
     }

@@ -171,9 +171,12 @@ impl Comm {
 
     /// The sub-communicator of level `i` of this communicator's hierarchy (the ranks
     /// differing from this one only along that level), split on first use and cached.
-    /// Collective: every rank must reach the same first use.
+    /// Collective: every rank must reach the same first use. It is this handle's own
+    /// communicator: the algorithms of this communicator (hier, ho-ring, qgz, qwz) run
+    /// their steps on private ones, so work on it never waits on, or interleaves with,
+    /// their steps.
     pub fn level_comm(&self, i: usize) -> Result<Comm> {
-        self.0.level(i).map(Comm)
+        self.0.user_level(i).map(Comm)
     }
 
     /// Ranks of this rank's node (`node_comm`) or its rail (same index within the node,
@@ -181,12 +184,12 @@ impl Comm {
     /// [`Comm::level_comm`]. Needs a regular mesh ([`Comm::hierarchy`]). On one node the
     /// node communicator has every rank and each rail one.
     pub fn node_comm(&self) -> Result<Comm> {
-        self.0.node_or_rail(true).map(Comm)
+        self.0.user_node_or_rail(true).map(Comm)
     }
 
     /// See [`Comm::node_comm`].
     pub fn rail_comm(&self) -> Result<Comm> {
-        self.0.node_or_rail(false).map(Comm)
+        self.0.user_node_or_rail(false).map(Comm)
     }
 
     /// The algorithm `req` would run with on this communicator, and why (the same
@@ -210,6 +213,10 @@ impl Comm {
             tracing::debug!(rank = core.rank(), op = req.op.name(), algo = choice.algo.name(), reason = %choice.reason, "dispatch");
             let deps = req.deps.clone();
             let is_send = matches!(req.op, Op::Send { .. });
+            // A grouped send/recv on host memory joins the group's one exchange.
+            let p2p = (matches!(req.op, Op::Send { .. } | Op::Recv { .. })
+                && req.op.device().is_none())
+            .then(|| req.op.clone());
             let grouped = group::in_group();
             let fusable = grouped && core.has_device() && algo::fusable(&req, choice.algo);
             // Mismatch detection: what this rank calls, compared across ranks on the
@@ -259,6 +266,7 @@ impl Comm {
                     is_send,
                     fusable,
                     call,
+                    p2p,
                 );
             } else {
                 core.push(deps, job, work.clone())?;

@@ -1,10 +1,15 @@
 //! Group start/end (ncclGroupStart/End): between them, a thread's submissions are held
 //! and, at the outermost end, queued as one launch per communicator. Their handles
 //! complete as each member finishes. Groups nest; they are per thread. A group of
-//! native device-buffer calls on a GPU transport is one vendor group.
+//! native device-buffer calls on a GPU transport is one vendor group. Otherwise the
+//! collectives run in submission order, then the group's host sends and receives all
+//! together, as one exchange ([`super::native::exchange`]): like NCCL's, a group's
+//! point-to-point calls may form any pattern (rings, all-to-all, both directions) of
+//! any size without deadlock, and never cross the messages of its collectives.
 
 #![forbid(unsafe_code)]
 
+use super::request::Op;
 use super::stream::Work;
 use super::{CommCore, Job};
 use crate::error::{Error, Result};
@@ -19,6 +24,9 @@ struct Pending {
     fusable: bool,
     /// Its description when mismatch checking was on at submit (not point-to-point).
     call: Option<String>,
+    /// A send or receive on host memory: run with the group's other ones as one
+    /// exchange ([`super::native::exchange`]) instead of its own job.
+    p2p: Option<Op>,
 }
 
 thread_local! {
@@ -57,17 +65,16 @@ pub fn group_end() -> Result<()> {
         let works: Vec<Work> = items.iter().map(|p| p.work.clone()).collect();
         // Mismatch detection compares the group's collectives in submission order.
         let calls: Vec<String> = items.iter().filter_map(|p| p.call.clone()).collect();
-        // Sends first: on host transports they are eager, so receives posted earlier in
-        // the group can be matched by the peers' sends of the same group (ncclGroup's
-        // concurrent send/recv).
-        let mut items = items;
-        items.sort_by_key(|p| !p.is_send);
         let items_fusable = items.iter().all(|p| p.fusable);
-        let jobs: Vec<(Job, Work)> = items.into_iter().map(|p| (p.job, p.work)).collect();
         let timeout = comm.timeout();
+        if !(items_fusable && comm.transport().gpu().is_some()) {
+            launch_host(comm, items, deps, works, calls, timeout);
+            continue;
+        }
+        let jobs: Vec<(Job, Work)> = items.into_iter().map(|p| (p.job, p.work)).collect();
         // On a GPU transport, a group of native device-buffer calls is one vendor group
         // (ncclGroupStart/End): sends and receives between peers cannot deadlock.
-        if items_fusable && comm.transport().gpu().is_some() {
+        {
             let c = comm.clone();
             let pushed = comm.push(
                 Vec::new(),
@@ -112,33 +119,79 @@ pub fn group_end() -> Result<()> {
             if let Err(e) = pushed {
                 works.iter().for_each(|w| w.complete(Err(e.clone())));
             }
-            continue;
-        }
-        let c = comm.clone();
-        let pushed = comm.push(
-            Vec::new(),
-            Box::new(move || {
-                let mut first = super::stream::wait_deps(&deps, timeout)
-                    .and_then(|_| super::mismatch::check(&c, &calls));
-                for (job, w) in jobs {
-                    let r = match &first {
-                        Ok(()) => job(),
-                        Err(e) => Err(e.clone()),
-                    };
-                    if let (Err(e), true) = (&r, first.is_ok()) {
-                        first = Err(e.clone());
-                    }
-                    w.complete(r);
-                }
-                first
-            }),
-            Work::pending(),
-        );
-        if let Err(e) = pushed {
-            works.iter().for_each(|w| w.complete(Err(e.clone())));
         }
     }
     Ok(())
+}
+
+/// Queue one communicator's share of a group on a host path: its collectives (and
+/// device sends and receives, sends first: eager on the GPU transports' staging path)
+/// in submission order, then its host sends and receives as one exchange.
+fn launch_host(
+    comm: CommCore,
+    items: Vec<Pending>,
+    deps: Vec<Work>,
+    works: Vec<Work>,
+    calls: Vec<String>,
+    timeout: std::time::Duration,
+) {
+    let mut ordered: Vec<(Job, Work, bool)> = Vec::new();
+    let (mut p2p_ops, mut p2p_works) = (Vec::new(), Vec::new());
+    for p in items {
+        match p.p2p {
+            Some(op) => {
+                p2p_ops.push(op);
+                p2p_works.push(p.work);
+            }
+            None => ordered.push((p.job, p.work, p.is_send)),
+        }
+    }
+    ordered.sort_by_key(|(_, _, is_send)| !is_send);
+    let c = comm.clone();
+    let pushed = comm.push(
+        Vec::new(),
+        Box::new(move || {
+            let mut first = super::stream::wait_deps(&deps, timeout)
+                .and_then(|_| super::mismatch::check(&c, &calls));
+            for (job, w, _) in ordered {
+                let r = match &first {
+                    Ok(()) => job(),
+                    Err(e) => Err(e.clone()),
+                };
+                if let (Err(e), true) = (&r, first.is_ok()) {
+                    first = Err(e.clone());
+                }
+                w.complete(r);
+            }
+            if !p2p_ops.is_empty() {
+                let r = match &first {
+                    Ok(()) => c
+                        .still_running()
+                        .and_then(|_| {
+                            super::native::exchange(c.transport().as_ref(), &p2p_ops, timeout)
+                        })
+                        .map_err(|e| {
+                            e.in_collective(|| {
+                                format!("grouped send/recv ({} calls)", p2p_ops.len())
+                            })
+                        }),
+                    Err(e) => Err(e.clone()),
+                };
+                if let (Err(e), true) = (&r, first.is_ok()) {
+                    // As a failed collective: the peers must not wait for this rank.
+                    c.fail(e);
+                    first = Err(e.clone());
+                }
+                let r = c.note(r);
+                p2p_works.iter().for_each(|w| w.complete(r.clone()));
+            }
+            first
+        }),
+        Work::pending(),
+    );
+    if let Err(e) = pushed {
+        works.iter().for_each(|w| w.complete(Err(e.clone())));
+    }
 }
 
 /// True inside a group on this thread.
@@ -157,6 +210,7 @@ pub(crate) fn hold(
     is_send: bool,
     fusable: bool,
     call: Option<String>,
+    p2p: Option<Op>,
 ) {
     GROUP.with(|g| {
         g.borrow_mut().1.push(Pending {
@@ -167,6 +221,7 @@ pub(crate) fn hold(
             is_send,
             fusable,
             call,
+            p2p,
         })
     });
 }

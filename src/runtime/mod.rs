@@ -416,6 +416,17 @@ impl CommCore {
     /// Collective: every rank must reach the same first use (algorithms do, since every
     /// rank runs the same requests in the same order on its stream).
     pub fn level(&self, i: usize) -> Result<CommCore> {
+        self.level_for(i, "")
+    }
+
+    /// [`CommCore::level`] for the user (`Comm::level_comm`): its own cached
+    /// communicator, never the one the algorithms run their steps on, so user work on
+    /// it cannot be interleaved with (or wait on) a parent collective's steps.
+    pub fn user_level(&self, i: usize) -> Result<CommCore> {
+        self.level_for(i, "user:")
+    }
+
+    fn level_for(&self, i: usize, prefix: &str) -> Result<CommCore> {
         self.split_point()?;
         let h = self
             .hierarchy()
@@ -425,7 +436,7 @@ impl CommCore {
             .get(i)
             .ok_or_else(|| Error::Internal(format!("no level {i}")))?;
         let (color, k) = h.split_color(i, self.rank());
-        let c = self.cached(&format!("level:{i}:{level:?}"), color, k)?;
+        let c = self.cached(&format!("{prefix}level:{i}:{level:?}"), color, k)?;
         if c.size() != size {
             return Err(Error::Internal(format!(
                 "level {level:?} group has {} ranks, expected {size}",
@@ -440,6 +451,16 @@ impl CommCore {
     /// [`CommCore::level`]. Needs a regular mesh. On one node the node communicator
     /// has every rank and each rail one.
     pub fn node_or_rail(&self, node: bool) -> Result<CommCore> {
+        self.node_or_rail_for(node, "")
+    }
+
+    /// [`CommCore::node_or_rail`] for the user (`Comm::node_comm` / `rail_comm`): its
+    /// own cached communicator, as [`CommCore::user_level`].
+    pub fn user_node_or_rail(&self, node: bool) -> Result<CommCore> {
+        self.node_or_rail_for(node, "user:")
+    }
+
+    fn node_or_rail_for(&self, node: bool, prefix: &str) -> Result<CommCore> {
         self.split_point()?;
         let h = self.hierarchy().ok_or_else(|| {
             Error::InvalidUsage(
@@ -457,7 +478,7 @@ impl CommCore {
         } else {
             ("rail", local, idx)
         };
-        self.cached(key, color as u32, k as i32)
+        self.cached(&format!("{prefix}{key}"), color as u32, k as i32)
     }
 
     /// Wait for everything queued on this communicator so far.

@@ -14,6 +14,25 @@ use crate::transport::Transport;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// A group's host point-to-point ops (`Send`/`Recv` only) in flight together
+/// ([`Transport::exchange`]): what makes a grouped ring or all-to-all exchange of any
+/// size deadlock-free on every host transport.
+pub fn exchange(t: &dyn Transport, ops: &[Op], timeout: Duration) -> Result<()> {
+    let mut reads = Vec::new();
+    let mut writes = Vec::new();
+    for op in ops {
+        match op {
+            Op::Send { buf, peer, .. } => reads.push((*peer, buf.read_timeout(timeout)?)),
+            Op::Recv { buf, peer, .. } => writes.push((*peer, buf.write_timeout(timeout)?)),
+            _ => return Err(Error::Internal(format!("{} in a p2p exchange", op.name()))),
+        }
+    }
+    let sends: Vec<(usize, &[u8])> = reads.iter().map(|(p, g)| (*p, &g[..])).collect();
+    let mut recvs: Vec<(usize, &mut [u8])> =
+        writes.iter_mut().map(|(p, g)| (*p, &mut g[..])).collect();
+    t.exchange(&sends, &mut recvs)
+}
+
 /// Execute `op` (already checked) with the transport's own algorithm. Device buffers
 /// go to the transport's device face ([`crate::transport::gpu::GpuTransport`]); host
 /// buffers to its host face (GPU transports stage them through scratch).

@@ -351,7 +351,10 @@ mod tests {
         });
         assert!(subs[1].is_none());
         let (a, b) = (subs[0].as_ref().unwrap(), subs[2].as_ref().unwrap());
-        assert_eq!((a.size(), a.rank(), b.rank(), b.world_rank(1)), (2, 0, 1, 2));
+        assert_eq!(
+            (a.size(), a.rank(), b.rank(), b.world_rank(1)),
+            (2, 0, 1, 2)
+        );
         // A wrong length is a usage error; a missing sender a timeout; abort wakes a waiter.
         a.send(1, &[1, 2, 3]).unwrap();
         let mut two = [0u8; 2];

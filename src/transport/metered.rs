@@ -98,6 +98,11 @@ impl Transport for Metered {
         self.count(dst, send.len());
         Ok(())
     }
+    fn exchange(&self, sends: &[(usize, &[u8])], recvs: &mut [(usize, &mut [u8])]) -> Result<()> {
+        self.inner.exchange(sends, recvs)?;
+        sends.iter().for_each(|(p, d)| self.count(*p, d.len()));
+        Ok(())
+    }
     fn gpu(&self) -> Option<&dyn GpuTransport> {
         self.inner.gpu().map(|_| self as &dyn GpuTransport)
     }

@@ -133,6 +133,19 @@ pub trait Transport: Send + Sync {
         self.send(dst, send)?;
         self.recv(src, recv)
     }
+    /// Point-to-point transfers in flight together (a group's sends and receives): a
+    /// ring or all-to-all exchange of any size cannot deadlock, and messages to one peer
+    /// keep their order. Default, right for eager transports whose sends never wait for
+    /// the receiver: every send, then every receive.
+    fn exchange(&self, sends: &[(usize, &[u8])], recvs: &mut [(usize, &mut [u8])]) -> Result<()> {
+        for (peer, data) in sends {
+            self.send(*peer, data)?;
+        }
+        for (peer, data) in recvs.iter_mut() {
+            self.recv(*peer, data)?;
+        }
+        Ok(())
+    }
     /// The device face of a GPU transport (`None` for host transports): collectives on
     /// device memory, which the runtime's native execution uses for device buffers.
     fn gpu(&self) -> Option<&dyn gpu::GpuTransport> {

@@ -1285,6 +1285,65 @@ mod imp {
             self.drive(&mut ops)
         }
 
+        fn exchange(
+            &self,
+            sends: &[(usize, &[u8])],
+            recvs: &mut [(usize, &mut [u8])],
+        ) -> Result<()> {
+            for (p, _) in sends {
+                self.check_peer(*p)?;
+            }
+            for (p, _) in recvs.iter() {
+                self.check_peer(*p)?;
+            }
+            let _g = self.enter()?;
+            // Every send is posted before anything waits, so no rank waits for a receive
+            // that is not yet posted. Receives from one peer must match in order (and a
+            // long message arrives in pieces), so they run in phases of at most one
+            // receive per peer; MPI keeps the order of messages between two ranks.
+            let mut posted: Vec<Op> = Vec::with_capacity(sends.len());
+            let mut res = Ok(());
+            for (p, d) in sends {
+                match SendOp::post(&self.comm, *p, d) {
+                    Ok(op) => {
+                        posted.push(Op::Send(op));
+                        self.record(*p, d.len());
+                    }
+                    Err(e) => {
+                        res = Err(e);
+                        break;
+                    }
+                }
+            }
+            let mut left: Vec<(usize, &mut [u8])> =
+                recvs.iter_mut().map(|(p, d)| (*p, &mut **d)).collect();
+            while res.is_ok() && !left.is_empty() {
+                let mut phase = Vec::new();
+                let mut later = Vec::new();
+                for (p, d) in left {
+                    if phase.iter().any(|o: &Op| o.peer() == p) {
+                        later.push((p, d));
+                    } else {
+                        phase.push(Op::Recv(RecvOp::new(p, self.rank, d)));
+                    }
+                }
+                res = self.drive(&mut phase);
+                left = later;
+            }
+            match res {
+                Ok(()) => self.drive(&mut posted),
+                Err(e) => {
+                    // The sends already posted must not outlive their buffers.
+                    for op in posted.iter_mut() {
+                        if !op.cancel() {
+                            self.mark_broken(&e);
+                        }
+                    }
+                    Err(e)
+                }
+            }
+        }
+
         fn traffic(&self) -> Option<Arc<Traffic>> {
             Some(self.traffic.clone())
         }

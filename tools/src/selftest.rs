@@ -130,5 +130,124 @@ pub fn exercise(comm: &Comm) -> Result<()> {
     if inc.to_bytes()? != fill(DataType::F32, (r + p - 1) % p, 0, 11, 99) {
         return Err(Error::Internal("send/recv delivered wrong data".into()));
     }
+    grouped_exchange(comm)?;
+    user_level_after_parent(comm)?;
+    Ok(())
+}
+
+/// One group per rank: two messages each way around the ring (one far past MPI's eager
+/// limit, so a send completes only once its receive is posted) and an all-reduce, which
+/// odd ranks submit first and even ranks last. The sends and receives run together and
+/// never cross the collective's messages.
+fn grouped_exchange(comm: &Comm) -> Result<()> {
+    let (p, r) = (comm.size(), comm.rank());
+    let (right, left) = ((r + 1) % p, (r + p - 1) % p);
+    let sizes = [40_000usize, 3];
+    let f32s = DataType::F32;
+    let mut sends = Vec::new();
+    let mut recvs = Vec::new();
+    for (i, &n) in sizes.iter().enumerate() {
+        for (dir, peer) in [(0, right), (1, left)] {
+            sends.push((
+                comm.native_from(&fill(f32s, r, 100 * i + dir, n, 7))?,
+                n,
+                peer,
+            ));
+            recvs.push((comm.alloc_native(n * 4)?, n, dir, i));
+        }
+    }
+    let ar = comm.native_from(&fill(DataType::I32, r, 0, 5, 7))?;
+    let all_reduce = || comm.all_reduce(&ar, &ar, 5, DataType::I32, ReduceOp::Sum);
+    strata::group_start();
+    let mut ws = Vec::new();
+    let submitted = (|| {
+        if r % 2 == 1 {
+            ws.push(all_reduce()?);
+        }
+        for ((b, n, dir, _), (s, _, peer)) in recvs.iter().zip(&sends) {
+            ws.push(comm.recv(b, *n, f32s, if *dir == 0 { left } else { right })?);
+            ws.push(comm.send(s, *n, f32s, *peer)?);
+        }
+        if r % 2 == 0 {
+            ws.push(all_reduce()?);
+        }
+        Ok::<_, Error>(())
+    })();
+    strata::group_end()?;
+    submitted?;
+    ws.iter().try_for_each(|w| w.wait())?;
+    for (b, n, dir, i) in &recvs {
+        let from = if *dir == 0 { left } else { right };
+        if b.to_bytes()? != fill(f32s, from, 100 * i + dir, *n, 7) {
+            return Err(Error::Internal(format!(
+                "grouped exchange: message {i} from rank {from} wrong on rank {r}"
+            )));
+        }
+    }
+    let want: Vec<u8> = (0..5)
+        .flat_map(|j| {
+            (0..p)
+                .map(|q| {
+                    i32::from_le_bytes(fill(DataType::I32, q, j, 1, 7)[..4].try_into().unwrap())
+                })
+                .fold(0i32, |a, x| a.wrapping_add(x))
+                .to_le_bytes()
+        })
+        .collect();
+    if ar.to_bytes()? != want {
+        return Err(Error::Internal(format!(
+            "grouped all-reduce wrong on rank {r}"
+        )));
+    }
+    Ok(())
+}
+
+/// Work on the user's level communicator that waits for a parent collective whose
+/// algorithm (hier) runs its steps on level communicators too: the user's are its own,
+/// so this neither deadlocks nor interleaves with the parent's steps.
+fn user_level_after_parent(comm: &Comm) -> Result<()> {
+    let levels = comm.hierarchy().map_or(0, |h| h.levels.len());
+    if levels == 0 {
+        return Ok(());
+    }
+    let r = comm.rank();
+    let sub = comm.level_comm(levels - 1)?;
+    let n = 4 * comm.size();
+    let send = comm.native_from(&fill(DataType::F32, r, 0, 4, 9))?;
+    let recv = comm.alloc_native(n * 4)?;
+    let parent = comm.submit(
+        strata::Request::new(
+            strata::Op::AllGather {
+                send: send.clone(),
+                recv: recv.clone(),
+                count: 4,
+            },
+            DataType::F32,
+        )
+        .with_algo(Algo::Hier),
+    )?;
+    let mine = comm.native_from(&fill(DataType::I32, r, 0, 3, 9))?;
+    let w = sub.submit(
+        strata::Request::new(
+            strata::Op::AllReduce {
+                send: mine.clone(),
+                recv: mine.clone(),
+                count: 3,
+                op: ReduceOp::Max,
+            },
+            DataType::I32,
+        )
+        .after([parent.clone()]),
+    )?;
+    w.wait()?;
+    parent.wait()?;
+    let want: Vec<u8> = (0..comm.size())
+        .flat_map(|q| fill(DataType::F32, q, 0, 4, 9))
+        .collect();
+    if recv.to_bytes()? != want {
+        return Err(Error::Internal(format!(
+            "hier all-gather before level work wrong on rank {r}"
+        )));
+    }
     Ok(())
 }

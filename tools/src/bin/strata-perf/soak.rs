@@ -33,7 +33,6 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use strata::check::{self, Kind};
 use strata::kernels::QuantSpec;
-use strata::transport::TransportKind;
 use strata::{
     group_end, group_start, Algo, Buffer, Comm, CommConfig, DataType, Error, Op, ReduceOp, Request,
     Result, Topology, Work,
@@ -43,11 +42,6 @@ use strata::{
 const MAX_COUNT: usize = 256 * 1024;
 /// Largest buffer of one call on one rank, in elements.
 const MAX_ELEMS: usize = 1 << 20;
-/// Largest grouped send/recv on the mpi transport, in bytes: a group runs its sends to
-/// completion one after another before its receives, so a message MPI does not send
-/// eagerly (over 4 KiB with OpenMPI's shared-memory transport) deadlocks every rank
-/// of a shift in its send (docs/perf.md, "Soak runs").
-const MPI_P2P_BYTES: usize = 4000;
 /// Seconds between progress lines.
 const PROGRESS: Duration = Duration::from_secs(10);
 
@@ -399,7 +393,6 @@ fn draw_single(
     slots: &[Slot],
     earlier: &[usize],
     grouped: bool,
-    p2p_bytes: usize,
     subs: bool,
 ) -> Spec {
     let allowed: Vec<usize> = (0..slots.len())
@@ -411,10 +404,7 @@ fn draw_single(
     } else {
         pick(rng, &allowed)
     };
-    // See `draw_round`: with the cached sub-communicators in use, the world runs rings.
-    let ring_only = subs && slot == 0;
     let (p, levels) = (slots[slot].size, slots[slot].levels);
-    let levels = if ring_only { 0 } else { levels };
     let (mut dtype, mut redop) = draw_types(rng, p);
     let kinds = [
         Kind::AllGather,
@@ -428,10 +418,8 @@ fn draw_single(
     let what = match rng.random_range(0..100) {
         0..=59 => What::Plain(pick(rng, &kinds)),
         60..=71 => What::Coalesced(pick(rng, &[Kind::AllGather, Kind::ReduceScatter])),
-        72..=87 if !ring_only => What::Quant(pick(rng, &[Kind::AllGather, Kind::ReduceScatter])),
-        72..=87 => What::Plain(pick(rng, &[Kind::AllGather, Kind::ReduceScatter])),
-        // Alone in its own group (see `draw_round`).
-        _ if p >= 2 && !grouped => What::Shift(rng.random_range(1..p)),
+        72..=87 => What::Quant(pick(rng, &[Kind::AllGather, Kind::ReduceScatter])),
+        _ if p >= 2 => What::Shift(rng.random_range(1..p)),
         _ => What::Plain(Kind::AllReduce),
     };
     let (mut algo, mut quant, mut in_place, mut counts) = (Algo::Ring, None, false, Vec::new());
@@ -470,7 +458,7 @@ fn draw_single(
             quant = QuantSpec::new(bits, block).ok();
             count = draw_count(rng, MAX_ELEMS / spread(k));
         }
-        What::Shift(_) => count = draw_count(rng, MAX_ELEMS.min(p2p_bytes / dtype.size())),
+        What::Shift(_) => count = draw_count(rng, MAX_ELEMS),
     }
     let dep = if !earlier.is_empty() && rng.random_bool(0.3) {
         Some(pick(rng, earlier))
@@ -560,7 +548,6 @@ fn draw_round(
     rng: &mut ChaCha8Rng,
     slots: &[Slot],
     grids: &[Grid],
-    p2p_bytes: usize,
     seed: u64,
     next: &mut u64,
     stats: &mut Stats,
@@ -570,11 +557,8 @@ fn draw_round(
     if grouped {
         stats.groups += 1;
     }
-    // Half the rounds use the world's cached sub-communicators (level, node, rail), and
-    // the world then runs rings only: user work on those communicators and the steps the
-    // world's hierarchical algorithms queue there are ordered by timing, not by the
-    // program, so they could be matched differently on different ranks (or deadlock
-    // when the user's work waits for the world's).
+    // Half the rounds use the world's level, node and rail communicators (the user's
+    // own: the world's hierarchical algorithms run their steps on private ones).
     let subs = rng.random_bool(0.5);
     let grid_ok: Vec<usize> = (0..grids.len())
         .filter(|&i| subs || !(slots[grids[i].x].cached() || slots[grids[i].y].cached()))
@@ -586,7 +570,7 @@ fn draw_round(
         let body = if !grid_ok.is_empty() && rng.random_bool(0.3) {
             Body::Chain(draw_chain(rng, slots, grids, &grid_ok))
         } else {
-            Body::One(draw_single(rng, slots, &earlier, grouped, p2p_bytes, subs))
+            Body::One(draw_single(rng, slots, &earlier, grouped, subs))
         };
         let index = *next;
         let item_seed = seed ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15);
@@ -1003,10 +987,6 @@ fn rounds(
             }
         );
     }
-    let p2p_bytes = match w.transport_kind() {
-        TransportKind::Mpi => MPI_P2P_BYTES,
-        _ => usize::MAX,
-    };
     let t0 = Instant::now();
     let deadline = Duration::from_secs_f64(secs);
     let mut last = t0;
@@ -1014,7 +994,7 @@ fn rounds(
     let mut next = 0u64;
     let mut wrong_total = 0u64;
     loop {
-        let items = draw_round(rng, slots, grids, p2p_bytes, seed, &mut next, &mut stats);
+        let items = draw_round(rng, slots, grids, seed, &mut next, &mut stats);
         stats.rounds += 1;
         let order_seed: u64 = rng.random();
         let mut pending: Vec<Pending> = Vec::new();
