@@ -61,80 +61,90 @@ pub fn group_end() -> Result<()> {
         }
     }
     for (comm, items) in per_comm {
-        let deps: Vec<Work> = items.iter().flat_map(|p| p.deps.iter().cloned()).collect();
-        let works: Vec<Work> = items.iter().map(|p| p.work.clone()).collect();
-        // Mismatch detection compares the group's collectives in submission order.
-        let calls: Vec<String> = items.iter().filter_map(|p| p.call.clone()).collect();
-        let items_fusable = items.iter().all(|p| p.fusable);
-        let timeout = comm.timeout();
-        if !(items_fusable && comm.transport().gpu().is_some()) {
-            launch_host(comm, items, deps, works, calls, timeout);
-            continue;
-        }
-        let jobs: Vec<(Job, Work)> = items.into_iter().map(|p| (p.job, p.work)).collect();
-        // On a GPU transport, a group of native device-buffer calls is one vendor group
-        // (ncclGroupStart/End): sends and receives between peers cannot deadlock.
-        {
-            let c = comm.clone();
-            let pushed = comm.push(
-                Vec::new(),
-                Box::new(move || {
-                    let mut first = super::stream::wait_deps(&deps, timeout)
-                        .and_then(|_| super::mismatch::check(&c, &calls));
-                    let mut results = Vec::new();
-                    let mut works = Vec::new();
-                    if first.is_ok() {
-                        let g = c
-                            .transport()
-                            .gpu()
-                            .ok_or_else(|| Error::Internal("GPU transport vanished".into()))?;
-                        let mut jobs = Some(jobs);
-                        first = g.group(&mut || {
-                            for (job, w) in jobs.take().unwrap_or_default() {
-                                results.push(job());
-                                works.push(w);
-                            }
-                            Ok(())
-                        });
-                    } else {
-                        works = jobs.into_iter().map(|(_, w)| w).collect();
-                    }
-                    for (i, w) in works.iter().enumerate() {
-                        let r = match (&first, results.get(i)) {
-                            (Err(e), _) => Err(e.clone()),
-                            (Ok(()), Some(r)) => r.clone(),
-                            (Ok(()), None) => Ok(()),
-                        };
-                        w.complete(r);
-                    }
-                    if first.is_ok() {
-                        if let Some(Err(e)) = results.into_iter().find(|r| r.is_err()) {
-                            first = Err(e);
-                        }
-                    }
-                    first
-                }),
-                Work::pending(),
-            );
-            if let Err(e) = pushed {
-                works.iter().for_each(|w| w.complete(Err(e.clone())));
-            }
+        let share = Share {
+            deps: items.iter().flat_map(|p| p.deps.iter().cloned()).collect(),
+            works: items.iter().map(|p| p.work.clone()).collect(),
+            // Mismatch detection compares the group's collectives in submission order.
+            calls: items.iter().filter_map(|p| p.call.clone()).collect(),
+            timeout: comm.timeout(),
+        };
+        let job = if items.iter().all(|p| p.fusable) && comm.transport().gpu().is_some() {
+            vendor_group(comm.clone(), items, &share)
+        } else {
+            host_group(comm.clone(), items, &share)
+        };
+        if let Err(e) = comm.push(Vec::new(), job, Work::pending()) {
+            share.works.iter().for_each(|w| w.complete(Err(e.clone())));
         }
     }
     Ok(())
 }
 
-/// Queue one communicator's share of a group on a host path: its collectives (and
-/// device sends and receives, sends first: eager on the GPU transports' staging path)
-/// in submission order, then its host sends and receives as one exchange.
-fn launch_host(
-    comm: CommCore,
-    items: Vec<Pending>,
+/// What one communicator's share of a group waits for and checks first.
+struct Share {
     deps: Vec<Work>,
     works: Vec<Work>,
     calls: Vec<String>,
     timeout: std::time::Duration,
-) {
+}
+
+impl Share {
+    /// The job's start: the members' dependencies, then the mismatch check.
+    fn start(&self) -> impl FnOnce(&CommCore) -> Result<()> + Send + 'static {
+        let (deps, calls, timeout) = (self.deps.clone(), self.calls.clone(), self.timeout);
+        move |c| {
+            super::stream::wait_deps(&deps, timeout).and_then(|_| super::mismatch::check(c, &calls))
+        }
+    }
+}
+
+/// On a GPU transport, a group of native device-buffer calls is one vendor group
+/// (ncclGroupStart/End): sends and receives between peers cannot deadlock.
+fn vendor_group(c: CommCore, items: Vec<Pending>, share: &Share) -> Job {
+    let start = share.start();
+    let jobs: Vec<(Job, Work)> = items.into_iter().map(|p| (p.job, p.work)).collect();
+    Box::new(move || {
+        let mut first = start(&c);
+        let mut results = Vec::new();
+        let mut works = Vec::new();
+        if first.is_ok() {
+            let g = c
+                .transport()
+                .gpu()
+                .ok_or_else(|| Error::Internal("GPU transport vanished".into()))?;
+            let mut jobs = Some(jobs);
+            first = g.group(&mut || {
+                for (job, w) in jobs.take().unwrap_or_default() {
+                    results.push(job());
+                    works.push(w);
+                }
+                Ok(())
+            });
+        } else {
+            works = jobs.into_iter().map(|(_, w)| w).collect();
+        }
+        for (i, w) in works.iter().enumerate() {
+            let r = match (&first, results.get(i)) {
+                (Err(e), _) => Err(e.clone()),
+                (Ok(()), Some(r)) => r.clone(),
+                (Ok(()), None) => Ok(()),
+            };
+            w.complete(r);
+        }
+        if first.is_ok() {
+            if let Some(Err(e)) = results.into_iter().find(|r| r.is_err()) {
+                first = Err(e);
+            }
+        }
+        first
+    })
+}
+
+/// A group on a host path: its collectives (and device sends and receives, sends
+/// first: eager on the GPU transports' staging path) in submission order, then its host
+/// sends and receives as one exchange.
+fn host_group(c: CommCore, items: Vec<Pending>, share: &Share) -> Job {
+    let (start, timeout) = (share.start(), share.timeout);
     let mut ordered: Vec<(Job, Work, bool)> = Vec::new();
     let (mut p2p_ops, mut p2p_works) = (Vec::new(), Vec::new());
     for p in items {
@@ -147,51 +157,40 @@ fn launch_host(
         }
     }
     ordered.sort_by_key(|(_, _, is_send)| !is_send);
-    let c = comm.clone();
-    let pushed = comm.push(
-        Vec::new(),
-        Box::new(move || {
-            let mut first = super::stream::wait_deps(&deps, timeout)
-                .and_then(|_| super::mismatch::check(&c, &calls));
-            for (job, w, _) in ordered {
-                let r = match &first {
-                    Ok(()) => job(),
-                    Err(e) => Err(e.clone()),
-                };
-                if let (Err(e), true) = (&r, first.is_ok()) {
-                    first = Err(e.clone());
-                }
-                w.complete(r);
+    Box::new(move || {
+        let mut first = start(&c);
+        for (job, w, _) in ordered {
+            let r = match &first {
+                Ok(()) => job(),
+                Err(e) => Err(e.clone()),
+            };
+            if let (Err(e), true) = (&r, first.is_ok()) {
+                first = Err(e.clone());
             }
-            if !p2p_ops.is_empty() {
-                let r = match &first {
-                    Ok(()) => c
-                        .still_running()
-                        .and_then(|_| {
-                            super::native::exchange(c.transport().as_ref(), &p2p_ops, timeout)
-                        })
-                        .map_err(|e| {
-                            e.in_collective(|| {
-                                format!("grouped send/recv ({} calls)", p2p_ops.len())
-                            })
-                        }),
-                    Err(e) => Err(e.clone()),
-                };
-                if let (Err(e), true) = (&r, first.is_ok()) {
-                    // As a failed collective: the peers must not wait for this rank.
-                    c.fail(e);
-                    first = Err(e.clone());
-                }
-                let r = c.note(r);
-                p2p_works.iter().for_each(|w| w.complete(r.clone()));
+            w.complete(r);
+        }
+        if !p2p_ops.is_empty() {
+            let r = match &first {
+                Ok(()) => c
+                    .still_running()
+                    .and_then(|_| {
+                        super::native::exchange(c.transport().as_ref(), &p2p_ops, timeout)
+                    })
+                    .map_err(|e| {
+                        e.in_collective(|| format!("grouped send/recv ({} calls)", p2p_ops.len()))
+                    }),
+                Err(e) => Err(e.clone()),
+            };
+            if let (Err(e), true) = (&r, first.is_ok()) {
+                // As a failed collective: the peers must not wait for this rank.
+                c.fail(e);
+                first = Err(e.clone());
             }
-            first
-        }),
-        Work::pending(),
-    );
-    if let Err(e) = pushed {
-        works.iter().for_each(|w| w.complete(Err(e.clone())));
-    }
+            let r = c.note(r);
+            p2p_works.iter().for_each(|w| w.complete(r.clone()));
+        }
+        first
+    })
 }
 
 /// True inside a group on this thread.
