@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""A long collective loop on the mpi transport for scripts/fault-check (not a pytest
-test): one rank is frozen or killed mid-loop and the job must end non-zero within the
+"""A collective loop on the mpi transport (not a pytest test). scripts/capi-test runs it
+short, to completion (results checked, exit 0); scripts/fault-check runs it long while
+one rank is frozen or killed mid-loop and the job must end non-zero within the
 timeout + 15 s with the failed peer named. The StrataError is left uncaught, as in a
 training script: the package's exit hook (strataFinalize) then aborts the MPI job.
 
@@ -35,4 +36,15 @@ for it in range(iters):
         raise SystemExit(f"unknown op {op}")
     if it == 0 and ready:
         open(ready, "w").close()
+# A run that was not interrupted checks its last result and exits 0 (the package's exit
+# hook finalises MPI).
+base = np.arange(count * size) % 7
+if op == "all-gather":
+    want = np.concatenate([(base[:count] + q) for q in range(size)]).astype(np.float32)
+    assert np.array_equal(recv, want), "all-gather result wrong"
+elif op == "reduce-scatter":
+    want = (base[rank * count:(rank + 1) * count] * size + sum(range(size))).astype(np.float32)
+    assert np.array_equal(recv[:count], want), "reduce-scatter result wrong"
 comm.destroy()
+if rank == 0:
+    print(f"mpi_fault_loop: {op} {algo} np={size}: {iters} calls OK")
