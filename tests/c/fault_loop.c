@@ -8,17 +8,22 @@
  *     ALGO: ring | hier | ho-ring | auto (the communicator's default algorithm)
  *
  * With STRATA_FAULT_READY=PATH it creates PATH after its first collective (so the test
- * freezes a rank mid-loop, not mid-start). Built with plain cc: strata initialises MPI. On the first failing call the program
- * does what the docs ask of a C caller: prints the error and strataGetLastError,
- * destroys the communicator (must return) and calls strataFinalize, which after a peer
- * failure aborts the MPI job (MPI_Finalize would wait for the failed peer); it returns 1
- * if strataFinalize ever returned.
+ * freezes a rank mid-loop, not mid-start). Built with plain cc, strata initialises MPI;
+ * built with mpicc -DFAULT_HOST_MPI, the program does (MPI_Init_thread) and finalises
+ * it. On the first failing call the program does what the docs ask of a C caller:
+ * prints the error and strataGetLastError, destroys the communicator (must return) and
+ * calls strataFinalize, which after a peer failure aborts the MPI job whoever
+ * initialised MPI (MPI_Finalize would wait for the failed peer); it returns 1 if
+ * strataFinalize ever returned.
  */
 #include "strata.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef FAULT_HOST_MPI
+#include <mpi.h>
+#endif
 
 static int fail(strataComm_t c, int rank, const char *what, strataResult_t rc) {
   fprintf(stderr, "fault_loop rank %d: %s -> %s: %s\n", rank, what, strataGetErrorString(rc),
@@ -44,6 +49,10 @@ int main(int argc, char **argv) {
     return 2;
   }
   int rank = atoi(er), size = atoi(es);
+#ifdef FAULT_HOST_MPI
+  int provided;
+  MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided);
+#endif
   long iters = atol(argv[4]);
   strataUniqueId id;
   strataResult_t rc = strataGetUniqueId(&id);
@@ -85,6 +94,10 @@ int main(int argc, char **argv) {
   free(recv);
   rc = strataCommDestroy(c);
   if (rc != strataSuccess) return fail(NULL, rank, "strataCommDestroy", rc);
+#ifdef FAULT_HOST_MPI
+  MPI_Finalize();
+#else
   strataFinalize();
+#endif
   return 0;
 }
