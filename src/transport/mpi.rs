@@ -1003,7 +1003,6 @@ mod imp {
                 Error::Remote(m) => m.clone(),
                 e => e.to_string(),
             };
-            note_peer_failure(&why);
             let mut b = self.broken.lock().unwrap_or_else(|e| e.into_inner());
             b.get_or_insert_with(|| {
                 format!("a transfer could not be cancelled after this error: {why}")
