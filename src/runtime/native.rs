@@ -7,10 +7,10 @@
 #![forbid(unsafe_code)]
 
 use super::request::Op;
-use crate::dtype::{reduce_into, DataType};
+use crate::dtype::DataType;
 use crate::error::{Error, Result};
 use crate::memory::Buffer;
-use crate::transport::Transport;
+use crate::transport::{Fold, Transport};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -94,12 +94,14 @@ pub fn run(t: &dyn Transport, op: &Op, dtype: DataType, timeout: Duration) -> Re
             let out = send.read_timeout(timeout)?;
             match reduce {
                 None => t.sendrecv(*dst, &out, *src, &mut recv.write_timeout(timeout)?),
-                Some(op) => {
-                    let mut tmp = vec![0u8; recv.len()];
-                    t.sendrecv(*dst, &out, *src, &mut tmp)?;
-                    reduce_into(&mut recv.write_timeout(timeout)?, &tmp, dtype, op.partial());
-                    Ok(())
-                }
+                Some(op) => t.sendrecv_reduce(
+                    *dst,
+                    &out,
+                    *src,
+                    Fold::Into(&mut recv.write_timeout(timeout)?),
+                    dtype,
+                    op.partial(),
+                ),
             }
         }
         Op::AllGatherCoalesced { .. } | Op::ReduceScatterCoalesced { .. } => {

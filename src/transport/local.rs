@@ -1,19 +1,27 @@
 //! `local`: the ranks of a world are threads of one process (the embedded default and the
-//! test bed). Point-to-point messages are copied into per-pair FIFO mailboxes (eager: a
-//! send never waits for its receiver), every transfer is recorded in the world's
-//! [`Traffic`] counters, and a receive that outlives the timeout or meets an aborted
-//! communicator returns an error instead of hanging. While [`Traffic::start_recording`]
-//! is on, every send (before it can be received) and every completed receive is also
-//! appended to the traffic's event log (the schedule recording of [`crate::sim`]).
+//! test bed). Messages travel through per-pair FIFO mailboxes. A plain [`Transport::send`]
+//! is eager (the bytes are copied into the mailbox, so a send never waits for its
+//! receiver); the steps of collectives ([`Transport::sendrecv`],
+//! [`Transport::sendrecv_reduce`], [`Transport::exchange`]) of [`LEND_MIN`] bytes or more
+//! lend the sender's slice instead ([`crate::memory::loan`]): the receiver copies or
+//! reduces straight from it into its own buffer, so each byte moves once, and the sender
+//! returns when its slice was read. Waits spin for a few microseconds before they park.
+//! Every transfer is recorded in the world's [`Traffic`] counters, and a receive that
+//! outlives the timeout or meets an aborted communicator returns an error instead of
+//! hanging. While [`Traffic::start_recording`] is on, every send (before it can be
+//! received) and every completed receive is also appended to the traffic's event log
+//! (the schedule recording of [`crate::sim`]).
 
 #![forbid(unsafe_code)]
 
-use super::{Transport, TransportKind};
+use super::{Fold, Transport, TransportKind};
+use crate::dtype::{reduce_into, DataType, ReduceOp};
 use crate::error::{Error, Result};
+use crate::memory::loan::{lend, spin_until, Loan, SPIN};
 use crate::topology::Topology;
 use crate::traffic::{EventKind, Traffic};
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -21,10 +29,63 @@ use std::time::{Duration, Instant};
 const ABORTED: &str = "communicator was aborted by one of its ranks (abort, a failed collective, \
                        or a thread that panicked holding it)";
 
+/// `out = op(a, b)`.
+fn reduce_pair(out: &mut [u8], a: &[u8], b: &[u8], dtype: DataType, op: ReduceOp) {
+    out.copy_from_slice(a);
+    reduce_into(out, b, dtype, op);
+}
+
+/// Collective steps of at least this many bytes lend the sender's slice instead of
+/// copying it into the mailbox (below it, the copy is cheaper than waiting for the
+/// receiver to take the loan).
+pub const LEND_MIN: usize = 32 << 10;
+
+enum Msg {
+    /// Bytes copied at send time.
+    Eager(Vec<u8>),
+    /// The sender's slice, lent until the receiver has read it.
+    Lent(Arc<Loan>),
+}
+
+impl Msg {
+    fn len(&self) -> usize {
+        match self {
+            Msg::Eager(v) => v.len(),
+            Msg::Lent(l) => l.len(),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Slots {
+    msgs: VecDeque<Msg>,
+    /// The receiver is parked on the condvar (senders notify only then).
+    parked: bool,
+}
+
 #[derive(Default)]
 struct Mailbox {
-    q: Mutex<VecDeque<Vec<u8>>>,
+    q: Mutex<Slots>,
     cv: Condvar,
+    /// Messages queued (polled without the lock while the receiver spins).
+    queued: AtomicUsize,
+}
+
+impl Mailbox {
+    fn push(&self, m: Msg) -> Result<()> {
+        let mut q = self
+            .q
+            .lock()
+            .map_err(|_| Error::Internal("mailbox poisoned".into()))?;
+        q.msgs.push_back(m);
+        self.queued.fetch_add(1, Ordering::Release);
+        let parked = q.parked;
+        drop(q);
+        if parked {
+            self.cv.notify_one();
+        }
+        Ok(())
+    }
 }
 
 /// One communicator's worth of mailboxes, shared by its member threads.
@@ -104,6 +165,126 @@ impl LocalTransport {
                 timeout,
             })
             .collect()
+    }
+
+    fn mailbox(&self, dst: usize, src: usize) -> &Mailbox {
+        &self.group.boxes[dst * self.group.members.len() + src]
+    }
+
+    fn aborted(&self) -> bool {
+        self.group.aborted.load(Ordering::SeqCst)
+    }
+
+    /// Count a send to `peer` (before it can be received: "received" implies "counted").
+    fn count_send(&self, peer: usize, bytes: usize) {
+        let (me, them) = (self.group.members[self.rank], self.group.members[peer]);
+        self.world.traffic.record(me, them, bytes);
+        self.world
+            .traffic
+            .log(EventKind::Send, self.group.id, me, them, bytes);
+    }
+
+    /// Post `sends` in order (eager below [`LEND_MIN`], lent from it), run `then` (the
+    /// receives), and wait until every peer has read its loan.
+    fn post_then(&self, sends: &[(usize, &[u8])], then: impl FnOnce() -> Result<()>) -> Result<()> {
+        let mut loans = Vec::new();
+        self.lend_rest(sends, &mut loans, then)
+    }
+
+    fn lend_rest(
+        &self,
+        sends: &[(usize, &[u8])],
+        loans: &mut Vec<(usize, Arc<Loan>)>,
+        then: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        let Some(((peer, data), rest)) = sends.split_first() else {
+            then()?;
+            let deadline = Instant::now() + self.timeout;
+            for (peer, loan) in loans.iter() {
+                if !loan.wait_returned(deadline, || self.aborted()) {
+                    if self.aborted() {
+                        return Err(Error::Remote(ABORTED.into()));
+                    }
+                    return Err(Error::Remote(format!(
+                        "rank {} waited {:?} for rank {peer} to take its message: peer dead, stalled or not calling the same collective",
+                        self.rank, self.timeout
+                    )));
+                }
+            }
+            return Ok(());
+        };
+        self.count_send(*peer, data.len());
+        if data.len() < LEND_MIN {
+            self.mailbox(*peer, self.rank)
+                .push(Msg::Eager(data.to_vec()))?;
+            return self.lend_rest(rest, loans, then);
+        }
+        lend(data, |loan| {
+            self.mailbox(*peer, self.rank)
+                .push(Msg::Lent(loan.clone()))?;
+            loans.push((*peer, loan.clone()));
+            self.lend_rest(rest, loans, then)
+        })
+    }
+
+    /// Take the next message from `peer`, which must be `len` bytes, and hand its bytes
+    /// to `f` (which must not block).
+    fn receive(&self, peer: usize, len: usize, f: impl FnOnce(&[u8])) -> Result<()> {
+        let b = self.mailbox(self.rank, peer);
+        spin_until(SPIN, || {
+            b.queued.load(Ordering::Acquire) > 0 || self.aborted()
+        });
+        let deadline = Instant::now() + self.timeout;
+        let mut q =
+            b.q.lock()
+                .map_err(|_| Error::Internal("mailbox poisoned".into()))?;
+        let msg = loop {
+            if let Some(m) = q.msgs.pop_front() {
+                b.queued.fetch_sub(1, Ordering::Release);
+                break m;
+            }
+            if self.aborted() {
+                return Err(Error::Remote(ABORTED.into()));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Error::Remote(format!(
+                    "rank {} waited {:?} for rank {peer}: peer dead, stalled or not calling the same collective",
+                    self.rank, self.timeout
+                )));
+            }
+            q.parked = true;
+            q =
+                b.cv.wait_timeout(q, deadline - now)
+                    .map_err(|_| Error::Internal("mailbox poisoned".into()))?
+                    .0;
+            q.parked = false;
+        };
+        drop(q);
+        if msg.len() != len {
+            return Err(Error::InvalidUsage(format!(
+                "rank {peer} sent {} bytes where rank {} expected {len}: counts or dtypes differ across ranks",
+                msg.len(),
+                self.rank,
+            )));
+        }
+        match msg {
+            Msg::Eager(v) => f(&v),
+            Msg::Lent(loan) => loan.take(f).ok_or_else(|| {
+                Error::Remote(format!(
+                    "rank {peer} withdrew its message to rank {} (it timed out or was aborted)",
+                    self.rank
+                ))
+            })?,
+        }
+        self.world.traffic.log(
+            EventKind::Recv,
+            self.group.id,
+            self.group.members[peer],
+            self.group.members[self.rank],
+            len,
+        );
+        Ok(())
     }
 
     fn check_peer(&self, peer: usize) -> Result<()> {
@@ -224,71 +405,52 @@ impl Transport for LocalTransport {
 
     fn send(&self, peer: usize, data: &[u8]) -> Result<()> {
         self.check_peer(peer)?;
-        let n = self.size();
-        let b = &self.group.boxes[peer * n + self.rank];
-        // Counted before it can be received: "received" implies "counted".
-        self.world.traffic.record(
-            self.group.members[self.rank],
-            self.group.members[peer],
-            data.len(),
-        );
-        self.world.traffic.log(
-            EventKind::Send,
-            self.group.id,
-            self.group.members[self.rank],
-            self.group.members[peer],
-            data.len(),
-        );
-        b.q.lock()
-            .map_err(|_| Error::Internal("mailbox poisoned".into()))?
-            .push_back(data.to_vec());
-        b.cv.notify_one();
-        Ok(())
+        self.count_send(peer, data.len());
+        self.mailbox(peer, self.rank)
+            .push(Msg::Eager(data.to_vec()))
     }
 
     fn recv(&self, peer: usize, data: &mut [u8]) -> Result<()> {
         self.check_peer(peer)?;
-        let n = self.size();
-        let b = &self.group.boxes[self.rank * n + peer];
-        let deadline = Instant::now() + self.timeout;
-        let mut q =
-            b.q.lock()
-                .map_err(|_| Error::Internal("mailbox poisoned".into()))?;
-        loop {
-            if let Some(msg) = q.pop_front() {
-                if msg.len() != data.len() {
-                    return Err(Error::InvalidUsage(format!(
-                        "rank {peer} sent {} bytes where rank {} expected {}: counts or dtypes differ across ranks",
-                        msg.len(),
-                        self.rank,
-                        data.len()
-                    )));
-                }
-                data.copy_from_slice(&msg);
-                self.world.traffic.log(
-                    EventKind::Recv,
-                    self.group.id,
-                    self.group.members[peer],
-                    self.group.members[self.rank],
-                    msg.len(),
-                );
-                return Ok(());
+        self.receive(peer, data.len(), |b| data.copy_from_slice(b))
+    }
+
+    fn sendrecv(&self, dst: usize, send: &[u8], src: usize, recv: &mut [u8]) -> Result<()> {
+        self.check_peer(dst)?;
+        self.check_peer(src)?;
+        self.post_then(&[(dst, send)], || {
+            self.receive(src, recv.len(), |b| recv.copy_from_slice(b))
+        })
+    }
+
+    fn sendrecv_reduce(
+        &self,
+        dst: usize,
+        send: &[u8],
+        src: usize,
+        fold: Fold<'_>,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.check_peer(dst)?;
+        self.check_peer(src)?;
+        self.post_then(&[(dst, send)], || match fold {
+            Fold::Pair { out, local } => {
+                self.receive(src, out.len(), |b| reduce_pair(out, b, local, dtype, op))
             }
-            if self.group.aborted.load(Ordering::SeqCst) {
-                return Err(Error::Remote(ABORTED.into()));
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(Error::Remote(format!(
-                    "rank {} waited {:?} for rank {peer}: peer dead, stalled or not calling the same collective",
-                    self.rank, self.timeout
-                )));
-            }
-            q =
-                b.cv.wait_timeout(q, deadline - now)
-                    .map_err(|_| Error::Internal("mailbox poisoned".into()))?
-                    .0;
+            Fold::Into(acc) => self.receive(src, acc.len(), |b| reduce_into(acc, b, dtype, op)),
+        })
+    }
+
+    fn exchange(&self, sends: &[(usize, &[u8])], recvs: &mut [(usize, &mut [u8])]) -> Result<()> {
+        for p in sends.iter().map(|s| s.0).chain(recvs.iter().map(|r| r.0)) {
+            self.check_peer(p)?;
         }
+        self.post_then(sends, || {
+            recvs.iter_mut().try_for_each(|(peer, data)| {
+                self.receive(*peer, data.len(), |b| data.copy_from_slice(b))
+            })
+        })
     }
 
     fn traffic(&self) -> Option<Arc<Traffic>> {
@@ -374,5 +536,49 @@ mod tests {
         let mut one = [0u8; 1];
         ts[1].recv(0, &mut one).unwrap();
         assert_eq!(one, [5]);
+    }
+
+    #[test]
+    fn lent_steps_move_once_and_fail_cleanly() {
+        let n = LEND_MIN + 3;
+        let big = |v: u8| vec![v; n];
+        // A ring step in both directions at once: each side reads the other's loan.
+        let ts = pair(2_000);
+        std::thread::scope(|s| {
+            for t in &ts[..2] {
+                s.spawn(move || {
+                    let other = 1 - t.rank();
+                    let mut got = vec![0u8; n];
+                    t.sendrecv(other, &big(t.rank() as u8 + 1), other, &mut got)
+                        .unwrap();
+                    assert_eq!(got, big(other as u8 + 1));
+                    let mut acc = big(10);
+                    let fold = Fold::Into(&mut acc);
+                    t.sendrecv_reduce(other, &big(1), other, fold, DataType::U8, ReduceOp::Sum)
+                        .unwrap();
+                    assert_eq!(acc, big(11));
+                });
+            }
+        });
+        // A lent step nobody takes times out, and the late receiver is told the sender
+        // withdrew it; a lent step of the wrong length is a usage error.
+        let ts = pair(100);
+        let mut one = vec![0u8; n];
+        let e = ts[0].sendrecv(1, &big(1), 2, &mut one).unwrap_err();
+        assert!(matches!(e, Error::Remote(_)), "{e}");
+        assert!(ts[1]
+            .recv(0, &mut one)
+            .unwrap_err()
+            .to_string()
+            .contains("withdrew"));
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut short = vec![0u8; n - 1];
+                let e = ts[1].recv(0, &mut short).unwrap_err();
+                assert!(matches!(e, Error::InvalidUsage(_)), "{e}");
+            });
+            let e = ts[0].sendrecv(1, &big(2), 2, &mut one).unwrap_err();
+            assert!(matches!(e, Error::Remote(_)), "{e}");
+        });
     }
 }

@@ -19,7 +19,7 @@
 #![forbid(unsafe_code)]
 
 use super::gpu::{GpuTransport, Scratch};
-use super::{Transport, TransportKind};
+use super::{Fold, Transport, TransportKind};
 use crate::device::{DevStream, Device, Region};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::Error;
@@ -95,6 +95,20 @@ impl Transport for Metered {
     }
     fn sendrecv(&self, dst: usize, send: &[u8], src: usize, recv: &mut [u8]) -> Result<()> {
         self.inner.sendrecv(dst, send, src, recv)?;
+        self.count(dst, send.len());
+        Ok(())
+    }
+    fn sendrecv_reduce(
+        &self,
+        dst: usize,
+        send: &[u8],
+        src: usize,
+        fold: Fold<'_>,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.inner
+            .sendrecv_reduce(dst, send, src, fold, dtype, op)?;
         self.count(dst, send.len());
         Ok(())
     }

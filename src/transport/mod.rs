@@ -20,7 +20,7 @@ pub mod ring;
 #[cfg(any(feature = "cuda", feature = "rocm"))]
 pub mod vendor;
 
-use crate::dtype::{DataType, ReduceOp};
+use crate::dtype::{reduce_into, DataType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::traffic::{Traffic, TrafficMatrix};
 use std::sync::Arc;
@@ -105,6 +105,21 @@ impl std::str::FromStr for TransportKind {
     }
 }
 
+/// Where [`Transport::sendrecv_reduce`] puts the reduction of the bytes it receives.
+/// The operand order is fixed because `Max`/`Min` treat a NaN operand asymmetrically.
+#[derive(Debug)]
+pub enum Fold<'a> {
+    /// `out[i] = op(incoming[i], local[i])`.
+    Pair {
+        /// Where the result goes (the received message's length).
+        out: &'a mut [u8],
+        /// This rank's operand.
+        local: &'a [u8],
+    },
+    /// `acc[i] = op(acc[i], incoming[i])`, in place.
+    Into(&'a mut [u8]),
+}
+
 /// Moves bytes among the `size()` ranks of one communicator. Calls block the calling
 /// (stream) thread; a peer that does not answer within `timeout()` is an
 /// [`Error::Remote`]. Implementations must be usable from several threads, one
@@ -132,6 +147,32 @@ pub trait Transport: Send + Sync {
     fn sendrecv(&self, dst: usize, send: &[u8], src: usize, recv: &mut [u8]) -> Result<()> {
         self.send(dst, send)?;
         self.recv(src, recv)
+    }
+    /// [`Transport::sendrecv`] whose received bytes are reduced (`op`, never `Avg`) as
+    /// `fold` says instead of stored: the ring reduce-scatter's step. Default: receive
+    /// into the output (or scratch), then reduce; a transport that can reduce straight
+    /// from the wire or the peer's memory (`local`) does it in one pass.
+    fn sendrecv_reduce(
+        &self,
+        dst: usize,
+        send: &[u8],
+        src: usize,
+        fold: Fold<'_>,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        match fold {
+            Fold::Pair { out, local } => {
+                self.sendrecv(dst, send, src, out)?;
+                reduce_into(out, local, dtype, op);
+            }
+            Fold::Into(acc) => {
+                let mut tmp = vec![0u8; acc.len()];
+                self.sendrecv(dst, send, src, &mut tmp)?;
+                reduce_into(acc, &tmp, dtype, op);
+            }
+        }
+        Ok(())
     }
     /// Point-to-point transfers in flight together (a group's sends and receives): a
     /// ring or all-to-all exchange of any size cannot deadlock, and messages to one peer

@@ -11,9 +11,10 @@
 
 #![forbid(unsafe_code)]
 
-use super::Transport;
-use crate::dtype::{reduce_into, DataType, ReduceOp};
+use super::{Fold, Transport};
+use crate::dtype::{DataType, ReduceOp};
 use crate::error::Result;
+use std::cell::RefCell;
 use std::ops::Range;
 
 fn prev(r: usize, p: usize) -> usize {
@@ -75,8 +76,72 @@ pub fn all_gather<T: Transport + ?Sized>(t: &T, buf: &mut [u8], chunk: usize) ->
     all_gather_v(t, buf, &ranges)
 }
 
+thread_local! {
+    /// Per-thread scratch of the reduce-scatter's partial sums: kept between calls, so a
+    /// stream thread allocates (and faults in) its scratch once, not per call.
+    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Run `f` on `n` bytes of this thread's scratch (fresh memory when nested).
+fn with_scratch<R>(n: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
+    let mut v = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
+    if v.len() < n {
+        v.resize(n, 0);
+    }
+    let r = f(&mut v[..n]);
+    SCRATCH.with(|s| {
+        let mut s = s.borrow_mut();
+        if s.len() < v.len() {
+            *s = v;
+        }
+    });
+    r
+}
+
+/// The first `p-2` steps of the ring reduce-scatter: step `s` sends the partial of chunk
+/// `r-s-1` (step 0: this rank's own chunk `r-1` of `src`) and receives the partial of
+/// chunk `r-s-2`, reduced with `src`'s into half `s % 2` of `parts` (two halves of the
+/// largest chunk). Returns what the last step sends: `src[ranges[r-1]]` when `p == 2`,
+/// else the last partial, as (half, length).
+fn first_steps<T: Transport + ?Sized>(
+    t: &T,
+    src: &[u8],
+    ranges: &[Range<usize>],
+    parts: &mut [u8],
+    dtype: DataType,
+    op: ReduceOp,
+) -> Result<Option<(usize, usize)>> {
+    let (r, p) = (t.rank(), t.size());
+    let half = parts.len() / 2;
+    let mut last: Option<(usize, usize)> = None;
+    for s in 0..p.saturating_sub(2) {
+        let c = ranges[(r + 2 * p - s - 2) % p].clone();
+        let (even, odd) = parts.split_at_mut(half);
+        let (out, other) = if s % 2 == 0 { (even, odd) } else { (odd, even) };
+        let send: &[u8] = match last {
+            None => &src[ranges[(r + p - 1) % p].clone()],
+            Some((_, len)) => &other[..len],
+        };
+        let fold = Fold::Pair {
+            out: &mut out[..c.len()],
+            local: &src[c.clone()],
+        };
+        t.sendrecv_reduce(next(r, p), send, prev(r, p), fold, dtype, op)?;
+        last = Some((s % 2, c.len()));
+    }
+    Ok(last)
+}
+
+/// Half `h` of `parts`, its first `len` bytes.
+fn part(parts: &[u8], (h, len): (usize, usize)) -> &[u8] {
+    let half = parts.len() / 2;
+    &parts[h * half..h * half + len]
+}
+
 /// Ring reduce-scatter over variable chunks: `out` gets the reduction of everyone's
-/// `src[ranges[rank]]`. `Avg` sums (the caller divides).
+/// `src[ranges[rank]]`. `Avg` sums (the caller divides). Each step reduces what it
+/// receives with this rank's chunk straight into the next partial (one pass on the
+/// `local` transport: [`Transport::sendrecv_reduce`]); the last step writes `out`.
 pub fn reduce_scatter_v<T: Transport + ?Sized>(
     t: &T,
     src: &[u8],
@@ -91,19 +156,23 @@ pub fn reduce_scatter_v<T: Transport + ?Sized>(
         out.copy_from_slice(&src[ranges[0].clone()]);
         return Ok(());
     }
-    // Step s sends the partial of chunk (r-s-1) and receives chunk (r-s-2) from prev.
-    let mut acc: Vec<u8> = src[ranges[(r + p - 1) % p].clone()].to_vec();
-    let mut tmp = Vec::new();
-    for s in 0..p - 1 {
-        let c = (r + 2 * p - s - 2) % p;
-        tmp.clear();
-        tmp.resize(ranges[c].len(), 0);
-        t.sendrecv(next(r, p), &acc, prev(r, p), &mut tmp)?;
-        reduce_into(&mut tmp, &src[ranges[c].clone()], dtype, op);
-        std::mem::swap(&mut acc, &mut tmp);
-    }
-    out.copy_from_slice(&acc);
-    Ok(())
+    let big = if p > 2 { max_len(ranges) } else { 0 };
+    with_scratch(2 * big, |parts| {
+        let last = first_steps(t, src, ranges, parts, dtype, op)?;
+        let send = match last {
+            None => &src[ranges[(r + p - 1) % p].clone()],
+            Some(l) => part(parts, l),
+        };
+        let fold = Fold::Pair {
+            out,
+            local: &src[ranges[r].clone()],
+        };
+        t.sendrecv_reduce(next(r, p), send, prev(r, p), fold, dtype, op)
+    })
+}
+
+fn max_len(ranges: &[Range<usize>]) -> usize {
+    ranges.iter().map(|c| c.len()).max().unwrap_or(0)
 }
 
 /// Ring reduce-scatter over equal chunks of `recv.len()` bytes.
@@ -119,21 +188,40 @@ pub fn reduce_scatter<T: Transport + ?Sized>(
     reduce_scatter_v(t, send, &ranges, recv, dtype, op)
 }
 
-/// Ring all-reduce in place: reduce-scatter then all-gather over near-equal element chunks.
+/// Ring all-reduce in place: reduce-scatter then all-gather over near-equal element
+/// chunks, with no copy of the input: the last reduce-scatter step folds into this
+/// rank's own chunk of `buf` (`acc = op(acc, incoming)`).
 pub fn all_reduce<T: Transport + ?Sized>(
     t: &T,
     buf: &mut [u8],
     dtype: DataType,
     op: ReduceOp,
 ) -> Result<()> {
-    let p = t.size();
+    let (r, p) = (t.rank(), t.size());
     if p == 1 {
         return Ok(());
     }
+    let op = op.partial();
     let ranges = even_ranges(buf.len() / dtype.size(), p, dtype.size());
-    let src = buf.to_vec();
-    let mine = ranges[t.rank()].clone();
-    reduce_scatter_v(t, &src, &ranges, &mut buf[mine], dtype, op)?;
+    let big = if p > 2 { max_len(&ranges) } else { 0 };
+    with_scratch(2 * big, |parts| -> Result<()> {
+        let last = first_steps(t, buf, &ranges, parts, dtype, op)?;
+        let mine = ranges[r].clone();
+        match last {
+            None => {
+                let (send, acc) = split_pair(buf, &ranges[(r + p - 1) % p], &mine);
+                t.sendrecv_reduce(next(r, p), send, prev(r, p), Fold::Into(acc), dtype, op)
+            }
+            Some(l) => t.sendrecv_reduce(
+                next(r, p),
+                part(parts, l),
+                prev(r, p),
+                Fold::Into(&mut buf[mine]),
+                dtype,
+                op,
+            ),
+        }
+    })?;
     all_gather_v(t, buf, &ranges)
 }
 

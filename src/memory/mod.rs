@@ -15,8 +15,13 @@
 //! `write_bytes` work on both (device: a synchronous copy), so checks and tests read
 //! device results the same way.
 //!
-//! This module holds the only `unsafe` outside FFI and the C ABI: the borrow table is
-//! what makes the raw slices and addresses it hands out sound.
+//! [`loan`] lends a borrowed slice to another thread for one blocking call (the
+//! zero-copy hand-off of the `local` transport).
+//!
+//! This module holds the only `unsafe` outside FFI and the C ABI: the borrow table and
+//! the loans are what make the raw slices and addresses they hand out sound.
+
+pub mod loan;
 
 use crate::device::{DevAddr, Device, DeviceMem};
 use crate::dtype::{DataType, Element};
