@@ -1,21 +1,32 @@
-//! The stream of a communicator: one thread that runs its work in submission order, as a
-//! CUDA stream runs kernels. Submitting returns a [`Work`] at once; work may wait for
-//! [`Work`] of other communicators first (cross-communicator dependencies).
+//! The stream of a communicator: work runs in submission order, one piece at a time, as
+//! a CUDA stream runs kernels. Submitting returns a [`Work`] at once; work may wait for
+//! [`Work`] of other communicators first (cross-communicator dependencies). The
+//! stream's own thread runs what nobody waits for; a thread waiting for the next piece
+//! while nothing runs runs it itself. Both spin for a few microseconds before parking.
 
 use crate::error::{Error, Result};
-use std::sync::mpsc::{channel, Sender};
-use std::sync::{Arc, Condvar, Mutex};
-use std::thread::JoinHandle;
+use crate::memory::loan::{spin_until, SPIN};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::thread::{JoinHandle, ThreadId};
 use std::time::{Duration, Instant};
 
 #[derive(Default)]
 struct WorkState {
     done: Mutex<Option<Result<()>>>,
     cv: Condvar,
+    /// Set (after `done`) once the outcome is in, polled without the lock.
+    finished: AtomicBool,
+    /// The stream the work is queued on, so a waiter can run it itself.
+    origin: Mutex<Option<Weak<Shared>>>,
 }
 
 /// Completion handle of a submitted collective (a future on host transports, an event
-/// on GPUs). Cheap to clone; every clone sees the same outcome.
+/// on GPUs). Cheap to clone; every clone sees the same outcome. Waiting on work that
+/// is next in its communicator's stream, with nothing running there, runs it on the
+/// waiting thread (the order is the stream's either way), so a blocking call pays no
+/// hand-off to the stream thread and back.
 #[derive(Clone, Default)]
 pub struct Work(Arc<WorkState>);
 
@@ -44,17 +55,20 @@ impl Work {
         if d.is_none() {
             *d = Some(r);
         }
+        self.0.finished.store(true, Ordering::Release);
+        drop(d);
         self.0.cv.notify_all();
     }
 
     /// True once the work finished (successfully or not).
     pub fn is_done(&self) -> bool {
-        self.0.done.lock().map(|d| d.is_some()).unwrap_or(true)
+        self.0.finished.load(Ordering::Acquire)
     }
 
-    /// Wait for the work; its error if it failed.
+    /// Wait for the work; its error if it failed. Runs the work on this thread when it
+    /// is next on its stream and nothing runs there.
     pub fn wait(&self) -> Result<()> {
-        self.wait_timeout(Duration::MAX).and_then(|done| {
+        self.wait_helping(Duration::MAX).and_then(|done| {
             if done {
                 Ok(())
             } else {
@@ -63,9 +77,25 @@ impl Work {
         })
     }
 
+    /// [`Work::wait_timeout`] that first runs the work on this thread when it is next
+    /// on its stream and nothing runs there (which may take longer than `t`: the work
+    /// has its own timeouts).
+    pub(crate) fn wait_helping(&self, t: Duration) -> Result<bool> {
+        if !self.is_done() {
+            let origin = self.0.origin.lock().ok().and_then(|o| o.clone());
+            if let Some(stream) = origin.and_then(|w| w.upgrade()) {
+                stream.run_if_next(self);
+            }
+        }
+        self.wait_timeout(t)
+    }
+
     /// Wait up to `t`: `Ok(true)` done, `Ok(false)` still running, `Err` it failed.
     pub fn wait_timeout(&self, t: Duration) -> Result<bool> {
         let deadline = Instant::now().checked_add(t);
+        if !self.is_done() {
+            spin_until(SPIN.min(t), || self.is_done());
+        }
         let mut d = self
             .0
             .done
@@ -103,9 +133,101 @@ struct Task {
     work: Work,
 }
 
-/// A worker thread running tasks in order.
+#[derive(Default)]
+struct Queue {
+    tasks: VecDeque<Task>,
+    /// The thread running a task of this stream now (its own thread or a waiter).
+    busy: Option<ThreadId>,
+    /// Accepting work.
+    open: bool,
+    /// The stream thread is parked on the condvar.
+    parked: bool,
+}
+
+/// What the stream thread and the waiters that run its work share.
+struct Shared {
+    q: Mutex<Queue>,
+    cv: Condvar,
+    /// Tasks queued (polled without the lock while the stream thread spins).
+    queued: AtomicUsize,
+    dep_timeout: Duration,
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
+        self.q.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Run `t` on this thread (which `busy` names), then free the stream.
+    fn run(&self, t: Task) {
+        /// Frees the stream on every exit, unwinding included.
+        struct Free<'a>(&'a Shared);
+        impl Drop for Free<'_> {
+            fn drop(&mut self) {
+                let mut q = self.0.lock();
+                q.busy = None;
+                let wake = q.parked && !q.tasks.is_empty();
+                drop(q);
+                if wake {
+                    self.0.cv.notify_all();
+                }
+            }
+        }
+        let _free = Free(self);
+        let r = wait_deps(&t.deps, self.dep_timeout).and_then(|_| {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(t.job))
+                .unwrap_or_else(|_| Err(Error::Internal("panic inside a collective".into())))
+        });
+        t.work.complete(r);
+    }
+
+    /// A waiter of `w`: run it here if it is next and nothing runs.
+    fn run_if_next(&self, w: &Work) {
+        let mut q = self.lock();
+        let next = q.busy.is_none()
+            && q.tasks
+                .front()
+                .is_some_and(|t| Arc::ptr_eq(&t.work.0, &w.0));
+        if !next {
+            return;
+        }
+        let t = q.tasks.pop_front().expect("front task");
+        self.queued.fetch_sub(1, Ordering::Release);
+        q.busy = Some(std::thread::current().id());
+        drop(q);
+        self.run(t);
+    }
+
+    /// The stream thread: run tasks in order until closed and drained.
+    fn serve(&self) {
+        let me = std::thread::current().id();
+        loop {
+            spin_until(SPIN, || self.queued.load(Ordering::Acquire) > 0);
+            let mut q = self.lock();
+            let t = loop {
+                if q.busy.is_none() {
+                    if let Some(t) = q.tasks.pop_front() {
+                        self.queued.fetch_sub(1, Ordering::Release);
+                        q.busy = Some(me);
+                        break t;
+                    }
+                    if !q.open {
+                        return;
+                    }
+                }
+                q.parked = true;
+                q = self.cv.wait(q).unwrap_or_else(|e| e.into_inner());
+                q.parked = false;
+            };
+            drop(q);
+            self.run(t);
+        }
+    }
+}
+
+/// A worker thread running tasks in order (or letting a waiter run the next one).
 pub(crate) struct Stream {
-    tx: Mutex<Option<Sender<Task>>>,
+    shared: Arc<Shared>,
     thread: Mutex<Option<JoinHandle<()>>>,
     dep_timeout: Duration,
 }
@@ -113,23 +235,22 @@ pub(crate) struct Stream {
 impl Stream {
     /// Start a stream named `name`; dependencies not done within `dep_timeout` fail the task.
     pub(crate) fn new(name: String, dep_timeout: Duration) -> Result<Stream> {
-        let (tx, rx) = channel::<Task>();
+        let shared = Arc::new(Shared {
+            q: Mutex::new(Queue {
+                open: true,
+                ..Queue::default()
+            }),
+            cv: Condvar::new(),
+            queued: AtomicUsize::new(0),
+            dep_timeout,
+        });
+        let s2 = shared.clone();
         let thread = std::thread::Builder::new()
             .name(name)
-            .spawn(move || {
-                while let Ok(t) = rx.recv() {
-                    let r = wait_deps(&t.deps, dep_timeout).and_then(|_| {
-                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(t.job))
-                            .unwrap_or_else(|_| {
-                                Err(Error::Internal("panic inside a collective".into()))
-                            })
-                    });
-                    t.work.complete(r);
-                }
-            })
+            .spawn(move || s2.serve())
             .map_err(|e| Error::System(format!("cannot start stream thread: {e}")))?;
         Ok(Stream {
-            tx: Mutex::new(Some(tx)),
+            shared,
             thread: Mutex::new(Some(thread)),
             dep_timeout,
         })
@@ -138,20 +259,24 @@ impl Stream {
     /// Queue `job` after `deps`; `work` completes with its outcome.
     /// On a stopped stream `work` fails and so does the call.
     pub(crate) fn push(&self, deps: Vec<Work>, job: Job, work: Work) -> Result<()> {
-        let tx = self.tx.lock().ok().and_then(|t| t.clone());
-        let err = match tx {
-            Some(tx) => match tx.send(Task { deps, job, work }) {
-                Ok(()) => return Ok(()),
-                Err(e) => {
-                    let e2 = Error::InvalidUsage("communicator stream has stopped".into());
-                    e.0.work.complete(Err(e2.clone()));
-                    return Err(e2);
-                }
-            },
-            None => Error::InvalidUsage("communicator was destroyed".into()),
-        };
-        work.complete(Err(err.clone()));
-        Err(err)
+        let mut q = self.shared.lock();
+        if !q.open {
+            drop(q);
+            let e = Error::InvalidUsage("communicator was destroyed".into());
+            work.complete(Err(e.clone()));
+            return Err(e);
+        }
+        if let Ok(mut o) = work.0.origin.lock() {
+            *o = Some(Arc::downgrade(&self.shared));
+        }
+        q.tasks.push_back(Task { deps, job, work });
+        self.shared.queued.fetch_add(1, Ordering::Release);
+        let wake = q.parked;
+        drop(q);
+        if wake {
+            self.shared.cv.notify_all();
+        }
+        Ok(())
     }
 
     /// Block until everything queued so far has run; the first error among them is lost
@@ -167,23 +292,19 @@ impl Stream {
         }
     }
 
-    /// True when called from this stream's own thread (inside running work).
+    /// True when called from the thread running this stream's current work (its own
+    /// thread, or a waiter running the work it waits for).
     pub(crate) fn is_current(&self) -> bool {
-        self.thread
-            .lock()
-            .ok()
-            .and_then(|t| {
-                t.as_ref()
-                    .map(|h| h.thread().id() == std::thread::current().id())
-            })
-            .unwrap_or(false)
+        self.shared.lock().busy == Some(std::thread::current().id())
     }
 
     /// Stop accepting work and join the thread after it drains.
     pub(crate) fn shutdown(&self) {
-        if let Ok(mut tx) = self.tx.lock() {
-            tx.take();
+        {
+            let mut q = self.shared.lock();
+            q.open = false;
         }
+        self.shared.cv.notify_all();
         if let Some(h) = self.thread.lock().ok().and_then(|mut t| t.take()) {
             if h.thread().id() != std::thread::current().id() {
                 let _ = h.join();
@@ -194,7 +315,7 @@ impl Stream {
 
 pub(crate) fn wait_deps(deps: &[Work], t: Duration) -> Result<()> {
     for d in deps {
-        match d.wait_timeout(t) {
+        match d.wait_helping(t) {
             Ok(true) => {}
             Ok(false) => {
                 return Err(Error::Remote(format!(

@@ -245,22 +245,34 @@ pub fn all_to_all<T: Transport + ?Sized>(t: &T, send: &[u8], recv: &mut [u8]) ->
 /// Pieces a broadcast is pipelined in along the chain.
 const BCAST_PIECE: usize = 1 << 20;
 
-/// Chain broadcast from `root` in rank order, pipelined in 1 MiB pieces.
+/// Chain broadcast from `root` in rank order, pipelined in 1 MiB pieces: a middle rank
+/// forwards piece `k` while it receives piece `k+1` (one [`Transport::exchange`]), so on
+/// `local` each piece is copied once per hop.
 pub fn broadcast<T: Transport + ?Sized>(t: &T, buf: &mut [u8], root: usize) -> Result<()> {
     let (r, p) = (t.rank(), t.size());
     let pos = (r + p - root) % p;
-    let mut off = 0;
-    loop {
-        let end = (off + BCAST_PIECE).min(buf.len());
-        if pos > 0 {
-            t.recv(prev(r, p), &mut buf[off..end])?;
-        }
-        if pos + 1 < p {
-            t.send(next(r, p), &buf[off..end])?;
-        }
-        off = end;
-        if off >= buf.len() {
-            return Ok(());
+    let (first, last) = (pos == 0, pos + 1 == p);
+    let pieces: Vec<Range<usize>> = (0..buf.len().div_ceil(BCAST_PIECE).max(1))
+        .map(|k| k * BCAST_PIECE..((k + 1) * BCAST_PIECE).min(buf.len()))
+        .collect();
+    if p == 1 {
+        return Ok(());
+    }
+    if !first {
+        t.recv(prev(r, p), &mut buf[pieces[0].clone()])?;
+    }
+    for k in 0..pieces.len() {
+        let more = k + 1 < pieces.len();
+        match (first || !more, last) {
+            // The root sends, the last rank receives; nothing to overlap.
+            (_, true) if more => t.recv(prev(r, p), &mut buf[pieces[k + 1].clone()])?,
+            (_, true) => {}
+            (true, false) => t.exchange(&[(next(r, p), &buf[pieces[k].clone()])], &mut [])?,
+            (false, false) => {
+                let (out, inc) = split_pair(buf, &pieces[k], &pieces[k + 1]);
+                t.exchange(&[(next(r, p), out)], &mut [(prev(r, p), inc)])?;
+            }
         }
     }
+    Ok(())
 }
