@@ -249,7 +249,11 @@ fn setup(w: &Comm, rng: &mut ChaCha8Rng) -> Result<(Vec<Slot>, Vec<Grid>)> {
             .clone()
             .ok_or_else(|| Error::Internal("node".into()))?;
         let nr = nc.rank();
-        comms.push(("node-parity", nc.split(Some((nr % 2) as u32), nr as i32)?));
+        // Only on even nodes: parity halves of an odd node differ in size, and every
+        // slot needs one size on all its members.
+        if nc.size() % 2 == 0 {
+            comms.push(("node-parity", nc.split(Some((nr % 2) as u32), nr as i32)?));
+        }
     }
     let mut grids = Vec::new();
     if let (Some(n), Some(rl)) = (node, rail) {
