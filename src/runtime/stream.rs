@@ -18,6 +18,8 @@ struct WorkState {
     cv: Condvar,
     /// Set (after `done`) once the outcome is in, polled without the lock.
     finished: AtomicBool,
+    /// Waiters parked on `cv` (changed under `done`'s lock; `complete` notifies only then).
+    parked: AtomicUsize,
     /// The stream the work is queued on, so a waiter can run it itself.
     origin: Mutex<Option<Weak<Shared>>>,
 }
@@ -56,8 +58,11 @@ impl Work {
             *d = Some(r);
         }
         self.0.finished.store(true, Ordering::Release);
+        let parked = self.0.parked.load(Ordering::Relaxed) > 0;
         drop(d);
-        self.0.cv.notify_all();
+        if parked {
+            self.0.cv.notify_all();
+        }
     }
 
     /// True once the work finished (successfully or not).
@@ -115,10 +120,10 @@ impl Work {
                 }
                 None => Duration::from_secs(3600),
             };
-            d = self
-                .0
-                .cv
-                .wait_timeout(d, left)
+            self.0.parked.fetch_add(1, Ordering::Relaxed);
+            let r = self.0.cv.wait_timeout(d, left);
+            self.0.parked.fetch_sub(1, Ordering::Relaxed);
+            d = r
                 .map_err(|_| Error::Internal("work lock poisoned".into()))?
                 .0;
         }
