@@ -54,9 +54,8 @@ pub fn run(t: &dyn Transport, op: &Op, dtype: DataType, timeout: Duration) -> Re
         Op::ReduceScatter { send, recv, op, .. } => {
             if in_place {
                 // In place: the input is the whole buffer, the output one chunk of it.
-                let src = send.to_bytes()?;
-                let mut out = recv.write_timeout(timeout)?;
-                t.reduce_scatter(&src, &mut out, dtype, *op)
+                let c = recv.len();
+                t.reduce_scatter_in_place(&mut send.write_timeout(timeout)?, c, dtype, *op)
             } else {
                 let src = send.read_timeout(timeout)?;
                 let mut out = recv.write_timeout(timeout)?;

@@ -236,6 +236,26 @@ pub trait Transport: Send + Sync {
             None => ring::reduce_scatter(self, send, recv, dtype, op),
         }
     }
+    /// Native reduce-scatter in place: `buf` holds `size()` chunks of `chunk` bytes and
+    /// chunk `rank()` gets the reduction of everyone's (with `Avg`: the sum); the other
+    /// chunks are left as they were. Default: the ring folding into the own chunk on
+    /// host transports; GPU transports copy the input aside and run the out-of-place call.
+    fn reduce_scatter_in_place(
+        &self,
+        buf: &mut [u8],
+        chunk: usize,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        match self.gpu() {
+            Some(_) => {
+                let src = buf.to_vec();
+                let r = self.rank();
+                self.reduce_scatter(&src, &mut buf[r * chunk..(r + 1) * chunk], dtype, op)
+            }
+            None => ring::reduce_scatter_in_place(self, buf, chunk, dtype, op),
+        }
+    }
     /// Native all-reduce in place (with `Avg`: the sum; the caller divides).
     fn all_reduce(&self, buf: &mut [u8], dtype: DataType, op: ReduceOp) -> Result<()> {
         match self.gpu() {

@@ -188,12 +188,13 @@ pub fn reduce_scatter<T: Transport + ?Sized>(
     reduce_scatter_v(t, send, &ranges, recv, dtype, op)
 }
 
-/// Ring all-reduce in place: reduce-scatter then all-gather over near-equal element
-/// chunks, with no copy of the input: the last reduce-scatter step folds into this
-/// rank's own chunk of `buf` (`acc = op(acc, incoming)`).
-pub fn all_reduce<T: Transport + ?Sized>(
+/// Ring reduce-scatter in place: chunk `ranges[rank]` of `buf` gets the reduction of
+/// everyone's; the other chunks are read, never written. The last step folds into this
+/// rank's own chunk (`acc = op(acc, incoming)`), so nothing is copied. `Avg` sums.
+pub fn reduce_scatter_in_place_v<T: Transport + ?Sized>(
     t: &T,
     buf: &mut [u8],
+    ranges: &[Range<usize>],
     dtype: DataType,
     op: ReduceOp,
 ) -> Result<()> {
@@ -202,10 +203,9 @@ pub fn all_reduce<T: Transport + ?Sized>(
         return Ok(());
     }
     let op = op.partial();
-    let ranges = even_ranges(buf.len() / dtype.size(), p, dtype.size());
-    let big = if p > 2 { max_len(&ranges) } else { 0 };
-    with_scratch(2 * big, |parts| -> Result<()> {
-        let last = first_steps(t, buf, &ranges, parts, dtype, op)?;
+    let big = if p > 2 { max_len(ranges) } else { 0 };
+    with_scratch(2 * big, |parts| {
+        let last = first_steps(t, buf, ranges, parts, dtype, op)?;
         let mine = ranges[r].clone();
         match last {
             None => {
@@ -221,7 +221,34 @@ pub fn all_reduce<T: Transport + ?Sized>(
                 op,
             ),
         }
-    })?;
+    })
+}
+
+/// [`reduce_scatter_in_place_v`] over equal chunks of `chunk` bytes.
+pub fn reduce_scatter_in_place<T: Transport + ?Sized>(
+    t: &T,
+    buf: &mut [u8],
+    chunk: usize,
+    dtype: DataType,
+    op: ReduceOp,
+) -> Result<()> {
+    let ranges: Vec<_> = (0..t.size()).map(|i| i * chunk..(i + 1) * chunk).collect();
+    reduce_scatter_in_place_v(t, buf, &ranges, dtype, op)
+}
+
+/// Ring all-reduce in place: reduce-scatter in place, then all-gather, over near-equal
+/// element chunks, with no copy of the input.
+pub fn all_reduce<T: Transport + ?Sized>(
+    t: &T,
+    buf: &mut [u8],
+    dtype: DataType,
+    op: ReduceOp,
+) -> Result<()> {
+    if t.size() == 1 {
+        return Ok(());
+    }
+    let ranges = even_ranges(buf.len() / dtype.size(), t.size(), dtype.size());
+    reduce_scatter_in_place_v(t, buf, &ranges, dtype, op)?;
     all_gather_v(t, buf, &ranges)
 }
 
