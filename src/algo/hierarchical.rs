@@ -48,8 +48,20 @@ impl Algorithm for Hier {
     }
 }
 
+/// True when a level-structured algorithm can run a call of shape `s` (what
+/// [`levels_unsupported`] says, without making the message: `auto` asks on every call).
+pub(crate) fn levels_apply(s: &Shape) -> bool {
+    matches!(
+        s.kind,
+        Some(Kind::AllGather | Kind::ReduceScatter | Kind::AllReduce)
+    ) && s.hierarchy.is_some_and(|h| h.levels.len() >= 2)
+}
+
 /// Why a level-structured algorithm (`hier`, `ho-ring`) cannot run a call of shape `s`.
 pub(crate) fn levels_unsupported(s: &Shape, what: &str) -> Option<String> {
+    if levels_apply(s) {
+        return None;
+    }
     if !matches!(
         s.kind,
         Some(Kind::AllGather | Kind::ReduceScatter | Kind::AllReduce)

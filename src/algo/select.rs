@@ -29,6 +29,7 @@ use crate::dtype::{DataType, ReduceOp};
 use crate::kinds::Kind;
 use crate::runtime::{CommCore, Op, Request};
 use crate::topology::{Hierarchy, LinkClass, Topology};
+use std::borrow::Cow;
 
 static NATIVE: Native = Native;
 static HIER: Hier = Hier;
@@ -107,8 +108,9 @@ pub struct Choice {
     pub requested: Algo,
     /// Why the requested algorithm could not run, when it fell back to `ring`.
     pub fallback: Option<String>,
-    /// One line on why (the estimates, for `auto`).
-    pub reason: String,
+    /// One line on why (the estimates, for `auto`; static where it can be, since every
+    /// call makes one).
+    pub reason: Cow<'static, str>,
 }
 
 /// The registered algorithm of a name (`Auto` has none: it is resolved by [`select`]).
@@ -125,31 +127,31 @@ pub fn algorithm(a: Algo) -> &'static dyn Algorithm {
 
 /// THE selection rule: `wanted` (a name, or `Auto`) for a call of shape `s`.
 pub fn select(wanted: Algo, s: &Shape) -> Choice {
-    let choice = |algo, fallback, reason| Choice {
+    let choice = |algo, fallback, reason: Cow<'static, str>| Choice {
         algo,
         requested: wanted,
         fallback,
         reason,
     };
     match wanted {
-        Algo::Ring => return choice(Algo::Ring, None, "ring requested".into()),
+        Algo::Ring => return choice(Algo::Ring, None, Cow::Borrowed("ring requested")),
         Algo::Auto => {}
         named => {
             return match algorithm(named).unsupported(s) {
-                None => choice(named, None, format!("{named} requested")),
+                None => choice(named, None, format!("{named} requested").into()),
                 Some(why) => choice(
                     Algo::Ring,
                     Some(why.clone()),
-                    format!("{named} not applicable ({why}); native fallback"),
+                    format!("{named} not applicable ({why}); native fallback").into(),
                 ),
             }
         }
     }
-    if HIER.unsupported(s).is_some() {
+    if !super::hierarchical::levels_apply(s) {
         return choice(
             Algo::Ring,
             None,
-            "auto: hierarchical algorithms not applicable".into(),
+            Cow::Borrowed("auto: hierarchical algorithms not applicable"),
         );
     }
     let (ring, hier, ho) = estimates(s);
@@ -158,7 +160,7 @@ pub fn select(wanted: Algo, s: &Shape) -> Choice {
         Algo::Hier => format!("auto: hier {hier:.1}us < ring {ring:.1}us"),
         _ => format!("auto: ring {ring:.1}us <= hier {hier:.1}us"),
     };
-    choice(auto_pick((ring, hier, ho)), None, reason)
+    choice(auto_pick((ring, hier, ho)), None, reason.into())
 }
 
 /// [`select`] for a checked request on `core`: the request's hint, else the

@@ -303,27 +303,32 @@ impl CommCore {
     /// [`CommCore::enqueue`] of several ops as one stream task (one vendor group on a
     /// GPU transport when every op is on device buffers), completing when all have run.
     pub fn enqueue_batch(&self, ops: Vec<Op>, dtype: DataType, deps: Vec<Work>) -> Work {
+        if self.on_stream() {
+            let r =
+                stream::wait_deps(&deps, self.timeout()).and_then(|_| self.run_ops(&ops, dtype));
+            return Work::ready(r);
+        }
         let work = Work::pending();
         let core = self.clone();
-        let job: Job = Box::new(move || {
-            let r = core
-                .still_running()
-                .and_then(|_| core.run_native(&ops, dtype));
-            if let Err(e) = &r {
-                // As a failed NCCL call leaves its communicator unusable: abort it, so
-                // everything queued on it, and everything that depends on that, fails at
-                // once instead of each waiting out its own timeout.
-                core.fail(e);
-            }
-            r
-        });
-        if self.on_stream() {
-            let r = stream::wait_deps(&deps, self.timeout()).and_then(|_| job());
-            work.complete(r);
-        } else if let Err(e) = self.push(deps, job, work.clone()) {
+        let job: Job = Box::new(move || core.run_ops(&ops, dtype));
+        if let Err(e) = self.push(deps, job, work.clone()) {
             work.complete(Err(e));
         }
         work
+    }
+
+    /// The body of an enqueued batch: run it unless the communicator was aborted, and
+    /// abort it when it fails (as a failed NCCL call leaves its communicator unusable),
+    /// so everything queued on it, and everything that depends on that, fails at once
+    /// instead of each waiting out its own timeout.
+    fn run_ops(&self, ops: &[Op], dtype: DataType) -> Result<()> {
+        let r = self
+            .still_running()
+            .and_then(|_| self.run_native(ops, dtype));
+        if let Err(e) = &r {
+            self.fail(e);
+        }
+        r
     }
 
     /// Execute native ops on this thread (the stream's): one vendor group when they are

@@ -121,27 +121,30 @@ fn copy(src: &Buffer, dst: &Buffer, timeout: Duration) -> Result<()> {
 /// `Some(device)` when the op's buffers are device memory, `None` for host memory;
 /// buffers of both kinds, or of two devices, in one op are an `InvalidArgument`.
 fn placement(op: &Op) -> Result<Option<Arc<dyn crate::device::Device>>> {
-    let mut bufs: Vec<&Buffer> = Vec::new();
-    op.for_each_buffer(&mut |b| bufs.push(b));
     let mut dev: Option<&Arc<dyn crate::device::Device>> = None;
     let mut host = false;
-    for b in bufs.into_iter().filter(|b| !b.is_empty()) {
+    let mut two: Option<(usize, usize)> = None;
+    op.for_each_buffer(&mut |b| {
+        if b.is_empty() {
+            return;
+        }
         match b.device() {
             None => host = true,
             Some(d) => {
                 if let Some(e) = dev {
                     if !Arc::ptr_eq(e, d) && e.ordinal() != d.ordinal() {
-                        return Err(Error::InvalidArgument(format!(
-                            "{}: buffers on two devices ({} and {})",
-                            op.name(),
-                            e.ordinal(),
-                            d.ordinal()
-                        )));
+                        two.get_or_insert((e.ordinal(), d.ordinal()));
                     }
                 }
                 dev = Some(d);
             }
         }
+    });
+    if let Some((a, b)) = two {
+        return Err(Error::InvalidArgument(format!(
+            "{}: buffers on two devices ({a} and {b})",
+            op.name()
+        )));
     }
     if host && dev.is_some() {
         return Err(Error::InvalidArgument(format!(

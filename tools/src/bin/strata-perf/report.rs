@@ -371,7 +371,7 @@ impl<'a> Reporter<'a> {
             req = req.with_quant(q);
         }
         let c = self.comm0.choose(&req);
-        (c.algo, c.reason)
+        (c.algo, c.reason.into_owned())
     }
 
     /// Rank 0's view of row `i`: the max time, the summed wrong counts and the combined
