@@ -713,7 +713,15 @@ mod tests {
                     0, 0x8000, 0x3C00, 0x3F80, 0xBF80, 0x7C00, 0xFC00, 0x7F80, 0xFF80, 0x7E00,
                     0x7C01, 0x7F81, 0xFFC1, 0x7BFF, 0x0001, 0x7F7F,
                 ];
-                let step = if cfg!(miri) { 97 } else { 1 };
+                // Every pattern in optimized builds; every 4th unoptimized (as `x`; all
+                // specials still meet every `x` as `y`, in both orders).
+                let step = if cfg!(miri) {
+                    97
+                } else if cfg!(debug_assertions) {
+                    4
+                } else {
+                    1
+                };
                 for x in (0..=u16::MAX).step_by(step) {
                     for y in sp
                         .iter()
@@ -860,7 +868,7 @@ mod tests {
     fn finish_avg_matches_scalar_reference() {
         for dt in DataType::ALL {
             let (a, _) = operands(dt);
-            for n in [1, 2, 3, 7, 8, 1000, 4111, 1 << 20] {
+            for n in [1, 3, 8, 4111, 1 << 20] {
                 let mut want = a.clone();
                 scalar_avg(&mut want, dt, n);
                 let mut got = a.clone();
