@@ -419,8 +419,8 @@ fn gt(a: f32, b: f32) -> bool {
     b < a
 }
 
-/// A float reduction on lanes `W` stored as `to(f32)`/`from(W)`: `arith` rounds `f` back,
-/// `select` keeps the chosen operand's bits.
+/// A float reduction on lanes `W` widened by `wide` to f32: `arith` applies `f` and
+/// rounds back with `narrow`; `select` keeps the bits of the operand `take` picks.
 #[inline(always)]
 fn arith<W: Word>(
     out: &mut [u8],
