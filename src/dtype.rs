@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 
 use crate::error::{Error, Result};
+use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -223,20 +224,20 @@ impl FromStr for ReduceOp {
 /// the f64, since f32 keeps at least two more bits than either; `half`'s own `from_f64`
 /// drops low bits (bf16) or rounds twice (f16 with F16C). The device kernels do the same
 /// (`kernels-cuda/strata_reduce.cuh`).
+#[inline]
 pub fn f64_to_f32_odd(v: f64) -> f32 {
+    // Branch-free (finish_avg runs it per element).
     let f = v as f32;
     let d = f as f64;
+    let odd = f32::from_bits((f.to_bits() - u32::from(d.abs() > v.abs())) | 1);
+    let sat = if v < 0.0 { -f32::MAX } else { f32::MAX };
     if d == v || v.is_nan() {
-        return f;
+        f
+    } else if f.is_infinite() {
+        sat
+    } else {
+        odd
     }
-    if f.is_infinite() {
-        return if v < 0.0 { -f32::MAX } else { f32::MAX };
-    }
-    let mut u = f.to_bits();
-    if d.abs() > v.abs() {
-        u -= 1;
-    }
-    f32::from_bits(u | 1)
 }
 
 /// A Rust element type strata can move and reduce.
@@ -262,118 +263,629 @@ impl Element for i32 {
     const DTYPE: DataType = DataType::I32;
 }
 
-fn combine<T: Copy>(
-    acc: &mut [T],
-    src: &[T],
-    op: ReduceOp,
-    add: impl Fn(T, T) -> T,
-    mul: impl Fn(T, T) -> T,
-    lt: impl Fn(T, T) -> bool,
-) {
-    match op {
-        ReduceOp::Sum | ReduceOp::Avg => {
-            acc.iter_mut().zip(src).for_each(|(a, b)| *a = add(*a, *b))
+// ---------------------------------------------------------------- host reductions
+//
+// Host buffers are unaligned little-endian bytes. Every loop below walks fixed-size
+// chunks (`CHUNK` bytes, as arrays so that every index is in bounds by construction),
+// reads each lane with `from_le_bytes`, combines it with a per-element closure chosen
+// once per call (no per-element dispatch) and writes it back: loops the compiler unrolls
+// and vectorizes with baseline SSE2. The tail goes through one zero-padded chunk. bf16
+// lanes are widened to f32 and rounded back inline exactly as `half` does; f16 goes
+// through f32 blocks with `half`'s slice conversions (F16C when present, the same
+// conversions as `half`'s scalar ones). Results equal the element-by-element definition
+// bit for bit (`tests::matches_scalar_reference`).
+
+/// Bytes per chunk of the vectorized loops.
+const CHUNK: usize = 64;
+
+/// A lane word: u8, u16 or u32, little-endian in memory.
+trait Word: Copy {
+    const SIZE: usize;
+    fn get(b: &[u8; CHUNK], i: usize) -> Self;
+    fn put(self, b: &mut [u8; CHUNK], i: usize);
+}
+macro_rules! word {
+    ($t:ty, $n:literal) => {
+        impl Word for $t {
+            const SIZE: usize = $n;
+            #[inline(always)]
+            fn get(b: &[u8; CHUNK], i: usize) -> Self {
+                <$t>::from_le_bytes(b[i * $n..i * $n + $n].try_into().unwrap())
+            }
+            #[inline(always)]
+            fn put(self, b: &mut [u8; CHUNK], i: usize) {
+                b[i * $n..i * $n + $n].copy_from_slice(&self.to_le_bytes());
+            }
         }
-        ReduceOp::Prod => acc.iter_mut().zip(src).for_each(|(a, b)| *a = mul(*a, *b)),
-        ReduceOp::Max => acc.iter_mut().zip(src).for_each(|(a, b)| {
-            if lt(*a, *b) {
-                *a = *b
+    };
+}
+word!(u8, 1);
+word!(u16, 2);
+word!(u32, 4);
+
+/// The chunk of `s` at `c` (always `CHUNK` bytes: callers index whole chunks).
+#[inline(always)]
+fn chunk(s: &[u8], c: usize) -> &[u8; CHUNK] {
+    s[c * CHUNK..(c + 1) * CHUNK].try_into().unwrap()
+}
+#[inline(always)]
+fn chunk_mut(s: &mut [u8], c: usize) -> &mut [u8; CHUNK] {
+    (&mut s[c * CHUNK..(c + 1) * CHUNK]).try_into().unwrap()
+}
+
+/// `out[i] = k(a[i], b[i])` over words `W`, with `a = out` when `a` is None (in place).
+/// Whole words of the common length only.
+#[inline(always)]
+fn drive<W: Word>(out: &mut [u8], a: Option<&[u8]>, b: &[u8], k: impl Fn(W, W) -> W) {
+    let l = CHUNK / W::SIZE;
+    let len = out
+        .len()
+        .min(b.len())
+        .min(a.map_or(usize::MAX, <[u8]>::len));
+    let len = len - len % W::SIZE;
+    let full = len / CHUNK;
+    match a {
+        None => {
+            for c in 0..full {
+                let (o, y) = (chunk_mut(out, c), chunk(b, c));
+                for i in 0..l {
+                    k(W::get(o, i), W::get(y, i)).put(o, i);
+                }
             }
-        }),
-        ReduceOp::Min => acc.iter_mut().zip(src).for_each(|(a, b)| {
-            if lt(*b, *a) {
-                *a = *b
+        }
+        Some(a) => {
+            for c in 0..full {
+                let (o, x, y) = (chunk_mut(out, c), chunk(a, c), chunk(b, c));
+                for i in 0..l {
+                    k(W::get(x, i), W::get(y, i)).put(o, i);
+                }
             }
-        }),
+        }
+    }
+    let at = full * CHUNK;
+    if at < len {
+        let t = len - at;
+        let (mut x, mut y, mut o) = ([0u8; CHUNK], [0u8; CHUNK], [0u8; CHUNK]);
+        x[..t].copy_from_slice(&a.unwrap_or(out)[at..len]);
+        y[..t].copy_from_slice(&b[at..len]);
+        for i in 0..l {
+            k(W::get(&x, i), W::get(&y, i)).put(&mut o, i);
+        }
+        out[at..len].copy_from_slice(&o[..t]);
     }
 }
 
-fn reduce_typed<T: bytemuck::Pod>(
-    acc: &mut [u8],
-    src: &[u8],
-    op: ReduceOp,
-    add: impl Fn(T, T) -> T,
-    mul: impl Fn(T, T) -> T,
-    lt: impl Fn(T, T) -> bool,
+/// In place `buf[i] = k(buf[i])` over words `W` (whole words only).
+#[inline(always)]
+fn map_words<W: Word>(buf: &mut [u8], k: impl Fn(W) -> W) {
+    let l = CHUNK / W::SIZE;
+    let len = buf.len() - buf.len() % W::SIZE;
+    let full = len / CHUNK;
+    for c in 0..full {
+        let o = chunk_mut(buf, c);
+        for i in 0..l {
+            k(W::get(o, i)).put(o, i);
+        }
+    }
+    let at = full * CHUNK;
+    if at < len {
+        let mut o = [0u8; CHUNK];
+        o[..len - at].copy_from_slice(&buf[at..len]);
+        for i in 0..l {
+            k(W::get(&o, i)).put(&mut o, i);
+        }
+        buf[at..len].copy_from_slice(&o[..len - at]);
+    }
+}
+
+/// bf16 bits widened to f32. `half` also sets a NaN's quiet bit; that changes no result
+/// here: comparisons ignore it, and a sum or product with one NaN operand returns that
+/// NaN quieted either way (with two, which one is unspecified anyway).
+#[inline(always)]
+fn bf16_to_f32(h: u16) -> f32 {
+    f32::from_bits((h as u32) << 16)
+}
+
+/// f32 to bf16 bits as `half::bf16::from_f32` does: nearest even, a NaN keeps its high
+/// bits with the quiet bit set.
+#[inline(always)]
+fn f32_to_bf16(v: f32) -> u16 {
+    let x = v.to_bits();
+    let nan = ((x >> 16) | 0x40) as u16;
+    let r = (x.wrapping_add(0x7FFF + ((x >> 16) & 1)) >> 16) as u16;
+    if x & 0x7FFF_FFFF > 0x7F80_0000 {
+        nan
+    } else {
+        r
+    }
+}
+
+#[inline(always)]
+fn add(a: f32, b: f32) -> f32 {
+    a + b
+}
+#[inline(always)]
+fn mul(a: f32, b: f32) -> f32 {
+    a * b
+}
+/// Max keeps `b` where `a < b`, min where `b < a`: a NaN never compares, so a NaN
+/// accumulator stays and a NaN source is ignored, as the scalar definition does.
+#[inline(always)]
+fn lt(a: f32, b: f32) -> bool {
+    a < b
+}
+#[inline(always)]
+fn gt(a: f32, b: f32) -> bool {
+    b < a
+}
+
+/// A float reduction on lanes `W` widened by `wide` to f32: `arith` applies `f` and
+/// rounds back with `narrow`; `select` keeps the bits of the operand `take` picks.
+#[inline(always)]
+fn arith<W: Word>(
+    out: &mut [u8],
+    a: Option<&[u8]>,
+    b: &[u8],
+    wide: impl Fn(W) -> f32,
+    narrow: impl Fn(f32) -> W,
+    f: impl Fn(f32, f32) -> f32,
 ) {
-    // Host buffers are byte vectors without alignment guarantees: work in aligned blocks.
-    const BLK: usize = 1024;
-    let s = std::mem::size_of::<T>();
-    let mut a = [T::zeroed(); BLK];
-    let mut b = [T::zeroed(); BLK];
-    for (ac, sc) in acc.chunks_mut(BLK * s).zip(src.chunks(BLK * s)) {
-        let n = ac.len() / s;
-        bytemuck::cast_slice_mut::<T, u8>(&mut a[..n]).copy_from_slice(ac);
-        bytemuck::cast_slice_mut::<T, u8>(&mut b[..n]).copy_from_slice(sc);
-        combine(&mut a[..n], &b[..n], op, &add, &mul, &lt);
-        ac.copy_from_slice(bytemuck::cast_slice(&a[..n]));
+    drive::<W>(out, a, b, |x, y| narrow(f(wide(x), wide(y))))
+}
+#[inline(always)]
+fn select<W: Word>(
+    out: &mut [u8],
+    a: Option<&[u8]>,
+    b: &[u8],
+    wide: impl Fn(W) -> f32,
+    take: impl Fn(f32, f32) -> bool,
+) {
+    drive::<W>(out, a, b, |x, y| if take(wide(x), wide(y)) { y } else { x })
+}
+
+/// f16 elements per block of the f16 path: `half`'s slice conversions (F16C when
+/// present) on blocks this long beat inline integer conversion on baseline SSE2.
+const F16_BLOCK: usize = 512;
+
+/// f16 `out = k(a, b)` (`a = out` when None) through f32 blocks: `k` gets the widened
+/// values and the bits of both operands and leaves the result in `fa` (then narrowed,
+/// `arith`) or in `ha` (bits kept, `select`).
+#[inline(always)]
+fn f16_drive(
+    out: &mut [u8],
+    a: Option<&[u8]>,
+    b: &[u8],
+    narrow: bool,
+    k: impl Fn(&mut [f32], &[f32], &mut [u16], &[u16]),
+) {
+    let n = out
+        .len()
+        .min(b.len())
+        .min(a.map_or(usize::MAX, <[u8]>::len))
+        / 2;
+    let (mut ha, mut hb) = ([0u16; F16_BLOCK], [0u16; F16_BLOCK]);
+    let (mut fa, mut fb) = ([0f32; F16_BLOCK], [0f32; F16_BLOCK]);
+    let load = |h: &mut [u16], f: &mut [f32], src: &[u8]| {
+        bytemuck::cast_slice_mut::<u16, u8>(h).copy_from_slice(src);
+        if cfg!(target_endian = "big") {
+            h.iter_mut().for_each(|w| *w = u16::from_le(*w));
+        }
+        bytemuck::cast_slice::<u16, f16>(h).convert_to_f32_slice(f);
+    };
+    for s in (0..n).step_by(F16_BLOCK) {
+        let m = F16_BLOCK.min(n - s);
+        let r = 2 * s..2 * (s + m);
+        let (ha, hb, fa, fb) = (&mut ha[..m], &mut hb[..m], &mut fa[..m], &mut fb[..m]);
+        load(ha, fa, &a.unwrap_or(out)[r.clone()]);
+        load(hb, fb, &b[r.clone()]);
+        k(fa, fb, ha, hb);
+        if narrow {
+            bytemuck::cast_slice_mut::<u16, f16>(ha).convert_from_f32_slice(fa);
+        }
+        if cfg!(target_endian = "big") {
+            ha.iter_mut().for_each(|w| *w = w.to_le());
+        }
+        out[r].copy_from_slice(bytemuck::cast_slice::<u16, u8>(ha));
     }
 }
 
-/// `acc[i] = op(acc[i], src[i])` over raw little-endian bytes of `dtype`.
-/// `Avg` accumulates like `Sum`; call [`finish_avg`] once on the final result.
+#[inline(always)]
+fn f16_arith(out: &mut [u8], a: Option<&[u8]>, b: &[u8], f: impl Fn(f32, f32) -> f32) {
+    f16_drive(out, a, b, true, |fa, fb, _, _| {
+        fa.iter_mut().zip(fb).for_each(|(x, &y)| *x = f(*x, y))
+    })
+}
+
+#[inline(always)]
+fn f16_select(out: &mut [u8], a: Option<&[u8]>, b: &[u8], take: impl Fn(f32, f32) -> bool) {
+    f16_drive(out, a, b, false, |fa, fb, ha, hb| {
+        for (((h, &g), &x), &y) in ha.iter_mut().zip(hb.iter()).zip(fa.iter()).zip(fb.iter()) {
+            if take(x, y) {
+                *h = g;
+            }
+        }
+    })
+}
+
+/// The one dispatch: `out = op(a, b)` (`a = out` when None).
+fn reduce(out: &mut [u8], a: Option<&[u8]>, b: &[u8], dtype: DataType, op: ReduceOp) {
+    use ReduceOp::*;
+    let (o, f32w, f32n) = (out, f32::from_bits, f32::to_bits);
+    match (dtype, op.partial()) {
+        (DataType::F32, Sum) => arith::<u32>(o, a, b, f32w, f32n, add),
+        (DataType::F32, Prod) => arith::<u32>(o, a, b, f32w, f32n, mul),
+        (DataType::F32, Max) => select::<u32>(o, a, b, f32w, lt),
+        (DataType::F32, Min) => select::<u32>(o, a, b, f32w, gt),
+        (DataType::BF16, Sum) => arith::<u16>(o, a, b, bf16_to_f32, f32_to_bf16, add),
+        (DataType::BF16, Prod) => arith::<u16>(o, a, b, bf16_to_f32, f32_to_bf16, mul),
+        (DataType::BF16, Max) => select::<u16>(o, a, b, bf16_to_f32, lt),
+        (DataType::BF16, Min) => select::<u16>(o, a, b, bf16_to_f32, gt),
+        (DataType::F16, Sum) => f16_arith(o, a, b, add),
+        (DataType::F16, Prod) => f16_arith(o, a, b, mul),
+        (DataType::F16, Max) => f16_select(o, a, b, lt),
+        (DataType::F16, Min) => f16_select(o, a, b, gt),
+        (DataType::I32, Sum) => drive::<u32>(o, a, b, u32::wrapping_add),
+        (DataType::I32, Prod) => drive::<u32>(o, a, b, u32::wrapping_mul),
+        (DataType::I32, Max) => drive::<u32>(o, a, b, |x, y| (x as i32).max(y as i32) as u32),
+        (DataType::I32, Min) => drive::<u32>(o, a, b, |x, y| (x as i32).min(y as i32) as u32),
+        (DataType::U8 | DataType::I8, Sum) => drive::<u8>(o, a, b, u8::wrapping_add),
+        (DataType::U8 | DataType::I8, Prod) => drive::<u8>(o, a, b, u8::wrapping_mul),
+        (DataType::U8, Max) => drive::<u8>(o, a, b, u8::max),
+        (DataType::U8, Min) => drive::<u8>(o, a, b, u8::min),
+        (DataType::I8, Max) => drive::<u8>(o, a, b, |x, y| (x as i8).max(y as i8) as u8),
+        (DataType::I8, Min) => drive::<u8>(o, a, b, |x, y| (x as i8).min(y as i8) as u8),
+        (_, Avg) => unreachable!("partial() maps Avg to Sum"),
+    }
+}
+
+/// `acc[i] = op(acc[i], src[i])` over raw little-endian bytes of `dtype` (no alignment
+/// needed). `Avg` accumulates like `Sum`; call [`finish_avg`] once on the final result.
+/// f16/bf16 are computed in f32 and rounded once per call; integers wrap; `Max` takes
+/// `src` where `acc < src` and `Min` where `src < acc` (a NaN accumulator stays, a NaN
+/// source is ignored). A sum or product of two NaNs is one of them, quieted (which one
+/// is the compiler's choice, as for any Rust float operation). Lengths should match
+/// (debug assertion); otherwise the common whole elements are reduced.
 pub fn reduce_into(acc: &mut [u8], src: &[u8], dtype: DataType, op: ReduceOp) {
     debug_assert_eq!(acc.len(), src.len());
-    match dtype {
-        DataType::F32 => {
-            reduce_typed::<f32>(acc, src, op, |a, b| a + b, |a, b| a * b, |a, b| a < b)
-        }
-        DataType::F16 => reduce_typed::<f16>(
-            acc,
-            src,
-            op,
-            |a, b| f16::from_f32(a.to_f32() + b.to_f32()),
-            |a, b| f16::from_f32(a.to_f32() * b.to_f32()),
-            |a, b| a < b,
-        ),
-        DataType::BF16 => reduce_typed::<bf16>(
-            acc,
-            src,
-            op,
-            |a, b| bf16::from_f32(a.to_f32() + b.to_f32()),
-            |a, b| bf16::from_f32(a.to_f32() * b.to_f32()),
-            |a, b| a < b,
-        ),
-        DataType::I32 => reduce_typed::<i32>(
-            acc,
-            src,
-            op,
-            |a, b| a.wrapping_add(b),
-            |a, b| a.wrapping_mul(b),
-            |a, b| a < b,
-        ),
-        DataType::I8 => reduce_typed::<i8>(
-            acc,
-            src,
-            op,
-            |a, b| a.wrapping_add(b),
-            |a, b| a.wrapping_mul(b),
-            |a, b| a < b,
-        ),
-        DataType::U8 => reduce_typed::<u8>(
-            acc,
-            src,
-            op,
-            |a, b| a.wrapping_add(b),
-            |a, b| a.wrapping_mul(b),
-            |a, b| a < b,
-        ),
-    }
+    reduce(acc, None, src, dtype, op);
 }
 
-/// Divide every element of a summed buffer by `n` (the exact mean of `Avg`), rounding once.
+/// `out[i] = op(a[i], b[i])` in one pass: bitwise the same as copying `a` into `out`
+/// and then [`reduce_into`]`(out, b, ..)`, without the copy (e.g. reducing a peer's
+/// buffer straight into the output). Lengths should match (debug assertion); otherwise
+/// the common whole elements are written.
+pub fn reduce_pair(out: &mut [u8], a: &[u8], b: &[u8], dtype: DataType, op: ReduceOp) {
+    debug_assert!(out.len() == a.len() && a.len() == b.len());
+    reduce(out, Some(a), b, dtype, op);
+}
+
+/// Divide every element of a summed buffer by `n` (the exact mean of `Avg`), rounding
+/// once: in f64, then to the type (f16/bf16 through [`f64_to_f32_odd`]; integers
+/// rounded half away from zero, saturating for i8/u8), as [`DataType::set`] does.
 pub fn finish_avg(buf: &mut [u8], dtype: DataType, n: usize) {
-    let count = buf.len() / dtype.size();
-    let inv = n as f64;
-    for i in 0..count {
-        let v = dtype.get(buf, i) / inv;
-        dtype.set(buf, i, v);
+    let d = n as f64;
+    match dtype {
+        DataType::F32 => {
+            map_words::<u32>(buf, |w| ((f32::from_bits(w) as f64 / d) as f32).to_bits())
+        }
+        DataType::BF16 => map_words::<u16>(buf, |w| {
+            f32_to_bf16(f64_to_f32_odd(bf16_to_f32(w) as f64 / d))
+        }),
+        DataType::F16 => {
+            let n = buf.len() / 2;
+            let (mut h, mut f) = ([0u16; F16_BLOCK], [0f32; F16_BLOCK]);
+            for s in (0..n).step_by(F16_BLOCK) {
+                let m = F16_BLOCK.min(n - s);
+                let (h, f, b) = (&mut h[..m], &mut f[..m], &mut buf[2 * s..2 * (s + m)]);
+                bytemuck::cast_slice_mut::<u16, u8>(h).copy_from_slice(b);
+                if cfg!(target_endian = "big") {
+                    h.iter_mut().for_each(|w| *w = u16::from_le(*w));
+                }
+                bytemuck::cast_slice::<u16, f16>(h).convert_to_f32_slice(f);
+                f.iter_mut()
+                    .for_each(|v| *v = f64_to_f32_odd(*v as f64 / d));
+                let h16 = bytemuck::cast_slice_mut::<u16, f16>(h);
+                h16.convert_from_f32_slice(f);
+                if cfg!(target_endian = "big") {
+                    h.iter_mut().for_each(|w| *w = w.to_le());
+                }
+                b.copy_from_slice(bytemuck::cast_slice::<u16, u8>(h));
+            }
+        }
+        DataType::I32 => map_words::<u32>(buf, |w| ((w as i32 as f64 / d).round() as i32) as u32),
+        DataType::I8 => map_words::<u8>(buf, |w| {
+            ((w as i8 as f64 / d).round().clamp(-128.0, 127.0) as i8) as u8
+        }),
+        DataType::U8 => map_words::<u8>(buf, |w| (w as f64 / d).round().clamp(0.0, 255.0) as u8),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The element-by-element definition (the implementation before vectorization):
+    /// `half`'s scalar conversions and comparisons, one element at a time.
+    fn scalar_reduce(acc: &mut [u8], src: &[u8], dt: DataType, op: ReduceOp) {
+        fn one<T: bytemuck::Pod>(
+            acc: &mut [u8],
+            src: &[u8],
+            op: ReduceOp,
+            add: impl Fn(T, T) -> T,
+            mul: impl Fn(T, T) -> T,
+            lt: impl Fn(T, T) -> bool,
+        ) {
+            let s = std::mem::size_of::<T>();
+            for (a, b) in acc.chunks_exact_mut(s).zip(src.chunks_exact(s)) {
+                let (x, y): (T, T) = (
+                    bytemuck::pod_read_unaligned(a),
+                    bytemuck::pod_read_unaligned(b),
+                );
+                let r = match op {
+                    ReduceOp::Sum | ReduceOp::Avg => add(x, y),
+                    ReduceOp::Prod => mul(x, y),
+                    ReduceOp::Max => {
+                        if lt(x, y) {
+                            y
+                        } else {
+                            x
+                        }
+                    }
+                    ReduceOp::Min => {
+                        if lt(y, x) {
+                            y
+                        } else {
+                            x
+                        }
+                    }
+                };
+                a.copy_from_slice(bytemuck::bytes_of(&r));
+            }
+        }
+        match dt {
+            DataType::F32 => one::<f32>(acc, src, op, |a, b| a + b, |a, b| a * b, |a, b| a < b),
+            DataType::F16 => one::<f16>(
+                acc,
+                src,
+                op,
+                |a, b| f16::from_f32(a.to_f32() + b.to_f32()),
+                |a, b| f16::from_f32(a.to_f32() * b.to_f32()),
+                |a, b| a < b,
+            ),
+            DataType::BF16 => one::<bf16>(
+                acc,
+                src,
+                op,
+                |a, b| bf16::from_f32(a.to_f32() + b.to_f32()),
+                |a, b| bf16::from_f32(a.to_f32() * b.to_f32()),
+                |a, b| a < b,
+            ),
+            DataType::I32 => one::<i32>(
+                acc,
+                src,
+                op,
+                i32::wrapping_add,
+                i32::wrapping_mul,
+                |a, b| a < b,
+            ),
+            DataType::I8 => one::<i8>(acc, src, op, i8::wrapping_add, i8::wrapping_mul, |a, b| {
+                a < b
+            }),
+            DataType::U8 => one::<u8>(acc, src, op, u8::wrapping_add, u8::wrapping_mul, |a, b| {
+                a < b
+            }),
+        }
+    }
+
+    /// The element-by-element `finish_avg` (through `get`/`set`).
+    fn scalar_avg(buf: &mut [u8], dt: DataType, n: usize) {
+        for i in 0..buf.len() / dt.size() {
+            let v = dt.get(buf, i) / n as f64;
+            dt.set(buf, i, v);
+        }
+    }
+
+    fn xorshift(s: &mut u64) -> u64 {
+        *s ^= *s << 13;
+        *s ^= *s >> 7;
+        *s ^= *s << 17;
+        *s
+    }
+
+    /// Operand pairs as bytes: for 16-bit types every pattern against specials (zeros,
+    /// ones, infinities, quiet and signalling NaNs of both signs, extremes, subnormals)
+    /// and random patterns; for 8-bit types every pair; for 32-bit types specials
+    /// against random patterns with random exponents near the extremes.
+    fn operands(dt: DataType) -> (Vec<u8>, Vec<u8>) {
+        let mut s = 0x9E37_79B9_7F4A_7C15u64;
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        match dt.size() {
+            1 => {
+                for x in 0..=255u8 {
+                    for y in 0..=255u8 {
+                        a.push(x);
+                        b.push(y);
+                    }
+                }
+            }
+            2 => {
+                let sp: [u16; 16] = [
+                    0, 0x8000, 0x3C00, 0x3F80, 0xBF80, 0x7C00, 0xFC00, 0x7F80, 0xFF80, 0x7E00,
+                    0x7C01, 0x7F81, 0xFFC1, 0x7BFF, 0x0001, 0x7F7F,
+                ];
+                // Every pattern in optimized builds; every 4th unoptimized (as `x`; all
+                // specials still meet every `x` as `y`, in both orders).
+                let step = if cfg!(miri) {
+                    97
+                } else if cfg!(debug_assertions) {
+                    4
+                } else {
+                    1
+                };
+                for x in (0..=u16::MAX).step_by(step) {
+                    for y in sp
+                        .iter()
+                        .copied()
+                        .chain([xorshift(&mut s) as u16, (xorshift(&mut s) as u16) & 0x83FF])
+                    {
+                        a.extend(x.to_le_bytes());
+                        b.extend(y.to_le_bytes());
+                        // and the other way round
+                        a.extend(y.to_le_bytes());
+                        b.extend(x.to_le_bytes());
+                    }
+                }
+            }
+            _ => {
+                let sp: [u32; 14] = [
+                    0,
+                    0x8000_0000,
+                    0x3F80_0000,
+                    0x7F80_0000,
+                    0xFF80_0000,
+                    0x7FC0_0000,
+                    0x7F80_0001,
+                    0xFFC0_1234,
+                    0x7F7F_FFFF,
+                    0x0000_0001,
+                    0x8000_0001,
+                    0x7FFF_FFFF,
+                    0x8000_0000 | 0x7F7F_FFFF,
+                    0x0080_0000,
+                ];
+                let n = if cfg!(miri) { 50 } else { 20_000 };
+                for _ in 0..n {
+                    let r = xorshift(&mut s);
+                    let x = r as u32;
+                    let y = (r >> 32) as u32;
+                    for (p, q) in [
+                        (x, y),
+                        (x, sp[(r % 14) as usize]),
+                        (sp[(r >> 8) as usize % 14], y),
+                    ] {
+                        a.extend(p.to_le_bytes());
+                        b.extend(q.to_le_bytes());
+                    }
+                }
+                for &p in &sp {
+                    for &q in &sp {
+                        a.extend(p.to_le_bytes());
+                        b.extend(q.to_le_bytes());
+                    }
+                }
+            }
+        }
+        (a, b)
+    }
+
+    const OPS: [ReduceOp; 5] = [
+        ReduceOp::Sum,
+        ReduceOp::Prod,
+        ReduceOp::Max,
+        ReduceOp::Min,
+        ReduceOp::Avg,
+    ];
+
+    #[test]
+    fn matches_scalar_reference() {
+        for dt in DataType::ALL {
+            let (a, b) = operands(dt);
+            for op in OPS {
+                let mut want = a.clone();
+                scalar_reduce(&mut want, &b, dt, op);
+                let mut got = a.clone();
+                reduce_into(&mut got, &b, dt, op);
+                let mut pair = vec![0u8; a.len()];
+                reduce_pair(&mut pair, &a, &b, dt, op);
+                // Sum/prod of two NaNs: Rust leaves open which operand's payload the
+                // result carries (LLVM may commute the operation), so the reference with
+                // the operands swapped is accepted there and only there.
+                let mut swapped = b.clone();
+                scalar_reduce(&mut swapped, &a, dt, op);
+                let s = dt.size();
+                for i in 0..a.len() / s {
+                    let r = i * s..(i + 1) * s;
+                    let both_nan = dt.get(&a, i).is_nan() && dt.get(&b, i).is_nan();
+                    let arith = matches!(op, ReduceOp::Sum | ReduceOp::Prod | ReduceOp::Avg);
+                    for g in [&got[r.clone()], &pair[r.clone()]] {
+                        assert!(
+                            g == &want[r.clone()]
+                                || (both_nan && arith && g == &swapped[r.clone()]),
+                            "{dt} {op}: {:02x?} op {:02x?} gave {g:02x?}, want {:02x?}",
+                            &a[r.clone()],
+                            &b[r.clone()],
+                            &want[r.clone()]
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn unaligned_and_tails() {
+        // Offsets 0..3 into the buffers, every length up to a few chunks, tails included.
+        let mut s = 7u64;
+        let raw: Vec<u8> = (0..3 * CHUNK + 64)
+            .map(|_| xorshift(&mut s) as u8)
+            .collect();
+        let raw2: Vec<u8> = (0..3 * CHUNK + 64)
+            .map(|_| xorshift(&mut s) as u8)
+            .collect();
+        for dt in DataType::ALL {
+            let es = dt.size();
+            for off in 0..4 {
+                for n in (0..(2 * CHUNK + 40) / es).step_by(if cfg!(miri) { 37 } else { 1 }) {
+                    let (a, b) = (&raw[off..off + n * es], &raw2[off + 1..off + 1 + n * es]);
+                    for op in [ReduceOp::Sum, ReduceOp::Max] {
+                        let mut want = a.to_vec();
+                        scalar_reduce(&mut want, b, dt, op);
+                        let mut buf = raw.clone();
+                        reduce_into(&mut buf[off..off + n * es], b, dt, op);
+                        assert_eq!(
+                            &buf[off..off + n * es],
+                            &want[..],
+                            "{dt} {op} off {off} n {n}"
+                        );
+                        assert_eq!(buf[..off], raw[..off]);
+                        assert_eq!(buf[off + n * es..], raw[off + n * es..]);
+                        let mut out = vec![0xAAu8; n * es + 3];
+                        reduce_pair(&mut out[3..], a, b, dt, op);
+                        assert_eq!(&out[3..], &want[..]);
+                        assert_eq!(out[..3], [0xAA; 3]);
+                    }
+                    let mut want = a.to_vec();
+                    scalar_avg(&mut want, dt, 3);
+                    let mut got = a.to_vec();
+                    finish_avg(&mut got, dt, 3);
+                    assert_eq!(got, want, "avg {dt} n {n}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn finish_avg_matches_scalar_reference() {
+        for dt in DataType::ALL {
+            let (a, _) = operands(dt);
+            for n in [1, 3, 8, 4111, 1 << 20] {
+                let mut want = a.clone();
+                scalar_avg(&mut want, dt, n);
+                let mut got = a.clone();
+                finish_avg(&mut got, dt, n);
+                let s = dt.size();
+                for i in 0..a.len() / s {
+                    let r = i * s..(i + 1) * s;
+                    assert_eq!(
+                        got[r.clone()],
+                        want[r.clone()],
+                        "{dt} / {n}: {:02x?}",
+                        &a[r]
+                    );
+                }
+            }
+        }
+    }
 
     #[test]
     fn halves_from_f64_round_once() {

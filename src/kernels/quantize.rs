@@ -16,10 +16,15 @@ const MAGIC_BITS: i32 = 0x4B40_0000;
 const UP: f32 = 18_446_744_073_709_551_616.0; // 2^64
 const TINY: f32 = 1.0 / UP; // 2^-64
 
-/// `clamp(round_ties_even(y), -qmax, qmax)` for |y| < 2^22.
+/// `clamp(round_ties_even(y), -qmax, qmax)` for finite y. Clamped in f32 first (SSE2
+/// `minps`/`maxps`; baseline x86-64 has no 32-bit integer min/max), which is the same:
+/// rounding is monotonic and ±qmax are integers.
 #[inline(always)]
 fn code(y: f32, qmax: i32) -> i32 {
-    ((y + MAGIC).to_bits() as i32 - MAGIC_BITS).clamp(-qmax, qmax)
+    let q = qmax as f32;
+    let y = if q < y { q } else { y };
+    let y = if y < -q { -q } else { y };
+    (y + MAGIC).to_bits() as i32 - MAGIC_BITS
 }
 
 /// Quantize one block held in f32 `x` (clobbered: it may be prescaled) into `codes`
