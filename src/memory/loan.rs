@@ -13,8 +13,8 @@
 //! rank, the peer usually answers within microseconds, and a futex round trip costs
 //! more than that.
 
-use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 const OFFERED: u8 = 0;
@@ -27,8 +27,14 @@ pub const SPIN: Duration = Duration::from_micros(50);
 /// Busy polls before a spinning wait starts yielding its core to other threads.
 const BUSY_POLLS: u32 = 256;
 
+/// Threads in the yielding phase of [`spin_until`] now.
+static SPINNING: AtomicUsize = AtomicUsize::new(0);
+
 /// Poll `ready` until it is true or `budget` has passed: busy at first, then yielding
-/// the core each round (so oversubscribed peers still run). True when `ready` held.
+/// the core each round. At most as many threads as the machine has cores, less one,
+/// spin past the first busy polls at any time (at least one); the others give up at
+/// once, so a machine running more rank threads than cores parks its waiters instead
+/// of handing its cores to them. True when `ready` held.
 pub fn spin_until(budget: Duration, mut ready: impl FnMut() -> bool) -> bool {
     for _ in 0..BUSY_POLLS {
         if ready() {
@@ -36,16 +42,26 @@ pub fn spin_until(budget: Duration, mut ready: impl FnMut() -> bool) -> bool {
         }
         std::hint::spin_loop();
     }
+    static MAX: OnceLock<usize> = OnceLock::new();
+    let max = *MAX.get_or_init(|| {
+        std::thread::available_parallelism().map_or(1, |n| n.get().saturating_sub(1).max(1))
+    });
+    if SPINNING.fetch_add(1, Ordering::AcqRel) >= max {
+        SPINNING.fetch_sub(1, Ordering::AcqRel);
+        return ready();
+    }
     let end = Instant::now() + budget;
-    loop {
+    let held = loop {
         if ready() {
-            return true;
+            break true;
         }
         if Instant::now() >= end {
-            return false;
+            break false;
         }
         std::thread::yield_now();
-    }
+    };
+    SPINNING.fetch_sub(1, Ordering::AcqRel);
+    held
 }
 
 /// Bytes lent by a thread inside [`lend`]; see the module doc.

@@ -15,7 +15,7 @@
 #![forbid(unsafe_code)]
 
 use super::{Fold, Transport, TransportKind};
-use crate::dtype::{reduce_into, DataType, ReduceOp};
+use crate::dtype::{reduce_into, reduce_pair, DataType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::memory::loan::{lend, spin_until, Loan, SPIN};
 use crate::topology::Topology;
@@ -28,12 +28,6 @@ use std::time::{Duration, Instant};
 /// What a peer of an aborted group sees.
 const ABORTED: &str = "communicator was aborted by one of its ranks (abort, a failed collective, \
                        or a thread that panicked holding it)";
-
-/// `out = op(a, b)`.
-fn reduce_pair(out: &mut [u8], a: &[u8], b: &[u8], dtype: DataType, op: ReduceOp) {
-    out.copy_from_slice(a);
-    reduce_into(out, b, dtype, op);
-}
 
 /// Collective steps of at least this many bytes lend the sender's slice instead of
 /// copying it into the mailbox (below it, the copy is cheaper than waiting for the
