@@ -1596,46 +1596,50 @@ mod imp {
             // pieces), so they run in phases of at most one receive per peer; MPI keeps
             // the order of messages between two ranks. The first phase's receives are
             // posted, then every send, before anything waits, so no rank waits for a
-            // receive that is not yet posted; the sends complete beside the first phase.
+            // receive that is not yet posted. The sends are waited for last: a later one
+            // may need the peer's later phase (MPI progresses them meanwhile).
             let mut left: Vec<(usize, &mut [u8])> =
                 recvs.iter_mut().map(|(p, d)| (*p, &mut **d)).collect();
+            let mut sent: Vec<Op> = Vec::with_capacity(sends.len());
             let mut first = true;
             loop {
-                let mut ops: Vec<Op> = Vec::with_capacity(left.len() + sends.len());
+                let mut phase: Vec<Op> = Vec::with_capacity(left.len());
                 let mut later = Vec::new();
                 let mut res = Ok(());
                 for (p, d) in left {
-                    if res.is_err() || ops.iter().any(|o| o.peer() == p) {
+                    if res.is_err() || phase.iter().any(|o| o.peer() == p) {
                         later.push((p, d));
                         continue;
                     }
                     match self.post_recv(p, d) {
-                        Ok(op) => ops.push(op),
+                        Ok(op) => phase.push(op),
                         Err(e) => res = Err(e),
                     }
                 }
-                if first {
-                    first = false;
+                if std::mem::take(&mut first) {
                     for (p, d) in sends {
                         if res.is_err() {
                             break;
                         }
                         match self.post_send(*p, d) {
-                            Ok(op) => ops.push(op),
+                            Ok(op) => sent.push(op),
                             Err(e) => res = Err(e),
                         }
                     }
                 }
+                let res = res.and_then(|_| {
+                    let r = self.drive(&mut phase);
+                    self.settle(&mut phase);
+                    r
+                });
                 if let Err(e) = res {
                     // What was posted must not outlive its buffers.
-                    self.withdraw(&mut ops, &e);
+                    self.withdraw(&mut phase, &e);
+                    self.withdraw(&mut sent, &e);
                     return Err(e);
                 }
-                let res = self.drive(&mut ops);
-                self.settle(&mut ops);
-                res?;
                 if later.is_empty() {
-                    return Ok(());
+                    return self.drive(&mut sent);
                 }
                 left = later;
             }
