@@ -13,13 +13,24 @@
 //!   progress (the deadline restarts whenever a piece completes). `sendrecv` keeps its
 //!   send and receive in flight together, so the ring (every rank sending to `next` and
 //!   receiving from `prev` at once) cannot deadlock.
-//! - Every receive first matches the incoming message (`MPI_Improbe`) and compares its
-//!   length with the expected one: a mismatch is [`Error::InvalidUsage`] (the message is
-//!   consumed and dropped), worded as the local transport words it.
+//! - Every message between two ranks of a communicator is numbered in order, and its tag
+//!   carries that sequence number and its class (small, whole, length header, piece),
+//!   so a receive posted for a tag matches exactly the one message it expects.
+//! - A small message (up to 4 KiB) has its receive posted before the peer's message comes
+//!   (in `sendrecv` before the send), into a reused 4 KiB landing buffer that holds any
+//!   small message whole: the length comes from the status, the bytes are copied out.
+//!   Were the peer's message of our number longer (another class), it shows up unmatched
+//!   (`MPI_Iprobe` while waiting): the receive is withdrawn and that message drained.
+//!   A larger receive first matches the incoming message (`MPI_Improbe`) and compares its
+//!   length before receiving in place (a truncating receive is not safe: OpenMPI's
+//!   single-copy path ignores the receive count). A mismatch is [`Error::InvalidUsage`]
+//!   (the message is consumed and dropped), worded as the local transport words it.
 //! - Messages longer than the piece limit (1 GiB; the hidden knob
 //!   `STRATA_MPI_MAX_MESSAGE` lowers it for tests) travel as an 8-byte length header
-//!   (tag 1) followed by pieces (tag 0); shorter ones as one message (tag 0). Counts
-//!   therefore always fit MPI's `int`.
+//!   followed by pieces; shorter ones as one message. Counts therefore always fit MPI's
+//!   `int`.
+//! - Waiting polls with `MPI_Test`: spinning briefly (unless the host runs more ranks than
+//!   it has cores), then yielding, then sleeping in growing steps.
 //! - Native collectives are the ring defaults of [`crate::transport::ring`] over these
 //!   calls, so the traffic recorded here (every `send`, world rank to world rank) is the
 //!   nominal ring traffic: MPI may route the bytes differently underneath.
@@ -1383,25 +1394,44 @@ mod imp {
         }
     }
 
-    /// Wait between polls: yield first (ranks may share cores), then sleep. While a
-    /// transfer is posted, MPI needs frequent progress calls (pipelined protocols move a
-    /// fragment per call), so the spin lasts longer and sleeps stay short; while only
-    /// waiting for a message to arrive, sleeps grow to 1 ms.
+    /// Polls spun before the first yield: a peer on another core answers within a few
+    /// microseconds, and a yield (a system call) costs as much again. None when this
+    /// host runs more ranks of the job than it has cores (the launcher's local size:
+    /// `OMPI_COMM_WORLD_LOCAL_SIZE`, `MPI_LOCALNRANKS`): a spinning rank would then hold
+    /// the core its peer needs.
+    fn spin_polls() -> u32 {
+        static S: OnceLock<u32> = OnceLock::new();
+        *S.get_or_init(|| {
+            let local = ["OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"]
+                .iter()
+                .find_map(|k| std::env::var(k).ok()?.trim().parse::<usize>().ok())
+                .unwrap_or(1);
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            if local > cores {
+                0
+            } else {
+                64
+            }
+        })
+    }
+
+    /// Wait between polls: spin briefly ([`spin_polls`]), then yield (ranks may share
+    /// cores), then sleep. While a transfer is posted, MPI needs frequent progress calls
+    /// (pipelined protocols move a fragment per call), so the yields last longer and
+    /// sleeps stay short; while only waiting for a message to arrive, sleeps grow to 1 ms.
     fn backoff(idle_rounds: u32, transferring: bool) {
-        // Polls spun before the first yield: a peer on another core answers within a
-        // few microseconds, and a yield (a system call) would cost as much again.
-        const SPIN: u32 = 64;
+        let spin = spin_polls();
         let (yields, cap_us) = if transferring {
             (4096, 100)
         } else {
             (1024, 1000)
         };
-        if idle_rounds < SPIN {
+        if idle_rounds < spin {
             std::hint::spin_loop();
-        } else if idle_rounds < SPIN + yields {
+        } else if idle_rounds < spin + yields {
             std::thread::yield_now();
         } else {
-            let us = 1u64 << ((idle_rounds - SPIN - yields) / 16).min(10);
+            let us = 1u64 << ((idle_rounds - spin - yields) / 16).min(10);
             std::thread::sleep(Duration::from_micros(us.min(cap_us)));
         }
     }
