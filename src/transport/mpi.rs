@@ -1416,23 +1416,19 @@ mod imp {
     }
 
     /// Wait between polls: spin briefly ([`spin_polls`]), then yield (ranks may share
-    /// cores), then sleep. While a transfer is posted, MPI needs frequent progress calls
-    /// (pipelined protocols move a fragment per call), so the yields last longer and
-    /// sleeps stay short; while only waiting for a message to arrive, sleeps grow to 1 ms.
+    /// cores). While a transfer is posted, MPI needs frequent progress calls (pipelined
+    /// protocols move a fragment per call, and a rendezvous waits for the peer's next
+    /// call), so it keeps yielding, as MPI's own blocking calls do; while only waiting
+    /// for a message to arrive, it sleeps after 1024 yields, in steps growing to 1 ms.
     fn backoff(idle_rounds: u32, transferring: bool) {
         let spin = spin_polls();
-        let (yields, cap_us) = if transferring {
-            (4096, 100)
-        } else {
-            (1024, 1000)
-        };
         if idle_rounds < spin {
             std::hint::spin_loop();
-        } else if idle_rounds < spin + yields {
+        } else if transferring || idle_rounds < spin + 1024 {
             std::thread::yield_now();
         } else {
-            let us = 1u64 << ((idle_rounds - spin - yields) / 16).min(10);
-            std::thread::sleep(Duration::from_micros(us.min(cap_us)));
+            let us = 1u64 << ((idle_rounds - spin - 1024) / 16).min(10);
+            std::thread::sleep(Duration::from_micros(us));
         }
     }
 
