@@ -13,13 +13,24 @@
 //!   progress (the deadline restarts whenever a piece completes). `sendrecv` keeps its
 //!   send and receive in flight together, so the ring (every rank sending to `next` and
 //!   receiving from `prev` at once) cannot deadlock.
-//! - Every receive first matches the incoming message (`MPI_Improbe`) and compares its
-//!   length with the expected one: a mismatch is [`Error::InvalidUsage`] (the message is
-//!   consumed and dropped), worded as the local transport words it.
+//! - Every message between two ranks of a communicator is numbered in order, and its tag
+//!   carries that sequence number and its class (small, whole, length header, piece),
+//!   so a receive posted for a tag matches exactly the one message it expects.
+//! - A small message (up to 4 KiB) has its receive posted before the peer's message comes
+//!   (in `sendrecv` before the send), into a reused 4 KiB landing buffer that holds any
+//!   small message whole: the length comes from the status, the bytes are copied out.
+//!   Were the peer's message of our number longer (another class), it shows up unmatched
+//!   (`MPI_Iprobe` while waiting): the receive is withdrawn and that message drained.
+//!   A larger receive first matches the incoming message (`MPI_Improbe`) and compares its
+//!   length before receiving in place (a truncating receive is not safe: OpenMPI's
+//!   single-copy path ignores the receive count). A mismatch is [`Error::InvalidUsage`]
+//!   (the message is consumed and dropped), worded as the local transport words it.
 //! - Messages longer than the piece limit (1 GiB; the hidden knob
 //!   `STRATA_MPI_MAX_MESSAGE` lowers it for tests) travel as an 8-byte length header
-//!   (tag 1) followed by pieces (tag 0); shorter ones as one message (tag 0). Counts
-//!   therefore always fit MPI's `int`.
+//!   followed by pieces; shorter ones as one message. Counts therefore always fit MPI's
+//!   `int`.
+//! - Waiting polls with `MPI_Test`: spinning briefly (unless the host runs more ranks than
+//!   it has cores), then yielding, then sleeping in growing steps.
 //! - Native collectives are the ring defaults of [`crate::transport::ring`] over these
 //!   calls, so the traffic recorded here (every `send`, world rank to world rank) is the
 //!   nominal ring traffic: MPI may route the bytes differently underneath.
@@ -138,14 +149,19 @@ mod imp {
     use mpi::environment::{Threading, Universe};
     use mpi::ffi;
     use std::os::raw::{c_int, c_void};
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
     use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
     use std::time::{Duration, Instant};
 
-    /// Tag of a whole message or of one piece of a long one.
-    const TAG_DATA: c_int = 0;
-    /// Tag of the 8-byte length header that precedes the pieces of a long message.
-    const TAG_HEADER: c_int = 1;
+    /// Messages up to this many bytes are small: their receive is posted before they
+    /// arrive, into a landing buffer of this size that holds any small message whole.
+    const SMALL: usize = 4096;
+    /// Message classes, the top two bits of the tag: a small message, a larger whole
+    /// one, the 8-byte length header of a long message, a piece of a long message.
+    const CLASS_SMALL: u32 = 0;
+    const CLASS_WHOLE: u32 = 1;
+    const CLASS_HEADER: u32 = 2;
+    const CLASS_PIECE: u32 = 3;
     /// Default piece limit: 1 GiB (below `i32::MAX`, MPI's count type).
     const DEFAULT_PIECE: usize = 1 << 30;
     /// How long a cancelled request may take to retire before it is released to MPI.
@@ -194,6 +210,51 @@ mod imp {
                 .unwrap_or(DEFAULT_PIECE)
                 .min(i32::MAX as usize)
         })
+    }
+
+    /// Bits of the sequence number in a tag: what `MPI_TAG_UB` leaves beside the two
+    /// class bits (28 with OpenMPI; at least 13, as MPI guarantees 32767).
+    fn seq_bits() -> u32 {
+        static B: OnceLock<u32> = OnceLock::new();
+        *B.get_or_init(|| {
+            let mut ptr: *mut c_int = std::ptr::null_mut();
+            let mut flag: c_int = 0;
+            // SAFETY: MPI is initialised (transports exist only after ensure_init); the
+            // attribute value of MPI_TAG_UB is a pointer to an int owned by MPI.
+            let ub = unsafe {
+                let rc = ffi::MPI_Comm_get_attr(
+                    ffi::RSMPI_COMM_WORLD,
+                    ffi::MPI_TAG_UB as c_int,
+                    (&mut ptr as *mut *mut c_int).cast(),
+                    &mut flag,
+                );
+                if rc == ffi::MPI_SUCCESS as c_int && flag != 0 && !ptr.is_null() {
+                    *ptr
+                } else {
+                    32767
+                }
+            };
+            let bits = 63 - (ub.max(32767) as u64 + 1).leading_zeros();
+            (bits - 2).min(28)
+        })
+    }
+
+    fn seq_mask(seq: u32) -> u32 {
+        seq & ((1u32 << seq_bits()) - 1)
+    }
+
+    /// The tag of message `seq` (to or from one peer) of `class`. A receive posted for
+    /// a tag matches only the one message of that sequence number, and every message
+    /// from a peer is numbered in order, so no receive can take a later message in
+    /// place of a mismatched one.
+    fn tag(class: u32, seq: u32) -> c_int {
+        ((class << seq_bits()) | seq_mask(seq)) as c_int
+    }
+
+    /// (class, sequence number mod 2^bits) of a tag.
+    fn untag(t: c_int) -> (u32, u32) {
+        let t = t.max(0) as u32;
+        (t >> seq_bits(), seq_mask(t))
     }
 
     fn mpi_error_string(code: c_int) -> String {
@@ -428,6 +489,31 @@ mod imp {
             }
             Ok(flag != 0)
         }
+
+        /// `MPI_Test` of a receive: the bytes received once complete.
+        fn test_count(&mut self, what: &str) -> Result<Option<usize>> {
+            if self.is_null() {
+                return Err(Error::Internal(format!("{what}: tested a retired receive")));
+            }
+            let mut flag: c_int = 0;
+            let mut st = empty_status();
+            // SAFETY: live request handle; out-pointers to locals.
+            let rc = unsafe { ffi::MPI_Test(&mut self.0, &mut flag, &mut st) };
+            if rc != ffi::MPI_SUCCESS as c_int {
+                self.0 = request_null();
+                return check(rc, what).map(|_| None);
+            }
+            if flag == 0 {
+                return Ok(None);
+            }
+            let mut count: c_int = 0;
+            // SAFETY: status filled by MPI_Test for a completed receive.
+            check(
+                unsafe { ffi::MPI_Get_count(&st, byte_type(), &mut count) },
+                "MPI_Get_count",
+            )?;
+            Ok(Some(count.max(0) as usize))
+        }
     }
 
     /// Best-effort retire of `reqs`: MPI_Cancel each, then test them for one short grace
@@ -471,24 +557,44 @@ mod imp {
         Idle,
     }
 
-    /// Sends `data` to `peer` as one message, or as header + pieces.
+    /// The sequence numbers of one direction of every peer pair (sends to, or receives
+    /// from, each member). The calls of a transport are serialised (`busy`), so relaxed
+    /// counters suffice.
+    struct Seqs(Vec<AtomicU32>);
+
+    impl Seqs {
+        fn new(n: usize) -> Seqs {
+            Seqs((0..n).map(|_| AtomicU32::new(0)).collect())
+        }
+        fn get(&self, peer: usize) -> u32 {
+            self.0[peer].load(Ordering::Relaxed)
+        }
+        fn set(&self, peer: usize, v: u32) {
+            self.0[peer].store(v, Ordering::Relaxed);
+        }
+    }
+
+    /// Sends `data` to `peer` as one message, or as header + pieces; every message takes
+    /// the next sequence number to that peer.
     struct SendOp {
         peer: usize,
         reqs: Vec<Req>,
+        /// Sequence number after the last message.
+        next_seq: u32,
         /// Length header of a long message (boxed: MPI reads it until the request completes).
-        _header: Box<[u8; 8]>,
+        header: Option<Box<[u8; 8]>>,
     }
 
     impl SendOp {
-        fn post(comm: &RawComm, peer: usize, data: &[u8]) -> Result<SendOp> {
+        fn post(comm: &RawComm, peer: usize, data: &[u8], seq: u32) -> Result<SendOp> {
             let piece = max_piece();
-            let header = Box::new((data.len() as u64).to_le_bytes());
             let mut op = SendOp {
                 peer,
                 reqs: Vec::new(),
-                _header: header,
+                next_seq: seq,
+                header: None,
             };
-            let isend = |ptr: *const u8, len: usize, tag: c_int, op: &mut SendOp| -> Result<()> {
+            let isend = |ptr: *const u8, len: usize, class: u32, op: &mut SendOp| -> Result<()> {
                 let mut r = request_null();
                 // SAFETY: `ptr..ptr+len` is valid for reads and outlives the request: the
                 // caller drives this op to completion (or retires it) before returning.
@@ -499,23 +605,28 @@ mod imp {
                             len as c_int,
                             byte_type(),
                             peer as c_int,
-                            tag,
+                            tag(class, op.next_seq),
                             comm.0,
                             &mut r,
                         )
                     },
                     "MPI_Isend",
                 )?;
+                op.next_seq = op.next_seq.wrapping_add(1);
                 op.reqs.push(Req(r));
                 Ok(())
             };
-            let posted = if data.len() <= piece {
-                isend(data.as_ptr(), data.len(), TAG_DATA, &mut op)
+            let posted = if data.len() <= SMALL {
+                isend(data.as_ptr(), data.len(), CLASS_SMALL, &mut op)
+            } else if data.len() <= piece {
+                isend(data.as_ptr(), data.len(), CLASS_WHOLE, &mut op)
             } else {
-                let hp = op._header.as_ptr();
-                isend(hp, 8, TAG_HEADER, &mut op).and_then(|_| {
+                let header = Box::new((data.len() as u64).to_le_bytes());
+                let hp = header.as_ptr();
+                op.header = Some(header);
+                isend(hp, 8, CLASS_HEADER, &mut op).and_then(|_| {
                     data.chunks(piece)
-                        .try_for_each(|c| isend(c.as_ptr(), c.len(), TAG_DATA, &mut op))
+                        .try_for_each(|c| isend(c.as_ptr(), c.len(), CLASS_PIECE, &mut op))
                 })
             };
             if let Err(e) = posted {
@@ -552,13 +663,16 @@ mod imp {
             let clean = retire(self.reqs.iter_mut());
             if !clean {
                 // MPI may still read it: never free it.
-                std::mem::forget(std::mem::replace(&mut self._header, Box::new([0; 8])));
+                std::mem::forget(self.header.take());
             }
             clean
         }
     }
 
     enum Stage {
+        /// A small message: a receive posted into `landing` for the message of sequence
+        /// `seq` (class small, any length up to [`SMALL`]).
+        Posted(Req),
         /// Waiting for the next message from the peer to match.
         Probe,
         /// Receiving the length header.
@@ -570,13 +684,18 @@ mod imp {
         Done,
     }
 
-    /// Receives exactly `len` bytes from `peer` (checking the sender's length first).
+    /// Receives exactly `len` bytes from `peer`, checking the sender's length: a small
+    /// message (up to [`SMALL`] bytes) lands whole in a landing buffer posted before it
+    /// arrives (its length read from the status, then copied out); a larger one is
+    /// matched first (`MPI_Improbe`), its length compared, then received in place.
     struct RecvOp {
         peer: usize,
         me: usize,
         buf: *mut u8,
         len: usize,
         stage: Stage,
+        /// Sequence number of the next message to match from the peer.
+        seq: u32,
         /// Next piece to receive (long messages); `None` before the first match.
         next_piece: Option<usize>,
         header: Box<[u8; 8]>,
@@ -584,8 +703,11 @@ mod imp {
         mismatch: Option<usize>,
         /// Messages still to drain after a mismatch.
         drain_left: usize,
-        /// Where a mismatched message is drained to.
+        /// Where a small message lands, or a mismatched message is drained to.
         scratch: Vec<u8>,
+        /// Idle polls of a posted small receive (the sender's message is looked for
+        /// among the unmatched ones every few).
+        idle: u32,
     }
 
     fn pieces(len: usize) -> usize {
@@ -593,18 +715,65 @@ mod imp {
     }
 
     impl RecvOp {
-        fn new(peer: usize, me: usize, buf: &mut [u8]) -> RecvOp {
-            RecvOp {
+        /// Start receiving `buf.len()` bytes from `peer`, whose next message has sequence
+        /// number `seq`; small ones get their receive posted at once. `landing` is a
+        /// buffer of at least [`SMALL`] bytes to reuse (or empty).
+        fn new(
+            comm: &RawComm,
+            peer: usize,
+            me: usize,
+            buf: &mut [u8],
+            seq: u32,
+            landing: Vec<u8>,
+        ) -> Result<RecvOp> {
+            let mut op = RecvOp {
                 peer,
                 me,
                 buf: buf.as_mut_ptr(),
                 len: buf.len(),
                 stage: Stage::Probe,
+                seq,
                 next_piece: None,
                 header: Box::new([0; 8]),
                 mismatch: None,
                 drain_left: 0,
-                scratch: Vec::new(),
+                scratch: landing,
+                idle: 0,
+            };
+            if op.len <= SMALL {
+                if op.scratch.len() < SMALL {
+                    op.scratch = vec![0u8; SMALL];
+                }
+                let mut r = request_null();
+                // SAFETY: scratch holds SMALL bytes and is neither moved nor freed while
+                // the request is live (the op is retired before it is dropped); live
+                // communicator.
+                check(
+                    unsafe {
+                        ffi::MPI_Irecv(
+                            op.scratch.as_mut_ptr() as *mut c_void,
+                            SMALL as c_int,
+                            byte_type(),
+                            peer as c_int,
+                            tag(CLASS_SMALL, seq),
+                            comm.0,
+                            &mut r,
+                        )
+                    },
+                    "MPI_Irecv",
+                )?;
+                op.stage = Stage::Posted(Req(r));
+            }
+            Ok(op)
+        }
+
+        /// The landing buffer, for the next small receive (None while MPI may write it).
+        fn take_landing(&mut self) -> Option<Vec<u8>> {
+            match self.stage {
+                Stage::Done | Stage::Probe if self.scratch.len() >= SMALL => {
+                    Some(std::mem::take(&mut self.scratch))
+                }
+                _ => None,
             }
         }
 
@@ -645,29 +814,86 @@ mod imp {
             Ok(Poll::Progress)
         }
 
+        /// A posted small receive that has not completed: is the peer's message of our
+        /// sequence number waiting unmatched (another class: a longer message, so a
+        /// length mismatch)? A message of a later sequence number means ours was sent
+        /// before it (MPI keeps the order between two ranks) and is on its way.
+        fn foreign_head(&self, comm: &RawComm) -> Result<bool> {
+            let mut flag: c_int = 0;
+            let mut st = empty_status();
+            // SAFETY: live communicator; out-pointers to locals; reading a predefined constant.
+            check(
+                unsafe {
+                    ffi::MPI_Iprobe(
+                        self.peer as c_int,
+                        ffi::RSMPI_ANY_TAG,
+                        comm.0,
+                        &mut flag,
+                        &mut st,
+                    )
+                },
+                "MPI_Iprobe",
+            )?;
+            Ok(flag != 0 && untag(st.MPI_TAG).1 == seq_mask(self.seq))
+        }
+
         fn poll(&mut self, comm: &RawComm) -> Result<Poll> {
             let piece = max_piece();
             loop {
                 match &mut self.stage {
                     Stage::Done => return Ok(Poll::Done),
+                    Stage::Posted(r) => {
+                        let got = r.test_count("MPI_Test (recv)")?;
+                        match got {
+                            Some(count) => {
+                                self.seq = self.seq.wrapping_add(1);
+                                self.stage = Stage::Done;
+                                if count != self.len {
+                                    self.mismatch = Some(count);
+                                    return Err(self.mismatch_error(count));
+                                }
+                                // SAFETY: buf..buf+len is the caller's receive buffer; the
+                                // landing buffer holds at least `len` received bytes.
+                                let out =
+                                    unsafe { std::slice::from_raw_parts_mut(self.buf, self.len) };
+                                out.copy_from_slice(&self.scratch[..self.len]);
+                                return Ok(Poll::Done);
+                            }
+                            None => {
+                                self.idle = self.idle.wrapping_add(1);
+                                if self.idle % 16 != 0 || !self.foreign_head(comm)? {
+                                    return Ok(Poll::Idle);
+                                }
+                                // A longer message in our place: withdraw the receive (no
+                                // message can match it now) and let Probe drain that one.
+                                if let Stage::Posted(r) = &mut self.stage {
+                                    if !retire([r]) {
+                                        // MPI may still write the landing buffer.
+                                        std::mem::forget(std::mem::take(&mut self.scratch));
+                                        self.stage = Stage::Done;
+                                        return Err(Error::Internal(
+                                            "a small receive could not be withdrawn".into(),
+                                        ));
+                                    }
+                                }
+                                self.stage = Stage::Probe;
+                                continue;
+                            }
+                        }
+                    }
                     Stage::Probe => {
                         let draining = self.mismatch.is_some();
-                        // SAFETY: reading an MPI predefined constant.
-                        let tag = if self.next_piece.is_none() && !draining {
-                            unsafe { ffi::RSMPI_ANY_TAG }
-                        } else {
-                            TAG_DATA
-                        };
                         let mut flag: c_int = 0;
                         // SAFETY: reading an MPI predefined handle.
                         let mut msg = unsafe { ffi::RSMPI_MESSAGE_NULL };
                         let mut st = empty_status();
-                        // SAFETY: live communicator; out-pointers to locals.
+                        // SAFETY: live communicator; out-pointers to locals; reading a
+                        // predefined constant. The peer's messages match in order.
                         check(
                             unsafe {
                                 ffi::MPI_Improbe(
                                     self.peer as c_int,
-                                    tag,
+                                    ffi::RSMPI_ANY_TAG,
                                     comm.0,
                                     &mut flag,
                                     &mut msg,
@@ -686,19 +912,24 @@ mod imp {
                             "MPI_Get_count",
                         )?;
                         let count = count.max(0) as usize;
+                        let (class, seq) = untag(st.MPI_TAG);
+                        // An out-of-sequence message (only after an earlier failure) is
+                        // a mismatch like one of another length.
+                        let in_seq = seq == seq_mask(self.seq);
+                        self.seq = self.seq.wrapping_add(1);
                         if draining {
                             let left = self.drain_left.saturating_sub(1);
                             return self.start_drain(&mut msg, count, left);
                         }
                         match self.next_piece {
-                            None if st.MPI_TAG == TAG_HEADER => {
+                            None if class == CLASS_HEADER && in_seq && count == 8 => {
                                 let hp = self.header.as_mut_ptr();
-                                self.stage =
-                                    Stage::Header(Self::imrecv(&mut msg, hp, 8.min(count))?);
+                                self.stage = Stage::Header(Self::imrecv(&mut msg, hp, 8)?);
                             }
                             None => {
                                 // One whole message.
-                                if self.len > piece || count != self.len {
+                                let whole = matches!(class, CLASS_SMALL | CLASS_WHOLE);
+                                if !whole || !in_seq || self.len > piece || count != self.len {
                                     self.mismatch = Some(count);
                                     return self.start_drain(&mut msg, count, 0);
                                 }
@@ -708,7 +939,7 @@ mod imp {
                             Some(i) => {
                                 let off = i * piece;
                                 let want = piece.min(self.len - off);
-                                if count != want {
+                                if class != CLASS_PIECE || !in_seq || count != want {
                                     // Only if ranks disagree on STRATA_MPI_MAX_MESSAGE.
                                     self.mismatch = Some(count);
                                     return self.start_drain(
@@ -729,7 +960,7 @@ mod imp {
                             return Ok(Poll::Idle);
                         }
                         let sent = u64::from_le_bytes(*self.header) as usize;
-                        if sent != self.len {
+                        if sent != self.len || self.len <= SMALL {
                             // Drain the announced pieces: each draining Probe consumes one.
                             self.mismatch = Some(sent);
                             self.drain_left = pieces(sent);
@@ -772,7 +1003,9 @@ mod imp {
 
         fn cancel(&mut self) -> bool {
             let retired = match &mut self.stage {
-                Stage::Header(r) | Stage::Data(r) | Stage::Drain(r) => retire([r]),
+                Stage::Posted(r) | Stage::Header(r) | Stage::Data(r) | Stage::Drain(r) => {
+                    retire([r])
+                }
                 Stage::Probe | Stage::Done => true,
             };
             if !retired {
@@ -802,7 +1035,7 @@ mod imp {
         fn transferring(&self) -> bool {
             match self {
                 Op::Send(s) => s.reqs.iter().any(|r| !r.is_null()),
-                Op::Recv(r) => !matches!(r.stage, Stage::Probe | Stage::Done),
+                Op::Recv(r) => !matches!(r.stage, Stage::Probe | Stage::Posted(_) | Stage::Done),
             }
         }
 
@@ -828,6 +1061,11 @@ mod imp {
         broken: Mutex<Option<String>>,
         /// Serialises the calls on this communicator.
         busy: Mutex<()>,
+        /// Sequence numbers of the messages sent to / received from each member.
+        sent: Seqs,
+        received: Seqs,
+        /// Landing buffers of small receives, reused.
+        landings: Mutex<Vec<Vec<u8>>>,
     }
 
     impl MpiTransport {
@@ -885,6 +1123,9 @@ mod imp {
                 aborted: AtomicBool::new(false),
                 broken: Mutex::new(None),
                 busy: Mutex::new(()),
+                sent: Seqs::new(size),
+                received: Seqs::new(size),
+                landings: Mutex::new(Vec::new()),
             })
         }
 
@@ -1024,6 +1265,56 @@ mod imp {
                 .record(self.members[self.rank], self.members[peer], bytes);
         }
 
+        /// Post a send to `peer` (the next sequence numbers to it) and record its traffic.
+        fn post_send(&self, peer: usize, data: &[u8]) -> Result<Op> {
+            let op = SendOp::post(&self.comm, peer, data, self.sent.get(peer))?;
+            self.sent.set(peer, op.next_seq);
+            self.record(peer, data.len());
+            Ok(Op::Send(op))
+        }
+
+        /// Start a receive from `peer` (a small one is posted at once, into a reused
+        /// landing buffer). Call [`Self::settle`] once it is driven.
+        fn post_recv(&self, peer: usize, buf: &mut [u8]) -> Result<Op> {
+            let landing = if buf.len() <= SMALL {
+                self.landings
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .pop()
+                    .unwrap_or_default()
+            } else {
+                Vec::new()
+            };
+            let seq = self.received.get(peer);
+            RecvOp::new(&self.comm, peer, self.rank, buf, seq, landing).map(Op::Recv)
+        }
+
+        /// After driving `ops`: the receives' sequence numbers (every message they
+        /// matched, a drained one too) and their landing buffers back.
+        fn settle(&self, ops: &mut [Op]) {
+            for op in ops {
+                if let Op::Recv(r) = op {
+                    self.received.set(r.peer, r.seq);
+                    if let Some(l) = r.take_landing() {
+                        self.landings
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .push(l);
+                    }
+                }
+            }
+        }
+
+        /// Retire `ops` after `e` stopped them before they were driven.
+        fn withdraw(&self, ops: &mut [Op], e: &Error) {
+            for op in ops.iter_mut() {
+                if !op.cancel() {
+                    self.mark_broken(e);
+                }
+            }
+            self.settle(ops);
+        }
+
         /// Poll `ops` until all complete. The deadline restarts on progress. On timeout or
         /// abort the pending ones are cancelled; an error of one op lets the others finish.
         fn drive(&self, ops: &mut [Op]) -> Result<()> {
@@ -1103,21 +1394,41 @@ mod imp {
         }
     }
 
-    /// Wait between polls: yield first (ranks may share cores), then sleep. While a
-    /// transfer is posted, MPI needs frequent progress calls (pipelined protocols move a
-    /// fragment per call), so the spin lasts longer and sleeps stay short; while only
-    /// waiting for a message to arrive, sleeps grow to 1 ms.
+    /// Polls spun before the first yield: a peer on another core answers within a few
+    /// microseconds, and a yield (a system call) costs as much again. None when this
+    /// host runs more ranks of the job than it has cores (the launcher's local size:
+    /// `OMPI_COMM_WORLD_LOCAL_SIZE`, `MPI_LOCALNRANKS`): a spinning rank would then hold
+    /// the core its peer needs.
+    fn spin_polls() -> u32 {
+        static S: OnceLock<u32> = OnceLock::new();
+        *S.get_or_init(|| {
+            let local = ["OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"]
+                .iter()
+                .find_map(|k| std::env::var(k).ok()?.trim().parse::<usize>().ok())
+                .unwrap_or(1);
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            if local > cores {
+                0
+            } else {
+                64
+            }
+        })
+    }
+
+    /// Wait between polls: spin briefly ([`spin_polls`]), then yield (ranks may share
+    /// cores). While a transfer is posted, MPI needs frequent progress calls (pipelined
+    /// protocols move a fragment per call, and a rendezvous waits for the peer's next
+    /// call), so it keeps yielding, as MPI's own blocking calls do; while only waiting
+    /// for a message to arrive, it sleeps after 1024 yields, in steps growing to 1 ms.
     fn backoff(idle_rounds: u32, transferring: bool) {
-        let (spin, cap_us) = if transferring {
-            (4096, 100)
-        } else {
-            (64, 1000)
-        };
+        let spin = spin_polls();
         if idle_rounds < spin {
+            std::hint::spin_loop();
+        } else if transferring || idle_rounds < spin + 1024 {
             std::thread::yield_now();
         } else {
-            let us = 1u64 << ((idle_rounds - spin) / 16).min(10);
-            std::thread::sleep(Duration::from_micros(us.min(cap_us)));
+            let us = 1u64 << ((idle_rounds - spin - 1024) / 16).min(10);
+            std::thread::sleep(Duration::from_micros(us));
         }
     }
 
@@ -1253,35 +1564,46 @@ mod imp {
                 aborted: AtomicBool::new(false),
                 broken: Mutex::new(None),
                 busy: Mutex::new(()),
+                sent: Seqs::new(size),
+                received: Seqs::new(size),
+                landings: Mutex::new(Vec::new()),
             })))
         }
 
         fn send(&self, peer: usize, data: &[u8]) -> Result<()> {
             self.check_peer(peer)?;
             let _g = self.enter()?;
-            let mut ops = [Op::Send(SendOp::post(&self.comm, peer, data)?)];
-            self.record(peer, data.len());
+            let mut ops = [self.post_send(peer, data)?];
             self.drive(&mut ops)
         }
 
         fn recv(&self, peer: usize, data: &mut [u8]) -> Result<()> {
             self.check_peer(peer)?;
             let _g = self.enter()?;
-            let mut ops = [Op::Recv(RecvOp::new(peer, self.rank, data))];
-            self.drive(&mut ops)
+            let mut ops = [self.post_recv(peer, data)?];
+            let res = self.drive(&mut ops);
+            self.settle(&mut ops);
+            res
         }
 
         fn sendrecv(&self, dst: usize, send: &[u8], src: usize, recv: &mut [u8]) -> Result<()> {
             self.check_peer(dst)?;
             self.check_peer(src)?;
             let _g = self.enter()?;
-            let recv_op = RecvOp::new(src, self.rank, recv);
-            let mut ops = [
-                Op::Send(SendOp::post(&self.comm, dst, send)?),
-                Op::Recv(recv_op),
-            ];
-            self.record(dst, send.len());
-            self.drive(&mut ops)
+            // The receive first: a small one is posted before the peer's message comes.
+            let recv_op = self.post_recv(src, recv)?;
+            let send_op = match self.post_send(dst, send) {
+                Ok(op) => op,
+                Err(e) => {
+                    let mut ops = [recv_op];
+                    self.withdraw(&mut ops, &e);
+                    return Err(e);
+                }
+            };
+            let mut ops = [recv_op, send_op];
+            let res = self.drive(&mut ops);
+            self.settle(&mut ops);
+            res
         }
 
         fn exchange(
@@ -1296,50 +1618,56 @@ mod imp {
                 self.check_peer(*p)?;
             }
             let _g = self.enter()?;
-            // Every send is posted before anything waits, so no rank waits for a receive
-            // that is not yet posted. Receives from one peer must match in order (and a
-            // long message arrives in pieces), so they run in phases of at most one
-            // receive per peer; MPI keeps the order of messages between two ranks.
-            let mut posted: Vec<Op> = Vec::with_capacity(sends.len());
-            let mut res = Ok(());
-            for (p, d) in sends {
-                match SendOp::post(&self.comm, *p, d) {
-                    Ok(op) => {
-                        posted.push(Op::Send(op));
-                        self.record(*p, d.len());
-                    }
-                    Err(e) => {
-                        res = Err(e);
-                        break;
-                    }
-                }
-            }
+            // Receives from one peer must match in order (and a long message arrives in
+            // pieces), so they run in phases of at most one receive per peer; MPI keeps
+            // the order of messages between two ranks. The first phase's receives are
+            // posted, then every send, before anything waits, so no rank waits for a
+            // receive that is not yet posted. The sends are waited for last: a later one
+            // may need the peer's later phase (MPI progresses them meanwhile).
             let mut left: Vec<(usize, &mut [u8])> =
                 recvs.iter_mut().map(|(p, d)| (*p, &mut **d)).collect();
-            while res.is_ok() && !left.is_empty() {
-                let mut phase = Vec::new();
+            let mut sent: Vec<Op> = Vec::with_capacity(sends.len());
+            let mut first = true;
+            loop {
+                let mut phase: Vec<Op> = Vec::with_capacity(left.len());
                 let mut later = Vec::new();
+                let mut res = Ok(());
                 for (p, d) in left {
-                    if phase.iter().any(|o: &Op| o.peer() == p) {
+                    if res.is_err() || phase.iter().any(|o| o.peer() == p) {
                         later.push((p, d));
-                    } else {
-                        phase.push(Op::Recv(RecvOp::new(p, self.rank, d)));
+                        continue;
+                    }
+                    match self.post_recv(p, d) {
+                        Ok(op) => phase.push(op),
+                        Err(e) => res = Err(e),
                     }
                 }
-                res = self.drive(&mut phase);
-                left = later;
-            }
-            match res {
-                Ok(()) => self.drive(&mut posted),
-                Err(e) => {
-                    // The sends already posted must not outlive their buffers.
-                    for op in posted.iter_mut() {
-                        if !op.cancel() {
-                            self.mark_broken(&e);
+                if std::mem::take(&mut first) {
+                    for (p, d) in sends {
+                        if res.is_err() {
+                            break;
+                        }
+                        match self.post_send(*p, d) {
+                            Ok(op) => sent.push(op),
+                            Err(e) => res = Err(e),
                         }
                     }
-                    Err(e)
                 }
+                let res = res.and_then(|_| {
+                    let r = self.drive(&mut phase);
+                    self.settle(&mut phase);
+                    r
+                });
+                if let Err(e) = res {
+                    // What was posted must not outlive its buffers.
+                    self.withdraw(&mut phase, &e);
+                    self.withdraw(&mut sent, &e);
+                    return Err(e);
+                }
+                if later.is_empty() {
+                    return self.drive(&mut sent);
+                }
+                left = later;
             }
         }
 

@@ -52,9 +52,9 @@ fn perf_ok(args: &[&str]) -> Out {
     o
 }
 
-/// One data row: size, count, type, redop, algo, time, algbw, busbw, #wrong, [max_err,
-/// rms_err, bound: sweeps with a quantized algo], intra_pkg, intra_node, inter_node,
-/// node_egress.
+/// One data row: size, count, type, redop, algo, time, algbw, busbw, bound_us, %bound,
+/// #wrong, [max_err, rms_err, bound: sweeps with a quantized algo], intra_pkg,
+/// intra_node, inter_node, node_egress.
 #[derive(Debug)]
 struct Row {
     size: u64,
@@ -87,15 +87,15 @@ fn rows(stdout: &str) -> Vec<Row> {
         .map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
             assert!(
-                f.len() == 13 || f.len() == 16,
-                "row has 13 columns (16 with the error columns): {l}"
+                f.len() == 15 || f.len() == 18,
+                "row has 15 columns (18 with the error columns): {l}"
             );
             let t = f.len() - 4;
             let n = |i: usize| {
                 f[i].parse::<u64>()
                     .unwrap_or_else(|_| panic!("column {i} of '{l}' is not an integer"))
             };
-            for (i, v) in f.iter().enumerate().take(8).skip(5) {
+            for (i, v) in f.iter().enumerate().take(10).skip(5) {
                 v.parse::<f64>()
                     .unwrap_or_else(|_| panic!("column {i} of '{l}' is not a number"));
             }
@@ -105,8 +105,8 @@ fn rows(stdout: &str) -> Vec<Row> {
                 dtype: f[2].into(),
                 redop: f[3].into(),
                 algo: f[4].into(),
-                wrong: f[8].into(),
-                err: (f.len() == 16).then(|| [f[9].into(), f[10].into(), f[11].into()]),
+                wrong: f[10].into(),
+                err: (f.len() == 18).then(|| [f[11].into(), f[12].into(), f[13].into()]),
                 traffic: [n(t), n(t + 1), n(t + 2), n(t + 3)],
             }
         })
@@ -828,12 +828,18 @@ fn quantized_unchecked_and_modeled() {
         .map(|l| l.split_whitespace().collect())
         .collect();
     assert_eq!(lines.len(), 2, "{}", o.stdout);
-    // size count type redop algo time algbw busbw model_us model_busbw #wrong max rms bound + 4
-    assert!(lines.iter().all(|f| f.len() == 18), "{}", o.stdout);
-    assert_ne!(lines[0][8], "-", "ring is modeled: {}", o.stdout);
+    // size count type redop algo time algbw busbw bound_us %bound model_us model_busbw
+    // #wrong max rms bound + 4; with --model the bound is the modeled time.
+    assert!(lines.iter().all(|f| f.len() == 20), "{}", o.stdout);
+    assert_ne!(lines[0][10], "-", "ring is modeled: {}", o.stdout);
     assert_eq!(
-        &lines[1][8..14],
-        &["-", "-", "N/A", "N/A", "N/A", "N/A"],
+        lines[0][8], lines[0][10],
+        "bound_us is model_us: {}",
+        o.stdout
+    );
+    assert_eq!(
+        &lines[1][8..16],
+        &["-", "-", "-", "-", "N/A", "N/A", "N/A", "N/A"],
         "{}",
         o.stdout
     );
@@ -1027,5 +1033,111 @@ fn soak_bad_flags_fail_cleanly() {
         &["--soak", "2", "--transport", "nccl"],
         2,
         "--soak runs on the local and mpi transports, not nccl",
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// The bound column and the `mpi` baseline's usage errors
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn bound_column_is_the_memory_traffic_at_the_measured_bandwidth() {
+    let path = tmp("bound.json");
+    let o = perf_ok(&args(&[
+        "--ranks",
+        "4",
+        "--op",
+        "all-gather,reduce-scatter,all-reduce,all-to-all,broadcast",
+        "-b",
+        "1M",
+        "-e",
+        "1M",
+        "--json",
+        path.to_str().unwrap(),
+    ]));
+    // The header gives the per-rank memory bandwidth (GB/s) the bound uses.
+    let bw: f64 = o
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("#  bound     : memory "))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no memory bandwidth in the header:\n{}", o.stdout));
+    assert!(bw > 0.0, "{}", o.stdout);
+    let recs = read_json(&path);
+    assert_eq!(recs.len(), 5);
+    let p = 4.0;
+    for r in &recs {
+        let m = r["size"].as_f64().unwrap();
+        // Bytes read + written per rank: docs/perf.md, "The bound column".
+        let traffic = match r["op"].as_str().unwrap() {
+            "reduce-scatter" => m * (p + 1.0) / p,
+            "all-reduce" => m * (3.0 * p - 1.0) / p,
+            _ => 2.0 * m,
+        };
+        let bound = r["bound_us"].as_f64().unwrap();
+        // The header rounds the bandwidth to 10 MB/s.
+        let want = traffic / (bw * 1e9) * 1e6;
+        assert!(
+            (bound - want).abs() <= 0.01 * want,
+            "{r}: bound {bound}, want {want}"
+        );
+        let pct = r["pct_bound"].as_f64().unwrap();
+        let time = r["time_us"].as_f64().unwrap();
+        assert!(
+            (pct - 100.0 * bound / time).abs() <= 1e-6 * pct.max(1.0),
+            "{r}"
+        );
+    }
+    // The table shows the same two columns after busbw.
+    let rows = rows(&o.stdout);
+    assert_eq!(rows.len(), 5, "{}", o.stdout);
+}
+
+#[test]
+fn mpi_baseline_needs_the_mpi_transport() {
+    fails(
+        &["--algo", "ring,mpi", "-b", "1K", "-e", "1K"],
+        2,
+        "the `mpi` baseline needs --transport mpi",
+    );
+    fails(
+        &[
+            "--transport",
+            "nccl",
+            "--algo",
+            "mpi",
+            "-b",
+            "1K",
+            "-e",
+            "1K",
+        ],
+        2,
+        "`ring` is the vendor library's own",
+    );
+    // Refused before any MPI is touched (these fail the same in builds without it).
+    fails(
+        &[
+            "--transport",
+            "mpi",
+            "--algo",
+            "mpi",
+            "--op",
+            "all-reduce",
+            "-d",
+            "bf16",
+        ],
+        2,
+        "cannot reduce bf16",
+    );
+    fails(
+        &["--transport", "mpi", "--algo", "mpi", "--coalesce", "2"],
+        2,
+        "--coalesce does not apply to the `mpi` baseline",
+    );
+    fails(
+        &["--algo", "mpii"],
+        2,
+        "or mpi (the MPI library's own collective",
     );
 }

@@ -139,7 +139,7 @@ fn strata_perf_model_columns_beside_measured_ones() {
     assert_eq!(r.len(), 4);
     assert!(
         r.iter()
-            .all(|x| x.len() == 15 && x[8].parse::<f64>().unwrap() > 0.0),
+            .all(|x| x.len() == 17 && x[10].parse::<f64>().unwrap() > 0.0 && x[8] == x[10]),
         "{out}"
     );
     let recs: serde_json::Value =
@@ -170,7 +170,7 @@ fn strata_perf_model_columns_beside_measured_ones() {
         &["--ranks", "4", "-b", "1K", "-e", "1K", "-n", "1", "-w", "0"],
     );
     assert!(ok && !out.contains("model_us"));
-    assert!(rows(&out).iter().all(|x| x.len() == 13));
+    assert!(rows(&out).iter().all(|x| x.len() == 15));
 }
 
 #[test]

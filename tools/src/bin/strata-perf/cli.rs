@@ -2,7 +2,7 @@
 //! and the flag combinations clap cannot express (usage errors, exit 2).
 
 use crate::model::Modeler;
-use crate::sweep::{quant_algo, quant_spec};
+use crate::sweep::{quant_algo, quant_spec, reduces, RowAlgo};
 use clap::error::ErrorKind;
 use clap::{CommandFactory, Parser};
 use std::path::PathBuf;
@@ -41,9 +41,10 @@ pub(crate) struct Cli {
     pub(crate) op: Vec<Kind>,
 
     /// Algorithm(s), comma-separated: ring, hier, ho-ring, auto, and the quantized (lossy)
-    /// qgz, qgz-1hop (reduce-scatter) and qwz (all-gather) (default: STRATA_ALGO, else auto).
-    #[arg(long, value_delimiter = ',', value_parser = parse_algo)]
-    pub(crate) algo: Vec<Algo>,
+    /// qgz, qgz-1hop (reduce-scatter) and qwz (all-gather) (default: STRATA_ALGO, else auto);
+    /// `mpi` (with --transport mpi): the MPI library's own collective, the baseline.
+    #[arg(long, value_delimiter = ',', value_parser = parse_row_algo)]
+    pub(crate) algo: Vec<RowAlgo>,
 
     /// Bits per code of the quantized algorithms: 4 or 8 (default: qgz and qgz-1hop 4,
     /// qwz 8).
@@ -145,6 +146,15 @@ pub(crate) struct Cli {
     /// Seed of the soak's schedule (default: random, printed in the header).
     #[arg(long, requires = "soak", value_parser = clap::value_parser!(u64).range(0..1u64 << 48))]
     pub(crate) seed: Option<u64>,
+}
+
+fn parse_row_algo(s: &str) -> std::result::Result<RowAlgo, String> {
+    if s.trim().eq_ignore_ascii_case("mpi") {
+        return Ok(RowAlgo::Mpi);
+    }
+    parse_algo(s)
+        .map(RowAlgo::Strata)
+        .map_err(|e| format!("{e}; or mpi (the MPI library's own collective, --transport mpi)"))
 }
 
 fn parse_transport(s: &str) -> std::result::Result<TransportKind, String> {
@@ -287,9 +297,56 @@ pub(crate) fn quant_conflict(cli: &Cli, algos: &[Algo]) -> Option<(ErrorKind, St
     None
 }
 
+/// Why `--algo mpi` cannot run this command line, if it cannot: MPI's collectives need
+/// the mpi transport (on nccl / rccl `ring` already is the vendor library's own), take
+/// no coalesced form and are not modeled; MPI has no f16 / bf16 reduction.
+fn baseline_conflict(cli: &Cli) -> Option<String> {
+    if !cli.algo.contains(&RowAlgo::Mpi) {
+        return None;
+    }
+    if cli.transport != TransportKind::Mpi {
+        let vendor = if matches!(cli.transport, TransportKind::Nccl | TransportKind::Rccl) {
+            format!(
+                " (on {} `ring` is the vendor library's own collective)",
+                cli.transport.name()
+            )
+        } else {
+            String::new()
+        };
+        return Some(format!(
+            "the `mpi` baseline needs --transport mpi under mpirun, not --transport {}{vendor}",
+            cli.transport.name()
+        ));
+    }
+    if cli.dry_run {
+        return Some("--dry-run models strata's algorithms, not the `mpi` baseline".into());
+    }
+    if cli.coalesce.is_some() {
+        return Some(
+            "--coalesce does not apply to the `mpi` baseline (MPI has no coalesced collectives)"
+                .into(),
+        );
+    }
+    if dedup(&cli.op).into_iter().any(reduces) {
+        if let Some(d) = dedup(&cli.datatype)
+            .into_iter()
+            .find(|d| matches!(d, DataType::F16 | DataType::BF16))
+        {
+            return Some(format!(
+                "the `mpi` baseline cannot reduce {} (MPI has no 16-bit float type): reduce f32, i32, i8 or u8, or run --op all-gather,all-to-all,broadcast",
+                d.name()
+            ));
+        }
+    }
+    None
+}
+
 /// Flag combinations clap cannot express: usage errors (exit 2).
 pub(crate) fn validate(cli: &Cli) {
     let mut cmd = Cli::command();
+    if let Some(msg) = baseline_conflict(cli) {
+        cmd.error(ErrorKind::ArgumentConflict, msg).exit();
+    }
     if cli.coalesce.is_some() {
         if let Some(k) = dedup(&cli.op)
             .into_iter()

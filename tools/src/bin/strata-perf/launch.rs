@@ -2,13 +2,16 @@
 //! process under mpirun (`mpi`), and NCCL / RCCL bootstrapped like nccl-tests; each runs
 //! the sweep and feeds rank 0's reporter.
 
+use crate::baseline::MpiBaseline;
 use crate::cli::Cli;
+use crate::membw;
 use crate::rank::{all_gather_bytes, bench_row, ErrStats, Fence, LocalPace, MpiPace, RankRow};
 use crate::report::Reporter;
-use crate::sweep::build_plan;
+use crate::sweep::{build_plan, RowAlgo};
 use std::sync::{mpsc, Arc};
 use strata::traffic::TrafficMatrix;
-use strata::{Algo, Comm, CommConfig, Error, Result, Topology};
+use strata::transport::TransportKind;
+use strata::{Comm, CommConfig, Error, Result, Topology};
 
 /// Messages from the rank threads of a local world to the main thread.
 enum Msg {
@@ -20,7 +23,7 @@ pub(crate) fn run_local(
     cli: &Cli,
     config: CommConfig,
     topo: Option<Topology>,
-    algos: &[Algo],
+    algos: &[RowAlgo],
 ) -> Result<u64> {
     run_threads(cli, config, topo, algos, false)
 }
@@ -31,7 +34,7 @@ pub(crate) fn run_threads(
     cli: &Cli,
     config: CommConfig,
     topo: Option<Topology>,
-    algos: &[Algo],
+    algos: &[RowAlgo],
     gpu: bool,
 ) -> Result<u64> {
     let ranks = match (cli.ranks, &topo) {
@@ -53,7 +56,13 @@ pub(crate) fn run_threads(
         Comm::local_world(ranks, Some(topo), config)?
     };
     let plan = Arc::new(build_plan(cli, algos, ranks)?);
-    let mut reporter = Reporter::new(cli, &plan, comms[0].clone(), algos)?;
+    // The bound column's memory bandwidth: host memory only.
+    let bw = if gpu {
+        None
+    } else {
+        Some(membw::local(ranks, timeout)?)
+    };
+    let mut reporter = Reporter::new(cli, &plan, comms[0].clone(), algos, bw)?;
 
     let fence = Arc::new(Fence::new(ranks, timeout));
     let (tx, rx) = mpsc::channel::<Msg>();
@@ -157,7 +166,7 @@ pub(crate) fn run_mpi(
     cli: &Cli,
     config: CommConfig,
     topo: Option<Topology>,
-    algos: &[Algo],
+    algos: &[RowAlgo],
 ) -> Result<u64> {
     let comm = Comm::mpi_world(topo, config)?;
     let r = run_mpi_on(cli, &comm, algos);
@@ -168,7 +177,7 @@ pub(crate) fn run_mpi(
     r
 }
 
-fn run_mpi_on(cli: &Cli, comm: &Comm, algos: &[Algo]) -> Result<u64> {
+fn run_mpi_on(cli: &Cli, comm: &Comm, algos: &[RowAlgo]) -> Result<u64> {
     let (p, me) = (comm.size(), comm.rank());
     if let Some(n) = cli.ranks {
         if n as usize != p {
@@ -179,9 +188,22 @@ fn run_mpi_on(cli: &Cli, comm: &Comm, algos: &[Algo]) -> Result<u64> {
     }
     let plan = build_plan(cli, algos, p)?;
     let n = comm.topology().world_size();
+    // The bound column's memory bandwidth: the mpi transport's processes share host
+    // memory; a vendor transport's buffers are device memory (no figure).
+    let bw = if comm.transport_kind() == TransportKind::Mpi {
+        Some(membw::mpi(comm)?)
+    } else {
+        None
+    };
+    // MPI's own collectives (`--algo mpi`): the same on every rank, collective to create.
+    let baseline = if algos.contains(&RowAlgo::Mpi) {
+        Some(MpiBaseline::new(comm)?)
+    } else {
+        None
+    };
     // Rank 0 reports; its setup errors (a bad --json path) must reach the others too.
     let reporter = if me == 0 {
-        Some(Reporter::new(cli, &plan, comm.clone(), algos))
+        Some(Reporter::new(cli, &plan, comm.clone(), algos, bw))
     } else {
         None
     };
@@ -195,7 +217,11 @@ fn run_mpi_on(cli: &Cli, comm: &Comm, algos: &[Algo]) -> Result<u64> {
     }
     let mut reporter = reporter.transpose()?;
     for (i, row) in plan.rows.iter().enumerate() {
-        let rr = bench_row(comm, &plan, row, &MpiPace).map_err(|e| with_rank(e, me))?;
+        let rr = match (&baseline, row.algo) {
+            (Some(b), RowAlgo::Mpi) => b.bench_row(&plan, row),
+            _ => bench_row(comm, &plan, row, &MpiPace),
+        }
+        .map_err(|e| with_rank(e, me))?;
         // Gather (time, wrong, error statistics, own traffic row) from every rank.
         const HEAD: usize = 7;
         let mut mine = Vec::with_capacity((n + HEAD) * 8);
@@ -275,7 +301,7 @@ pub(crate) fn run_vendor(
     cli: &Cli,
     config: CommConfig,
     topo: Option<Topology>,
-    algos: &[Algo],
+    algos: &[RowAlgo],
 ) -> Result<u64> {
     let boot = if under_mpi() {
         Comm::mpi_world(topo, config.clone())?

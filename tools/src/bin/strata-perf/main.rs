@@ -73,8 +73,10 @@
 //! table and JSON), [`launch`] (the transports), [`soak`] (soak runs).
 #![forbid(unsafe_code)]
 
+mod baseline;
 mod cli;
 mod launch;
+mod membw;
 mod model;
 mod rank;
 mod report;
@@ -84,6 +86,7 @@ mod sweep;
 use crate::cli::{dedup, quant_conflict, validate, Cli};
 use crate::launch::{run_local, run_mpi, run_threads, run_vendor};
 use crate::model::run_dry;
+use crate::sweep::{strata_algos, RowAlgo};
 use clap::{CommandFactory, Parser};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -128,16 +131,17 @@ fn run(cli: &Cli) -> ExitCode {
         ho_ring_chunks: cli.chunks.or(env.ho_ring_chunks),
     };
     let algos = if cli.algo.is_empty() {
-        vec![config.algo]
+        vec![RowAlgo::Strata(config.algo)]
     } else {
         dedup(&cli.algo)
     };
     // After STRATA_ALGO is read: the quantized algos' constraints (usage errors, exit 2).
-    if let Some((kind, msg)) = quant_conflict(cli, &algos) {
+    if let Some((kind, msg)) = quant_conflict(cli, &strata_algos(&algos)) {
         Cli::command().error(kind, msg).exit();
     }
     if cli.dry_run {
-        return conclude(run_dry(cli, &config, &algos));
+        // validate() refused `--algo mpi` with --dry-run.
+        return conclude(run_dry(cli, &config, &strata_algos(&algos)));
     }
     if cli.soak.is_some() {
         if cli.transport == TransportKind::Mpi {

@@ -3,7 +3,7 @@
 
 use crate::cli::{dedup, Cli};
 use crate::report::{fmt_time, out};
-use crate::sweep::{build_plan, bus_factor, reduces, Row};
+use crate::sweep::{build_plan, bus_factor, reduces, Row, RowAlgo};
 use serde::Serialize;
 use std::io::Write;
 use std::path::PathBuf;
@@ -70,6 +70,9 @@ impl Modeler {
     /// Dry run and replay of `row` (None for ops and quantized algos the simulator does
     /// not model).
     pub(crate) fn model(&self, row: &Row) -> Result<Option<Modeled>> {
+        let Some(algo) = row.algo.strata() else {
+            return Ok(None); // the MPI baseline: not strata's schedule
+        };
         if !Self::modelable(row.kind) || row.quant.is_some() {
             return Ok(None);
         }
@@ -77,7 +80,7 @@ impl Modeler {
         let (sched, r) = sim::model(
             &self.topo,
             row.kind,
-            row.algo,
+            algo,
             row.count,
             row.dtype,
             self.chunks,
@@ -88,7 +91,7 @@ impl Modeler {
             0.0
         };
         Ok(Some(Modeled {
-            used: sched.algo.unwrap_or(row.algo),
+            used: sched.algo.unwrap_or(algo),
             time_us: r.makespan_us,
             algbw,
             busbw: algbw * bus_factor(row.kind, p),
@@ -103,7 +106,10 @@ impl Modeler {
         if Some(row.dtype) != self.dtype || (row.redop.is_some() && row.redop != self.redop) {
             return;
         }
-        let key = (row.kind, row.algo);
+        let Some(algo) = row.algo.strata() else {
+            return;
+        };
+        let key = (row.kind, algo);
         match self.largest.iter_mut().find(|e| e.0 == key) {
             Some(e) if e.2 < row.bytes => (e.1, e.2) = (i, row.bytes),
             Some(_) => {}
@@ -259,7 +265,8 @@ pub(crate) fn run_dry(cli: &Cli, config: &CommConfig, algos: &[Algo]) -> Result<
             )));
         }
     }
-    let plan = build_plan(cli, algos, p)?;
+    let rows: Vec<RowAlgo> = algos.iter().map(|&a| RowAlgo::Strata(a)).collect();
+    let plan = build_plan(cli, &rows, p)?;
     let mut json = match &cli.json {
         Some(path) => Some((
             path.clone(),

@@ -109,7 +109,7 @@ impl Fence {
         }
     }
 
-    fn wait(&self) -> Result<()> {
+    pub(crate) fn wait(&self) -> Result<()> {
         let mut g = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(why) = &g.aborted {
             return Err(Error::Remote(format!("another rank failed ({why})")));
@@ -189,7 +189,7 @@ impl Pace for MpiPace {
 }
 
 /// A barrier on the communicator: a waited 1-element all-reduce.
-fn comm_barrier(comm: &Comm) -> Result<()> {
+pub(crate) fn comm_barrier(comm: &Comm) -> Result<()> {
     let b = Buffer::zeroed(4);
     let op = Op::AllReduce {
         send: b.clone(),
@@ -234,7 +234,7 @@ fn patterned(comm: &Comm, dtype: DataType, rank: usize, elems: usize) -> Result<
 }
 
 /// The request of one timed call, on buffers allocated once for the row.
-fn timed_request(comm: &Comm, row: &Row, p: usize, rank: usize) -> Result<Request> {
+fn timed_request(comm: &Comm, row: &Row, algo: Algo, p: usize, rank: usize) -> Result<Request> {
     let s = row.dtype.size();
     let redop = row.redop.unwrap_or(ReduceOp::Sum);
     let (ns, nr) = row.kind.sizes(row.count, p);
@@ -276,7 +276,7 @@ fn timed_request(comm: &Comm, row: &Row, p: usize, rank: usize) -> Result<Reques
             }
         }
     };
-    let req = Request::new(op, row.dtype).with_algo(row.algo);
+    let req = Request::new(op, row.dtype).with_algo(algo);
     Ok(match row.quant {
         Some(q) => req.with_quant(q),
         None => req,
@@ -297,7 +297,10 @@ fn wait_all(works: &[strata::Work]) -> Result<()> {
 
 pub(crate) fn bench_row(comm: &Comm, plan: &Plan, row: &Row, pace: &dyn Pace) -> Result<RankRow> {
     let (p, r) = (comm.size(), comm.rank());
-    let req = timed_request(comm, row, p, r)?;
+    let algo = row.algo.strata().ok_or_else(|| {
+        Error::Internal("the mpi baseline's rows run in crate::baseline, not on strata".into())
+    })?;
+    let req = timed_request(comm, row, algo, p, r)?;
     for _ in 0..plan.warmup {
         comm.submit(req.clone())?.wait()?;
     }
@@ -322,20 +325,18 @@ pub(crate) fn bench_row(comm: &Comm, plan: &Plan, row: &Row, pace: &dyn Pace) ->
         // Quantized: wrong = elements outside the format's bound of the exact result.
         (true, Some(q), _) => {
             let c = check::run_checked_quant(
-                comm, row.kind, row.dtype, redop, row.count, row.algo, q, row.seed,
+                comm, row.kind, row.dtype, redop, row.count, algo, q, row.seed,
             )?;
             (c.wrong, Some(ErrStats::of(&c)))
         }
         (true, None, None) => (
             check::run_checked(
-                comm, row.kind, row.dtype, redop, row.count, row.algo, false, row.seed,
+                comm, row.kind, row.dtype, redop, row.count, algo, false, row.seed,
             )?,
             None,
         ),
         (true, None, Some(counts)) => (
-            check::run_checked_coalesced(
-                comm, row.kind, row.dtype, redop, counts, row.algo, row.seed,
-            )?,
+            check::run_checked_coalesced(comm, row.kind, row.dtype, redop, counts, algo, row.seed)?,
             None,
         ),
     };

@@ -4,7 +4,9 @@
 use crate::cli::{dedup, Cli};
 use crate::model::{model_topology, Modeler};
 use crate::rank::ErrStats;
-use crate::sweep::{bus_factor, quant_algo, quant_spec, reduces, Plan, Row};
+use crate::sweep::{
+    bus_factor, mem_traffic, quant_algo, quant_spec, reduces, strata_algos, Plan, Row, RowAlgo,
+};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 use std::io::{IsTerminal, Write};
@@ -52,6 +54,12 @@ struct Record {
     /// The per-element bound the format promises for this call (docs/quantization.md,
     /// `strata::check::quant_bound`); `wrong` counts the elements beyond it.
     bound: Option<f64>,
+    /// The bound of the call (us): with --model the modeled time (`model_time_us`),
+    /// else the bytes this rank must read and write in memory at the bandwidth measured
+    /// at start-up (`local`, `mpi`); null where there is none.
+    bound_us: Option<f64>,
+    /// `100 * bound_us / time_us` (the table's `%bound`).
+    pct_bound: Option<f64>,
     /// With --model: the modeled time of one call on the model topology (us).
     #[serde(skip_serializing_if = "Option::is_none")]
     model_time_us: Option<f64>,
@@ -66,9 +74,9 @@ struct Record {
 /// One column of the table: (name, unit, width).
 type Column = (&'static str, &'static str, usize);
 
-/// The table's columns, (name, unit, width): `model` adds `model_us` / `model_busbw` after
-/// busbw (`--model`), `quant` the error columns `max_err` / `rms_err` / `bound` after
-/// `#wrong` (a sweep with a quantized algo).
+/// The table's columns, (name, unit, width): `bound_us` / `%bound` after busbw, `model`
+/// adds `model_us` / `model_busbw` after them (`--model`), `quant` the error columns
+/// `max_err` / `rms_err` / `bound` after `#wrong` (a sweep with a quantized algo).
 fn table_columns(model: bool, quant: bool) -> Vec<Column> {
     let mut c = vec![
         ("size", "(B)", 12),
@@ -79,6 +87,8 @@ fn table_columns(model: bool, quant: bool) -> Vec<Column> {
         ("time", "(us)", 7),
         ("algbw", "(GB/s)", 6),
         ("busbw", "(GB/s)", 6),
+        ("bound_us", "(us)", 8),
+        ("%bound", "", 6),
     ];
     if model {
         c.extend([("model_us", "(us)", 9), ("model_busbw", "(GB/s)", 11)]);
@@ -165,11 +175,14 @@ pub(crate) struct Reporter<'a> {
     /// The sweep has a quantized algo: the table has the error columns.
     quant: bool,
     /// (op, algo) pairs whose fallback to ring was already noted.
-    noted: Vec<(Kind, Algo)>,
+    noted: Vec<(Kind, RowAlgo)>,
     /// Opened (created) before the sweep so a bad path fails at once, written at the end.
     json: Option<(PathBuf, std::fs::File)>,
     /// `--model`: every row is also modeled on this topology.
     modeler: Option<Modeler>,
+    /// Memory bandwidth per rank (bytes read + written per second), measured at
+    /// start-up: the bound column without `--model`.
+    membw: Option<f64>,
 }
 
 /// The header line of the quantized formats: per quantized algo of the sweep its bits and
@@ -205,8 +218,10 @@ impl<'a> Reporter<'a> {
         cli: &Cli,
         plan: &'a Plan,
         comm0: Comm,
-        algos: &[Algo],
+        algos: &[RowAlgo],
+        membw: Option<f64>,
     ) -> Result<Reporter<'a>> {
+        let (all, algos) = (algos, &strata_algos(algos)[..]);
         let json = match &cli.json {
             Some(path) => {
                 let f = std::fs::File::create(path)
@@ -257,8 +272,9 @@ impl<'a> Reporter<'a> {
             noted: Vec::new(),
             json,
             modeler,
+            membw,
         };
-        r.header(cli, algos);
+        r.header(cli, all);
         r.progress_msg();
         Ok(r)
     }
@@ -278,7 +294,8 @@ impl<'a> Reporter<'a> {
         }
     }
 
-    fn header(&self, cli: &Cli, algos: &[Algo]) {
+    fn header(&self, cli: &Cli, all: &[RowAlgo]) {
+        let algos = &strata_algos(all)[..];
         let list = |v: Vec<&str>| v.join(",");
         let ops = list(dedup(&cli.op).iter().map(|k| k.name()).collect());
         let redops = if dedup(&cli.op).iter().any(|&k| reduces(k)) {
@@ -307,7 +324,7 @@ impl<'a> Reporter<'a> {
             format!("#  op        : {ops}"),
             format!(
                 "#  algo      : {}",
-                list(algos.iter().map(|a| a.name()).collect())
+                list(all.iter().map(|a| a.name()).collect())
             ),
             format!(
                 "#  dtype     : {}",
@@ -330,6 +347,14 @@ impl<'a> Reporter<'a> {
             ),
             format!("#  timeout   : {:?}", self.comm0.timeout()),
             format!("#  traffic   : {how}"),
+            match (&self.modeler, self.membw) {
+                (Some(_), _) => "#  bound     : the modeled time (model_us); %bound = 100 * bound_us / time".into(),
+                (None, Some(bw)) => format!(
+                    "#  bound     : memory {:.2} GB/s per rank (read+written, every rank copying at once); bound_us = bytes this rank reads and writes / that; %bound = 100 * bound_us / time",
+                    bw / 1e9
+                ),
+                (None, None) => "#  bound     : none on this transport (add --model SPEC for the modeled time)".into(),
+            },
         ];
         let model = self.modeler.as_ref().map(|m| {
             format!(
@@ -361,17 +386,20 @@ impl<'a> Reporter<'a> {
 
     /// The algorithm the selector runs for `row` (the flat request of a coalesced call),
     /// and the selector's reason.
-    fn chosen(&self, row: &Row) -> (Algo, String) {
+    fn chosen(&self, row: &Row) -> (RowAlgo, String) {
+        let Some(algo) = row.algo.strata() else {
+            return (RowAlgo::Mpi, "the MPI library's own collective".into());
+        };
         let z = Buffer::zeroed(0);
         let op = row
             .kind
             .op(z.clone(), z, row.count, row.redop.unwrap_or(ReduceOp::Sum));
-        let mut req = Request::new(op, row.dtype).with_algo(row.algo);
+        let mut req = Request::new(op, row.dtype).with_algo(algo);
         if let Some(q) = row.quant {
             req = req.with_quant(q);
         }
         let c = self.comm0.choose(&req);
-        (c.algo, c.reason.into_owned())
+        (RowAlgo::Strata(c.algo), c.reason.into_owned())
     }
 
     /// Rank 0's view of row `i`: the max time, the summed wrong counts and the combined
@@ -425,6 +453,16 @@ impl<'a> Reporter<'a> {
             }
             None => None,
         };
+        let bound_us = match (&self.modeler, self.membw) {
+            (Some(_), _) => modeled.as_ref().map(|m| m.time_us),
+            (None, Some(bw)) if bw > 0.0 => {
+                Some(mem_traffic(row.kind, row.bytes as f64, self.p) / bw * 1e6)
+            }
+            (None, _) => None,
+        };
+        let pct_bound = bound_us
+            .filter(|_| time_us > 0.0)
+            .map(|b| 100.0 * b / time_us);
         let mut cells = vec![
             row.bytes.to_string(),
             row.count.to_string(),
@@ -434,6 +472,8 @@ impl<'a> Reporter<'a> {
             fmt_time(time_us).trim().to_string(),
             format!("{algbw:.2}"),
             format!("{busbw:.2}"),
+            bound_us.map_or("-".into(), |b| fmt_time(b).trim().to_string()),
+            pct_bound.map_or("-".into(), |x| format!("{x:.1}")),
         ];
         if self.modeler.is_some() {
             match &modeled {
@@ -485,6 +525,8 @@ impl<'a> Reporter<'a> {
             time_us,
             algbw,
             busbw,
+            bound_us,
+            pct_bound,
             wrong: self.plan.check.then_some(wrong),
             traffic: report,
             traffic_source: report.map(|_| self.traffic_source()),

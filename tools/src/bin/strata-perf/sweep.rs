@@ -7,11 +7,47 @@ use strata::check::Kind;
 use strata::kernels::QuantSpec;
 use strata::{Algo, DataType, Error, ReduceOp, Result};
 
+/// What runs a row: one of strata's algorithms, or the MPI library's own collective
+/// (`--algo mpi`, the baseline of [`crate::baseline`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RowAlgo {
+    Strata(Algo),
+    Mpi,
+}
+
+impl RowAlgo {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            RowAlgo::Strata(a) => a.name(),
+            RowAlgo::Mpi => "mpi",
+        }
+    }
+
+    /// The strata algorithm; None for the MPI baseline.
+    pub(crate) fn strata(self) -> Option<Algo> {
+        match self {
+            RowAlgo::Strata(a) => Some(a),
+            RowAlgo::Mpi => None,
+        }
+    }
+}
+
+impl std::fmt::Display for RowAlgo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The strata algorithms of a sweep (the MPI baseline left out).
+pub(crate) fn strata_algos(algos: &[RowAlgo]) -> Vec<Algo> {
+    algos.iter().filter_map(|a| a.strata()).collect()
+}
+
 /// One row of the sweep.
 #[derive(Debug, Clone)]
 pub(crate) struct Row {
     pub(crate) kind: Kind,
-    pub(crate) algo: Algo,
+    pub(crate) algo: RowAlgo,
     pub(crate) dtype: DataType,
     /// None for ops without a reduction.
     pub(crate) redop: Option<ReduceOp>,
@@ -54,6 +90,21 @@ fn spread(k: Kind, p: usize) -> usize {
     }
 }
 
+/// Bytes one rank must read and write in memory for one call of `k` whose full
+/// (gathered / unreduced) buffer is `m` bytes, `p` ranks: the numerator of the `bound_us`
+/// column (docs/perf.md, "The bound column").
+pub(crate) fn mem_traffic(k: Kind, m: f64, p: usize) -> f64 {
+    let p = p.max(1) as f64;
+    match k {
+        // Out of place: read the whole output's worth once, write it once.
+        Kind::AllGather | Kind::AllToAll | Kind::Broadcast { .. } => 2.0 * m,
+        // Read every rank's contribution to its chunk (p * m/p), write the chunk (m/p).
+        Kind::ReduceScatter => m * (p + 1.0) / p,
+        // Reduce-scatter, then all-gather the reduced chunks: m(p+1)/p + 2m(p-1)/p.
+        Kind::AllReduce => m * (3.0 * p - 1.0) / p,
+    }
+}
+
 pub(crate) fn bus_factor(k: Kind, p: usize) -> f64 {
     let p = p as f64;
     match k {
@@ -93,14 +144,17 @@ pub(crate) fn quant_spec(cli: &Cli, a: Algo) -> Option<Result<QuantSpec>> {
     })
 }
 
-pub(crate) fn build_plan(cli: &Cli, algos: &[Algo], p: usize) -> Result<Plan> {
+pub(crate) fn build_plan(cli: &Cli, algos: &[RowAlgo], p: usize) -> Result<Plan> {
     let sizes = raw_sizes(cli.minbytes, cli.maxbytes, cli.stepfactor, cli.stepbytes)
         .map_err(Error::InvalidArgument)?;
     let coalesce = cli.coalesce.map(|k| k as usize);
     let mut rows = Vec::new();
     for kind in dedup(&cli.op) {
         for &algo in algos {
-            let quant = quant_spec(cli, algo).transpose()?;
+            let quant = match algo {
+                RowAlgo::Strata(a) => quant_spec(cli, a).transpose()?,
+                RowAlgo::Mpi => None,
+            };
             for dtype in dedup(&cli.datatype) {
                 let redops: Vec<Option<ReduceOp>> = if reduces(kind) {
                     dedup(&cli.redop).into_iter().map(Some).collect()
