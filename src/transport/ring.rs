@@ -236,8 +236,13 @@ pub fn reduce_scatter_in_place<T: Transport + ?Sized>(
     reduce_scatter_in_place_v(t, buf, &ranges, dtype, op)
 }
 
+/// Largest all-reduce that two ranks run as one swap of the whole buffer.
+pub const SWAP_MAX: usize = 16 << 10;
+
 /// Ring all-reduce in place: reduce-scatter in place, then all-gather, over near-equal
-/// element chunks, with no copy of the input.
+/// element chunks, with no copy of the input. Two ranks with at most [`SWAP_MAX`] bytes
+/// swap their whole buffers in one step instead of two and both compute
+/// `op(rank 0's, rank 1's)` (the same bytes on the wire per rank, `M`, half the steps).
 pub fn all_reduce<T: Transport + ?Sized>(
     t: &T,
     buf: &mut [u8],
@@ -246,6 +251,19 @@ pub fn all_reduce<T: Transport + ?Sized>(
 ) -> Result<()> {
     if t.size() == 1 {
         return Ok(());
+    }
+    if t.size() == 2 && buf.len() <= SWAP_MAX {
+        let (op, other) = (op.partial(), 1 - t.rank());
+        let mine = buf.to_vec();
+        return if t.rank() == 0 {
+            t.sendrecv_reduce(other, &mine, other, Fold::Into(buf), dtype, op)
+        } else {
+            let fold = Fold::Pair {
+                out: buf,
+                local: &mine,
+            };
+            t.sendrecv_reduce(other, &mine, other, fold, dtype, op)
+        };
     }
     let ranges = even_ranges(buf.len() / dtype.size(), t.size(), dtype.size());
     reduce_scatter_in_place_v(t, buf, &ranges, dtype, op)?;
