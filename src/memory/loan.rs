@@ -29,24 +29,64 @@ const BUSY_POLLS: u32 = 256;
 
 /// Threads in the yielding phase of [`spin_until`] now.
 static SPINNING: AtomicUsize = AtomicUsize::new(0);
+/// Rank threads of the in-process worlds alive ([`Crowd`]).
+static CROWD: AtomicUsize = AtomicUsize::new(0);
+
+/// `n` rank threads that wait on each other (a `local` world), counted for as long as
+/// this lives: while this process runs more of them than the machine has cores, waits
+/// park at once instead of spinning ([`may_spin`]).
+#[derive(Debug)]
+pub struct Crowd(usize);
+
+impl Crowd {
+    /// Count `n` more rank threads.
+    pub fn new(n: usize) -> Crowd {
+        CROWD.fetch_add(n, Ordering::AcqRel);
+        Crowd(n)
+    }
+}
+
+impl Drop for Crowd {
+    fn drop(&mut self) {
+        CROWD.fetch_sub(self.0, Ordering::AcqRel);
+    }
+}
+
+fn cores() -> usize {
+    static C: OnceLock<usize> = OnceLock::new();
+    *C.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+/// True when waits may spin: the ranks sharing this machine (this process's
+/// [`Crowd`]s, or the MPI launcher's local size, `OMPI_COMM_WORLD_LOCAL_SIZE` /
+/// `MPI_LOCALNRANKS`) are no more than its cores. A spinning rank on an oversubscribed
+/// machine holds the core the rank it waits for needs.
+pub fn may_spin() -> bool {
+    static LAUNCHED: OnceLock<usize> = OnceLock::new();
+    let launched = *LAUNCHED.get_or_init(|| {
+        ["OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"]
+            .iter()
+            .find_map(|k| std::env::var(k).ok()?.trim().parse::<usize>().ok())
+            .unwrap_or(1)
+    });
+    launched.max(CROWD.load(Ordering::Acquire)) <= cores()
+}
 
 /// Poll `ready` until it is true or `budget` has passed: busy at first, then yielding
-/// the core each round. At most as many threads as the machine has cores, less one,
-/// spin past the first busy polls at any time (at least one); the others give up at
-/// once, so a machine running more rank threads than cores parks its waiters instead
-/// of handing its cores to them. True when `ready` held.
+/// the core each round; at most one thread per core spins at a time, and none while
+/// the machine is oversubscribed ([`may_spin`]): those check once and give up, to park.
+/// True when `ready` held.
 pub fn spin_until(budget: Duration, mut ready: impl FnMut() -> bool) -> bool {
+    if !may_spin() {
+        return ready();
+    }
     for _ in 0..BUSY_POLLS {
         if ready() {
             return true;
         }
         std::hint::spin_loop();
     }
-    static MAX: OnceLock<usize> = OnceLock::new();
-    let max = *MAX.get_or_init(|| {
-        std::thread::available_parallelism().map_or(1, |n| n.get().saturating_sub(1).max(1))
-    });
-    if SPINNING.fetch_add(1, Ordering::AcqRel) >= max {
+    if SPINNING.fetch_add(1, Ordering::AcqRel) >= cores() {
         SPINNING.fetch_sub(1, Ordering::AcqRel);
         return ready();
     }

@@ -17,7 +17,7 @@
 use super::{Fold, Transport, TransportKind};
 use crate::dtype::{reduce_into, reduce_pair, DataType, ReduceOp};
 use crate::error::{Error, Result};
-use crate::memory::loan::{lend, spin_until, Loan, SPIN};
+use crate::memory::loan::{lend, spin_until, Crowd, Loan, SPIN};
 use crate::topology::Topology;
 use crate::traffic::{EventKind, Traffic};
 use std::collections::{HashMap, VecDeque};
@@ -127,6 +127,9 @@ struct World {
     next_id: AtomicU64,
     splits: Mutex<HashMap<(u64, u64), SplitSlot>>,
     split_cv: Condvar,
+    /// The world's rank threads, counted while it lives (waits park at once when they
+    /// outnumber the cores).
+    _crowd: Crowd,
 }
 
 /// A rank of an in-process world.
@@ -148,6 +151,7 @@ impl LocalTransport {
             next_id: AtomicU64::new(1),
             splits: Mutex::new(HashMap::new()),
             split_cv: Condvar::new(),
+            _crowd: Crowd::new(n),
         });
         let group = Group::new(0, (0..n).collect());
         (0..n)

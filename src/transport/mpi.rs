@@ -1396,23 +1396,15 @@ mod imp {
 
     /// Polls spun before the first yield: a peer on another core answers within a few
     /// microseconds, and a yield (a system call) costs as much again. None when this
-    /// host runs more ranks of the job than it has cores (the launcher's local size:
-    /// `OMPI_COMM_WORLD_LOCAL_SIZE`, `MPI_LOCALNRANKS`): a spinning rank would then hold
-    /// the core its peer needs.
+    /// host runs more ranks of the job than it has cores
+    /// ([`crate::memory::loan::may_spin`]: the launcher's local size): a spinning rank
+    /// would then hold the core its peer needs.
     fn spin_polls() -> u32 {
-        static S: OnceLock<u32> = OnceLock::new();
-        *S.get_or_init(|| {
-            let local = ["OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"]
-                .iter()
-                .find_map(|k| std::env::var(k).ok()?.trim().parse::<usize>().ok())
-                .unwrap_or(1);
-            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-            if local > cores {
-                0
-            } else {
-                64
-            }
-        })
+        if crate::memory::loan::may_spin() {
+            64
+        } else {
+            0
+        }
     }
 
     /// Wait between polls: spin briefly ([`spin_polls`]), then yield (ranks may share
