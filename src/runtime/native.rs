@@ -63,10 +63,12 @@ pub fn run(t: &dyn Transport, op: &Op, dtype: DataType, timeout: Duration) -> Re
             }
         }
         Op::AllReduce { send, recv, op, .. } => {
-            if !in_place {
-                copy(send, recv, timeout)?;
+            if in_place {
+                t.all_reduce(&mut recv.write_timeout(timeout)?, dtype, *op)
+            } else {
+                let src = send.read_timeout(timeout)?;
+                t.all_reduce_from(&src, &mut recv.write_timeout(timeout)?, dtype, *op)
             }
-            t.all_reduce(&mut recv.write_timeout(timeout)?, dtype, *op)
         }
         Op::AllToAll { send, recv, .. } => t.all_to_all(
             &send.read_timeout(timeout)?,

@@ -437,6 +437,9 @@ impl Transport for LocalTransport {
                 self.receive(src, out.len(), |b| reduce_pair(out, b, local, dtype, op))
             }
             Fold::Into(acc) => self.receive(src, acc.len(), |b| reduce_into(acc, b, dtype, op)),
+            Fold::After { out, local } => {
+                self.receive(src, out.len(), |b| reduce_pair(out, local, b, dtype, op))
+            }
         })
     }
 

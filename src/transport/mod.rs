@@ -118,6 +118,14 @@ pub enum Fold<'a> {
     },
     /// `acc[i] = op(acc[i], incoming[i])`, in place.
     Into(&'a mut [u8]),
+    /// `out[i] = op(local[i], incoming[i])`: [`Fold::Into`] with the operand elsewhere
+    /// (so an out-of-place call gives the in-place call's bytes).
+    After {
+        /// Where the result goes (the received message's length).
+        out: &'a mut [u8],
+        /// This rank's operand.
+        local: &'a [u8],
+    },
 }
 
 /// Moves bytes among the `size()` ranks of one communicator. Calls block the calling
@@ -170,6 +178,12 @@ pub trait Transport: Send + Sync {
                 let mut tmp = vec![0u8; acc.len()];
                 self.sendrecv(dst, send, src, &mut tmp)?;
                 reduce_into(acc, &tmp, dtype, op);
+            }
+            Fold::After { out, local } => {
+                let mut tmp = vec![0u8; out.len()];
+                self.sendrecv(dst, send, src, &mut tmp)?;
+                out.copy_from_slice(local);
+                reduce_into(out, &tmp, dtype, op);
             }
         }
         Ok(())
@@ -254,6 +268,25 @@ pub trait Transport: Send + Sync {
                 self.reduce_scatter(&src, &mut buf[r * chunk..(r + 1) * chunk], dtype, op)
             }
             None => ring::reduce_scatter_in_place(self, buf, chunk, dtype, op),
+        }
+    }
+    /// Native all-reduce out of place: `recv` gets the reduction of everyone's `send`
+    /// (the same length; with `Avg`: the sum), with the in-place call's bytes. Default:
+    /// the ring reading `send` where it is (no copy first) on host transports; GPU
+    /// transports copy into `recv` and reduce in place.
+    fn all_reduce_from(
+        &self,
+        send: &[u8],
+        recv: &mut [u8],
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        match self.gpu() {
+            Some(_) => {
+                recv.copy_from_slice(send);
+                self.all_reduce(recv, dtype, op)
+            }
+            None => ring::all_reduce_from(self, send, recv, dtype, op),
         }
     }
     /// Native all-reduce in place (with `Avg`: the sum; the caller divides).

@@ -163,7 +163,7 @@ pub fn reduce_scatter_v<T: Transport + ?Sized>(
             None => &src[ranges[(r + p - 1) % p].clone()],
             Some(l) => part(parts, l),
         };
-        let fold = Fold::Pair {
+        let fold = Fold::After {
             out,
             local: &src[ranges[r].clone()],
         };
@@ -268,6 +268,27 @@ pub fn all_reduce<T: Transport + ?Sized>(
     let ranges = even_ranges(buf.len() / dtype.size(), t.size(), dtype.size());
     reduce_scatter_in_place_v(t, buf, &ranges, dtype, op)?;
     all_gather_v(t, buf, &ranges)
+}
+
+/// Ring all-reduce out of place: the reduce-scatter reads `send` where it is and writes
+/// this rank's reduced chunk into `recv`, then the all-gather fills the rest of `recv`;
+/// the same bytes as [`all_reduce`] on a copy, without the copy.
+pub fn all_reduce_from<T: Transport + ?Sized>(
+    t: &T,
+    send: &[u8],
+    recv: &mut [u8],
+    dtype: DataType,
+    op: ReduceOp,
+) -> Result<()> {
+    let p = t.size();
+    if p == 1 || (p == 2 && send.len() <= SWAP_MAX) {
+        recv.copy_from_slice(send);
+        return all_reduce(t, recv, dtype, op);
+    }
+    let ranges = even_ranges(send.len() / dtype.size(), p, dtype.size());
+    let mine = ranges[t.rank()].clone();
+    reduce_scatter_v(t, send, &ranges, &mut recv[mine], dtype, op)?;
+    all_gather_v(t, recv, &ranges)
 }
 
 /// Pairwise all-to-all: at step s, send block r+s and receive block r-s.
