@@ -54,6 +54,11 @@ pub fn even_ranges(count: usize, p: usize, elem: usize) -> Vec<Range<usize>> {
     out
 }
 
+/// `p` consecutive ranges of `chunk` bytes.
+fn equal_ranges(p: usize, chunk: usize) -> Vec<Range<usize>> {
+    (0..p).map(|i| i * chunk..(i + 1) * chunk).collect()
+}
+
 /// Ring all-gather over variable chunks, in place: `buf[ranges[rank]]` holds this rank's data.
 pub fn all_gather_v<T: Transport + ?Sized>(
     t: &T,
@@ -72,7 +77,7 @@ pub fn all_gather_v<T: Transport + ?Sized>(
 
 /// Ring all-gather in place over equal chunks of `chunk` bytes.
 pub fn all_gather<T: Transport + ?Sized>(t: &T, buf: &mut [u8], chunk: usize) -> Result<()> {
-    let ranges: Vec<_> = (0..t.size()).map(|i| i * chunk..(i + 1) * chunk).collect();
+    let ranges = equal_ranges(t.size(), chunk);
     all_gather_v(t, buf, &ranges)
 }
 
@@ -184,7 +189,7 @@ pub fn reduce_scatter<T: Transport + ?Sized>(
     op: ReduceOp,
 ) -> Result<()> {
     let c = recv.len();
-    let ranges: Vec<_> = (0..t.size()).map(|i| i * c..(i + 1) * c).collect();
+    let ranges = equal_ranges(t.size(), c);
     reduce_scatter_v(t, send, &ranges, recv, dtype, op)
 }
 
@@ -232,7 +237,7 @@ pub fn reduce_scatter_in_place<T: Transport + ?Sized>(
     dtype: DataType,
     op: ReduceOp,
 ) -> Result<()> {
-    let ranges: Vec<_> = (0..t.size()).map(|i| i * chunk..(i + 1) * chunk).collect();
+    let ranges = equal_ranges(t.size(), chunk);
     reduce_scatter_in_place_v(t, buf, &ranges, dtype, op)
 }
 
