@@ -7,7 +7,7 @@
 use crate::error::{Error, Result};
 use crate::memory::loan::{spin_until, SPIN};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::thread::{JoinHandle, ThreadId};
 use std::time::{Duration, Instant};
@@ -155,7 +155,20 @@ struct Shared {
     cv: Condvar,
     /// Tasks queued (polled without the lock while the stream thread spins).
     queued: AtomicUsize,
+    /// [`thread_tag`] of the thread `busy` names, 0 when none: read without the lock
+    /// by [`Stream::is_current`] (asked on every enqueue), and only meaningful to the
+    /// thread it names, which stored it before running.
+    runner: AtomicU64,
     dep_timeout: Duration,
+}
+
+/// A nonzero number unique to the calling thread.
+fn thread_tag() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    thread_local! {
+        static TAG: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    TAG.try_with(|t| *t).unwrap_or(u64::MAX)
 }
 
 impl Shared {
@@ -171,6 +184,7 @@ impl Shared {
             fn drop(&mut self) {
                 let mut q = self.0.lock();
                 q.busy = None;
+                self.0.runner.store(0, Ordering::Relaxed);
                 let wake = q.parked && !q.tasks.is_empty();
                 drop(q);
                 if wake {
@@ -199,6 +213,7 @@ impl Shared {
         let t = q.tasks.pop_front().expect("front task");
         self.queued.fetch_sub(1, Ordering::Release);
         q.busy = Some(std::thread::current().id());
+        self.runner.store(thread_tag(), Ordering::Relaxed);
         drop(q);
         self.run(t);
     }
@@ -214,6 +229,7 @@ impl Shared {
                     if let Some(t) = q.tasks.pop_front() {
                         self.queued.fetch_sub(1, Ordering::Release);
                         q.busy = Some(me);
+                        self.runner.store(thread_tag(), Ordering::Relaxed);
                         break t;
                     }
                     if !q.open {
@@ -247,6 +263,7 @@ impl Stream {
             }),
             cv: Condvar::new(),
             queued: AtomicUsize::new(0),
+            runner: AtomicU64::new(0),
             dep_timeout,
         });
         let s2 = shared.clone();
@@ -300,7 +317,7 @@ impl Stream {
     /// True when called from the thread running this stream's current work (its own
     /// thread, or a waiter running the work it waits for).
     pub(crate) fn is_current(&self) -> bool {
-        self.shared.lock().busy == Some(std::thread::current().id())
+        self.shared.runner.load(Ordering::Relaxed) == thread_tag()
     }
 
     /// Stop accepting work and join the thread after it drains.
