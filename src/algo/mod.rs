@@ -55,6 +55,10 @@ impl Algorithm for Native {
         None
     }
     fn run(&self, core: &CommCore, req: &Request) -> Result<()> {
+        if core.on_stream() {
+            // Already in this communicator's stream order: run it here.
+            return core.run_ops(std::slice::from_ref(&req.op), req.dtype);
+        }
         core.enqueue(req.op.clone(), req.dtype, Vec::new()).wait()
     }
 }

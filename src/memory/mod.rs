@@ -42,6 +42,9 @@ struct Mem {
     borrows: Mutex<Vec<(Range<usize>, bool, u64)>>,
     freed: Condvar,
     next_id: std::sync::atomic::AtomicU64,
+    /// Borrowers parked on `freed` (changed under `borrows`' lock; `release` notifies
+    /// only then).
+    waiting: std::sync::atomic::AtomicUsize,
 }
 
 // SAFETY: the bytes are only reached through `ReadGuard`/`WriteGuard`, which the borrow
@@ -60,7 +63,7 @@ pub const DEFAULT_BORROW_TIMEOUT: Duration = Duration::from_secs(120);
 
 impl Mem {
     fn borrow(&self, r: &Range<usize>, exclusive: bool, timeout: Duration) -> Result<u64> {
-        let deadline = Instant::now() + timeout;
+        let mut deadline = None;
         let mut b = self
             .borrows
             .lock()
@@ -77,6 +80,7 @@ impl Mem {
                 return Ok(id);
             }
             let now = Instant::now();
+            let deadline = *deadline.get_or_insert(now + timeout);
             if now >= deadline {
                 return Err(Error::InvalidUsage(format!(
                     "buffer bytes {}..{} stayed in use by other work for {:?}: overlapping work on two \
@@ -84,19 +88,29 @@ impl Mem {
                     r.start, r.end, timeout
                 )));
             }
-            b = self
-                .freed
-                .wait_timeout(b, deadline - now)
+            self.waiting
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let w = self.freed.wait_timeout(b, deadline - now);
+            self.waiting
+                .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            b = w
                 .map_err(|_| Error::Internal("buffer lock poisoned".into()))?
                 .0;
         }
     }
 
     fn release(&self, id: u64) {
-        if let Ok(mut b) = self.borrows.lock() {
-            b.retain(|(_, _, i)| *i != id);
+        let waiting = match self.borrows.lock() {
+            Ok(mut b) => {
+                b.retain(|(_, _, i)| *i != id);
+                // Changed under the lock by waiters, so none can be missed.
+                self.waiting.load(std::sync::atomic::Ordering::Relaxed) > 0
+            }
+            Err(_) => true,
+        };
+        if waiting {
+            self.freed.notify_all();
         }
-        self.freed.notify_all();
     }
 
     fn ptr(&self) -> Result<*mut u8> {
@@ -117,6 +131,7 @@ impl Mem {
             borrows: Mutex::new(Vec::new()),
             freed: Condvar::new(),
             next_id: 0.into(),
+            waiting: 0.into(),
         })
     }
 }

@@ -321,7 +321,7 @@ impl CommCore {
     /// abort it when it fails (as a failed NCCL call leaves its communicator unusable),
     /// so everything queued on it, and everything that depends on that, fails at once
     /// instead of each waiting out its own timeout.
-    fn run_ops(&self, ops: &[Op], dtype: DataType) -> Result<()> {
+    pub(crate) fn run_ops(&self, ops: &[Op], dtype: DataType) -> Result<()> {
         let r = self
             .still_running()
             .and_then(|_| self.run_native(ops, dtype));
