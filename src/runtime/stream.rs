@@ -97,10 +97,10 @@ impl Work {
 
     /// Wait up to `t`: `Ok(true)` done, `Ok(false)` still running, `Err` it failed.
     pub fn wait_timeout(&self, t: Duration) -> Result<bool> {
+        // No spinning here: a waiter usually waits for a queue of work (or runs the
+        // next piece itself, `wait_helping`), and a spinning waiter takes the core the
+        // stream's own waits spin on.
         let deadline = Instant::now().checked_add(t);
-        if !self.is_done() {
-            spin_until(SPIN.min(t), || self.is_done());
-        }
         let mut d = self
             .0
             .done
