@@ -28,7 +28,7 @@ pub use crate::topology::hierarchy::{self, Hierarchy};
 
 use crate::algo::{self, select::Choice};
 use crate::dtype::{DataType, ReduceOp};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::memory::Buffer;
 use crate::runtime::{mismatch, CommCore, Job};
 use crate::topology::{Level, Topology};
@@ -36,6 +36,14 @@ use crate::traffic::Traffic;
 use crate::transport::{Transport, TransportKind};
 use std::sync::Arc;
 use std::time::Duration;
+
+/// What [`Comm::submit_as`] did with a request.
+enum Submitted {
+    /// Queued on the stream (or held by the group): its handle.
+    Queued(Work),
+    /// Run on the calling thread already: its outcome.
+    Ran(Result<()>),
+}
 
 /// A communicator: this rank's handle on a group of ranks. Cheap to clone (clones share
 /// the communicator); `Send + Sync`.
@@ -204,6 +212,34 @@ impl Comm {
     /// running (a dead peer, counts that differ across ranks) aborts the communicator,
     /// so its peers fail at once instead of waiting for their timeout.
     pub fn submit(&self, req: Request) -> Result<Work> {
+        match self.submit_as(req, false)? {
+            Submitted::Queued(w) => Ok(w),
+            Submitted::Ran(r) => Ok(Work::ready(r)),
+        }
+    }
+
+    /// Submit `req` and wait for it: a blocking collective, as a blocking MPI call or
+    /// nccl-tests' `-z 1`. With nothing queued or running on the stream it runs on the
+    /// calling thread (no hand-off to the stream thread and back); otherwise it runs
+    /// after the queued work, in order. Its error if it failed. Inside a group
+    /// ([`crate::runtime::group`]) it is [`Error::InvalidUsage`]: a grouped call only
+    /// runs when the group ends, so waiting for it here could never finish.
+    pub fn call(&self, req: Request) -> Result<()> {
+        if group::in_group() {
+            return self.0.note(Err(Error::InvalidUsage(
+                "a blocking call inside a group: submit it and wait after group end".into(),
+            )));
+        }
+        let r = match self.submit_as(req, true)? {
+            Submitted::Queued(w) => w.wait(),
+            Submitted::Ran(r) => r,
+        };
+        self.0.note(r)
+    }
+
+    /// Check, choose, and queue `req` (or hold it in the group); with `now`, run it on
+    /// this thread instead when nothing is queued or running on the stream.
+    fn submit_as(&self, req: Request, now: bool) -> Result<Submitted> {
         let core = &self.0;
         let r = (|| {
             core.alive()?;
@@ -227,7 +263,7 @@ impl Comm {
                 .flatten();
             let own_call = call.clone().filter(|_| !grouped);
             let c = core.clone();
-            let job: Job = Box::new(move || {
+            let job = move || {
                 if let Some(call) = &own_call {
                     if let Err(e) = c
                         .still_running()
@@ -255,7 +291,16 @@ impl Comm {
                     c.fail(e);
                 }
                 c.note(r)
-            });
+            };
+            let job = if now && !grouped {
+                match core.run_now(&deps, job) {
+                    Ok(r) => return Ok(Submitted::Ran(r)),
+                    Err(job) => job,
+                }
+            } else {
+                job
+            };
+            let job: Job = Box::new(job);
             let work = Work::pending();
             if grouped {
                 group::hold(
@@ -271,7 +316,7 @@ impl Comm {
             } else {
                 core.push(deps, job, work.clone())?;
             }
-            Ok(work)
+            Ok(Submitted::Queued(work))
         })();
         core.note(r)
     }

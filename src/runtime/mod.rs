@@ -288,6 +288,15 @@ impl CommCore {
         self.0.stream.push(deps, job, work)
     }
 
+    /// For a caller that would wait for `job` next: with nothing queued or running on
+    /// the stream, run it after `deps` on the calling thread now; else `Err(job)`.
+    pub(crate) fn run_now<F>(&self, deps: &[Work], job: F) -> std::result::Result<Result<()>, F>
+    where
+        F: FnOnce() -> Result<()>,
+    {
+        self.0.stream.run_now(deps, job)
+    }
+
     /// True when called from this communicator's stream thread (inside running work).
     pub fn on_stream(&self) -> bool {
         self.0.stream.is_current()

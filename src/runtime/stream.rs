@@ -171,6 +171,23 @@ fn thread_tag() -> u64 {
     TAG.try_with(|t| *t).unwrap_or(u64::MAX)
 }
 
+/// Frees the stream (its `busy` thread) on every exit, unwinding included, waking the
+/// parked stream thread when work was queued meanwhile.
+struct Free<'a>(&'a Shared);
+
+impl Drop for Free<'_> {
+    fn drop(&mut self) {
+        let mut q = self.0.lock();
+        q.busy = None;
+        self.0.runner.store(0, Ordering::Relaxed);
+        let wake = q.parked && !q.tasks.is_empty();
+        drop(q);
+        if wake {
+            self.0.cv.notify_all();
+        }
+    }
+}
+
 impl Shared {
     fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
         self.q.lock().unwrap_or_else(|e| e.into_inner())
@@ -178,20 +195,6 @@ impl Shared {
 
     /// Run `t` on this thread (which `busy` names), then free the stream.
     fn run(&self, t: Task) {
-        /// Frees the stream on every exit, unwinding included.
-        struct Free<'a>(&'a Shared);
-        impl Drop for Free<'_> {
-            fn drop(&mut self) {
-                let mut q = self.0.lock();
-                q.busy = None;
-                self.0.runner.store(0, Ordering::Relaxed);
-                let wake = q.parked && !q.tasks.is_empty();
-                drop(q);
-                if wake {
-                    self.0.cv.notify_all();
-                }
-            }
-        }
         let _free = Free(self);
         let r = wait_deps(&t.deps, self.dep_timeout).and_then(|_| {
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(t.job))
@@ -299,6 +302,28 @@ impl Stream {
             self.shared.cv.notify_all();
         }
         Ok(())
+    }
+
+    /// Run `job` after `deps` on the calling thread, now, when nothing is queued or
+    /// running on this stream (it is next, so the order is the stream's); `Err(job)`
+    /// hands it back otherwise (or on a stopped stream), to be queued. For a blocking
+    /// call: the stream thread never sees the job, nothing is boxed, no handle made.
+    pub(crate) fn run_now<F>(&self, deps: &[Work], job: F) -> std::result::Result<Result<()>, F>
+    where
+        F: FnOnce() -> Result<()>,
+    {
+        let mut q = self.shared.lock();
+        if !(q.open && q.busy.is_none() && q.tasks.is_empty()) {
+            return Err(job);
+        }
+        q.busy = Some(std::thread::current().id());
+        self.shared.runner.store(thread_tag(), Ordering::Relaxed);
+        drop(q);
+        let _free = Free(&self.shared);
+        Ok(wait_deps(deps, self.dep_timeout).and_then(|_| {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(job))
+                .unwrap_or_else(|_| Err(Error::Internal("panic inside a collective".into())))
+        }))
     }
 
     /// Block until everything queued so far has run; the first error among them is lost

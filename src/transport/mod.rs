@@ -20,7 +20,8 @@ pub mod ring;
 #[cfg(any(feature = "cuda", feature = "rocm"))]
 pub mod vendor;
 
-use crate::dtype::{reduce_into, DataType, ReduceOp};
+use crate::dtype::{reduce_into, reduce_pair, DataType, ReduceOp};
+use std::cell::RefCell;
 use crate::error::{Error, Result};
 use crate::traffic::{Traffic, TrafficMatrix};
 use std::sync::Arc;
@@ -105,6 +106,34 @@ impl std::str::FromStr for TransportKind {
     }
 }
 
+thread_local! {
+    /// Per-thread scratch buffers (partial sums, received operands), kept between
+    /// calls so a stream thread allocates and faults in its scratch once, not per call;
+    /// a stack, so nested users each get their own.
+    static SCRATCH: RefCell<Vec<Vec<u8>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Run `f` on `n` bytes of this thread's scratch (contents unspecified).
+pub(crate) fn with_scratch<R>(n: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
+    let mut v = SCRATCH
+        .try_with(|s| s.borrow_mut().pop())
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+    if v.len() < n {
+        v.resize(n, 0);
+    }
+    let r = f(&mut v[..n]);
+    let _ = SCRATCH.try_with(|s| {
+        let mut s = s.borrow_mut();
+        // Keep a few: the usual nesting is two deep.
+        if s.len() < 4 {
+            s.push(v);
+        }
+    });
+    r
+}
+
 /// Where [`Transport::sendrecv_reduce`] puts the reduction of the bytes it receives.
 /// The operand order is fixed because `Max`/`Min` treat a NaN operand asymmetrically.
 #[derive(Debug)]
@@ -174,17 +203,16 @@ pub trait Transport: Send + Sync {
                 self.sendrecv(dst, send, src, out)?;
                 reduce_into(out, local, dtype, op);
             }
-            Fold::Into(acc) => {
-                let mut tmp = vec![0u8; acc.len()];
-                self.sendrecv(dst, send, src, &mut tmp)?;
-                reduce_into(acc, &tmp, dtype, op);
-            }
-            Fold::After { out, local } => {
-                let mut tmp = vec![0u8; out.len()];
-                self.sendrecv(dst, send, src, &mut tmp)?;
-                out.copy_from_slice(local);
-                reduce_into(out, &tmp, dtype, op);
-            }
+            Fold::Into(acc) => with_scratch(acc.len(), |tmp| {
+                self.sendrecv(dst, send, src, tmp)?;
+                reduce_into(acc, tmp, dtype, op);
+                Ok(())
+            })?,
+            Fold::After { out, local } => with_scratch(out.len(), |tmp| {
+                self.sendrecv(dst, send, src, tmp)?;
+                reduce_pair(out, local, tmp, dtype, op);
+                Ok(())
+            })?,
         }
         Ok(())
     }

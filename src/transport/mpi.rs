@@ -578,7 +578,12 @@ mod imp {
     /// the next sequence number to that peer.
     struct SendOp {
         peer: usize,
-        reqs: Vec<Req>,
+        /// The first message's request (the only one unless header + pieces).
+        first: Req,
+        /// The requests of the pieces after the header.
+        more: Vec<Req>,
+        /// Messages posted.
+        posted: usize,
         /// Sequence number after the last message.
         next_seq: u32,
         /// Length header of a long message (boxed: MPI reads it until the request completes).
@@ -590,7 +595,9 @@ mod imp {
             let piece = max_piece();
             let mut op = SendOp {
                 peer,
-                reqs: Vec::new(),
+                first: Req(request_null()),
+                more: Vec::new(),
+                posted: 0,
                 next_seq: seq,
                 header: None,
             };
@@ -613,7 +620,12 @@ mod imp {
                     "MPI_Isend",
                 )?;
                 op.next_seq = op.next_seq.wrapping_add(1);
-                op.reqs.push(Req(r));
+                if op.posted == 0 {
+                    op.first = Req(r);
+                } else {
+                    op.more.push(Req(r));
+                }
+                op.posted += 1;
                 Ok(())
             };
             let posted = if data.len() <= SMALL {
@@ -637,10 +649,14 @@ mod imp {
             Ok(op)
         }
 
+        fn reqs_mut(&mut self) -> impl Iterator<Item = &mut Req> {
+            std::iter::once(&mut self.first).chain(self.more.iter_mut())
+        }
+
         fn poll(&mut self) -> Result<Poll> {
             let mut progress = false;
             let mut done = true;
-            for r in &mut self.reqs {
+            for r in self.reqs_mut() {
                 if r.is_null() {
                     continue;
                 }
@@ -660,7 +676,7 @@ mod imp {
         }
 
         fn cancel(&mut self) -> bool {
-            let clean = retire(self.reqs.iter_mut());
+            let clean = retire(self.reqs_mut());
             if !clean {
                 // MPI may still read it: never free it.
                 std::mem::forget(self.header.take());
@@ -698,7 +714,8 @@ mod imp {
         seq: u32,
         /// Next piece to receive (long messages); `None` before the first match.
         next_piece: Option<usize>,
-        header: Box<[u8; 8]>,
+        /// Length header of a long message (allocated when one is matched).
+        header: Option<Box<[u8; 8]>>,
         /// Bytes the peer sent, when they differ from `len`.
         mismatch: Option<usize>,
         /// Messages still to drain after a mismatch.
@@ -734,7 +751,7 @@ mod imp {
                 stage: Stage::Probe,
                 seq,
                 next_piece: None,
-                header: Box::new([0; 8]),
+                header: None,
                 mismatch: None,
                 drain_left: 0,
                 scratch: landing,
@@ -923,7 +940,7 @@ mod imp {
                         }
                         match self.next_piece {
                             None if class == CLASS_HEADER && in_seq && count == 8 => {
-                                let hp = self.header.as_mut_ptr();
+                                let hp = self.header.get_or_insert_with(|| Box::new([0; 8])).as_mut_ptr();
                                 self.stage = Stage::Header(Self::imrecv(&mut msg, hp, 8)?);
                             }
                             None => {
@@ -959,7 +976,7 @@ mod imp {
                         if !r.test("MPI_Test (recv header)")? {
                             return Ok(Poll::Idle);
                         }
-                        let sent = u64::from_le_bytes(*self.header) as usize;
+                        let sent = self.header.as_deref().map_or(0, |h| u64::from_le_bytes(*h)) as usize;
                         if sent != self.len || self.len <= SMALL {
                             // Drain the announced pieces: each draining Probe consumes one.
                             self.mismatch = Some(sent);
@@ -1011,7 +1028,7 @@ mod imp {
             if !retired {
                 // MPI may still write into them: never free them.
                 std::mem::forget(std::mem::take(&mut self.scratch));
-                std::mem::forget(std::mem::replace(&mut self.header, Box::new([0; 8])));
+                std::mem::forget(self.header.take());
             }
             retired
         }
@@ -1034,7 +1051,7 @@ mod imp {
         /// True while a request of this op is posted (not merely waiting to match).
         fn transferring(&self) -> bool {
             match self {
-                Op::Send(s) => s.reqs.iter().any(|r| !r.is_null()),
+                Op::Send(s) => !s.first.is_null() || s.more.iter().any(|r| !r.is_null()),
                 Op::Recv(r) => !matches!(r.stage, Stage::Probe | Stage::Posted(_) | Stage::Done),
             }
         }
@@ -1048,6 +1065,9 @@ mod imp {
         }
     }
 
+    /// Landing buffers of small receives, reused; held by the call lock.
+    type Landings = Vec<Vec<u8>>;
+
     /// A rank of an MPI communicator.
     pub struct MpiTransport {
         comm: RawComm,
@@ -1058,14 +1078,12 @@ mod imp {
         traffic: Arc<Traffic>,
         aborted: AtomicBool,
         /// Why the communicator cannot be used any more (a request had to be abandoned).
-        broken: Mutex<Option<String>>,
-        /// Serialises the calls on this communicator.
-        busy: Mutex<()>,
+        broken: std::sync::OnceLock<String>,
+        /// Serialises the calls on this communicator; holds the landing buffers.
+        busy: Mutex<Landings>,
         /// Sequence numbers of the messages sent to / received from each member.
         sent: Seqs,
         received: Seqs,
-        /// Landing buffers of small receives, reused.
-        landings: Mutex<Vec<Vec<u8>>>,
     }
 
     impl MpiTransport {
@@ -1121,11 +1139,10 @@ mod imp {
                 timeout,
                 traffic: Arc::new(Traffic::new(topo)),
                 aborted: AtomicBool::new(false),
-                broken: Mutex::new(None),
-                busy: Mutex::new(()),
+                broken: std::sync::OnceLock::new(),
+                busy: Mutex::new(Vec::new()),
                 sent: Seqs::new(size),
                 received: Seqs::new(size),
-                landings: Mutex::new(Vec::new()),
             })
         }
 
@@ -1204,7 +1221,7 @@ mod imp {
         }
 
         /// Refuse work on an aborted or broken communicator; hold the call lock.
-        fn enter(&self) -> Result<MutexGuard<'_, ()>> {
+        fn enter(&self) -> Result<MutexGuard<'_, Landings>> {
             self.check_alive()?;
             let g = self.busy.lock().unwrap_or_else(|e| e.into_inner());
             self.check_alive()?;
@@ -1215,12 +1232,7 @@ mod imp {
             if self.aborted.load(Ordering::SeqCst) {
                 return Err(Error::Remote("communicator was aborted".into()));
             }
-            if let Some(why) = self
-                .broken
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .as_ref()
-            {
+            if let Some(why) = self.broken.get() {
                 return Err(Error::Remote(format!("communicator is unusable: {why}")));
             }
             Ok(())
@@ -1230,8 +1242,8 @@ mod imp {
         /// out of step: mark it broken.
         fn after_collective<T>(&self, res: Result<T>) -> Result<T> {
             if let Err(e) = &res {
-                let mut b = self.broken.lock().unwrap_or_else(|e| e.into_inner());
-                b.get_or_insert_with(|| format!("a collective did not complete ({e})"));
+                self.broken
+                    .get_or_init(|| format!("a collective did not complete ({e})"));
                 // An MPI collective left pending: MPI_Finalize would wait for it.
                 note_peer_failure(&e.to_string());
             }
@@ -1244,8 +1256,7 @@ mod imp {
                 Error::Remote(m) => m.clone(),
                 e => e.to_string(),
             };
-            let mut b = self.broken.lock().unwrap_or_else(|e| e.into_inner());
-            b.get_or_insert_with(|| {
+            self.broken.get_or_init(|| {
                 format!("a transfer could not be cancelled after this error: {why}")
             });
         }
@@ -1275,13 +1286,9 @@ mod imp {
 
         /// Start a receive from `peer` (a small one is posted at once, into a reused
         /// landing buffer). Call [`Self::settle`] once it is driven.
-        fn post_recv(&self, peer: usize, buf: &mut [u8]) -> Result<Op> {
+        fn post_recv(&self, landings: &mut Landings, peer: usize, buf: &mut [u8]) -> Result<Op> {
             let landing = if buf.len() <= SMALL {
-                self.landings
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .pop()
-                    .unwrap_or_default()
+                landings.pop().unwrap_or_default()
             } else {
                 Vec::new()
             };
@@ -1291,36 +1298,42 @@ mod imp {
 
         /// After driving `ops`: the receives' sequence numbers (every message they
         /// matched, a drained one too) and their landing buffers back.
-        fn settle(&self, ops: &mut [Op]) {
+        fn settle(&self, landings: &mut Landings, ops: &mut [Op]) {
             for op in ops {
                 if let Op::Recv(r) = op {
                     self.received.set(r.peer, r.seq);
                     if let Some(l) = r.take_landing() {
-                        self.landings
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .push(l);
+                        landings.push(l);
                     }
                 }
             }
         }
 
         /// Retire `ops` after `e` stopped them before they were driven.
-        fn withdraw(&self, ops: &mut [Op], e: &Error) {
+        fn withdraw(&self, landings: &mut Landings, ops: &mut [Op], e: &Error) {
             for op in ops.iter_mut() {
                 if !op.cancel() {
                     self.mark_broken(e);
                 }
             }
-            self.settle(ops);
+            self.settle(landings, ops);
         }
 
         /// Poll `ops` until all complete. The deadline restarts on progress. On timeout or
         /// abort the pending ones are cancelled; an error of one op lets the others finish.
         fn drive(&self, ops: &mut [Op]) -> Result<()> {
-            let mut done = vec![false; ops.len()];
+            // Flags of the ops finished (no allocation for the usual one or two).
+            let mut few = [false; 4];
+            let mut many = Vec::new();
+            let done: &mut [bool] = if ops.len() <= few.len() {
+                &mut few[..ops.len()]
+            } else {
+                many.resize(ops.len(), false);
+                &mut many
+            };
             let mut first_err: Option<Error> = None;
-            let mut deadline = Instant::now() + self.timeout;
+            // Armed at the first idle round (no clock read while everything progresses).
+            let mut deadline: Option<Instant> = None;
             let mut idle_rounds: u32 = 0;
             loop {
                 let mut progressed = false;
@@ -1356,10 +1369,13 @@ mod imp {
                 }
                 let stop = if self.aborted.load(Ordering::SeqCst) {
                     Some(Error::Remote("communicator was aborted".into()))
-                } else if !progressed && Instant::now() >= deadline {
+                } else if !progressed
+                    && *deadline.get_or_insert_with(|| Instant::now() + self.timeout)
+                        <= Instant::now()
+                {
                     let peer = ops
                         .iter()
-                        .zip(&done)
+                        .zip(done.iter())
                         .find(|(_, d)| !**d)
                         .map(|(o, _)| o.peer())
                         .unwrap_or(0);
@@ -1372,7 +1388,7 @@ mod imp {
                 };
                 if let Some(e) = stop {
                     let mut clean = true;
-                    for (op, d) in ops.iter_mut().zip(&done) {
+                    for (op, d) in ops.iter_mut().zip(done.iter()) {
                         if !*d {
                             clean &= op.cancel();
                         }
@@ -1383,11 +1399,11 @@ mod imp {
                     return Err(first_err.unwrap_or(e));
                 }
                 if progressed {
-                    deadline = Instant::now() + self.timeout;
+                    deadline = None;
                     idle_rounds = 0;
                 } else {
                     idle_rounds = idle_rounds.saturating_add(1);
-                    let transferring = ops.iter().zip(&done).any(|(o, d)| !*d && o.transferring());
+                    let transferring = ops.iter().zip(done.iter()).any(|(o, d)| !*d && o.transferring());
                     backoff(idle_rounds, transferring);
                 }
             }
@@ -1554,11 +1570,10 @@ mod imp {
                 timeout: self.timeout,
                 traffic: self.traffic.clone(),
                 aborted: AtomicBool::new(false),
-                broken: Mutex::new(None),
-                busy: Mutex::new(()),
+                broken: std::sync::OnceLock::new(),
+                busy: Mutex::new(Vec::new()),
                 sent: Seqs::new(size),
                 received: Seqs::new(size),
-                landings: Mutex::new(Vec::new()),
             })))
         }
 
@@ -1571,30 +1586,30 @@ mod imp {
 
         fn recv(&self, peer: usize, data: &mut [u8]) -> Result<()> {
             self.check_peer(peer)?;
-            let _g = self.enter()?;
-            let mut ops = [self.post_recv(peer, data)?];
+            let mut g = self.enter()?;
+            let mut ops = [self.post_recv(&mut g, peer, data)?];
             let res = self.drive(&mut ops);
-            self.settle(&mut ops);
+            self.settle(&mut g, &mut ops);
             res
         }
 
         fn sendrecv(&self, dst: usize, send: &[u8], src: usize, recv: &mut [u8]) -> Result<()> {
             self.check_peer(dst)?;
             self.check_peer(src)?;
-            let _g = self.enter()?;
+            let mut g = self.enter()?;
             // The receive first: a small one is posted before the peer's message comes.
-            let recv_op = self.post_recv(src, recv)?;
+            let recv_op = self.post_recv(&mut g, src, recv)?;
             let send_op = match self.post_send(dst, send) {
                 Ok(op) => op,
                 Err(e) => {
                     let mut ops = [recv_op];
-                    self.withdraw(&mut ops, &e);
+                    self.withdraw(&mut g, &mut ops, &e);
                     return Err(e);
                 }
             };
             let mut ops = [recv_op, send_op];
             let res = self.drive(&mut ops);
-            self.settle(&mut ops);
+            self.settle(&mut g, &mut ops);
             res
         }
 
@@ -1609,7 +1624,7 @@ mod imp {
             for (p, _) in recvs.iter() {
                 self.check_peer(*p)?;
             }
-            let _g = self.enter()?;
+            let mut g = self.enter()?;
             // Receives from one peer must match in order (and a long message arrives in
             // pieces), so they run in phases of at most one receive per peer; MPI keeps
             // the order of messages between two ranks. The first phase's receives are
@@ -1629,7 +1644,7 @@ mod imp {
                         later.push((p, d));
                         continue;
                     }
-                    match self.post_recv(p, d) {
+                    match self.post_recv(&mut g, p, d) {
                         Ok(op) => phase.push(op),
                         Err(e) => res = Err(e),
                     }
@@ -1647,13 +1662,13 @@ mod imp {
                 }
                 let res = res.and_then(|_| {
                     let r = self.drive(&mut phase);
-                    self.settle(&mut phase);
+                    self.settle(&mut g, &mut phase);
                     r
                 });
                 if let Err(e) = res {
                     // What was posted must not outlive its buffers.
-                    self.withdraw(&mut phase, &e);
-                    self.withdraw(&mut sent, &e);
+                    self.withdraw(&mut g, &mut phase, &e);
+                    self.withdraw(&mut g, &mut sent, &e);
                     return Err(e);
                 }
                 if later.is_empty() {

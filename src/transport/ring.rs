@@ -11,10 +11,9 @@
 
 #![forbid(unsafe_code)]
 
-use super::{Fold, Transport};
+use super::{with_scratch, Fold, Transport};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::Result;
-use std::cell::RefCell;
 use std::ops::Range;
 
 fn prev(r: usize, p: usize) -> usize {
@@ -65,11 +64,20 @@ pub fn all_gather_v<T: Transport + ?Sized>(
     buf: &mut [u8],
     ranges: &[Range<usize>],
 ) -> Result<()> {
+    all_gather_by(t, buf, |i| ranges[i].clone())
+}
+
+/// The ring all-gather over chunk `at(i)` of each rank `i`.
+fn all_gather_by<T: Transport + ?Sized>(
+    t: &T,
+    buf: &mut [u8],
+    at: impl Fn(usize) -> Range<usize>,
+) -> Result<()> {
     let (r, p) = (t.rank(), t.size());
     for s in 0..p.saturating_sub(1) {
-        let out = &ranges[(r + p - s) % p];
-        let inc = &ranges[(r + 2 * p - s - 1) % p];
-        let (snd, rcv) = split_pair(buf, out, inc);
+        let out = at((r + p - s) % p);
+        let inc = at((r + 2 * p - s - 1) % p);
+        let (snd, rcv) = split_pair(buf, &out, &inc);
         t.sendrecv(next(r, p), snd, prev(r, p), rcv)?;
     }
     Ok(())
@@ -77,31 +85,9 @@ pub fn all_gather_v<T: Transport + ?Sized>(
 
 /// Ring all-gather in place over equal chunks of `chunk` bytes.
 pub fn all_gather<T: Transport + ?Sized>(t: &T, buf: &mut [u8], chunk: usize) -> Result<()> {
-    let ranges = equal_ranges(t.size(), chunk);
-    all_gather_v(t, buf, &ranges)
+    all_gather_by(t, buf, |i| i * chunk..(i + 1) * chunk)
 }
 
-thread_local! {
-    /// Per-thread scratch of the reduce-scatter's partial sums: kept between calls, so a
-    /// stream thread allocates (and faults in) its scratch once, not per call.
-    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
-}
-
-/// Run `f` on `n` bytes of this thread's scratch (fresh memory when nested).
-fn with_scratch<R>(n: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
-    let mut v = SCRATCH.with(|s| std::mem::take(&mut *s.borrow_mut()));
-    if v.len() < n {
-        v.resize(n, 0);
-    }
-    let r = f(&mut v[..n]);
-    SCRATCH.with(|s| {
-        let mut s = s.borrow_mut();
-        if s.len() < v.len() {
-            *s = v;
-        }
-    });
-    r
-}
 
 /// The first `p-2` steps of the ring reduce-scatter: step `s` sends the partial of chunk
 /// `r-s-1` (step 0: this rank's own chunk `r-1` of `src`) and receives the partial of
@@ -258,21 +244,34 @@ pub fn all_reduce<T: Transport + ?Sized>(
         return Ok(());
     }
     if t.size() == 2 && buf.len() <= SWAP_MAX {
-        let (op, other) = (op.partial(), 1 - t.rank());
-        let mine = buf.to_vec();
-        return if t.rank() == 0 {
-            t.sendrecv_reduce(other, &mine, other, Fold::Into(buf), dtype, op)
-        } else {
-            let fold = Fold::Pair {
-                out: buf,
-                local: &mine,
-            };
-            t.sendrecv_reduce(other, &mine, other, fold, dtype, op)
-        };
+        // What is sent must stay while `buf` is overwritten: a copy in this thread's
+        // scratch (no allocation in steady state).
+        return with_scratch(buf.len(), |mine| {
+            mine.copy_from_slice(buf);
+            swap_reduce(t, mine, buf, dtype, op)
+        });
     }
     let ranges = even_ranges(buf.len() / dtype.size(), t.size(), dtype.size());
     reduce_scatter_in_place_v(t, buf, &ranges, dtype, op)?;
     all_gather_v(t, buf, &ranges)
+}
+
+/// Two ranks: send `mine` whole to the other rank and write `op(rank 0's, rank 1's)`
+/// into `out` (`mine` and `out` distinct), so both ranks get the same bytes.
+fn swap_reduce<T: Transport + ?Sized>(
+    t: &T,
+    mine: &[u8],
+    out: &mut [u8],
+    dtype: DataType,
+    op: ReduceOp,
+) -> Result<()> {
+    let (op, other) = (op.partial(), 1 - t.rank());
+    let fold = if t.rank() == 0 {
+        Fold::After { out, local: mine }
+    } else {
+        Fold::Pair { out, local: mine }
+    };
+    t.sendrecv_reduce(other, mine, other, fold, dtype, op)
 }
 
 /// Ring all-reduce out of place: the reduce-scatter reads `send` where it is and writes
@@ -286,9 +285,12 @@ pub fn all_reduce_from<T: Transport + ?Sized>(
     op: ReduceOp,
 ) -> Result<()> {
     let p = t.size();
-    if p == 1 || (p == 2 && send.len() <= SWAP_MAX) {
+    if p == 1 {
         recv.copy_from_slice(send);
-        return all_reduce(t, recv, dtype, op);
+        return Ok(());
+    }
+    if p == 2 && send.len() <= SWAP_MAX {
+        return swap_reduce(t, send, recv, dtype, op);
     }
     let ranges = even_ranges(send.len() / dtype.size(), p, dtype.size());
     let mine = ranges[t.rank()].clone();

@@ -92,6 +92,13 @@ pub(crate) struct Cli {
     )]
     pub(crate) warmup_iters: u64,
 
+    /// Blocking calls (1): each timed call is waited before the next is submitted, and
+    /// with nothing queued it runs on the calling thread ([`strata::Comm::call`]), as a
+    /// blocking MPI call does (nccl-tests' `-z 1`). Default (0): the calls are launched
+    /// back to back and waited at the end.
+    #[arg(short = 'z', long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=1))]
+    pub(crate) blocking: u8,
+
     /// Check results against the exact reference (1) or not (0).
     #[arg(short = 'c', long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=1))]
     pub(crate) check: u8,
@@ -138,7 +145,7 @@ pub(crate) struct Cli {
     /// seconds (docs/perf.md, "Soak runs"); local and mpi transports.
     #[arg(long, value_name = "SECS", value_parser = parse_secs, conflicts_with_all = [
         "op", "algo", "bits", "block", "minbytes", "maxbytes", "stepfactor", "stepbytes",
-        "datatype", "redop", "iters", "warmup_iters", "check", "coalesce", "json", "model",
+        "datatype", "redop", "iters", "warmup_iters", "blocking", "check", "coalesce", "json", "model",
         "dry_run", "trace", "plot",
     ])]
     pub(crate) soak: Option<f64>,

@@ -302,15 +302,21 @@ pub(crate) fn bench_row(comm: &Comm, plan: &Plan, row: &Row, pace: &dyn Pace) ->
     })?;
     let req = timed_request(comm, row, algo, p, r)?;
     for _ in 0..plan.warmup {
-        comm.submit(req.clone())?.wait()?;
+        comm.call(req.clone())?;
     }
     let before = pace.before(comm)?;
     let t0 = Instant::now();
-    let mut works = Vec::with_capacity(plan.iters);
-    for _ in 0..plan.iters {
-        works.push(comm.submit(req.clone())?);
+    let mut works = Vec::with_capacity(if plan.blocking { 0 } else { plan.iters });
+    if plan.blocking {
+        for _ in 0..plan.iters {
+            comm.call(req.clone())?;
+        }
+    } else {
+        for _ in 0..plan.iters {
+            works.push(comm.submit(req.clone())?);
+        }
+        wait_all(&works)?;
     }
-    wait_all(&works)?;
     let elapsed = t0.elapsed();
     let after = pace.after(comm)?;
     drop(works);

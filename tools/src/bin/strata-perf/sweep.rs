@@ -74,6 +74,8 @@ pub(crate) struct Plan {
     pub(crate) rows: Vec<Row>,
     pub(crate) iters: usize,
     pub(crate) warmup: usize,
+    /// Each timed call waited before the next (`-z 1`).
+    pub(crate) blocking: bool,
     pub(crate) check: bool,
     pub(crate) coalesce: Option<usize>,
 }
@@ -195,6 +197,7 @@ pub(crate) fn build_plan(cli: &Cli, algos: &[RowAlgo], p: usize) -> Result<Plan>
         rows,
         iters: cli.iters as usize,
         warmup: cli.warmup_iters as usize,
+        blocking: cli.blocking == 1,
         check: cli.check == 1,
         coalesce,
     })
