@@ -30,7 +30,9 @@
 //!   followed by pieces; shorter ones as one message. Counts therefore always fit MPI's
 //!   `int`.
 //! - Waiting polls with `MPI_Test`: spinning briefly (unless the host runs more ranks than
-//!   it has cores), then yielding, then sleeping in growing steps.
+//!   it has cores), then yielding (while a transfer is posted, every 32 polls: MPI's
+//!   progress moves its fragments), then, while only waiting for a message to arrive,
+//!   sleeping in growing steps.
 //! - Native collectives are the ring defaults of [`crate::transport::ring`] over these
 //!   calls, so the traffic recorded here (every `send`, world rank to world rank) is the
 //!   nominal ring traffic: MPI may route the bytes differently underneath.
@@ -1423,16 +1425,27 @@ mod imp {
         }
     }
 
+    /// Idle polls of a posted transfer between two yields.
+    const TRANSFER_YIELD_EVERY: u32 = 32;
+
     /// Wait between polls: spin briefly ([`spin_polls`]), then yield (ranks may share
     /// cores). While a transfer is posted, MPI needs frequent progress calls (pipelined
     /// protocols move a fragment per call, and a rendezvous waits for the peer's next
-    /// call), so it keeps yielding, as MPI's own blocking calls do; while only waiting
+    /// call), so it keeps polling, yielding every [`TRANSFER_YIELD_EVERY`] polls; while only waiting
     /// for a message to arrive, it sleeps after 1024 yields, in steps growing to 1 ms.
     fn backoff(idle_rounds: u32, transferring: bool) {
         let spin = spin_polls();
         if idle_rounds < spin {
             std::hint::spin_loop();
-        } else if transferring || idle_rounds < spin + 1024 {
+        } else if transferring {
+            // A poll that moved fragments of a long message counts as idle here (only
+            // completions count), and MPI's progress already yields when nothing moved
+            // on an oversubscribed host: yielding on every poll would give the core away
+            // in the middle of a transfer.
+            if idle_rounds % TRANSFER_YIELD_EVERY == 0 {
+                std::thread::yield_now();
+            }
+        } else if idle_rounds < spin + 1024 {
             std::thread::yield_now();
         } else {
             let us = 1u64 << ((idle_rounds - spin - 1024) / 16).min(10);
