@@ -293,21 +293,22 @@ impl CallBuffers {
             // SAFETY: the caller's contract on `stream`.
             unsafe { wait_for_foreign_stream(&handle.comm, stream, &what) }?;
         }
-        let work = handle.comm.submit(req)?;
-        if crate::comm::in_group() {
-            HELD.with(|h| {
-                h.borrow_mut().push(Held {
-                    function,
-                    handle,
-                    work,
-                    outs: self.outs,
-                })
-            });
-            return Ok(());
+        if !crate::comm::in_group() {
+            // Blocking: with nothing queued it runs on this thread (Comm::call).
+            handle.comm.call(req)?;
+            // SAFETY: the caller's contract on the destinations.
+            return unsafe { copy_out(&self.outs) };
         }
-        work.wait()?;
-        // SAFETY: the caller's contract on the destinations.
-        unsafe { copy_out(&self.outs) }
+        let work = handle.comm.submit(req)?;
+        HELD.with(|h| {
+            h.borrow_mut().push(Held {
+                function,
+                handle,
+                work,
+                outs: self.outs,
+            })
+        });
+        Ok(())
     }
 }
 

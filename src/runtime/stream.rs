@@ -9,7 +9,7 @@ use crate::memory::loan::{spin_until, SPIN};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
-use std::thread::{JoinHandle, ThreadId};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 #[derive(Default)]
@@ -141,8 +141,8 @@ struct Task {
 #[derive(Default)]
 struct Queue {
     tasks: VecDeque<Task>,
-    /// The thread running a task of this stream now (its own thread or a waiter).
-    busy: Option<ThreadId>,
+    /// A thread (its own or a waiter) runs a task of this stream now.
+    busy: bool,
     /// Accepting work.
     open: bool,
     /// The stream thread is parked on the condvar.
@@ -155,7 +155,7 @@ struct Shared {
     cv: Condvar,
     /// Tasks queued (polled without the lock while the stream thread spins).
     queued: AtomicUsize,
-    /// [`thread_tag`] of the thread `busy` names, 0 when none: read without the lock
+    /// [`thread_tag`] of the thread running a task (`busy`), 0 when none: read without the lock
     /// by [`Stream::is_current`] (asked on every enqueue), and only meaningful to the
     /// thread it names, which stored it before running.
     runner: AtomicU64,
@@ -171,14 +171,14 @@ fn thread_tag() -> u64 {
     TAG.try_with(|t| *t).unwrap_or(u64::MAX)
 }
 
-/// Frees the stream (its `busy` thread) on every exit, unwinding included, waking the
+/// Frees the stream (`busy`) on every exit, unwinding included, waking the
 /// parked stream thread when work was queued meanwhile.
 struct Free<'a>(&'a Shared);
 
 impl Drop for Free<'_> {
     fn drop(&mut self) {
         let mut q = self.0.lock();
-        q.busy = None;
+        q.busy = false;
         self.0.runner.store(0, Ordering::Relaxed);
         let wake = q.parked && !q.tasks.is_empty();
         drop(q);
@@ -193,7 +193,7 @@ impl Shared {
         self.q.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Run `t` on this thread (which `busy` names), then free the stream.
+    /// Run `t` on this thread (which set `busy`), then free the stream.
     fn run(&self, t: Task) {
         let _free = Free(self);
         let r = wait_deps(&t.deps, self.dep_timeout).and_then(|_| {
@@ -206,7 +206,7 @@ impl Shared {
     /// A waiter of `w`: run it here if it is next and nothing runs.
     fn run_if_next(&self, w: &Work) {
         let mut q = self.lock();
-        let next = q.busy.is_none()
+        let next = !q.busy
             && q.tasks
                 .front()
                 .is_some_and(|t| Arc::ptr_eq(&t.work.0, &w.0));
@@ -215,7 +215,7 @@ impl Shared {
         }
         let t = q.tasks.pop_front().expect("front task");
         self.queued.fetch_sub(1, Ordering::Release);
-        q.busy = Some(std::thread::current().id());
+        q.busy = true;
         self.runner.store(thread_tag(), Ordering::Relaxed);
         drop(q);
         self.run(t);
@@ -223,15 +223,14 @@ impl Shared {
 
     /// The stream thread: run tasks in order until closed and drained.
     fn serve(&self) {
-        let me = std::thread::current().id();
         loop {
             spin_until(SPIN, || self.queued.load(Ordering::Acquire) > 0);
             let mut q = self.lock();
             let t = loop {
-                if q.busy.is_none() {
+                if !q.busy {
                     if let Some(t) = q.tasks.pop_front() {
                         self.queued.fetch_sub(1, Ordering::Release);
-                        q.busy = Some(me);
+                        q.busy = true;
                         self.runner.store(thread_tag(), Ordering::Relaxed);
                         break t;
                     }
@@ -313,10 +312,10 @@ impl Stream {
         F: FnOnce() -> Result<()>,
     {
         let mut q = self.shared.lock();
-        if !(q.open && q.busy.is_none() && q.tasks.is_empty()) {
+        if !(q.open && !q.busy && q.tasks.is_empty()) {
             return Err(job);
         }
-        q.busy = Some(std::thread::current().id());
+        q.busy = true;
         self.shared.runner.store(thread_tag(), Ordering::Relaxed);
         drop(q);
         let _free = Free(&self.shared);
