@@ -221,3 +221,76 @@ fn sub_communicators_from_user_threads_while_algorithms_run() {
         Ok(())
     });
 }
+
+#[test]
+fn blocking_call_keeps_stream_order_and_dependencies() {
+    common::all_ok("nodes:2x2", |c| {
+        let p = c.size() as f32;
+        let x = Buffer::from_slice(&[c.rank() as f32 + 1.0; 777]);
+        let sum = |b: &Buffer| {
+            Request::new(
+                Op::AllReduce {
+                    send: b.clone(),
+                    recv: b.clone(),
+                    count: 777,
+                    op: ReduceOp::Sum,
+                },
+                DataType::F32,
+            )
+        };
+        // Nothing queued: runs on this thread, done when it returns.
+        c.call(sum(&x))?;
+        let s1: f32 = (1..=c.size()).map(|r| r as f32).sum();
+        assert!(x.to_vec::<f32>()?.iter().all(|v| *v == s1));
+        // Queued work ahead (not waited): the blocking call runs after it, in order.
+        let w = c.all_reduce(&x, &x, 777, DataType::F32, ReduceOp::Sum)?;
+        c.call(sum(&x))?;
+        assert!(w.is_done(), "the call ran after the work queued before it");
+        assert!(x.to_vec::<f32>()?.iter().all(|v| *v == s1 * p * p));
+        // A dependency on another communicator is waited for first.
+        let node = c
+            .split(Some((c.rank() / 2) as u32), c.rank() as i32)?
+            .unwrap();
+        let y = Buffer::from_slice(&[1.0f32; 777]);
+        let w1 = node.all_reduce(&y, &y, 777, DataType::F32, ReduceOp::Sum)?;
+        c.call(sum(&y).after([w1]))?;
+        assert!(y.to_vec::<f32>()?.iter().all(|v| *v == 2.0 * p));
+        Ok(())
+    });
+}
+
+#[test]
+fn blocking_call_inside_a_group_is_refused() {
+    common::all_ok("nodes:1x2", |c| {
+        let x = Buffer::from_slice(&[1.0f32; 4]);
+        strata::group_start();
+        let e = c
+            .call(Request::new(
+                Op::AllReduce {
+                    send: x.clone(),
+                    recv: x.clone(),
+                    count: 4,
+                    op: ReduceOp::Sum,
+                },
+                DataType::F32,
+            ))
+            .unwrap_err();
+        strata::group_end()?;
+        assert!(
+            matches!(e, strata::Error::InvalidUsage(_)) && e.to_string().contains("inside a group"),
+            "{e}"
+        );
+        // Nothing was queued: the communicator still works.
+        c.call(Request::new(
+            Op::AllReduce {
+                send: x.clone(),
+                recv: x.clone(),
+                count: 4,
+                op: ReduceOp::Sum,
+            },
+            DataType::F32,
+        ))?;
+        assert_eq!(x.to_vec::<f32>()?, vec![2.0; 4]);
+        Ok(())
+    });
+}
