@@ -66,6 +66,11 @@
 typedef struct strataComm strataComm;
 
 /**
+ * Opaque strata event (never defined: `strataEvent_t` values are registry keys).
+ */
+typedef struct strataEvent strataEvent;
+
+/**
  * Result of every strata call; the values are `ncclResult_t`'s.
  */
 typedef int strataResult_t;
@@ -160,6 +165,12 @@ typedef struct strataConfig_t {
    */
   int timeout_ms;
 } strataConfig_t;
+
+/**
+ * A strata event (`strataEventCreate`): marks the calls enqueued on a strata host
+ * stream when it was recorded.
+ */
+typedef struct strataEvent *strataEvent_t;
 
 /**
  * The call succeeded.
@@ -767,6 +778,98 @@ strataResult_t strataCommGetTransport(strataComm_t comm, strataTransport_t *tran
  * None.
  */
 strataResult_t strataFinalize(void);
+
+/**
+ * Make a strata host stream (`*stream`): pass it as the `stream` argument of collectives
+ * on host communicators (local, mpi) to make them nonblocking, in the order of the
+ * calls. See `strataStreamSynchronize`, `strataStreamQuery` and the events. The buffers
+ * of a call on it belong to strata until its completion has been observed.
+ *
+ * # Safety
+ * `stream` is NULL (`strataInvalidArgument`) or valid for a write.
+ */
+strataResult_t strataStreamCreate(strataStream_t *stream);
+
+/**
+ * Wait for every call enqueued on `stream` (as `strataStreamSynchronize`), then release
+ * it; later use of the handle is `strataInvalidUsage`. Returns the first failure among
+ * those calls.
+ *
+ * # Safety
+ * None beyond passing a value (strata never dereferences it).
+ */
+strataResult_t strataStreamDestroy(strataStream_t stream);
+
+/**
+ * Block until every call enqueued on the strata stream so far has completed; the first
+ * failure among them (also recorded on its communicator), else `strataSuccess`. The
+ * buffers of those calls are the caller's again.
+ *
+ * # Safety
+ * None beyond passing a value (strata never dereferences it).
+ */
+strataResult_t strataStreamSynchronize(strataStream_t stream);
+
+/**
+ * Never blocks: `strataSuccess` when every call enqueued on the strata stream so far has
+ * completed (their buffers are the caller's again), `strataInProgress` when one has not,
+ * or the first failure among them.
+ *
+ * # Safety
+ * None beyond passing a value (strata never dereferences it).
+ */
+strataResult_t strataStreamQuery(strataStream_t stream);
+
+/**
+ * Later calls on the strata stream `stream` start only after the calls `event` marks
+ * (an event never recorded marks none).
+ *
+ * # Safety
+ * None beyond passing values (strata never dereferences them).
+ */
+strataResult_t strataStreamWaitEvent(strataStream_t stream, strataEvent_t event);
+
+/**
+ * Make a strata event (`*event`), not yet recorded.
+ *
+ * # Safety
+ * `event` is NULL (`strataInvalidArgument`) or valid for a write.
+ */
+strataResult_t strataEventCreate(strataEvent_t *event);
+
+/**
+ * Release `event` (the calls it marks go on); later use is `strataInvalidUsage`.
+ *
+ * # Safety
+ * None beyond passing a value (strata never dereferences it).
+ */
+strataResult_t strataEventDestroy(strataEvent_t event);
+
+/**
+ * Mark in `event` the calls enqueued on the strata stream `stream` so far (replacing
+ * what it marked before).
+ *
+ * # Safety
+ * None beyond passing values (strata never dereferences them).
+ */
+strataResult_t strataEventRecord(strataEvent_t event, strataStream_t stream);
+
+/**
+ * Never blocks: `strataSuccess` when the calls `event` marks have completed (or it was
+ * never recorded), `strataInProgress` when one has not, or the first failure among them.
+ *
+ * # Safety
+ * None beyond passing a value (strata never dereferences it).
+ */
+strataResult_t strataEventQuery(strataEvent_t event);
+
+/**
+ * Block until the calls `event` marks have completed; the first failure among them.
+ *
+ * # Safety
+ * None beyond passing a value (strata never dereferences it).
+ */
+strataResult_t strataEventSynchronize(strataEvent_t event);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -6,20 +6,22 @@
 //! - [`Pair`]: a send and a receive range plus NCCL's in-place layout recognised from
 //!   the raw pointers by the one rule, [`Kind::in_place`]; [`disjoint`] refuses every
 //!   other overlap across all the pairs of a call (coalesced lists included).
-//! - [`CallBuffers`]: given the communicator, turns user ranges into buffers. Host
-//!   transports (no device): an input is a copy-in, an output a zeroed buffer remembered
-//!   for copy-out at completion. GPU transports: every range is checked against the
-//!   communicator's device ([`Device::check_pointer`]) and wrapped without copying
-//!   ([`Buffer::from_device_ptr`]); nothing is copied out. An in-place pair becomes one
-//!   buffer and a view of it, on both.
+//! - [`CallBuffers`]: given the communicator, turns user ranges into buffers used in
+//!   place, with no copies: host memory on host transports
+//!   ([`Buffer::from_host_ptr`]), device memory checked against the communicator's
+//!   device ([`Device::check_pointer`]) on GPU transports
+//!   ([`Buffer::from_device_ptr`]). An in-place pair becomes one buffer and a view of it.
 //! - [`CallBuffers::run`]: the one end of every call: on GPU transports the
-//!   communicator's stream waits for the caller's stream (and the host for that);
-//!   then one [`Request`] through [`Comm::submit`]; then outside a group wait and copy
-//!   out, inside a group hold both for `strataGroupEnd` ([`end_group`]).
+//!   communicator's stream waits for the caller's stream (and the host for that); then
+//!   one [`Request`] through [`Comm::submit`]. On a strata host stream
+//!   ([`super::stream`]) the call is enqueued after that stream's earlier calls and
+//!   returns; otherwise, outside a group it is waited for ([`Comm::call`]), inside a group
+//!   held for `strataGroupEnd` ([`end_group`]).
 //!
-//! Ownership: strata keeps no user pointer after the call, or, inside a group, after
-//! `strataGroupEnd` (the held copy-outs of host transports and the wrapped device
-//! ranges are dropped there).
+//! Ownership: the user's memory is read and written where it is; strata keeps no
+//! pointer to it once the call completed (a blocking call: when it returns; inside a
+//! group: after `strataGroupEnd`; on a strata host stream: once its completion was
+//! observed by a synchronize or query).
 
 use super::*;
 use crate::comm::{Request, Work};
@@ -64,19 +66,6 @@ impl UserBuf {
 
     fn ptr(&self) -> *mut u8 {
         self.addr as *mut u8
-    }
-
-    /// The caller's bytes.
-    ///
-    /// # Safety
-    /// The range is readable, initialised host memory not written while the slice lives.
-    unsafe fn bytes<'a>(&self) -> &'a [u8] {
-        if self.len == 0 {
-            return &[];
-        }
-        // SAFETY: non-NULL (checked in `new` for a nonzero length), `len` readable
-        // initialised bytes by the caller's contract, `len <= isize::MAX` (`nbytes`).
-        unsafe { std::slice::from_raw_parts(self.ptr(), self.len) }
     }
 }
 
@@ -137,25 +126,16 @@ pub(super) fn disjoint<'a>(pairs: impl IntoIterator<Item = &'a Pair>, name: &str
     Ok(())
 }
 
-/// Results to copy from a strata buffer into user memory once the work is done.
-struct Out {
-    buf: Buffer,
-    dst: *mut u8,
-}
-
 /// The buffers of one call on one communicator and what completing it takes.
 pub(super) struct CallBuffers {
     /// The communicator's GPU (GPU transports): user ranges are its memory.
     device: Option<Arc<dyn Device>>,
-    /// Host transports: the copy-outs of the outputs.
-    outs: Vec<Out>,
 }
 
 impl CallBuffers {
     pub(super) fn new(comm: &Comm) -> CallBuffers {
         CallBuffers {
             device: comm.device(),
-            outs: Vec::new(),
         }
     }
 
@@ -180,52 +160,45 @@ impl CallBuffers {
         Ok(unsafe { Buffer::from_device_ptr(dev, addr, u.len) })
     }
 
-    /// A range the call reads: a copy of it (host), or the device range itself.
+    /// A range of the call: the user's memory itself, host or device.
     ///
     /// # Safety
-    /// Host: readable, initialised for `len` bytes now. Device: as [`Self::wrap`].
+    /// Valid (readable; writable when the call writes it) and untouched by others until
+    /// the call completes (see the module's ownership rule); device: as [`Self::wrap`].
+    pub(super) unsafe fn user(&mut self, u: &UserBuf) -> Result<Buffer> {
+        match &self.device {
+            // SAFETY: the caller's contract.
+            Some(d) => unsafe { Self::wrap(d, u) },
+            // SAFETY: the caller's contract: `len` bytes at `ptr` stay valid and
+            // unshared while the buffer and the work using it live. Ranges the call only
+            // reads are only borrowed shared, so never written.
+            None => Ok(unsafe { Buffer::from_host_ptr(u.ptr(), u.len) }),
+        }
+    }
+
+    /// A range the call reads ([`Self::user`]).
+    ///
+    /// # Safety
+    /// As [`Self::user`].
     pub(super) unsafe fn input(&mut self, u: &UserBuf) -> Result<Buffer> {
-        match &self.device {
-            // SAFETY: the caller's contract.
-            Some(d) => unsafe { Self::wrap(d, u) },
-            // SAFETY: the caller's contract.
-            None => Ok(Buffer::from_bytes(unsafe { u.bytes() })),
-        }
+        // SAFETY: the caller's contract.
+        unsafe { self.user(u) }
     }
 
-    /// A range the call writes: a zeroed buffer copied into it at completion (host), or
-    /// the device range itself.
+    /// A range the call writes ([`Self::user`]).
     ///
     /// # Safety
-    /// Writable for `len` bytes until the call completes (inside a group: until
-    /// `strataGroupEnd`); device: as [`Self::wrap`].
+    /// As [`Self::user`].
     pub(super) unsafe fn output(&mut self, u: &UserBuf) -> Result<Buffer> {
-        match &self.device {
-            // SAFETY: the caller's contract.
-            Some(d) => unsafe { Self::wrap(d, u) },
-            None => {
-                let b = Buffer::zeroed(u.len);
-                self.copy_out_at_end(&b, u);
-                Ok(b)
-            }
-        }
-    }
-
-    fn copy_out_at_end(&mut self, buf: &Buffer, u: &UserBuf) {
-        if self.device.is_none() {
-            self.outs.push(Out {
-                buf: buf.clone(),
-                dst: u.ptr(),
-            });
-        }
+        // SAFETY: the caller's contract.
+        unsafe { self.user(u) }
     }
 
     /// The (send, recv) buffers of a pair: separate buffers, or, in place, one buffer
-    /// and the view of it the layout names (filled from the user's send bytes on host
-    /// transports when the send range is the inner one).
+    /// and the view of it the layout names.
     ///
     /// # Safety
-    /// As [`Self::input`] for the send range and [`Self::output`] for the receive range.
+    /// As [`Self::user`] for both ranges.
     pub(super) unsafe fn pair(&mut self, p: &Pair) -> Result<(Buffer, Buffer)> {
         let (s, r) = (&p.send, &p.recv);
         match p.in_place {
@@ -240,23 +213,17 @@ impl CallBuffers {
                 // SAFETY: the caller's contract on the receive range.
                 let recv = unsafe { self.output(r) }?;
                 let send = recv.slice(offset..offset + s.len)?;
-                if self.device.is_none() {
-                    // SAFETY: the send range is readable now (caller's contract).
-                    send.write_bytes(unsafe { s.bytes() })?;
-                }
                 Ok((send, recv))
             }
             Some(InPlace::RecvInSend { offset }) => {
                 // SAFETY: the caller's contract on the send range.
-                let send = unsafe { self.input(s) }?;
+                let send = unsafe { self.output(s) }?;
                 let recv = send.slice(offset..offset + r.len)?;
-                self.copy_out_at_end(&recv, r);
                 Ok((send, recv))
             }
             Some(InPlace::Same) => {
                 // SAFETY: the caller's contract on the send range.
-                let send = unsafe { self.input(s) }?;
-                self.copy_out_at_end(&send, r);
+                let send = unsafe { self.output(s) }?;
                 Ok((send.clone(), send))
             }
         }
@@ -288,16 +255,27 @@ impl CallBuffers {
         req: Request,
         stream: strataStream_t,
     ) -> Result<()> {
+        let host_stream = super::stream::host_stream(stream)?;
         if self.device.is_some() {
+            if host_stream.is_some() {
+                return Err(Error::InvalidArgument(format!(
+                    "{function}: a strata host stream was given to a GPU communicator; pass a \
+                     cudaStream_t / hipStream_t of its device"
+                )));
+            }
             let what = format!("{function}: waiting for the work queued on the caller's stream");
             // SAFETY: the caller's contract on `stream`.
             unsafe { wait_for_foreign_stream(&handle.comm, stream, &what) }?;
         }
+        if let Some(hs) = host_stream {
+            // Nonblocking, in the stream's order; completion is observed on the stream.
+            let work = handle.comm.submit(req.after(hs.deps()))?;
+            hs.push(work, function, handle);
+            return Ok(());
+        }
         if !crate::comm::in_group() {
             // Blocking: with nothing queued it runs on this thread (Comm::call).
-            handle.comm.call(req)?;
-            // SAFETY: the caller's contract on the destinations.
-            return unsafe { copy_out(&self.outs) };
+            return handle.comm.call(req);
         }
         let work = handle.comm.submit(req)?;
         HELD.with(|h| {
@@ -305,26 +283,10 @@ impl CallBuffers {
                 function,
                 handle,
                 work,
-                outs: self.outs,
             })
         });
         Ok(())
     }
-}
-
-/// # Safety
-/// Every `dst` is valid for writes of its buffer's length and not accessed concurrently.
-unsafe fn copy_out(outs: &[Out]) -> Result<()> {
-    for o in outs {
-        let g = o.buf.read()?;
-        if g.is_empty() {
-            continue;
-        }
-        // SAFETY: the caller's contract on `dst`; the source is strata-owned host memory
-        // distinct from user memory, so the ranges cannot overlap.
-        unsafe { std::ptr::copy_nonoverlapping(g.as_ptr(), o.dst, g.len()) };
-    }
-    Ok(())
 }
 
 /// A call of an open group, completed by [`end_group`].
@@ -332,7 +294,6 @@ struct Held {
     function: &'static str,
     handle: Arc<Handle>,
     work: Work,
-    outs: Vec<Out>,
 }
 
 thread_local! {
@@ -340,18 +301,16 @@ thread_local! {
 }
 
 /// Complete the calls this thread held in its (now closed, outermost) group: wait for
-/// each, copy its results out (host transports), record each failure on its
-/// communicator as `"strataGroupEnd (<function>): <error>"`, and return the first one.
-/// Results of calls that succeeded are copied out regardless.
+/// each, record each failure on its communicator as
+/// `"strataGroupEnd (<function>): <error>"`, and return the first one.
 ///
 /// # Safety
-/// The destinations of the held calls are still valid (the grouped calls' contract).
+/// The buffers of the held calls are still valid (the grouped calls' contract).
 pub(super) unsafe fn end_group() -> Result<()> {
     let held = HELD.with(|h| std::mem::take(&mut *h.borrow_mut()));
     let mut first = Ok(());
     for hd in held {
-        // SAFETY: the grouped calls' contract: destinations valid until now.
-        let r = hd.work.wait().and_then(|_| unsafe { copy_out(&hd.outs) });
+        let r = hd.work.wait();
         if let Err(e) = r {
             store_error(
                 Some(&hd.handle),

@@ -49,9 +49,11 @@
 mod buffers;
 mod coll;
 mod init;
+mod stream;
 
 pub use coll::*;
 pub use init::*;
+pub use stream::*;
 
 use crate::comm::Comm;
 use crate::error::{Error, Result};

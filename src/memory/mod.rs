@@ -33,6 +33,8 @@ use std::time::{Duration, Instant};
 
 enum Storage {
     Host(Box<[UnsafeCell<u8>]>),
+    /// The caller's host memory (C ABI, Python): never freed by strata.
+    HostForeign(*mut u8),
     Device(DeviceMem),
 }
 
@@ -51,7 +53,8 @@ struct Mem {
 // table admits only when no exclusive borrow overlaps a shared one or another exclusive
 // one; `UnsafeCell<u8>` has no other interior state.
 unsafe impl Sync for Mem {}
-// SAFETY: as above; the memory is plain bytes owned by the `Box`.
+// SAFETY: as above; the memory is plain bytes owned by the `Box`, or caller memory that
+// `Buffer::from_host_ptr`'s contract keeps valid and unshared while the buffer lives.
 unsafe impl Send for Mem {}
 
 fn overlap(a: &Range<usize>, b: &Range<usize>) -> bool {
@@ -116,6 +119,7 @@ impl Mem {
     fn ptr(&self) -> Result<*mut u8> {
         match &self.data {
             Storage::Host(d) => Ok(UnsafeCell::raw_get(d.as_ptr())),
+            Storage::HostForeign(p) => Ok(*p),
             Storage::Device(d) => Err(Error::InvalidUsage(format!(
                 "this buffer is {} bytes of {} device memory: it has no host view (use \
                  to_bytes / write_bytes, or a GPU transport)",
@@ -165,6 +169,23 @@ impl Buffer {
         }
     }
 
+    /// A buffer over the caller's host memory (C ABI, Python), used in place (no copy)
+    /// and never freed by strata. An empty range needs no memory (`ptr` may be NULL).
+    ///
+    /// # Safety
+    /// `len` bytes at `ptr` are valid for reads and writes (a range strata only reads,
+    /// for reads), stay allocated, and are touched by nobody else while the buffer (or
+    /// a view of it, or work using it) lives.
+    pub unsafe fn from_host_ptr(ptr: *mut u8, len: usize) -> Buffer {
+        if len == 0 {
+            return Buffer::zeroed(0);
+        }
+        Buffer {
+            mem: Mem::new(Storage::HostForeign(ptr)),
+            range: 0..len,
+        }
+    }
+
     /// `bytes` zeroed bytes of device memory on `dev`, freed when the last view is gone.
     pub fn on_device(dev: &Arc<dyn Device>, bytes: usize) -> Result<Buffer> {
         Ok(Buffer {
@@ -199,7 +220,7 @@ impl Buffer {
     /// The device holding this buffer's memory (`None`: host memory).
     pub fn device(&self) -> Option<&Arc<dyn Device>> {
         match &self.mem.data {
-            Storage::Host(_) => None,
+            Storage::Host(_) | Storage::HostForeign(_) => None,
             Storage::Device(d) => Some(d.device()),
         }
     }
@@ -235,7 +256,7 @@ impl Buffer {
     fn dev_addr(&self) -> Result<DevAddr> {
         match &self.mem.data {
             Storage::Device(d) => Ok(d.addr() + self.range.start as u64),
-            Storage::Host(_) => Err(Error::InvalidUsage(
+            Storage::Host(_) | Storage::HostForeign(_) => Err(Error::InvalidUsage(
                 "host buffer where device memory was expected".into(),
             )),
         }
@@ -469,6 +490,7 @@ impl DerefMut for WriteGuard<'_> {
 fn host_ptr(b: &Buffer) -> *mut u8 {
     match &b.mem.data {
         Storage::Host(d) => UnsafeCell::raw_get(d.as_ptr()),
+        Storage::HostForeign(p) => *p,
         Storage::Device(_) => unreachable!("host guards are refused for device memory"),
     }
 }
@@ -488,6 +510,26 @@ impl Drop for WriteGuard<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn foreign_host_memory_is_used_in_place() {
+        let mut mine = vec![7u8; 32];
+        // SAFETY: `mine` outlives `b` and is not touched while `b` lives.
+        let b = unsafe { Buffer::from_host_ptr(mine.as_mut_ptr(), mine.len()) };
+        assert!(b.device().is_none());
+        b.slice(8..16).unwrap().write().unwrap().fill(1);
+        assert_eq!(&b.read().unwrap()[6..10], &[7, 7, 1, 1]);
+        let w = b.slice(0..16).unwrap();
+        let _g = w.write().unwrap();
+        assert!(b.read_timeout(Duration::from_millis(5)).is_err(), "borrows still tracked");
+        drop(_g);
+        drop(w);
+        drop(b);
+        assert_eq!(&mine[6..10], &[7, 7, 1, 1], "written where it lives");
+        // SAFETY: empty range: no memory is touched.
+        let e = unsafe { Buffer::from_host_ptr(std::ptr::null_mut(), 0) };
+        assert_eq!(e.len(), 0);
+    }
 
     #[test]
     fn disjoint_writes_coexist_overlapping_wait() {

@@ -486,6 +486,78 @@ static void test_errors(strataComm_t c, int r, int n) {
   CHECK(total == (float)n, "communicator works after errors");
 }
 
+/* Host streams: nonblocking calls on several communicators, ordered per stream and by
+ * events, a query before completion, and the handle errors. */
+static void test_host_streams(strataComm_t c, int r, int n) {
+  strataComm_t d = NULL;
+  OK(strataCommSplit(c, 0, r, &d, NULL)); /* the same ranks: a second communicator */
+  strataStream_t s1 = NULL, s2 = NULL;
+  strataEvent_t ev = NULL;
+  OK(strataStreamCreate(&s1));
+  OK(strataStreamCreate(&s2));
+  OK(strataEventCreate(&ev));
+  OK(strataEventQuery(ev)); /* never recorded: complete */
+
+  /* On s1: an all-reduce on c, then an all-gather on d of its result (the stream orders
+   * them across communicators); on s2, after the event, an all-reduce on d of that. */
+  enum { K = 1000 };
+  float x[K], z[K];
+  float *y = malloc(sizeof(float) * K * (size_t)n);
+  if (!y) FAIL("malloc");
+  for (int i = 0; i < K; i++) x[i] = (float)(r + 1);
+  OK(strataAllReduce(x, x, K, strataFloat32, strataSum, c, s1));
+  OK(strataAllGather(x, y, K, strataFloat32, d, s1));
+  OK(strataEventRecord(ev, s1));
+  OK(strataStreamWaitEvent(s2, ev));
+  for (int i = 0; i < K; i++) z[i] = 0.0f;
+  OK(strataAllReduce(y, z, K, strataFloat32, strataMax, d, s2));
+  OK(strataStreamSynchronize(s2));
+  OK(strataEventSynchronize(ev));
+  OK(strataStreamQuery(s1));
+  float sum = (float)n * (float)(n + 1) / 2.0f;
+  int good = 1;
+  for (int i = 0; i < K * n; i++) good &= y[i] == sum;
+  for (int i = 0; i < K; i++) good &= x[i] == sum && z[i] == sum;
+  CHECK(good, "stream-ordered calls across communicators: wrong results");
+  free(y);
+
+  /* A call that cannot complete yet says so: rank 0 receives on d from rank 1, which
+   * sends only after a blocking all-reduce on c that rank 0 joins after its query. */
+  if (n >= 2) {
+    float got[3] = {0, 0, 0}, flag = 1.0f, all = 0.0f;
+    if (r == 0) {
+      OK(strataRecv(got, 3, strataFloat32, 1, d, s1));
+      EXPECT(strataInProgress, NULL, strataStreamQuery(s1));
+      OK(strataEventRecord(ev, s1));
+      EXPECT(strataInProgress, NULL, strataEventQuery(ev));
+    }
+    OK(strataAllReduce(&flag, &all, 1, strataFloat32, strataSum, c, NULL));
+    if (r == 1) {
+      float v[3] = {1.5f, 2.5f, 3.5f};
+      OK(strataSend(v, 3, strataFloat32, 0, d, NULL));
+    }
+    if (r == 0) {
+      OK(strataEventSynchronize(ev));
+      OK(strataStreamSynchronize(s1));
+      CHECK(got[0] == 1.5f && got[1] == 2.5f && got[2] == 3.5f, "received on a stream");
+    }
+  }
+
+  /* Bad handles: errors, never crashes. */
+  strataStream_t gone = s2;
+  OK(strataStreamDestroy(s2));
+  EXPECT(strataInvalidUsage, NULL, strataStreamSynchronize(gone));
+  EXPECT(strataInvalidUsage, NULL, strataStreamQuery(gone));
+  EXPECT(strataInvalidArgument, NULL, strataStreamSynchronize(NULL));
+  EXPECT(strataInvalidArgument, NULL, strataStreamCreate(NULL));
+  EXPECT(strataInvalidArgument, NULL, strataEventRecord(ev, (strataStream_t)(uintptr_t)0x1234));
+  EXPECT(strataInvalidUsage, c, strataAllReduce(x, x, K, strataFloat32, strataSum, c, gone));
+  OK(strataEventDestroy(ev));
+  EXPECT(strataInvalidUsage, NULL, strataEventQuery(ev));
+  OK(strataStreamDestroy(s1));
+  OK(strataCommDestroy(d));
+}
+
 static void rank_body(strataComm_t c) {
   int r = -1, n = 0;
   OK(strataCommUserRank(c, &r));
@@ -499,6 +571,7 @@ static void rank_body(strataComm_t c) {
   test_send_recv_group(c, r, n);
   test_coalesced(c, r, n);
   test_split(c, r, n);
+  test_host_streams(c, r, n);
 }
 
 /* ---- local mode ---- */
