@@ -42,9 +42,14 @@ Semantics are the C ABI's (NCCL's):
   ``reduce_scatter(send, send[r*n:(r+1)*n])``, ``all_reduce(x)`` / ``broadcast(x)``.
 - Every call blocks until its result is in the receive buffer, except inside
   ``with strata.group():`` where calls return at once and complete when the block ends
-  (the package keeps the arrays alive until then). ``stream`` arguments are accepted and
-  ignored on host transports. Inside a group on GPU transports, results are in place
-  when the block ends.
+  (the package keeps the arrays alive until then), and, on host transports, with
+  ``async_op=True``: the call returns a ``Work`` at once (``wait()``, ``is_completed()``,
+  as ``torch.distributed``'s), the communicator's calls run in the order they were made,
+  and until the work completed the arrays belong to strata (do not read the receive
+  array or write the send array; the package keeps both alive). Arrays are used in
+  place, never copied. ``stream`` arguments are accepted and ignored on host
+  transports. Inside a group on GPU transports, results are in place when the block
+  ends.
 - One communicator is driven by one thread at a time; ctypes releases the GIL during
   calls, so ranks on threads run concurrently.
 - Failures raise ``StrataError`` with ``.code`` (NCCL's ``ncclResult_t`` value: 4 invalid
@@ -70,6 +75,7 @@ __all__ = [
     "StrataError",
     "LibraryNotFound",
     "Comm",
+    "Work",
     "UniqueId",
     "init_local",
     "init_rank",
@@ -217,6 +223,15 @@ _PROTOTYPES = {
     "strataGroupStart": [],
     "strataGroupEnd": [],
     "strataFinalize": [],
+    "strataStreamCreate": [ctypes.POINTER(_vp)],
+    "strataStreamDestroy": [_vp],
+    "strataStreamSynchronize": [_vp],
+    "strataStreamQuery": [_vp],
+    "strataEventCreate": [ctypes.POINTER(_vp)],
+    "strataEventDestroy": [_vp],
+    "strataEventRecord": [_vp, _vp],
+    "strataEventQuery": [_vp],
+    "strataEventSynchronize": [_vp],
 }  # fmt: skip
 
 _lib: Optional[ctypes.CDLL] = None
@@ -638,15 +653,27 @@ class Comm:
             self.destroy()
 
     # -- lifetime --
+    def _drain(self) -> None:
+        """Wait for the ``async_op`` calls and release their stream (errors were or will
+        be raised by their ``Work``)."""
+        hs = getattr(self, "_hs", None)
+        if hs is not None:
+            self._hs = None
+            _load().strataStreamDestroy(hs)
+        self._inflight = []
+
     def destroy(self) -> None:
         """``strataCommDestroy``: finish queued work and release the communicator."""
+        self._drain()
         self._h = None
         _check(_load().strataCommDestroy(self._addr))
 
     def abort(self) -> None:
         """``strataCommAbort``: fail every waiter here and on the peers, and release."""
         self._h = None
-        _check(_load().strataCommAbort(self._addr))
+        code = _load().strataCommAbort(self._addr)
+        self._drain()
+        _check(code)
 
     def split(self, color: Optional[int], key: int = 0) -> Optional["Comm"]:
         """``strataCommSplit`` (collective): ranks with the same ``color`` form a new
@@ -660,7 +687,32 @@ class Comm:
     def _call(self, fn: str, *args: Any) -> None:
         _check(getattr(_load(), fn)(*args), self._addr)
 
-    def all_gather(self, send, recv, count=None, dtype=None, stream=None) -> None:
+    def _issue(self, fn: str, args: list, stream: Any, async_op: bool, *bufs: Optional[_Buf],
+               keep: tuple = ()) -> Optional["Work"]:
+        """Run ``fn(*args, stream)``: blocking, or with ``async_op`` enqueued on this
+        communicator's strata host stream and returned as a ``Work``."""
+        if not async_op:
+            self._call(fn, *args, _stream(stream, *bufs))
+            return None
+        if self._gpu:
+            raise StrataError(INVALID_USAGE, "async_op=True is for host transports; on a GPU "
+                              "communicator order the call on a stream (stream=)")
+        if stream is not None:
+            raise StrataError(INVALID_ARGUMENT, "async_op=True orders the call on the "
+                              "communicator's own host stream: pass no stream")
+        if getattr(self, "_hs", None) is None:
+            out = _vp()
+            _check(_load().strataStreamCreate(ctypes.byref(out)))
+            self._hs = out.value
+            self._inflight = []
+        self._call(fn, *args, self._hs)
+        work = Work(self, (bufs, keep))
+        # Until completion is seen, the arrays must stay alive even if the caller drops
+        # the Work: the communicator keeps the unfinished ones.
+        self._inflight = [w for w in self._inflight if not w._poll()] + [work]
+        return work
+
+    def all_gather(self, send, recv, count=None, dtype=None, stream=None, async_op=False) -> Optional["Work"]:
         """``strataAllGather``: ``recv`` (size*count) gathers every rank's ``send``
         (count; default: all of ``send``). In place when ``send`` is
         ``recv[rank*count:(rank+1)*count]``."""
@@ -671,9 +723,9 @@ class Comm:
         _need(s, count * sz, "send")
         _need(r, count * sz * self.size, "recv")
         _group_keep(send, recv)
-        self._call("strataAllGather", s.ptr, r.ptr, count, dt, self._addr, _stream(stream, s, r))
+        return self._issue("strataAllGather", [s.ptr, r.ptr, count, dt, self._addr], stream, async_op, s, r)
 
-    def reduce_scatter(self, send, recv, op="sum", count=None, dtype=None, stream=None) -> None:
+    def reduce_scatter(self, send, recv, op="sum", count=None, dtype=None, stream=None, async_op=False) -> Optional["Work"]:
         """``strataReduceScatter``: ``recv`` (count; default: all of ``recv``) = ``op``
         over ranks of ``send[rank*count:]`` (size*count). In place when ``recv`` is
         ``send[rank*count:(rank+1)*count]``."""
@@ -684,9 +736,9 @@ class Comm:
         _need(r, count * sz, "recv")
         _need(s, count * sz * self.size, "send")
         _group_keep(send, recv)
-        self._call("strataReduceScatter", s.ptr, r.ptr, count, dt, _op_code(op), self._addr, _stream(stream, s, r))
+        return self._issue("strataReduceScatter", [s.ptr, r.ptr, count, dt, _op_code(op), self._addr], stream, async_op, s, r)
 
-    def all_gather_quantized(self, send, recv, bits=8, block=256, count=None, dtype=None, stream=None) -> None:
+    def all_gather_quantized(self, send, recv, bits=8, block=256, count=None, dtype=None, stream=None, async_op=False) -> Optional["Work"]:
         """``strataAllGatherQuantized`` (ZeRO++ qwZ): as ``all_gather``, every rank's data
         travels block-quantized to ``bits`` (4 or 8) with one scale per ``block``."""
         s, r = _buf(send, False, "send", self._gpu), _buf(recv, True, "recv", self._gpu)
@@ -696,9 +748,9 @@ class Comm:
         _need(s, count * sz, "send")
         _need(r, count * sz * self.size, "recv")
         _group_keep(send, recv)
-        self._call("strataAllGatherQuantized", s.ptr, r.ptr, count, dt, bits, block, self._addr, _stream(stream, s, r))
+        return self._issue("strataAllGatherQuantized", [s.ptr, r.ptr, count, dt, bits, block, self._addr], stream, async_op, s, r)
 
-    def reduce_scatter_quantized(self, send, recv, op="sum", bits=4, block=256, count=None, dtype=None, stream=None) -> None:
+    def reduce_scatter_quantized(self, send, recv, op="sum", bits=4, block=256, count=None, dtype=None, stream=None, async_op=False) -> Optional["Work"]:
         """``strataReduceScatterQuantized`` (ZeRO++ qgZ, 2-hop): as ``reduce_scatter`` with
         ``op`` sum or avg, gradients travel block-quantized to ``bits`` (4 or 8)."""
         s, r = _buf(send, False, "send", self._gpu), _buf(recv, True, "recv", self._gpu)
@@ -708,9 +760,9 @@ class Comm:
         _need(r, count * sz, "recv")
         _need(s, count * sz * self.size, "send")
         _group_keep(send, recv)
-        self._call("strataReduceScatterQuantized", s.ptr, r.ptr, count, dt, _op_code(op), bits, block, self._addr, _stream(stream, s, r))
+        return self._issue("strataReduceScatterQuantized", [s.ptr, r.ptr, count, dt, _op_code(op), bits, block, self._addr], stream, async_op, s, r)
 
-    def all_reduce(self, send, recv=None, op="sum", count=None, dtype=None, stream=None) -> None:
+    def all_reduce(self, send, recv=None, op="sum", count=None, dtype=None, stream=None, async_op=False) -> Optional["Work"]:
         """``strataAllReduce``; in place when ``recv`` is None or ``send`` itself."""
         recv = send if recv is None else recv
         s, r = _buf(send, False, "send", self._gpu), _buf(recv, True, "recv", self._gpu)
@@ -720,9 +772,9 @@ class Comm:
         _need(s, count * sz, "send")
         _need(r, count * sz, "recv")
         _group_keep(send, recv)
-        self._call("strataAllReduce", s.ptr, r.ptr, count, dt, _op_code(op), self._addr, _stream(stream, s, r))
+        return self._issue("strataAllReduce", [s.ptr, r.ptr, count, dt, _op_code(op), self._addr], stream, async_op, s, r)
 
-    def all_to_all(self, send, recv, count=None, dtype=None, stream=None) -> None:
+    def all_to_all(self, send, recv, count=None, dtype=None, stream=None, async_op=False) -> Optional["Work"]:
         """``strataAllToAll``: block j (count; default len(send)/size) of ``send`` goes to
         rank j, block i of ``recv`` comes from rank i."""
         s, r = _buf(send, False, "send", self._gpu), _buf(recv, True, "recv", self._gpu)
@@ -736,9 +788,9 @@ class Comm:
         _need(s, count * sz * n, "send")
         _need(r, count * sz * n, "recv")
         _group_keep(send, recv)
-        self._call("strataAllToAll", s.ptr, r.ptr, count, dt, self._addr, _stream(stream, s, r))
+        return self._issue("strataAllToAll", [s.ptr, r.ptr, count, dt, self._addr], stream, async_op, s, r)
 
-    def broadcast(self, send, recv=None, root=0, count=None, dtype=None, stream=None) -> None:
+    def broadcast(self, send, recv=None, root=0, count=None, dtype=None, stream=None, async_op=False) -> Optional["Work"]:
         """``strataBroadcast`` from ``root``; in place when ``recv`` is None (then ``send``
         is the buffer on every rank). Off the root, ``send`` may be None."""
         if recv is None:
@@ -752,9 +804,9 @@ class Comm:
         if s is not None:
             _need(s, count * sz, "send")
         _group_keep(send, recv)
-        self._call("strataBroadcast", s.ptr if s else None, r.ptr, count, dt, root, self._addr, _stream(stream, s, r))
+        return self._issue("strataBroadcast", [s.ptr if s else None, r.ptr, count, dt, root, self._addr], stream, async_op, s, r)
 
-    def send(self, buf, peer: int, count=None, dtype=None, stream=None) -> None:
+    def send(self, buf, peer: int, count=None, dtype=None, stream=None, async_op=False) -> Optional["Work"]:
         """``strataSend`` of ``buf`` to ``peer``."""
         b = _buf(buf, False, "buf", self._gpu)
         dt = _resolve_dtype(dtype, b)
@@ -762,9 +814,9 @@ class Comm:
         count = b.nbytes // sz if count is None else count
         _need(b, count * sz, "buf")
         _group_keep(buf)
-        self._call("strataSend", b.ptr, count, dt, peer, self._addr, _stream(stream, b))
+        return self._issue("strataSend", [b.ptr, count, dt, peer, self._addr], stream, async_op, b)
 
-    def recv(self, buf, peer: int, count=None, dtype=None, stream=None) -> None:
+    def recv(self, buf, peer: int, count=None, dtype=None, stream=None, async_op=False) -> Optional["Work"]:
         """``strataRecv`` into ``buf`` from ``peer``."""
         b = _buf(buf, True, "buf", self._gpu)
         dt = _resolve_dtype(dtype, b)
@@ -772,9 +824,9 @@ class Comm:
         count = b.nbytes // sz if count is None else count
         _need(b, count * sz, "buf")
         _group_keep(buf)
-        self._call("strataRecv", b.ptr, count, dt, peer, self._addr, _stream(stream, b))
+        return self._issue("strataRecv", [b.ptr, count, dt, peer, self._addr], stream, async_op, b)
 
-    def _coalesced(self, fn, sends, recvs, counts, dtype, op, gather: bool, stream) -> None:
+    def _coalesced(self, fn, sends, recvs, counts, dtype, op, gather: bool, stream, async_op=False) -> Optional["Work"]:
         sends, recvs = list(sends), list(recvs)
         if len(sends) != len(recvs):
             raise StrataError(INVALID_ARGUMENT, f"{len(sends)} send buffers but {len(recvs)} receive buffers")
@@ -796,18 +848,74 @@ class Comm:
         rp = (_vp * k)(*[r.ptr for r in rb])
         cp = (_c_size * k)(*counts)
         _group_keep(*sends, *recvs)
-        args = [sp, rp, cp, k, dt] + ([] if gather else [_op_code(op)]) + [self._addr, _stream(stream, *sb, *rb)]
-        self._call(fn, *args)
+        args = [sp, rp, cp, k, dt] + ([] if gather else [_op_code(op)]) + [self._addr]
+        return self._issue(fn, args, stream, async_op, *sb, *rb, keep=(sp, rp, cp))
 
-    def all_gather_coalesced(self, sends: Sequence, recvs: Sequence, counts=None, dtype=None, stream=None) -> None:
+    def all_gather_coalesced(self, sends: Sequence, recvs: Sequence, counts=None, dtype=None, stream=None, async_op=False) -> Optional["Work"]:
         """``strataAllGatherCoalesced``: ``recvs[i]`` gathers ``sends[i]`` for every i, in one
         collective (MiCS §4); counts default to the sizes of ``sends``."""
-        self._coalesced("strataAllGatherCoalesced", sends, recvs, counts, dtype, None, True, stream)
+        return self._coalesced("strataAllGatherCoalesced", sends, recvs, counts, dtype, None, True, stream, async_op)
 
-    def reduce_scatter_coalesced(self, sends: Sequence, recvs: Sequence, op="sum", counts=None, dtype=None, stream=None) -> None:
+    def reduce_scatter_coalesced(self, sends: Sequence, recvs: Sequence, op="sum", counts=None, dtype=None, stream=None, async_op=False) -> Optional["Work"]:
         """``strataReduceScatterCoalesced``: ``recvs[i]`` = ``op`` over ranks of
         ``sends[i][rank*count_i:]``; counts default to the sizes of ``recvs``."""
-        self._coalesced("strataReduceScatterCoalesced", sends, recvs, counts, dtype, op, False, stream)
+        return self._coalesced("strataReduceScatterCoalesced", sends, recvs, counts, dtype, op, False, stream, async_op)
+
+
+class Work:
+    """The handle of an ``async_op=True`` call (as ``torch.distributed``'s ``Work``): a
+    strata event recorded after the call on its communicator's host stream."""
+
+    def __init__(self, comm: Comm, keep: Any):
+        self._comm = comm
+        self._keep = keep
+        self._seen = False
+        self._error: Optional[StrataError] = None
+        out = _vp()
+        _check(_load().strataEventCreate(ctypes.byref(out)))
+        self._ev = out.value
+        _check(_load().strataEventRecord(self._ev, comm._hs), comm._addr)
+
+    def _done(self, code: int) -> None:
+        self._seen = True
+        self._keep = None
+        if code != SUCCESS and self._error is None:
+            self._error = StrataError(code, _last_error(None) or _last_error(self._comm._addr))
+
+    def _poll(self) -> bool:
+        """True once completion was seen (querying the event; failures are kept for
+        ``wait``/``is_completed``)."""
+        if not self._seen and self._ev is not None:
+            code = _load().strataEventQuery(self._ev)
+            if code != IN_PROGRESS:
+                self._done(code)
+        return self._seen
+
+    def is_completed(self) -> bool:
+        """True once the call (and those before it on the communicator) completed; never
+        blocks. Raises the call's ``StrataError`` if it failed."""
+        if not self._seen:
+            code = _load().strataEventQuery(self._ev)
+            if code == IN_PROGRESS:
+                return False
+            self._done(code)
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def wait(self, timeout: Any = None) -> bool:
+        """Block until the call completed (its results are in the arrays, which are the
+        caller's again); raises its ``StrataError`` if it failed. Returns True."""
+        if not self._seen:
+            self._done(_load().strataEventSynchronize(self._ev))
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def __del__(self) -> None:
+        ev, self._ev = getattr(self, "_ev", None), None
+        if ev is not None and _lib is not None:
+            _lib.strataEventDestroy(ev)
 
 
 def init_local(nranks: int, topology: Optional[str] = None, algo: Optional[str] = None,

@@ -236,6 +236,42 @@ def test_split(comms):
         assert opted_out == (r == 0)
 
 
+def test_async_op_work_handles(comms):
+    def body(c, r):
+        d = c.split(0, key=r)  # the same ranks, a second communicator
+        x = np.full(1000, r + 1, np.float32)
+        y = np.zeros(1000 * N, np.float32)
+        w1 = c.all_reduce(x, async_op=True)  # several calls outstanding, two communicators
+        w2 = d.all_gather(np.full(1000, r, np.float32), y, async_op=True)
+        w3 = c.all_reduce(np.ones(4, np.float32), async_op=True)  # dropped unwaited: kept alive
+        del w3
+        assert w2.wait() and w1.wait() and w1.is_completed()
+        # A call that cannot finish yet says so: rank 0 receives on d from rank 1, which
+        # sends only after a blocking all-reduce that rank 0 joins after asking.
+        got = np.zeros(3, np.float32)
+        pending = None
+        if r == 0:
+            w = d.recv(got, 1, async_op=True)
+            pending = w.is_completed()
+        c.all_reduce(np.ones(1, np.float32))
+        if r == 1:
+            d.send(np.array([1.5, 2.5, 3.5], np.float32), 0)
+        if r == 0:
+            w.wait()
+        with pytest.raises(strata.StrataError) as e:
+            c.all_reduce(x, async_op=True, stream=0)
+        assert e.value.code == strata.INVALID_ARGUMENT
+        d.destroy()
+        return x, y, got, pending
+
+    for r, (x, y, got, pending) in enumerate(on_ranks(comms, body)):
+        np.testing.assert_array_equal(x, np.full(1000, N * (N + 1) / 2, np.float32))
+        np.testing.assert_array_equal(y, np.repeat(np.arange(N, dtype=np.float32), 1000))
+        if r == 0:
+            assert pending is False
+            np.testing.assert_array_equal(got, [1.5, 2.5, 3.5])
+
+
 def test_init_rank_from_threads():
     uid = strata.get_unique_id()
     assert len(bytes(uid)) == 256 and uid.vendor_id is None
