@@ -91,8 +91,9 @@ typedef int strataDataType_t;
 typedef struct strataComm *strataComm_t;
 
 /**
- * Stream argument of every collective: an opaque pointer. Host transports ignore it (it
- * may be NULL). GPU transports take the caller's `cudaStream_t` / `hipStream_t` (NULL:
+ * Stream argument of every collective: an opaque pointer. Host transports: a strata host
+ * stream (`strataStreamCreate`) makes the call nonblocking, in that stream's order; any
+ * other value (NULL included) is ignored and the call blocks. GPU transports take the caller's `cudaStream_t` / `hipStream_t` (NULL:
  * the legacy default stream) of the communicator's device: the collective starts after
  * the work queued on it before the call, and the call returns once the collective has
  * completed on the device (host-synchronous), so work queued on the stream after the
@@ -303,11 +304,14 @@ extern "C" {
  * of the two ranges is `strataInvalidArgument`. `sendcount == 0` is a no-op (NULL buffers
  * allowed).
  *
- * Host transports (local, mpi): the buffers are host memory; blocking; the stream is
- * ignored (may be NULL); inside a group the call returns at once, `sendbuff` is read now
- * and `recvbuff` is written by `strataGroupEnd` (keep both valid until it returns).
- * Ownership: the buffers stay the caller's; strata copies from and into them and keeps
- * no pointer after the call (or the group) ends.
+ * Host transports (local, mpi): the buffers are host memory, read and written in place
+ * (no copies). Blocking, unless `stream` is a strata host stream (`strataStreamCreate`):
+ * then the call is enqueued after that stream's earlier calls and returns at once, and
+ * the buffers belong to strata until its completion is observed
+ * (`strataStreamSynchronize`, `strataStreamQuery`, an event). Any other `stream` value is
+ * ignored (may be NULL). Inside a group the call returns at once and both buffers are
+ * used until `strataGroupEnd` returns (keep them valid and untouched until then).
+ * strata keeps no pointer after the call (the group, the stream's synchronize) ends.
  *
  * GPU transports (nccl, rccl, cuda-local): the buffers are device memory of the
  * communicator's device (anything else, a host pointer included, is
@@ -508,11 +512,11 @@ strataResult_t strataGroupStart(void);
 
 /**
  * Ends a group (NCCL's `ncclGroupEnd`). At the outermost end it launches the group's
- * calls, waits for all of them, and copies every result into its user buffer (host
- * transports; on GPU transports the results are already in place on the device when
- * this returns): the buffers of every call in the group must stay valid, and untouched
- * by other threads and streams, until this returns. Returns the first failure (each failing communicator also records
- * its own message); results of calls that succeeded are copied out regardless.
+ * calls and waits for all of them (except calls made on a strata host stream, which
+ * complete on their stream): their results are in place in the user buffers when this
+ * returns, so the buffers of every call in the group must stay valid, and untouched by
+ * other threads and streams, until then. Returns the first failure (each failing
+ * communicator also records its own message).
  *
  * Errors: `strataInvalidUsage` without a matching `strataGroupStart`; otherwise the
  * first error of the grouped calls.

@@ -5,13 +5,13 @@
 //!    ([`UserBuf`]); recognise NCCL's in-place layout from the raw pointers with the one
 //!    rule, [`Kind::in_place`] ([`Pair`]), else require disjoint byte ranges
 //!    ([`disjoint`], across the whole list for the coalesced calls);
-//! 2. turn the ranges into strata buffers ([`CallBuffers`]): copies (in now, out at
-//!    completion) on host transports, checked wraps of the device pointers on GPU
-//!    transports; an in-place pair is one buffer and a view of it on both;
+//! 2. turn the ranges into strata buffers ([`CallBuffers`]) used in place, no copies:
+//!    the host memory itself on host transports, checked wraps of the device pointers
+//!    on GPU transports; an in-place pair is one buffer and a view of it on both;
 //! 3. submit one [`Request`] through [`Comm::submit`](crate::comm::Comm::submit) and
 //!    finish ([`CallBuffers::run`]): on GPU transports the communicator's stream first
-//!    waits for the caller's stream; outside a group wait and copy out (host), inside a
-//!    group hold the work and the copy-outs for `strataGroupEnd`.
+//!    waits for the caller's stream; on a strata host stream enqueue and return;
+//!    otherwise outside a group wait, inside a group hold the work for `strataGroupEnd`.
 
 use super::buffers::{disjoint, end_group, CallBuffers, Pair, UserBuf};
 use super::*;
@@ -83,11 +83,14 @@ fn quant_spec(bits: c_int, block: usize, dt: DataType) -> Result<crate::kernels:
 /// of the two ranges is `strataInvalidArgument`. `sendcount == 0` is a no-op (NULL buffers
 /// allowed).
 ///
-/// Host transports (local, mpi): the buffers are host memory; blocking; the stream is
-/// ignored (may be NULL); inside a group the call returns at once, `sendbuff` is read now
-/// and `recvbuff` is written by `strataGroupEnd` (keep both valid until it returns).
-/// Ownership: the buffers stay the caller's; strata copies from and into them and keeps
-/// no pointer after the call (or the group) ends.
+/// Host transports (local, mpi): the buffers are host memory, read and written in place
+/// (no copies). Blocking, unless `stream` is a strata host stream (`strataStreamCreate`):
+/// then the call is enqueued after that stream's earlier calls and returns at once, and
+/// the buffers belong to strata until its completion is observed
+/// (`strataStreamSynchronize`, `strataStreamQuery`, an event). Any other `stream` value is
+/// ignored (may be NULL). Inside a group the call returns at once and both buffers are
+/// used until `strataGroupEnd` returns (keep them valid and untouched until then).
+/// strata keeps no pointer after the call (the group, the stream's synchronize) ends.
 ///
 /// GPU transports (nccl, rccl, cuda-local): the buffers are device memory of the
 /// communicator's device (anything else, a host pointer included, is
@@ -831,11 +834,11 @@ pub unsafe extern "C" fn strataGroupStart() -> strataResult_t {
 }
 
 /// Ends a group (NCCL's `ncclGroupEnd`). At the outermost end it launches the group's
-/// calls, waits for all of them, and copies every result into its user buffer (host
-/// transports; on GPU transports the results are already in place on the device when
-/// this returns): the buffers of every call in the group must stay valid, and untouched
-/// by other threads and streams, until this returns. Returns the first failure (each failing communicator also records
-/// its own message); results of calls that succeeded are copied out regardless.
+/// calls and waits for all of them (except calls made on a strata host stream, which
+/// complete on their stream): their results are in place in the user buffers when this
+/// returns, so the buffers of every call in the group must stay valid, and untouched by
+/// other threads and streams, until then. Returns the first failure (each failing
+/// communicator also records its own message).
 ///
 /// Errors: `strataInvalidUsage` without a matching `strataGroupStart`; otherwise the
 /// first error of the grouped calls.

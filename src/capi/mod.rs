@@ -20,10 +20,11 @@
 //!   from the raw pointers by the one rule, [`Kind::in_place`](crate::kinds::Kind::in_place),
 //!   and rebuilt as one buffer and a view of it, so in-place semantics are NCCL's; any
 //!   other overlap is refused.
-//! - Host transports (local, mpi): user pointers are host memory. A call copies its
-//!   inputs into strata-owned buffers, submits, waits, and copies the results into the
-//!   user's receive buffers. Inside a group, calls return at once and complete (results
-//!   copied out) in `strataGroupEnd`.
+//! - Host transports (local, mpi): user pointers are host memory, read and written in
+//!   place ([`Buffer::from_host_ptr`](crate::Buffer::from_host_ptr)). A call blocks
+//!   (running on the calling thread when nothing is queued, `Comm::call`), or, with a
+//!   strata host stream as its `stream` ([`stream`]), is enqueued in that stream's order
+//!   and returns. Inside a group, calls return at once and complete in `strataGroupEnd`.
 //! - GPU transports (nccl, rccl, cuda-local; features `cuda` / `rocm`): user pointers are
 //!   device memory of the communicator's device, checked
 //!   ([`Device::check_pointer`](crate::device::Device::check_pointer)) and wrapped without
@@ -33,7 +34,8 @@
 //!   completed on the device (host-synchronous), so ordering with the caller's stream
 //!   holds both ways. Inside a group the works complete in `strataGroupEnd`.
 //! - Ownership: user memory stays the caller's; strata keeps no pointer to it after the
-//!   call returns (inside a group: after `strataGroupEnd`).
+//!   call returns (inside a group: after `strataGroupEnd`; on a strata host stream: once
+//!   the call's completion was observed, until when the buffers are strata's).
 //! - Bootstrap (rendezvous of in-process worlds, MPI rank checks, NCCL/RCCL ids,
 //!   `STRATA_TRANSPORT` / `STRATA_DEVICE`) is the library's
 //!   ([`crate::comm::bootstrap`], [`crate::comm::gpu`]); this module only maps the C
@@ -139,8 +141,9 @@ pub const strataTransportRccl: strataTransport_t = 4;
 /// from threads with one unique id. The device is `STRATA_DEVICE`, default 0.
 pub const strataTransportCudaLocal: strataTransport_t = 5;
 
-/// Stream argument of every collective: an opaque pointer. Host transports ignore it (it
-/// may be NULL). GPU transports take the caller's `cudaStream_t` / `hipStream_t` (NULL:
+/// Stream argument of every collective: an opaque pointer. Host transports: a strata host
+/// stream (`strataStreamCreate`) makes the call nonblocking, in that stream's order; any
+/// other value (NULL included) is ignored and the call blocks. GPU transports take the caller's `cudaStream_t` / `hipStream_t` (NULL:
 /// the legacy default stream) of the communicator's device: the collective starts after
 /// the work queued on it before the call, and the call returns once the collective has
 /// completed on the device (host-synchronous), so work queued on the stream after the
