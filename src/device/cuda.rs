@@ -112,12 +112,17 @@ impl Device for CudaDevice {
             return Ok(0);
         }
         self.bind()?;
-        // SAFETY: FFI allocation of `bytes` bytes in the bound context, then zeroed
-        // synchronously before anyone sees the address.
+        // SAFETY: FFI allocation of `bytes` bytes in the bound context, then zeroed and
+        // the context synchronized before anyone sees the address.
         unsafe {
             let p = result::malloc_sync(bytes)
                 .map_err(|e| dev_err(&format!("cuMemAlloc of {bytes} bytes"), e))?;
-            if let Err(e) = result::memset_d8_sync(p, 0, bytes) {
+            // cuMemsetD8 runs on the legacy default stream, which strata's non-blocking
+            // streams do not wait for: finish it here, or a late memset could zero what a
+            // kernel on a strata stream already wrote.
+            if let Err(e) = result::memset_d8_sync(p, 0, bytes)
+                .and_then(|_| result::ctx::synchronize())
+            {
                 let _ = result::free_sync(p);
                 return Err(dev_err("cuMemsetD8", e));
             }
@@ -132,12 +137,21 @@ impl Device for CudaDevice {
     }
     fn htod(&self, dst: DevAddr, src: &[u8]) -> Result<()> {
         self.bind()?;
+        // The copy runs on the legacy default stream, which does not order against
+        // strata's non-blocking streams, and from pageable memory it may return before
+        // the DMA lands: synchronize the context before (earlier kernels may still read
+        // the range) and after (later kernels must see the bytes).
+        result::ctx::synchronize().map_err(|e| dev_err("cuCtxSynchronize", e))?;
         // SAFETY: FFI copy of `src.len()` bytes; the caller holds a borrow of the device
         // range (a Buffer's DevGuard), which is inside its allocation.
-        unsafe { result::memcpy_htod_sync(dst, src) }.map_err(|e| dev_err("cuMemcpyHtoD", e))
+        unsafe { result::memcpy_htod_sync(dst, src) }
+            .and_then(|_| result::ctx::synchronize())
+            .map_err(|e| dev_err("cuMemcpyHtoD", e))
     }
     fn dtoh(&self, dst: &mut [u8], src: DevAddr) -> Result<()> {
         self.bind()?;
+        // Legacy default stream again: wait for the strata streams' writes first.
+        result::ctx::synchronize().map_err(|e| dev_err("cuCtxSynchronize", e))?;
         // SAFETY: as `htod`, in the other direction.
         unsafe { result::memcpy_dtoh_sync(dst, src) }.map_err(|e| dev_err("cuMemcpyDtoH", e))
     }

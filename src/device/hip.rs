@@ -24,7 +24,11 @@
 //! - ABI: hip-sys's bindings are those of HIP 5.x (`libamdhip64.so.5`; the layouts of
 //!   `hipDeviceProp_t` and `hipPointerAttribute_t` are HIP 5's, checked by the unit tests
 //!   against the bindings). `hipDeviceProp_t` is read from an oversized buffer, so a
-//!   runtime whose struct grew at the end cannot write past it.
+//!   runtime whose struct grew at the end cannot write past it. Enum values that HIP 6
+//!   renumbered (`hipMemoryTypeDevice`: 1 in HIP 5, 2 in HIP 6) come from the running
+//!   runtime's version (`hipRuntimeGetVersion`), never from the bindings. Supported: HIP
+//!   5.x, the version the library links (`libamdhip64.so.5`); ROCm 6 needs the runtime
+//!   loaded by name at run time and HIP 6's `hipDeviceProp_t` layout, not done yet.
 //!
 //! [`gcd_links`] reports the link matrix of the visible devices for
 //! [`crate::topology::gcd::pair_gcds`] (MI250X GCD pairing).
@@ -137,6 +141,8 @@ pub struct HipDevice {
     funcs: HashMap<String, Func>,
     /// Non-blocking stream for zeroing and host copies (each call waits for it).
     aux: sys::hipStream_t,
+    /// `hipMemoryTypeDevice` as the running runtime numbers it ([`device_memory_type`]).
+    device_type: i32,
     me: Weak<HipDevice>,
 }
 
@@ -269,6 +275,10 @@ impl HipDevice {
         loaded.aux = aux;
         std::mem::forget(loaded);
 
+        let mut version: i32 = 0;
+        // SAFETY: FFI writing one int.
+        let r = unsafe { sys::hipRuntimeGetVersion(&mut version) };
+        check(r, || "hipRuntimeGetVersion".to_string())?;
         let d = Arc::new_cyclic(|me| HipDevice {
             ordinal,
             name,
@@ -277,6 +287,7 @@ impl HipDevice {
             module,
             funcs,
             aux,
+            device_type: device_memory_type(version),
             me: me.clone(),
         });
         open.retain(|(_, w)| w.strong_count() > 0);
@@ -359,6 +370,18 @@ fn release(ordinal: usize, module: sys::hipModule_t, aux: sys::hipStream_t) {
 impl Drop for HipDevice {
     fn drop(&mut self) {
         release(self.ordinal, self.module, self.aux);
+    }
+}
+
+/// `hipMemoryTypeDevice` of a HIP runtime of version `runtime_version`
+/// (`hipRuntimeGetVersion`: major * 10,000,000 + minor * 100,000 + patch): HIP 6
+/// renumbered the enum (Host 1, Device 2; HIP 5: Host 0, Device 1), so the value is
+/// taken from the runtime, never from the compile-time bindings.
+fn device_memory_type(runtime_version: i32) -> i32 {
+    if runtime_version >= 60_000_000 {
+        2
+    } else {
+        1
     }
 }
 
@@ -501,7 +524,7 @@ impl Device for HipDevice {
                 error_string(r)
             )));
         }
-        if a.memory_type != sys::hipMemoryType::hipMemoryTypeDevice as i32 {
+        if a.memory_type != self.device_type {
             return Err(Error::InvalidArgument(format!(
                 "{addr:#x} is not HIP device memory (memory type {}): the rccl transport \
                  takes device pointers; host data goes through the local or mpi transport",
@@ -789,6 +812,18 @@ pub fn gcd_links(devices: usize) -> Result<crate::topology::gcd::LinkMatrix> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn device_memory_type_follows_the_runtime_not_the_bindings() {
+        // HIP 5.2 (the bindings' own numbering) and ROCm 6.0 / 6.2.
+        assert_eq!(device_memory_type(50_221_000), 1);
+        assert_eq!(
+            device_memory_type(50_221_000),
+            sys::hipMemoryType::hipMemoryTypeDevice as i32
+        );
+        assert_eq!(device_memory_type(60_032_830), 2);
+        assert_eq!(device_memory_type(60_241_134), 2);
+    }
 
     #[test]
     fn opening_without_a_device_is_a_clear_error() {

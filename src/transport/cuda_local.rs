@@ -206,7 +206,13 @@ impl CudaLocalTransport {
         })
     }
 
+    /// Publish `addr..addr+len` to the peers and get theirs. This rank's stream is
+    /// finished first: work queued on it before the call (a non-in-place all-gather's
+    /// own-chunk copy, an earlier kernel writing the input) must be complete before the
+    /// peers' streams read this memory; a host rendezvous alone orders nothing on the
+    /// device.
     fn rdv(&self, addr: DevAddr, len: usize) -> Result<Arc<Vec<Post>>> {
+        self.finish("the work queued before the rendezvous")?;
         self.group.rendezvous(
             self.rank,
             Post {
