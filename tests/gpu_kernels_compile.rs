@@ -1,5 +1,5 @@
-//! Every GPU kernel compiles: the CUDA ones with NVRTC (loaded at run time through
-//! cudarc, from the PyPI wheel nvidia-cuda-nvrtc-cu12, headers from
+//! Every GPU kernel compiles: the CUDA ones with NVRTC (loaded at run time by strata,
+//! from the PyPI wheel nvidia-cuda-nvrtc-cu12, headers from
 //! nvidia-cuda-runtime-cu12) for compute_80 and compute_90, the HIP ones with hipcc into
 //! code objects for gfx90a and gfx940. `scripts/gpu-toolchains` installs both and prints
 //! the environment this test needs.
@@ -58,6 +58,9 @@ fn cuda_kernels_compile_with_nvrtc() {
                 "{arch}: kernel {name} missing from the PTX"
             );
         }
+        let (lib, major, minor) = kernels_gpu::nvrtc_version().expect("NVRTC compiled the kernels");
+        assert!(major >= 11, "{lib}: NVRTC {major}.{minor}");
+        eprintln!("{arch}: {lib} (NVRTC {major}.{minor})");
         // --fmad=false: no fused multiply-add anywhere (docs/quantization.md), IEEE
         // division, no register spills to local memory.
         assert!(

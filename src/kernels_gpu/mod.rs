@@ -165,9 +165,10 @@ pub fn cuda_include_dirs() -> (Vec<std::path::PathBuf>, Vec<std::path::PathBuf>)
 }
 
 /// Compile every kernel of [`CUDA_SOURCE`] to PTX for `arch` (e.g. `compute_80`) with
-/// NVRTC, loaded at run time (library candidates as cudarc names them: `libnvrtc.so`,
-/// `libnvrtc.so.12`, ...; put the directory on `LD_LIBRARY_PATH`, e.g. the
-/// `nvidia/cuda_nvrtc/lib` of the PyPI wheel, as `scripts/gpu-toolchains` prints).
+/// NVRTC, loaded at run time by strata (`STRATA_NVRTC_LIB`, else `libnvrtc.so.13`,
+/// `.so.12`, `.so.11.2`, `libnvrtc.so` on the loader path; e.g. the
+/// `nvidia/cuda_nvrtc/lib` of the PyPI wheel on `LD_LIBRARY_PATH`, as
+/// `scripts/gpu-toolchains` prints).
 ///
 /// Errors, never panics: [`Error::NotCompiled`](crate::Error::NotCompiled) without feature `cuda`;
 /// [`Error::System`](crate::Error::System) naming the library candidates tried when libnvrtc is missing, or the
@@ -183,6 +184,21 @@ pub fn compile_cuda_ptx(arch: &str) -> Result<String> {
         let _ = arch;
         Err(crate::error::Error::NotCompiled(
             "compiling the CUDA kernels needs the `cuda` feature (cudarc + NVRTC)".into(),
+        ))
+    }
+}
+
+/// The NVRTC that [`compile_cuda_ptx`] uses: `(library name, major, minor)`. Errors as
+/// [`compile_cuda_ptx`] for a missing library or feature.
+pub fn nvrtc_version() -> Result<(String, i32, i32)> {
+    #[cfg(feature = "cuda")]
+    {
+        nvrtc::nvrtc_version()
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        Err(crate::error::Error::NotCompiled(
+            "NVRTC needs the `cuda` feature".into(),
         ))
     }
 }

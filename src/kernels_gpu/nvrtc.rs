@@ -1,71 +1,230 @@
-//! NVRTC through cudarc, loaded at run time. cudarc panics when the library is missing,
-//! so the library is probed first (by cudarc's own candidate list) and the compile runs
-//! under `catch_unwind`: every failure is an `Error`, never a panic.
+//! NVRTC, loaded at run time by strata itself (libloading), so any CUDA major works: the
+//! library is `STRATA_NVRTC_LIB` when set, else the first of [`NVRTC_CANDIDATES`] the
+//! loader finds (CUDA 13, 12, 11.2, then the unversioned name). Only the stable C entry
+//! points every NVRTC since 11.2 has are used. Every failure is an `Error`, never a
+//! panic; NVRTC's log comes with a failed compilation.
 
 use super::{cuda_include_dirs, CUDA_SOURCE, NVRTC_OPTIONS};
 use crate::error::{Error, Result};
-use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions};
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::sync::OnceLock;
 
-/// The shared-library names cudarc tries for NVRTC.
-pub(crate) fn nvrtc_candidates() -> Vec<String> {
-    cudarc::get_lib_name_candidates("nvrtc")
+/// Library names tried, newest CUDA first.
+pub(crate) const NVRTC_CANDIDATES: [&str; 4] = [
+    "libnvrtc.so.13",
+    "libnvrtc.so.12",
+    "libnvrtc.so.11.2",
+    "libnvrtc.so",
+];
+
+type Prog = *mut c_void;
+type Res = c_int;
+
+/// The entry points strata calls (NVRTC's C API).
+struct Api {
+    _lib: libloading::Library,
+    /// Where it was loaded from.
+    name: String,
+    version: unsafe extern "C" fn(*mut c_int, *mut c_int) -> Res,
+    error_string: unsafe extern "C" fn(Res) -> *const c_char,
+    create: unsafe extern "C" fn(
+        *mut Prog,
+        *const c_char,
+        *const c_char,
+        c_int,
+        *const *const c_char,
+        *const *const c_char,
+    ) -> Res,
+    compile: unsafe extern "C" fn(Prog, c_int, *const *const c_char) -> Res,
+    log_size: unsafe extern "C" fn(Prog, *mut usize) -> Res,
+    log: unsafe extern "C" fn(Prog, *mut c_char) -> Res,
+    ptx_size: unsafe extern "C" fn(Prog, *mut usize) -> Res,
+    ptx: unsafe extern "C" fn(Prog, *mut c_char) -> Res,
+    destroy: unsafe extern "C" fn(*mut Prog) -> Res,
 }
 
-/// `Ok` when cudarc can load libnvrtc; `System` naming the candidates tried otherwise.
-pub(crate) fn probe_nvrtc() -> Result<()> {
-    // SAFETY: `is_culib_present` only dlopens the candidate names (running their
-    // initializers, as any use of the library would) and drops the handles.
-    let present = std::panic::catch_unwind(|| unsafe { cudarc::nvrtc::sys::is_culib_present() })
-        .unwrap_or(false);
-    if present {
-        Ok(())
-    } else {
-        Err(Error::System(format!(
-            "libnvrtc not found: tried {:?} on the loader path; install the PyPI wheel \
-             nvidia-cuda-nvrtc-cu12 (scripts/gpu-toolchains) and put its nvidia/cuda_nvrtc/lib \
-             on LD_LIBRARY_PATH",
-            nvrtc_candidates()
-        )))
+/// The names this process tries, in order.
+pub(crate) fn nvrtc_candidates() -> Vec<String> {
+    std::env::var("STRATA_NVRTC_LIB")
+        .ok()
+        .filter(|p| !p.is_empty())
+        .into_iter()
+        .chain(NVRTC_CANDIDATES.iter().map(|s| s.to_string()))
+        .collect()
+}
+
+fn load() -> std::result::Result<Api, String> {
+    let mut tried = Vec::new();
+    for name in nvrtc_candidates() {
+        // SAFETY: loading libnvrtc runs its initializers, as any use of it would.
+        let lib = match unsafe { libloading::Library::new(&name) } {
+            Ok(l) => l,
+            Err(e) => {
+                tried.push(format!("{name} ({e})"));
+                continue;
+            }
+        };
+        // SAFETY: each symbol is looked up with the signature NVRTC's header declares
+        // for it (stable since CUDA 11.2); the function pointers live as long as `lib`,
+        // which the returned Api owns.
+        let api = unsafe {
+            (|| -> std::result::Result<Api, libloading::Error> {
+                Ok(Api {
+                    version: *lib.get(b"nvrtcVersion\0")?,
+                    error_string: *lib.get(b"nvrtcGetErrorString\0")?,
+                    create: *lib.get(b"nvrtcCreateProgram\0")?,
+                    compile: *lib.get(b"nvrtcCompileProgram\0")?,
+                    log_size: *lib.get(b"nvrtcGetProgramLogSize\0")?,
+                    log: *lib.get(b"nvrtcGetProgramLog\0")?,
+                    ptx_size: *lib.get(b"nvrtcGetPTXSize\0")?,
+                    ptx: *lib.get(b"nvrtcGetPTX\0")?,
+                    destroy: *lib.get(b"nvrtcDestroyProgram\0")?,
+                    name: name.clone(),
+                    _lib: lib,
+                })
+            })()
+        };
+        match api {
+            Ok(a) => return Ok(a),
+            Err(e) => tried.push(format!("{name} (missing symbol: {e})")),
+        }
+    }
+    Err(tried.join("; "))
+}
+
+fn api() -> Result<&'static Api> {
+    static API: OnceLock<std::result::Result<Api, String>> = OnceLock::new();
+    API.get_or_init(load).as_ref().map_err(|tried| {
+        Error::System(format!(
+            "libnvrtc not found: tried {tried}; install the PyPI wheel nvidia-cuda-nvrtc \
+             (scripts/gpu-toolchains) and put its nvidia/cuda_nvrtc/lib on \
+             LD_LIBRARY_PATH, or set STRATA_NVRTC_LIB to the library's path"
+        ))
+    })
+}
+
+/// `(library, major, minor)` of the NVRTC in use.
+pub(crate) fn nvrtc_version() -> Result<(String, i32, i32)> {
+    let a = api()?;
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: FFI writing two ints.
+    let r = unsafe { (a.version)(&mut major, &mut minor) };
+    check(a, r, "nvrtcVersion")?;
+    Ok((a.name.clone(), major, minor))
+}
+
+fn check(a: &Api, r: Res, what: &str) -> Result<()> {
+    if r == 0 {
+        return Ok(());
+    }
+    // SAFETY: nvrtcGetErrorString returns a static NUL-terminated string (or NULL).
+    let msg = unsafe {
+        let p = (a.error_string)(r);
+        if p.is_null() {
+            "unknown".to_string()
+        } else {
+            CStr::from_ptr(p).to_string_lossy().into_owned()
+        }
+    };
+    Err(Error::System(format!("{what} failed: {msg} ({r})")))
+}
+
+/// A program, destroyed on every exit.
+struct Program<'a> {
+    a: &'a Api,
+    p: Prog,
+}
+
+impl Drop for Program<'_> {
+    fn drop(&mut self) {
+        // SAFETY: `p` came from nvrtcCreateProgram and is destroyed once.
+        let _ = unsafe { (self.a.destroy)(&mut self.p) };
+    }
+}
+
+impl Program<'_> {
+    /// NVRTC's log of the last compilation.
+    fn log(&self) -> String {
+        let mut n = 0usize;
+        // SAFETY: FFI writing one size_t for a live program.
+        if unsafe { (self.a.log_size)(self.p, &mut n) } != 0 || n == 0 {
+            return String::new();
+        }
+        let mut buf = vec![0u8; n];
+        // SAFETY: `buf` holds the `n` bytes (NUL included) the log needs.
+        if unsafe { (self.a.log)(self.p, buf.as_mut_ptr() as *mut c_char) } != 0 {
+            return String::new();
+        }
+        String::from_utf8_lossy(&buf[..n.saturating_sub(1)]).into_owned()
     }
 }
 
 pub(crate) fn compile(arch: &str) -> Result<String> {
-    // PTX only (cudarc reads nvrtcGetPTX): a virtual architecture, compute_XY.
+    // PTX of a virtual architecture, compute_XY.
     let digits = arch.strip_prefix("compute_").unwrap_or("");
     if digits.len() < 2 || !digits.chars().all(|c| c.is_ascii_alphanumeric()) {
         return Err(Error::InvalidArgument(format!(
             "NVRTC arch must be a virtual architecture such as compute_80, got {arch:?}"
         )));
     }
-    probe_nvrtc()?;
+    let a = api()?;
     let (found, tried) = cuda_include_dirs();
     if found.is_empty() {
         return Err(Error::System(format!(
             "cuda_fp16.h not found: tried {tried:?}; set STRATA_CUDA_INCLUDE to the \
-             include directory of nvidia-cuda-runtime-cu12 (scripts/gpu-toolchains prints it)"
+             include directory of nvidia-cuda-runtime (scripts/gpu-toolchains prints it)"
         )));
     }
-    let mut options: Vec<String> = NVRTC_OPTIONS.iter().map(|s| s.to_string()).collect();
-    options.push(format!("--gpu-architecture={arch}"));
-    let opts = CompileOptions {
-        include_paths: found.iter().map(|d| d.display().to_string()).collect(),
-        options,
-        name: Some("strata_quant.cu".into()),
-        ..Default::default()
+    let cstr = |s: String| {
+        CString::new(s).map_err(|_| Error::InvalidArgument("a NUL byte in an NVRTC option".into()))
     };
-    let res = std::panic::catch_unwind(|| compile_ptx_with_opts(CUDA_SOURCE, opts));
-    match res {
-        Ok(Ok(ptx)) => Ok(ptx.to_src()),
-        Ok(Err(CompileError::CompileError { log, .. })) => Err(Error::System(format!(
-            "NVRTC failed to compile the strata kernels for {arch}:\n{}",
-            log.to_string_lossy()
-        ))),
-        Ok(Err(e)) => Err(Error::System(format!("NVRTC error for {arch}: {e:?}"))),
-        Err(p) => Err(Error::System(format!(
-            "NVRTC panicked (a missing symbol in libnvrtc?): {}",
-            panic_text(&p)
-        ))),
+    let mut options: Vec<CString> = NVRTC_OPTIONS
+        .iter()
+        .map(|s| cstr(s.to_string()))
+        .collect::<Result<_>>()?;
+    options.push(cstr(format!("--gpu-architecture={arch}"))?);
+    for d in &found {
+        options.push(cstr(format!("--include-path={}", d.display()))?);
     }
+    let src = cstr(CUDA_SOURCE.to_string())?;
+    let name = cstr("strata_quant.cu".into())?;
+    let mut p: Prog = std::ptr::null_mut();
+    // SAFETY: FFI with NUL-terminated strings that outlive the call and no headers.
+    let r = unsafe {
+        (a.create)(
+            &mut p,
+            src.as_ptr(),
+            name.as_ptr(),
+            0,
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    };
+    check(a, r, "nvrtcCreateProgram")?;
+    let prog = Program { a, p };
+    let ptrs: Vec<*const c_char> = options.iter().map(|o| o.as_ptr()).collect();
+    // SAFETY: `ptrs` holds `ptrs.len()` NUL-terminated option strings alive for the call.
+    let r = unsafe { (a.compile)(prog.p, ptrs.len() as c_int, ptrs.as_ptr()) };
+    if r != 0 {
+        return Err(Error::System(format!(
+            "NVRTC ({}) failed to compile the strata kernels for {arch}:\n{}",
+            a.name,
+            prog.log()
+        )));
+    }
+    let mut n = 0usize;
+    // SAFETY: FFI writing one size_t for a compiled program.
+    check(a, unsafe { (a.ptx_size)(prog.p, &mut n) }, "nvrtcGetPTXSize")?;
+    let mut buf = vec![0u8; n.max(1)];
+    // SAFETY: `buf` holds the `n` bytes (NUL included) the PTX needs.
+    check(
+        a,
+        unsafe { (a.ptx)(prog.p, buf.as_mut_ptr() as *mut c_char) },
+        "nvrtcGetPTX",
+    )?;
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    buf.truncate(end);
+    String::from_utf8(buf).map_err(|_| Error::System("NVRTC returned PTX that is not UTF-8".into()))
 }
 
 pub(crate) fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
