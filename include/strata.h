@@ -772,6 +772,21 @@ strataResult_t strataCommUserRank(strataComm_t comm, int *rank);
 strataResult_t strataCommGetTransport(strataComm_t comm, strataTransport_t *transport);
 
 /**
+ * Writes to `*result` the failure that aborted `comm` after a call was made (NCCL's
+ * `ncclCommGetAsyncError`): a nonblocking call on a strata host stream, or any call
+ * whose collective failed while running, leaves its code here (`strataRemoteError` for
+ * a dead or stalled peer, `strataInvalidUsage` for counts that differ across ranks, ...),
+ * and `strataGetLastError(comm)` says why; `strataSuccess` while nothing failed. The
+ * communicator is unusable after a failure: destroy it.
+ *
+ * Errors: as `strataCommCount` (the function result; the async error goes to `*result`).
+ *
+ * # Safety
+ * `result` is NULL or valid for a write of a `strataResult_t`.
+ */
+strataResult_t strataCommGetAsyncError(strataComm_t comm, strataResult_t *result);
+
+/**
  * Finalises MPI when strata initialised it (a program that used the mpi transport
  * without initialising MPI itself calls this once at the end, after destroying its
  * communicators: OpenMPI reports a process that exits without finalising). A no-op when

@@ -758,6 +758,36 @@ pub unsafe extern "C" fn strataCommGetTransport(
     })
 }
 
+/// Writes to `*result` the failure that aborted `comm` after a call was made (NCCL's
+/// `ncclCommGetAsyncError`): a nonblocking call on a strata host stream, or any call
+/// whose collective failed while running, leaves its code here (`strataRemoteError` for
+/// a dead or stalled peer, `strataInvalidUsage` for counts that differ across ranks, ...),
+/// and `strataGetLastError(comm)` says why; `strataSuccess` while nothing failed. The
+/// communicator is unusable after a failure: destroy it.
+///
+/// Errors: as `strataCommCount` (the function result; the async error goes to `*result`).
+///
+/// # Safety
+/// `result` is NULL or valid for a write of a `strataResult_t`.
+#[no_mangle]
+pub unsafe extern "C" fn strataCommGetAsyncError(
+    comm: strataComm_t,
+    result: *mut strataResult_t,
+) -> strataResult_t {
+    ffi_boundary!("strataCommGetAsyncError", comm, {
+        let h = lookup(comm)?;
+        let code = match h.comm.core().async_error() {
+            Some(e) => {
+                store_error(Some(&h), &format!("asynchronous error: {e}"));
+                e.code()
+            }
+            None => strataSuccess,
+        };
+        // SAFETY: the caller's contract on `result`.
+        unsafe { write_out(result, code, "result") }
+    })
+}
+
 /// Finalises MPI when strata initialised it (a program that used the mpi transport
 /// without initialising MPI itself calls this once at the end, after destroying its
 /// communicators: OpenMPI reports a process that exits without finalising). A no-op when

@@ -92,7 +92,7 @@ struct Inner {
     destroyed: AtomicBool,
     last_error: Mutex<String>,
     /// The first failure that aborted the communicator ([`CommCore::fail`]).
-    failure: Mutex<Option<String>>,
+    failure: Mutex<Option<Error>>,
     /// Collective mismatch detection on ([`mismatch`]); the sequence number of the
     /// next checked call.
     check: AtomicBool,
@@ -275,6 +275,7 @@ impl CommCore {
     pub fn still_running(&self) -> Result<()> {
         if self.0.destroyed.load(Ordering::SeqCst) {
             let why = self.0.failure.lock().ok().and_then(|f| f.clone());
+            let why = why.map(|e| e.to_string());
             return Err(Error::Remote(match why {
                 Some(why) => format!("communicator was aborted after: {why}"),
                 None => "communicator was aborted".into(),
@@ -511,10 +512,16 @@ impl CommCore {
     /// teardown does not wait for failed peers, [`Transport::failed`]) and abort.
     pub fn fail(&self, e: &Error) {
         if let Ok(mut f) = self.0.failure.lock() {
-            f.get_or_insert_with(|| e.to_string());
+            f.get_or_insert_with(|| e.clone());
         }
         self.0.transport.failed(e);
         self.abort();
+    }
+
+    /// The failure that aborted this communicator (a collective that failed while
+    /// running, maybe long after it was submitted), if any: `ncclCommGetAsyncError`.
+    pub fn async_error(&self) -> Option<Error> {
+        self.0.failure.lock().ok().and_then(|f| f.clone())
     }
 
     /// Abort (ncclCommAbort): wake every waiter of this communicator, here and on the
