@@ -120,8 +120,8 @@ impl Device for CudaDevice {
             // cuMemsetD8 runs on the legacy default stream, which strata's non-blocking
             // streams do not wait for: finish it here, or a late memset could zero what a
             // kernel on a strata stream already wrote.
-            if let Err(e) = result::memset_d8_sync(p, 0, bytes)
-                .and_then(|_| result::ctx::synchronize())
+            if let Err(e) =
+                result::memset_d8_sync(p, 0, bytes).and_then(|_| result::ctx::synchronize())
             {
                 let _ = result::free_sync(p);
                 return Err(dev_err("cuMemsetD8", e));

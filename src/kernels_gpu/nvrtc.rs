@@ -214,7 +214,11 @@ pub(crate) fn compile(arch: &str) -> Result<String> {
     }
     let mut n = 0usize;
     // SAFETY: FFI writing one size_t for a compiled program.
-    check(a, unsafe { (a.ptx_size)(prog.p, &mut n) }, "nvrtcGetPTXSize")?;
+    check(
+        a,
+        unsafe { (a.ptx_size)(prog.p, &mut n) },
+        "nvrtcGetPTXSize",
+    )?;
     let mut buf = vec![0u8; n.max(1)];
     // SAFETY: `buf` holds the `n` bytes (NUL included) the PTX needs.
     check(

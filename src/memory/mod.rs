@@ -521,7 +521,10 @@ mod tests {
         assert_eq!(&b.read().unwrap()[6..10], &[7, 7, 1, 1]);
         let w = b.slice(0..16).unwrap();
         let _g = w.write().unwrap();
-        assert!(b.read_timeout(Duration::from_millis(5)).is_err(), "borrows still tracked");
+        assert!(
+            b.read_timeout(Duration::from_millis(5)).is_err(),
+            "borrows still tracked"
+        );
         drop(_g);
         drop(w);
         drop(b);

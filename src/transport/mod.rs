@@ -21,9 +21,9 @@ pub mod ring;
 pub mod vendor;
 
 use crate::dtype::{reduce_into, reduce_pair, DataType, ReduceOp};
-use std::cell::RefCell;
 use crate::error::{Error, Result};
 use crate::traffic::{Traffic, TrafficMatrix};
+use std::cell::RefCell;
 use std::sync::Arc;
 use std::time::Duration;
 

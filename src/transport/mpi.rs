@@ -942,7 +942,10 @@ mod imp {
                         }
                         match self.next_piece {
                             None if class == CLASS_HEADER && in_seq && count == 8 => {
-                                let hp = self.header.get_or_insert_with(|| Box::new([0; 8])).as_mut_ptr();
+                                let hp = self
+                                    .header
+                                    .get_or_insert_with(|| Box::new([0; 8]))
+                                    .as_mut_ptr();
                                 self.stage = Stage::Header(Self::imrecv(&mut msg, hp, 8)?);
                             }
                             None => {
@@ -978,7 +981,8 @@ mod imp {
                         if !r.test("MPI_Test (recv header)")? {
                             return Ok(Poll::Idle);
                         }
-                        let sent = self.header.as_deref().map_or(0, |h| u64::from_le_bytes(*h)) as usize;
+                        let sent =
+                            self.header.as_deref().map_or(0, |h| u64::from_le_bytes(*h)) as usize;
                         if sent != self.len || self.len <= SMALL {
                             // Drain the announced pieces: each draining Probe consumes one.
                             self.mismatch = Some(sent);
@@ -1405,7 +1409,10 @@ mod imp {
                     idle_rounds = 0;
                 } else {
                     idle_rounds = idle_rounds.saturating_add(1);
-                    let transferring = ops.iter().zip(done.iter()).any(|(o, d)| !*d && o.transferring());
+                    let transferring = ops
+                        .iter()
+                        .zip(done.iter())
+                        .any(|(o, d)| !*d && o.transferring());
                     backoff(idle_rounds, transferring);
                 }
             }

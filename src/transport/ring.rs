@@ -88,7 +88,6 @@ pub fn all_gather<T: Transport + ?Sized>(t: &T, buf: &mut [u8], chunk: usize) ->
     all_gather_by(t, buf, |i| i * chunk..(i + 1) * chunk)
 }
 
-
 /// The first `p-2` steps of the ring reduce-scatter: step `s` sends the partial of chunk
 /// `r-s-1` (step 0: this rank's own chunk `r-1` of `src`) and receives the partial of
 /// chunk `r-s-2`, reduced with `src`'s into half `s % 2` of `parts` (two halves of the
