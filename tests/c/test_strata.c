@@ -550,8 +550,8 @@ static void test_host_streams(strataComm_t c, int r, int n) {
   CHECK(async_err == strataSuccess, "no async error yet: %d", async_err);
   strataTransport_t tr = -1;
   OK(strataCommGetTransport(d, &tr));
-  /* local only: after a mismatched call on an mpi sub-communicator, the next MPI world
-   * creation (MPI_Ibarrier on MPI_COMM_WORLD) was seen to stall until its timeout */
+  /* local only: on mpi a rank that never sees the bad length learns of the failure only
+   * by its timeout (MPI peers are not told), which the next world creation waits out */
   if (n >= 2 && tr == strataTransportLocal) {
     size_t cnt = r == 0 ? 4 : 8;
     float *in = calloc(cnt, sizeof(float)), *out = calloc(cnt * (size_t)n, sizeof(float));
