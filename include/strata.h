@@ -292,6 +292,12 @@ typedef struct strataEvent *strataEvent_t;
  */
 #define strataTransportCudaLocal 5
 
+/**
+ * N ranks as threads on the CPU device (`host-local`): the device paths without a GPU;
+ * buffers come from `strataMemAlloc` on the communicator.
+ */
+#define strataTransportHostLocal 6
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus

@@ -235,6 +235,7 @@ pub(crate) fn transport_code(k: TransportKind) -> strataTransport_t {
         TransportKind::Nccl => strataTransportNccl,
         TransportKind::Rccl => strataTransportRccl,
         TransportKind::CudaLocal => strataTransportCudaLocal,
+        TransportKind::HostLocal => strataTransportHostLocal,
     }
 }
 
@@ -246,8 +247,9 @@ fn kind_of(t: strataTransport_t) -> Result<TransportKind> {
         strataTransportNccl => Ok(TransportKind::Nccl),
         strataTransportRccl => Ok(TransportKind::Rccl),
         strataTransportCudaLocal => Ok(TransportKind::CudaLocal),
+        strataTransportHostLocal => Ok(TransportKind::HostLocal),
         _ => Err(Error::InvalidArgument(format!(
-            "transport {t} is not a strataTransport_t (0 default, 1 local, 2 mpi, 3 nccl, 4 rccl, 5 cuda-local)"
+            "transport {t} is not a strataTransport_t (0 default, 1 local, 2 mpi, 3 nccl, 4 rccl, 5 cuda-local, 6 host-local)"
         ))),
     }
 }
@@ -331,7 +333,7 @@ unsafe fn settings(cfg: *const strataConfig_t) -> Result<Settings> {
     if c.transport != strataTransportDefault {
         let k = kind_of(c.transport).map_err(|_| {
             Error::InvalidArgument(format!(
-                "config transport {} is not a strataTransport_t (0 default, 1 local, 2 mpi, 3 nccl, 4 rccl, 5 cuda-local)",
+                "config transport {} is not a strataTransport_t (0 default, 1 local, 2 mpi, 3 nccl, 4 rccl, 5 cuda-local, 6 host-local)",
                 c.transport
             ))
         })?;
@@ -440,7 +442,7 @@ unsafe fn init_rank(
     let (n, r) = rank_args(nranks, rank)?;
     let id = parse_id(id)?;
     let comm = match s.kind()? {
-        k @ (TransportKind::Local | TransportKind::CudaLocal) => {
+        k @ (TransportKind::Local | TransportKind::CudaLocal | TransportKind::HostLocal) => {
             Comm::join_in_process(k, id.key, n, r, s.topo_spec.as_deref(), s.config.clone())?
         }
         TransportKind::Mpi => Comm::mpi_join(n, r, s.topology()?, s.config.clone())?,
@@ -575,14 +577,17 @@ pub unsafe extern "C" fn strataCommInitLocal(
         let mut s = unsafe { settings(config) }?;
         let kind = match s.transport {
             strataTransportDefault => match env_transport() {
-                Ok(Some(TransportKind::CudaLocal)) => TransportKind::CudaLocal,
+                Ok(Some(k @ (TransportKind::CudaLocal | TransportKind::HostLocal))) => k,
                 _ => TransportKind::Local,
             },
             t => kind_of(t)?,
         };
-        if !matches!(kind, TransportKind::Local | TransportKind::CudaLocal) {
+        if !matches!(
+            kind,
+            TransportKind::Local | TransportKind::CudaLocal | TransportKind::HostLocal
+        ) {
             return Err(Error::InvalidArgument(format!(
-                "strataCommInitLocal builds an in-process world (local, cuda-local); use strataCommInitRankConfig for the {} transport",
+                "strataCommInitLocal builds an in-process world (local, cuda-local, host-local); use strataCommInitRankConfig for the {} transport",
                 kind.name()
             )));
         }
@@ -890,7 +895,7 @@ mod tests {
         // SAFETY: NULL is checked first.
         let rc = unsafe { strataGetUniqueIdForTransport(strataTransportLocal, null_mut()) };
         assert_eq!(rc, strataInvalidArgument);
-        for t in [-1, 6, 99] {
+        for t in [-1, 7, 99] {
             let (rc, _) = id_for(t);
             assert_eq!(rc, strataInvalidArgument, "{t}");
             assert!(last().contains("not a strataTransport_t"), "{}", last());
@@ -918,6 +923,9 @@ mod tests {
             assert_eq!(rc, strataSuccess);
             assert!(parse_id(&id).unwrap().vendor.is_none());
         }
+        let (rc, id) = id_for(strataTransportHostLocal);
+        assert_eq!(rc, strataSuccess, "{}", last());
+        assert!(parse_id(&id).unwrap().vendor.is_none());
     }
 
     #[test]
@@ -948,12 +956,26 @@ mod tests {
     fn capi_config_transport_validation() {
         let mut comms = [null_mut(); 2];
         // Out of range.
-        for t in [6, -1] {
+        for t in [7, -1] {
             let cfg = config(t, 0);
             // SAFETY: room for 2 handles, a valid config.
             let rc = unsafe { strataCommInitLocal(comms.as_mut_ptr(), 2, null(), &cfg) };
             assert_eq!(rc, strataInvalidArgument);
-            assert!(last().contains("5 cuda-local"), "{}", last());
+            assert!(last().contains("6 host-local"), "{}", last());
+        }
+        // host-local: always built, an in-process world on the CPU device.
+        let cfg = config(strataTransportHostLocal, 0);
+        // SAFETY: as above.
+        let rc = unsafe { strataCommInitLocal(comms.as_mut_ptr(), 2, null(), &cfg) };
+        assert_eq!(rc, strataSuccess, "{}", last());
+        for c in comms {
+            let mut t = 0;
+            // SAFETY: live handles, destroyed once.
+            unsafe {
+                assert_eq!(strataCommGetTransport(c, &mut t), strataSuccess);
+                assert_eq!(t, strataTransportHostLocal);
+                assert_eq!(strataCommDestroy(c), strataSuccess);
+            }
         }
         // The GPU transports: not compiled, or not an in-process world (nccl, rccl).
         for (t, kind) in [

@@ -140,6 +140,9 @@ pub const strataTransportRccl: strataTransport_t = 4;
 /// built with `--features cuda`): `strataCommInitLocal`, or `strataCommInitRankConfig`
 /// from threads with one unique id. The device is `STRATA_DEVICE`, default 0.
 pub const strataTransportCudaLocal: strataTransport_t = 5;
+/// N ranks as threads on the CPU device (`host-local`): the device paths without a GPU;
+/// buffers come from `strataMemAlloc` on the communicator.
+pub const strataTransportHostLocal: strataTransport_t = 6;
 
 /// Stream argument of every collective: an opaque pointer. Host transports: a strata host
 /// stream (`strataStreamCreate`) makes the call nonblocking, in that stream's order; any

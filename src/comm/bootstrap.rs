@@ -45,7 +45,7 @@ pub fn require_compiled(kind: TransportKind) -> Result<()> {
     }
 }
 
-/// A `STRATA_TRANSPORT` value (`local`, `mpi`, `nccl`, `rccl`, `cuda-local`; case and
+/// A `STRATA_TRANSPORT` value (`local`, `mpi`, `nccl`, `rccl`, `cuda-local`, `host-local`; case and
 /// surrounding blanks ignored): `None` when empty, `InvalidArgument` for anything else.
 pub fn parse_transport(v: &str) -> Result<Option<TransportKind>> {
     match v.trim().to_ascii_lowercase().as_str() {
@@ -55,8 +55,9 @@ pub fn parse_transport(v: &str) -> Result<Option<TransportKind>> {
         "nccl" => Ok(Some(TransportKind::Nccl)),
         "rccl" => Ok(Some(TransportKind::Rccl)),
         "cuda-local" | "cuda_local" => Ok(Some(TransportKind::CudaLocal)),
+        "host-local" | "host_local" => Ok(Some(TransportKind::HostLocal)),
         _ => Err(Error::InvalidArgument(format!(
-            "STRATA_TRANSPORT={v:?} is not a transport (local, mpi, nccl, rccl, cuda-local)"
+            "STRATA_TRANSPORT={v:?} is not a transport (local, mpi, nccl, rccl, cuda-local, host-local)"
         ))),
     }
 }
@@ -200,7 +201,8 @@ impl Comm {
 
     /// A whole in-process world of `kind`: [`Comm::local_world`] for `local`,
     /// [`Comm::cuda_local_world`] on [`super::gpu::cuda_local_ordinal`] for
-    /// `cuda-local`; any other kind is `InvalidArgument`.
+    /// `cuda-local`, [`Comm::host_local_world`] for `host-local`; any other kind is
+    /// `InvalidArgument`.
     pub fn in_process_world(
         kind: TransportKind,
         nranks: usize,
@@ -212,15 +214,16 @@ impl Comm {
             TransportKind::CudaLocal => {
                 Comm::cuda_local_world(nranks, topo, config, super::gpu::cuda_local_ordinal()?)
             }
+            TransportKind::HostLocal => Comm::host_local_world(nranks, topo, config),
             other => Err(Error::InvalidArgument(format!(
-                "{} is not an in-process transport (local, cuda-local)",
+                "{} is not an in-process transport (local, cuda-local, host-local)",
                 other.name()
             ))),
         }
     }
 
-    /// Join, as `rank` of `nranks`, the in-process world of `kind` (local or
-    /// cuda-local) named by `key` (the rendezvous key of a unique id): each rank calls
+    /// Join, as `rank` of `nranks`, the in-process world of `kind` (local, cuda-local or
+    /// host-local) named by `key` (the rendezvous key of a unique id): each rank calls
     /// this from its own thread; the last to arrive builds the world
     /// ([`Comm::in_process_world`], topology `topo_spec` parsed, else as there) with its
     /// `config`, and every rank takes its communicator. Ranks that disagree on `nranks`,

@@ -1,4 +1,5 @@
-//! Communicators on GPUs: a single-GPU world of `cuda-local` ranks, and NCCL/RCCL
+//! Communicators on devices: a single-GPU world of `cuda-local` ranks, a `host-local`
+//! world on the CPU device, and NCCL/RCCL
 //! communicators bootstrapped like nccl-tests (rank 0 makes the vendor's unique id, a
 //! host communicator broadcasts it) or from an id the caller distributed (C ABI). Each
 //! creates the vendor communicator on this rank's device, learns the node layout
@@ -135,11 +136,34 @@ impl Comm {
             let topo = Comm::world_topology(nranks, topo)?;
             let dev = crate::device::open(Api::Cuda, ordinal)?;
             let topo = Arc::new(topo);
-            crate::transport::cuda_local::CudaLocalTransport::world(&dev, &topo, config.timeout)?
-                .into_iter()
-                .map(|t| Comm::from_transport(Arc::new(t), topo.clone(), config.clone()))
-                .collect()
+            crate::transport::device_local::DeviceLocalTransport::world(
+                &dev,
+                &topo,
+                config.timeout,
+            )?
+            .into_iter()
+            .map(|t| Comm::from_transport(Arc::new(t), topo.clone(), config.clone()))
+            .collect()
         }
+    }
+
+    /// A whole world of `nranks` ranks on the CPU device (`host-local`, always built): the
+    /// `cuda-local` transport on [`crate::device::cpu`], ranks as threads each with its
+    /// own streams (worker threads), buffers in the CPU device's memory. Every device
+    /// path of strata (streams, kernels, scratch, the GPU face of every algorithm) runs
+    /// on it exactly as on a GPU, which is how CI tests them. `topo` as
+    /// [`Comm::local_world`].
+    pub fn host_local_world(
+        nranks: usize,
+        topo: Option<Topology>,
+        config: CommConfig,
+    ) -> Result<Vec<Comm>> {
+        let topo = Arc::new(Comm::world_topology(nranks, topo)?);
+        let dev = crate::device::open(Api::Cpu, 0)?;
+        crate::transport::device_local::DeviceLocalTransport::world(&dev, &topo, config.timeout)?
+            .into_iter()
+            .map(|t| Comm::from_transport(Arc::new(t), topo.clone(), config.clone()))
+            .collect()
     }
 
     /// An NCCL (`TransportKind::Nccl`, feature `cuda`) or RCCL (`Rccl`, feature `rocm`)

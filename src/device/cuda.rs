@@ -24,6 +24,7 @@ fn check(what: &str, r: sys::CUresult) -> Result<()> {
 pub struct CudaDevice {
     ctx: Arc<CudaContext>,
     kernels: OnceLock<std::result::Result<GpuQuant, String>>,
+    allocations: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -51,6 +52,7 @@ impl CudaDevice {
         let d = Arc::new(CudaDevice {
             ctx,
             kernels: OnceLock::new(),
+            allocations: std::sync::atomic::AtomicU64::new(0),
         });
         open.retain(|(_, w)| w.strong_count() > 0);
         open.push((ordinal, Arc::downgrade(&d)));
@@ -117,6 +119,8 @@ impl Device for CudaDevice {
         unsafe {
             let p = result::malloc_sync(bytes)
                 .map_err(|e| dev_err(&format!("cuMemAlloc of {bytes} bytes"), e))?;
+            self.allocations
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             // cuMemsetD8 runs on the legacy default stream, which strata's non-blocking
             // streams do not wait for: finish it here, or a late memset could zero what a
             // kernel on a strata stream already wrote.
@@ -220,6 +224,15 @@ impl Device for CudaDevice {
             .to_string_lossy()
             .to_lowercase())
     }
+    fn allocations(&self) -> u64 {
+        self.allocations.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// The host function of [`DevStream::delay`]: sleeps the microseconds packed into
+/// `user` (a value, never dereferenced).
+unsafe extern "C" fn sleep_host_fn(user: *mut c_void) {
+    std::thread::sleep(std::time::Duration::from_micros(user as usize as u64));
 }
 
 /// A CUDA stream of a [`CudaDevice`].
@@ -325,6 +338,20 @@ impl DevStream for CudaDevStream {
             sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
             other => check("cuStreamQuery", other).map(|_| false),
         }
+    }
+    fn delay(&self, d: std::time::Duration) -> Result<()> {
+        self.dev.bind()?;
+        let us = d.as_micros().min(usize::MAX as u128) as usize;
+        // SAFETY: FFI on this live stream; the host function only sleeps and reads its
+        // argument as an integer.
+        let r = unsafe {
+            sys::cuLaunchHostFunc(
+                self.stream.cu_stream(),
+                Some(sleep_host_fn),
+                us as *mut c_void,
+            )
+        };
+        check("cuLaunchHostFunc", r)
     }
     unsafe fn wait_foreign(&self, other: *mut c_void) -> Result<()> {
         self.dev.bind()?;

@@ -143,6 +143,8 @@ pub struct HipDevice {
     aux: sys::hipStream_t,
     /// `hipMemoryTypeDevice` as the running runtime numbers it ([`device_memory_type`]).
     device_type: i32,
+    /// Allocations made ([`Device::allocations`]).
+    allocations: std::sync::atomic::AtomicU64,
     me: Weak<HipDevice>,
 }
 
@@ -288,6 +290,7 @@ impl HipDevice {
             funcs,
             aux,
             device_type: device_memory_type(version),
+            allocations: std::sync::atomic::AtomicU64::new(0),
             me: me.clone(),
         });
         open.retain(|(_, w)| w.strong_count() > 0);
@@ -421,6 +424,8 @@ impl Device for HipDevice {
         check(r, || {
             format!("hipMalloc of {bytes} bytes on HIP device {}", self.ordinal)
         })?;
+        self.allocations
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // SAFETY: FFI zeroing the fresh allocation on the private stream (waited for
         // before anyone sees the address).
         let zeroed = self.on_aux("hipMemsetAsync", |s| unsafe {
@@ -582,6 +587,15 @@ impl Device for HipDevice {
         let bytes: Vec<u8> = buf.iter().map(|&c| c as u8).collect();
         Ok(c_string(&bytes).to_lowercase())
     }
+    fn allocations(&self) -> u64 {
+        self.allocations.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// The host function of [`DevStream::delay`]: sleeps the microseconds packed into
+/// `user` (a value, never dereferenced).
+unsafe extern "C" fn sleep_host_fn(user: *mut c_void) {
+    std::thread::sleep(std::time::Duration::from_micros(user as usize as u64));
 }
 
 /// A non-blocking HIP stream of a [`HipDevice`] (destroyed on drop).
@@ -741,6 +755,16 @@ impl DevStream for HipStream {
             })
             .map(|_| false),
         }
+    }
+
+    fn delay(&self, d: std::time::Duration) -> Result<()> {
+        self.dev.bind()?;
+        let us = d.as_micros().min(usize::MAX as u128) as usize;
+        // SAFETY: FFI on this live stream; the host function only sleeps and reads its
+        // argument as an integer.
+        let r =
+            unsafe { sys::hipLaunchHostFunc(self.stream, Some(sleep_host_fn), us as *mut c_void) };
+        check(r, || "hipLaunchHostFunc".to_string())
     }
 
     unsafe fn wait_foreign(&self, other: *mut c_void) -> Result<()> {

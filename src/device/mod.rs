@@ -24,6 +24,7 @@ use std::ffi::c_void;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 #[cfg(feature = "rocm")]
@@ -36,6 +37,8 @@ pub enum Api {
     Cuda,
     /// AMD HIP (through hip-sys).
     Hip,
+    /// The host CPU as a device ([`cpu`]): always built; the `host-local` transport.
+    Cpu,
 }
 
 impl Api {
@@ -44,6 +47,7 @@ impl Api {
         match self {
             Api::Cuda => "cuda",
             Api::Hip => "hip",
+            Api::Cpu => "cpu",
         }
     }
 }
@@ -75,6 +79,9 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     fn new_stream(&self) -> Result<Arc<dyn DevStream>>;
     /// PCI bus id (`0000:c1:00.0`), for topology detection.
     fn pci_bus_id(&self) -> Result<String>;
+    /// Device memory allocations made through this object so far: a collective repeated
+    /// with the same shape must not raise it (steady state allocates nothing).
+    fn allocations(&self) -> u64;
 }
 
 /// An ordered queue of device work. Methods enqueue and return (except [`finish`]).
@@ -107,6 +114,10 @@ pub trait DevStream: Send + Sync {
     /// # Safety
     /// `other` is null or a live stream of this device's context.
     unsafe fn wait_foreign(&self, other: *mut c_void) -> Result<()>;
+    /// Occupy the stream for `d` (a host callback that sleeps on CUDA and HIP, a sleep
+    /// on the CPU device): work enqueued after it starts no earlier than `d` later. For
+    /// tests of ordering and overlap.
+    fn delay(&self, d: Duration) -> Result<()>;
 }
 
 /// Wait until `stream` has run everything enqueued, polling `probe` (e.g. a vendor
@@ -148,6 +159,7 @@ pub fn open(api: Api, ordinal: usize) -> Result<Arc<dyn Device>> {
         Api::Cuda => Ok(cuda::CudaDevice::open(ordinal)?),
         #[cfg(feature = "rocm")]
         Api::Hip => Ok(hip::HipDevice::open(ordinal)?),
+        Api::Cpu => Ok(cpu::CpuDevice::open(ordinal)?),
         #[allow(unreachable_patterns)]
         other => {
             let _ = ordinal;
@@ -168,6 +180,7 @@ pub fn count(api: Api) -> usize {
         Api::Cuda => cuda::CudaDevice::count(),
         #[cfg(feature = "rocm")]
         Api::Hip => hip::HipDevice::count(),
+        Api::Cpu => 1,
         #[allow(unreachable_patterns)]
         _ => 0,
     }
@@ -177,6 +190,7 @@ fn feature_of(api: Api) -> &'static str {
     match api {
         Api::Cuda => "cuda",
         Api::Hip => "rocm",
+        Api::Cpu => "none",
     }
 }
 

@@ -99,9 +99,14 @@ impl Share {
 }
 
 /// On a GPU transport, a group of native device-buffer calls is one vendor group
-/// (ncclGroupStart/End): sends and receives between peers cannot deadlock.
+/// (ncclGroupStart/End): sends and receives between peers cannot deadlock. Sends go
+/// first (a stable reorder, harmless inside a vendor group): the in-process device
+/// transports run the calls one by one with eager sends, so a receive then never waits
+/// for a send queued behind it (a rank receiving from itself included).
 fn vendor_group(c: CommCore, items: Vec<Pending>, share: &Share) -> Job {
     let start = share.start();
+    let mut items = items;
+    items.sort_by_key(|p| !p.is_send);
     let jobs: Vec<(Job, Work)> = items.into_iter().map(|p| (p.job, p.work)).collect();
     Box::new(move || {
         let mut first = start(&c);

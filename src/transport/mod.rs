@@ -8,8 +8,7 @@
 //! nonblocking for the caller. Every transport exists as a type in every build; with
 //! its feature off, constructing it returns [`Error::NotCompiled`].
 
-#[cfg(feature = "cuda")]
-pub mod cuda_local;
+pub mod device_local;
 pub mod gpu;
 pub mod local;
 pub mod metered;
@@ -35,16 +34,20 @@ pub enum TransportKind {
     Nccl,
     Rccl,
     CudaLocal,
+    /// N ranks as threads on the CPU device ([`crate::device::cpu`]), every rank with its
+    /// own streams: the device paths without a GPU.
+    HostLocal,
 }
 
 impl TransportKind {
     /// Registry order: the embedded default first.
-    pub const ALL: [TransportKind; 5] = [
+    pub const ALL: [TransportKind; 6] = [
         TransportKind::Local,
         TransportKind::Mpi,
         TransportKind::Nccl,
         TransportKind::Rccl,
         TransportKind::CudaLocal,
+        TransportKind::HostLocal,
     ];
 
     /// Name as on the command line.
@@ -55,13 +58,14 @@ impl TransportKind {
             TransportKind::Nccl => "nccl",
             TransportKind::Rccl => "rccl",
             TransportKind::CudaLocal => "cuda-local",
+            TransportKind::HostLocal => "host-local",
         }
     }
 
     /// True when this build can construct the transport.
     pub fn compiled(self) -> bool {
         match self {
-            TransportKind::Local => true,
+            TransportKind::Local | TransportKind::HostLocal => true,
             TransportKind::Mpi => cfg!(feature = "mpi"),
             TransportKind::Nccl | TransportKind::CudaLocal => cfg!(feature = "cuda"),
             TransportKind::Rccl => cfg!(feature = "rocm"),
@@ -70,21 +74,27 @@ impl TransportKind {
 
     /// True when traffic figures are measured transfers rather than nominal ones.
     pub fn traffic_measured(self) -> bool {
-        matches!(self, TransportKind::Local | TransportKind::CudaLocal)
+        matches!(
+            self,
+            TransportKind::Local | TransportKind::CudaLocal | TransportKind::HostLocal
+        )
     }
 
-    /// True for the transports that move device memory.
+    /// True for the transports that move device memory (the CPU device's included).
     pub fn is_gpu(self) -> bool {
         matches!(
             self,
-            TransportKind::Nccl | TransportKind::Rccl | TransportKind::CudaLocal
+            TransportKind::Nccl
+                | TransportKind::Rccl
+                | TransportKind::CudaLocal
+                | TransportKind::HostLocal
         )
     }
 
     /// The cargo feature a transport needs (`None`: always built).
     pub fn feature(self) -> Option<&'static str> {
         match self {
-            TransportKind::Local => None,
+            TransportKind::Local | TransportKind::HostLocal => None,
             TransportKind::Mpi => Some("mpi"),
             TransportKind::Nccl | TransportKind::CudaLocal => Some("cuda"),
             TransportKind::Rccl => Some("rocm"),
@@ -100,7 +110,7 @@ impl std::str::FromStr for TransportKind {
             .find(|k| k.name() == s)
             .ok_or_else(|| {
                 Error::InvalidArgument(format!(
-                    "unknown transport '{s}' (local, mpi, nccl, rccl, cuda-local)"
+                    "unknown transport '{s}' (local, mpi, nccl, rccl, cuda-local, host-local)"
                 ))
             })
     }

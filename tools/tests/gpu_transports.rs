@@ -1,9 +1,10 @@
-//! The GPU transports. On a machine with a CUDA GPU (and `--features cuda`): the
-//! transport-independent self test and every algorithm x op x dtype x odd count on
-//! `cuda-local` worlds of 1 to 12 ranks on one GPU, checked against the plain reference
-//! on device buffers; a one-rank NCCL communicator through the same checks. Without a
-//! GPU these print SKIPPED (with `STRATA_REQUIRE_GPU=1`, as `scripts/gpu-check` sets,
-//! they fail instead). The error paths run everywhere.
+//! The device transports. Everywhere: the transport-independent self test and every
+//! algorithm x op x dtype x odd count on `host-local` worlds (the CPU device), checked
+//! against the plain reference on device buffers. On a machine with a CUDA GPU (and
+//! `--features cuda`): the same test bodies on `cuda-local` worlds of 1 to 12 ranks on
+//! one GPU, and a one-rank NCCL communicator through the same checks. Without a GPU
+//! those print SKIPPED (with `STRATA_REQUIRE_GPU=1`, as `scripts/gpu-check` sets, they
+//! fail instead). The error paths run everywhere.
 #[path = "../../tests/common/mod.rs"]
 mod common;
 
@@ -29,22 +30,20 @@ fn gpu() -> bool {
     false
 }
 
-/// Run `body` on every rank of a cuda-local world of `topo`.
-fn on_cuda_local<T: Send + 'static>(
+/// Run `body` on every rank of a `kind` world (`cuda-local` on GPU 0, `host-local` on
+/// the CPU device) of `topo`.
+fn on_device_local<T: Send + 'static>(
+    kind: TransportKind,
     topo: &str,
     body: impl Fn(Comm) -> strata::Result<T> + Send + Sync + 'static,
 ) -> Vec<strata::Result<T>> {
     let topo = Topology::parse(topo).expect("topology");
     let n = topo.world_size();
-    let comms = Comm::cuda_local_world(n, Some(topo), common::config(), 0).expect("world");
+    let comms = Comm::in_process_world(kind, n, Some(topo), common::config()).expect("world");
     common::on_comms(comms, body)
 }
 
-#[test]
-fn cuda_local_self_test_on_every_shape() {
-    if !gpu() {
-        return;
-    }
+fn self_test_on_every_shape(kind: TransportKind) {
     for topo in [
         "nodes:2x4",
         "frontier:1",
@@ -53,22 +52,25 @@ fn cuda_local_self_test_on_every_shape() {
         "nodes:3x1",
         "nodes:3x2x2",
     ] {
-        for (r, res) in on_cuda_local(topo, |c| selftest::exercise(&c))
-            .into_iter()
-            .enumerate()
+        for (r, res) in on_device_local(kind, topo, |c| {
+            assert!(c.device().is_some(), "a device transport");
+            selftest::exercise(&c)
+        })
+        .into_iter()
+        .enumerate()
         {
-            res.unwrap_or_else(|e| panic!("{topo} rank {r}: {e}"));
+            res.unwrap_or_else(|e| panic!("{} {topo} rank {r}: {e}", kind.name()));
         }
     }
 }
 
-#[test]
-fn cuda_local_every_algorithm_matches_the_reference() {
-    if !gpu() {
-        return;
-    }
-    for topo in ["nodes:2x4", "nodes:3x1", "frontier:1"] {
-        let wrong: Vec<usize> = on_cuda_local(topo, |c| {
+/// Every algorithm x op x dtype x odd count (in place and not) on device buffers, the
+/// all-to-all and broadcast, and the quantized algorithms with the device kernels;
+/// `counts` trims the sweep (the CPU device runs it on two cores in CI).
+fn every_algorithm_matches_the_reference(kind: TransportKind, topos: &[&str], counts: &[usize]) {
+    for &topo in topos {
+        let counts = counts.to_vec();
+        let wrong: Vec<usize> = on_device_local(kind, topo, move |c| {
             let mut wrong = 0;
             for algo in [Algo::Ring, Algo::Hier, Algo::HoRing, Algo::Auto] {
                 for kind in [Kind::AllGather, Kind::ReduceScatter, Kind::AllReduce] {
@@ -77,7 +79,7 @@ fn cuda_local_every_algorithm_matches_the_reference() {
                             if kind == Kind::AllGather && op != ReduceOp::Sum {
                                 continue;
                             }
-                            for count in [1, 7, 1003] {
+                            for &count in &counts {
                                 for in_place in [false, true] {
                                     wrong += check::run_checked(
                                         &c, kind, dt, op, count, algo, in_place, 7,
@@ -100,7 +102,7 @@ fn cuda_local_every_algorithm_matches_the_reference() {
                     3,
                 )?;
             }
-            // The quantized algorithms with the real kernels.
+            // The quantized algorithms with the device kernels.
             for (algo, kind) in [
                 (Algo::Qgz, Kind::ReduceScatter),
                 (Algo::Qgz1, Kind::ReduceScatter),
@@ -128,8 +130,46 @@ fn cuda_local_every_algorithm_matches_the_reference() {
         .into_iter()
         .map(|r| r.expect("rank failed"))
         .collect();
-        assert!(wrong.iter().all(|&w| w == 0), "{topo}: wrong {wrong:?}");
+        assert!(
+            wrong.iter().all(|&w| w == 0),
+            "{} {topo}: wrong {wrong:?}",
+            kind.name()
+        );
     }
+}
+
+#[test]
+fn host_local_self_test_on_every_shape() {
+    self_test_on_every_shape(TransportKind::HostLocal);
+}
+
+#[test]
+fn host_local_every_algorithm_matches_the_reference() {
+    every_algorithm_matches_the_reference(
+        TransportKind::HostLocal,
+        &["nodes:2x3", "nodes:3x1", "frontier:1"],
+        &[1, 1003],
+    );
+}
+
+#[test]
+fn cuda_local_self_test_on_every_shape() {
+    if !gpu() {
+        return;
+    }
+    self_test_on_every_shape(TransportKind::CudaLocal);
+}
+
+#[test]
+fn cuda_local_every_algorithm_matches_the_reference() {
+    if !gpu() {
+        return;
+    }
+    every_algorithm_matches_the_reference(
+        TransportKind::CudaLocal,
+        &["nodes:2x4", "nodes:3x1", "frontier:1"],
+        &[1, 7, 1003],
+    );
 }
 
 #[test]

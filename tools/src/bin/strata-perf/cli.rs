@@ -23,7 +23,9 @@ const MAX_SIZES: usize = 100_000;
 #[derive(Parser, Debug)]
 #[command(name = "strata-perf", version, verbatim_doc_comment)]
 pub(crate) struct Cli {
-    /// Transport: local (ranks are threads), mpi (one rank per process), nccl, rccl, cuda-local.
+    /// Transport: local (ranks are threads), mpi (one rank per process), nccl, rccl,
+    /// cuda-local (ranks are threads on one GPU), host-local (ranks are threads on the CPU
+    /// device: the GPU code paths without a GPU).
     #[arg(long, default_value = "local", value_parser = parse_transport)]
     pub(crate) transport: TransportKind,
 
@@ -421,7 +423,10 @@ pub(crate) fn validate(cli: &Cli) {
     if cli.ranks.is_some()
         && !matches!(
             cli.transport,
-            TransportKind::Local | TransportKind::Mpi | TransportKind::CudaLocal
+            TransportKind::Local
+                | TransportKind::Mpi
+                | TransportKind::CudaLocal
+                | TransportKind::HostLocal
         )
     {
         cmd.error(

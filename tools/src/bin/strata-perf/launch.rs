@@ -25,18 +25,19 @@ pub(crate) fn run_local(
     topo: Option<Topology>,
     algos: &[RowAlgo],
 ) -> Result<u64> {
-    run_threads(cli, config, topo, algos, false)
+    run_threads(cli, config, topo, algos, TransportKind::Local)
 }
 
-/// Ranks as threads of this process: the `local` transport, or `cuda-local` (every
-/// rank on the GPU of `STRATA_DEVICE`, default 0).
+/// Ranks as threads of this process: the `local` transport, `cuda-local` (every rank on
+/// the GPU of `STRATA_DEVICE`, default 0) or `host-local` (every rank on the CPU device).
 pub(crate) fn run_threads(
     cli: &Cli,
     config: CommConfig,
     topo: Option<Topology>,
     algos: &[RowAlgo],
-    gpu: bool,
+    kind: TransportKind,
 ) -> Result<u64> {
+    let gpu = kind != TransportKind::Local;
     let ranks = match (cli.ranks, &topo) {
         (Some(n), _) => n as usize,
         (None, Some(t)) => t.world_size(),
@@ -44,17 +45,7 @@ pub(crate) fn run_threads(
     };
     let topo = topo.unwrap_or_else(|| Topology::flat(ranks));
     let timeout = config.timeout;
-    let comms = if gpu {
-        let ordinal = match std::env::var("STRATA_DEVICE") {
-            Ok(v) => v.trim().parse().map_err(|_| {
-                Error::InvalidArgument(format!("STRATA_DEVICE={v:?} is not a device ordinal"))
-            })?,
-            Err(_) => 0,
-        };
-        Comm::cuda_local_world(ranks, Some(topo), config, ordinal)?
-    } else {
-        Comm::local_world(ranks, Some(topo), config)?
-    };
+    let comms = Comm::in_process_world(kind, ranks, Some(topo), config)?;
     let plan = Arc::new(build_plan(cli, algos, ranks)?);
     // The bound column's memory bandwidth: host memory only.
     let bw = if gpu {

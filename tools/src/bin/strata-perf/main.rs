@@ -163,7 +163,9 @@ fn run(cli: &Cli) -> ExitCode {
             strata::transport::mpi::finalize();
             return code;
         }
-        TransportKind::CudaLocal => run_threads(cli, config, topo, &algos, true),
+        k @ (TransportKind::CudaLocal | TransportKind::HostLocal) => {
+            run_threads(cli, config, topo, &algos, k)
+        }
     };
     conclude(r)
 }

@@ -1,7 +1,9 @@
-//! `cuda-local` (feature `cuda`): N ranks of one process on ONE GPU, each rank a thread
-//! with its own CUDA stream, exchanging through device-to-device copies. NCCL refuses
-//! two ranks on one device; this transport is how every algorithm (hier, ho-ring, qgz
-//! with the real kernels) runs end to end on a single GPU.
+//! N ranks of one process on ONE device, each rank a thread with its own stream,
+//! exchanging through device-to-device copies: `cuda-local` (feature `cuda`) on a CUDA
+//! GPU, `host-local` (always built) on the CPU device ([`crate::device::cpu`]). NCCL
+//! refuses two ranks on one device; this transport is how every algorithm (hier,
+//! ho-ring, qgz with the real kernels) runs end to end on a single GPU, and, on the CPU
+//! device, how the device paths of strata run in CI without one.
 //!
 //! A collective is a rendezvous of the ranks' device addresses (a host-side exchange of
 //! `(address, length)` posts), after which each rank pulls what it needs from its peers'
@@ -52,6 +54,7 @@ struct Board {
 
 /// The shared state of one communicator's ranks.
 struct Group {
+    kind: TransportKind,
     size: usize,
     members: Vec<usize>,
     board: Mutex<Board>,
@@ -60,9 +63,10 @@ struct Group {
 }
 
 impl Group {
-    fn new(members: Vec<usize>) -> Arc<Group> {
+    fn new(kind: TransportKind, members: Vec<usize>) -> Arc<Group> {
         let size = members.len();
         Arc::new(Group {
+            kind,
             size,
             members,
             board: Mutex::new(Board {
@@ -77,14 +81,15 @@ impl Group {
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, Board>> {
         self.board
             .lock()
-            .map_err(|_| Error::Internal("cuda-local board poisoned".into()))
+            .map_err(|_| Error::Internal("device-local board poisoned".into()))
     }
 
     fn check_abort(&self) -> Result<()> {
         if self.aborted.load(Ordering::SeqCst) {
-            return Err(Error::Remote(
-                "the cuda-local communicator was aborted".into(),
-            ));
+            return Err(Error::Remote(format!(
+                "the {} communicator was aborted",
+                self.kind.name()
+            )));
         }
         Ok(())
     }
@@ -107,13 +112,14 @@ impl Group {
                 let missing: Vec<usize> =
                     (0..self.size).filter(|&r| b.posts[r].is_none()).collect();
                 return Err(Error::Remote(format!(
-                    "cuda-local: {what} timed out (ranks not arrived: {missing:?})"
+                    "{}: {what} timed out (ranks not arrived: {missing:?})",
+                    self.kind.name()
                 )));
             }
             b = self
                 .cv
                 .wait_timeout(b, deadline - now)
-                .map_err(|_| Error::Internal("cuda-local board poisoned".into()))?
+                .map_err(|_| Error::Internal("device-local board poisoned".into()))?
                 .0;
         }
     }
@@ -144,7 +150,7 @@ impl Group {
         let r = b
             .result
             .clone()
-            .ok_or_else(|| Error::Internal("cuda-local round lost".into()))?;
+            .ok_or_else(|| Error::Internal("device-local round lost".into()))?;
         b.left += 1;
         if b.left == self.size {
             b.posts.iter_mut().for_each(|p| *p = None);
@@ -158,8 +164,8 @@ impl Group {
     }
 }
 
-/// One rank of a `cuda-local` world.
-pub struct CudaLocalTransport {
+/// One rank of a `cuda-local` or `host-local` world.
+pub struct DeviceLocalTransport {
     group: Arc<Group>,
     rank: usize,
     dev: Arc<dyn Device>,
@@ -171,18 +177,30 @@ pub struct CudaLocalTransport {
     splits: AtomicU64,
 }
 
-impl CudaLocalTransport {
-    /// A whole world of `topo.world_size()` ranks on `dev`, each with its own stream.
+impl DeviceLocalTransport {
+    /// A whole world of `topo.world_size()` ranks on `dev`, each with its own stream:
+    /// `cuda-local` on a CUDA device, `host-local` on the CPU device.
     pub fn world(
         dev: &Arc<dyn Device>,
         topo: &Topology,
         timeout: Duration,
-    ) -> Result<Vec<CudaLocalTransport>> {
+    ) -> Result<Vec<DeviceLocalTransport>> {
         let n = topo.world_size();
-        let group = Group::new((0..n).collect());
+        let kind = match dev.api() {
+            crate::device::Api::Cpu => TransportKind::HostLocal,
+            crate::device::Api::Cuda => TransportKind::CudaLocal,
+            other => {
+                return Err(Error::InvalidArgument(format!(
+                    "no in-process device transport on {} devices (cuda-local: CUDA, \
+                     host-local: the CPU device)",
+                    other.name()
+                )))
+            }
+        };
+        let group = Group::new(kind, (0..n).collect());
         let traffic = Arc::new(Traffic::new(topo.clone()));
         (0..n)
-            .map(|r| CudaLocalTransport::member(&group, r, dev, &traffic, timeout))
+            .map(|r| DeviceLocalTransport::member(&group, r, dev, &traffic, timeout))
             .collect()
     }
 
@@ -192,8 +210,8 @@ impl CudaLocalTransport {
         dev: &Arc<dyn Device>,
         traffic: &Arc<Traffic>,
         timeout: Duration,
-    ) -> Result<CudaLocalTransport> {
-        Ok(CudaLocalTransport {
+    ) -> Result<DeviceLocalTransport> {
+        Ok(DeviceLocalTransport {
             group: group.clone(),
             rank,
             dev: dev.clone(),
@@ -242,8 +260,8 @@ impl CudaLocalTransport {
     fn check_len(&self, what: &str, posts: &[Post], want: usize) -> Result<()> {
         if let Some((r, p)) = posts.iter().enumerate().find(|(_, p)| p.len != want) {
             return Err(Error::InvalidUsage(format!(
-                "cuda-local {what}: rank {r} passed {} bytes, rank {} passed {want} (counts differ across ranks)",
-                p.len, self.rank
+                "{} {what}: rank {r} passed {} bytes, rank {} passed {want} (counts differ across ranks)",
+                self.group.kind.name(), p.len, self.rank
             )));
         }
         Ok(())
@@ -258,7 +276,7 @@ impl CudaLocalTransport {
     }
 }
 
-impl GpuTransport for CudaLocalTransport {
+impl GpuTransport for DeviceLocalTransport {
     fn device(&self) -> &Arc<dyn Device> {
         &self.dev
     }
@@ -396,11 +414,12 @@ impl GpuTransport for CudaLocalTransport {
             .mail
             .get_mut(&key)
             .and_then(|q| q.pop_front())
-            .ok_or_else(|| Error::Internal("cuda-local message vanished".into()))?;
+            .ok_or_else(|| Error::Internal("device-local message vanished".into()))?;
         drop(b);
         if msg.len() != data.len {
             return Err(Error::InvalidUsage(format!(
-                "cuda-local: rank {peer} sent {} bytes, rank {} expected {}",
+                "{}: rank {peer} sent {} bytes, rank {} expected {}",
+                self.group.kind.name(),
                 msg.len(),
                 self.rank,
                 data.len
@@ -418,7 +437,7 @@ impl GpuTransport for CudaLocalTransport {
     }
 }
 
-impl CudaLocalTransport {
+impl DeviceLocalTransport {
     fn check_peer(&self, peer: usize) -> Result<()> {
         if peer >= self.group.size {
             return Err(Error::InvalidArgument(format!(
@@ -430,9 +449,9 @@ impl CudaLocalTransport {
     }
 }
 
-impl Transport for CudaLocalTransport {
+impl Transport for DeviceLocalTransport {
     fn kind(&self) -> TransportKind {
-        TransportKind::CudaLocal
+        self.group.kind
     }
     fn rank(&self) -> usize {
         self.rank
@@ -469,6 +488,7 @@ impl Transport for CudaLocalTransport {
         let leader = members.iter().map(|&(_, r)| r).min();
         let made = (leader == Some(self.rank)).then(|| {
             Group::new(
+                self.group.kind,
                 members
                     .iter()
                     .map(|&(_, r)| self.group.members[r])
@@ -489,12 +509,12 @@ impl Transport for CudaLocalTransport {
         let group = published[leader]
             .group
             .clone()
-            .ok_or_else(|| Error::Internal("cuda-local split lost its group".into()))?;
+            .ok_or_else(|| Error::Internal("device-local split lost its group".into()))?;
         let rank = members
             .iter()
             .position(|&(_, r)| r == self.rank)
-            .ok_or_else(|| Error::Internal("cuda-local split lost this rank".into()))?;
-        let t = CudaLocalTransport::member(&group, rank, &self.dev, &self.traffic, self.timeout)?;
+            .ok_or_else(|| Error::Internal("device-local split lost this rank".into()))?;
+        let t = DeviceLocalTransport::member(&group, rank, &self.dev, &self.traffic, self.timeout)?;
         Ok(Some(Arc::new(t)))
     }
 

@@ -1,0 +1,902 @@
+//! The CPU device: the device layer implemented on the host, as candle has a CPU device,
+//! so every stream-ordered path of strata (the `host-local` transport, the device paths
+//! of every algorithm, the quantization kernels behind [`QuantCall`]) runs in CI with
+//! the same code and test bodies as on a GPU.
+//!
+//! - **Memory** is host memory allocated 256-byte aligned; a device address is its
+//!   pointer. The device keeps the table of live allocations: an operation that touches
+//!   bytes outside one live allocation fails with a device error (as an illegal address
+//!   on a GPU), it never reads freed memory.
+//! - **Streams** are worker threads, one per stream, running their operations in
+//!   enqueue order. Enqueueing returns at once ([`DevStream`] semantics); a failed
+//!   operation makes the stream's error sticky (later operations are skipped, queries
+//!   report it), as a CUDA stream after a kernel fault.
+//! - **Kernels** are the CPU reference of [`crate::kernels`] and [`crate::dtype`], after
+//!   the same argument checks as the GPU launches ([`crate::kernels_gpu::call`]), so
+//!   results are bitwise those the GPU kernels are tested against.
+//! - **Ordering rules are CUDA's, with strata's streams non-blocking**: two streams are
+//!   ordered only by explicit waits ([`DevStream::wait_foreign`]); `htod`/`dtoh`/
+//!   `free` synchronize the whole device first, as strata's CUDA device does around the
+//!   legacy default stream and as `cuMemFree` does. A missing wait between streams is
+//!   caught by the **race check**: every operation registers the byte ranges it reads
+//!   and writes while it runs, and an operation that would write bytes another stream is
+//!   reading or writing at that moment (or read bytes it is writing) fails with a device
+//!   error naming both, instead of racing. The check finds races that overlap in time
+//!   and never reports ordered accesses.
+//! - [`CpuDevice::allocations`] counts allocations, so a test can prove a repeated
+//!   collective allocates nothing in steady state.
+
+use super::{Api, DevAddr, DevStream, Device, QuantCall, Region};
+use crate::dtype::{finish_avg, reduce_into, DataType, ReduceOp};
+use crate::error::{Error, Result};
+use crate::kernels;
+use std::alloc::Layout;
+use std::collections::{BTreeMap, VecDeque};
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+/// Alignment of every allocation (as `cudaMalloc`'s 256 bytes).
+const ALIGN: usize = 256;
+/// How long `htod`/`dtoh`/`free` wait for the device's streams before giving up.
+const SYNC_LIMIT: Duration = Duration::from_secs(60);
+
+/// One host CPU as a strata device. Process-wide per ordinal ([`CpuDevice::open`]).
+#[derive(Debug)]
+pub struct CpuDevice {
+    ordinal: usize,
+    me: Weak<CpuDevice>,
+    state: Mutex<State>,
+    allocations: AtomicU64,
+    next_id: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Live allocations: start -> length.
+    live: BTreeMap<u64, usize>,
+    /// Accesses of the operations running now (the race check).
+    running: Vec<Access>,
+    /// Every stream made on this device (for `wait_foreign` lookups and device syncs).
+    lanes: Vec<Weak<Lane>>,
+    /// Frees whose streams did not drain in time (released when the device is dropped).
+    leaked: Vec<u64>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Access {
+    lane: u64,
+    region: Region,
+    write: bool,
+    token: u64,
+}
+
+fn overlap(a: Region, b: Region) -> bool {
+    a.len > 0 && b.len > 0 && a.addr < b.addr + b.len as u64 && b.addr < a.addr + a.len as u64
+}
+
+fn dev_err(m: impl std::fmt::Display) -> Error {
+    Error::Device(format!("cpu device: {m}"))
+}
+
+impl CpuDevice {
+    /// The CPU device `ordinal` of this process (made on first use, then shared, so
+    /// pointers from one open are valid on the next).
+    pub fn open(ordinal: usize) -> Result<Arc<CpuDevice>> {
+        static DEVICES: OnceLock<Mutex<Vec<Arc<CpuDevice>>>> = OnceLock::new();
+        let mut all = DEVICES
+            .get_or_init(Default::default)
+            .lock()
+            .map_err(|_| Error::Internal("cpu device table poisoned".into()))?;
+        if let Some(d) = all.iter().find(|d| d.ordinal == ordinal) {
+            return Ok(d.clone());
+        }
+        let d = Arc::new_cyclic(|me| CpuDevice {
+            ordinal,
+            me: me.clone(),
+            state: Mutex::new(State::default()),
+            allocations: AtomicU64::new(0),
+            next_id: AtomicU64::new(1),
+        });
+        all.push(d.clone());
+        Ok(d)
+    }
+
+    fn arc(&self) -> Result<Arc<CpuDevice>> {
+        self.me
+            .upgrade()
+            .ok_or_else(|| Error::Internal("cpu device dropped".into()))
+    }
+
+    fn state(&self) -> Result<MutexGuard<'_, State>> {
+        self.state
+            .lock()
+            .map_err(|_| Error::Internal("cpu device state poisoned".into()))
+    }
+
+    /// Device memory allocations made so far (every `alloc_zeroed` of a non-empty
+    /// range).
+    pub fn allocations(&self) -> u64 {
+        self.allocations.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of device memory live now.
+    pub fn live_bytes(&self) -> usize {
+        self.state().map(|s| s.live.values().sum()).unwrap_or(0)
+    }
+
+    /// Register the accesses of one operation of `lane`: every region inside one live
+    /// allocation, and no conflict with what other streams are doing now. The returned
+    /// token releases them ([`CpuDevice::release`]).
+    fn acquire(&self, lane: u64, reads: &[Region], writes: &[Region]) -> Result<u64> {
+        let mut s = self.state()?;
+        for (r, w) in reads
+            .iter()
+            .map(|r| (r, false))
+            .chain(writes.iter().map(|r| (r, true)))
+        {
+            if r.len == 0 {
+                continue;
+            }
+            let inside = s
+                .live
+                .range(..=r.addr)
+                .next_back()
+                .is_some_and(|(&a, &l)| r.addr + r.len as u64 <= a + l as u64);
+            if !inside {
+                return Err(dev_err(format!(
+                    "illegal address: {} {} bytes at {:#x} are not inside one live allocation",
+                    if w { "writing" } else { "reading" },
+                    r.len,
+                    r.addr
+                )));
+            }
+            if let Some(o) = s
+                .running
+                .iter()
+                .find(|o| o.lane != lane && (w || o.write) && overlap(o.region, *r))
+            {
+                return Err(dev_err(format!(
+                    "race between streams: {} {} bytes at {:#x} while {} {} {} bytes at {:#x} \
+                     (two streams touch the same memory without a wait between them)",
+                    if w { "writing" } else { "reading" },
+                    r.len,
+                    r.addr,
+                    lane_name(o.lane),
+                    if o.write { "writes" } else { "reads" },
+                    o.region.len,
+                    o.region.addr
+                )));
+            }
+        }
+        let token = self.next_id.fetch_add(1, Ordering::Relaxed);
+        for (r, w) in reads
+            .iter()
+            .map(|r| (*r, false))
+            .chain(writes.iter().map(|r| (*r, true)))
+        {
+            s.running.push(Access {
+                lane,
+                region: r,
+                write: w,
+                token,
+            });
+        }
+        Ok(token)
+    }
+
+    fn release(&self, token: u64) {
+        if let Ok(mut s) = self.state() {
+            s.running.retain(|a| a.token != token);
+        }
+    }
+
+    /// Run `f` with the accesses registered (reads, writes).
+    fn with_access<T>(
+        &self,
+        lane: u64,
+        reads: &[Region],
+        writes: &[Region],
+        f: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
+        let t = self.acquire(lane, reads, writes)?;
+        let r = f();
+        self.release(t);
+        r
+    }
+
+    /// Wait until every stream of this device has run what was enqueued on it before
+    /// this call (`cuCtxSynchronize`).
+    fn synchronize(&self, what: &str) -> Result<()> {
+        let lanes: Vec<(Arc<Lane>, u64)> = self
+            .state()?
+            .lanes
+            .iter()
+            .filter_map(Weak::upgrade)
+            .map(|l| {
+                let e = l.lock().map(|q| q.enqueued).unwrap_or(0);
+                (l, e)
+            })
+            .collect();
+        let deadline = Instant::now() + SYNC_LIMIT;
+        for (l, seq) in lanes {
+            if !l.wait_done(seq, deadline)? {
+                return Err(Error::Remote(format!(
+                    "cpu device: {what} waited {SYNC_LIMIT:?} for stream {} (its work never \
+                     completed)",
+                    l.id
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn new_lane(&self) -> Result<Arc<Lane>> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let lane = Arc::new(Lane {
+            id,
+            q: Mutex::new(LaneQ::default()),
+            cv: Condvar::new(),
+        });
+        let mut s = self.state()?;
+        s.lanes.retain(|w| w.strong_count() > 0);
+        s.lanes.push(Arc::downgrade(&lane));
+        drop(s);
+        let dev = self.arc()?;
+        let worker = lane.clone();
+        std::thread::Builder::new()
+            .name(format!("strata-cpu-stream-{id}"))
+            .spawn(move || worker.run(&dev))
+            .map_err(|e| Error::System(format!("cpu device: spawning a stream thread: {e}")))?;
+        Ok(lane)
+    }
+
+    /// Slices over device memory for one operation.
+    ///
+    /// # Safety
+    /// The regions were registered by [`CpuDevice::acquire`] (inside live allocations,
+    /// no conflicting access by another stream) and stay registered while the slices
+    /// live; `writes` do not overlap each other or `reads` (callers copy reads that do).
+    unsafe fn slices<'a>(
+        reads: &[Region],
+        writes: &[Region],
+    ) -> (Vec<&'a [u8]>, Vec<&'a mut [u8]>) {
+        let r = reads
+            .iter()
+            .map(|r| {
+                if r.len == 0 {
+                    &[][..]
+                } else {
+                    // SAFETY: the caller's contract: a registered live range nobody writes.
+                    unsafe { std::slice::from_raw_parts(r.addr as usize as *const u8, r.len) }
+                }
+            })
+            .collect();
+        let w = writes
+            .iter()
+            .map(|r| {
+                if r.len == 0 {
+                    &mut [][..]
+                } else {
+                    // SAFETY: the caller's contract: a registered live range only this
+                    // operation touches.
+                    unsafe { std::slice::from_raw_parts_mut(r.addr as usize as *mut u8, r.len) }
+                }
+            })
+            .collect();
+        (r, w)
+    }
+
+    /// Run one memory operation: register, copy reads that alias a write, hand slices to
+    /// `f`.
+    fn run_op(
+        &self,
+        lane: u64,
+        reads: &[Region],
+        writes: &[Region],
+        f: impl FnOnce(&[&[u8]], &mut [&mut [u8]]) -> Result<()>,
+    ) -> Result<()> {
+        for (i, a) in writes.iter().enumerate() {
+            if writes[i + 1..].iter().any(|b| overlap(*a, *b)) {
+                return Err(dev_err(format!(
+                    "an operation writes {} bytes at {:#x} twice (overlapping outputs)",
+                    a.len, a.addr
+                )));
+            }
+        }
+        self.with_access(lane, reads, writes, || {
+            let aliased = reads.iter().any(|r| writes.iter().any(|w| overlap(*r, *w)));
+            if aliased {
+                // SAFETY: registered until `with_access` returns; the read views are
+                // copied out and dropped before any write view exists.
+                let owned: Vec<Vec<u8>> = unsafe { Self::slices(reads, &[]) }
+                    .0
+                    .iter()
+                    .map(|s| s.to_vec())
+                    .collect();
+                let views: Vec<&[u8]> = owned.iter().map(|v| &v[..]).collect();
+                // SAFETY: registered; writes are disjoint (checked above).
+                let (_, mut ws) = unsafe { Self::slices(&[], writes) };
+                f(&views, &mut ws)
+            } else {
+                // SAFETY: registered; writes are disjoint from each other and the reads.
+                let (views, mut ws) = unsafe { Self::slices(reads, writes) };
+                f(&views, &mut ws)
+            }
+        })
+    }
+}
+
+impl Drop for CpuDevice {
+    fn drop(&mut self) {
+        if let Ok(s) = self.state.get_mut() {
+            for a in std::mem::take(&mut s.leaked) {
+                if let Some(len) = s.live.remove(&a) {
+                    dealloc(a, len);
+                }
+            }
+        }
+    }
+}
+
+fn lane_name(id: u64) -> String {
+    if id == 0 {
+        "the host".into()
+    } else {
+        format!("stream {id}")
+    }
+}
+
+fn dealloc(addr: u64, len: usize) {
+    if let Ok(l) = Layout::from_size_align(len, ALIGN) {
+        // SAFETY: `addr` came from `alloc_zeroed` with this layout and is freed once
+        // (removed from the live table by the caller).
+        unsafe { std::alloc::dealloc(addr as usize as *mut u8, l) };
+    }
+}
+
+impl Device for CpuDevice {
+    fn api(&self) -> Api {
+        Api::Cpu
+    }
+    fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+    fn bind(&self) -> Result<()> {
+        Ok(())
+    }
+    fn alloc_zeroed(&self, bytes: usize) -> Result<DevAddr> {
+        if bytes == 0 {
+            return Ok(0);
+        }
+        let layout = Layout::from_size_align(bytes, ALIGN)
+            .map_err(|e| Error::InvalidArgument(format!("cpu device: {bytes} bytes: {e}")))?;
+        // SAFETY: a non-zero size with a valid layout.
+        let p = unsafe { std::alloc::alloc_zeroed(layout) };
+        if p.is_null() {
+            return Err(dev_err(format!("out of memory allocating {bytes} bytes")));
+        }
+        self.allocations.fetch_add(1, Ordering::Relaxed);
+        self.state()?.live.insert(p as usize as u64, bytes);
+        Ok(p as usize as u64)
+    }
+    unsafe fn free(&self, addr: DevAddr) {
+        if addr == 0 {
+            return;
+        }
+        // As cuMemFree: the device's queued work finishes first.
+        let synced = self.synchronize("freeing memory").is_ok();
+        let Ok(mut s) = self.state() else { return };
+        if !synced {
+            // Some stream never drained: keep the bytes (an op may still touch them).
+            s.leaked.push(addr);
+            return;
+        }
+        if let Some(len) = s.live.remove(&addr) {
+            drop(s);
+            dealloc(addr, len);
+        }
+    }
+    fn htod(&self, dst: DevAddr, src: &[u8]) -> Result<()> {
+        self.synchronize("a host-to-device copy")?;
+        let r = Region {
+            addr: dst,
+            len: src.len(),
+        };
+        self.run_op(0, &[], &[r], |_, w| {
+            w[0].copy_from_slice(src);
+            Ok(())
+        })
+    }
+    fn dtoh(&self, dst: &mut [u8], src: DevAddr) -> Result<()> {
+        self.synchronize("a device-to-host copy")?;
+        let r = Region {
+            addr: src,
+            len: dst.len(),
+        };
+        self.run_op(0, &[r], &[], |rd, _| {
+            dst.copy_from_slice(rd[0]);
+            Ok(())
+        })
+    }
+    fn check_pointer(&self, addr: DevAddr, len: usize) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let s = self.state()?;
+        match s.live.range(..=addr).next_back() {
+            Some((&a, &l)) if addr < a + l as u64 => {
+                if addr + len as u64 > a + l as u64 {
+                    Err(Error::InvalidArgument(format!(
+                        "{len} bytes at {addr:#x} run past the end of their allocation ({l} bytes at {a:#x})"
+                    )))
+                } else {
+                    Ok(())
+                }
+            }
+            _ => Err(Error::InvalidArgument(format!(
+                "{addr:#x} is not memory of cpu device {} (the host-local transport takes \
+                 addresses from the communicator's device allocations)",
+                self.ordinal
+            ))),
+        }
+    }
+    fn new_stream(&self) -> Result<Arc<dyn DevStream>> {
+        Ok(Arc::new(CpuStream {
+            dev: self.arc()?,
+            lane: self.new_lane()?,
+        }))
+    }
+    fn pci_bus_id(&self) -> Result<String> {
+        Ok(format!("cpu:{}", self.ordinal))
+    }
+    fn allocations(&self) -> u64 {
+        CpuDevice::allocations(self)
+    }
+}
+
+/// One queued operation.
+enum Task {
+    Copy {
+        dst: DevAddr,
+        src: DevAddr,
+        bytes: usize,
+    },
+    Reduce {
+        acc: DevAddr,
+        src: DevAddr,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+    },
+    Divide {
+        buf: DevAddr,
+        count: usize,
+        dtype: DataType,
+        n: usize,
+    },
+    Quant(QuantCall),
+    /// Wait until `lane` has completed `seq` operations.
+    Wait {
+        lane: Arc<Lane>,
+        seq: u64,
+    },
+    /// Occupy the stream for a while (a slow kernel, for ordering and overlap tests).
+    Delay(Duration),
+}
+
+#[derive(Default)]
+struct LaneQ {
+    tasks: VecDeque<Task>,
+    enqueued: u64,
+    done: u64,
+    error: Option<Error>,
+    closed: bool,
+}
+
+/// The queue and worker of one stream.
+struct Lane {
+    id: u64,
+    q: Mutex<LaneQ>,
+    cv: Condvar,
+}
+
+impl std::fmt::Debug for Lane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Lane({})", self.id)
+    }
+}
+
+impl Lane {
+    fn lock(&self) -> Result<MutexGuard<'_, LaneQ>> {
+        self.q
+            .lock()
+            .map_err(|_| Error::Internal("cpu stream queue poisoned".into()))
+    }
+
+    fn push(&self, t: Task) -> Result<()> {
+        let mut q = self.lock()?;
+        q.tasks.push_back(t);
+        q.enqueued += 1;
+        self.cv.notify_all();
+        Ok(())
+    }
+
+    /// Wait until `seq` operations have completed or `deadline` passes (false then).
+    fn wait_done(&self, seq: u64, deadline: Instant) -> Result<bool> {
+        let mut q = self.lock()?;
+        while q.done < seq {
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(false);
+            }
+            q = self
+                .cv
+                .wait_timeout(q, deadline - now)
+                .map_err(|_| Error::Internal("cpu stream queue poisoned".into()))?
+                .0;
+        }
+        Ok(true)
+    }
+
+    fn run(self: Arc<Self>, dev: &CpuDevice) {
+        loop {
+            let task = {
+                let Ok(mut q) = self.lock() else { return };
+                loop {
+                    if let Some(t) = q.tasks.pop_front() {
+                        break t;
+                    }
+                    if q.closed {
+                        return;
+                    }
+                    q = match self.cv.wait(q) {
+                        Ok(q) => q,
+                        Err(_) => return,
+                    };
+                }
+            };
+            let failed = self.lock().map(|q| q.error.is_some()).unwrap_or(true);
+            let r = if failed { Ok(()) } else { self.exec(dev, task) };
+            let Ok(mut q) = self.lock() else { return };
+            if let Err(e) = r {
+                q.error.get_or_insert(e);
+            }
+            q.done += 1;
+            self.cv.notify_all();
+        }
+    }
+
+    fn exec(&self, dev: &CpuDevice, task: Task) -> Result<()> {
+        let reg = |addr, len| Region { addr, len };
+        match task {
+            Task::Copy { dst, src, bytes } => {
+                dev.run_op(self.id, &[reg(src, bytes)], &[reg(dst, bytes)], |r, w| {
+                    w[0].copy_from_slice(r[0]);
+                    Ok(())
+                })
+            }
+            Task::Reduce {
+                acc,
+                src,
+                count,
+                dtype,
+                op,
+            } => {
+                let b = count * dtype.size();
+                dev.run_op(self.id, &[reg(src, b)], &[reg(acc, b)], |r, w| {
+                    reduce_into(w[0], r[0], dtype, op);
+                    Ok(())
+                })
+            }
+            Task::Divide {
+                buf,
+                count,
+                dtype,
+                n,
+            } => {
+                let b = count * dtype.size();
+                dev.run_op(self.id, &[], &[reg(buf, b)], |_, w| {
+                    finish_avg(w[0], dtype, n);
+                    Ok(())
+                })
+            }
+            Task::Quant(c) => quant(dev, self.id, &c),
+            Task::Wait { lane, seq } => {
+                // Bounded only by the other stream: a stream waiting on work that never
+                // completes stalls, as on a GPU; `finish` on the host reports it.
+                while !lane.wait_done(seq, Instant::now() + Duration::from_secs(3600))? {}
+                Ok(())
+            }
+            Task::Delay(d) => {
+                std::thread::sleep(d);
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Split `inputs` into `k` equal sender slices.
+fn senders(inputs: &[u8], k: usize) -> Vec<&[u8]> {
+    let per = inputs.len() / k.max(1);
+    (0..k).map(|s| &inputs[s * per..(s + 1) * per]).collect()
+}
+
+/// A quantization kernel on the CPU reference, after the GPU launch's checks.
+fn quant(dev: &CpuDevice, lane: u64, c: &QuantCall) -> Result<()> {
+    if crate::kernels_gpu::call::prepare(c)?.is_none() {
+        return Ok(());
+    }
+    match *c {
+        QuantCall::Quantize {
+            spec,
+            dtype,
+            src,
+            dst,
+        } => dev.run_op(lane, &[src], &[dst], |r, w| {
+            kernels::quantize(spec, dtype, r[0], w[0])
+        }),
+        QuantCall::Swizzled {
+            spec,
+            dtype,
+            src,
+            c,
+            nodes,
+            devices,
+            stages,
+            dst,
+        } => dev.run_op(lane, &[src], &[dst], |r, w| {
+            kernels::swizzled_quantize(spec, dtype, r[0], c, nodes, devices, stages, w[0])
+        }),
+        QuantCall::DequantReduce {
+            spec,
+            inputs,
+            k,
+            n,
+            op,
+            divisor,
+            dtype,
+            dst,
+        } => dev.run_op(lane, &[inputs], &[dst], |r, w| {
+            if k == 1 && op == ReduceOp::Sum {
+                kernels::dequantize(spec, r[0], n, dtype, w[0])
+            } else {
+                kernels::dequant_reduce(spec, &senders(r[0], k), n, op, divisor, dtype, w[0])
+            }
+        }),
+        QuantCall::DequantReduceQuant {
+            spec,
+            inputs,
+            k,
+            n,
+            slices,
+            dst,
+        } => dev.run_op(lane, &[inputs], &[dst], |r, w| {
+            kernels::dequant_reduce_quant(spec, &senders(r[0], k), n, slices, w[0])
+        }),
+    }
+}
+
+/// A stream of the CPU device: a worker thread and its queue.
+pub struct CpuStream {
+    dev: Arc<CpuDevice>,
+    lane: Arc<Lane>,
+}
+
+impl Drop for CpuStream {
+    fn drop(&mut self) {
+        // As cuStreamDestroy: returns at once; queued work still runs, then the worker
+        // ends.
+        if let Ok(mut q) = self.lane.lock() {
+            q.closed = true;
+        }
+        self.lane.cv.notify_all();
+    }
+}
+
+impl CpuStream {
+    fn push(&self, t: Task) -> Result<()> {
+        self.lane.push(t)
+    }
+}
+
+impl DevStream for CpuStream {
+    fn device(&self) -> Arc<dyn Device> {
+        self.dev.clone()
+    }
+    fn raw(&self) -> *mut c_void {
+        Arc::as_ptr(&self.lane) as *mut c_void
+    }
+    fn copy(&self, dst: DevAddr, src: DevAddr, bytes: usize) -> Result<()> {
+        if bytes == 0 || dst == src {
+            return Ok(());
+        }
+        self.push(Task::Copy { dst, src, bytes })
+    }
+    fn reduce(
+        &self,
+        acc: DevAddr,
+        src: DevAddr,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        if crate::kernels_gpu::call::elementwise("reduce", &[acc, src], count, dtype, Some(op))?
+            .is_none()
+        {
+            return Ok(());
+        }
+        self.push(Task::Reduce {
+            acc,
+            src,
+            count,
+            dtype,
+            op,
+        })
+    }
+    fn divide(&self, buf: DevAddr, count: usize, dtype: DataType, n: usize) -> Result<()> {
+        if crate::kernels_gpu::call::elementwise("divide", &[buf], count, dtype, None)?.is_none() {
+            return Ok(());
+        }
+        self.push(Task::Divide {
+            buf,
+            count,
+            dtype,
+            n,
+        })
+    }
+    fn quant(&self, call: &QuantCall) -> Result<()> {
+        self.push(Task::Quant(*call))
+    }
+    fn query(&self) -> Result<bool> {
+        let q = self.lane.lock()?;
+        if let Some(e) = &q.error {
+            return Err(e.clone());
+        }
+        Ok(q.done == q.enqueued)
+    }
+    unsafe fn wait_foreign(&self, other: *mut c_void) -> Result<()> {
+        let lanes: Vec<Arc<Lane>> = self
+            .dev
+            .state()?
+            .lanes
+            .iter()
+            .filter_map(Weak::upgrade)
+            .collect();
+        let lane = if other.is_null() {
+            // The legacy default stream: nothing of strata's runs there on this device.
+            return Ok(());
+        } else {
+            lanes
+                .into_iter()
+                .find(|l| Arc::as_ptr(l) as *mut c_void == other)
+                .ok_or_else(|| {
+                    Error::InvalidArgument(format!(
+                        "{other:p} is not a live stream of cpu device {}",
+                        self.dev.ordinal
+                    ))
+                })?
+        };
+        if Arc::ptr_eq(&lane, &self.lane) {
+            return Ok(());
+        }
+        let seq = lane.lock()?.enqueued;
+        self.push(Task::Wait { lane, seq })
+    }
+    fn delay(&self, d: Duration) -> Result<()> {
+        self.push(Task::Delay(d))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dev() -> Arc<CpuDevice> {
+        CpuDevice::open(7).unwrap()
+    }
+
+    fn sync(s: &dyn DevStream) {
+        super::super::finish(s, Duration::from_secs(10), "test", || Ok(())).unwrap();
+    }
+
+    #[test]
+    fn copies_and_reductions_run_in_stream_order() {
+        let d = dev();
+        let s = d.new_stream().unwrap();
+        let a = d.alloc_zeroed(16).unwrap();
+        let b = d.alloc_zeroed(16).unwrap();
+        let one: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        d.htod(a, &one).unwrap();
+        s.delay(Duration::from_millis(30)).unwrap();
+        s.copy(b, a, 16).unwrap();
+        s.reduce(b, a, 4, DataType::F32, ReduceOp::Sum).unwrap();
+        assert!(
+            !s.query().unwrap(),
+            "enqueueing returned before the delay ran"
+        );
+        sync(s.as_ref());
+        let mut out = [0u8; 16];
+        d.dtoh(&mut out, b).unwrap();
+        let v: Vec<f32> = out
+            .chunks(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert_eq!(v, [2.0, 4.0, 6.0, 8.0]);
+        // SAFETY: allocated above, freed once, the stream is idle.
+        unsafe {
+            d.free(a);
+            d.free(b);
+        }
+    }
+
+    #[test]
+    fn out_of_bounds_and_freed_addresses_are_device_errors() {
+        let d = dev();
+        let s = d.new_stream().unwrap();
+        let a = d.alloc_zeroed(64).unwrap();
+        s.copy(a + 32, a, 64).unwrap();
+        let e =
+            super::super::finish(s.as_ref(), Duration::from_secs(10), "t", || Ok(())).unwrap_err();
+        assert!(e.to_string().contains("illegal address"), "{e}");
+        // Sticky: later work fails too.
+        assert!(s.query().is_err());
+        assert!(d.check_pointer(a, 64).is_ok());
+        assert!(d.check_pointer(a + 8, 64).is_err());
+        // SAFETY: allocated above, freed once.
+        unsafe { d.free(a) };
+        assert!(d.check_pointer(a, 1).is_err());
+    }
+
+    #[test]
+    fn a_missing_wait_between_streams_is_a_race_and_a_wait_orders_them() {
+        let d = dev();
+        let (s1, s2) = (d.new_stream().unwrap(), d.new_stream().unwrap());
+        let a = d.alloc_zeroed(1 << 20).unwrap();
+        let b = d.alloc_zeroed(1 << 20).unwrap();
+        // s1 writes `a` for a long time; s2 reads it with no wait: caught.
+        for _ in 0..64 {
+            s1.copy(a, b, 1 << 20).unwrap();
+        }
+        s2.delay(Duration::from_millis(2)).unwrap();
+        s2.copy(b, a, 1 << 20).unwrap();
+        let r1 = super::super::finish(s1.as_ref(), Duration::from_secs(20), "t", || Ok(()));
+        let r2 = super::super::finish(s2.as_ref(), Duration::from_secs(20), "t", || Ok(()));
+        let e = r1.and(r2).unwrap_err();
+        assert!(e.to_string().contains("race between streams"), "{e}");
+        // Ordered by a wait: no error.
+        let (s1, s2) = (d.new_stream().unwrap(), d.new_stream().unwrap());
+        for _ in 0..16 {
+            s1.copy(a, b, 1 << 20).unwrap();
+        }
+        // SAFETY: s1 is a live stream of this device.
+        unsafe { s2.wait_foreign(s1.raw()).unwrap() };
+        s2.copy(b, a, 1 << 20).unwrap();
+        sync(s2.as_ref());
+        assert!(s1.query().unwrap());
+        // SAFETY: allocated above, freed once, streams idle.
+        unsafe {
+            d.free(a);
+            d.free(b);
+        }
+    }
+
+    #[test]
+    fn allocations_are_counted_and_foreign_streams_checked() {
+        let d = dev();
+        let before = d.allocations();
+        let a = d.alloc_zeroed(10).unwrap();
+        assert_eq!(d.alloc_zeroed(0).unwrap(), 0);
+        assert_eq!(d.allocations(), before + 1);
+        let s = d.new_stream().unwrap();
+        // SAFETY: an arbitrary non-null value is looked up, never dereferenced.
+        let e = unsafe { s.wait_foreign(16 as *mut c_void) }.unwrap_err();
+        assert!(e.to_string().contains("not a live stream"), "{e}");
+        // SAFETY: allocated above, freed once.
+        unsafe { d.free(a) };
+    }
+}
