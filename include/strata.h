@@ -805,6 +805,35 @@ strataResult_t strataCommGetAsyncError(strataComm_t comm, strataResult_t *result
 strataResult_t strataFinalize(void);
 
 /**
+ * Allocates `size` zeroed bytes on `comm`'s device and writes their address to `*ptr`
+ * (NULL for `size == 0`). GPU transports (nccl, rccl, cuda-local): device memory,
+ * aligned to 256 bytes, usable by any call on that device. `host-local`: CPU-device
+ * memory, which the caller may also read and write directly while no call uses it. Free
+ * with `strataMemFree`; the memory outlives `comm` until then. Thread-safe.
+ *
+ * Errors: `strataInvalidArgument` for a NULL/foreign comm or a NULL `ptr`;
+ * `strataInvalidUsage` on host transports (local, mpi: any host memory will do) and for
+ * a destroyed comm; `strataUnhandledCudaError` when the device runs out of memory.
+ *
+ * # Safety
+ * `ptr` is NULL or valid for a write of a pointer.
+ */
+strataResult_t strataMemAlloc(strataComm_t comm, size_t size, void **ptr);
+
+/**
+ * Frees memory from `strataMemAlloc` (NULL is a no-op); the block returns to the
+ * device's cache. No call may still be using it (wait for the streams or works that
+ * do). `comm` is only used for error reporting and may have been destroyed.
+ *
+ * Errors: `strataInvalidArgument` for a pointer `strataMemAlloc` did not return (or
+ * already freed). Thread-safe.
+ *
+ * # Safety
+ * No queued or running call uses the memory.
+ */
+strataResult_t strataMemFree(strataComm_t comm, void *ptr);
+
+/**
  * Make a strata host stream (`*stream`): pass it as the `stream` argument of collectives
  * on host communicators (local, mpi) to make them nonblocking, in the order of the
  * calls. See `strataStreamSynchronize`, `strataStreamQuery` and the events. The buffers

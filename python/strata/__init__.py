@@ -126,9 +126,12 @@ OPS = {"sum": SUM, "prod": PROD, "max": MAX, "min": MIN, "avg": AVG, "mean": AVG
 
 TRANSPORT_DEFAULT, TRANSPORT_LOCAL, TRANSPORT_MPI = 0, 1, 2
 TRANSPORT_NCCL, TRANSPORT_RCCL, TRANSPORT_CUDA_LOCAL = 3, 4, 5
+#: Ranks as threads on the CPU device (the device code paths without a GPU); its calls
+#: take CPU-device memory (``strataMemAlloc``), which this module does not allocate.
+TRANSPORT_HOST_LOCAL = 6
 TRANSPORTS = {None: 0, "default": 0, "local": 1, "mpi": 2, "nccl": 3, "rccl": 4,
-              "cuda-local": 5, "cuda_local": 5}  # fmt: skip
-TRANSPORT_NAMES = {1: "local", 2: "mpi", 3: "nccl", 4: "rccl", 5: "cuda-local"}
+              "cuda-local": 5, "cuda_local": 5, "host-local": 6, "host_local": 6}  # fmt: skip
+TRANSPORT_NAMES = {1: "local", 2: "mpi", 3: "nccl", 4: "rccl", 5: "cuda-local", 6: "host-local"}
 #: Transports whose calls take device memory.
 GPU_TRANSPORTS = frozenset({"nccl", "rccl", "cuda-local"})
 SPLIT_NOCOLOR = -1
@@ -356,7 +359,7 @@ def _transport_code(transport: Any) -> int:
     if key not in TRANSPORTS:
         raise StrataError(
             INVALID_ARGUMENT,
-            f"transport {transport!r} is not one of local, mpi, nccl, rccl, cuda-local",
+            f"transport {transport!r} is not one of local, mpi, nccl, rccl, cuda-local, host-local",
         )
     return TRANSPORTS[key]
 

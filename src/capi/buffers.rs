@@ -256,16 +256,32 @@ impl CallBuffers {
         stream: strataStream_t,
     ) -> Result<()> {
         let host_stream = super::stream::host_stream(stream)?;
-        if self.device.is_some() {
+        // host-local (the CPU device) is driven like a host transport from C: blocking,
+        // or nonblocking on a strata host stream.
+        if let Some(dev) = self
+            .device
+            .clone()
+            .filter(|d| d.api() != crate::device::Api::Cpu)
+        {
             if host_stream.is_some() {
                 return Err(Error::InvalidArgument(format!(
                     "{function}: a strata host stream was given to a GPU communicator; pass a \
                      cudaStream_t / hipStream_t of its device"
                 )));
             }
-            let what = format!("{function}: waiting for the work queued on the caller's stream");
-            // SAFETY: the caller's contract on `stream`.
-            unsafe { wait_for_foreign_stream(&handle.comm, stream, &what) }?;
+            // Stream-ordered (NCCL semantics): after `stream`'s earlier work, before its
+            // later work, and returning without waiting for the device (grouped calls
+            // too: their group runs at strataGroupEnd, `stream` waits for it).
+            // SAFETY: the caller's contract: `stream` is null or a live stream of the
+            // communicator's device.
+            let ev_in = unsafe { dev.record_on(stream) }?;
+            let d = dev.clone();
+            let _work = handle.comm.enqueue_after(req, &dev, ev_in, |word, n| {
+                // SAFETY: as above; the word is the communicator's completion word,
+                // never freed.
+                unsafe { d.wait_value_on(stream, word, n) }
+            })?;
+            return Ok(());
         }
         if let Some(hs) = host_stream {
             // Nonblocking, in the stream's order; completion is observed on the stream.
@@ -322,26 +338,4 @@ pub(super) unsafe fn end_group() -> Result<()> {
         }
     }
     first
-}
-
-/// Make `comm`'s stream wait for the work queued so far on the caller's runtime stream
-/// `stream` (a `cudaStream_t` / `hipStream_t`; null: the legacy default stream), then
-/// wait on the host until that has run: the caller's earlier work (which produced the
-/// inputs, or still reads the outputs) is complete before the collective starts on any
-/// stream, sub-communicators' included. `what` names the wait in a timeout error. A
-/// no-op on host transports.
-///
-/// # Safety
-/// `stream` is null or a live stream of `comm`'s device.
-unsafe fn wait_for_foreign_stream(
-    comm: &Comm,
-    stream: *mut std::ffi::c_void,
-    what: &str,
-) -> Result<()> {
-    let Some(s) = comm.device_stream() else {
-        return Ok(());
-    };
-    // SAFETY: the caller's contract on `stream`.
-    unsafe { s.wait_foreign(stream) }?;
-    crate::device::finish(s.as_ref(), comm.timeout(), what, || Ok(()))
 }

@@ -51,10 +51,12 @@
 mod buffers;
 mod coll;
 mod init;
+mod mem;
 mod stream;
 
 pub use coll::*;
 pub use init::*;
+pub use mem::*;
 pub use stream::*;
 
 use crate::comm::Comm;

@@ -158,8 +158,19 @@ impl Comm {
         topo: Option<Topology>,
         config: CommConfig,
     ) -> Result<Vec<Comm>> {
+        Comm::host_local_world_on(0, nranks, topo, config)
+    }
+
+    /// [`Comm::host_local_world`] on CPU device `ordinal` (devices are separate memory
+    /// tables, streams and caches: a test that counts allocations uses its own).
+    pub fn host_local_world_on(
+        ordinal: usize,
+        nranks: usize,
+        topo: Option<Topology>,
+        config: CommConfig,
+    ) -> Result<Vec<Comm>> {
         let topo = Arc::new(Comm::world_topology(nranks, topo)?);
-        let dev = crate::device::open(Api::Cpu, 0)?;
+        let dev = crate::device::open(Api::Cpu, ordinal)?;
         crate::transport::device_local::DeviceLocalTransport::world(&dev, &topo, config.timeout)?
             .into_iter()
             .map(|t| Comm::from_transport(Arc::new(t), topo.clone(), config.clone()))

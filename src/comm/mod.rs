@@ -19,6 +19,7 @@
 
 pub mod bootstrap;
 pub mod gpu;
+pub mod ordered;
 
 pub use crate::runtime::group::{self, group_end, group_start, in_group};
 pub use crate::runtime::request::{self, Op, Request};
@@ -212,7 +213,7 @@ impl Comm {
     /// running (a dead peer, counts that differ across ranks) aborts the communicator,
     /// so its peers fail at once instead of waiting for their timeout.
     pub fn submit(&self, req: Request) -> Result<Work> {
-        match self.submit_as(req, false)? {
+        match self.submit_as(req, false, None)? {
             Submitted::Queued(w) => Ok(w),
             Submitted::Ran(r) => Ok(Work::ready(r)),
         }
@@ -230,7 +231,7 @@ impl Comm {
                 "a blocking call inside a group: submit it and wait after group end".into(),
             )));
         }
-        let r = match self.submit_as(req, true)? {
+        let r = match self.submit_as(req, true, None)? {
             Submitted::Queued(w) => w.wait(),
             Submitted::Ran(r) => r,
         };
@@ -238,8 +239,15 @@ impl Comm {
     }
 
     /// Check, choose, and queue `req` (or hold it in the group); with `now`, run it on
-    /// this thread instead when nothing is queued or running on the stream.
-    fn submit_as(&self, req: Request, now: bool) -> Result<Submitted> {
+    /// this thread instead when nothing is queued or running on the stream. `ordered`:
+    /// a stream-ordered call ([`ordered`]): wait for the caller's stream's event first,
+    /// release the call's number when done.
+    fn submit_as(
+        &self,
+        req: Request,
+        now: bool,
+        ordered: Option<ordered::Ordered>,
+    ) -> Result<Submitted> {
         let core = &self.0;
         let r = (|| {
             core.alive()?;
@@ -264,6 +272,13 @@ impl Comm {
             let own_call = call.clone().filter(|_| !grouped);
             let c = core.clone();
             let job = move || {
+                let ordered = ordered;
+                if let Some(o) = &ordered {
+                    if let Err(e) = o.before(&c) {
+                        c.fail(&e);
+                        return c.note(Err(e));
+                    }
+                }
                 if let Some(call) = &own_call {
                     if let Err(e) = c
                         .still_running()

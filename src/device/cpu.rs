@@ -15,9 +15,10 @@
 //!   the same argument checks as the GPU launches ([`crate::kernels_gpu::call`]), so
 //!   results are bitwise those the GPU kernels are tested against.
 //! - **Ordering rules are CUDA's, with strata's streams non-blocking**: two streams are
-//!   ordered only by explicit waits ([`DevStream::wait_foreign`]); `htod`/`dtoh`/
-//!   `free` synchronize the whole device first, as strata's CUDA device does around the
-//!   legacy default stream and as `cuMemFree` does. A missing wait between streams is
+//!   ordered only by explicit waits ([`DevStream::wait_foreign`], events, flag words);
+//!   `htod`/`dtoh` wait for no stream (as strata's CUDA device, which copies on a
+//!   private stream), `free` synchronizes the whole device first (as `cuMemFree`,
+//!   which is why strata caches freed blocks, [`super::pool`]). A missing wait is
 //!   caught by the **race check**: every operation registers the byte ranges it reads
 //!   and writes while it runs, and an operation that would write bytes another stream is
 //!   reading or writing at that moment (or read bytes it is writing) fails with a device
@@ -26,7 +27,8 @@
 //! - [`CpuDevice::allocations`] counts allocations, so a test can prove a repeated
 //!   collective allocates nothing in steady state.
 
-use super::{Api, DevAddr, DevStream, Device, QuantCall, Region};
+use super::pool::Pool;
+use super::{Api, DevAddr, DevEvent, DevStream, Device, QuantCall, Region};
 use crate::dtype::{finish_avg, reduce_into, DataType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::kernels;
@@ -50,6 +52,9 @@ pub struct CpuDevice {
     state: Mutex<State>,
     allocations: AtomicU64,
     next_id: AtomicU64,
+    pool: Pool,
+    /// The legacy default stream (a null `raw`), made on first use.
+    legacy: OnceLock<Arc<Lane>>,
 }
 
 #[derive(Debug, Default)]
@@ -98,6 +103,8 @@ impl CpuDevice {
             state: Mutex::new(State::default()),
             allocations: AtomicU64::new(0),
             next_id: AtomicU64::new(1),
+            pool: Pool::default(),
+            legacy: OnceLock::new(),
         });
         all.push(d.clone());
         Ok(d)
@@ -252,6 +259,50 @@ impl CpuDevice {
         Ok(lane)
     }
 
+    /// The stream behind a runtime handle: null is the legacy default stream, anything
+    /// else must be a live stream of this device (looked up, never dereferenced).
+    fn lane_of(&self, raw: *mut c_void) -> Result<Arc<Lane>> {
+        if raw.is_null() {
+            if let Some(l) = self.legacy.get() {
+                return Ok(l.clone());
+            }
+            let l = self.new_lane()?;
+            return Ok(self.legacy.get_or_init(|| l).clone());
+        }
+        self.state()?
+            .lanes
+            .iter()
+            .filter_map(Weak::upgrade)
+            .find(|l| Arc::as_ptr(l) as *mut c_void == raw)
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "{raw:p} is not a live stream of cpu device {}",
+                    self.ordinal
+                ))
+            })
+    }
+
+    /// Run `f` on the 8-byte word at `flag` as an atomic, with the device state locked
+    /// (so the allocation cannot be freed meanwhile).
+    fn with_word<T>(&self, flag: DevAddr, f: impl FnOnce(&AtomicU64) -> T) -> Result<T> {
+        let s = self.state()?;
+        let inside = s
+            .live
+            .range(..=flag)
+            .next_back()
+            .is_some_and(|(&a, &l)| flag + 8 <= a + l as u64);
+        if !inside || flag % 8 != 0 {
+            return Err(dev_err(format!(
+                "illegal address: the flag word at {flag:#x} is not 8 aligned bytes of one \
+                 live allocation"
+            )));
+        }
+        // SAFETY: 8 aligned bytes inside a live allocation, which cannot be freed while
+        // the state lock is held; flag words are only ever accessed atomically.
+        let w = unsafe { AtomicU64::from_ptr(flag as usize as *mut u64) };
+        Ok(f(w))
+    }
+
     /// Slices over device memory for one operation.
     ///
     /// # Safety
@@ -330,8 +381,9 @@ impl CpuDevice {
 
 impl Drop for CpuDevice {
     fn drop(&mut self) {
+        let cached = self.pool.drain();
         if let Ok(s) = self.state.get_mut() {
-            for a in std::mem::take(&mut s.leaked) {
+            for a in std::mem::take(&mut s.leaked).into_iter().chain(cached) {
                 if let Some(len) = s.live.remove(&a) {
                     dealloc(a, len);
                 }
@@ -399,7 +451,8 @@ impl Device for CpuDevice {
         }
     }
     fn htod(&self, dst: DevAddr, src: &[u8]) -> Result<()> {
-        self.synchronize("a host-to-device copy")?;
+        // Like strata's CUDA device (a private stream, waited for alone): no other
+        // stream is waited for; the race check catches a stream still using the range.
         let r = Region {
             addr: dst,
             len: src.len(),
@@ -410,7 +463,6 @@ impl Device for CpuDevice {
         })
     }
     fn dtoh(&self, dst: &mut [u8], src: DevAddr) -> Result<()> {
-        self.synchronize("a device-to-host copy")?;
         let r = Region {
             addr: src,
             len: dst.len(),
@@ -454,6 +506,47 @@ impl Device for CpuDevice {
     fn allocations(&self) -> u64 {
         CpuDevice::allocations(self)
     }
+    fn zero(&self, addr: DevAddr, bytes: usize) -> Result<()> {
+        let r = Region { addr, len: bytes };
+        self.run_op(0, &[], &[r], |_, w| {
+            w[0].fill(0);
+            Ok(())
+        })
+    }
+    fn pool(&self) -> &Pool {
+        &self.pool
+    }
+    unsafe fn record_on(&self, raw: *mut c_void) -> Result<Arc<dyn DevEvent>> {
+        let lane = self.lane_of(raw)?;
+        let seq = lane.lock()?.enqueued;
+        Ok(Arc::new(CpuEvent { lane, seq }))
+    }
+    unsafe fn wait_value_on(&self, raw: *mut c_void, flag: DevAddr, value: u64) -> Result<()> {
+        self.with_word(flag, |_| ())?;
+        self.lane_of(raw)?.push(Task::WaitValue { flag, value })
+    }
+}
+
+/// An event of the CPU device: the point after `seq` operations of one stream.
+pub struct CpuEvent {
+    lane: Arc<Lane>,
+    seq: u64,
+}
+
+impl DevEvent for CpuEvent {
+    fn query(&self) -> Result<bool> {
+        let q = self.lane.lock()?;
+        if q.done < self.seq {
+            return Ok(false);
+        }
+        match &q.error {
+            Some(e) => Err(e.clone()),
+            None => Ok(true),
+        }
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }
 
 /// One queued operation.
@@ -484,6 +577,16 @@ enum Task {
     },
     /// Occupy the stream for a while (a slow kernel, for ordering and overlap tests).
     Delay(Duration),
+    /// Wait until the word at `flag` is >= `value`.
+    WaitValue {
+        flag: DevAddr,
+        value: u64,
+    },
+    /// Write `value` to the word at `flag`.
+    WriteValue {
+        flag: DevAddr,
+        value: u64,
+    },
 }
 
 #[derive(Default)]
@@ -612,6 +715,27 @@ impl Lane {
             Task::Delay(d) => {
                 std::thread::sleep(d);
                 Ok(())
+            }
+            Task::WaitValue { flag, value } => {
+                // As cuStreamWaitValue64: no deadline; whoever promised the write makes it
+                // (strata writes its flags on failure too).
+                let mut spins = 0u32;
+                while dev.with_word(flag, |w| w.load(Ordering::Acquire))? < value {
+                    spins = spins.saturating_add(1);
+                    if spins < 64 {
+                        std::thread::yield_now();
+                    } else {
+                        std::thread::sleep(Duration::from_micros(if spins < 1024 {
+                            20
+                        } else {
+                            200
+                        }));
+                    }
+                }
+                Ok(())
+            }
+            Task::WriteValue { flag, value } => {
+                dev.with_word(flag, |w| w.store(value, Ordering::Release))
             }
         }
     }
@@ -757,27 +881,7 @@ impl DevStream for CpuStream {
         Ok(q.done == q.enqueued)
     }
     unsafe fn wait_foreign(&self, other: *mut c_void) -> Result<()> {
-        let lanes: Vec<Arc<Lane>> = self
-            .dev
-            .state()?
-            .lanes
-            .iter()
-            .filter_map(Weak::upgrade)
-            .collect();
-        let lane = if other.is_null() {
-            // The legacy default stream: nothing of strata's runs there on this device.
-            return Ok(());
-        } else {
-            lanes
-                .into_iter()
-                .find(|l| Arc::as_ptr(l) as *mut c_void == other)
-                .ok_or_else(|| {
-                    Error::InvalidArgument(format!(
-                        "{other:p} is not a live stream of cpu device {}",
-                        self.dev.ordinal
-                    ))
-                })?
-        };
+        let lane = self.dev.lane_of(other)?;
         if Arc::ptr_eq(&lane, &self.lane) {
             return Ok(());
         }
@@ -786,6 +890,33 @@ impl DevStream for CpuStream {
     }
     fn delay(&self, d: Duration) -> Result<()> {
         self.push(Task::Delay(d))
+    }
+    fn record(&self) -> Result<Arc<dyn DevEvent>> {
+        let seq = self.lane.lock()?.enqueued;
+        Ok(Arc::new(CpuEvent {
+            lane: self.lane.clone(),
+            seq,
+        }))
+    }
+    fn wait_event(&self, ev: &dyn DevEvent) -> Result<()> {
+        let ev = ev.as_any().downcast_ref::<CpuEvent>().ok_or_else(|| {
+            Error::InvalidArgument("an event of another device given to a cpu stream".into())
+        })?;
+        if Arc::ptr_eq(&ev.lane, &self.lane) {
+            return Ok(());
+        }
+        self.push(Task::Wait {
+            lane: ev.lane.clone(),
+            seq: ev.seq,
+        })
+    }
+    fn write_value(&self, flag: DevAddr, value: u64) -> Result<()> {
+        self.dev.with_word(flag, |_| ())?;
+        self.push(Task::WriteValue { flag, value })
+    }
+    fn wait_value(&self, flag: DevAddr, value: u64) -> Result<()> {
+        self.dev.with_word(flag, |_| ())?;
+        self.push(Task::WaitValue { flag, value })
     }
 }
 

@@ -3,7 +3,8 @@
 //! once per device by NVRTC ([`crate::kernels_gpu`]) and launched through
 //! [`crate::kernels_gpu::call`].
 
-use super::{DevAddr, DevStream, Device, QuantCall};
+use super::pool::Pool;
+use super::{DevAddr, DevEvent, DevStream, Device, QuantCall};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::kernels_gpu::call;
@@ -25,6 +26,9 @@ pub struct CudaDevice {
     ctx: Arc<CudaContext>,
     kernels: OnceLock<std::result::Result<GpuQuant, String>>,
     allocations: std::sync::atomic::AtomicU64,
+    pool: Pool,
+    /// Private non-blocking stream for zeroing (each use waits for it alone).
+    aux: OnceLock<Arc<CudaStream>>,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -53,6 +57,8 @@ impl CudaDevice {
             ctx,
             kernels: OnceLock::new(),
             allocations: std::sync::atomic::AtomicU64::new(0),
+            pool: Pool::default(),
+            aux: OnceLock::new(),
         });
         open.retain(|(_, w)| w.strong_count() > 0);
         open.push((ordinal, Arc::downgrade(&d)));
@@ -88,6 +94,36 @@ impl CudaDevice {
         &self.ctx
     }
 
+    /// The private stream (made on first use).
+    fn aux(&self) -> Result<&Arc<CudaStream>> {
+        if let Some(s) = self.aux.get() {
+            return Ok(s);
+        }
+        let s = self
+            .ctx
+            .new_stream()
+            .map_err(|e| dev_err("creating the private stream", e))?;
+        Ok(self.aux.get_or_init(|| s))
+    }
+
+    /// Zero `bytes` at `p` on the private stream and wait for it alone.
+    fn zero_on_aux(&self, p: DevAddr, bytes: usize) -> Result<()> {
+        self.bind()?;
+        let aux = self.aux()?;
+        // SAFETY: FFI memset of a range inside one allocation of this context (the
+        // caller's contract), on the private stream, then that stream is waited for.
+        unsafe {
+            check(
+                "cuMemsetD8Async",
+                sys::cuMemsetD8Async(p, 0, bytes, aux.cu_stream()),
+            )?;
+            check(
+                "cuStreamSynchronize",
+                sys::cuStreamSynchronize(aux.cu_stream()),
+            )
+        }
+    }
+
     /// strata's kernels in this device's context (compiled by NVRTC on first use).
     fn kernels(&self) -> Result<&GpuQuant> {
         self.kernels
@@ -114,24 +150,20 @@ impl Device for CudaDevice {
             return Ok(0);
         }
         self.bind()?;
-        // SAFETY: FFI allocation of `bytes` bytes in the bound context, then zeroed and
-        // the context synchronized before anyone sees the address.
-        unsafe {
-            let p = result::malloc_sync(bytes)
-                .map_err(|e| dev_err(&format!("cuMemAlloc of {bytes} bytes"), e))?;
-            self.allocations
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            // cuMemsetD8 runs on the legacy default stream, which strata's non-blocking
-            // streams do not wait for: finish it here, or a late memset could zero what a
-            // kernel on a strata stream already wrote.
-            if let Err(e) =
-                result::memset_d8_sync(p, 0, bytes).and_then(|_| result::ctx::synchronize())
-            {
-                let _ = result::free_sync(p);
-                return Err(dev_err("cuMemsetD8", e));
-            }
-            Ok(p)
+        // SAFETY: FFI allocation of `bytes` bytes in the bound context.
+        let p = unsafe { result::malloc_sync(bytes) }
+            .map_err(|e| dev_err(&format!("cuMemAlloc of {bytes} bytes"), e))?;
+        self.allocations
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // Zeroed on the private stream, finished before anyone sees the address: no
+        // later work on another stream can race it, and no other stream is waited for
+        // (a caller's stream may be waiting for a stream-ordered collective).
+        if let Err(e) = self.zero_on_aux(p, bytes) {
+            // SAFETY: freeing the allocation made above, once.
+            let _ = unsafe { result::free_sync(p) };
+            return Err(e);
         }
+        Ok(p)
     }
     unsafe fn free(&self, addr: DevAddr) {
         if self.bind().is_ok() {
@@ -140,24 +172,56 @@ impl Device for CudaDevice {
         }
     }
     fn htod(&self, dst: DevAddr, src: &[u8]) -> Result<()> {
+        if src.is_empty() {
+            return Ok(());
+        }
         self.bind()?;
-        // The copy runs on the legacy default stream, which does not order against
-        // strata's non-blocking streams, and from pageable memory it may return before
-        // the DMA lands: synchronize the context before (earlier kernels may still read
-        // the range) and after (later kernels must see the bytes).
-        result::ctx::synchronize().map_err(|e| dev_err("cuCtxSynchronize", e))?;
-        // SAFETY: FFI copy of `src.len()` bytes; the caller holds a borrow of the device
-        // range (a Buffer's DevGuard), which is inside its allocation.
-        unsafe { result::memcpy_htod_sync(dst, src) }
-            .and_then(|_| result::ctx::synchronize())
-            .map_err(|e| dev_err("cuMemcpyHtoD", e))
+        let aux = self.aux()?;
+        // On the private stream, waited for alone: never the whole device (a caller's
+        // stream may be waiting for a stream-ordered collective of another rank on this
+        // device). Earlier strata work on the range is over: the caller holds a borrow
+        // of it (a Buffer's DevGuard), which strata's work releases only when finished.
+        // SAFETY: FFI copy of `src.len()` bytes into a range inside one allocation, and
+        // `src` outlives it (the stream is synchronized before returning).
+        unsafe {
+            check(
+                "cuMemcpyHtoDAsync",
+                sys::cuMemcpyHtoDAsync_v2(
+                    dst,
+                    src.as_ptr() as *const c_void,
+                    src.len(),
+                    aux.cu_stream(),
+                ),
+            )?;
+            check(
+                "cuStreamSynchronize",
+                sys::cuStreamSynchronize(aux.cu_stream()),
+            )
+        }
     }
     fn dtoh(&self, dst: &mut [u8], src: DevAddr) -> Result<()> {
+        if dst.is_empty() {
+            return Ok(());
+        }
         self.bind()?;
-        // Legacy default stream again: wait for the strata streams' writes first.
-        result::ctx::synchronize().map_err(|e| dev_err("cuCtxSynchronize", e))?;
-        // SAFETY: as `htod`, in the other direction.
-        unsafe { result::memcpy_dtoh_sync(dst, src) }.map_err(|e| dev_err("cuMemcpyDtoH", e))
+        let aux = self.aux()?;
+        // SAFETY: as `htod`, in the other direction; `dst` is exclusively borrowed for
+        // the whole (waited-for) copy.
+        unsafe {
+            check(
+                "cuMemcpyDtoHAsync",
+                sys::cuMemcpyDtoHAsync_v2(
+                    dst.as_mut_ptr() as *mut c_void,
+                    src,
+                    dst.len(),
+                    aux.cu_stream(),
+                ),
+            )?;
+            check(
+                "cuStreamSynchronize",
+                sys::cuStreamSynchronize(aux.cu_stream()),
+            )
+        }
     }
     fn check_pointer(&self, addr: DevAddr, len: usize) -> Result<()> {
         if len == 0 {
@@ -226,6 +290,106 @@ impl Device for CudaDevice {
     }
     fn allocations(&self) -> u64 {
         self.allocations.load(std::sync::atomic::Ordering::Relaxed)
+    }
+    fn zero(&self, addr: DevAddr, bytes: usize) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.zero_on_aux(addr, bytes)
+    }
+    fn pool(&self) -> &Pool {
+        &self.pool
+    }
+    unsafe fn record_on(&self, raw: *mut c_void) -> Result<Arc<dyn DevEvent>> {
+        self.bind()?;
+        // A stream-ordered call is released by a completion word the communicator's
+        // thread writes once per call: a captured graph would wait for a value nobody
+        // writes on replay, so capture is refused rather than recorded.
+        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: FFI query of the caller's stream (its contract), writing one enum.
+        check("cuStreamIsCapturing", unsafe {
+            sys::cuStreamIsCapturing(raw as sys::CUstream, &mut status)
+        })?;
+        if status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+            return Err(Error::InvalidUsage(
+                "the stream is being captured into a CUDA graph; strata's stream-ordered \
+                 collectives are not capturable yet (call them outside the capture)"
+                    .into(),
+            ));
+        }
+        // SAFETY: the caller's contract: `raw` is null or a live stream of this device.
+        Ok(Arc::new(unsafe {
+            CudaEvent::record(self, raw as sys::CUstream)
+        }?))
+    }
+    unsafe fn wait_value_on(&self, raw: *mut c_void, flag: DevAddr, value: u64) -> Result<()> {
+        self.bind()?;
+        // SAFETY: FFI on the caller's live stream and an aligned word of device memory
+        // that stays allocated until the wait is over (the caller's contract).
+        check("cuStreamWaitValue64", unsafe {
+            sys::cuStreamWaitValue64_v2(
+                raw as sys::CUstream,
+                flag,
+                value,
+                sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
+            )
+        })
+    }
+}
+
+impl Drop for CudaDevice {
+    fn drop(&mut self) {
+        super::pool::release_cached(self);
+    }
+}
+
+/// A CUDA event (timing disabled), destroyed on drop.
+pub struct CudaEvent {
+    ev: sys::CUevent,
+}
+
+// SAFETY: a CUevent handle may be used from any thread of the process.
+unsafe impl Send for CudaEvent {}
+// SAFETY: as above; the driver serializes calls on one event.
+unsafe impl Sync for CudaEvent {}
+
+impl CudaEvent {
+    /// A new event recorded on `stream`.
+    ///
+    /// # Safety
+    /// `stream` is null or a live stream of `dev`'s context, bound on this thread.
+    unsafe fn record(dev: &CudaDevice, stream: sys::CUstream) -> Result<CudaEvent> {
+        let _ = dev;
+        let ev = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+            .map_err(|e| dev_err("cuEventCreate", e))?;
+        // SAFETY: FFI on the fresh event and the caller's stream.
+        if let Err(e) = unsafe { result::event::record(ev, stream) } {
+            // SAFETY: destroying the event created above, once.
+            let _ = unsafe { result::event::destroy(ev) };
+            return Err(dev_err("cuEventRecord", e));
+        }
+        Ok(CudaEvent { ev })
+    }
+}
+
+impl Drop for CudaEvent {
+    fn drop(&mut self) {
+        // SAFETY: destroying our own event once; the driver keeps what pending waits need.
+        let _ = unsafe { result::event::destroy(self.ev) };
+    }
+}
+
+impl DevEvent for CudaEvent {
+    fn query(&self) -> Result<bool> {
+        // SAFETY: FFI query of a live event.
+        match unsafe { sys::cuEventQuery(self.ev) } {
+            sys::CUresult::CUDA_SUCCESS => Ok(true),
+            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            other => check("cuEventQuery", other).map(|_| false),
+        }
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }
 
@@ -352,6 +516,43 @@ impl DevStream for CudaDevStream {
             )
         };
         check("cuLaunchHostFunc", r)
+    }
+    fn record(&self) -> Result<Arc<dyn DevEvent>> {
+        self.dev.bind()?;
+        // SAFETY: this stream is live and of this device, bound above.
+        Ok(Arc::new(unsafe {
+            CudaEvent::record(&self.dev, self.stream.cu_stream())
+        }?))
+    }
+    fn wait_event(&self, ev: &dyn DevEvent) -> Result<()> {
+        let ev = ev.as_any().downcast_ref::<CudaEvent>().ok_or_else(|| {
+            Error::InvalidArgument("an event of another device given to a CUDA stream".into())
+        })?;
+        self.dev.bind()?;
+        // SAFETY: FFI on this live stream and a live event.
+        check("cuStreamWaitEvent", unsafe {
+            sys::cuStreamWaitEvent(self.stream.cu_stream(), ev.ev, 0)
+        })
+    }
+    fn write_value(&self, flag: DevAddr, value: u64) -> Result<()> {
+        self.dev.bind()?;
+        // SAFETY: FFI on this live stream; `flag` is an aligned word of device memory the
+        // caller keeps allocated.
+        check("cuStreamWriteValue64", unsafe {
+            sys::cuStreamWriteValue64_v2(
+                self.stream.cu_stream(),
+                flag,
+                value,
+                sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32,
+            )
+        })
+    }
+    fn wait_value(&self, flag: DevAddr, value: u64) -> Result<()> {
+        // SAFETY: this stream is live and of this device; `flag` is the caller's word.
+        unsafe {
+            self.dev
+                .wait_value_on(self.stream.cu_stream() as *mut c_void, flag, value)
+        }
     }
     unsafe fn wait_foreign(&self, other: *mut c_void) -> Result<()> {
         self.dev.bind()?;

@@ -33,7 +33,8 @@
 //! [`gcd_links`] reports the link matrix of the visible devices for
 //! [`crate::topology::gcd::pair_gcds`] (MI250X GCD pairing).
 
-use super::{DevAddr, DevStream, Device, QuantCall};
+use super::pool::Pool;
+use super::{DevAddr, DevEvent, DevStream, Device, QuantCall};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::kernels_gpu::call::{self, ArgBlock};
@@ -145,6 +146,8 @@ pub struct HipDevice {
     device_type: i32,
     /// Allocations made ([`Device::allocations`]).
     allocations: std::sync::atomic::AtomicU64,
+    /// Freed blocks kept for reuse ([`super::pool`]).
+    pool: Pool,
     me: Weak<HipDevice>,
 }
 
@@ -291,6 +294,7 @@ impl HipDevice {
             aux,
             device_type: device_memory_type(version),
             allocations: std::sync::atomic::AtomicU64::new(0),
+            pool: Pool::default(),
             me: me.clone(),
         });
         open.retain(|(_, w)| w.strong_count() > 0);
@@ -372,6 +376,7 @@ fn release(ordinal: usize, module: sys::hipModule_t, aux: sys::hipStream_t) {
 
 impl Drop for HipDevice {
     fn drop(&mut self) {
+        super::pool::release_cached(self);
         release(self.ordinal, self.module, self.aux);
     }
 }
@@ -590,6 +595,106 @@ impl Device for HipDevice {
     fn allocations(&self) -> u64 {
         self.allocations.load(std::sync::atomic::Ordering::Relaxed)
     }
+    fn zero(&self, addr: DevAddr, bytes: usize) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: FFI zeroing a range of one allocation of this device (the caller's
+        // contract) on the private stream, waited for alone.
+        self.on_aux("hipMemsetAsync", |s| unsafe {
+            sys::hipMemsetAsync(addr as *mut c_void, 0, bytes, s)
+        })
+    }
+    fn pool(&self) -> &Pool {
+        &self.pool
+    }
+    unsafe fn record_on(&self, raw: *mut c_void) -> Result<Arc<dyn DevEvent>> {
+        self.bind()?;
+        // As on CUDA: a stream-ordered call cannot be captured into a graph.
+        let mut status = sys::hipStreamCaptureStatus::hipStreamCaptureStatusNone;
+        // SAFETY: FFI query of the caller's stream (its contract), writing one enum.
+        let r = unsafe { sys::hipStreamIsCapturing(raw as sys::hipStream_t, &mut status) };
+        check(r, || "hipStreamIsCapturing".to_string())?;
+        if status != sys::hipStreamCaptureStatus::hipStreamCaptureStatusNone {
+            return Err(Error::InvalidUsage(
+                "the stream is being captured into a HIP graph; strata's stream-ordered \
+                 collectives are not capturable yet (call them outside the capture)"
+                    .into(),
+            ));
+        }
+        // SAFETY: the caller's contract: `raw` is null or a live stream of this device.
+        Ok(Arc::new(unsafe {
+            HipEvent::record(raw as sys::hipStream_t)
+        }?))
+    }
+    unsafe fn wait_value_on(&self, raw: *mut c_void, flag: DevAddr, value: u64) -> Result<()> {
+        self.bind()?;
+        // SAFETY: FFI on the caller's live stream and an aligned word of device memory
+        // kept allocated until the wait is over (the caller's contract).
+        let r = unsafe {
+            sys::hipStreamWaitValue64(
+                raw as sys::hipStream_t,
+                flag as *mut c_void,
+                value,
+                sys::hipStreamWaitValueGte,
+                u64::MAX,
+            )
+        };
+        check(r, || "hipStreamWaitValue64".to_string())
+    }
+}
+
+/// A HIP event (timing disabled), destroyed on drop.
+pub struct HipEvent {
+    ev: sys::hipEvent_t,
+}
+
+// SAFETY: a hipEvent_t handle may be used from any thread of the process.
+unsafe impl Send for HipEvent {}
+// SAFETY: as above; the runtime serializes calls on one event.
+unsafe impl Sync for HipEvent {}
+
+impl HipEvent {
+    /// A new event recorded on `stream`.
+    ///
+    /// # Safety
+    /// `stream` is null or a live stream of the current device.
+    unsafe fn record(stream: sys::hipStream_t) -> Result<HipEvent> {
+        let mut ev: sys::hipEvent_t = std::ptr::null_mut();
+        // SAFETY: FFI creating an event on the current device.
+        let r = unsafe { sys::hipEventCreateWithFlags(&mut ev, sys::hipEventDisableTiming) };
+        check(r, || "hipEventCreateWithFlags".to_string())?;
+        // SAFETY: FFI on the fresh event and the caller's stream.
+        let r = unsafe { sys::hipEventRecord(ev, stream) };
+        if r != sys::hipError_t::hipSuccess {
+            // SAFETY: destroying the event created above, once.
+            let _ = unsafe { sys::hipEventDestroy(ev) };
+            return check(r, || "hipEventRecord".to_string()).map(|_| HipEvent { ev });
+        }
+        Ok(HipEvent { ev })
+    }
+}
+
+impl Drop for HipEvent {
+    fn drop(&mut self) {
+        // SAFETY: destroying our own event once.
+        let _ = unsafe { sys::hipEventDestroy(self.ev) };
+    }
+}
+
+impl DevEvent for HipEvent {
+    fn query(&self) -> Result<bool> {
+        // SAFETY: FFI query of a live event.
+        let r = unsafe { sys::hipEventQuery(self.ev) };
+        match r {
+            sys::hipError_t::hipSuccess => Ok(true),
+            sys::hipError_t::hipErrorNotReady => Ok(false),
+            other => check(other, || "hipEventQuery".to_string()).map(|_| false),
+        }
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }
 
 /// The host function of [`DevStream::delay`]: sleeps the microseconds packed into
@@ -765,6 +870,38 @@ impl DevStream for HipStream {
         let r =
             unsafe { sys::hipLaunchHostFunc(self.stream, Some(sleep_host_fn), us as *mut c_void) };
         check(r, || "hipLaunchHostFunc".to_string())
+    }
+
+    fn record(&self) -> Result<Arc<dyn DevEvent>> {
+        self.dev.bind()?;
+        // SAFETY: this stream is live and of the bound device.
+        Ok(Arc::new(unsafe { HipEvent::record(self.stream) }?))
+    }
+
+    fn wait_event(&self, ev: &dyn DevEvent) -> Result<()> {
+        let ev = ev.as_any().downcast_ref::<HipEvent>().ok_or_else(|| {
+            Error::InvalidArgument("an event of another device given to a HIP stream".into())
+        })?;
+        self.dev.bind()?;
+        // SAFETY: FFI on this live stream and a live event.
+        let r = unsafe { sys::hipStreamWaitEvent(self.stream, ev.ev, 0) };
+        check(r, || "hipStreamWaitEvent".to_string())
+    }
+
+    fn write_value(&self, flag: DevAddr, value: u64) -> Result<()> {
+        self.dev.bind()?;
+        // SAFETY: FFI on this live stream; `flag` is an aligned word of device memory the
+        // caller keeps allocated.
+        let r = unsafe { sys::hipStreamWriteValue64(self.stream, flag as *mut c_void, value, 0) };
+        check(r, || "hipStreamWriteValue64".to_string())
+    }
+
+    fn wait_value(&self, flag: DevAddr, value: u64) -> Result<()> {
+        // SAFETY: this stream is live and of this device; `flag` is the caller's word.
+        unsafe {
+            self.dev
+                .wait_value_on(self.stream as *mut c_void, flag, value)
+        }
     }
 
     unsafe fn wait_foreign(&self, other: *mut c_void) -> Result<()> {

@@ -29,6 +29,7 @@ pub mod cpu;
 pub mod cuda;
 #[cfg(feature = "rocm")]
 pub mod hip;
+pub mod pool;
 
 /// Which GPU runtime.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -82,6 +83,55 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     /// Device memory allocations made through this object so far: a collective repeated
     /// with the same shape must not raise it (steady state allocates nothing).
     fn allocations(&self) -> u64;
+    /// Zero `bytes` at `addr` and return once done, without waiting for any stream (a
+    /// private stream of the device): how a cached block is handed out again.
+    fn zero(&self, addr: DevAddr, bytes: usize) -> Result<()>;
+    /// The cache of freed blocks ([`pool`]).
+    fn pool(&self) -> &pool::Pool;
+    /// An event after the work enqueued so far on the runtime stream `raw` (a caller's
+    /// `cudaStream_t` / `hipStream_t`, a [`DevStream::raw`] of the CPU device; null is
+    /// the legacy default stream).
+    ///
+    /// # Safety
+    /// `raw` is null or a live stream of this device.
+    unsafe fn record_on(&self, raw: *mut c_void) -> Result<Arc<dyn DevEvent>>;
+    /// Make the runtime stream `raw` wait (on the device, the host returns at once)
+    /// until the 8-byte word at `flag` is >= `value` (`cuStreamWaitValue64`, GEQ).
+    ///
+    /// # Safety
+    /// As [`Device::record_on`]; `flag` is 8-byte aligned device memory of this device
+    /// that stays allocated until the wait is over.
+    unsafe fn wait_value_on(&self, raw: *mut c_void, flag: DevAddr, value: u64) -> Result<()>;
+}
+
+/// A point in one stream's work: complete once everything enqueued on that stream before
+/// it was recorded has run (a `CUevent`).
+pub trait DevEvent: Send + Sync {
+    /// True once complete; a device error is `Err`.
+    fn query(&self) -> Result<bool>;
+    /// The concrete event, for [`DevStream::wait_event`] on its device.
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
+/// Wait on the host until `ev` completes: past `timeout` an [`Error::Remote`] naming
+/// `what`.
+pub fn wait_event(ev: &dyn DevEvent, timeout: Duration, what: &str) -> Result<()> {
+    let start = Instant::now();
+    let mut spins = 0u32;
+    while !ev.query()? {
+        if start.elapsed() >= timeout {
+            return Err(Error::Remote(format!(
+                "{what}: not complete within {timeout:?}"
+            )));
+        }
+        spins += 1;
+        if spins < 64 {
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(Duration::from_micros(if spins < 1024 { 20 } else { 200 }));
+        }
+    }
+    Ok(())
 }
 
 /// An ordered queue of device work. Methods enqueue and return (except [`finish`]).
@@ -118,6 +168,16 @@ pub trait DevStream: Send + Sync {
     /// on the CPU device): work enqueued after it starts no earlier than `d` later. For
     /// tests of ordering and overlap.
     fn delay(&self, d: Duration) -> Result<()>;
+    /// An event after the work enqueued on this stream so far.
+    fn record(&self) -> Result<Arc<dyn DevEvent>>;
+    /// Make this stream wait (on the device) for `ev`, an event of the same device.
+    fn wait_event(&self, ev: &dyn DevEvent) -> Result<()>;
+    /// Write `value` to the 8-byte word at `flag` once the work enqueued before has run
+    /// (`cuStreamWriteValue64`): the release of a [`Device::wait_value_on`].
+    fn write_value(&self, flag: DevAddr, value: u64) -> Result<()>;
+    /// Make this stream wait (on the device) until the 8-byte word at `flag` is >=
+    /// `value` (`cuStreamWaitValue64`, GEQ); `flag` stays allocated until then.
+    fn wait_value(&self, flag: DevAddr, value: u64) -> Result<()>;
 }
 
 /// Wait until `stream` has run everything enqueued, polling `probe` (e.g. a vendor
@@ -204,11 +264,27 @@ pub struct DeviceMem {
 }
 
 impl DeviceMem {
-    /// `bytes` zeroed bytes on `dev`.
+    /// `bytes` zeroed bytes on `dev`: a cached block of the size class when there is one
+    /// ([`pool`]), else a new allocation. Dropping it returns the block to the cache.
     pub fn alloc(dev: &Arc<dyn Device>, bytes: usize) -> Result<DeviceMem> {
+        let addr = if bytes == 0 {
+            0
+        } else {
+            let class = pool::Pool::class(bytes);
+            match dev.pool().take(class) {
+                Some(a) => {
+                    if let Err(e) = dev.zero(a, bytes) {
+                        dev.pool().put(class, a);
+                        return Err(e);
+                    }
+                    a
+                }
+                None => dev.alloc_zeroed(class)?,
+            }
+        };
         Ok(DeviceMem {
             dev: dev.clone(),
-            addr: dev.alloc_zeroed(bytes)?,
+            addr,
             len: bytes,
             owned: true,
         })
@@ -249,10 +325,10 @@ impl DeviceMem {
 impl Drop for DeviceMem {
     fn drop(&mut self) {
         if self.owned && self.addr != 0 {
-            // SAFETY: allocated by `alloc` on this device and freed only here; buffers
-            // over it are gone (they hold the Arc that owns this value) and the device
-            // paths synchronize their streams before a collective completes.
-            unsafe { self.dev.free(self.addr) };
+            // Back to the cache (freed when the device is dropped): buffers over it are
+            // gone (they hold the Arc that owns this value) and the device paths finish
+            // their streams before a collective completes.
+            self.dev.pool().put(pool::Pool::class(self.len), self.addr);
         }
     }
 }

@@ -26,6 +26,7 @@
 pub mod group;
 pub mod mismatch;
 pub mod native;
+pub mod ordered;
 pub mod request;
 pub mod stream;
 
@@ -97,6 +98,8 @@ struct Inner {
     /// next checked call.
     check: AtomicBool,
     check_seq: AtomicU64,
+    /// The completion word of stream-ordered calls, made on first use.
+    signal: std::sync::OnceLock<Arc<ordered::Signal>>,
 }
 
 /// The core of a communicator (cheap to clone; clones share it). The public face is
@@ -160,7 +163,18 @@ impl CommCore {
             failure: Mutex::new(None),
             check: AtomicBool::new(config::env().is_ok_and(|e| e.check)),
             check_seq: AtomicU64::new(0),
+            signal: std::sync::OnceLock::new(),
         })))
+    }
+
+    /// The completion word of stream-ordered calls ([`ordered`]) on `dev`, made on first
+    /// use.
+    pub fn signal(&self, dev: &Arc<dyn crate::device::Device>) -> Result<Arc<ordered::Signal>> {
+        if let Some(s) = self.0.signal.get() {
+            return Ok(s.clone());
+        }
+        let s = Arc::new(ordered::Signal::new(dev)?);
+        Ok(self.0.signal.get_or_init(|| s).clone())
     }
 
     /// True when collectives submitted now are checked for mismatches across ranks

@@ -598,6 +598,61 @@ static void rank_body(strataComm_t c) {
   test_host_streams(c, r, n);
 }
 
+/* ---- host-local: the CPU device, memory from strataMemAlloc ---- */
+
+static void *host_local_rank(void *arg) {
+  strataComm_t c = (strataComm_t)arg;
+  int r = -1, n = 0;
+  OK(strataCommUserRank(c, &r));
+  OK(strataCommCount(c, &n));
+  float *send = NULL, *recv = NULL, *sum = NULL;
+  OK(strataMemAlloc(c, 3 * sizeof(float), (void **)&send));
+  OK(strataMemAlloc(c, 3 * (size_t)n * sizeof(float), (void **)&recv));
+  OK(strataMemAlloc(c, 3 * sizeof(float), (void **)&sum));
+  /* CPU-device memory is host memory: written directly while no call uses it. */
+  for (int k = 0; k < 3; k++) send[k] = (float)(r * 3 + k);
+  OK(strataAllGather(send, recv, 3, strataFloat32, c, NULL));
+  for (int k = 0; k < 3 * n; k++) CHECK(recv[k] == (float)k, "host-local all-gather [%d] = %g", k, recv[k]);
+  /* Nonblocking on a strata host stream, completion observed by synchronize. */
+  strataStream_t s = NULL;
+  OK(strataStreamCreate(&s));
+  OK(strataAllReduce(send, sum, 3, strataFloat32, strataSum, c, s));
+  OK(strataAllGather(sum, recv, 3, strataFloat32, c, s));
+  OK(strataStreamSynchronize(s));
+  for (int k = 0; k < 3; k++) {
+    float want = 0;
+    for (int j = 0; j < n; j++) want += (float)(j * 3 + k);
+    CHECK(sum[k] == want, "host-local all-reduce [%d] = %g, want %g", k, sum[k], want);
+    CHECK(recv[3 * (n - 1) + k] == want, "host-local stream order [%d]", k);
+  }
+  OK(strataStreamDestroy(s));
+  /* Host memory is not the communicator's device memory. */
+  float host[3] = {0, 0, 0};
+  EXPECT(strataInvalidArgument, c, strataAllReduce(host, host, 3, strataFloat32, strataSum, c, NULL));
+  OK(strataMemFree(c, send));
+  OK(strataMemFree(c, recv));
+  OK(strataMemFree(c, sum));
+  EXPECT(strataInvalidArgument, NULL, strataMemFree(c, send));
+  return NULL;
+}
+
+static void test_host_local(void) {
+  enum { N = 4 };
+  strataComm_t comms[N];
+  strataConfig_t cfg = STRATA_CONFIG_INITIALIZER;
+  cfg.transport = strataTransportHostLocal;
+  cfg.timeout_ms = 20000;
+  OK(strataCommInitLocal(comms, N, "nodes:2x2", &cfg));
+  strataTransport_t tr = -1;
+  OK(strataCommGetTransport(comms[0], &tr));
+  CHECK(tr == strataTransportHostLocal, "host-local world's transport %d", tr);
+  pthread_t t[N];
+  for (int i = 0; i < N; i++)
+    if (pthread_create(&t[i], NULL, host_local_rank, comms[i])) FAIL("pthread_create");
+  for (int i = 0; i < N; i++) pthread_join(t[i], NULL);
+  for (int i = 0; i < N; i++) OK(strataCommDestroy(comms[i]));
+}
+
 /* ---- local mode ---- */
 
 static void *rank_thread(void *arg) {
@@ -734,9 +789,10 @@ static void test_ids_and_transports(void) {
   CHECK(memcmp(id.internal + 12, id2.internal + 12, 16) != 0, "two ids, two worlds");
   OK(strataGetUniqueIdForTransport(strataTransportDefault, &id2));
   EXPECT(strataInvalidArgument, NULL, strataGetUniqueIdForTransport(strataTransportLocal, NULL));
-  EXPECT(strataInvalidArgument, NULL, strataGetUniqueIdForTransport(6, &id2));
+  OK(strataGetUniqueIdForTransport(strataTransportHostLocal, &id2));
+  EXPECT(strataInvalidArgument, NULL, strataGetUniqueIdForTransport(7, &id2));
   EXPECT(strataInvalidArgument, NULL, strataGetUniqueIdForTransport(-1, &id2));
-  CHECK(strstr(strataGetLastError(NULL), "cuda-local") != NULL, "names the transports: %s", strataGetLastError(NULL));
+  CHECK(strstr(strataGetLastError(NULL), "host-local") != NULL, "names the transports: %s", strataGetLastError(NULL));
 
   strataUniqueId nccl;
   memset(&nccl, 0, sizeof nccl);
@@ -760,7 +816,7 @@ static void test_ids_and_transports(void) {
   /* Config transports. */
   strataConfig_t cfg = STRATA_CONFIG_INITIALIZER;
   strataComm_t cs[2], c = NULL;
-  cfg.transport = 6;
+  cfg.transport = 7;
   EXPECT(strataInvalidArgument, NULL, strataCommInitLocal(cs, 2, NULL, &cfg));
   cfg.transport = strataTransportNccl;
   strataResult_t rc = strataCommInitLocal(cs, 2, NULL, &cfg);
@@ -814,6 +870,7 @@ static int local_mode(void) {
   for (int i = 0; i < N; i++)
     if (pthread_create(&t[i], NULL, rank_thread, comms[i])) FAIL("pthread_create");
   for (int i = 0; i < N; i++) pthread_join(t[i], NULL);
+  test_host_local();
 
   /* One thread driving all ranks: only possible inside a group (as NCCL). */
   float in[N][3], out[N][3 * N];

@@ -238,3 +238,279 @@ fn gpu_transports_say_what_they_need() {
         "{e}"
     );
 }
+
+// ---- stream-ordered calls (Comm::enqueue), the same bodies on host-local and cuda-local
+
+use std::time::{Duration, Instant};
+use strata::device::{finish, DevStream};
+use strata::{Buffer, Op, Request};
+
+fn world_of(kind: TransportKind, ordinal: usize, topo: &str, timeout: Duration) -> Vec<Comm> {
+    let topo = Topology::parse(topo).expect("topology");
+    let n = topo.world_size();
+    let cfg = strata::CommConfig {
+        timeout,
+        ..common::config()
+    };
+    match kind {
+        TransportKind::HostLocal => Comm::host_local_world_on(ordinal, n, Some(topo), cfg),
+        _ => Comm::in_process_world(kind, n, Some(topo), cfg),
+    }
+    .expect("world")
+}
+
+/// The device address of a buffer (no borrow kept: the stream's work uses it later, as a
+/// C caller's would).
+fn addr(b: &Buffer) -> u64 {
+    b.dev_read_timeout(Duration::from_secs(5))
+        .expect("device buffer")
+        .addr()
+}
+
+fn sync(s: &dyn DevStream) {
+    finish(s, Duration::from_secs(60), "the caller's stream", || Ok(())).expect("stream");
+}
+
+fn f32s(v: impl IntoIterator<Item = f32>) -> Vec<u8> {
+    v.into_iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// A slow operation before the call writes the input, a copy after it reads the result:
+/// the collective must run between them, and the call must return long before the slow
+/// operation is over.
+fn ordered_between_the_callers_work(kind: TransportKind) {
+    let comms = world_of(kind, 11, "nodes:2x2", Duration::from_secs(20));
+    let out = common::on_comms(comms, |c| {
+        let (r, p) = (c.rank(), c.size());
+        let n = 1001;
+        let dev = c.device().expect("device");
+        let s = dev.new_stream()?;
+        let staged = c.native_from(&f32s((0..n).map(|i| (r * 10_000 + i) as f32)))?;
+        let send = c.alloc_native(n * 4)?;
+        let recv = c.alloc_native(p * n * 4)?;
+        let seen = c.alloc_native(p * n * 4)?;
+        s.delay(Duration::from_millis(300))?;
+        s.copy(addr(&send), addr(&staged), n * 4)?;
+        let t = Instant::now();
+        let req = Request::new(
+            Op::AllGather {
+                send: send.clone(),
+                recv: recv.clone(),
+                count: n,
+            },
+            DataType::F32,
+        )
+        .with_algo(Algo::Hier);
+        let w = c.enqueue(req, s.as_ref())?;
+        let call = t.elapsed();
+        s.copy(addr(&seen), addr(&recv), p * n * 4)?;
+        sync(s.as_ref());
+        w.wait()?;
+        let want = f32s((0..p).flat_map(|j| (0..n).map(move |i| (j * 10_000 + i) as f32)));
+        Ok((call, seen.to_bytes()? == want))
+    });
+    for (r, o) in out.into_iter().enumerate() {
+        let (call, right) = o.unwrap_or_else(|e| panic!("{} rank {r}: {e}", kind.name()));
+        assert!(
+            right,
+            "{} rank {r}: the collective ran out of stream order",
+            kind.name()
+        );
+        assert!(
+            call < Duration::from_millis(150),
+            "{} rank {r}: the call took {call:?}, it waited for the device",
+            kind.name()
+        );
+    }
+}
+
+/// Every algorithm, stream-ordered, equals the blocking call on the same inputs; two
+/// communicators' calls outstanding at once (on two streams) both complete; a group of
+/// stream-ordered calls completes; and after the first round, repeating the same calls
+/// allocates no device memory.
+fn ordered_equals_blocking_and_allocates_nothing_in_steady_state(kind: TransportKind) {
+    let comms = world_of(kind, 12, "nodes:2x3", Duration::from_secs(30));
+    let res = common::on_comms(comms, |c| {
+        let (r, p) = (c.rank(), c.size());
+        let dev = c.device().expect("device");
+        let other = c.split(Some(0), r as i32)?.expect("a member");
+        let (s1, s2) = (dev.new_stream()?, dev.new_stream()?);
+        let n = 37usize;
+        let cases: Vec<(Algo, Kind)> = vec![
+            (Algo::Ring, Kind::AllGather),
+            (Algo::Hier, Kind::AllGather),
+            (Algo::HoRing, Kind::AllGather),
+            (Algo::Qwz, Kind::AllGather),
+            (Algo::Ring, Kind::ReduceScatter),
+            (Algo::Hier, Kind::ReduceScatter),
+            (Algo::HoRing, Kind::ReduceScatter),
+            (Algo::Qgz, Kind::ReduceScatter),
+            (Algo::Hier, Kind::AllReduce),
+        ];
+        let input = f32s((0..p * n).map(|i| ((r + 1) * (i % 13)) as f32 * 0.25));
+        let mk = |algo: Algo, kind: Kind, send: &Buffer, recv: &Buffer| {
+            let op = match kind {
+                Kind::AllGather => Op::AllGather {
+                    send: send.slice(0..n * 4).expect("slice"),
+                    recv: recv.clone(),
+                    count: n,
+                },
+                Kind::ReduceScatter => Op::ReduceScatter {
+                    send: send.clone(),
+                    recv: recv.slice(0..n * 4).expect("slice"),
+                    count: n,
+                    op: ReduceOp::Avg,
+                },
+                _ => Op::AllReduce {
+                    send: send.clone(),
+                    recv: recv.clone(),
+                    count: p * n,
+                    op: ReduceOp::Sum,
+                },
+            };
+            Request::new(op, DataType::F32).with_algo(algo)
+        };
+        let mut wrong = 0;
+        let mut allocs = Vec::new();
+        for round in 0..3 {
+            for &(algo, kind) in &cases {
+                let send = c.native_from(&input)?;
+                let (a, b) = (c.alloc_native(p * n * 4)?, c.alloc_native(p * n * 4)?);
+                c.call(mk(algo, kind, &send, &a))?;
+                let w = c.enqueue(mk(algo, kind, &send, &b), s1.as_ref())?;
+                sync(s1.as_ref());
+                w.wait()?;
+                wrong += usize::from(a.to_bytes()? != b.to_bytes()?);
+            }
+            // Two communicators at once, on two streams.
+            let x = c.native_from(&input)?;
+            let y = other.native_from(&input)?;
+            let (xo, yo) = (c.alloc_native(p * n * 4)?, other.alloc_native(p * n * 4)?);
+            let w1 = c.enqueue(mk(Algo::Hier, Kind::AllReduce, &x, &xo), s1.as_ref())?;
+            let w2 = other.enqueue(mk(Algo::Ring, Kind::AllReduce, &y, &yo), s2.as_ref())?;
+            sync(s1.as_ref());
+            sync(s2.as_ref());
+            w1.wait()?;
+            w2.wait()?;
+            wrong += usize::from(xo.to_bytes()? != yo.to_bytes()?);
+            // A group of stream-ordered calls.
+            let (g1, g2) = (c.alloc_native(p * n * 4)?, c.alloc_native(p * n * 4)?);
+            strata::group_start();
+            let a = c.enqueue(mk(Algo::Ring, Kind::AllGather, &x, &g1), s1.as_ref());
+            let b = c.enqueue(mk(Algo::Ring, Kind::ReduceScatter, &x, &g2), s1.as_ref());
+            strata::group_end()?;
+            sync(s1.as_ref());
+            a?.wait()?;
+            b?.wait()?;
+            let (ra, rb) = (c.alloc_native(p * n * 4)?, c.alloc_native(p * n * 4)?);
+            c.call(mk(Algo::Ring, Kind::AllGather, &x, &ra))?;
+            c.call(mk(Algo::Ring, Kind::ReduceScatter, &x, &rb))?;
+            wrong += usize::from(ra.to_bytes()? != g1.to_bytes()?);
+            wrong += usize::from(rb.to_bytes()?[..n * 4] != g2.to_bytes()?[..n * 4]);
+            c.barrier()?;
+            allocs.push((round, dev.allocations()));
+            c.barrier()?;
+        }
+        Ok((wrong, allocs))
+    });
+    for (r, x) in res.into_iter().enumerate() {
+        let (wrong, allocs) = x.unwrap_or_else(|e| panic!("{} rank {r}: {e}", kind.name()));
+        assert_eq!(
+            wrong,
+            0,
+            "{} rank {r}: stream-ordered != blocking",
+            kind.name()
+        );
+        assert_eq!(
+            allocs[1].1,
+            allocs[2].1,
+            "{} rank {r}: a repeated round allocated device memory ({allocs:?})",
+            kind.name()
+        );
+    }
+}
+
+/// A peer that never calls: the stream-ordered call fails within the timeout, the
+/// caller's stream is released (no hang), the error is the communicator's async error,
+/// and the next call fails at once.
+fn ordered_frozen_peer_fails_without_hanging(kind: TransportKind) {
+    let comms = world_of(kind, 13, "nodes:1x3", Duration::from_secs(2));
+    let res = common::on_comms(comms, |c| {
+        if c.rank() == 2 {
+            std::thread::sleep(Duration::from_secs(4));
+            return Ok(None);
+        }
+        let dev = c.device().expect("device");
+        let s = dev.new_stream()?;
+        let (send, recv) = (c.alloc_native(64)?, c.alloc_native(3 * 64)?);
+        let t = Instant::now();
+        let req = Request::new(
+            Op::AllGather {
+                send: send.clone(),
+                recv: recv.clone(),
+                count: 16,
+            },
+            DataType::F32,
+        );
+        let w = c.enqueue(req, s.as_ref())?;
+        sync(s.as_ref());
+        let waited = t.elapsed();
+        let e = w.wait().expect_err("a frozen peer");
+        let async_err = c.async_error();
+        let next = Request::new(
+            Op::AllGather {
+                send,
+                recv,
+                count: 16,
+            },
+            DataType::F32,
+        );
+        let t2 = Instant::now();
+        let again = c.enqueue(next, s.as_ref()).and_then(|w| w.wait());
+        sync(s.as_ref());
+        Ok(Some((waited, e, async_err, again.is_err(), t2.elapsed())))
+    });
+    for (r, x) in res.into_iter().enumerate() {
+        let Some((waited, e, async_err, again_failed, again)) =
+            x.unwrap_or_else(|e| panic!("{} rank {r}: {e}", kind.name()))
+        else {
+            continue;
+        };
+        assert!(matches!(e, Error::Remote(_)), "rank {r}: {e}");
+        assert!(
+            waited < Duration::from_secs(10),
+            "rank {r}: the stream waited {waited:?}"
+        );
+        assert!(async_err.is_some(), "rank {r}: no async error");
+        assert!(again_failed, "rank {r}: the next call succeeded");
+        assert!(
+            again < Duration::from_secs(1),
+            "rank {r}: the next call took {again:?}"
+        );
+    }
+}
+
+#[test]
+fn host_local_ordered_between_the_callers_work() {
+    ordered_between_the_callers_work(TransportKind::HostLocal);
+}
+
+#[test]
+fn host_local_ordered_equals_blocking_and_allocates_nothing_in_steady_state() {
+    ordered_equals_blocking_and_allocates_nothing_in_steady_state(TransportKind::HostLocal);
+}
+
+#[test]
+fn host_local_ordered_frozen_peer_fails_without_hanging() {
+    ordered_frozen_peer_fails_without_hanging(TransportKind::HostLocal);
+}
+
+#[test]
+fn cuda_local_ordered_calls() {
+    if !gpu() {
+        return;
+    }
+    ordered_between_the_callers_work(TransportKind::CudaLocal);
+    ordered_equals_blocking_and_allocates_nothing_in_steady_state(TransportKind::CudaLocal);
+    ordered_frozen_peer_fails_without_hanging(TransportKind::CudaLocal);
+}
