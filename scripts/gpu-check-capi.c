@@ -147,23 +147,29 @@ static void check_nccl(CUstream stream) {
   memcpy(&bits, &seven, sizeof bits);
   CU(cuMemsetD32Async(send, bits, N, stream));
   OK(strataAllReduce((void *)(uintptr_t)send, (void *)(uintptr_t)recv, N, strataFloat32, strataSum, c, stream));
+  CU(cuStreamSynchronize(stream)); /* stream-ordered: wait for the stream, not the call */
   CHECK(dev_equals(recv, N, 7.0f, 0.0f), "all-reduce after the caller's memset");
   OK(strataAllReduce((void *)(uintptr_t)recv, (void *)(uintptr_t)recv, N, strataFloat32, strataAvg, c, stream));
+  CU(cuStreamSynchronize(stream)); /* stream-ordered: wait for the stream, not the call */
   CHECK(dev_equals(recv, N, 7.0f, 0.0f), "in-place all-reduce (avg over 1 rank)");
 
   CUdeviceptr g = dev_floats(N, 0.0f, 2.0f);
   OK(strataAllGather((void *)(uintptr_t)g, (void *)(uintptr_t)g, N, strataFloat32, c, stream));
+  CU(cuStreamSynchronize(stream)); /* stream-ordered: wait for the stream, not the call */
   CHECK(dev_equals(g, N, 0.0f, 2.0f), "in-place all-gather");
   CUdeviceptr rs = dev_floats(N, 0.0f, 0.0f), src = dev_floats(N, 1.0f, 1.0f);
   OK(strataReduceScatter((void *)(uintptr_t)src, (void *)(uintptr_t)rs, N, strataFloat32, strataMax, c, stream));
+  CU(cuStreamSynchronize(stream)); /* stream-ordered: wait for the stream, not the call */
   CHECK(dev_equals(rs, N, 1.0f, 1.0f), "reduce-scatter");
   OK(strataBroadcast((void *)(uintptr_t)src, (void *)(uintptr_t)g, N, strataFloat32, 0, c, NULL));
+  CU(cuStreamSynchronize(NULL)); /* stream-ordered: wait for the stream, not the call */
   CHECK(dev_equals(g, N, 1.0f, 1.0f), "broadcast on the default stream");
 
   OK(strataGroupStart());
   OK(strataAllReduce((void *)(uintptr_t)src, (void *)(uintptr_t)recv, N, strataFloat32, strataSum, c, stream));
   OK(strataAllReduce((void *)(uintptr_t)g, (void *)(uintptr_t)g, N, strataFloat32, strataSum, c, stream));
   OK(strataGroupEnd());
+  CU(cuStreamSynchronize(stream)); /* stream-ordered: wait for the stream, not the call */
   CHECK(dev_equals(recv, N, 1.0f, 1.0f) && dev_equals(g, N, 1.0f, 1.0f), "group of two all-reduces");
 
   float host[4] = {1, 2, 3, 4};
@@ -203,6 +209,7 @@ static void check_cuda_local(void) {
     OK(strataAllGather((void *)(uintptr_t)x[r], (void *)(uintptr_t)ag[r], N, strataFloat32, cs[r], NULL));
   OK(strataGroupEnd());
   for (int r = 0; r < 2; r++) {
+    CU(cuStreamSynchronize(NULL)); /* stream-ordered: wait for the stream, not the call */
     CHECK(dev_equals(ag[r], N, 1.0f, 2.0f) && dev_equals(ag[r] + N * sizeof(float), N, 1.0f, 2.0f),
           "cuda-local all-gather, rank %d", r);
     CU(cuMemFree(x[r]));

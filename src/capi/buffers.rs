@@ -275,12 +275,15 @@ impl CallBuffers {
             // SAFETY: the caller's contract: `stream` is null or a live stream of the
             // communicator's device.
             let ev_in = unsafe { dev.record_on(stream) }?;
-            let d = dev.clone();
-            let _work = handle.comm.enqueue_after(req, &dev, ev_in, |word, n| {
-                // SAFETY: as above; the word is the communicator's completion word,
-                // never freed.
-                unsafe { d.wait_value_on(stream, word, n) }
-            })?;
+            let (d, raw) = (dev.clone(), stream as usize);
+            let _work = handle
+                .comm
+                .enqueue_after(req, &dev, ev_in, move |word, n| {
+                    // SAFETY: as above (inside a group the stream must stay alive until
+                    // strataGroupEnd, as the call's contract says); the word is the
+                    // communicator's completion word, never freed.
+                    unsafe { d.wait_value_on(raw as *mut std::ffi::c_void, word, n) }
+                })?;
             return Ok(());
         }
         if let Some(hs) = host_stream {

@@ -61,23 +61,26 @@ impl Comm {
     /// the `Work` completes). Inside a group the call runs when the group ends, and
     /// `stream` waits for it all the same. Errors in the arguments are returned here and
     /// nothing is enqueued; later failures as [`Comm::submit`]'s.
-    pub fn enqueue(&self, req: Request, stream: &dyn DevStream) -> Result<Work> {
+    pub fn enqueue(&self, req: Request, stream: &Arc<dyn DevStream>) -> Result<Work> {
         let ev_in = stream.record()?;
-        self.enqueue_after(req, &stream.device(), ev_in, |word, n| {
-            stream.wait_value(word, n)
+        let s = stream.clone();
+        self.enqueue_after(req, &stream.device(), ev_in, move |word, n| {
+            s.wait_value(word, n)
         })
     }
 
     /// The body of [`Comm::enqueue`] for callers holding a runtime stream handle (the C
     /// ABI): `ev_in` was recorded on the caller's stream at the call, `dev` is that
     /// stream's device, and `wait(word, n)` enqueues on the caller's stream a wait for
-    /// the 8-byte word at `word` to reach `n`.
+    /// the 8-byte word at `word` to reach `n` (inside a group: when the outermost group
+    /// ends, so that a later call's event never covers an earlier call's wait, which
+    /// would deadlock one thread driving several ranks on one stream).
     pub fn enqueue_after(
         &self,
         req: Request,
         dev: &Arc<dyn crate::device::Device>,
         ev_in: Arc<dyn DevEvent>,
-        wait: impl FnOnce(DevAddr, u64) -> Result<()>,
+        wait: impl FnOnce(DevAddr, u64) -> Result<()> + 'static,
     ) -> Result<Work> {
         let core = &self.0;
         core.alive()?;
@@ -110,7 +113,8 @@ impl Comm {
         let release = signal.next()?;
         // The caller's stream waits first: should the submission fail, dropping the
         // release writes the word at once.
-        wait(signal.addr(), release.seq())?;
+        let (word, n) = (signal.addr(), release.seq());
+        crate::runtime::group::after_group(move || wait(word, n))?;
         let ordered = Ordered {
             ev_in,
             _release: release,

@@ -41,6 +41,40 @@ pub fn group_start() {
 /// End a group; at the outermost end, launch what it holds. Ending a group that was not
 /// started is an `InvalidUsage` error.
 pub fn group_end() -> Result<()> {
+    let r = group_end_jobs();
+    // The outermost end: the actions deferred to it (a stream-ordered call's wait on the
+    // caller's stream, enqueued only now so that a later call's event in the same group
+    // never covers an earlier call's wait), whatever happened above.
+    if !in_group() {
+        let after = AFTER.with(|a| std::mem::take(&mut *a.borrow_mut()));
+        let mut first = r;
+        for f in after {
+            let e = f();
+            if first.is_ok() {
+                first = e;
+            }
+        }
+        return first;
+    }
+    r
+}
+
+thread_local! {
+    /// Actions for the end of this thread's outermost group ([`after_group`]).
+    static AFTER: RefCell<Vec<Box<dyn FnOnce() -> Result<()>>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Run `f` when this thread's outermost group ends (after its calls were handed to
+/// their communicators). Outside a group: now.
+pub fn after_group(f: impl FnOnce() -> Result<()> + 'static) -> Result<()> {
+    if !in_group() {
+        return f();
+    }
+    AFTER.with(|a| a.borrow_mut().push(Box::new(f)));
+    Ok(())
+}
+
+fn group_end_jobs() -> Result<()> {
     let batch = GROUP.with(|g| {
         let mut g = g.borrow_mut();
         if g.0 == 0 {

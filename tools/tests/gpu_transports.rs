@@ -301,7 +301,7 @@ fn ordered_between_the_callers_work(kind: TransportKind) {
             DataType::F32,
         )
         .with_algo(Algo::Hier);
-        let w = c.enqueue(req, s.as_ref())?;
+        let w = c.enqueue(req, &s)?;
         let call = t.elapsed();
         s.copy(addr(&seen), addr(&recv), p * n * 4)?;
         sync(s.as_ref());
@@ -377,7 +377,7 @@ fn ordered_equals_blocking_and_allocates_nothing_in_steady_state(kind: Transport
                 let send = c.native_from(&input)?;
                 let (a, b) = (c.alloc_native(p * n * 4)?, c.alloc_native(p * n * 4)?);
                 c.call(mk(algo, kind, &send, &a))?;
-                let w = c.enqueue(mk(algo, kind, &send, &b), s1.as_ref())?;
+                let w = c.enqueue(mk(algo, kind, &send, &b), &s1)?;
                 sync(s1.as_ref());
                 w.wait()?;
                 wrong += usize::from(a.to_bytes()? != b.to_bytes()?);
@@ -386,8 +386,8 @@ fn ordered_equals_blocking_and_allocates_nothing_in_steady_state(kind: Transport
             let x = c.native_from(&input)?;
             let y = other.native_from(&input)?;
             let (xo, yo) = (c.alloc_native(p * n * 4)?, other.alloc_native(p * n * 4)?);
-            let w1 = c.enqueue(mk(Algo::Hier, Kind::AllReduce, &x, &xo), s1.as_ref())?;
-            let w2 = other.enqueue(mk(Algo::Ring, Kind::AllReduce, &y, &yo), s2.as_ref())?;
+            let w1 = c.enqueue(mk(Algo::Hier, Kind::AllReduce, &x, &xo), &s1)?;
+            let w2 = other.enqueue(mk(Algo::Ring, Kind::AllReduce, &y, &yo), &s2)?;
             sync(s1.as_ref());
             sync(s2.as_ref());
             w1.wait()?;
@@ -396,8 +396,8 @@ fn ordered_equals_blocking_and_allocates_nothing_in_steady_state(kind: Transport
             // A group of stream-ordered calls.
             let (g1, g2) = (c.alloc_native(p * n * 4)?, c.alloc_native(p * n * 4)?);
             strata::group_start();
-            let a = c.enqueue(mk(Algo::Ring, Kind::AllGather, &x, &g1), s1.as_ref());
-            let b = c.enqueue(mk(Algo::Ring, Kind::ReduceScatter, &x, &g2), s1.as_ref());
+            let a = c.enqueue(mk(Algo::Ring, Kind::AllGather, &x, &g1), &s1);
+            let b = c.enqueue(mk(Algo::Ring, Kind::ReduceScatter, &x, &g2), &s1);
             strata::group_end()?;
             sync(s1.as_ref());
             a?.wait()?;
@@ -452,7 +452,7 @@ fn ordered_frozen_peer_fails_without_hanging(kind: TransportKind) {
             },
             DataType::F32,
         );
-        let w = c.enqueue(req, s.as_ref())?;
+        let w = c.enqueue(req, &s)?;
         sync(s.as_ref());
         let waited = t.elapsed();
         let e = w.wait().expect_err("a frozen peer");
@@ -466,7 +466,7 @@ fn ordered_frozen_peer_fails_without_hanging(kind: TransportKind) {
             DataType::F32,
         );
         let t2 = Instant::now();
-        let again = c.enqueue(next, s.as_ref()).and_then(|w| w.wait());
+        let again = c.enqueue(next, &s).and_then(|w| w.wait());
         sync(s.as_ref());
         Ok(Some((waited, e, async_err, again.is_err(), t2.elapsed())))
     });
@@ -488,6 +488,52 @@ fn ordered_frozen_peer_fails_without_hanging(kind: TransportKind) {
             "rank {r}: the next call took {again:?}"
         );
     }
+}
+
+/// One thread drives every rank inside a group, all on ONE stream (as a single-process
+/// program on one device would): the waits on the stream are enqueued at the group's end,
+/// so no rank's call waits for another rank's completion.
+fn ordered_one_thread_one_stream_group(kind: TransportKind) {
+    let comms = world_of(kind, 14, "nodes:1x3", Duration::from_secs(20));
+    let dev = comms[0].device().expect("device");
+    let s = dev.new_stream().expect("stream");
+    let n = 5;
+    let bufs: Vec<Buffer> = comms
+        .iter()
+        .map(|c| c.native_from(&f32s((0..n).map(|i| (c.rank() * n + i) as f32))))
+        .collect::<strata::Result<_>>()
+        .expect("buffers");
+    strata::group_start();
+    let works: Vec<_> = comms
+        .iter()
+        .zip(&bufs)
+        .map(|(c, b)| {
+            let req = Request::new(
+                Op::AllReduce {
+                    send: b.clone(),
+                    recv: b.clone(),
+                    count: n,
+                    op: ReduceOp::Sum,
+                },
+                DataType::F32,
+            );
+            c.enqueue(req, &s)
+        })
+        .collect();
+    strata::group_end().expect("group end");
+    sync(s.as_ref());
+    for w in works {
+        w.expect("enqueue").wait().expect("all-reduce");
+    }
+    let want = f32s((0..n).map(|i| (0..3).map(|r| (r * n + i) as f32).sum::<f32>()));
+    for (r, b) in bufs.iter().enumerate() {
+        assert_eq!(b.to_bytes().unwrap(), want, "{} rank {r}", kind.name());
+    }
+}
+
+#[test]
+fn host_local_ordered_one_thread_one_stream_group() {
+    ordered_one_thread_one_stream_group(TransportKind::HostLocal);
 }
 
 #[test]
@@ -513,4 +559,5 @@ fn cuda_local_ordered_calls() {
     ordered_between_the_callers_work(TransportKind::CudaLocal);
     ordered_equals_blocking_and_allocates_nothing_in_steady_state(TransportKind::CudaLocal);
     ordered_frozen_peer_fails_without_hanging(TransportKind::CudaLocal);
+    ordered_one_thread_one_stream_group(TransportKind::CudaLocal);
 }
