@@ -93,11 +93,11 @@ typedef struct strataComm *strataComm_t;
 /**
  * Stream argument of every collective: an opaque pointer. Host transports: a strata host
  * stream (`strataStreamCreate`) makes the call nonblocking, in that stream's order; any
- * other value (NULL included) is ignored and the call blocks. GPU transports take the caller's `cudaStream_t` / `hipStream_t` (NULL:
- * the legacy default stream) of the communicator's device: the collective starts after
- * the work queued on it before the call, and the call returns once the collective has
- * completed on the device (host-synchronous), so work queued on the stream after the
- * call sees the results.
+ * other value (NULL included) is ignored and the call blocks. GPU transports take the
+ * caller's `cudaStream_t` / `hipStream_t` (NULL: the legacy default stream) of the
+ * communicator's device, as NCCL: the collective runs after the work queued on it
+ * before the call and before the work queued on it after the call, and the call
+ * returns without waiting for the device.
  */
 typedef void *strataStream_t;
 
@@ -322,13 +322,16 @@ extern "C" {
  * GPU transports (nccl, rccl, cuda-local): the buffers are device memory of the
  * communicator's device (anything else, a host pointer included, is
  * `strataInvalidArgument`), used in place without copies; `stream` is the caller's
- * `cudaStream_t` / `hipStream_t` on that device (NULL: the legacy default stream). The
- * collective starts after the work queued on `stream` before the call, and the call
- * returns once it has completed on the device (host-synchronous), so work queued on
- * `stream` afterwards sees the results. Inside a group the call returns once `stream`'s
- * earlier work is done, and the collective completes in `strataGroupEnd` (keep the
- * buffers valid and untouched until it returns). strata keeps no pointer after the call
- * (or the group) ends.
+ * `cudaStream_t` / `hipStream_t` on that device (NULL: the legacy default stream).
+ * Stream-ordered, as NCCL: the collective runs after the work queued on `stream` before
+ * the call and before the work queued on it after the call, and the call returns
+ * without waiting for the device (inside a group: the group runs at `strataGroupEnd`,
+ * which does not wait either; `stream` must stay alive until then). The buffers belong
+ * to strata until `stream` has passed the call (`cudaStreamSynchronize`, an event): keep
+ * them allocated and untouched until then. Failures after the call are reported by
+ * `strataCommGetAsyncError` and release `stream` all the same. A stream being captured
+ * into a graph is `strataInvalidUsage`. host-local: buffers from `strataMemAlloc`,
+ * driven as on a host transport (blocking, or on a strata host stream).
  *
  * Thread-safety: one thread at a time per communicator.
  *
@@ -449,9 +452,9 @@ strataResult_t strataBcast(void *buff, size_t count, strataDataType_t datatype, 
  * bytes are handed over; on `mpi` one past MPI's eager limit returns once the peer has
  * received it. Put matching sends and receives of several peers in one group (as with
  * NCCL): they are then in flight together, so any exchange pattern of any size
- * completes. `sendbuff` is read during the call. GPU transports: the call returns once
- * the peer has received the data (so pair sends and receives in a group, as with
- * NCCL). Memory, streams, ownership and thread-safety as `strataAllGather`.
+ * completes. `sendbuff` is read during the call. GPU transports: stream-ordered, as
+ * the collectives (pair sends and receives in a group, as with NCCL). Memory, streams,
+ * ownership and thread-safety as `strataAllGather`.
  *
  * Errors: `strataInvalidArgument` for a NULL/foreign comm, a NULL buffer with a nonzero
  * count, overflow, an unknown datatype, `peer` outside `0..nranks`; `strataInvalidUsage`

@@ -55,7 +55,7 @@ def test_nccl_one_rank_on_the_current_stream(nccl_comm):
     torch.testing.assert_close(y, torch.arange(n, dtype=torch.float32, device=DEV))
     c.all_reduce(y, op="avg")  # in place, avg over 1 rank
     torch.testing.assert_close(y, torch.arange(n, dtype=torch.float32, device=DEV))
-    # Work queued after the call sees the result (host-synchronous).
+    # Work queued after the call on the same stream sees the result (stream-ordered).
     z = y * 2
     torch.testing.assert_close(z[:4], torch.tensor([0.0, 2.0, 4.0, 6.0], device=DEV))
 

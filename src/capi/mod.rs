@@ -28,14 +28,15 @@
 //! - GPU transports (nccl, rccl, cuda-local; features `cuda` / `rocm`): user pointers are
 //!   device memory of the communicator's device, checked
 //!   ([`Device::check_pointer`](crate::device::Device::check_pointer)) and wrapped without
-//!   copying ([`Buffer::from_device_ptr`](crate::Buffer::from_device_ptr)). The
-//!   communicator's stream waits for the caller's stream and the host waits for that, so
-//!   the caller's earlier work is done; the call returns once the collective has
-//!   completed on the device (host-synchronous), so ordering with the caller's stream
-//!   holds both ways. Inside a group the works complete in `strataGroupEnd`.
+//!   copying ([`Buffer::from_device_ptr`](crate::Buffer::from_device_ptr)). Calls are
+//!   stream-ordered ([`crate::comm::ordered`]): after the caller's stream's earlier work,
+//!   before its later work, returning without waiting for the device.
+//! - host-local (the CPU device): pointers from `strataMemAlloc`; driven as a host
+//!   transport (blocking, or on a strata host stream).
 //! - Ownership: user memory stays the caller's; strata keeps no pointer to it after the
-//!   call returns (inside a group: after `strataGroupEnd`; on a strata host stream: once
-//!   the call's completion was observed, until when the buffers are strata's).
+//!   call completes: on return for blocking calls, after `strataGroupEnd` for grouped
+//!   host calls, once a strata host stream's completion was observed, once the caller's
+//!   device stream has passed a stream-ordered call.
 //! - Bootstrap (rendezvous of in-process worlds, MPI rank checks, NCCL/RCCL ids,
 //!   `STRATA_TRANSPORT` / `STRATA_DEVICE`) is the library's
 //!   ([`crate::comm::bootstrap`], [`crate::comm::gpu`]); this module only maps the C
@@ -148,11 +149,11 @@ pub const strataTransportHostLocal: strataTransport_t = 6;
 
 /// Stream argument of every collective: an opaque pointer. Host transports: a strata host
 /// stream (`strataStreamCreate`) makes the call nonblocking, in that stream's order; any
-/// other value (NULL included) is ignored and the call blocks. GPU transports take the caller's `cudaStream_t` / `hipStream_t` (NULL:
-/// the legacy default stream) of the communicator's device: the collective starts after
-/// the work queued on it before the call, and the call returns once the collective has
-/// completed on the device (host-synchronous), so work queued on the stream after the
-/// call sees the results.
+/// other value (NULL included) is ignored and the call blocks. GPU transports take the
+/// caller's `cudaStream_t` / `hipStream_t` (NULL: the legacy default stream) of the
+/// communicator's device, as NCCL: the collective runs after the work queued on it
+/// before the call and before the work queued on it after the call, and the call
+/// returns without waiting for the device.
 pub type strataStream_t = *mut c_void;
 
 /// `color` of `strataCommSplit` for ranks that join no new communicator. Declared to C by

@@ -11,11 +11,13 @@
 //!   (`kernels-cuda/strata_quant.cuh`), events. Calls enqueue and return; [`finish`]
 //!   waits for the queue with a deadline and an error probe (a vendor communicator's
 //!   asynchronous error), so a dead peer is an error, never a hang.
-//! - The device paths of strata are host-synchronous at the collective boundary: each
-//!   collective enqueues on its communicator's stream and waits for it before its
-//!   [`crate::comm::Work`] completes (the event is the completion handle). Work queued by
-//!   a caller on its own stream before the call is waited for on the device
-//!   ([`DevStream::wait_foreign`]), which is how the C ABI honours `cudaStream_t`.
+//! - Collectives on device memory are stream-ordered ([`crate::comm::ordered`]): a
+//!   caller's stream is joined with an event ([`DevStream::record`], recorded at the
+//!   call) and released by a completion word ([`Device::wait_value_on`],
+//!   [`DevStream::write_value`]); the communicator's own streams run the work, each
+//!   stage waited for with [`finish`] on the communicator's stream thread.
+//! - Freed memory goes to a per-device cache ([`pool`]); the CPU device ([`cpu`]) runs
+//!   all of it on the host, which is how CI tests the device paths.
 
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::{Error, Result};
