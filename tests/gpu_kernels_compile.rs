@@ -83,11 +83,47 @@ fn cuda_kernels_compile_with_nvrtc() {
     }
 }
 
+/// The CUBIN the CUDA device loads first: an ELF image for the real architecture with
+/// every kernel's symbol in it.
+#[test]
+fn cuda_kernels_compile_to_cubin() {
+    if !cfg!(feature = "cuda") {
+        eprintln!("SKIPPED NVRTC CUBIN: built without --features cuda");
+        return;
+    }
+    for arch in ["sm_80", "sm_90"] {
+        let cubin = match kernels_gpu::compile_cuda_cubin(arch) {
+            Ok(c) => c,
+            Err(e @ strata::Error::System(_)) if e.to_string().contains("not found") => {
+                unavailable("NVRTC CUBIN", &e.to_string());
+                return;
+            }
+            Err(e) => panic!("{arch}: {e}"),
+        };
+        assert_eq!(&cubin[..4], b"\x7fELF", "{arch}: not an ELF image");
+        for name in kernels_gpu::kernel_names()
+            .into_iter()
+            .chain(kernels_gpu::reduce_kernel_names())
+        {
+            assert!(
+                cubin
+                    .windows(name.len() + 1)
+                    .any(|w| w[..name.len()] == *name.as_bytes() && w[name.len()] == 0),
+                "{arch}: kernel {name} missing from the CUBIN"
+            );
+        }
+        eprintln!("NVRTC {arch}: {} bytes of CUBIN", cubin.len());
+    }
+}
+
 #[test]
 fn nvrtc_rejects_a_bad_arch_without_panicking() {
     let r = kernels_gpu::compile_cuda_ptx("sm_90");
-    assert!(r.is_err());
+    assert!(matches!(r, Err(strata::Error::InvalidArgument(_))), "{r:?}");
+    let r = kernels_gpu::compile_cuda_cubin("compute_90");
+    assert!(matches!(r, Err(strata::Error::InvalidArgument(_))), "{r:?}");
     if cfg!(feature = "cuda") {
+        let r = kernels_gpu::compile_cuda_cubin("sm_9x!");
         assert!(matches!(r, Err(strata::Error::InvalidArgument(_))), "{r:?}");
     }
 }

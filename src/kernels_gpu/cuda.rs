@@ -51,23 +51,38 @@ impl std::fmt::Debug for GpuQuant {
 }
 
 impl GpuQuant {
-    /// Compile the kernels with NVRTC for the compute capability of `ctx`'s device
-    /// (`compute_XY`) and load them. Errors as [`super::compile_cuda_ptx`], plus `Device`
-    /// when the driver rejects the module.
+    /// Compile the kernels with NVRTC for the compute capability of `ctx`'s device and
+    /// load them: a CUBIN for the device (`sm_XY`) first (no JIT, and a driver older
+    /// than the NVRTC still loads it), else PTX for `compute_XY` (an NVRTC without CUBIN
+    /// output, or one that does not know the device yet). Errors as
+    /// [`super::compile_cuda_ptx`], plus `Device` when the driver rejects the module.
     pub fn new(ctx: &Arc<CudaContext>) -> Result<GpuQuant> {
         let (major, minor) = ctx
             .compute_capability()
             .map_err(|e| dev("reading the compute capability", e))?;
-        let arch = format!("compute_{major}{minor}");
-        let ptx = super::compile_cuda_ptx(&arch)?;
-        GpuQuant::from_ptx(ctx, ptx, &arch)
+        let sm = format!("sm_{major}{minor}");
+        let cubin = super::compile_cuda_cubin(&sm)
+            .and_then(|c| GpuQuant::load(ctx, Ptx::from_binary(c), &format!("{sm} (cubin)")));
+        match cubin {
+            Ok(q) => Ok(q),
+            Err(e) => {
+                tracing::debug!("strata kernels as a {sm} CUBIN: {e}; compiling PTX instead");
+                let arch = format!("compute_{major}{minor}");
+                let ptx = super::compile_cuda_ptx(&arch)?;
+                GpuQuant::from_ptx(ctx, ptx, &arch)
+            }
+        }
     }
 
     /// Load kernels already compiled to PTX (by [`super::compile_cuda_ptx`]).
     pub fn from_ptx(ctx: &Arc<CudaContext>, ptx: String, arch: &str) -> Result<GpuQuant> {
+        GpuQuant::load(ctx, Ptx::from_src(ptx), &format!("{arch} (ptx)"))
+    }
+
+    fn load(ctx: &Arc<CudaContext>, image: Ptx, arch: &str) -> Result<GpuQuant> {
         let module = ctx
-            .load_module(Ptx::from_src(ptx))
-            .map_err(|e| dev(&format!("loading the {arch} PTX of the strata kernels"), e))?;
+            .load_module(image)
+            .map_err(|e| dev(&format!("loading the {arch} strata kernels"), e))?;
         let mut funcs = HashMap::new();
         let names = kernels()
             .into_iter()
@@ -87,7 +102,7 @@ impl GpuQuant {
         })
     }
 
-    /// The architecture the kernels were compiled for (`compute_XY`).
+    /// What the kernels were compiled to: `sm_XY (cubin)` or `compute_XY (ptx)`.
     pub fn arch(&self) -> &str {
         &self.arch
     }

@@ -175,13 +175,51 @@ pub fn cuda_include_dirs() -> (Vec<std::path::PathBuf>, Vec<std::path::PathBuf>)
 /// include directories tried when `cuda_fp16.h` is missing, or NVRTC's log when the
 /// compilation fails.
 pub fn compile_cuda_ptx(arch: &str) -> Result<String> {
+    if !arch.starts_with("compute_") {
+        return Err(crate::error::Error::InvalidArgument(format!(
+            "PTX is compiled for a virtual architecture such as compute_80, got {arch:?}"
+        )));
+    }
     #[cfg(feature = "cuda")]
     {
-        nvrtc::compile(arch)
+        match nvrtc::compile(arch)? {
+            nvrtc::Output::Ptx(p) => Ok(p),
+            nvrtc::Output::Cubin(_) => Err(crate::error::Error::Internal(
+                "NVRTC returned a CUBIN for a PTX request".into(),
+            )),
+        }
     }
     #[cfg(not(feature = "cuda"))]
     {
         let _ = arch;
+        Err(crate::error::Error::NotCompiled(
+            "compiling the CUDA kernels needs the `cuda` feature (cudarc + NVRTC)".into(),
+        ))
+    }
+}
+
+/// Compile every kernel of [`CUDA_SOURCE`] to a CUBIN for the real architecture `arch`
+/// (e.g. `sm_90`): what the CUDA device loads first, so a driver older than the NVRTC
+/// (which would reject its PTX version) still runs the kernels, and nothing is
+/// JIT-compiled at load. Errors as [`compile_cuda_ptx`], and `System` for an NVRTC
+/// without `nvrtcGetCUBIN` (before CUDA 11.1) or one that does not know `arch`.
+pub fn compile_cuda_cubin(arch: &str) -> Result<Vec<u8>> {
+    if !arch.starts_with("sm_") {
+        return Err(crate::error::Error::InvalidArgument(format!(
+            "a CUBIN is compiled for a real architecture such as sm_90, got {arch:?}"
+        )));
+    }
+    #[cfg(feature = "cuda")]
+    {
+        match nvrtc::compile(arch)? {
+            nvrtc::Output::Cubin(c) => Ok(c),
+            nvrtc::Output::Ptx(_) => Err(crate::error::Error::Internal(
+                "NVRTC returned PTX for a CUBIN request".into(),
+            )),
+        }
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
         Err(crate::error::Error::NotCompiled(
             "compiling the CUDA kernels needs the `cuda` feature (cudarc + NVRTC)".into(),
         ))

@@ -40,6 +40,11 @@ struct Api {
     log: unsafe extern "C" fn(Prog, *mut c_char) -> Res,
     ptx_size: unsafe extern "C" fn(Prog, *mut usize) -> Res,
     ptx: unsafe extern "C" fn(Prog, *mut c_char) -> Res,
+    /// `nvrtcGetCUBINSize` / `nvrtcGetCUBIN` (CUDA 11.1 and later; `None` before).
+    cubin: Option<(
+        unsafe extern "C" fn(Prog, *mut usize) -> Res,
+        unsafe extern "C" fn(Prog, *mut c_char) -> Res,
+    )>,
     destroy: unsafe extern "C" fn(*mut Prog) -> Res,
 }
 
@@ -78,6 +83,10 @@ fn load() -> std::result::Result<Api, String> {
                     log: *lib.get(b"nvrtcGetProgramLog\0")?,
                     ptx_size: *lib.get(b"nvrtcGetPTXSize\0")?,
                     ptx: *lib.get(b"nvrtcGetPTX\0")?,
+                    cubin: match (lib.get(b"nvrtcGetCUBINSize\0"), lib.get(b"nvrtcGetCUBIN\0")) {
+                        (Ok(a), Ok(b)) => Some((*a, *b)),
+                        _ => None,
+                    },
                     destroy: *lib.get(b"nvrtcDestroyProgram\0")?,
                     name: name.clone(),
                     _lib: lib,
@@ -159,15 +168,35 @@ impl Program<'_> {
     }
 }
 
-pub(crate) fn compile(arch: &str) -> Result<String> {
-    // PTX of a virtual architecture, compute_XY.
-    let digits = arch.strip_prefix("compute_").unwrap_or("");
+/// What a compilation returns.
+pub(crate) enum Output {
+    /// PTX text for a virtual architecture (`compute_XY`), JIT-compiled by the driver.
+    Ptx(String),
+    /// A CUBIN for a real architecture (`sm_XY`): no JIT, and no driver too old for the
+    /// NVRTC's PTX version.
+    Cubin(Vec<u8>),
+}
+
+pub(crate) fn compile(arch: &str) -> Result<Output> {
+    // compute_XY: PTX; sm_XY: CUBIN.
+    let (cubin, digits) = match (arch.strip_prefix("compute_"), arch.strip_prefix("sm_")) {
+        (Some(d), _) => (false, d),
+        (_, Some(d)) => (true, d),
+        _ => (false, ""),
+    };
     if digits.len() < 2 || !digits.chars().all(|c| c.is_ascii_alphanumeric()) {
         return Err(Error::InvalidArgument(format!(
-            "NVRTC arch must be a virtual architecture such as compute_80, got {arch:?}"
+            "NVRTC arch must be a virtual architecture such as compute_80 (PTX) or a real \
+             one such as sm_90 (CUBIN), got {arch:?}"
         )));
     }
     let a = api()?;
+    if cubin && a.cubin.is_none() {
+        return Err(Error::System(format!(
+            "{} has no nvrtcGetCUBIN (CUDA 11.1 or later has it); compile to PTX",
+            a.name
+        )));
+    }
     let (found, tried) = cuda_include_dirs();
     if found.is_empty() {
         return Err(Error::System(format!(
@@ -212,23 +241,29 @@ pub(crate) fn compile(arch: &str) -> Result<String> {
             prog.log()
         )));
     }
+    let (size_fn, get_fn, what) = match (cubin, a.cubin) {
+        (true, Some((size, get))) => (size, get, "nvrtcGetCUBIN"),
+        _ => (a.ptx_size, a.ptx, "nvrtcGetPTX"),
+    };
     let mut n = 0usize;
     // SAFETY: FFI writing one size_t for a compiled program.
-    check(
-        a,
-        unsafe { (a.ptx_size)(prog.p, &mut n) },
-        "nvrtcGetPTXSize",
-    )?;
+    check(a, unsafe { size_fn(prog.p, &mut n) }, what)?;
     let mut buf = vec![0u8; n.max(1)];
-    // SAFETY: `buf` holds the `n` bytes (NUL included) the PTX needs.
+    // SAFETY: `buf` holds the `n` bytes the output needs (PTX: NUL included).
     check(
         a,
-        unsafe { (a.ptx)(prog.p, buf.as_mut_ptr() as *mut c_char) },
-        "nvrtcGetPTX",
+        unsafe { get_fn(prog.p, buf.as_mut_ptr() as *mut c_char) },
+        what,
     )?;
+    if cubin {
+        buf.truncate(n);
+        return Ok(Output::Cubin(buf));
+    }
     let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
     buf.truncate(end);
-    String::from_utf8(buf).map_err(|_| Error::System("NVRTC returned PTX that is not UTF-8".into()))
+    String::from_utf8(buf)
+        .map(Output::Ptx)
+        .map_err(|_| Error::System("NVRTC returned PTX that is not UTF-8".into()))
 }
 
 pub(crate) fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
