@@ -6,8 +6,12 @@
 //! vendor communicator (`ncclCommAbort`) and fails the call with `Error::Remote`, so a
 //! dead peer never hangs a rank. All-to-all is the library's where it has one, else
 //! grouped send/receive; sub-communicators come from `ncclCommSplit` (or, on libraries
-//! without it, a new unique id per color exchanged over the parent). Host buffers are
-//! staged through scratch allocated once per communicator ([`super::gpu::staged`]).
+//! without it, a new unique id per color exchanged over the parent). `ncclCommInitRank`
+//! and `ncclCommSplit` run on a helper thread with the same timeout (a rank that never
+//! joins is `Remote`, the parent of a stuck split aborted), and aborts go through an
+//! [`AbortHandle`] that needs no lock, so an abort never waits for a call blocked in the
+//! library. Host buffers are staged through scratch allocated once per communicator
+//! ([`super::gpu::staged`]).
 //!
 //! NCCL's data types and reduction ops have strata's numbers ([`DataType`] and
 //! [`ReduceOp`] are `#[repr]`ed on them); `Avg` is sent as `Sum` (the caller divides).
@@ -16,7 +20,7 @@
 
 use super::gpu::{staged, GpuTransport, Scratch};
 use super::vendor::{
-    Reduction, Vendor, VendorComm, VendorLib, VendorUniqueId, VENDOR_UNIQUE_ID_BYTES,
+    AbortHandle, Reduction, Vendor, VendorComm, VendorLib, VendorUniqueId, VENDOR_UNIQUE_ID_BYTES,
 };
 use super::{Transport, TransportKind};
 use crate::device::{finish, DevStream, Device, Region};
@@ -36,6 +40,8 @@ thread_local! {
 pub struct NcclTransport {
     vendor: Vendor,
     comm: Mutex<VendorComm<'static>>,
+    /// Aborts `comm` without its lock (a call blocked in the library holds it).
+    aborter: AbortHandle<'static>,
     rank: usize,
     members: Vec<usize>,
     dev: Arc<dyn Device>,
@@ -72,7 +78,8 @@ impl NcclTransport {
     ) -> Result<NcclTransport> {
         let lib = VendorLib::get(vendor)?;
         dev.bind()?;
-        let comm = lib.comm_init_rank(size, id, rank)?;
+        let d = dev.clone();
+        let comm = lib.comm_init_rank_within(size, id, rank, timeout, move || d.bind())?;
         NcclTransport::wrap(
             vendor,
             comm,
@@ -95,6 +102,7 @@ impl NcclTransport {
     ) -> Result<NcclTransport> {
         Ok(NcclTransport {
             vendor,
+            aborter: comm.abort_handle(),
             comm: Mutex::new(comm),
             rank,
             members,
@@ -195,9 +203,7 @@ impl GpuTransport for NcclTransport {
         if r.is_err() {
             // A stuck or failed collective: abort so the peers' calls fail too and the
             // library's resources are released.
-            if let Ok(mut c) = self.comm.lock() {
-                let _ = c.abort_in_place();
-            }
+            let _ = self.aborter.abort();
         }
         r
     }
@@ -331,7 +337,8 @@ impl Transport for NcclTransport {
         self.dev.bind()?;
         let native = {
             let c = self.lock()?;
-            c.split(color, key)
+            let d = self.dev.clone();
+            c.split_within(color, key, self.timeout, move || d.bind())
         };
         let made = match native {
             Some(r) => r?,
@@ -355,10 +362,13 @@ impl Transport for NcclTransport {
                         b.copy_from_slice(
                             &ids[l * VENDOR_UNIQUE_ID_BYTES..(l + 1) * VENDOR_UNIQUE_ID_BYTES],
                         );
-                        Some(lib.comm_init_rank(
+                        let d = self.dev.clone();
+                        Some(lib.comm_init_rank_within(
                             members.len(),
                             &VendorUniqueId::from_bytes(&b),
                             nr,
+                            self.timeout,
+                            move || d.bind(),
                         )?)
                     }
                     _ => None,
@@ -396,9 +406,9 @@ impl Transport for NcclTransport {
         self.traffic.clone()
     }
     fn abort(&self) {
-        if let Ok(mut c) = self.comm.lock() {
-            let _ = c.abort_in_place();
-        }
+        // Without the lock: a call blocked in the library (a split, a send) holds it, and
+        // ncclCommAbort is what wakes it.
+        let _ = self.aborter.abort();
     }
     fn barrier(&self) -> Result<()> {
         let mut one = [0u8; 4];

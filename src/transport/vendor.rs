@@ -12,7 +12,9 @@
 
 use crate::error::{Error, Result};
 use std::ffi::{c_char, c_int, c_void, CStr};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 /// Which collective library.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -337,10 +339,7 @@ impl VendorLib {
         // SAFETY: writes one communicator handle; `id` is passed by value as NCCL takes it.
         let rc = unsafe { (self.sys.ncclCommInitRank)(&mut comm, n, *id, r) };
         self.check(rc, "ncclCommInitRank")?;
-        Ok(VendorComm {
-            lib: self,
-            raw: comm,
-        })
+        Ok(VendorComm::new(self, comm))
     }
 
     /// `ncclGroupStart`.
@@ -368,10 +367,85 @@ pub const SPLIT_NOCOLOR: c_int = -1;
 
 /// A vendor communicator, destroyed on drop. The collective calls enqueue on `stream`
 /// (a `cudaStream_t` / `hipStream_t` of the communicator's device, which must be
-/// current) and return; addresses are device addresses.
+/// current) and return; addresses are device addresses. The handle is shared with its
+/// [`AbortHandle`]s, so an abort never waits for whoever is calling into the library.
 pub struct VendorComm<'a> {
     lib: &'a VendorLib,
-    raw: RawComm,
+    raw: Arc<AtomicPtr<c_void>>,
+}
+
+/// Aborts a [`VendorComm`] from any thread, without its lock (`ncclCommAbort` is how a
+/// call blocked in the library on that communicator is woken).
+#[derive(Clone)]
+pub struct AbortHandle<'a> {
+    lib: &'a VendorLib,
+    raw: Arc<AtomicPtr<c_void>>,
+}
+
+impl AbortHandle<'_> {
+    /// `ncclCommAbort`, once (later calls and the communicator's drop do nothing).
+    pub fn abort(&self) -> Result<()> {
+        let raw = self.raw.swap(std::ptr::null_mut(), Ordering::AcqRel);
+        if raw.is_null() {
+            return Ok(());
+        }
+        // SAFETY: `raw` was live and is released exactly once (everyone else now sees
+        // null); a call blocked on it returns with an error, as NCCL documents.
+        self.lib.check(
+            unsafe { (self.lib.sys.ncclCommAbort)(raw) },
+            "ncclCommAbort",
+        )
+    }
+}
+
+/// Run `f` on a helper thread and wait for it at most `timeout`: `None` past it (the
+/// helper is left to finish on its own; what it returns then is dropped).
+fn within<T: Send + 'static>(
+    timeout: Duration,
+    what: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<Option<T>> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name(format!("strata-{what}"))
+        .spawn(move || {
+            let _ = tx.send(f());
+        })
+        .map_err(|e| Error::System(format!("{what}: spawning a helper thread: {e}")))?;
+    match rx.recv_timeout(timeout) {
+        Ok(v) => Ok(Some(v)),
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Ok(None),
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Err(Error::Internal(format!(
+            "{what}: the helper thread ended without a result"
+        ))),
+    }
+}
+
+impl VendorLib {
+    /// [`VendorLib::comm_init_rank`] that gives up after `timeout` (a rank that never
+    /// joins): `bind` makes the device current on the helper thread that calls
+    /// `ncclCommInitRank`. Past the timeout the result is `Remote`; a communicator the
+    /// library completes later is destroyed.
+    pub fn comm_init_rank_within(
+        &'static self,
+        nranks: usize,
+        id: &VendorUniqueId,
+        rank: usize,
+        timeout: Duration,
+        bind: impl FnOnce() -> Result<()> + Send + 'static,
+    ) -> Result<VendorComm<'static>> {
+        let id = *id;
+        let made = within(timeout, "nccl-init", move || {
+            bind().and_then(|_| self.comm_init_rank(nranks, &id, rank))
+        })?;
+        made.unwrap_or_else(|| {
+            Err(Error::Remote(format!(
+                "{}: ncclCommInitRank of rank {rank} of {nranks} did not complete within \
+                 {timeout:?} (a rank never joined)",
+                self.vendor.name()
+            )))
+        })
+    }
 }
 
 // SAFETY: an ncclComm_t may be used from any thread, one call at a time; strata calls
@@ -386,9 +460,16 @@ fn vp(a: u64) -> *mut c_void {
 }
 
 impl<'a> VendorComm<'a> {
-    /// The raw handle.
+    fn new(lib: &'a VendorLib, raw: RawComm) -> VendorComm<'a> {
+        VendorComm {
+            lib,
+            raw: Arc::new(AtomicPtr::new(raw)),
+        }
+    }
+
+    /// The raw handle (null once aborted).
     pub fn raw(&self) -> RawComm {
-        self.raw
+        self.raw.load(Ordering::Acquire)
     }
 
     /// The library.
@@ -400,8 +481,9 @@ impl<'a> VendorComm<'a> {
     pub fn all_gather(&self, send: u64, recv: u64, bytes: usize, stream: RawStream) -> Result<()> {
         // SAFETY: FFI enqueue; the caller borrows both device ranges until the stream is
         // synchronized and passes a live stream of the current device.
-        let rc =
-            unsafe { (self.lib.sys.ncclAllGather)(vp(send), vp(recv), bytes, 1, self.raw, stream) };
+        let rc = unsafe {
+            (self.lib.sys.ncclAllGather)(vp(send), vp(recv), bytes, 1, self.raw(), stream)
+        };
         self.lib.check(rc, "ncclAllGather")
     }
 
@@ -423,7 +505,7 @@ impl<'a> VendorComm<'a> {
             Reduction::AllReduce => (self.lib.sys.ncclAllReduce, "ncclAllReduce"),
         };
         // SAFETY: as `all_gather`.
-        let rc = unsafe { f(vp(send), vp(recv), count, dtype, op, self.raw, stream) };
+        let rc = unsafe { f(vp(send), vp(recv), count, dtype, op, self.raw(), stream) };
         self.lib.check(rc, name)
     }
 
@@ -439,7 +521,7 @@ impl<'a> VendorComm<'a> {
         // SAFETY: as `all_gather`; the root argument sits in the op slot of the shared
         // prototype (`ncclBroadcast(send, recv, count, type, root, comm, stream)`).
         let rc = unsafe {
-            (self.lib.sys.ncclBroadcast)(vp(send), vp(recv), bytes, 1, root, self.raw, stream)
+            (self.lib.sys.ncclBroadcast)(vp(send), vp(recv), bytes, 1, root, self.raw(), stream)
         };
         self.lib.check(rc, "ncclBroadcast")
     }
@@ -447,14 +529,14 @@ impl<'a> VendorComm<'a> {
     /// `ncclSend` of `bytes` to `peer`.
     pub fn send(&self, addr: u64, bytes: usize, peer: c_int, stream: RawStream) -> Result<()> {
         // SAFETY: as `all_gather`.
-        let rc = unsafe { (self.lib.sys.ncclSend)(vp(addr), bytes, 1, peer, self.raw, stream) };
+        let rc = unsafe { (self.lib.sys.ncclSend)(vp(addr), bytes, 1, peer, self.raw(), stream) };
         self.lib.check(rc, "ncclSend")
     }
 
     /// `ncclRecv` of `bytes` from `peer`.
     pub fn recv(&self, addr: u64, bytes: usize, peer: c_int, stream: RawStream) -> Result<()> {
         // SAFETY: as `all_gather`.
-        let rc = unsafe { (self.lib.sys.ncclRecv)(vp(addr), bytes, 1, peer, self.raw, stream) };
+        let rc = unsafe { (self.lib.sys.ncclRecv)(vp(addr), bytes, 1, peer, self.raw(), stream) };
         self.lib.check(rc, "ncclRecv")
     }
 
@@ -469,74 +551,144 @@ impl<'a> VendorComm<'a> {
     ) -> Option<Result<()>> {
         let f = self.lib.sys.all_to_all?;
         // SAFETY: as `all_gather`.
-        let rc = unsafe { f(vp(send), vp(recv), bytes, 1, self.raw, stream) };
+        let rc = unsafe { f(vp(send), vp(recv), bytes, 1, self.raw(), stream) };
         Some(self.lib.check(rc, "ncclAlltoAll"))
     }
 
     /// `ncclCommSplit` (collective over this communicator): `Ok(None)` for ranks passing
     /// `None`; the outer `None` when the library lacks the call.
     pub fn split(&self, color: Option<u32>, key: i32) -> Option<Result<Option<VendorComm<'a>>>> {
-        let f = self.lib.sys.ncclCommSplit?;
-        let c = match color.map(c_int::try_from) {
-            None => SPLIT_NOCOLOR,
-            Some(Ok(c)) => c,
-            Some(Err(_)) => {
-                return Some(Err(Error::InvalidArgument(format!(
-                    "color {color:?} does not fit the library's int"
-                ))))
-            }
-        };
-        let mut out: RawComm = std::ptr::null_mut();
-        // SAFETY: FFI, collective over the parent; writes one handle (NULL for NOCOLOR);
-        // a NULL config asks for the parent's.
-        let rc = unsafe { f(self.raw, c, key, &mut out, std::ptr::null_mut()) };
-        Some(self.lib.check(rc, "ncclCommSplit").map(|_| {
-            (!out.is_null()).then_some(VendorComm {
-                lib: self.lib,
-                raw: out,
-            })
-        }))
+        split_on(self.lib, self.raw(), color, key)
     }
 
     /// `ncclCommGetAsyncError`: an error the communicator hit while running.
     pub fn async_error(&self) -> Result<()> {
         let mut e: c_int = 0;
         // SAFETY: `raw` is a live communicator; writes one int.
-        let rc = unsafe { (self.lib.sys.ncclCommGetAsyncError)(self.raw, &mut e) };
+        let rc = unsafe { (self.lib.sys.ncclCommGetAsyncError)(self.raw(), &mut e) };
         self.lib.check(rc, "ncclCommGetAsyncError")?;
         self.lib.check(e, "asynchronous communicator error")
     }
 
     /// `ncclCommAbort` through a shared handle: stop everything in flight; the
     /// communicator must not be used afterwards (drop still releases nothing twice).
-    pub fn abort_in_place(&mut self) -> Result<()> {
-        let raw = std::mem::replace(&mut self.raw, std::ptr::null_mut());
-        if raw.is_null() {
-            return Ok(());
-        }
-        // SAFETY: `raw` is live and released exactly once (drop sees null).
-        self.lib.check(
-            unsafe { (self.lib.sys.ncclCommAbort)(raw) },
-            "ncclCommAbort",
-        )
+    pub fn abort_in_place(&self) -> Result<()> {
+        self.abort_handle().abort()
     }
 
     /// `ncclCommAbort`: stop everything in flight and free the communicator.
-    pub fn abort(mut self) -> Result<()> {
-        let raw = std::mem::replace(&mut self.raw, std::ptr::null_mut());
-        // SAFETY: `raw` is live and released exactly once (drop sees null).
-        self.lib.check(
-            unsafe { (self.lib.sys.ncclCommAbort)(raw) },
-            "ncclCommAbort",
-        )
+    pub fn abort(self) -> Result<()> {
+        self.abort_in_place()
+    }
+
+    /// A handle that aborts this communicator from any thread, without its lock.
+    pub fn abort_handle(&self) -> AbortHandle<'a> {
+        AbortHandle {
+            lib: self.lib,
+            raw: self.raw.clone(),
+        }
+    }
+}
+
+/// `ncclCommSplit` of the communicator `raw` (see [`VendorComm::split`]).
+fn split_on(
+    lib: &VendorLib,
+    raw: RawComm,
+    color: Option<u32>,
+    key: i32,
+) -> Option<Result<Option<VendorComm<'_>>>> {
+    let f = lib.sys.ncclCommSplit?;
+    let c = match color.map(c_int::try_from) {
+        None => SPLIT_NOCOLOR,
+        Some(Ok(c)) => c,
+        Some(Err(_)) => {
+            return Some(Err(Error::InvalidArgument(format!(
+                "color {color:?} does not fit the library's int"
+            ))))
+        }
+    };
+    if raw.is_null() {
+        return Some(Err(Error::Remote(format!(
+            "ncclCommSplit: the {} communicator was aborted",
+            lib.vendor.name()
+        ))));
+    }
+    let mut out: RawComm = std::ptr::null_mut();
+    // SAFETY: FFI, collective over the parent `raw` (live unless aborted meanwhile, which
+    // makes the library return an error); writes one handle (NULL for NOCOLOR); a NULL
+    // config asks for the parent's.
+    let rc = unsafe { f(raw, c, key, &mut out, std::ptr::null_mut()) };
+    Some(
+        lib.check(rc, "ncclCommSplit")
+            .map(|_| (!out.is_null()).then(|| VendorComm::new(lib, out))),
+    )
+}
+
+impl VendorComm<'static> {
+    /// [`VendorComm::split`] that gives up after `timeout` (a rank that never calls it):
+    /// the split runs on a helper thread (`bind` makes the device current there); past
+    /// the timeout this communicator is aborted, which wakes the helper, and the result
+    /// is `Remote`. The caller keeps whatever lock serializes calls on this
+    /// communicator; an abort does not need it.
+    pub fn split_within(
+        &self,
+        color: Option<u32>,
+        key: i32,
+        timeout: Duration,
+        bind: impl FnOnce() -> Result<()> + Send + 'static,
+    ) -> Option<Result<Option<VendorComm<'static>>>> {
+        self.lib.sys.ncclCommSplit?;
+        let handle = self.raw.clone();
+        let aborter = self.abort_handle();
+        let lib = self.lib;
+        let r = within(timeout, "nccl-split", move || {
+            bind().and_then(|_| {
+                split_on(lib, handle.load(Ordering::Acquire), color, key).unwrap_or(Ok(None))
+            })
+        });
+        Some(match r {
+            Err(e) => Err(e),
+            Ok(Some(r)) => r,
+            Ok(None) => {
+                let _ = aborter.abort();
+                Err(Error::Remote(format!(
+                    "{}: ncclCommSplit did not complete within {timeout:?} (a rank never \
+                     called it); the parent communicator was aborted",
+                    lib.vendor.name()
+                )))
+            }
+        })
     }
 }
 
 impl Drop for VendorComm<'_> {
     fn drop(&mut self) {
-        if !self.raw.is_null() {
-            // SAFETY: `raw` is live and released exactly once.
-            let _ = unsafe { (self.lib.sys.ncclCommDestroy)(self.raw) };
+        let raw = self.raw.swap(std::ptr::null_mut(), Ordering::AcqRel);
+        if !raw.is_null() {
+            // SAFETY: `raw` is live and released exactly once (an abort handle now sees
+            // null).
+            let _ = unsafe { (self.lib.sys.ncclCommDestroy)(raw) };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn within_gives_up_at_the_timeout_and_keeps_fast_results() {
+        let t = std::time::Instant::now();
+        let r = within(Duration::from_millis(50), "test", || {
+            std::thread::sleep(Duration::from_secs(2));
+            1
+        })
+        .unwrap();
+        assert_eq!(r, None);
+        assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+        assert_eq!(
+            within(Duration::from_secs(5), "test", || 7).unwrap(),
+            Some(7)
+        );
     }
 }
