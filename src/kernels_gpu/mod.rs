@@ -66,7 +66,7 @@ pub const CUDA_ARCHS: [&str; 2] = ["compute_80", "compute_90"];
 /// hipcc options (plus `--offload-arch=ARCH -o FILE`): code objects, contraction off.
 pub const HIPCC_OPTIONS: [&str; 3] = ["--genco", "-O3", "-ffp-contract=off"];
 /// AMD targets: MI250X and the MI300 target Debian's hipcc 5.2 knows (it rejects gfx942).
-pub const HIP_ARCHS: [&str; 2] = ["gfx90a", "gfx940"];
+pub const HIP_ARCHS: [&str; 3] = ["gfx90a", "gfx940", "gfx942"];
 
 /// What a kernel does (one extern "C" entry per op, element type and bit width).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
