@@ -12,7 +12,9 @@
  *   1. nccl: strataGetUniqueIdForTransport(strataTransportNccl) embeds an NCCL id; a
  *      1-rank communicator from strataCommInitRankConfig; all-reduce (out of place, after
  *      a memset queued on the caller's stream, and in place), all-gather in place,
- *      reduce-scatter, broadcast, a group of two all-reduces; a host pointer is
+ *      reduce-scatter, broadcast, a group of two all-reduces, each read after
+ *      synchronizing the stream (the calls are stream-ordered); a call on a stream being
+ *      captured into a graph is strataInvalidUsage; a host pointer is
  *      strataInvalidArgument.
  *   2. cuda-local: strataCommInitLocal of 2 ranks on the one GPU, driven from one thread
  *      inside a group (all-reduce and all-gather), results checked.
@@ -46,6 +48,9 @@ static CUresult (*cuMemsetD32Async)(CUdeviceptr, unsigned int, size_t, CUstream)
 static CUresult (*cuStreamCreate)(CUstream *, unsigned int);
 static CUresult (*cuStreamSynchronize)(CUstream);
 static CUresult (*cuStreamDestroy)(CUstream);
+static CUresult (*cuStreamBeginCapture)(CUstream, int);
+static CUresult (*cuStreamEndCapture)(CUstream, void **);
+static CUresult (*cuGraphDestroy)(void *);
 
 static long passed;
 
@@ -96,6 +101,9 @@ static int load_driver(void) {
   load(lib, "cuStreamCreate", &cuStreamCreate);
   load(lib, "cuStreamSynchronize", &cuStreamSynchronize);
   load(lib, "cuStreamDestroy_v2", &cuStreamDestroy);
+  load(lib, "cuStreamBeginCapture_v2", &cuStreamBeginCapture);
+  load(lib, "cuStreamEndCapture", &cuStreamEndCapture);
+  load(lib, "cuGraphDestroy", &cuGraphDestroy);
   return 1;
 }
 
@@ -171,6 +179,15 @@ static void check_nccl(CUstream stream) {
   OK(strataGroupEnd());
   CU(cuStreamSynchronize(stream)); /* stream-ordered: wait for the stream, not the call */
   CHECK(dev_equals(recv, N, 1.0f, 1.0f) && dev_equals(g, N, 1.0f, 1.0f), "group of two all-reduces");
+
+  /* Graph capture: refused with strataInvalidUsage (not capturable yet), and the capture
+     itself stays valid. */
+  void *graph = NULL;
+  CU(cuStreamBeginCapture(stream, 2 /* CU_STREAM_CAPTURE_MODE_RELAXED */));
+  strataResult_t cap = strataAllReduce((void *)(uintptr_t)src, (void *)(uintptr_t)recv, N, strataFloat32, strataSum, c, stream);
+  CU(cuStreamEndCapture(stream, &graph));
+  if (graph) CU(cuGraphDestroy(graph));
+  CHECK(cap == strataInvalidUsage, "a collective on a capturing stream -> %d (%s)", cap, strataGetLastError(c));
 
   float host[4] = {1, 2, 3, 4};
   strataResult_t r = strataAllReduce(host, host, 4, strataFloat32, strataSum, c, stream);
