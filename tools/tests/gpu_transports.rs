@@ -65,8 +65,8 @@ fn self_test_on_every_shape(kind: TransportKind) {
 }
 
 /// Every algorithm x op x dtype x odd count (in place and not) on device buffers, the
-/// all-to-all and broadcast, and the quantized algorithms with the device kernels;
-/// `counts` trims the sweep (the CPU device runs it on two cores in CI).
+/// all-to-all and broadcast, and the quantized algorithms with the device kernels (the
+/// same list on host-local and cuda-local).
 fn every_algorithm_matches_the_reference(kind: TransportKind, topos: &[&str], counts: &[usize]) {
     for &topo in topos {
         let counts = counts.to_vec();
@@ -147,8 +147,8 @@ fn host_local_self_test_on_every_shape() {
 fn host_local_every_algorithm_matches_the_reference() {
     every_algorithm_matches_the_reference(
         TransportKind::HostLocal,
-        &["nodes:2x3", "nodes:3x1", "frontier:1"],
-        &[1, 1003],
+        &["nodes:2x4", "nodes:3x1", "frontier:1"],
+        &[1, 7, 1003],
     );
 }
 
