@@ -31,16 +31,17 @@ Semantics are the C ABI's (NCCL's):
   objects exposing ``__cuda_array_interface__`` (CuPy, Numba), contiguous, on the
   communicator's device; host memory is refused. The data pointer is passed as is (no
   copies), and the stream is ``torch.cuda.current_stream(tensor.device)`` unless
-  ``stream=`` names one (a ``torch.cuda.Stream``, a CuPy stream or a raw pointer):
-  the collective starts after the work queued on that stream and the call returns when
-  it has completed on the device.
+  ``stream=`` names one (a ``torch.cuda.Stream``, a CuPy stream or a raw pointer).
+  Stream-ordered, as NCCL: the collective runs after the work queued on that stream
+  before the call and before the work queued on it after, and the call returns without
+  waiting for the device.
 - The dtype is taken from the array (float32, float16, int8, uint8, int32, and bfloat16
   from ml_dtypes or torch); pass ``dtype="bf16"`` to reinterpret, e.g., a uint16 array
   as bfloat16.
 - Counts are inferred from the arrays (``count=`` overrides); in-place calls are NCCL's
   layouts, recognised from the pointers: ``all_gather(recv[r*n:(r+1)*n], recv)``,
   ``reduce_scatter(send, send[r*n:(r+1)*n])``, ``all_reduce(x)`` / ``broadcast(x)``.
-- Every call blocks until its result is in the receive buffer, except inside
+- On host transports every call blocks until its result is in the receive buffer, except inside
   ``with strata.group():`` where calls return at once and complete when the block ends
   (the package keeps the arrays alive until then), and, on host transports, with
   ``async_op=True``: the call returns a ``Work`` at once (``wait()``, ``is_completed()``,
