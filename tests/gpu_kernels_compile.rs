@@ -162,6 +162,12 @@ fn hip_kernels_compile_with_hipcc() {
         let res = cmd
             .output()
             .unwrap_or_else(|e| panic!("running {hipcc:?}: {e}"));
+        let stderr = String::from_utf8_lossy(&res.stderr);
+        if arch == "gfx942" && !res.status.success() && stderr.contains("invalid target ID") {
+            // Optional (build.rs): a hipcc older than ROCm 5.7 (Debian's 5.2) lacks it.
+            eprintln!("SKIPPED gfx942: this hipcc does not know it");
+            continue;
+        }
         assert!(
             res.status.success(),
             "hipcc {arch} failed:\n{}\n{}",
