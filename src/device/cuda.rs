@@ -29,6 +29,8 @@ pub struct CudaDevice {
     pool: Pool,
     /// Private non-blocking stream for zeroing (each use waits for it alone).
     aux: OnceLock<Arc<CudaStream>>,
+    /// The device has memory pools: allocations are stream-ordered on `aux`.
+    pools: OnceLock<bool>,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -59,6 +61,7 @@ impl CudaDevice {
             allocations: std::sync::atomic::AtomicU64::new(0),
             pool: Pool::default(),
             aux: OnceLock::new(),
+            pools: OnceLock::new(),
         });
         open.retain(|(_, w)| w.strong_count() > 0);
         open.push((ordinal, Arc::downgrade(&d)));
@@ -106,6 +109,15 @@ impl CudaDevice {
         Ok(self.aux.get_or_init(|| s))
     }
 
+    /// True when the device has memory pools (`cuMemAllocAsync`).
+    fn has_pools(&self) -> bool {
+        *self.pools.get_or_init(|| {
+            self.ctx
+                .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)
+                .is_ok_and(|v| v == 1)
+        })
+    }
+
     /// Zero `bytes` at `p` on the private stream and wait for it alone.
     fn zero_on_aux(&self, p: DevAddr, bytes: usize) -> Result<()> {
         self.bind()?;
@@ -150,9 +162,21 @@ impl Device for CudaDevice {
             return Ok(0);
         }
         self.bind()?;
-        // SAFETY: FFI allocation of `bytes` bytes in the bound context.
-        let p = unsafe { result::malloc_sync(bytes) }
-            .map_err(|e| dev_err(&format!("cuMemAlloc of {bytes} bytes"), e))?;
+        // Stream-ordered on the private stream where the device has memory pools:
+        // cuMemAllocAsync never synchronizes other streams, while a plain cuMemAlloc may
+        // serialize against work already queued (a caller's stream waiting for a
+        // stream-ordered collective whose first call is allocating its scratch).
+        let p = if self.has_pools() {
+            let aux = self.aux()?;
+            // SAFETY: FFI allocation on the private stream, waited for in `zero_on_aux`
+            // below before anyone sees the address.
+            unsafe { result::malloc_async(aux.cu_stream(), bytes) }
+                .map_err(|e| dev_err(&format!("cuMemAllocAsync of {bytes} bytes"), e))?
+        } else {
+            // SAFETY: FFI allocation of `bytes` bytes in the bound context.
+            unsafe { result::malloc_sync(bytes) }
+                .map_err(|e| dev_err(&format!("cuMemAlloc of {bytes} bytes"), e))?
+        };
         self.allocations
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // Zeroed on the private stream, finished before anyone sees the address: no
@@ -160,16 +184,29 @@ impl Device for CudaDevice {
         // (a caller's stream may be waiting for a stream-ordered collective).
         if let Err(e) = self.zero_on_aux(p, bytes) {
             // SAFETY: freeing the allocation made above, once.
-            let _ = unsafe { result::free_sync(p) };
+            unsafe { self.free(p) };
             return Err(e);
         }
         Ok(p)
     }
     unsafe fn free(&self, addr: DevAddr) {
-        if self.bind().is_ok() {
-            // SAFETY: the caller's contract: `addr` came from `alloc_zeroed`, freed once.
-            let _ = unsafe { result::free_sync(addr) };
+        if self.bind().is_err() {
+            return;
         }
+        if self.has_pools() {
+            if let Ok(aux) = self.aux() {
+                // SAFETY: the caller's contract: `addr` came from `alloc_zeroed` (the
+                // stream-ordered allocator on this device), is freed once, and its work
+                // has run; the private stream is then waited for.
+                let _ = unsafe {
+                    result::free_async(addr, aux.cu_stream())
+                        .and_then(|_| result::stream::synchronize(aux.cu_stream()))
+                };
+                return;
+            }
+        }
+        // SAFETY: the caller's contract: `addr` came from `alloc_zeroed`, freed once.
+        let _ = unsafe { result::free_sync(addr) };
     }
     fn htod(&self, dst: DevAddr, src: &[u8]) -> Result<()> {
         if src.is_empty() {
