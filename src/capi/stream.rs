@@ -265,13 +265,19 @@ pub unsafe extern "C" fn strataStreamSynchronize(stream: strataStream_t) -> stra
 /// None beyond passing a value (strata never dereferences it).
 #[no_mangle]
 pub unsafe extern "C" fn strataStreamQuery(stream: strataStream_t) -> strataResult_t {
-    let mut done = false;
-    let d = &mut done;
-    let r = ffi_boundary!("strataStreamQuery", std::ptr::null_mut(), {
-        *d = STREAMS.find(stream)?.query()?;
+    guard_query("strataStreamQuery", || STREAMS.find(stream)?.query())
+}
+
+/// The body of a never-blocking query at the ABI: `strataInProgress` when `done` says
+/// not yet, its error, or `strataSuccess`.
+fn guard_query(name: &'static str, done: impl FnOnce() -> Result<bool>) -> strataResult_t {
+    let mut finished = false;
+    let f = &mut finished;
+    let r = super::guard(name, std::ptr::null_mut(), move || {
+        *f = done()?;
         Ok(())
     });
-    if r == strataSuccess && !done {
+    if r == strataSuccess && !finished {
         strataInProgress
     } else {
         r
@@ -356,24 +362,17 @@ pub unsafe extern "C" fn strataEventRecord(
 /// None beyond passing a value (strata never dereferences it).
 #[no_mangle]
 pub unsafe extern "C" fn strataEventQuery(event: strataEvent_t) -> strataResult_t {
-    let mut done = false;
-    let d = &mut done;
-    let r = ffi_boundary!("strataEventQuery", std::ptr::null_mut(), {
+    guard_query("strataEventQuery", || {
         let e = EVENTS.find(event.cast())?;
         let works = lock(&e.works).clone().unwrap_or_default();
-        *d = works.iter().all(Work::is_done);
-        if *d {
+        let done = works.iter().all(Work::is_done);
+        if done {
             for w in &works {
                 w.wait_timeout(Duration::ZERO)?;
             }
         }
-        Ok(())
-    });
-    if r == strataSuccess && !done {
-        strataInProgress
-    } else {
-        r
-    }
+        Ok(done)
+    })
 }
 
 /// Block until the calls `event` marks have completed; the first failure among them.
