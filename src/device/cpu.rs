@@ -67,6 +67,59 @@ struct State {
     lanes: Vec<Weak<Lane>>,
     /// Frees whose streams did not drain in time (released when the device is dropped).
     leaked: Vec<u64>,
+    /// Captures in progress (global mode: they forbid synchronizing calls device-wide).
+    captures: Vec<Arc<Capture>>,
+}
+
+/// A stream capture in progress ([`DevStream::begin_capture`]): the recorded operations
+/// and their dependencies, the streams that joined it.
+struct Capture {
+    origin: u64,
+    g: Mutex<CapGraph>,
+}
+
+impl std::fmt::Debug for Capture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Capture(origin {})", self.origin)
+    }
+}
+
+#[derive(Default)]
+struct CapGraph {
+    nodes: Vec<Node>,
+    /// Why the capture is invalid (as a CUDA capture invalidated by an illegal call).
+    failed: Option<Error>,
+    joined: Vec<Arc<Lane>>,
+}
+
+/// One recorded operation and the nodes it runs after.
+#[derive(Clone)]
+struct Node {
+    task: Task,
+    deps: Vec<usize>,
+}
+
+impl Capture {
+    fn lock(&self) -> Result<MutexGuard<'_, CapGraph>> {
+        self.g
+            .lock()
+            .map_err(|_| Error::Internal("cpu capture poisoned".into()))
+    }
+
+    /// Invalidate the capture with `msg` (the first reason sticks); the error to return.
+    fn fail(&self, msg: String) -> Error {
+        let e = dev_err(msg);
+        if let Ok(mut g) = self.lock() {
+            g.failed.get_or_insert(e.clone());
+        }
+        e
+    }
+
+    fn add(&self, task: Task, deps: Vec<usize>) -> Result<usize> {
+        let mut g = self.lock()?;
+        g.nodes.push(Node { task, deps });
+        Ok(g.nodes.len() - 1)
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -213,9 +266,30 @@ impl CpuDevice {
         r
     }
 
+    /// A call that synchronizes with the device (allocation, free, synchronous copies):
+    /// refused while a capture is in progress, which it invalidates (CUDA's global
+    /// capture mode), so code that allocates or waits inside a capture fails its tests.
+    fn unsafe_call(&self, what: &str) -> Result<()> {
+        let caps = self.state()?.captures.clone();
+        match caps.first() {
+            None => Ok(()),
+            Some(_) => {
+                let msg = format!(
+                    "{what} is not permitted while a stream is being captured (global capture \
+                     mode; the capture is invalidated)"
+                );
+                caps.iter().for_each(|c| {
+                    c.fail(msg.clone());
+                });
+                Err(dev_err(msg))
+            }
+        }
+    }
+
     /// Wait until every stream of this device has run what was enqueued on it before
     /// this call (`cuCtxSynchronize`).
     fn synchronize(&self, what: &str) -> Result<()> {
+        self.unsafe_call(what)?;
         let lanes: Vec<(Arc<Lane>, u64)> = self
             .state()?
             .lanes
@@ -422,6 +496,7 @@ impl Device for CpuDevice {
         if bytes == 0 {
             return Ok(0);
         }
+        self.unsafe_call("allocating device memory")?;
         let layout = Layout::from_size_align(bytes, ALIGN)
             .map_err(|e| Error::InvalidArgument(format!("cpu device: {bytes} bytes: {e}")))?;
         // SAFETY: a non-zero size with a valid layout.
@@ -453,6 +528,7 @@ impl Device for CpuDevice {
     fn htod(&self, dst: DevAddr, src: &[u8]) -> Result<()> {
         // Like strata's CUDA device (a private stream, waited for alone): no other
         // stream is waited for; the race check catches a stream still using the range.
+        self.unsafe_call("a synchronous copy to the device")?;
         let r = Region {
             addr: dst,
             len: src.len(),
@@ -463,6 +539,7 @@ impl Device for CpuDevice {
         })
     }
     fn dtoh(&self, dst: &mut [u8], src: DevAddr) -> Result<()> {
+        self.unsafe_call("a synchronous copy from the device")?;
         let r = Region {
             addr: src,
             len: dst.len(),
@@ -507,6 +584,7 @@ impl Device for CpuDevice {
         CpuDevice::allocations(self)
     }
     fn zero(&self, addr: DevAddr, bytes: usize) -> Result<()> {
+        self.unsafe_call("zeroing on the private stream (a synchronous memset)")?;
         let r = Region { addr, len: bytes };
         self.run_op(0, &[], &[r], |_, w| {
             w[0].fill(0);
@@ -517,9 +595,13 @@ impl Device for CpuDevice {
         &self.pool
     }
     unsafe fn record_on(&self, raw: *mut c_void) -> Result<Arc<dyn DevEvent>> {
-        let lane = self.lane_of(raw)?;
-        let seq = lane.lock()?.enqueued;
-        Ok(Arc::new(CpuEvent { lane, seq }))
+        Ok(Arc::new(self.lane_of(raw)?.record()?))
+    }
+    unsafe fn is_capturing(&self, raw: *mut c_void) -> Result<bool> {
+        Ok(self.lane_of(raw)?.lock()?.capture.is_some())
+    }
+    unsafe fn wait_event_on(&self, raw: *mut c_void, ev: &dyn DevEvent) -> Result<()> {
+        self.lane_of(raw)?.wait_event(cpu_event(ev)?)
     }
     unsafe fn wait_value_on(&self, raw: *mut c_void, flag: DevAddr, value: u64) -> Result<()> {
         self.with_word(flag, |_| ())?;
@@ -527,14 +609,28 @@ impl Device for CpuDevice {
     }
 }
 
-/// An event of the CPU device: the point after `seq` operations of one stream.
+/// An event of the CPU device: the point after `seq` operations of one stream, or,
+/// recorded during a capture, the capture's nodes it follows.
 pub struct CpuEvent {
     lane: Arc<Lane>,
     seq: u64,
+    captured: Option<(Arc<Capture>, Vec<usize>)>,
+}
+
+fn cpu_event(ev: &dyn DevEvent) -> Result<&CpuEvent> {
+    ev.as_any().downcast_ref::<CpuEvent>().ok_or_else(|| {
+        Error::InvalidArgument("an event of another device given to a cpu stream".into())
+    })
 }
 
 impl DevEvent for CpuEvent {
     fn query(&self) -> Result<bool> {
+        if let Some((cap, _)) = &self.captured {
+            return Err(cap.fail(
+                "an event recorded during a capture was queried (it exists only in the graph)"
+                    .into(),
+            ));
+        }
         let q = self.lane.lock()?;
         if q.done < self.seq {
             return Ok(false);
@@ -550,6 +646,7 @@ impl DevEvent for CpuEvent {
 }
 
 /// One queued operation.
+#[derive(Clone)]
 enum Task {
     Copy {
         dst: DevAddr,
@@ -587,6 +684,13 @@ enum Task {
         flag: DevAddr,
         value: u64,
     },
+    /// Zero `bytes` at `addr`.
+    Zero {
+        addr: DevAddr,
+        bytes: usize,
+    },
+    /// One replay of a captured graph (its nodes in a topological order).
+    Graph(Arc<Vec<Node>>),
 }
 
 #[derive(Default)]
@@ -596,6 +700,9 @@ struct LaneQ {
     done: u64,
     error: Option<Error>,
     closed: bool,
+    /// The capture this stream records into, and its frontier (the nodes the next
+    /// operation depends on).
+    capture: Option<(Arc<Capture>, Vec<usize>)>,
 }
 
 /// The queue and worker of one stream.
@@ -620,10 +727,70 @@ impl Lane {
 
     fn push(&self, t: Task) -> Result<()> {
         let mut q = self.lock()?;
+        if let Some((cap, front)) = q.capture.as_mut() {
+            if let Task::Wait { lane, .. } = &t {
+                let msg = format!(
+                    "a capturing stream waited for stream {} outside the capture (isolation)",
+                    lane.id
+                );
+                let cap = cap.clone();
+                drop(q);
+                return Err(cap.fail(msg));
+            }
+            let i = cap.add(t, std::mem::take(front))?;
+            *front = vec![i];
+            return Ok(());
+        }
         q.tasks.push_back(t);
         q.enqueued += 1;
         self.cv.notify_all();
         Ok(())
+    }
+
+    /// An event after the work enqueued so far (inside a capture: after its frontier).
+    fn record(self: &Arc<Self>) -> Result<CpuEvent> {
+        let q = self.lock()?;
+        Ok(CpuEvent {
+            lane: self.clone(),
+            seq: q.enqueued,
+            captured: q.capture.as_ref().map(|(c, f)| (c.clone(), f.clone())),
+        })
+    }
+
+    /// Wait for `ev`: a captured event joins this stream to its capture (or adds to
+    /// its frontier), a plain one is a device-side wait (refused while capturing).
+    fn wait_event(self: &Arc<Self>, ev: &CpuEvent) -> Result<()> {
+        let Some((cap, f)) = &ev.captured else {
+            if Arc::ptr_eq(&ev.lane, self) {
+                return Ok(());
+            }
+            return self.push(Task::Wait {
+                lane: ev.lane.clone(),
+                seq: ev.seq,
+            });
+        };
+        let mut q = self.lock()?;
+        match q.capture.as_mut() {
+            None => {
+                q.capture = Some((cap.clone(), f.clone()));
+                drop(q);
+                cap.lock()?.joined.push(self.clone());
+                Ok(())
+            }
+            Some((mine, front)) if Arc::ptr_eq(mine, cap) => {
+                for i in f {
+                    if !front.contains(i) {
+                        front.push(*i);
+                    }
+                }
+                Ok(())
+            }
+            Some((mine, _)) => {
+                let mine = mine.clone();
+                drop(q);
+                Err(mine.fail("a stream waited for an event of another capture (isolation)".into()))
+            }
+        }
     }
 
     /// Wait until `seq` operations have completed or `deadline` passes (false then).
@@ -737,6 +904,13 @@ impl Lane {
             Task::WriteValue { flag, value } => {
                 dev.with_word(flag, |w| w.store(value, Ordering::Release))
             }
+            Task::Zero { addr, bytes } => dev.run_op(self.id, &[], &[reg(addr, bytes)], |_, w| {
+                w[0].fill(0);
+                Ok(())
+            }),
+            Task::Graph(nodes) => nodes
+                .iter()
+                .try_for_each(|n| self.exec(dev, n.task.clone())),
         }
     }
 }
@@ -875,6 +1049,11 @@ impl DevStream for CpuStream {
     }
     fn query(&self) -> Result<bool> {
         let q = self.lane.lock()?;
+        if let Some((cap, _)) = &q.capture {
+            let cap = cap.clone();
+            drop(q);
+            return Err(cap.fail("a capturing stream was queried or synchronized".into()));
+        }
         if let Some(e) = &q.error {
             return Err(e.clone());
         }
@@ -885,30 +1064,17 @@ impl DevStream for CpuStream {
         if Arc::ptr_eq(&lane, &self.lane) {
             return Ok(());
         }
-        let seq = lane.lock()?.enqueued;
-        self.push(Task::Wait { lane, seq })
+        let ev = lane.record()?;
+        self.lane.wait_event(&ev)
     }
     fn delay(&self, d: Duration) -> Result<()> {
         self.push(Task::Delay(d))
     }
     fn record(&self) -> Result<Arc<dyn DevEvent>> {
-        let seq = self.lane.lock()?.enqueued;
-        Ok(Arc::new(CpuEvent {
-            lane: self.lane.clone(),
-            seq,
-        }))
+        Ok(Arc::new(self.lane.record()?))
     }
     fn wait_event(&self, ev: &dyn DevEvent) -> Result<()> {
-        let ev = ev.as_any().downcast_ref::<CpuEvent>().ok_or_else(|| {
-            Error::InvalidArgument("an event of another device given to a cpu stream".into())
-        })?;
-        if Arc::ptr_eq(&ev.lane, &self.lane) {
-            return Ok(());
-        }
-        self.push(Task::Wait {
-            lane: ev.lane.clone(),
-            seq: ev.seq,
-        })
+        self.lane.wait_event(cpu_event(ev)?)
     }
     fn write_value(&self, flag: DevAddr, value: u64) -> Result<()> {
         self.dev.with_word(flag, |_| ())?;
@@ -917,6 +1083,105 @@ impl DevStream for CpuStream {
     fn wait_value(&self, flag: DevAddr, value: u64) -> Result<()> {
         self.dev.with_word(flag, |_| ())?;
         self.push(Task::WaitValue { flag, value })
+    }
+    fn clear(&self, addr: DevAddr, bytes: usize) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.push(Task::Zero { addr, bytes })
+    }
+    fn begin_capture(&self) -> Result<()> {
+        let mut q = self.lane.lock()?;
+        if q.capture.is_some() {
+            return Err(Error::InvalidUsage(
+                "begin_capture: the stream is already capturing".into(),
+            ));
+        }
+        let cap = Arc::new(Capture {
+            origin: self.lane.id,
+            g: Mutex::new(CapGraph::default()),
+        });
+        q.capture = Some((cap.clone(), Vec::new()));
+        drop(q);
+        self.dev.state()?.captures.push(cap);
+        Ok(())
+    }
+    fn end_capture(&self) -> Result<Arc<dyn super::DevGraph>> {
+        let (cap, front) = {
+            let mut q = self.lane.lock()?;
+            match q.capture.take() {
+                Some((c, f)) if c.origin == self.lane.id => (c, f),
+                other => {
+                    q.capture = other;
+                    return Err(Error::InvalidUsage(
+                        "end_capture on a stream that did not begin a capture".into(),
+                    ));
+                }
+            }
+        };
+        self.dev.state()?.captures.retain(|c| !Arc::ptr_eq(c, &cap));
+        let joined = std::mem::take(&mut cap.lock()?.joined);
+        let mut fronts = Vec::new();
+        for l in joined {
+            let mut q = l.lock()?;
+            if q.capture
+                .as_ref()
+                .is_some_and(|(c, _)| Arc::ptr_eq(c, &cap))
+            {
+                if let Some((_, f)) = q.capture.take() {
+                    fronts.push((l.id, f));
+                }
+            }
+        }
+        let g = cap.lock()?;
+        if let Some(e) = &g.failed {
+            return Err(dev_err(format!("the capture was invalidated: {e}")));
+        }
+        // Everything a joined stream recorded must be an ancestor of the origin's end
+        // (CUDA: cudaErrorStreamCaptureUnjoined).
+        let mut seen = vec![false; g.nodes.len()];
+        let mut stack = front;
+        while let Some(i) = stack.pop() {
+            if !std::mem::replace(&mut seen[i], true) {
+                stack.extend(g.nodes[i].deps.iter().copied());
+            }
+        }
+        if let Some((id, _)) = fronts.iter().find(|(_, f)| f.iter().any(|&i| !seen[i])) {
+            return Err(dev_err(format!(
+                "end_capture: stream {id} joined the capture and was not joined back \
+                 (unjoined work)"
+            )));
+        }
+        Ok(Arc::new(CpuGraph {
+            dev: self.dev.clone(),
+            nodes: Arc::new(g.nodes.clone()),
+        }))
+    }
+}
+
+/// A graph captured on the CPU device: its operations, replayed in a topological order
+/// on the stream it is launched on.
+pub struct CpuGraph {
+    dev: Arc<CpuDevice>,
+    nodes: Arc<Vec<Node>>,
+}
+
+impl CpuGraph {
+    /// Operations in the graph.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+    /// True for an empty graph.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+}
+
+impl super::DevGraph for CpuGraph {
+    fn launch(&self, stream: &dyn DevStream) -> Result<()> {
+        self.dev
+            .lane_of(stream.raw())?
+            .push(Task::Graph(self.nodes.clone()))
     }
 }
 
@@ -1042,5 +1307,75 @@ mod tests {
         assert!(e.to_string().contains("not a live stream"), "{e}");
         // SAFETY: allocated above, freed once.
         unsafe { d.free(a) };
+    }
+    /// A capture records instead of running; joined streams fork and join with events;
+    /// the graph replays; allocating, querying, waiting outside the capture and leaving
+    /// a forked stream unjoined are errors, as on CUDA.
+    #[test]
+    fn capture_records_and_replays_and_refuses_what_cuda_refuses() {
+        // Its own device: a capture forbids allocations device-wide.
+        let d = CpuDevice::open(41).unwrap();
+        let (a, b, c) = (
+            d.alloc_zeroed(16).unwrap(),
+            d.alloc_zeroed(16).unwrap(),
+            d.alloc_zeroed(16).unwrap(),
+        );
+        d.htod(a, &[1u8; 16]).unwrap();
+        let (s, t) = (d.new_stream().unwrap(), d.new_stream().unwrap());
+        s.begin_capture().unwrap();
+        assert!(s.is_capturing().unwrap());
+        s.copy(b, a, 16).unwrap();
+        let fork = s.record().unwrap();
+        t.wait_event(fork.as_ref()).unwrap();
+        assert!(
+            t.is_capturing().unwrap(),
+            "waiting on a captured event joins"
+        );
+        t.copy(c, b, 16).unwrap();
+        s.wait_event(t.record().unwrap().as_ref()).unwrap();
+        let g = s.end_capture().unwrap();
+        assert!(!t.is_capturing().unwrap());
+        let mut out = [0u8; 16];
+        d.dtoh(&mut out, c).unwrap();
+        assert_eq!(out, [0u8; 16], "capture ran the work");
+        g.launch(s.as_ref()).unwrap();
+        sync(s.as_ref());
+        d.dtoh(&mut out, c).unwrap();
+        assert_eq!(out, [1u8; 16], "replay did not run the work");
+        d.htod(a, &[7u8; 16]).unwrap();
+        g.launch(t.as_ref()).unwrap();
+        sync(t.as_ref());
+        d.dtoh(&mut out, c).unwrap();
+        assert_eq!(out, [7u8; 16], "a replay reads the inputs of its time");
+
+        // Allocating inside a capture fails and invalidates it.
+        s.begin_capture().unwrap();
+        let e = d.alloc_zeroed(8).unwrap_err();
+        assert!(e.to_string().contains("being captured"), "{e}");
+        let e = s.end_capture().err().expect("invalidated");
+        assert!(e.to_string().contains("invalidated"), "{e}");
+        // Querying a capturing stream, likewise.
+        s.begin_capture().unwrap();
+        assert!(s.query().is_err());
+        assert!(s.end_capture().is_err());
+        // A forked stream not joined back.
+        s.begin_capture().unwrap();
+        t.wait_event(s.record().unwrap().as_ref()).unwrap();
+        t.copy(c, a, 16).unwrap();
+        let e = s.end_capture().err().expect("unjoined");
+        assert!(e.to_string().contains("not joined back"), "{e}");
+        // Waiting for work outside the capture (isolation).
+        let u = d.new_stream().unwrap();
+        u.copy(b, a, 16).unwrap();
+        s.begin_capture().unwrap();
+        assert!(s.wait_event(u.record().unwrap().as_ref()).is_err());
+        assert!(s.end_capture().is_err());
+        sync(u.as_ref());
+        // SAFETY: allocated above, freed once, no work left on them.
+        unsafe {
+            d.free(a);
+            d.free(b);
+            d.free(c);
+        }
     }
 }

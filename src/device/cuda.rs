@@ -4,7 +4,7 @@
 //! [`crate::kernels_gpu::call`].
 
 use super::pool::Pool;
-use super::{DevAddr, DevEvent, DevStream, Device, QuantCall};
+use super::{DevAddr, DevEvent, DevGraph, DevStream, Device, QuantCall};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::kernels_gpu::call;
@@ -339,21 +339,9 @@ impl Device for CudaDevice {
     }
     unsafe fn record_on(&self, raw: *mut c_void) -> Result<Arc<dyn DevEvent>> {
         self.bind()?;
-        // A stream-ordered call is released by a completion word the communicator's
-        // thread writes once per call: a captured graph would wait for a value nobody
-        // writes on replay, so capture is refused rather than recorded.
-        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-        // SAFETY: FFI query of the caller's stream (its contract), writing one enum.
-        check("cuStreamIsCapturing", unsafe {
-            sys::cuStreamIsCapturing(raw as sys::CUstream, &mut status)
-        })?;
-        if status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
-            return Err(Error::InvalidUsage(
-                "the stream is being captured into a CUDA graph; strata's stream-ordered \
-                 collectives are not capturable yet (call them outside the capture)"
-                    .into(),
-            ));
-        }
+        // Also on a stream being captured: the event then marks a point of the capture,
+        // and a stream that waits for it joins the capture (how strata forks its work
+        // into a caller's graph).
         // SAFETY: the caller's contract: `raw` is null or a live stream of this device.
         Ok(Arc::new(unsafe {
             CudaEvent::record(self, raw as sys::CUstream)
@@ -370,6 +358,26 @@ impl Device for CudaDevice {
                 value,
                 sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
             )
+        })
+    }
+    unsafe fn is_capturing(&self, raw: *mut c_void) -> Result<bool> {
+        self.bind()?;
+        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: FFI query of the caller's stream (its contract), writing one enum.
+        check("cuStreamIsCapturing", unsafe {
+            sys::cuStreamIsCapturing(raw as sys::CUstream, &mut status)
+        })?;
+        Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+    }
+    unsafe fn wait_event_on(&self, raw: *mut c_void, ev: &dyn DevEvent) -> Result<()> {
+        let ev = ev.as_any().downcast_ref::<CudaEvent>().ok_or_else(|| {
+            Error::InvalidArgument("an event of another device given to a CUDA stream".into())
+        })?;
+        self.bind()?;
+        // SAFETY: FFI on the caller's stream (its contract: null or a live stream of this
+        // device) and a live event.
+        check("cuStreamWaitEvent", unsafe {
+            sys::cuStreamWaitEvent(raw as sys::CUstream, ev.ev, 0)
         })
     }
 }
@@ -427,6 +435,52 @@ impl DevEvent for CudaEvent {
     }
     fn as_any(&self) -> &dyn std::any::Any {
         self
+    }
+}
+
+/// A captured CUDA graph and its instantiation, both destroyed on drop.
+pub struct CudaGraph {
+    dev: Arc<CudaDevice>,
+    graph: sys::CUgraph,
+    exec: sys::CUgraphExec,
+}
+
+// SAFETY: CUgraph / CUgraphExec handles may be used from any thread of the process; the
+// device is Send + Sync.
+unsafe impl Send for CudaGraph {}
+// SAFETY: as above; `&CudaGraph` only launches the executable graph, which the driver
+// allows concurrently (launches on one stream are serialized by the stream).
+unsafe impl Sync for CudaGraph {}
+
+impl Drop for CudaGraph {
+    fn drop(&mut self) {
+        let _ = self.dev.bind();
+        // SAFETY: destroying our own executable graph and graph, once each; launches
+        // already enqueued keep what they need.
+        unsafe {
+            let _ = sys::cuGraphExecDestroy(self.exec);
+            let _ = sys::cuGraphDestroy(self.graph);
+        }
+    }
+}
+
+impl DevGraph for CudaGraph {
+    fn launch(&self, stream: &dyn DevStream) -> Result<()> {
+        let d = stream.device();
+        if d.api() != super::Api::Cuda || d.ordinal() != self.dev.ordinal() {
+            return Err(Error::InvalidArgument(format!(
+                "a graph of CUDA device {} launched on a stream of {} device {}",
+                self.dev.ordinal(),
+                d.api().name(),
+                d.ordinal()
+            )));
+        }
+        self.dev.bind()?;
+        // SAFETY: FFI launching our live executable graph on a live stream of its device
+        // (checked above).
+        check("cuGraphLaunch", unsafe {
+            sys::cuGraphLaunch(self.exec, stream.raw() as sys::CUstream)
+        })
     }
 }
 
@@ -590,6 +644,48 @@ impl DevStream for CudaDevStream {
             self.dev
                 .wait_value_on(self.stream.cu_stream() as *mut c_void, flag, value)
         }
+    }
+    fn clear(&self, addr: DevAddr, bytes: usize) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.dev.bind()?;
+        // SAFETY: FFI memset on this live stream of a range the caller holds borrowed
+        // (inside one allocation) until the stream is waited for.
+        check("cuMemsetD8Async", unsafe {
+            sys::cuMemsetD8Async(addr, 0, bytes, self.stream.cu_stream())
+        })
+    }
+    fn begin_capture(&self) -> Result<()> {
+        self.dev.bind()?;
+        // SAFETY: FFI on this live stream.
+        check("cuStreamBeginCapture", unsafe {
+            sys::cuStreamBeginCapture_v2(
+                self.stream.cu_stream(),
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+            )
+        })
+    }
+    fn end_capture(&self) -> Result<Arc<dyn DevGraph>> {
+        self.dev.bind()?;
+        let mut graph: sys::CUgraph = std::ptr::null_mut();
+        // SAFETY: FFI on this live stream, writing one graph handle.
+        check("cuStreamEndCapture", unsafe {
+            sys::cuStreamEndCapture(self.stream.cu_stream(), &mut graph)
+        })?;
+        let mut exec: sys::CUgraphExec = std::ptr::null_mut();
+        // SAFETY: FFI instantiating the graph captured above, writing one handle.
+        let r = unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0) };
+        if let Err(e) = check("cuGraphInstantiateWithFlags", r) {
+            // SAFETY: destroying the graph captured above, once.
+            let _ = unsafe { sys::cuGraphDestroy(graph) };
+            return Err(e);
+        }
+        Ok(Arc::new(CudaGraph {
+            dev: self.dev.clone(),
+            graph,
+            exec,
+        }))
     }
     unsafe fn wait_foreign(&self, other: *mut c_void) -> Result<()> {
         self.dev.bind()?;

@@ -35,7 +35,7 @@
 //! [`crate::topology::gcd::pair_gcds`] (MI250X GCD pairing).
 
 use super::pool::Pool;
-use super::{DevAddr, DevEvent, DevStream, Device, QuantCall};
+use super::{DevAddr, DevEvent, DevGraph, DevStream, Device, QuantCall};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::kernels_gpu::call::{self, ArgBlock};
@@ -634,18 +634,9 @@ impl Device for HipDevice {
     }
     unsafe fn record_on(&self, raw: *mut c_void) -> Result<Arc<dyn DevEvent>> {
         self.bind()?;
-        // As on CUDA: a stream-ordered call cannot be captured into a graph.
-        let mut status = sys::hipStreamCaptureStatus::hipStreamCaptureStatusNone;
-        // SAFETY: FFI query of the caller's stream (its contract), writing one enum.
-        let r = unsafe { sys::hipStreamIsCapturing(raw as sys::hipStream_t, &mut status) };
-        check(r, || "hipStreamIsCapturing".to_string())?;
-        if status != sys::hipStreamCaptureStatus::hipStreamCaptureStatusNone {
-            return Err(Error::InvalidUsage(
-                "the stream is being captured into a HIP graph; strata's stream-ordered \
-                 collectives are not capturable yet (call them outside the capture)"
-                    .into(),
-            ));
-        }
+        // Also on a stream being captured: the event then marks a point of the capture,
+        // and a stream that waits for it joins the capture (how strata forks its work
+        // into a caller's graph).
         // SAFETY: the caller's contract: `raw` is null or a live stream of this device.
         Ok(Arc::new(unsafe {
             HipEvent::record(raw as sys::hipStream_t)
@@ -665,6 +656,24 @@ impl Device for HipDevice {
             )
         };
         check(r, || "hipStreamWaitValue64".to_string())
+    }
+    unsafe fn is_capturing(&self, raw: *mut c_void) -> Result<bool> {
+        self.bind()?;
+        let mut status = sys::hipStreamCaptureStatus::hipStreamCaptureStatusNone;
+        // SAFETY: FFI query of the caller's stream (its contract), writing one enum.
+        let r = unsafe { sys::hipStreamIsCapturing(raw as sys::hipStream_t, &mut status) };
+        check(r, || "hipStreamIsCapturing".to_string())?;
+        Ok(status != sys::hipStreamCaptureStatus::hipStreamCaptureStatusNone)
+    }
+    unsafe fn wait_event_on(&self, raw: *mut c_void, ev: &dyn DevEvent) -> Result<()> {
+        let ev = ev.as_any().downcast_ref::<HipEvent>().ok_or_else(|| {
+            Error::InvalidArgument("an event of another device given to a HIP stream".into())
+        })?;
+        self.bind()?;
+        // SAFETY: FFI on the caller's stream (its contract: null or a live stream of this
+        // device) and a live event.
+        let r = unsafe { sys::hipStreamWaitEvent(raw as sys::hipStream_t, ev.ev, 0) };
+        check(r, || "hipStreamWaitEvent".to_string())
     }
 }
 
@@ -718,6 +727,53 @@ impl DevEvent for HipEvent {
     }
     fn as_any(&self) -> &dyn std::any::Any {
         self
+    }
+}
+
+/// A captured HIP graph and its instantiation, both destroyed on drop.
+pub struct HipGraph {
+    dev: Arc<HipDevice>,
+    graph: sys::hipGraph_t,
+    exec: sys::hipGraphExec_t,
+}
+
+// SAFETY: hipGraph_t / hipGraphExec_t handles may be used from any thread of the process;
+// the device is Send + Sync.
+unsafe impl Send for HipGraph {}
+// SAFETY: as above; `&HipGraph` only launches the executable graph (launches on one
+// stream are serialized by the stream).
+unsafe impl Sync for HipGraph {}
+
+impl Drop for HipGraph {
+    fn drop(&mut self) {
+        let _ = self.dev.bind();
+        // SAFETY: FFI destroying our own executable graph and graph, once each; launches
+        // already enqueued keep what they need.
+        unsafe {
+            let _ = sys::hipGraphExecDestroy(self.exec);
+            let _ = sys::hipGraphDestroy(self.graph);
+        }
+    }
+}
+
+impl DevGraph for HipGraph {
+    fn launch(&self, stream: &dyn DevStream) -> Result<()> {
+        let d = stream.device();
+        if d.api() != super::Api::Hip || d.ordinal() != self.dev.ordinal {
+            return Err(Error::InvalidArgument(format!(
+                "a graph of HIP device {} launched on a stream of {} device {}",
+                self.dev.ordinal,
+                d.api().name(),
+                d.ordinal()
+            )));
+        }
+        self.dev.bind()?;
+        // SAFETY: FFI launching our live executable graph on a live stream of its device
+        // (checked above).
+        let r = unsafe { sys::hipGraphLaunch(self.exec, stream.raw() as sys::hipStream_t) };
+        check(r, || {
+            format!("hipGraphLaunch on HIP device {}", self.dev.ordinal)
+        })
     }
 }
 
@@ -932,6 +988,64 @@ impl DevStream for HipStream {
             self.dev
                 .wait_value_on(self.stream as *mut c_void, flag, value)
         }
+    }
+
+    fn clear(&self, addr: DevAddr, bytes: usize) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.dev.bind()?;
+        // SAFETY: FFI memset on this live stream of a range the caller holds borrowed
+        // (inside one allocation) until the stream is finished.
+        let r = unsafe { sys::hipMemsetAsync(addr as *mut c_void, 0, bytes, self.stream) };
+        check(r, || {
+            format!(
+                "hipMemsetAsync of {bytes} bytes at {addr:#x} on HIP device {}",
+                self.dev.ordinal
+            )
+        })
+    }
+
+    fn begin_capture(&self) -> Result<()> {
+        self.dev.bind()?;
+        // SAFETY: FFI on this live stream.
+        let r = unsafe {
+            sys::hipStreamBeginCapture(
+                self.stream,
+                sys::hipStreamCaptureMode::hipStreamCaptureModeGlobal,
+            )
+        };
+        check(r, || "hipStreamBeginCapture".to_string())
+    }
+
+    fn end_capture(&self) -> Result<Arc<dyn DevGraph>> {
+        self.dev.bind()?;
+        let mut graph: sys::hipGraph_t = std::ptr::null_mut();
+        // SAFETY: FFI on this live stream, writing one graph handle.
+        let r = unsafe { sys::hipStreamEndCapture(self.stream, &mut graph) };
+        check(r, || "hipStreamEndCapture".to_string())?;
+        let mut exec: sys::hipGraphExec_t = std::ptr::null_mut();
+        // SAFETY: FFI instantiating the graph captured above, writing one handle (no
+        // error node or log buffer requested).
+        let r = unsafe {
+            sys::hipGraphInstantiate(
+                &mut exec,
+                graph,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                0,
+            )
+        };
+        if let Err(e) = check(r, || "hipGraphInstantiate".to_string()) {
+            // SAFETY: FFI destroying the graph captured above, once.
+            let _ = unsafe { sys::hipGraphDestroy(graph) };
+            return Err(e);
+        }
+        Ok(Arc::new(HipGraph {
+            dev: self.dev.clone(),
+            graph,
+            exec,
+        }))
     }
 
     unsafe fn wait_foreign(&self, other: *mut c_void) -> Result<()> {

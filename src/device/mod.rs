@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod direct;
 #[cfg(feature = "rocm")]
 pub mod hip;
 pub mod pool;
@@ -104,6 +105,19 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     /// As [`Device::record_on`]; `flag` is 8-byte aligned device memory of this device
     /// that stays allocated until the wait is over.
     unsafe fn wait_value_on(&self, raw: *mut c_void, flag: DevAddr, value: u64) -> Result<()>;
+    /// True while the runtime stream `raw` is being captured into a graph
+    /// (`cuStreamIsCapturing`): stream-ordered calls then take the capturable path
+    /// ([`crate::comm::ordered`]).
+    ///
+    /// # Safety
+    /// As [`Device::record_on`].
+    unsafe fn is_capturing(&self, raw: *mut c_void) -> Result<bool>;
+    /// Make the runtime stream `raw` wait (on the device) for `ev`, an event of this
+    /// device (`cuStreamWaitEvent`; legal inside a capture: a join).
+    ///
+    /// # Safety
+    /// As [`Device::record_on`].
+    unsafe fn wait_event_on(&self, raw: *mut c_void, ev: &dyn DevEvent) -> Result<()>;
 }
 
 /// A point in one stream's work: complete once everything enqueued on that stream before
@@ -180,6 +194,27 @@ pub trait DevStream: Send + Sync {
     /// Make this stream wait (on the device) until the 8-byte word at `flag` is >=
     /// `value` (`cuStreamWaitValue64`, GEQ); `flag` stays allocated until then.
     fn wait_value(&self, flag: DevAddr, value: u64) -> Result<()>;
+    /// True while this stream is being captured into a graph.
+    fn is_capturing(&self) -> Result<bool> {
+        // SAFETY: `raw` is this live stream's handle, of `device()`.
+        unsafe { self.device().is_capturing(self.raw()) }
+    }
+    /// Zero `bytes` at `addr` in stream order (`cuMemsetD8Async`).
+    fn clear(&self, addr: DevAddr, bytes: usize) -> Result<()>;
+    /// Start capturing this stream into a graph (`cuStreamBeginCapture`, global mode):
+    /// work enqueued on it, and on every stream that joins it by waiting for an event
+    /// recorded on it, is recorded instead of run; allocations, synchronous copies and
+    /// stream queries anywhere on the device fail until the capture ends.
+    fn begin_capture(&self) -> Result<()>;
+    /// End the capture begun on this stream: the graph, instantiated (every stream that
+    /// joined must have been joined back, else an error).
+    fn end_capture(&self) -> Result<Arc<dyn DevGraph>>;
+}
+
+/// A captured, instantiated graph (`CUgraphExec`): replays the recorded work.
+pub trait DevGraph: Send + Sync {
+    /// Enqueue one replay of the graph on `stream` (a stream of the same device).
+    fn launch(&self, stream: &dyn DevStream) -> Result<()>;
 }
 
 /// Wait until `stream` has run everything enqueued, polling `probe` (e.g. a vendor
@@ -268,7 +303,13 @@ pub struct DeviceMem {
 impl DeviceMem {
     /// `bytes` zeroed bytes on `dev`: a cached block of the size class when there is one
     /// ([`pool`]), else a new allocation. Dropping it returns the block to the cache.
+    ///
+    /// Inside a stream-ordered call's [`direct::Scope`] on this device: a block of the
+    /// communicator's arena instead, held until the call ends.
     pub fn alloc(dev: &Arc<dyn Device>, bytes: usize) -> Result<DeviceMem> {
+        if let Some(r) = direct::alloc(dev, bytes) {
+            return r;
+        }
         let addr = if bytes == 0 {
             0
         } else {

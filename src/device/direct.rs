@@ -1,0 +1,152 @@
+//! Per-call scratch of stream-ordered collectives, and the capturable path.
+//!
+//! A stream-ordered call ([`crate::comm::ordered`]) runs inside a [`Scope`]: every
+//! [`super::DeviceMem::alloc`] made for it on its device (by the algorithm, on any
+//! sub-communicator's thread: the scope travels with the call's jobs) takes a block of
+//! the communicator's [`Arena`] instead of the device cache. The blocks are held until
+//! the call ends and then reused by the next call, so a repeated call allocates nothing
+//! and uses the same addresses, which is what a CUDA graph replays.
+//!
+//! A scope with a [`Scope::stream`] is the **capturable path**: all device work of the
+//! call goes onto that one stream (the communicator's, forked from and joined back to
+//! the caller's capturing stream with events), nothing waits on the host for the
+//! device, and blocks are zeroed on that stream. Without one (the ordinary
+//! stream-ordered path) blocks are zeroed on the device's private stream, as the cache
+//! does.
+
+#![forbid(unsafe_code)]
+
+use super::{pool::Pool, DevAddr, DevStream, Device, DeviceMem};
+use crate::error::{Error, Result};
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// One communicator's scratch blocks for its stream-ordered calls.
+pub struct Arena {
+    dev: Arc<dyn Device>,
+    blocks: Mutex<Vec<Block>>,
+    next_lease: AtomicU64,
+}
+
+struct Block {
+    class: usize,
+    mem: DeviceMem,
+    /// The call holding it (0: free).
+    lease: u64,
+}
+
+impl Arena {
+    /// An empty arena on `dev`.
+    pub fn new(dev: &Arc<dyn Device>) -> Arena {
+        Arena {
+            dev: dev.clone(),
+            blocks: Mutex::new(Vec::new()),
+            next_lease: AtomicU64::new(1),
+        }
+    }
+
+    /// A new call's lease number.
+    pub fn lease(&self) -> u64 {
+        self.next_lease.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// A block of at least `bytes` for call `lease`: a free one of the size class, else
+    /// a new allocation (kept for later calls). Not zeroed.
+    fn take(&self, lease: u64, bytes: usize) -> Result<DevAddr> {
+        let class = Pool::class(bytes);
+        let mut b = self
+            .blocks
+            .lock()
+            .map_err(|_| Error::Internal("arena lock poisoned".into()))?;
+        if let Some(blk) = b.iter_mut().find(|k| k.lease == 0 && k.class == class) {
+            blk.lease = lease;
+            return Ok(blk.mem.addr());
+        }
+        // Outside any scope: a plain (cached) allocation owned by the arena.
+        let mem = scope(None, || DeviceMem::alloc(&self.dev, class))?;
+        let addr = mem.addr();
+        b.push(Block { class, mem, lease });
+        Ok(addr)
+    }
+
+    /// Call `lease` is over (its device work has run, or is ordered before any later
+    /// call's on the communicator's stream): its blocks are free again.
+    pub fn release(&self, lease: u64) {
+        if let Ok(mut b) = self.blocks.lock() {
+            b.iter_mut()
+                .filter(|k| k.lease == lease)
+                .for_each(|k| k.lease = 0);
+        }
+    }
+
+    /// Bytes held by the arena.
+    pub fn bytes(&self) -> usize {
+        self.blocks
+            .lock()
+            .map(|b| b.iter().map(|k| k.class).sum())
+            .unwrap_or(0)
+    }
+}
+
+/// The stream-ordered call a thread is working for.
+#[derive(Clone)]
+pub struct Scope {
+    /// The communicator's arena.
+    pub arena: Arc<Arena>,
+    /// This call's lease on it.
+    pub lease: u64,
+    /// The capturable path: every stage on this stream, no host waits.
+    pub stream: Option<Arc<dyn DevStream>>,
+}
+
+thread_local! {
+    static CURRENT: RefCell<Option<Scope>> = const { RefCell::new(None) };
+}
+
+/// The scope this thread works in, if any.
+pub fn current() -> Option<Scope> {
+    CURRENT.with(|c| c.borrow().clone())
+}
+
+/// The capturable path's stream, when this thread is on it.
+pub fn stream() -> Option<Arc<dyn DevStream>> {
+    CURRENT.with(|c| c.borrow().as_ref().and_then(|s| s.stream.clone()))
+}
+
+/// Run `f` in `s` (`None`: outside any scope), restoring the previous scope after.
+pub fn scope<T>(s: Option<Scope>, f: impl FnOnce() -> T) -> T {
+    struct Restore(Option<Scope>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let prev = self.0.take();
+            CURRENT.with(|c| *c.borrow_mut() = prev);
+        }
+    }
+    let prev = CURRENT.with(|c| std::mem::replace(&mut *c.borrow_mut(), s));
+    let _restore = Restore(prev);
+    f()
+}
+
+/// [`DeviceMem::alloc`] inside a scope on `dev`: a zeroed arena block, not owned by the
+/// returned value (the arena keeps it). `None` outside a scope or on another device.
+pub(super) fn alloc(dev: &Arc<dyn Device>, bytes: usize) -> Option<Result<DeviceMem>> {
+    let s = current()?;
+    let same = s.arena.dev.api() == dev.api() && s.arena.dev.ordinal() == dev.ordinal();
+    if !same || bytes == 0 {
+        return None;
+    }
+    Some((|| {
+        let addr = s.arena.take(s.lease, bytes)?;
+        match &s.stream {
+            Some(st) => st.clear(addr, bytes)?,
+            None => dev.zero(addr, bytes)?,
+        }
+        Ok(DeviceMem {
+            dev: dev.clone(),
+            addr,
+            len: bytes,
+            owned: false,
+        })
+    })())
+}
