@@ -329,8 +329,9 @@ extern "C" {
  * which does not wait either; `stream` must stay alive until then). The buffers belong
  * to strata until `stream` has passed the call (`cudaStreamSynchronize`, an event): keep
  * them allocated and untouched until then. Failures after the call are reported by
- * `strataCommGetAsyncError` and release `stream` all the same. A stream being captured
- * into a graph is `strataInvalidUsage`. host-local: buffers from `strataMemAlloc`,
+ * `strataCommGetAsyncError` and release `stream` all the same. On a stream being captured
+ * into a CUDA/HIP graph the call is recorded into the graph (run each call shape once
+ * uncaptured first; docs/gpu.md, "Graph capture"). host-local: buffers from `strataMemAlloc`,
  * driven as on a host transport (blocking, or on a strata host stream).
  *
  * Thread-safety: one thread at a time per communicator.

@@ -13,9 +13,9 @@
  *      1-rank communicator from strataCommInitRankConfig; all-reduce (out of place, after
  *      a memset queued on the caller's stream, and in place), all-gather in place,
  *      reduce-scatter, broadcast, a group of two all-reduces, each read after
- *      synchronizing the stream (the calls are stream-ordered); a call on a stream being
- *      captured into a graph is strataInvalidUsage; a host pointer is
- *      strataInvalidArgument.
+ *      synchronizing the stream (the calls are stream-ordered); an all-reduce captured
+ *      into a CUDA graph (global capture mode) and replayed 100 times, then once more
+ *      after its input changed; a host pointer is strataInvalidArgument.
  *   2. cuda-local: strataCommInitLocal of 2 ranks on the one GPU, driven from one thread
  *      inside a group (all-reduce and all-gather), results checked.
  * Prints "gpu-check-capi: N passed, 0 failed" and exits 0; exits 1 on the first failed
@@ -51,6 +51,9 @@ static CUresult (*cuStreamDestroy)(CUstream);
 static CUresult (*cuStreamBeginCapture)(CUstream, int);
 static CUresult (*cuStreamEndCapture)(CUstream, void **);
 static CUresult (*cuGraphDestroy)(void *);
+static CUresult (*cuGraphInstantiateWithFlags)(void **, void *, unsigned long long);
+static CUresult (*cuGraphLaunch)(void *, CUstream);
+static CUresult (*cuGraphExecDestroy)(void *);
 
 static long passed;
 
@@ -104,6 +107,9 @@ static int load_driver(void) {
   load(lib, "cuStreamBeginCapture_v2", &cuStreamBeginCapture);
   load(lib, "cuStreamEndCapture", &cuStreamEndCapture);
   load(lib, "cuGraphDestroy", &cuGraphDestroy);
+  load(lib, "cuGraphInstantiateWithFlags", &cuGraphInstantiateWithFlags);
+  load(lib, "cuGraphLaunch", &cuGraphLaunch);
+  load(lib, "cuGraphExecDestroy", &cuGraphExecDestroy);
   return 1;
 }
 
@@ -180,14 +186,26 @@ static void check_nccl(CUstream stream) {
   CU(cuStreamSynchronize(stream)); /* stream-ordered: wait for the stream, not the call */
   CHECK(dev_equals(recv, N, 1.0f, 1.0f) && dev_equals(g, N, 1.0f, 1.0f), "group of two all-reduces");
 
-  /* Graph capture: refused with strataInvalidUsage (not capturable yet), and the capture
-     itself stays valid. */
-  void *graph = NULL;
-  CU(cuStreamBeginCapture(stream, 2 /* CU_STREAM_CAPTURE_MODE_RELAXED */));
+  /* Graph capture: the all-reduce of src into recv (same shape as above: warmed up) is
+     recorded into a graph, replayed 100 times from zeroed output, then once more after
+     its input changed. */
+  void *graph = NULL, *exec = NULL;
+  CU(cuStreamBeginCapture(stream, 0 /* CU_STREAM_CAPTURE_MODE_GLOBAL */));
   strataResult_t cap = strataAllReduce((void *)(uintptr_t)src, (void *)(uintptr_t)recv, N, strataFloat32, strataSum, c, stream);
   CU(cuStreamEndCapture(stream, &graph));
-  if (graph) CU(cuGraphDestroy(graph));
-  CHECK(cap == strataInvalidUsage, "a collective on a capturing stream -> %d (%s)", cap, strataGetLastError(c));
+  CHECK(cap == strataSuccess, "a collective on a capturing stream -> %d (%s)", cap, strataGetLastError(c));
+  CU(cuGraphInstantiateWithFlags(&exec, graph, 0));
+  CU(cuMemsetD32Async(recv, 0, N, stream));
+  for (int i = 0; i < 100; i++) CU(cuGraphLaunch(exec, stream));
+  CU(cuStreamSynchronize(stream));
+  CHECK(dev_equals(recv, N, 1.0f, 1.0f), "100 replays of a captured all-reduce");
+  CU(cuMemsetD32Async(src, bits, N, stream));
+  CU(cuGraphLaunch(exec, stream));
+  CU(cuStreamSynchronize(stream));
+  CHECK(dev_equals(recv, N, 7.0f, 0.0f), "a replay after the input changed");
+  printf("  graph capture: 101 replays of a captured all-reduce correct\n");
+  CU(cuGraphExecDestroy(exec));
+  CU(cuGraphDestroy(graph));
 
   float host[4] = {1, 2, 3, 4};
   strataResult_t r = strataAllReduce(host, host, 4, strataFloat32, strataSum, c, stream);

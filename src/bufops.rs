@@ -75,7 +75,7 @@ impl<'a> Ops<'a> {
             Some(g) => {
                 let s = src.dev_read_timeout(self.to)?;
                 let d = dst.dev_write_timeout(self.to)?;
-                g.stream().copy(d.addr(), s.addr(), src.len())?;
+                crate::transport::gpu::work_stream(g).copy(d.addr(), s.addr(), src.len())?;
                 g.finish("copy")
             }
         }
@@ -93,7 +93,7 @@ impl<'a> Ops<'a> {
                 let s = src.dev_read_timeout(self.to)?;
                 let a = acc.dev_write_timeout(self.to)?;
                 let n = crate::transport::gpu::count_of(acc.len(), dtype)?;
-                g.stream().reduce(a.addr(), s.addr(), n, dtype, op)?;
+                crate::transport::gpu::work_stream(g).reduce(a.addr(), s.addr(), n, dtype, op)?;
                 g.finish("reduce")
             }
         }
@@ -109,7 +109,7 @@ impl<'a> Ops<'a> {
             Some(g) => {
                 let b = buf.dev_write_timeout(self.to)?;
                 let count = crate::transport::gpu::count_of(buf.len(), dtype)?;
-                g.stream().divide(b.addr(), count, dtype, n)?;
+                crate::transport::gpu::work_stream(g).divide(b.addr(), count, dtype, n)?;
                 g.finish("avg")
             }
         }
@@ -133,7 +133,7 @@ impl<'a> Ops<'a> {
             Some(g) => {
                 let s = src.dev_read_timeout(self.to)?;
                 let d = dst.dev_write_timeout(self.to)?;
-                g.stream().quant(&call(s.region(), d.region()))?;
+                crate::transport::gpu::work_stream(g).quant(&call(s.region(), d.region()))?;
                 g.finish(what)
             }
         }

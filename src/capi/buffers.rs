@@ -271,19 +271,13 @@ impl CallBuffers {
             }
             // Stream-ordered (NCCL semantics): after `stream`'s earlier work, before its
             // later work, and returning without waiting for the device (grouped calls
-            // too: their group runs at strataGroupEnd, `stream` waits for it).
-            // SAFETY: the caller's contract: `stream` is null or a live stream of the
-            // communicator's device.
-            let ev_in = unsafe { dev.record_on(stream) }?;
-            let (d, raw) = (dev.clone(), stream as usize);
-            let _work = handle
-                .comm
-                .enqueue_after(req, &dev, ev_in, move |word, n| {
-                    // SAFETY: as above (inside a group the stream must stay alive until
-                    // strataGroupEnd, as the call's contract says); the word is the
-                    // communicator's completion word, never freed.
-                    unsafe { d.wait_value_on(raw as *mut std::ffi::c_void, word, n) }
-                })?;
+            // too: their group runs at strataGroupEnd, `stream` waits for it); recorded
+            // into the graph when `stream` is capturing.
+            let caller = RawStream {
+                dev,
+                raw: stream as usize,
+            };
+            let _work = handle.comm.enqueue_on(req, std::rc::Rc::new(caller))?;
             return Ok(());
         }
         if let Some(hs) = host_stream {
@@ -305,6 +299,42 @@ impl CallBuffers {
             })
         });
         Ok(())
+    }
+}
+
+/// The caller's `cudaStream_t` / `hipStream_t` of a stream-ordered call. Every use is
+/// within the call or, inside a group, before `strataGroupEnd` returns, while the
+/// caller's contract keeps the stream alive.
+struct RawStream {
+    dev: Arc<dyn crate::device::Device>,
+    raw: usize,
+}
+
+impl RawStream {
+    fn ptr(&self) -> *mut std::ffi::c_void {
+        self.raw as *mut std::ffi::c_void
+    }
+}
+
+impl crate::comm::ordered::CallerStream for RawStream {
+    fn device(&self) -> Arc<dyn crate::device::Device> {
+        self.dev.clone()
+    }
+    fn record(&self) -> Result<Arc<dyn crate::device::DevEvent>> {
+        // SAFETY: the caller's contract: null or a live stream of the device.
+        unsafe { self.dev.record_on(self.ptr()) }
+    }
+    fn is_capturing(&self) -> Result<bool> {
+        // SAFETY: as above.
+        unsafe { self.dev.is_capturing(self.ptr()) }
+    }
+    fn wait_event(&self, ev: &dyn crate::device::DevEvent) -> Result<()> {
+        // SAFETY: as above; `ev` is an event of the same device.
+        unsafe { self.dev.wait_event_on(self.ptr(), ev) }
+    }
+    fn wait_value(&self, word: crate::device::DevAddr, n: u64) -> Result<()> {
+        // SAFETY: as above; the word is the communicator's completion word, never freed.
+        unsafe { self.dev.wait_value_on(self.ptr(), word, n) }
     }
 }
 

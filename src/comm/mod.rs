@@ -315,7 +315,8 @@ impl Comm {
             } else {
                 job
             };
-            let job: Job = Box::new(job);
+            // Grouped jobs run at the group's end: they keep this call's scope.
+            let job: Job = crate::runtime::in_scope(Box::new(job));
             let work = Work::pending();
             if grouped {
                 group::hold(

@@ -16,20 +16,32 @@
 //! completing within the timeout) complete the [`Work`] with the error, abort the
 //! communicator, are kept for [`Comm::async_error`], and still write the word, so the
 //! caller's stream and later calls never hang.
+//!
+//! **Graph capture** (the capturable path, [`crate::device::direct`]): on a stream being
+//! captured, the call forks the communicator's capture stream from the caller's with an
+//! event (it joins the capture), runs the job with every stage on that one stream and no
+//! host wait for the device (device-local ranks exchange events instead of waiting), and
+//! joins the capture stream back into the caller's stream once the work is recorded.
+//! Scratch comes from the communicator's arena on both paths, so after one uncaptured
+//! call of a shape the captured call allocates nothing and the graph's addresses stay
+//! valid while the communicator lives.
 
 #![forbid(unsafe_code)]
 
 use super::{Comm, Submitted, Work};
-use crate::device::{DevAddr, DevEvent, DevStream};
+use crate::device::direct::{self, Scope};
+use crate::device::{DevAddr, DevEvent, DevStream, Device};
 use crate::error::{Error, Result};
 use crate::runtime::ordered::Release;
 use crate::runtime::request::Request;
 use crate::runtime::CommCore;
+use std::rc::Rc;
 use std::sync::Arc;
 
 /// What a stream-ordered call carries to its job.
 pub(super) struct Ordered {
     ev_in: Arc<dyn DevEvent>,
+    _lease: Lease,
     _release: Release,
 }
 
@@ -61,29 +73,18 @@ impl Comm {
     /// the `Work` completes). Inside a group the call runs when the group ends, and
     /// `stream` waits for it all the same. Errors in the arguments are returned here and
     /// nothing is enqueued; later failures as [`Comm::submit`]'s.
+    ///
+    /// On a stream being captured into a graph the call is recorded into the capture
+    /// (the capturable path, see [`self`]) and returns once recorded.
     pub fn enqueue(&self, req: Request, stream: &Arc<dyn DevStream>) -> Result<Work> {
-        let ev_in = stream.record()?;
-        let s = stream.clone();
-        self.enqueue_after(req, &stream.device(), ev_in, move |word, n| {
-            s.wait_value(word, n)
-        })
+        self.enqueue_on(req, Rc::new(stream.clone()))
     }
 
-    /// The body of [`Comm::enqueue`] for callers holding a runtime stream handle (the C
-    /// ABI): `ev_in` was recorded on the caller's stream at the call, `dev` is that
-    /// stream's device, and `wait(word, n)` enqueues on the caller's stream a wait for
-    /// the 8-byte word at `word` to reach `n` (inside a group: when the outermost group
-    /// ends, so that a later call's event never covers an earlier call's wait, which
-    /// would deadlock one thread driving several ranks on one stream).
-    pub fn enqueue_after(
-        &self,
-        req: Request,
-        dev: &Arc<dyn crate::device::Device>,
-        ev_in: Arc<dyn DevEvent>,
-        wait: impl FnOnce(DevAddr, u64) -> Result<()> + 'static,
-    ) -> Result<Work> {
+    /// [`Comm::enqueue`] for any [`CallerStream`] (the C ABI passes its raw handles).
+    pub fn enqueue_on(&self, req: Request, stream: Rc<dyn CallerStream>) -> Result<Work> {
         let core = &self.0;
         core.alive()?;
+        let dev = stream.device();
         let mine = self.device().ok_or_else(|| {
             Error::InvalidUsage(format!(
                 "stream-ordered calls need a device transport (nccl, rccl, cuda-local, \
@@ -110,18 +111,110 @@ impl Comm {
             )));
         }
         let signal = core.signal(&mine)?;
+        if stream.is_capturing()? {
+            return self.enqueue_captured(req, stream, &signal);
+        }
+        let ev_in = stream.record()?;
         let release = signal.next()?;
         // The caller's stream waits first: should the submission fail, dropping the
-        // release writes the word at once.
+        // release writes the word at once. Inside a group: when the outermost group
+        // ends, so that a later call's event never covers an earlier call's wait (which
+        // would deadlock one thread driving several ranks on one stream).
         let (word, n) = (signal.addr(), release.seq());
-        crate::runtime::group::after_group(move || wait(word, n))?;
+        let st = stream.clone();
+        crate::runtime::group::after_group(move || st.wait_value(word, n))?;
+        let arena = signal.arena().clone();
+        let lease = arena.lease();
         let ordered = Ordered {
             ev_in,
+            _lease: Lease(arena.clone(), lease),
             _release: release,
         };
-        match self.submit_as(req, false, Some(ordered))? {
+        // Scratch from the communicator's arena (zeroed on the device's private stream).
+        let sc = Scope {
+            arena,
+            lease,
+            stream: None,
+        };
+        match direct::scope(Some(sc), || self.submit_as(req, false, Some(ordered)))? {
             Submitted::Queued(w) => Ok(w),
             Submitted::Ran(r) => Ok(Work::ready(r)),
         }
+    }
+
+    /// The capturable path: fork the communicator's capture stream from the caller's
+    /// (it joins the capture), enqueue every stage on it with no host wait, and join it
+    /// back into the caller's stream once enqueued (inside a group: at the group's end).
+    fn enqueue_captured(
+        &self,
+        req: Request,
+        stream: Rc<dyn CallerStream>,
+        signal: &Arc<crate::runtime::ordered::Signal>,
+    ) -> Result<Work> {
+        let cs = signal.capture_stream().clone();
+        let arena = signal.arena().clone();
+        let lease = arena.lease();
+        cs.wait_event(stream.record()?.as_ref())?;
+        let sc = Scope {
+            arena: arena.clone(),
+            lease,
+            stream: Some(cs.clone()),
+        };
+        let work = match direct::scope(Some(sc), || self.submit_as(req, true, None)) {
+            Ok(Submitted::Queued(w)) => w,
+            Ok(Submitted::Ran(r)) => Work::ready(r),
+            Err(e) => Work::ready(Err(e)),
+        };
+        let w = work.clone();
+        crate::runtime::group::after_group(move || {
+            let r = w.wait();
+            arena.release(lease);
+            // Joined back even after a failure, so the capture can end.
+            let joined = cs.record().and_then(|ev| stream.wait_event(ev.as_ref()));
+            r.and(joined)
+        })?;
+        Ok(work)
+    }
+}
+
+/// The caller's stream of a stream-ordered call, as the call uses it: an
+/// `Arc<dyn DevStream>` from Rust, a raw `cudaStream_t` / `hipStream_t` from C.
+pub trait CallerStream {
+    /// Its device.
+    fn device(&self) -> Arc<dyn Device>;
+    /// An event after the work enqueued on it so far.
+    fn record(&self) -> Result<Arc<dyn DevEvent>>;
+    /// True while it is being captured into a graph.
+    fn is_capturing(&self) -> Result<bool>;
+    /// Make it wait (on the device) for `ev`.
+    fn wait_event(&self, ev: &dyn DevEvent) -> Result<()>;
+    /// Make it wait (on the device) until the 8-byte word at `word` is >= `n`.
+    fn wait_value(&self, word: DevAddr, n: u64) -> Result<()>;
+}
+
+impl CallerStream for Arc<dyn DevStream> {
+    fn device(&self) -> Arc<dyn Device> {
+        DevStream::device(self.as_ref())
+    }
+    fn record(&self) -> Result<Arc<dyn DevEvent>> {
+        DevStream::record(self.as_ref())
+    }
+    fn is_capturing(&self) -> Result<bool> {
+        DevStream::is_capturing(self.as_ref())
+    }
+    fn wait_event(&self, ev: &dyn DevEvent) -> Result<()> {
+        DevStream::wait_event(self.as_ref(), ev)
+    }
+    fn wait_value(&self, word: DevAddr, n: u64) -> Result<()> {
+        DevStream::wait_value(self.as_ref(), word, n)
+    }
+}
+
+/// Releases a call's arena blocks when its job is over.
+struct Lease(Arc<direct::Arena>, u64);
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.0.release(self.1);
     }
 }

@@ -16,8 +16,10 @@
 //!   call) and released by a completion word ([`Device::wait_value_on`],
 //!   [`DevStream::write_value`]); the communicator's own streams run the work, each
 //!   stage waited for with [`finish`] on the communicator's stream thread.
-//! - Freed memory goes to a per-device cache ([`pool`]); the CPU device ([`cpu`]) runs
-//!   all of it on the host, which is how CI tests the device paths.
+//! - Freed memory goes to a per-device cache ([`pool`]); a stream-ordered call's scratch
+//!   comes from its communicator's arena ([`direct`]), which is also the capturable path
+//!   (streams capture into graphs: [`DevStream::begin_capture`], [`DevGraph`]); the CPU
+//!   device ([`cpu`]) runs all of it on the host, which is how CI tests the device paths.
 
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::{Error, Result};

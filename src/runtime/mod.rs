@@ -102,6 +102,14 @@ struct Inner {
     signal: std::sync::OnceLock<Arc<ordered::Signal>>,
 }
 
+/// `job`, run in the calling thread's stream-ordered scope (none: none).
+pub(crate) fn in_scope(job: Job) -> Job {
+    match crate::device::direct::current() {
+        None => job,
+        Some(sc) => Box::new(move || crate::device::direct::scope(Some(sc), job)),
+    }
+}
+
 /// The core of a communicator (cheap to clone; clones share it). The public face is
 /// [`crate::comm::Comm`]; algorithms get a `&CommCore`.
 #[derive(Clone)]
@@ -299,8 +307,11 @@ impl CommCore {
     }
 
     /// Queue `job` on the stream after `deps`; `work` completes with its outcome.
+    ///
+    /// The job runs in the submitting thread's stream-ordered scope
+    /// ([`crate::device::direct`]), whichever thread runs it.
     pub(crate) fn push(&self, deps: Vec<Work>, job: Job, work: Work) -> Result<()> {
-        self.0.stream.push(deps, job, work)
+        self.0.stream.push(deps, in_scope(job), work)
     }
 
     /// For a caller that would wait for `job` next: with nothing queued or running on

@@ -199,8 +199,11 @@ mod device {
                 let out = recv.dev_write_timeout(to)?;
                 if !in_place {
                     let s = send.dev_read_timeout(to)?;
-                    g.stream()
-                        .copy(out.addr() + (rank * c) as u64, s.addr(), c)?;
+                    crate::transport::gpu::work_stream(g).copy(
+                        out.addr() + (rank * c) as u64,
+                        s.addr(),
+                        c,
+                    )?;
                 }
                 g.all_gather(out.region(), c)
             }
@@ -259,8 +262,13 @@ mod device {
                         g.sendrecv(*dst, s.region(), *src, tg.region())?;
                         let r = recv.dev_write_timeout(to)?;
                         let n = crate::transport::gpu::count_of(recv.len(), dtype)?;
-                        g.stream()
-                            .reduce(r.addr(), tg.addr(), n, dtype, op.partial())?;
+                        crate::transport::gpu::work_stream(g).reduce(
+                            r.addr(),
+                            tg.addr(),
+                            n,
+                            dtype,
+                            op.partial(),
+                        )?;
                         g.finish("send-receive reduction")
                     }
                 }
@@ -274,7 +282,7 @@ mod device {
     fn copy_dev(g: &dyn GpuTransport, src: &Buffer, dst: &Buffer, to: Duration) -> Result<()> {
         let s = src.dev_read_timeout(to)?;
         let d = dst.dev_write_timeout(to)?;
-        g.stream().copy(d.addr(), s.addr(), src.len())?;
+        crate::transport::gpu::work_stream(g).copy(d.addr(), s.addr(), src.len())?;
         g.finish("copy")
     }
 }

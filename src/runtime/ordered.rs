@@ -8,17 +8,22 @@
 
 #![forbid(unsafe_code)]
 
+use crate::device::direct::Arena;
 use crate::device::{DevAddr, DevStream, Device, DeviceMem};
 use crate::error::{Error, Result};
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 
-/// One communicator's completion word.
+/// What one communicator's stream-ordered calls share: the completion word, the
+/// scratch arena ([`crate::device::direct::Arena`]) and the stream of the capturable
+/// path.
 pub struct Signal {
     /// `Some` while alive; never freed (see `Drop`).
     word: Option<DeviceMem>,
     stream: Arc<dyn DevStream>,
     state: Mutex<Progress>,
+    arena: Arc<Arena>,
+    capture: Arc<dyn DevStream>,
 }
 
 #[derive(Default)]
@@ -35,7 +40,20 @@ impl Signal {
             word: Some(DeviceMem::alloc(dev, 8)?),
             stream: dev.new_stream()?,
             state: Mutex::new(Progress::default()),
+            arena: Arc::new(Arena::new(dev)),
+            capture: dev.new_stream()?,
         })
+    }
+
+    /// The communicator's scratch for stream-ordered calls.
+    pub fn arena(&self) -> &Arc<Arena> {
+        &self.arena
+    }
+
+    /// The stream captured calls run on (forked from the caller's capturing stream and
+    /// joined back to it).
+    pub fn capture_stream(&self) -> &Arc<dyn DevStream> {
+        &self.capture
     }
 
     /// The word's device address (8-byte aligned).

@@ -19,7 +19,7 @@
 
 use super::gpu::{self, staged, GpuTransport, Scratch};
 use super::{Transport, TransportKind};
-use crate::device::{finish, DevAddr, DevStream, Device, Region};
+use crate::device::{finish, DevAddr, DevEvent, DevStream, Device, Region};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::memory::Buffer;
@@ -38,7 +38,22 @@ struct Post {
     color: Option<u32>,
     key: i64,
     group: Option<Arc<Group>>,
+    /// On the capturable path: the point of the poster's stream after which its
+    /// memory is ready (or no longer read).
+    ev: Option<Arc<dyn DevEvent>>,
 }
+
+/// A capturable-path message: the sender's bytes, read in place by the receiver after
+/// `ev`; the receiver answers with the event after its copy (`ack`), which the sender's
+/// stream waits for before it may touch the bytes again.
+struct DirectMsg {
+    addr: DevAddr,
+    len: usize,
+    ev: Arc<dyn DevEvent>,
+    ack: Ack,
+}
+
+type Ack = Arc<Mutex<Option<Arc<dyn DevEvent>>>>;
 
 #[derive(Default)]
 struct Board {
@@ -50,6 +65,8 @@ struct Board {
     round: u64,
     /// Eager messages, by (src, dst) in communicator ranks.
     mail: HashMap<(usize, usize), VecDeque<Buffer>>,
+    /// Capturable-path messages, by (src, dst).
+    direct_mail: HashMap<(usize, usize), VecDeque<DirectMsg>>,
 }
 
 /// The shared state of one communicator's ranks.
@@ -175,6 +192,11 @@ pub struct DeviceLocalTransport {
     traffic: Arc<Traffic>,
     timeout: Duration,
     splits: AtomicU64,
+    /// Capturable-path sends whose receivers' copies this rank's stream has not yet
+    /// waited for, and the stream to wait on.
+    acks: Mutex<Vec<(Ack, Arc<dyn DevStream>)>>,
+    /// Inside [`GpuTransport::group`]: sends do not wait for their acks until its end.
+    grouped: AtomicU64,
 }
 
 impl DeviceLocalTransport {
@@ -221,7 +243,106 @@ impl DeviceLocalTransport {
             traffic: traffic.clone(),
             timeout,
             splits: AtomicU64::new(0),
+            acks: Mutex::new(Vec::new()),
+            grouped: AtomicU64::new(0),
         })
+    }
+
+    /// The stream this rank's device work goes on ([`gpu::work_stream`]).
+    fn s(&self) -> Arc<dyn DevStream> {
+        gpu::work_stream(self)
+    }
+
+    /// Capturable path: make this rank's stream wait for the receivers' copies of its
+    /// sends (their acks), so it never overwrites bytes a peer is still reading.
+    fn settle_acks(&self) -> Result<()> {
+        let pending = std::mem::take(
+            &mut *self
+                .acks
+                .lock()
+                .map_err(|_| Error::Internal("device-local acks poisoned".into()))?,
+        );
+        let deadline = Instant::now() + self.timeout;
+        for (ack, stream) in pending {
+            let b = self.group.lock()?;
+            let ready = |_: &Board| ack.lock().map(|a| a.is_some()).unwrap_or(true);
+            drop(
+                self.group
+                    .wait(b, deadline, "send (waiting for the receive)", ready)?,
+            );
+            let ev = ack
+                .lock()
+                .map_err(|_| Error::Internal("device-local ack poisoned".into()))?
+                .clone()
+                .ok_or_else(|| Error::Internal("device-local ack vanished".into()))?;
+            stream.wait_event(ev.as_ref())?;
+        }
+        Ok(())
+    }
+
+    /// Capturable-path send: publish the bytes and the event after which they are ready.
+    fn post_direct(&self, peer: usize, data: Region) -> Result<()> {
+        let s = self.s();
+        let ack: Ack = Arc::new(Mutex::new(None));
+        let msg = DirectMsg {
+            addr: data.addr,
+            len: data.len,
+            ev: s.record()?,
+            ack: ack.clone(),
+        };
+        self.acks
+            .lock()
+            .map_err(|_| Error::Internal("device-local acks poisoned".into()))?
+            .push((ack, s));
+        let mut b = self.group.lock()?;
+        b.direct_mail
+            .entry((self.rank, peer))
+            .or_default()
+            .push_back(msg);
+        self.group.cv.notify_all();
+        Ok(())
+    }
+
+    /// Capturable-path receive: wait (on the device) for the sender's bytes, copy them,
+    /// answer with the event after the copy.
+    fn recv_direct(&self, peer: usize, data: Region) -> Result<()> {
+        let deadline = Instant::now() + self.timeout;
+        let key = (peer, self.rank);
+        let b = self.group.lock()?;
+        let mut b = self.group.wait(b, deadline, "receive", |b| {
+            b.direct_mail.get(&key).is_some_and(|q| !q.is_empty())
+        })?;
+        let msg = b
+            .direct_mail
+            .get_mut(&key)
+            .and_then(|q| q.pop_front())
+            .ok_or_else(|| Error::Internal("device-local message vanished".into()))?;
+        drop(b);
+        let s = self.s();
+        let copied = (|| {
+            if msg.len != data.len {
+                return Err(Error::InvalidUsage(format!(
+                    "{}: rank {peer} sent {} bytes, rank {} expected {}",
+                    self.group.kind.name(),
+                    msg.len,
+                    self.rank,
+                    data.len
+                )));
+            }
+            s.wait_event(msg.ev.as_ref())?;
+            s.copy(data.addr, msg.addr, data.len)?;
+            self.count(peer, data.len);
+            Ok(())
+        })();
+        // Answer even on failure (the sender's stream must not wait forever); the event
+        // after whatever was enqueued.
+        let ev = s.record()?;
+        if let Ok(mut a) = msg.ack.lock() {
+            *a = Some(ev);
+        }
+        drop(self.group.lock()?);
+        self.group.cv.notify_all();
+        copied
     }
 
     /// Publish `addr..addr+len` to the peers and get theirs. This rank's stream is
@@ -229,17 +350,45 @@ impl DeviceLocalTransport {
     /// own-chunk copy, an earlier kernel writing the input) must be complete before the
     /// peers' streams read this memory; a host rendezvous alone orders nothing on the
     /// device.
+    ///
+    /// On the capturable path nothing waits on the host: the post carries an event of
+    /// this rank's stream, and each rank's stream waits for every peer's event (so the
+    /// exchange orders the ranks' streams on the device, and a captured graph keeps
+    /// that order on replay).
     fn rdv(&self, addr: DevAddr, len: usize) -> Result<Arc<Vec<Post>>> {
-        self.finish("the work queued before the rendezvous")?;
-        self.group.rendezvous(
+        let direct = gpu::direct();
+        let ev = if direct {
+            Some(self.s().record()?)
+        } else {
+            self.finish("the work queued before the rendezvous")?;
+            None
+        };
+        let posts = self.group.rendezvous(
             self.rank,
             Post {
                 addr,
                 len,
+                ev,
                 ..Post::default()
             },
             self.timeout,
-        )
+        )?;
+        if posts.iter().any(|p| p.ev.is_some() != direct) {
+            return Err(Error::InvalidUsage(format!(
+                "{}: some ranks' calls are captured into a graph and others are not (capture \
+                 the call on every rank, into one graph)",
+                self.group.kind.name()
+            )));
+        }
+        if direct {
+            let s = self.s();
+            for (j, p) in posts.iter().enumerate() {
+                if let (true, Some(e)) = (j != self.rank, &p.ev) {
+                    s.wait_event(e.as_ref())?;
+                }
+            }
+        }
+        Ok(posts)
     }
 
     fn barrier_(&self) -> Result<()> {
@@ -287,19 +436,23 @@ impl GpuTransport for DeviceLocalTransport {
         &self.stage
     }
     fn finish(&self, what: &str) -> Result<()> {
+        if gpu::direct() {
+            return self.group.check_abort();
+        }
         finish(self.stream.as_ref(), self.timeout, what, || {
             self.group.check_abort()
         })
     }
 
     fn all_gather(&self, buf: Region, chunk: usize) -> Result<()> {
+        let s = self.s();
         let posts = self.rdv(buf.addr, buf.len)?;
         self.pull("all-gather", || {
             self.check_len("all-gather", &posts, buf.len)?;
             for (j, p) in posts.iter().enumerate() {
                 if j != self.rank {
                     let off = (j * chunk) as u64;
-                    self.stream.copy(buf.addr + off, p.addr + off, chunk)?;
+                    s.copy(buf.addr + off, p.addr + off, chunk)?;
                     self.count(j, chunk);
                 }
             }
@@ -314,6 +467,7 @@ impl GpuTransport for DeviceLocalTransport {
         dtype: DataType,
         op: ReduceOp,
     ) -> Result<()> {
+        let s = self.s();
         let posts = self.rdv(send.addr, send.len)?;
         let c = recv.len;
         let acc = self.work.get(c)?;
@@ -324,19 +478,20 @@ impl GpuTransport for DeviceLocalTransport {
             let off = (self.rank * c) as u64;
             for (j, p) in posts.iter().enumerate() {
                 if j == 0 {
-                    self.stream.copy(g.addr(), p.addr + off, c)?;
+                    s.copy(g.addr(), p.addr + off, c)?;
                 } else {
-                    self.stream.reduce(g.addr(), p.addr + off, n, dtype, op)?;
+                    s.reduce(g.addr(), p.addr + off, n, dtype, op)?;
                 }
                 self.count(j, c);
             }
             Ok(())
         })?;
-        self.stream.copy(recv.addr, g.addr(), c)?;
+        s.copy(recv.addr, g.addr(), c)?;
         self.finish("reduce-scatter")
     }
 
     fn all_reduce(&self, buf: Region, dtype: DataType, op: ReduceOp) -> Result<()> {
+        let s = self.s();
         let posts = self.rdv(buf.addr, buf.len)?;
         let acc = self.work.get(buf.len)?;
         let g = acc.dev_write_timeout(self.timeout)?;
@@ -345,27 +500,28 @@ impl GpuTransport for DeviceLocalTransport {
             let n = gpu::count_of(buf.len, dtype)?;
             for (j, p) in posts.iter().enumerate() {
                 if j == 0 {
-                    self.stream.copy(g.addr(), p.addr, buf.len)?;
+                    s.copy(g.addr(), p.addr, buf.len)?;
                 } else {
-                    self.stream.reduce(g.addr(), p.addr, n, dtype, op)?;
+                    s.reduce(g.addr(), p.addr, n, dtype, op)?;
                 }
                 self.count(j, buf.len);
             }
             Ok(())
         })?;
         // Every rank has read every buffer: now each overwrites its own.
-        self.stream.copy(buf.addr, g.addr(), buf.len)?;
+        s.copy(buf.addr, g.addr(), buf.len)?;
         self.finish("all-reduce")
     }
 
     fn all_to_all(&self, send: Region, recv: Region) -> Result<()> {
+        let s = self.s();
         let posts = self.rdv(send.addr, send.len)?;
         self.pull("all-to-all", || {
             self.check_len("all-to-all", &posts, send.len)?;
             let p = self.group.size;
             let b = recv.len / p.max(1);
             for (j, post) in posts.iter().enumerate() {
-                self.stream.copy(
+                s.copy(
                     recv.addr + (j * b) as u64,
                     post.addr + (self.rank * b) as u64,
                     b,
@@ -377,11 +533,12 @@ impl GpuTransport for DeviceLocalTransport {
     }
 
     fn broadcast(&self, buf: Region, root: usize) -> Result<()> {
+        let s = self.s();
         let posts = self.rdv(buf.addr, buf.len)?;
         self.pull("broadcast", || {
             self.check_len("broadcast", &posts, buf.len)?;
             if self.rank != root {
-                self.stream.copy(buf.addr, posts[root].addr, buf.len)?;
+                s.copy(buf.addr, posts[root].addr, buf.len)?;
                 self.count(root, buf.len);
             }
             Ok(())
@@ -390,7 +547,15 @@ impl GpuTransport for DeviceLocalTransport {
 
     fn send(&self, peer: usize, data: Region) -> Result<()> {
         self.check_peer(peer)?;
-        let msg = Buffer::on_device(&self.dev, data.len)?;
+        if gpu::direct() {
+            self.post_direct(peer, data)?;
+            if self.grouped.load(Ordering::SeqCst) == 0 {
+                self.settle_acks()?;
+            }
+            return Ok(());
+        }
+        // Handed to the receiver: never a call's arena block.
+        let msg = crate::device::direct::scope(None, || Buffer::on_device(&self.dev, data.len))?;
         {
             let g = msg.dev_write_timeout(self.timeout)?;
             self.stream.copy(g.addr(), data.addr, data.len)?;
@@ -404,6 +569,9 @@ impl GpuTransport for DeviceLocalTransport {
 
     fn recv(&self, peer: usize, data: Region) -> Result<()> {
         self.check_peer(peer)?;
+        if gpu::direct() {
+            return self.recv_direct(peer, data);
+        }
         let deadline = Instant::now() + self.timeout;
         let key = (peer, self.rank);
         let b = self.group.lock()?;
@@ -432,8 +600,32 @@ impl GpuTransport for DeviceLocalTransport {
     }
 
     fn sendrecv(&self, dst: usize, send: Region, src: usize, recv: Region) -> Result<()> {
+        if gpu::direct() {
+            self.check_peer(dst)?;
+            self.check_peer(src)?;
+            self.post_direct(dst, send)?;
+            let r = self.recv_direct(src, recv);
+            let a = if self.grouped.load(Ordering::SeqCst) == 0 {
+                self.settle_acks()
+            } else {
+                Ok(())
+            };
+            return r.and(a);
+        }
         GpuTransport::send(self, dst, send)?;
         GpuTransport::recv(self, src, recv)
+    }
+    fn group(&self, body: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        self.grouped.fetch_add(1, Ordering::SeqCst);
+        let r = body();
+        self.grouped.fetch_sub(1, Ordering::SeqCst);
+        // Pending acks exist only on the capturable path.
+        let a = if self.grouped.load(Ordering::SeqCst) == 0 {
+            self.settle_acks()
+        } else {
+            Ok(())
+        };
+        r.and(a)
     }
 }
 

@@ -62,6 +62,18 @@ pub trait GpuTransport: Send + Sync {
     }
 }
 
+/// The stream `g`'s device work goes on: on the capturable path of a stream-ordered
+/// call ([`crate::device::direct`]) the call's one stream, else `g`'s own.
+pub fn work_stream(g: &dyn GpuTransport) -> Arc<dyn DevStream> {
+    crate::device::direct::stream().unwrap_or_else(|| g.stream().clone())
+}
+
+/// True on the capturable path: enqueue only, never wait for the device on the host
+/// (a transport's `finish` returns at once; the stream orders the work).
+pub fn direct() -> bool {
+    crate::device::direct::stream().is_some()
+}
+
 /// Device scratch of one communicator: allocated on first use, grown to the largest
 /// request, then reused (never freed while the communicator lives).
 pub struct Scratch {
@@ -87,7 +99,11 @@ impl Scratch {
             .lock()
             .map_err(|_| Error::Internal("scratch lock poisoned".into()))?;
         if g.as_ref().is_none_or(|b| b.len() < bytes) {
-            *g = Some(Buffer::on_device(&self.dev, bytes.max(4096))?);
+            // Kept across calls: never a call's arena block.
+            let b = crate::device::direct::scope(None, || {
+                Buffer::on_device(&self.dev, bytes.max(4096))
+            })?;
+            *g = Some(b);
         }
         g.as_ref()
             .ok_or_else(|| Error::Internal("scratch vanished".into()))?

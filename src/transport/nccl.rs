@@ -136,7 +136,7 @@ impl NcclTransport {
                     self.vendor.name()
                 )));
             }
-            f(&c, self.stream.raw())?;
+            f(&c, super::gpu::work_stream(self).raw())?;
         }
         if deferred {
             return Ok(());
@@ -195,6 +195,14 @@ impl GpuTransport for NcclTransport {
         &self.stage
     }
     fn finish(&self, what: &str) -> Result<()> {
+        if super::gpu::direct() {
+            // The capturable path: the stream orders the work; errors surface through
+            // the communicator's async error.
+            return self
+                .lock()?
+                .async_error()
+                .map_err(|e| Error::Remote(format!("{what}: {e}")));
+        }
         let r = finish(self.stream.as_ref(), self.timeout, what, || {
             self.lock()?
                 .async_error()

@@ -531,6 +531,217 @@ fn ordered_one_thread_one_stream_group(kind: TransportKind) {
     }
 }
 
+/// A barrier that panics after a minute instead of hanging a failed test.
+struct Gate {
+    n: usize,
+    state: std::sync::Mutex<(usize, u64)>,
+    cv: std::sync::Condvar,
+}
+
+impl Gate {
+    fn new(n: usize) -> Gate {
+        Gate {
+            n,
+            state: std::sync::Mutex::new((0, 0)),
+            cv: std::sync::Condvar::new(),
+        }
+    }
+    fn wait(&self) {
+        let mut g = self.state.lock().unwrap();
+        let gen = g.1;
+        g.0 += 1;
+        if g.0 == self.n {
+            *g = (0, gen + 1);
+            self.cv.notify_all();
+            return;
+        }
+        let (g, t) = self
+            .cv
+            .wait_timeout_while(g, Duration::from_secs(60), |g| g.1 == gen)
+            .unwrap();
+        assert!(
+            !t.timed_out() || g.1 != gen,
+            "a rank never reached the gate"
+        );
+    }
+}
+
+/// CUDA graph capture (item 2 of the async issue): every rank's stream joins one capture
+/// begun on an origin stream; hier all-gather, qgz reduce-scatter and ho-ring all-gather
+/// are recorded (after one uncaptured warm-up call of each, as PyTorch warms up before
+/// capturing); the graph is replayed 100 times with the results equal to the uncaptured
+/// calls', then once more after the inputs change (the replay recomputes); capture and
+/// replays allocate no device memory.
+fn captured_calls_replay(kind: TransportKind) {
+    use std::sync::{Arc, Mutex};
+    use strata::device::{DevEvent, DevGraph};
+    type Ev = Arc<dyn DevEvent>;
+    let comms = world_of(kind, 15, "nodes:3x2", Duration::from_secs(30));
+    let p = comms.len();
+    let dev = comms[0].device().expect("device");
+    let origin = dev.new_stream().expect("stream");
+    let gate = Arc::new(Gate::new(p));
+    let fork: Arc<Mutex<Option<Ev>>> = Arc::default();
+    let ends: Arc<Mutex<Vec<Ev>>> = Arc::default();
+    let graph: Arc<Mutex<Option<Arc<dyn DevGraph>>>> = Arc::default();
+    let allocs = Arc::new(Mutex::new(Vec::new()));
+    let n = 41usize;
+    let (g2, f2, e2, gr2, a2, o2) = (
+        gate.clone(),
+        fork.clone(),
+        ends.clone(),
+        graph.clone(),
+        allocs.clone(),
+        origin.clone(),
+    );
+    let res = common::on_comms(comms, move |c| {
+        let (gate, r) = (&g2, c.rank());
+        let dev = c.device().expect("device");
+        let s = dev.new_stream()?;
+        let input = |k: usize| f32s((0..p * n).map(|i| ((r + k) * (i % 11)) as f32 * 0.5));
+        let send = c.native_from(&input(1))?;
+        let outs: Vec<Buffer> = (0..3)
+            .map(|_| c.alloc_native(p * n * 4))
+            .collect::<strata::Result<_>>()?;
+        let reqs = |outs: &[Buffer]| -> strata::Result<Vec<Request>> {
+            Ok(vec![
+                Request::new(
+                    Op::AllGather {
+                        send: send.slice(0..n * 4)?,
+                        recv: outs[0].clone(),
+                        count: n,
+                    },
+                    DataType::F32,
+                )
+                .with_algo(Algo::Hier),
+                Request::new(
+                    Op::ReduceScatter {
+                        send: send.clone(),
+                        recv: outs[1].slice(0..n * 4)?,
+                        count: n,
+                        op: ReduceOp::Avg,
+                    },
+                    DataType::F32,
+                )
+                .with_algo(Algo::Qgz),
+                Request::new(
+                    Op::AllGather {
+                        send: send.slice(0..n * 4)?,
+                        recv: outs[2].clone(),
+                        count: n,
+                    },
+                    DataType::F32,
+                )
+                .with_algo(Algo::HoRing),
+            ])
+        };
+        // The uncaptured results (and the warm-up).
+        let expect = |k: usize| -> strata::Result<Vec<Vec<u8>>> {
+            let refs: Vec<Buffer> = (0..3)
+                .map(|_| c.alloc_native(p * n * 4))
+                .collect::<strata::Result<_>>()?;
+            let _ = k;
+            for req in reqs(&refs)? {
+                c.enqueue(req, &s)?.wait()?;
+            }
+            sync(s.as_ref());
+            refs.iter().map(|b| b.to_bytes()).collect()
+        };
+        let want1 = expect(1)?;
+        for req in reqs(&outs)? {
+            c.enqueue(req, &s)?.wait()?;
+        }
+        sync(s.as_ref());
+        gate.wait();
+        let before = dev.allocations();
+        if r == 0 {
+            o2.begin_capture()?;
+            *f2.lock().unwrap() = Some(o2.record()?);
+        }
+        gate.wait();
+        let ev = f2.lock().unwrap().clone().expect("fork event");
+        s.wait_event(ev.as_ref())?;
+        let captured = (|| {
+            for req in reqs(&outs)? {
+                c.enqueue(req, &s)?;
+            }
+            Ok::<_, strata::Error>(())
+        })();
+        e2.lock().unwrap().push(s.record()?);
+        gate.wait();
+        if r == 0 {
+            let ends = std::mem::take(&mut *e2.lock().unwrap());
+            for e in &ends {
+                o2.wait_event(e.as_ref())?;
+            }
+            *gr2.lock().unwrap() = Some(o2.end_capture()?);
+        }
+        gate.wait();
+        captured?;
+        // Clear the outputs, then replay 100 times.
+        for o in &outs {
+            o.write_bytes(&vec![0u8; p * n * 4])?;
+        }
+        gate.wait();
+        let g = gr2.lock().unwrap().clone().expect("graph");
+        if r == 0 {
+            for _ in 0..100 {
+                g.launch(o2.as_ref())?;
+            }
+            sync(o2.as_ref());
+        }
+        gate.wait();
+        let got1: Vec<Vec<u8>> = outs
+            .iter()
+            .map(|b| b.to_bytes())
+            .collect::<strata::Result<_>>()?;
+        // New inputs: one more replay recomputes from them.
+        send.write_bytes(&input(2))?;
+        gate.wait();
+        if r == 0 {
+            g.launch(o2.as_ref())?;
+            sync(o2.as_ref());
+        }
+        gate.wait();
+        let got2: Vec<Vec<u8>> = outs
+            .iter()
+            .map(|b| b.to_bytes())
+            .collect::<strata::Result<_>>()?;
+        let after = dev.allocations();
+        gate.wait();
+        let want2 = expect(2)?;
+        a2.lock().unwrap().push((before, after));
+        Ok((got1 == want1, got2 == want2, want1 != want2))
+    });
+    for (r, x) in res.into_iter().enumerate() {
+        let (first, second, differ) = x.unwrap_or_else(|e| panic!("{} rank {r}: {e}", kind.name()));
+        assert!(differ, "rank {r}: the two inputs give the same results");
+        assert!(
+            first,
+            "{} rank {r}: 100 replays != the uncaptured calls",
+            kind.name()
+        );
+        assert!(
+            second,
+            "{} rank {r}: the replay after new inputs is wrong",
+            kind.name()
+        );
+    }
+    for (before, after) in allocs.lock().unwrap().iter() {
+        assert_eq!(
+            before,
+            after,
+            "{}: capture or replays allocated",
+            kind.name()
+        );
+    }
+}
+
+#[test]
+fn host_local_captured_calls_replay() {
+    captured_calls_replay(TransportKind::HostLocal);
+}
+
 #[test]
 fn host_local_ordered_one_thread_one_stream_group() {
     ordered_one_thread_one_stream_group(TransportKind::HostLocal);
@@ -560,4 +771,5 @@ fn cuda_local_ordered_calls() {
     ordered_equals_blocking_and_allocates_nothing_in_steady_state(TransportKind::CudaLocal);
     ordered_frozen_peer_fails_without_hanging(TransportKind::CudaLocal);
     ordered_one_thread_one_stream_group(TransportKind::CudaLocal);
+    captured_calls_replay(TransportKind::CudaLocal);
 }
