@@ -249,6 +249,18 @@ impl Comm {
         ordered: Option<ordered::Ordered>,
     ) -> Result<Submitted> {
         let core = &self.0;
+        // Every device collective takes its scratch from the communicator's arena (a
+        // stream-ordered call already runs in its own scope).
+        if crate::device::direct::current().is_none() && req.op.device().is_some() {
+            if let Some(dev) = self.device() {
+                let arena = core.signal(&dev).map(|s| s.arena().clone());
+                let sc = core.note(arena)?;
+                let sc = crate::device::direct::Scope::new(&sc, None);
+                return crate::device::direct::scope(Some(sc), || {
+                    self.submit_as(req, now, ordered)
+                });
+            }
+        }
         let r = (|| {
             core.alive()?;
             let op = request::check(req.op, req.dtype, core.rank(), core.size())?;
@@ -265,10 +277,13 @@ impl Comm {
             let fusable = grouped && core.has_device() && algo::fusable(&req, choice.algo);
             // Mismatch detection: what this rank calls, compared across ranks on the
             // stream before the collective runs (by the group when grouped).
+            // Not for a call being captured into a graph: the check's exchange is staged
+            // through device memory with synchronous copies, which a capture forbids.
             let call = core
                 .checks()
                 .then(|| mismatch::describe(&req, choice.algo))
-                .flatten();
+                .flatten()
+                .filter(|_| crate::device::direct::stream().is_none());
             let own_call = call.clone().filter(|_| !grouped);
             let c = core.clone();
             let job = move || {

@@ -41,7 +41,6 @@ use std::sync::Arc;
 /// What a stream-ordered call carries to its job.
 pub(super) struct Ordered {
     ev_in: Arc<dyn DevEvent>,
-    _lease: Lease,
     _release: Release,
 }
 
@@ -123,19 +122,12 @@ impl Comm {
         let (word, n) = (signal.addr(), release.seq());
         let st = stream.clone();
         crate::runtime::group::after_group(move || st.wait_value(word, n))?;
-        let arena = signal.arena().clone();
-        let lease = arena.lease();
         let ordered = Ordered {
             ev_in,
-            _lease: Lease(arena.clone(), lease),
             _release: release,
         };
         // Scratch from the communicator's arena (zeroed on the device's private stream).
-        let sc = Scope {
-            arena,
-            lease,
-            stream: None,
-        };
+        let sc = Scope::new(signal.arena(), None);
         match direct::scope(Some(sc), || self.submit_as(req, false, Some(ordered)))? {
             Submitted::Queued(w) => Ok(w),
             Submitted::Ran(r) => Ok(Work::ready(r)),
@@ -152,14 +144,8 @@ impl Comm {
         signal: &Arc<crate::runtime::ordered::Signal>,
     ) -> Result<Work> {
         let cs = signal.capture_stream().clone();
-        let arena = signal.arena().clone();
-        let lease = arena.lease();
         cs.wait_event(stream.record()?.as_ref())?;
-        let sc = Scope {
-            arena: arena.clone(),
-            lease,
-            stream: Some(cs.clone()),
-        };
+        let sc = Scope::new(signal.arena(), Some(cs.clone()));
         let work = match direct::scope(Some(sc), || self.submit_as(req, true, None)) {
             Ok(Submitted::Queued(w)) => w,
             Ok(Submitted::Ran(r)) => Work::ready(r),
@@ -168,7 +154,6 @@ impl Comm {
         let w = work.clone();
         crate::runtime::group::after_group(move || {
             let r = w.wait();
-            arena.release(lease);
             // Joined back even after a failure, so the capture can end.
             let joined = cs.record().and_then(|ev| stream.wait_event(ev.as_ref()));
             r.and(joined)
@@ -207,14 +192,5 @@ impl CallerStream for Arc<dyn DevStream> {
     }
     fn wait_value(&self, word: DevAddr, n: u64) -> Result<()> {
         DevStream::wait_value(self.as_ref(), word, n)
-    }
-}
-
-/// Releases a call's arena blocks when its job is over.
-struct Lease(Arc<direct::Arena>, u64);
-
-impl Drop for Lease {
-    fn drop(&mut self) {
-        self.0.release(self.1);
     }
 }

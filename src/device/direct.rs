@@ -47,7 +47,7 @@ impl Arena {
     }
 
     /// A new call's lease number.
-    pub fn lease(&self) -> u64 {
+    fn lease(&self) -> u64 {
         self.next_lease.fetch_add(1, Ordering::Relaxed)
     }
 
@@ -70,9 +70,8 @@ impl Arena {
         Ok(addr)
     }
 
-    /// Call `lease` is over (its device work has run, or is ordered before any later
-    /// call's on the communicator's stream): its blocks are free again.
-    pub fn release(&self, lease: u64) {
+    /// Call `lease` is over: its blocks are free again.
+    fn release(&self, lease: u64) {
         if let Ok(mut b) = self.blocks.lock() {
             b.iter_mut()
                 .filter(|k| k.lease == lease)
@@ -89,15 +88,39 @@ impl Arena {
     }
 }
 
-/// The stream-ordered call a thread is working for.
+/// The stream-ordered call a thread is working for. Clones travel with the call's jobs;
+/// when the last one is dropped (every job of the call has run) the call's blocks are
+/// free for the next call: its device work has run (ordinary path) or is ordered before
+/// any later call's on the communicator's capture stream (capturable path).
 #[derive(Clone)]
 pub struct Scope {
-    /// The communicator's arena.
-    pub arena: Arc<Arena>,
-    /// This call's lease on it.
-    pub lease: u64,
+    hold: Arc<Hold>,
     /// The capturable path: every stage on this stream, no host waits.
     pub stream: Option<Arc<dyn DevStream>>,
+}
+
+struct Hold {
+    arena: Arc<Arena>,
+    lease: u64,
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.arena.release(self.lease);
+    }
+}
+
+impl Scope {
+    /// A new call's scope on `arena` (`stream`: the capturable path).
+    pub fn new(arena: &Arc<Arena>, stream: Option<Arc<dyn DevStream>>) -> Scope {
+        Scope {
+            hold: Arc::new(Hold {
+                arena: arena.clone(),
+                lease: arena.lease(),
+            }),
+            stream,
+        }
+    }
 }
 
 thread_local! {
@@ -132,12 +155,13 @@ pub fn scope<T>(s: Option<Scope>, f: impl FnOnce() -> T) -> T {
 /// returned value (the arena keeps it). `None` outside a scope or on another device.
 pub(super) fn alloc(dev: &Arc<dyn Device>, bytes: usize) -> Option<Result<DeviceMem>> {
     let s = current()?;
-    let same = s.arena.dev.api() == dev.api() && s.arena.dev.ordinal() == dev.ordinal();
+    let arena = &s.hold.arena;
+    let same = arena.dev.api() == dev.api() && arena.dev.ordinal() == dev.ordinal();
     if !same || bytes == 0 {
         return None;
     }
     Some((|| {
-        let addr = s.arena.take(s.lease, bytes)?;
+        let addr = arena.take(s.hold.lease, bytes)?;
         match &s.stream {
             Some(st) => st.clear(addr, bytes)?,
             None => dev.zero(addr, bytes)?,

@@ -102,12 +102,11 @@ struct Inner {
     signal: std::sync::OnceLock<Arc<ordered::Signal>>,
 }
 
-/// `job`, run in the calling thread's stream-ordered scope (none: none).
+/// `job`, run in the calling thread's stream-ordered scope, or in none when it has
+/// none (so a waiter that runs another call's job never lends it its own scope).
 pub(crate) fn in_scope(job: Job) -> Job {
-    match crate::device::direct::current() {
-        None => job,
-        Some(sc) => Box::new(move || crate::device::direct::scope(Some(sc), job)),
-    }
+    let sc = crate::device::direct::current();
+    Box::new(move || crate::device::direct::scope(sc, job))
 }
 
 /// The core of a communicator (cheap to clone; clones share it). The public face is

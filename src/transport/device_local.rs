@@ -9,8 +9,16 @@
 //! `(address, length)` posts), after which each rank pulls what it needs from its peers'
 //! memory with copies and reduction kernels on its own stream, waits for its stream,
 //! and meets the others once more so no rank reuses memory a peer is still reading.
-//! Reductions add contributions in rank order. Point-to-point messages are eager: the
-//! sender copies into a fresh device buffer and queues it, the receiver copies out.
+//! Reductions add contributions in rank order. Point-to-point messages of a collective
+//! (send-receive steps, grouped sends) are read in place: the sender publishes its bytes
+//! with an event, the receiver's stream waits for it and copies, and the sender's stream
+//! waits for the receiver's copy (its ack) before going on; an ungrouped plain send is
+//! eager instead (copied into a buffer of its own, never waiting for its receive).
+//!
+//! On the capturable path ([`crate::device::direct`]) nothing waits on the host for the
+//! device: rendezvous posts carry events that the peers' streams wait for, so a graph
+//! captured from every rank's stream keeps the exchange's device order.
+//!
 //! Bytes pulled from a peer are recorded as that peer's sends in the world's traffic
 //! counters (measured, as on the `local` transport). A rank that does not arrive within
 //! the timeout, or an abort, fails the waiters with `Error::Remote`.
@@ -43,7 +51,7 @@ struct Post {
     ev: Option<Arc<dyn DevEvent>>,
 }
 
-/// A capturable-path message: the sender's bytes, read in place by the receiver after
+/// An in-place message: the sender's bytes, read in place by the receiver after
 /// `ev`; the receiver answers with the event after its copy (`ack`), which the sender's
 /// stream waits for before it may touch the bytes again.
 struct DirectMsg {
@@ -63,10 +71,15 @@ struct Board {
     result: Option<Arc<Vec<Post>>>,
     left: usize,
     round: u64,
-    /// Eager messages, by (src, dst) in communicator ranks.
-    mail: HashMap<(usize, usize), VecDeque<Buffer>>,
-    /// Capturable-path messages, by (src, dst).
-    direct_mail: HashMap<(usize, usize), VecDeque<DirectMsg>>,
+    /// Messages in flight, by (src, dst) in communicator ranks, in send order.
+    mail: HashMap<(usize, usize), VecDeque<Msg>>,
+}
+
+/// A message: staged through a buffer of its own (eager: the send is over once staged),
+/// or read in place by the receiver ([`DirectMsg`]).
+enum Msg {
+    Staged(Buffer),
+    InPlace(DirectMsg),
 }
 
 /// The shared state of one communicator's ranks.
@@ -181,6 +194,13 @@ impl Group {
     }
 }
 
+/// True inside a stream-ordered call ([`crate::device::direct`]): point-to-point
+/// messages are then read in place by the receiver (no allocation; the sender's stream
+/// waits for the receiver's copy) instead of staged through a fresh buffer.
+fn scoped() -> bool {
+    crate::device::direct::current().is_some()
+}
+
 /// One rank of a `cuda-local` or `host-local` world.
 pub struct DeviceLocalTransport {
     group: Arc<Group>,
@@ -192,7 +212,7 @@ pub struct DeviceLocalTransport {
     traffic: Arc<Traffic>,
     timeout: Duration,
     splits: AtomicU64,
-    /// Capturable-path sends whose receivers' copies this rank's stream has not yet
+    /// Stream-ordered sends whose receivers' copies this rank's stream has not yet
     /// waited for, and the stream to wait on.
     acks: Mutex<Vec<(Ack, Arc<dyn DevStream>)>>,
     /// Inside [`GpuTransport::group`]: sends do not wait for their acks until its end.
@@ -253,7 +273,7 @@ impl DeviceLocalTransport {
         gpu::work_stream(self)
     }
 
-    /// Capturable path: make this rank's stream wait for the receivers' copies of its
+    /// Make this rank's stream wait for the receivers' copies of its stream-ordered
     /// sends (their acks), so it never overwrites bytes a peer is still reading.
     fn settle_acks(&self) -> Result<()> {
         let pending = std::mem::take(
@@ -280,7 +300,7 @@ impl DeviceLocalTransport {
         Ok(())
     }
 
-    /// Capturable-path send: publish the bytes and the event after which they are ready.
+    /// Stream-ordered send: publish the bytes and the event after which they are ready.
     fn post_direct(&self, peer: usize, data: Region) -> Result<()> {
         let s = self.s();
         let ack: Ack = Arc::new(Mutex::new(None));
@@ -295,40 +315,61 @@ impl DeviceLocalTransport {
             .map_err(|_| Error::Internal("device-local acks poisoned".into()))?
             .push((ack, s));
         let mut b = self.group.lock()?;
-        b.direct_mail
+        b.mail
             .entry((self.rank, peer))
             .or_default()
-            .push_back(msg);
+            .push_back(Msg::InPlace(msg));
         self.group.cv.notify_all();
         Ok(())
     }
 
-    /// Capturable-path receive: wait (on the device) for the sender's bytes, copy them,
-    /// answer with the event after the copy.
-    fn recv_direct(&self, peer: usize, data: Region) -> Result<()> {
+    /// The next message from `peer` (waiting for it up to the timeout).
+    fn next_msg(&self, peer: usize) -> Result<Msg> {
         let deadline = Instant::now() + self.timeout;
         let key = (peer, self.rank);
         let b = self.group.lock()?;
         let mut b = self.group.wait(b, deadline, "receive", |b| {
-            b.direct_mail.get(&key).is_some_and(|q| !q.is_empty())
+            b.mail.get(&key).is_some_and(|q| !q.is_empty())
         })?;
-        let msg = b
-            .direct_mail
+        b.mail
             .get_mut(&key)
             .and_then(|q| q.pop_front())
-            .ok_or_else(|| Error::Internal("device-local message vanished".into()))?;
-        drop(b);
+            .ok_or_else(|| Error::Internal("device-local message vanished".into()))
+    }
+
+    fn check_msg_len(&self, peer: usize, sent: usize, want: usize) -> Result<()> {
+        if sent != want {
+            return Err(Error::InvalidUsage(format!(
+                "{}: rank {peer} sent {sent} bytes, rank {} expected {want}",
+                self.group.kind.name(),
+                self.rank,
+            )));
+        }
+        Ok(())
+    }
+
+    /// Receive the next message from `peer` into `data`, in this rank's stream order
+    /// (not waited for).
+    fn take_into(&self, peer: usize, data: Region) -> Result<()> {
+        match self.next_msg(peer)? {
+            Msg::Staged(msg) => {
+                self.check_msg_len(peer, msg.len(), data.len)?;
+                let g = msg.dev_read_timeout(self.timeout)?;
+                self.s().copy(data.addr, g.addr(), data.len)?;
+                self.count(peer, data.len);
+                // The buffer goes back to the cache once the copy has run.
+                self.finish("receive")
+            }
+            Msg::InPlace(msg) => self.copy_in_place(peer, msg, data),
+        }
+    }
+
+    /// An in-place receive: wait (on the device) for the sender's bytes, copy them,
+    /// answer with the event after the copy.
+    fn copy_in_place(&self, peer: usize, msg: DirectMsg, data: Region) -> Result<()> {
         let s = self.s();
         let copied = (|| {
-            if msg.len != data.len {
-                return Err(Error::InvalidUsage(format!(
-                    "{}: rank {peer} sent {} bytes, rank {} expected {}",
-                    self.group.kind.name(),
-                    msg.len,
-                    self.rank,
-                    data.len
-                )));
-            }
+            self.check_msg_len(peer, msg.len, data.len)?;
             s.wait_event(msg.ev.as_ref())?;
             s.copy(data.addr, msg.addr, data.len)?;
             self.count(peer, data.len);
@@ -545,11 +586,15 @@ impl GpuTransport for DeviceLocalTransport {
         })
     }
 
+    /// In place inside a group of a stream-ordered call (the receivers' copies are
+    /// waited for at the group's end) and on the capturable path; otherwise eager, staged
+    /// through a buffer of its own, so a send never waits for its receive.
     fn send(&self, peer: usize, data: Region) -> Result<()> {
         self.check_peer(peer)?;
-        if gpu::direct() {
+        let grouped = self.grouped.load(Ordering::SeqCst) > 0;
+        if gpu::direct() || (scoped() && grouped) {
             self.post_direct(peer, data)?;
-            if self.grouped.load(Ordering::SeqCst) == 0 {
+            if !grouped {
                 self.settle_acks()?;
             }
             return Ok(());
@@ -558,59 +603,39 @@ impl GpuTransport for DeviceLocalTransport {
         let msg = crate::device::direct::scope(None, || Buffer::on_device(&self.dev, data.len))?;
         {
             let g = msg.dev_write_timeout(self.timeout)?;
-            self.stream.copy(g.addr(), data.addr, data.len)?;
+            self.s().copy(g.addr(), data.addr, data.len)?;
             self.finish("send")?;
         }
         let mut b = self.group.lock()?;
-        b.mail.entry((self.rank, peer)).or_default().push_back(msg);
+        b.mail
+            .entry((self.rank, peer))
+            .or_default()
+            .push_back(Msg::Staged(msg));
         self.group.cv.notify_all();
         Ok(())
     }
 
     fn recv(&self, peer: usize, data: Region) -> Result<()> {
         self.check_peer(peer)?;
-        if gpu::direct() {
-            return self.recv_direct(peer, data);
-        }
-        let deadline = Instant::now() + self.timeout;
-        let key = (peer, self.rank);
-        let b = self.group.lock()?;
-        let mut b = self.group.wait(b, deadline, "receive", |b| {
-            b.mail.get(&key).is_some_and(|q| !q.is_empty())
-        })?;
-        let msg = b
-            .mail
-            .get_mut(&key)
-            .and_then(|q| q.pop_front())
-            .ok_or_else(|| Error::Internal("device-local message vanished".into()))?;
-        drop(b);
-        if msg.len() != data.len {
-            return Err(Error::InvalidUsage(format!(
-                "{}: rank {peer} sent {} bytes, rank {} expected {}",
-                self.group.kind.name(),
-                msg.len(),
-                self.rank,
-                data.len
-            )));
-        }
-        let g = msg.dev_read_timeout(self.timeout)?;
-        self.stream.copy(data.addr, g.addr(), data.len)?;
-        self.count(peer, data.len);
+        self.take_into(peer, data)?;
         self.finish("receive")
     }
 
+    /// Inside a stream-ordered call: in place, no allocation (the send is published,
+    /// the receive done, then this rank's stream waits for the peer's copy).
     fn sendrecv(&self, dst: usize, send: Region, src: usize, recv: Region) -> Result<()> {
-        if gpu::direct() {
+        if scoped() {
             self.check_peer(dst)?;
             self.check_peer(src)?;
             self.post_direct(dst, send)?;
-            let r = self.recv_direct(src, recv);
+            let r = self.take_into(src, recv);
             let a = if self.grouped.load(Ordering::SeqCst) == 0 {
                 self.settle_acks()
             } else {
                 Ok(())
             };
-            return r.and(a);
+            r.and(a)?;
+            return self.finish("send/receive");
         }
         GpuTransport::send(self, dst, send)?;
         GpuTransport::recv(self, src, recv)
@@ -619,13 +644,13 @@ impl GpuTransport for DeviceLocalTransport {
         self.grouped.fetch_add(1, Ordering::SeqCst);
         let r = body();
         self.grouped.fetch_sub(1, Ordering::SeqCst);
-        // Pending acks exist only on the capturable path.
-        let a = if self.grouped.load(Ordering::SeqCst) == 0 {
-            self.settle_acks()
-        } else {
-            Ok(())
-        };
-        r.and(a)
+        // Pending acks exist only for stream-ordered calls.
+        if self.grouped.load(Ordering::SeqCst) != 0 {
+            return r;
+        }
+        let a = self.settle_acks();
+        r.and(a)?;
+        self.finish("grouped sends")
     }
 }
 

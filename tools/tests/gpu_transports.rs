@@ -569,7 +569,7 @@ impl Gate {
 /// CUDA graph capture (item 2 of the async issue): every rank's stream joins one capture
 /// begun on an origin stream; hier all-gather, qgz reduce-scatter and ho-ring all-gather
 /// are recorded (after one uncaptured warm-up call of each, as PyTorch warms up before
-/// capturing); the graph is replayed 100 times with the results equal to the uncaptured
+/// capturing; the first two as a group, with mismatch checks on); the graph is replayed 100 times with the results equal to the uncaptured
 /// calls', then once more after the inputs change (the replay recomputes); capture and
 /// replays allocate no device memory.
 fn captured_calls_replay(kind: TransportKind) {
@@ -596,6 +596,7 @@ fn captured_calls_replay(kind: TransportKind) {
     );
     let res = common::on_comms(comms, move |c| {
         let (gate, r) = (&g2, c.rank());
+        c.set_check(true);
         let dev = c.device().expect("device");
         let s = dev.new_stream()?;
         let input = |k: usize| f32s((0..p * n).map(|i| ((r + k) * (i % 11)) as f32 * 0.5));
@@ -661,23 +662,38 @@ fn captured_calls_replay(kind: TransportKind) {
         gate.wait();
         let ev = f2.lock().unwrap().clone().expect("fork event");
         s.wait_event(ev.as_ref())?;
+        // The first two calls as one group (recorded at the group's end), the third alone.
         let captured = (|| {
-            for req in reqs(&outs)? {
-                c.enqueue(req, &s)?;
-            }
+            let mut reqs = reqs(&outs)?.into_iter();
+            strata::group_start();
+            let a = c.enqueue(reqs.next().expect("hier"), &s);
+            let b = c.enqueue(reqs.next().expect("qgz"), &s);
+            strata::group_end()?;
+            a?;
+            b?;
+            c.enqueue(reqs.next().expect("ho-ring"), &s)?;
             Ok::<_, strata::Error>(())
         })();
         e2.lock().unwrap().push(s.record()?);
         gate.wait();
-        if r == 0 {
+        let ended = if r == 0 {
             let ends = std::mem::take(&mut *e2.lock().unwrap());
-            for e in &ends {
-                o2.wait_event(e.as_ref())?;
-            }
-            *gr2.lock().unwrap() = Some(o2.end_capture()?);
-        }
+            (|| {
+                for e in &ends {
+                    o2.wait_event(e.as_ref())?;
+                }
+                *gr2.lock().unwrap() = Some(o2.end_capture()?);
+                Ok::<_, strata::Error>(())
+            })()
+        } else {
+            Ok(())
+        };
         gate.wait();
         captured?;
+        ended?;
+        if gr2.lock().unwrap().is_none() {
+            return Err(strata::Error::Internal("the capture did not end".into()));
+        }
         // Clear the outputs, then replay 100 times.
         for o in &outs {
             o.write_bytes(&vec![0u8; p * n * 4])?;
@@ -713,6 +729,12 @@ fn captured_calls_replay(kind: TransportKind) {
         a2.lock().unwrap().push((before, after));
         Ok((got1 == want1, got2 == want2, want1 != want2))
     });
+    let errs: Vec<String> = res
+        .iter()
+        .enumerate()
+        .filter_map(|(r, x)| x.as_ref().err().map(|e| format!("rank {r}: {e}")))
+        .collect();
+    assert!(errs.is_empty(), "{}: {errs:#?}", kind.name());
     for (r, x) in res.into_iter().enumerate() {
         let (first, second, differ) = x.unwrap_or_else(|e| panic!("{} rank {r}: {e}", kind.name()));
         assert!(differ, "rank {r}: the two inputs give the same results");
