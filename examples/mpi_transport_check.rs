@@ -3,7 +3,8 @@
 //!     cargo build --features mpi --example mpi_transport_check
 //!     mpirun --oversubscribe -np 3 target/debug/examples/mpi_transport_check
 //!
-//! Point-to-point, the ring, the trait's ring collectives (f32 and bf16), split, traffic,
+//! Point-to-point, the ring, the trait's ring collectives (f32 and bf16), split, groups made
+//! by their members alone, traffic,
 //! the size-mismatch and timeout errors, abort, and two communicators driven at once
 //! from two threads. `STRATA_MPI_MAX_MESSAGE=4096` in the environment exercises the
 //! long-message path (header + pieces). Rank 0 prints `mpi_transport_check OK np=N`;
@@ -262,6 +263,43 @@ fn splits(t: &MpiTransport) -> Check {
     Ok(())
 }
 
+/// Communicators made by their members alone (`Transport::group`): the odd ranks make
+/// one while the even ranks make theirs in reverse list order, then each runs the
+/// collectives; a list missing the caller is refused.
+fn groups(t: &MpiTransport) -> Check {
+    let (r, p) = (t.rank(), t.size());
+    let members: Vec<usize> = (0..p).filter(|q| q % 2 == r % 2).collect();
+    let g = ok(t.group(&members), "group of members")?;
+    ensure!(
+        g.size() == members.len() && g.world_rank(g.rank()) == r,
+        "group rank {} of {}",
+        g.rank(),
+        g.size()
+    );
+    ensure!(
+        (0..g.size()).all(|q| g.world_rank(q) == members[q]),
+        "group members differ from {members:?}"
+    );
+    collectives(g.as_ref(), &members, &format!("group {}", r % 2))?;
+    // Only ranks 0 and p-1 take part; the others go straight on.
+    if r == 0 || r == p - 1 {
+        let pair = ok(t.group(&[0, p - 1]), "pair group")?;
+        let mut buf = fill(DataType::F32, 3, |_| r as f64);
+        ok(
+            pair.all_reduce(&mut buf, DataType::F32, ReduceOp::Sum),
+            "all_reduce in pair group",
+        )?;
+        expect_values(
+            DataType::F32,
+            &buf,
+            |_| (p - 1) as f64,
+            "pair group all_reduce",
+        )?;
+    }
+    ok(t.barrier(), "barrier after groups")?;
+    Ok(())
+}
+
 fn mismatch(t: &MpiTransport) -> Check {
     let r = t.rank();
     // Small (eager) and large (rendezvous) mismatches; afterwards the stream must be clean.
@@ -435,6 +473,7 @@ fn run() -> Check {
     collectives(&t, &everyone, "world")?;
     traffic(&t)?;
     splits(&t)?;
+    groups(&t)?;
     mismatch(&t)?;
     timeouts_and_abort(&t)?;
     concurrent(&t)?;

@@ -719,6 +719,26 @@ strataResult_t strataCommInitLocal(strataComm_t *comms, int nranks, const char *
 strataResult_t strataCommSplit(strataComm_t comm, int color, int key, strataComm_t *newcomm, const struct strataConfig_t *config);
 
 /**
+ * Creates a communicator of `nranks` ranks of `comm` (the array `ranks`, in any order,
+ * without repeats) called by those ranks alone: ranks not listed do not call (as
+ * `MPI_Comm_create_group`; what a framework's `new_group` needs). Every member passes the
+ * same list; the new ranks follow its ascending order. The new communicator keeps the
+ * world topology, so the hierarchical algorithms apply where its members span nodes.
+ * Collective over the members after `comm`'s queued work; members that do not all arrive
+ * within the timeout are `strataRemoteError` (no hang). Supported on the mpi transport.
+ *
+ * Errors: `strataInvalidArgument` for NULL `ranks`/`newcomm` with `nranks > 0`, a rank
+ * out of range or repeated, or the calling rank missing from the list;
+ * `strataInvalidUsage` for a destroyed `comm` or a transport other than mpi (use
+ * `strataCommSplit` there); `strataRemoteError` when members do not arrive.
+ *
+ * # Safety
+ * `ranks` is NULL or readable for `nranks` ints; `newcomm` is NULL or valid for a write
+ * of a `strataComm_t`.
+ */
+strataResult_t strataCommCreateGroup(strataComm_t comm, int nranks, const int *ranks, strataComm_t *newcomm);
+
+/**
  * Finishes the work queued on `comm` and releases it (NCCL's `ncclCommDestroy`). The
  * handle is invalid afterwards: calls with it return `strataInvalidUsage`, and strings
  * from `strataGetLastError(comm)` are freed. A NULL `comm` is a no-op returning

@@ -272,6 +272,25 @@ def test_async_op_work_handles(comms):
             np.testing.assert_array_equal(got, [1.5, 2.5, 3.5])
 
 
+def test_async_op_inside_a_group(comms):
+    # Nonblocking calls grouped: the group ends at once, the calls run together, a call
+    # after the group waits for all of them (as torch's coalescing manager uses them).
+    def body(c, r):
+        a = np.full(3, r + 1, np.float32)
+        b = np.full(5, 10 * (r + 1), np.float32)
+        with strata.group():
+            w1 = c.all_reduce(a, async_op=True)
+            w2 = c.all_reduce(b, async_op=True)
+        w3 = c.all_reduce(a, async_op=True)
+        assert w3.wait() and w1.is_completed() and w2.is_completed()
+        return a, b
+
+    total = N * (N + 1) / 2
+    for a, b in on_ranks(comms, body):
+        np.testing.assert_array_equal(a, np.full(3, N * total, np.float32))
+        np.testing.assert_array_equal(b, np.full(5, 10 * total, np.float32))
+
+
 def test_init_rank_from_threads():
     uid = strata.get_unique_id()
     assert len(bytes(uid)) == 256 and uid.vendor_id is None

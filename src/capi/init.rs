@@ -663,6 +663,58 @@ pub unsafe extern "C" fn strataCommSplit(
     })
 }
 
+/// Creates a communicator of `nranks` ranks of `comm` (the array `ranks`, in any order,
+/// without repeats) called by those ranks alone: ranks not listed do not call (as
+/// `MPI_Comm_create_group`; what a framework's `new_group` needs). Every member passes the
+/// same list; the new ranks follow its ascending order. The new communicator keeps the
+/// world topology, so the hierarchical algorithms apply where its members span nodes.
+/// Collective over the members after `comm`'s queued work; members that do not all arrive
+/// within the timeout are `strataRemoteError` (no hang). Supported on the mpi transport.
+///
+/// Errors: `strataInvalidArgument` for NULL `ranks`/`newcomm` with `nranks > 0`, a rank
+/// out of range or repeated, or the calling rank missing from the list;
+/// `strataInvalidUsage` for a destroyed `comm` or a transport other than mpi (use
+/// `strataCommSplit` there); `strataRemoteError` when members do not arrive.
+///
+/// # Safety
+/// `ranks` is NULL or readable for `nranks` ints; `newcomm` is NULL or valid for a write
+/// of a `strataComm_t`.
+#[no_mangle]
+pub unsafe extern "C" fn strataCommCreateGroup(
+    comm: strataComm_t,
+    nranks: c_int,
+    ranks: *const c_int,
+    newcomm: *mut strataComm_t,
+) -> strataResult_t {
+    ffi_boundary!("strataCommCreateGroup", comm, {
+        let h = lookup(comm)?;
+        if newcomm.is_null() {
+            return Err(Error::InvalidArgument("newcomm is NULL".into()));
+        }
+        let n = usize::try_from(nranks)
+            .map_err(|_| Error::InvalidArgument(format!("nranks {nranks} is negative")))?;
+        if n > 0 && ranks.is_null() {
+            return Err(Error::InvalidArgument("ranks is NULL".into()));
+        }
+        let list: Vec<usize> = if n == 0 {
+            Vec::new()
+        } else {
+            // SAFETY: non-NULL (checked) and readable for `nranks` ints by the contract.
+            unsafe { std::slice::from_raw_parts(ranks, n) }
+                .iter()
+                .map(|&r| {
+                    usize::try_from(r)
+                        .map_err(|_| Error::InvalidArgument(format!("rank {r} is negative")))
+                })
+                .collect::<Result<_>>()?
+        };
+        let out = register(h.comm.create_group(&list)?)?;
+        // SAFETY: non-NULL (checked) and valid for a write by the caller's contract.
+        unsafe { newcomm.write(out) };
+        Ok(())
+    })
+}
+
 /// Finishes the work queued on `comm` and releases it (NCCL's `ncclCommDestroy`). The
 /// handle is invalid afterwards: calls with it return `strataInvalidUsage`, and strings
 /// from `strataGetLastError(comm)` are freed. A NULL `comm` is a no-op returning

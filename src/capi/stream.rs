@@ -40,6 +40,9 @@ struct StreamState {
     /// What the next call waits for: the last call enqueued, and the events waited
     /// for since.
     tail: Vec<Work>,
+    /// The group holding the stream's latest calls: (its number, the calls before it,
+    /// its calls).
+    open: Option<(u64, Vec<Work>, Vec<Work>)>,
     /// Calls not yet seen complete by a query or synchronize.
     pending: Vec<Pending>,
 }
@@ -84,13 +87,48 @@ fn first_failure(done: &[Pending]) -> Result<()> {
 impl HostStream {
     /// The dependencies of the next call.
     pub(crate) fn deps(&self) -> Vec<Work> {
-        lock(&self.state).tail.clone()
+        let mut s = lock(&self.state);
+        let now = crate::comm::group::current_group();
+        if let Some((g, base, _)) = &s.open {
+            if now == Some(*g) {
+                // Inside the group holding the stream's latest calls: they run together
+                // when it ends, so a call waits for what came before the group (and the
+                // events waited for since), never for a call of its own group.
+                let mut d = base.clone();
+                d.extend(s.tail.iter().cloned());
+                return d;
+            }
+        }
+        Self::close_group(&mut s);
+        s.tail.clone()
     }
 
-    /// A call was enqueued: later calls wait for it.
+    /// The open group has ended: later calls wait for all of its calls.
+    fn close_group(s: &mut StreamState) {
+        if let Some((_, _, mut members)) = s.open.take() {
+            members.append(&mut s.tail);
+            s.tail = members;
+        }
+    }
+
+    /// A call was enqueued: later calls wait for it (inside a group: calls after the
+    /// group wait for all of the group's calls).
     pub(crate) fn push(&self, work: Work, function: &'static str, handle: Arc<Handle>) {
         let mut s = lock(&self.state);
-        s.tail = vec![work.clone()];
+        match crate::comm::group::current_group() {
+            Some(g) => match &mut s.open {
+                Some((og, _, members)) if *og == g => members.push(work.clone()),
+                _ => {
+                    Self::close_group(&mut s);
+                    let base = std::mem::take(&mut s.tail);
+                    s.open = Some((g, base, vec![work.clone()]));
+                }
+            },
+            None => {
+                s.open = None;
+                s.tail = vec![work.clone()];
+            }
+        }
         s.pending.push(Pending {
             work,
             function,

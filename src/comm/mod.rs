@@ -163,6 +163,39 @@ impl Comm {
         self.0.note(r).map(|c| c.map(Comm))
     }
 
+    /// A communicator of the listed ranks of this one, created by those ranks alone
+    /// (non-members do not call; `MPI_Comm_create_group`), as a framework's `new_group`
+    /// needs. Every member passes the same list (any order; it is sorted, and the new
+    /// ranks follow it). Members that do not all arrive within the timeout are
+    /// [`Error::Remote`]. Supported on the `mpi` transport; elsewhere
+    /// [`Error::InvalidUsage`] (use [`Comm::split`]).
+    pub fn create_group(&self, ranks: &[usize]) -> Result<Comm> {
+        let mut members = ranks.to_vec();
+        members.sort_unstable();
+        members.dedup();
+        let r = (|| {
+            if members.len() != ranks.len() {
+                return Err(Error::InvalidArgument(format!(
+                    "create_group: ranks {ranks:?} repeat a rank"
+                )));
+            }
+            if let Some(bad) = members.iter().find(|&&m| m >= self.size()) {
+                return Err(Error::InvalidArgument(format!(
+                    "create_group: rank {bad} is not a rank of this communicator of {}",
+                    self.size()
+                )));
+            }
+            if !members.contains(&self.rank()) {
+                return Err(Error::InvalidArgument(format!(
+                    "create_group: this rank ({}) is not among {ranks:?}; only members call",
+                    self.rank()
+                )));
+            }
+            self.0.group(&members).map(Comm)
+        })();
+        self.0.note(r)
+    }
+
     /// [`Comm::split`] whose communicator, and every sub-communicator split off it, also
     /// counts the bytes it sends in `meter` (a [`crate::traffic::Traffic`] sized for the
     /// world topology), so the traffic of one purpose can be measured while other work

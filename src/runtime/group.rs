@@ -35,7 +35,23 @@ thread_local! {
 
 /// Start (or nest) a group on this thread.
 pub fn group_start() {
-    GROUP.with(|g| g.borrow_mut().0 += 1);
+    GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        if g.0 == 0 {
+            GENERATION.with(|n| n.set(n.get() + 1));
+        }
+        g.0 += 1;
+    });
+}
+
+thread_local! {
+    static GENERATION: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Inside a group: a number naming this thread's outermost group (each outermost
+/// `group_start` makes a new one); `None` outside a group.
+pub fn current_group() -> Option<u64> {
+    in_group().then(|| GENERATION.with(|n| n.get()))
 }
 
 /// End a group; at the outermost end, launch what it holds. Ending a group that was not

@@ -412,6 +412,17 @@ impl CommCore {
         .transpose()
     }
 
+    /// A communicator of `members` (ranks of this one, ascending, this rank among them)
+    /// created by those ranks alone, after this communicator's queued work
+    /// ([`Transport::group`]; `mpi` only). It keeps the world topology, so the
+    /// hierarchical algorithms apply to it wherever its members span nodes.
+    pub fn group(&self, members: &[usize]) -> Result<CommCore> {
+        self.alive()?;
+        self.0.stream.sync()?;
+        let t = self.0.transport.group(members)?;
+        CommCore::new(t, self.0.topo.clone(), self.0.config.clone()).map(|c| self.inherit(c))
+    }
+
     /// Sub-communicator splits are collective on the transport: from a user thread, run
     /// them after the queued work (whose algorithms may split too), so every rank splits
     /// in the same order; on the stream thread, the work itself is that order.

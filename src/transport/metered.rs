@@ -85,6 +85,10 @@ impl Transport for Metered {
             .split(color, key)?
             .map(|t| Arc::new(Metered::new(t, self.meter.clone())) as Arc<dyn Transport>))
     }
+    fn group(&self, members: &[usize]) -> Result<Arc<dyn Transport>> {
+        let t = self.inner.group(members)?;
+        Ok(Arc::new(Metered::new(t, self.meter.clone())))
+    }
     fn send(&self, peer: usize, data: &[u8]) -> Result<()> {
         self.inner.send(peer, data)?;
         self.count(peer, data.len());

@@ -185,6 +185,18 @@ pub trait Transport: Send + Sync {
     /// Collective: ranks passing the same `Some(color)` form a new communicator ordered
     /// by (key, rank); `None` takes part without joining (returns `Ok(None)`).
     fn split(&self, color: Option<u32>, key: i32) -> Result<Option<Arc<dyn Transport>>>;
+    /// A communicator of `members` (ranks of this one, ascending, this rank among them),
+    /// created by those ranks alone (`MPI_Comm_create_group`): what a framework's
+    /// `new_group` needs, where non-members never call. Only `mpi` has it; elsewhere an
+    /// [`Error::InvalidUsage`] pointing to [`Transport::split`].
+    fn group(&self, members: &[usize]) -> Result<Arc<dyn Transport>> {
+        let _ = members;
+        Err(Error::InvalidUsage(format!(
+            "creating a communicator from its members alone is supported on the mpi \
+             transport; on {} use split (collective over every rank)",
+            self.kind().name()
+        )))
+    }
     /// Send `data` to `peer` (may return before the peer receives).
     fn send(&self, peer: usize, data: &[u8]) -> Result<()>;
     /// Receive exactly `data.len()` bytes from `peer`; a message of another length is an

@@ -166,6 +166,8 @@ mod imp {
     const CLASS_PIECE: u32 = 3;
     /// Default piece limit: 1 GiB (below `i32::MAX`, MPI's count type).
     const DEFAULT_PIECE: usize = 1 << 30;
+    /// The tag of `MPI_Comm_create_group` (strata's member-only creations).
+    const GROUP_TAG: i32 = 0x5354;
     /// How long a cancelled request may take to retire before it is released to MPI.
     const CANCEL_GRACE: Duration = Duration::from_millis(50);
 
@@ -1584,6 +1586,115 @@ mod imp {
                 sent: Seqs::new(size),
                 received: Seqs::new(size),
             })))
+        }
+
+        fn group(&self, members: &[usize]) -> Result<Arc<dyn Transport>> {
+            let mut g = self.enter()?;
+            // A barrier of the members alone, bounded by the timeout (a one-byte message
+            // between every pair): once it completes every member is at this call, so the
+            // blocking MPI_Comm_create_group below cannot hang on a member that never came.
+            let peers: Vec<usize> = members
+                .iter()
+                .copied()
+                .filter(|&m| m != self.rank)
+                .collect();
+            let token = [1u8];
+            let mut got = vec![[0u8; 1]; peers.len()];
+            let mut ops = Vec::with_capacity(2 * peers.len());
+            let mut posted = Ok(());
+            for (p, b) in peers.iter().zip(got.iter_mut()) {
+                match self.post_recv(&mut g, *p, b) {
+                    Ok(op) => ops.push(op),
+                    Err(e) => {
+                        posted = Err(e);
+                        break;
+                    }
+                }
+            }
+            if posted.is_ok() {
+                for p in &peers {
+                    match self.post_send(*p, &token) {
+                        Ok(op) => ops.push(op),
+                        Err(e) => {
+                            posted = Err(e);
+                            break;
+                        }
+                    }
+                }
+            }
+            if let Err(e) = posted {
+                self.withdraw(&mut g, &mut ops, &e);
+                return Err(e);
+            }
+            let res = self.drive(&mut ops);
+            self.settle(&mut g, &mut ops);
+            res.map_err(|e| {
+                Error::Remote(format!(
+                    "creating a communicator of ranks {members:?}: not every member came ({e})"
+                ))
+            })?;
+            let ranks: Vec<i32> = members
+                .iter()
+                .map(|&m| i32::try_from(m).map_err(|_| Error::InvalidArgument(format!("rank {m}"))))
+                .collect::<Result<_>>()?;
+            let n = i32::try_from(ranks.len())
+                .map_err(|_| Error::InvalidArgument("too many members".into()))?;
+            // SAFETY: reading MPI predefined handles.
+            let (mut world_group, mut sub_group, mut raw) = unsafe {
+                (
+                    ffi::RSMPI_GROUP_NULL,
+                    ffi::RSMPI_GROUP_NULL,
+                    ffi::RSMPI_COMM_NULL,
+                )
+            };
+            // SAFETY: live communicator; writes one group handle.
+            check(
+                unsafe { ffi::MPI_Comm_group(self.comm.0, &mut world_group) },
+                "MPI_Comm_group",
+            )?;
+            // SAFETY: a live group and `n` valid ranks of it; writes one group handle.
+            let incl = check(
+                unsafe { ffi::MPI_Group_incl(world_group, n, ranks.as_ptr(), &mut sub_group) },
+                "MPI_Group_incl",
+            );
+            // SAFETY: every member passed the barrier above and calls this with the same
+            // group; the tag keeps it apart from other creations.
+            let made = incl.and_then(|_| {
+                check(
+                    unsafe {
+                        ffi::MPI_Comm_create_group(self.comm.0, sub_group, GROUP_TAG, &mut raw)
+                    },
+                    "MPI_Comm_create_group",
+                )
+            });
+            // SAFETY: freeing the group handles made above (the null handle is skipped).
+            unsafe {
+                if sub_group != ffi::RSMPI_GROUP_NULL {
+                    ffi::MPI_Group_free(&mut sub_group);
+                }
+                ffi::MPI_Group_free(&mut world_group);
+            }
+            made?;
+            let comm = RawComm::adopt(raw)?;
+            let (rank, size) = comm.rank_size()?;
+            let world: Vec<usize> = members.iter().map(|&m| self.members[m]).collect();
+            if size != world.len() || world.get(rank) != Some(&self.members[self.rank]) {
+                return Err(Error::Internal(format!(
+                    "MPI_Comm_create_group gave rank {rank} of {size} for members {members:?}"
+                )));
+            }
+            Ok(Arc::new(MpiTransport {
+                comm,
+                rank,
+                members: world,
+                timeout: self.timeout,
+                traffic: self.traffic.clone(),
+                aborted: AtomicBool::new(false),
+                broken: std::sync::OnceLock::new(),
+                busy: Mutex::new(Vec::new()),
+                sent: Seqs::new(size),
+                received: Seqs::new(size),
+            }))
         }
 
         fn send(&self, peer: usize, data: &[u8]) -> Result<()> {

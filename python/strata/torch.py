@@ -1,0 +1,536 @@
+"""strata as a ``torch.distributed`` backend.
+
+``import strata.torch`` registers the backend ``"strata"``::
+
+    import torch.distributed as dist, strata.torch
+    dist.init_process_group("strata")            # or "cpu:strata,cuda:nccl", ...
+
+- CPU tensors run on strata's ``mpi`` transport: launch with ``mpirun`` (the library
+  built with ``--features mpi``); torch's rank must be the MPI world rank (set ``RANK``
+  from ``OMPI_COMM_WORLD_RANK``). The world's topology is ``STRATA_TOPOLOGY`` (or
+  detected from the hosts), so ``auto`` picks the hierarchical algorithms where a group
+  spans nodes.
+- CUDA tensors run on strata's ``nccl`` transport (library built with ``--features
+  cuda``), bootstrapped through the store torch hands the backend (the group's rank 0
+  publishes the unique id), so ``torchrun`` works; calls are ordered on the tensor's
+  current CUDA stream, as NCCL's.
+- ``new_group`` / ``DeviceMesh`` sub-groups are strata communicators made by their
+  members alone (``Comm.create_group``), keeping the world topology.
+- Implemented (old and new names of torch's ``ProcessGroup``): ``allreduce``,
+  ``allreduce_coalesced``, ``allgather``, ``_allgather_base`` / ``all_gather_single``,
+  ``allgather_into_tensor_coalesced`` / ``all_gather_single_coalesced``,
+  ``reduce_scatter``, ``_reduce_scatter_base`` / ``reduce_scatter_single``,
+  ``reduce_scatter_tensor_coalesced`` / ``reduce_scatter_single_coalesced``,
+  ``broadcast``, ``alltoall``, ``alltoall_base`` / ``all_to_all_single``, ``barrier``,
+  ``send``, ``recv``, and coalescing (``_start_coalescing`` / ``_end_coalescing``).
+  Reduce ops SUM, AVG (the exact mean), MAX, MIN, PRODUCT and PREMUL_SUM; reductions on
+  float32, float16, bfloat16, int8, uint8, int32; data movement on any dtype. Anything
+  else raises a ``RuntimeError`` naming the method.
+- Every call returns a ``Work`` at once (CPU: strata's nonblocking calls on the
+  communicator's host stream, completed by a waiter thread; CUDA: complete, the call
+  being ordered on the stream). Until it completes the tensors are strata's.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from datetime import timedelta
+from typing import Any, Callable, List, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import _create_work_from_future
+from torch.distributed import ReduceOp
+
+import strata as _s
+
+__all__ = ["ProcessGroupStrata", "BACKEND"]
+
+BACKEND = "strata"
+
+_REDUCE_DTYPES = {torch.float32, torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.int32}
+_WORLD: dict = {}
+_LOCK = threading.Lock()
+
+
+def _unsupported(method: str, why: str) -> RuntimeError:
+    return RuntimeError(f"strata backend: {method}: {why}")
+
+
+def _done_work(result: Any = None) -> dist.Work:
+    fut: torch.futures.Future = torch.futures.Future()
+    fut.set_result(result)
+    return _create_work_from_future(fut)
+
+
+class _Waiter:
+    """Completes torch futures from strata works, in submission order, on one thread."""
+
+    def __init__(self) -> None:
+        self._q: "queue.Queue" = queue.Queue()
+        self._t = threading.Thread(target=self._run, name="strata-torch-waiter", daemon=True)
+        self._t.start()
+
+    def _run(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            work, fut, result, post = item
+            try:
+                if work is not None:
+                    work.wait()
+                if post is not None:
+                    post()
+                fut.set_result(result)
+            except BaseException as e:  # surfaced by Work.wait()
+                fut.set_exception(e)
+
+    def submit(self, work: Any, result: Any, post: Optional[Callable[[], None]]) -> dist.Work:
+        fut: torch.futures.Future = torch.futures.Future()
+        self._q.put((work, fut, result, post))
+        return _create_work_from_future(fut)
+
+    def close(self) -> None:
+        self._q.put(None)
+
+
+def _redop(op: Any, method: str):
+    """(strata op name, premultiply factor or None) of a torch ReduceOp."""
+    kind = getattr(op, "op", op)
+    R = ReduceOp.RedOpType
+    table = {R.SUM: "sum", R.AVG: "avg", R.MAX: "max", R.MIN: "min", R.PRODUCT: "prod"}
+    if kind in table:
+        return table[kind], None
+    if kind == R.PREMUL_SUM:
+        f = getattr(op, "factor", None)
+        if f is None:
+            raise _unsupported(method, "PREMUL_SUM without a factor")
+        return "sum", f
+    raise _unsupported(method, f"reduce op {kind} (supported: SUM, AVG, MAX, MIN, PRODUCT, PREMUL_SUM)")
+
+
+def _check_reduce_dtype(t: torch.Tensor, method: str) -> None:
+    if t.dtype not in _REDUCE_DTYPES:
+        raise _unsupported(method, f"reductions on {t.dtype} (strata reduces float32, float16, "
+                           "bfloat16, int8, uint8, int32)")
+
+
+def _movable(t: torch.Tensor) -> torch.Tensor:
+    """A tensor strata can move: itself for its dtypes, else a byte view of it."""
+    if t.dtype in _REDUCE_DTYPES:
+        return t
+    return t.reshape(-1).view(torch.uint8)
+
+
+class ProcessGroupStrata(dist.ProcessGroup):
+    """A ``torch.distributed`` process group over strata communicators (see the module)."""
+
+    def __init__(self, store: Any, rank: int, size: int, timeout: timedelta,
+                 global_ranks: Optional[Sequence[int]] = None, name: str = "") -> None:
+        super().__init__(rank, size)
+        self._store = store
+        self._timeout = timeout
+        self._global = list(global_ranks) if global_ranks else None
+        self._name = name
+        self._cpu: Optional[_s.Comm] = None
+        self._cuda: Optional[_s.Comm] = None
+        self._waiter = _Waiter()
+        self._coalescing = 0
+        self._coalesced: List[Any] = []
+
+    # -- identity (a Python group has no C++ backend to hold its name) --
+    @property
+    def group_name(self) -> str:
+        return self._name
+
+    def _set_group_name(self, name: str) -> None:
+        self._name = name
+
+    def getBackendName(self) -> str:
+        return BACKEND
+
+    def name(self) -> str:
+        return BACKEND
+
+    # -- communicators --
+    def _comm(self, t: torch.Tensor, method: str) -> _s.Comm:
+        if t.device.type == "cpu":
+            if self._cpu is None:
+                self._cpu = self._make_cpu(method)
+            return self._cpu
+        if t.device.type == "cuda":
+            if self._cuda is None:
+                self._cuda = self._make_cuda(t, method)
+            return self._cuda
+        raise _unsupported(method, f"tensors on {t.device} (cpu: mpi transport, cuda: nccl)")
+
+    def _make_cpu(self, method: str) -> _s.Comm:
+        world = _world_cpu(self.size() if self._global is None else None)
+        if self._global is None:
+            comm = world
+        else:
+            comm = world.create_group(self._global)
+        if comm.rank != self.rank() or comm.size != self.size():
+            raise _unsupported(method, f"strata rank {comm.rank}/{comm.size} is not torch's "
+                               f"{self.rank()}/{self.size()}: torch's ranks must be the MPI "
+                               "world ranks (RANK=$OMPI_COMM_WORLD_RANK)")
+        return comm
+
+    def _make_cuda(self, t: torch.Tensor, method: str) -> _s.Comm:
+        torch.cuda.set_device(t.device)
+        key = "strata/nccl_uid"
+        if self.rank() == 0:
+            uid = _s.get_unique_id("nccl")
+            self._store.set(key, bytes(uid))
+        else:
+            self._store.wait([key], self._timeout)
+            uid = _s.UniqueId.from_bytes(self._store.get(key))
+        return _s.init_rank(self.size(), uid, self.rank(), transport="nccl",
+                            timeout=self._timeout.total_seconds())
+
+    # -- issuing --
+    def _issue(self, method: str, tensors: Sequence[torch.Tensor],
+               run: Callable[[_s.Comm, bool], Any], result: Any,
+               post: Optional[Callable[[], None]] = None) -> dist.Work:
+        """Run ``run(comm, async_op)``; returns the torch Work (CPU: completed by the
+        waiter when strata's last work completes; CUDA: stream-ordered, complete)."""
+        first = tensors[0]
+        comm = self._comm(first, method)
+        for t in tensors:
+            if t.device != first.device:
+                raise _unsupported(method, "tensors on different devices")
+        gpu = first.device.type == "cuda"
+        if gpu:
+            run(comm, False)
+            if post is not None:
+                post()
+            return _done_work(result)
+        try:
+            last = run(comm, True)
+        except _s.StrataError as e:
+            raise _unsupported(method, str(e)) from e
+        if self._coalescing:
+            self._coalesced.append((last, post))
+            return _done_work(result)
+        return self._waiter.submit(last, result, post)
+
+    @staticmethod
+    def _grouped(calls: List[Callable[[], Any]]) -> Any:
+        """Run ``calls`` as one strata group; the last one's work."""
+        last = None
+        with _s.group():
+            for c in calls:
+                w = c()
+                last = w if w is not None else last
+        return last
+
+    # -- all-reduce --
+    def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> dist.Work:
+        op = opts.reduceOp if opts is not None else ReduceOp.SUM
+        return self._allreduce("allreduce", tensors, op)
+
+    def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> dist.Work:
+        op = opts.reduceOp if opts is not None else ReduceOp.SUM
+        return self._allreduce("allreduce_coalesced", tensors, op)
+
+    def _allreduce(self, method: str, tensors: List[torch.Tensor], op: Any) -> dist.Work:
+        name, factor = _redop(op, method)
+        work_ts, posts = [], []
+        for t in tensors:
+            _check_reduce_dtype(t, method)
+            w = t if t.is_contiguous() else t.contiguous()
+            if factor is not None:
+                w = w * factor if w is t else w.mul_(factor)
+            if w is not t:
+                posts.append((t, w))
+            work_ts.append(w)
+
+        def run(comm, a):
+            return self._grouped([lambda w=w: comm.all_reduce(w, op=name, async_op=a) for w in work_ts])
+
+        def post():
+            for t, w in posts:
+                t.copy_(w)
+        return self._issue(method, tensors, run, tensors, post if posts else None)
+
+    # -- all-gather --
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
+        return self._allgather_pairs("all_gather_single", [output], [input])
+
+    _allgather_base = all_gather_single
+
+    def all_gather_single_coalesced(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor],
+                                    opts: Any = None) -> dist.Work:
+        return self._allgather_pairs("all_gather_single_coalesced", outputs, inputs)
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def _allgather_pairs(self, method: str, outputs: List[torch.Tensor],
+                         inputs: List[torch.Tensor]) -> dist.Work:
+        n = self.size()
+        pairs, posts = [], []
+        for o, i in zip(outputs, inputs):
+            if o.numel() != n * i.numel() or o.dtype != i.dtype:
+                raise _unsupported(method, f"output of {o.numel()} {o.dtype} for input of "
+                                   f"{i.numel()} {i.dtype} over {n} ranks")
+            ic = i.contiguous()
+            oc = o if o.is_contiguous() else torch.empty_like(o, memory_format=torch.contiguous_format)
+            if oc is not o:
+                posts.append((o, oc))
+            pairs.append((_movable(ic), _movable(oc)))
+
+        def run(comm, a):
+            return self._grouped([lambda s=s, r=r: comm.all_gather(s, r, async_op=a) for s, r in pairs])
+
+        def post():
+            for o, oc in posts:
+                o.copy_(oc)
+        return self._issue(method, list(outputs) + list(inputs), run, outputs, post if posts else None)
+
+    def allgather(self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor],
+                  opts: Any = None) -> dist.Work:
+        method = "allgather"
+        if len(input_tensors) != 1 or len(output_tensors) != 1:
+            raise _unsupported(method, "one input tensor and one output list per rank")
+        i, outs = input_tensors[0], output_tensors[0]
+        if len(outs) != self.size():
+            raise _unsupported(method, f"{len(outs)} outputs for {self.size()} ranks")
+        flat = torch.empty((self.size(),) + tuple(i.shape), dtype=i.dtype, device=i.device)
+        ic = i.contiguous()
+
+        def run(comm, a):
+            return comm.all_gather(_movable(ic), _movable(flat), async_op=a)
+
+        def post():
+            for k, o in enumerate(outs):
+                o.copy_(flat[k])
+        return self._issue(method, [i] + list(outs), run, output_tensors, post)
+
+    # -- reduce-scatter --
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
+        op = opts.reduceOp if opts is not None else ReduceOp.SUM
+        return self._rs_pairs("reduce_scatter_single", [output], [input], op)
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor],
+                                        opts: Any = None) -> dist.Work:
+        op = opts.reduceOp if opts is not None else ReduceOp.SUM
+        return self._rs_pairs("reduce_scatter_single_coalesced", outputs, inputs, op)
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def _rs_pairs(self, method: str, outputs: List[torch.Tensor], inputs: List[torch.Tensor],
+                  op: Any) -> dist.Work:
+        name, factor = _redop(op, method)
+        n = self.size()
+        pairs, posts = [], []
+        for o, i in zip(outputs, inputs):
+            _check_reduce_dtype(i, method)
+            if i.numel() != n * o.numel() or o.dtype != i.dtype:
+                raise _unsupported(method, f"input of {i.numel()} {i.dtype} for output of "
+                                   f"{o.numel()} {o.dtype} over {n} ranks")
+            ic = i.contiguous()
+            if factor is not None:
+                ic = ic * factor
+            oc = o if o.is_contiguous() else torch.empty_like(o, memory_format=torch.contiguous_format)
+            if oc is not o:
+                posts.append((o, oc))
+            pairs.append((ic, oc))
+
+        def run(comm, a):
+            return self._grouped([lambda s=s, r=r: comm.reduce_scatter(s, r, op=name, async_op=a)
+                                  for s, r in pairs])
+
+        def post():
+            for o, oc in posts:
+                o.copy_(oc)
+        return self._issue(method, list(outputs) + list(inputs), run, outputs, post if posts else None)
+
+    def reduce_scatter(self, output_tensors: List[torch.Tensor], input_tensors: List[List[torch.Tensor]],
+                       opts: Any = None) -> dist.Work:
+        method = "reduce_scatter"
+        if len(output_tensors) != 1 or len(input_tensors) != 1:
+            raise _unsupported(method, "one output tensor and one input list per rank")
+        o, ins = output_tensors[0], input_tensors[0]
+        if len(ins) != self.size():
+            raise _unsupported(method, f"{len(ins)} inputs for {self.size()} ranks")
+        flat = torch.cat([t.reshape(-1) for t in ins])
+        op = opts.reduceOp if opts is not None else ReduceOp.SUM
+        return self._rs_pairs(method, [o], [flat], op)
+
+    # -- broadcast --
+    def broadcast(self, tensors: List[torch.Tensor], opts: Any = None) -> dist.Work:
+        method = "broadcast"
+        root = opts.rootRank if opts is not None else 0
+        items, posts = [], []
+        for t in tensors:
+            w = t if t.is_contiguous() else t.contiguous()
+            if w is not t:
+                posts.append((t, w))
+            items.append(_movable(w))
+
+        def run(comm, a):
+            return self._grouped([lambda w=w: comm.broadcast(w, root=root, async_op=a) for w in items])
+
+        def post():
+            for t, w in posts:
+                t.copy_(w)
+        return self._issue(method, tensors, run, tensors, post if posts else None)
+
+    # -- all-to-all --
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
+                          output_split_sizes: Sequence[int], input_split_sizes: Sequence[int],
+                          opts: Any = None) -> dist.Work:
+        method = "all_to_all_single"
+        n = self.size()
+        if output.dtype != input.dtype:
+            raise _unsupported(method, "input and output dtypes differ")
+        ic = input.contiguous()
+        oc = output if output.is_contiguous() else torch.empty_like(output, memory_format=torch.contiguous_format)
+        row = ic[0].numel() if ic.dim() > 0 and ic.shape[0] > 0 else 1
+        ins = list(input_split_sizes) or [ic.shape[0] // n] * n
+        outs = list(output_split_sizes) or [oc.shape[0] // n] * n
+        if len(ins) != n or len(outs) != n:
+            raise _unsupported(method, f"split sizes for {n} ranks")
+        even = len(set(ins)) == 1 and len(set(outs)) == 1 and ins[0] == outs[0]
+        src, dst = _movable(ic).reshape(-1), _movable(oc).reshape(-1)
+        k = src.numel() // max(ic.numel(), 1) if ic.numel() else 1
+        unit = row * k
+
+        def run(comm, a):
+            if even and src.numel() == n * ins[0] * unit and dst.numel() == n * outs[0] * unit:
+                return comm.all_to_all(src, dst, async_op=a)
+            calls = []
+            so = ro = 0
+            for peer in range(n):
+                s = src[so * unit:(so + ins[peer]) * unit]
+                r = dst[ro * unit:(ro + outs[peer]) * unit]
+                so, ro = so + ins[peer], ro + outs[peer]
+                if s.numel():
+                    calls.append(lambda s=s, p=peer: comm.send(s, p, async_op=a))
+                if r.numel():
+                    calls.append(lambda r=r, p=peer: comm.recv(r, p, async_op=a))
+            return self._grouped(calls)
+
+        def post():
+            if oc is not output:
+                output.copy_(oc)
+        return self._issue(method, [output, input], run, [output], post)
+
+    alltoall_base = all_to_all_single
+
+    def alltoall(self, output_tensors: List[torch.Tensor], input_tensors: List[torch.Tensor],
+                 opts: Any = None) -> dist.Work:
+        method = "alltoall"
+        n = self.size()
+        if len(output_tensors) != n or len(input_tensors) != n:
+            raise _unsupported(method, f"{n} input and output tensors")
+        ins = [_movable(t.contiguous()).reshape(-1) for t in input_tensors]
+        outs = [torch.empty_like(_movable(t.contiguous()).reshape(-1)) for t in output_tensors]
+
+        def run(comm, a):
+            calls = []
+            for p in range(n):
+                if ins[p].numel():
+                    calls.append(lambda s=ins[p], p=p: comm.send(s, p, async_op=a))
+                if outs[p].numel():
+                    calls.append(lambda r=outs[p], p=p: comm.recv(r, p, async_op=a))
+            return self._grouped(calls)
+
+        def post():
+            for t, o in zip(output_tensors, outs):
+                t.copy_(o.view(t.dtype).reshape(t.shape) if t.dtype not in _REDUCE_DTYPES else o.reshape(t.shape))
+        return self._issue(method, list(output_tensors) + list(input_tensors), run, output_tensors, post)
+
+    # -- point-to-point --
+    def send(self, tensors: List[torch.Tensor], dstRank: int, tag: int = 0) -> dist.Work:
+        items = [_movable(t.contiguous()) for t in tensors]
+
+        def run(comm, a):
+            return self._grouped([lambda t=t: comm.send(t, dstRank, async_op=a) for t in items])
+        return self._issue("send", tensors, run, tensors)
+
+    def recv(self, tensors: List[torch.Tensor], srcRank: int, tag: int = 0) -> dist.Work:
+        works = [t if t.is_contiguous() else torch.empty_like(t, memory_format=torch.contiguous_format)
+                 for t in tensors]
+
+        def run(comm, a):
+            return self._grouped([lambda w=w: comm.recv(_movable(w), srcRank, async_op=a) for w in works])
+
+        def post():
+            for t, w in zip(tensors, works):
+                if w is not t:
+                    t.copy_(w)
+        return self._issue("recv", tensors, run, tensors, post)
+
+    # -- barrier --
+    def barrier(self, opts: Any = None) -> dist.Work:
+        t = torch.zeros(1, dtype=torch.int32)
+
+        def run(comm, a):
+            return comm.all_reduce(t, async_op=a)
+        return self._issue("barrier", [t], run, None)
+
+    # -- coalescing --
+    def _start_coalescing(self, device: Any = None) -> None:
+        self._coalescing += 1
+        if self._coalescing == 1:
+            self._coalesced = []
+            _s.group_start()
+
+    def _end_coalescing(self, device: Any = None) -> dist.Work:
+        if self._coalescing == 0:
+            raise _unsupported("_end_coalescing", "no coalescing started")
+        self._coalescing -= 1
+        if self._coalescing:
+            return _done_work(None)
+        _s.group_end()
+        items, self._coalesced = self._coalesced, []
+        works = [w for w, _ in items if w is not None]
+        posts = [p for _, p in items if p is not None]
+
+        def post():
+            for p in posts:
+                p()
+        return self._waiter.submit(works[-1] if works else None, None, post if posts else None)
+
+    def __getattr__(self, item: str) -> Any:
+        if item in ("gather", "scatter", "reduce", "gather_single", "recv_anysource", "allgather_coalesced"):
+            def refuse(*args: Any, **kwargs: Any) -> Any:
+                raise _unsupported(item, "not implemented by the strata backend")
+            return refuse
+        raise AttributeError(item)
+
+    def shutdown(self) -> None:
+        self._waiter.close()
+        for c in (self._cuda,):
+            if c is not None:
+                c.destroy()
+        self._cuda = None
+
+
+def _world_cpu(size: Optional[int]) -> _s.Comm:
+    """The process's mpi world communicator (made by the default group)."""
+    with _LOCK:
+        if "cpu" not in _WORLD:
+            if size is None:
+                raise RuntimeError("strata backend: a sub-group before the default group")
+            if _s.Comm is None:  # pragma: no cover
+                raise RuntimeError("strata backend: the library is missing")
+            uid = _s.get_unique_id("mpi")
+            rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK", os.environ.get("RANK", "0"))))
+            _WORLD["cpu"] = _s.init_rank(size, uid, rank, transport="mpi")
+        return _WORLD["cpu"]
+
+
+def _create(opts: Any, backend_options: Any) -> ProcessGroupStrata:
+    ranks = list(opts.global_ranks_in_group or [])
+    return ProcessGroupStrata(opts.store, opts.group_rank, opts.group_size, opts.timeout,
+                              ranks if ranks else None, str(opts.group_id))
+
+
+dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu", "cuda"])
