@@ -727,16 +727,19 @@ strataResult_t strataCommSplit(strataComm_t comm, int color, int key, strataComm
  * Collective over the members after `comm`'s queued work; members that do not all arrive
  * within the timeout are `strataRemoteError` (no hang). Supported on the mpi transport.
  *
+ * `config` (may be NULL): its `algo`, when set, is the new communicator's default
+ * algorithm (else `comm`'s); the other fields are validated.
+ *
  * Errors: `strataInvalidArgument` for NULL `ranks`/`newcomm` with `nranks > 0`, a rank
- * out of range or repeated, or the calling rank missing from the list;
+ * out of range or repeated, the calling rank missing from the list, a bad config;
  * `strataInvalidUsage` for a destroyed `comm` or a transport other than mpi (use
  * `strataCommSplit` there); `strataRemoteError` when members do not arrive.
  *
  * # Safety
  * `ranks` is NULL or readable for `nranks` ints; `newcomm` is NULL or valid for a write
- * of a `strataComm_t`.
+ * of a `strataComm_t`; `config` as in `strataCommInitRankConfig`.
  */
-strataResult_t strataCommCreateGroup(strataComm_t comm, int nranks, const int *ranks, strataComm_t *newcomm);
+strataResult_t strataCommCreateGroup(strataComm_t comm, int nranks, const int *ranks, strataComm_t *newcomm, const struct strataConfig_t *config);
 
 /**
  * Finishes the work queued on `comm` and releases it (NCCL's `ncclCommDestroy`). The

@@ -208,7 +208,7 @@ _PROTOTYPES = {
     "strataCommInitRankConfig": [ctypes.POINTER(_vp), _c_int, UniqueId, _c_int, ctypes.POINTER(Config)],
     "strataCommInitLocal": [ctypes.POINTER(_vp), _c_int, ctypes.c_char_p, ctypes.POINTER(Config)],
     "strataCommSplit": [_vp, _c_int, _c_int, ctypes.POINTER(_vp), ctypes.POINTER(Config)],
-    "strataCommCreateGroup": [_vp, _c_int, ctypes.POINTER(_c_int), ctypes.POINTER(_vp)],
+    "strataCommCreateGroup": [_vp, _c_int, ctypes.POINTER(_c_int), ctypes.POINTER(_vp), ctypes.POINTER(Config)],
     "strataCommDestroy": [_vp],
     "strataCommAbort": [_vp],
     "strataCommCount": [_vp, ctypes.POINTER(_c_int)],
@@ -688,14 +688,16 @@ class Comm:
         _check(_load().strataCommSplit(self._addr, c, key, ctypes.byref(out), None), self._addr)
         return Comm(out.value) if out.value else None
 
-    def create_group(self, ranks: Sequence[int]) -> "Comm":
+    def create_group(self, ranks: Sequence[int], algo: Optional[str] = None) -> "Comm":
         """``strataCommCreateGroup``: a communicator of ``ranks`` (ranks of this one)
         made by those ranks alone (the others do not call), as ``torch.distributed``'s
-        ``new_group`` needs; it keeps the world topology. mpi transport only."""
+        ``new_group`` needs; it keeps the world topology; ``algo`` is its default
+        algorithm (else this one's). mpi transport only."""
         rs = list(ranks)
         arr = (_c_int * max(len(rs), 1))(*rs)
         out = _vp()
-        _check(_load().strataCommCreateGroup(self._addr, len(rs), arr, ctypes.byref(out)), self._addr)
+        cfg = ctypes.byref(_config(None, None, algo, None)) if algo is not None else None
+        _check(_load().strataCommCreateGroup(self._addr, len(rs), arr, ctypes.byref(out), cfg), self._addr)
         return Comm(out.value)
 
     # -- collectives --

@@ -7,7 +7,8 @@
 
 - CPU tensors run on strata's ``mpi`` transport: launch with ``mpirun`` (the library
   built with ``--features mpi``); torch's rank must be the MPI world rank (set ``RANK``
-  from ``OMPI_COMM_WORLD_RANK``). The world's topology is ``STRATA_TOPOLOGY`` (or
+  from ``OMPI_COMM_WORLD_RANK``). Importing this module under ``mpirun`` joins the MPI
+  world (collective: import it on every rank, e.g. at the top of the program). The world's topology is ``STRATA_TOPOLOGY`` (or
   detected from the hosts), so ``auto`` picks the hierarchical algorithms where a group
   spans nodes.
 - CUDA tensors run on strata's ``nccl`` transport (library built with ``--features
@@ -46,7 +47,7 @@ from torch.distributed import ReduceOp
 
 import strata as _s
 
-__all__ = ["ProcessGroupStrata", "BACKEND"]
+__all__ = ["ProcessGroupStrata", "BACKEND", "AllGather", "ReduceScatter", "set_custom_comms"]
 
 BACKEND = "strata"
 
@@ -513,17 +514,166 @@ class ProcessGroupStrata(dist.ProcessGroup):
         self._cuda = None
 
 
-def _world_cpu(size: Optional[int]) -> _s.Comm:
-    """The process's mpi world communicator (made by the default group)."""
+# ---- FSDP2 custom collectives ----
+
+try:  # torch >= 2.8
+    from torch.distributed.fsdp import AllGather as _FsdpAllGather, ReduceScatter as _FsdpReduceScatter
+except ImportError:  # pragma: no cover
+    from torch.distributed.fsdp._fully_shard._fsdp_api import (  # type: ignore
+        AllGather as _FsdpAllGather, ReduceScatter as _FsdpReduceScatter)
+
+_CUSTOM: dict = {}
+_CUSTOM_WAITER: Optional[_Waiter] = None
+
+
+def _custom_comm(group: Any, device: torch.device, algo: str) -> _s.Comm:
+    """The strata communicator of ``group``'s ranks with default algorithm ``algo``
+    (made on first use by the group's members, then cached)."""
+    ranks = tuple(dist.get_process_group_ranks(group))
+    key = (ranks, device.type, algo)
+    with _LOCK:
+        got = _CUSTOM.get(key)
+    if got is not None:
+        return got
+    if device.type == "cpu":
+        world = _world_cpu(dist.get_world_size())
+        comm = world.create_group(list(ranks), algo=algo)
+    elif device.type == "cuda":
+        store = dist.distributed_c10d._get_default_store()
+        name = f"strata/custom/{'-'.join(map(str, ranks))}/{algo}"
+        me = ranks.index(dist.get_rank())
+        if me == 0:
+            store.set(name, bytes(_s.get_unique_id("nccl")))
+        store.wait([name])
+        uid = _s.UniqueId.from_bytes(store.get(name))
+        comm = _s.init_rank(len(ranks), uid, me, transport="nccl", algo=algo)
+    else:
+        raise RuntimeError(f"strata custom comm: tensors on {device}")
+    with _LOCK:
+        _CUSTOM[key] = comm
+    return comm
+
+
+def _custom_issue(comm: _s.Comm, device: torch.device, run: Callable[[bool], Any],
+                  async_op: bool, result: Any) -> Optional[dist.Work]:
+    global _CUSTOM_WAITER
+    if device.type != "cpu":
+        run(False)  # stream-ordered on the current stream
+        return _done_work(result) if async_op else None
+    if not async_op:
+        run(False)
+        return None
+    with _LOCK:
+        if _CUSTOM_WAITER is None:
+            _CUSTOM_WAITER = _Waiter()
+        waiter = _CUSTOM_WAITER
+    return waiter.submit(run(True), result, None)
+
+
+class _Custom:
+    def __init__(self, algo: str, bits: Optional[int] = None, block: int = 256) -> None:
+        self.algo, self.bits, self.block = algo, bits, block
+
+    def allocate(self, size: Sequence[Any], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __repr__(self) -> str:
+        q = f", bits={self.bits}" if self.bits else ""
+        return f"{type(self).__name__}(algo={self.algo!r}{q})"
+
+
+class AllGather(_Custom, _FsdpAllGather):
+    """FSDP2's parameter all-gather on strata's ``algo`` (``hier``, ``ho-ring``,
+    ``ring``, ``auto``; ``qwz`` with ``bits`` 8 or 4: ZeRO++'s quantized all-gather)
+    over the FSDP group's ranks, whatever backend the group has. CPU tensors need the
+    mpi transport (mpirun), CUDA tensors use nccl."""
+
+    def __init__(self, algo: str = "hier", bits: Optional[int] = None, block: int = 256) -> None:
+        if algo == "qwz" and bits is None:
+            bits = 8
+        super().__init__(algo, bits, block)
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
+                 group: Any, async_op: bool = False) -> Optional[dist.Work]:
+        dev = input_tensor.device
+        comm = _custom_comm(group, dev, "ring" if self.algo == "qwz" else self.algo)
+        src, dst = _movable(input_tensor.contiguous()), _movable(output_tensor)
+
+        def run(a: bool) -> Any:
+            if self.bits is not None:
+                return comm.all_gather_quantized(input_tensor.contiguous(), output_tensor,
+                                                 bits=self.bits, block=self.block, async_op=a)
+            return comm.all_gather(src, dst, async_op=a)
+        return _custom_issue(comm, dev, run, async_op, output_tensor)
+
+
+class ReduceScatter(_Custom, _FsdpReduceScatter):
+    """FSDP2's gradient reduce-scatter on strata's ``algo`` (``hier``, ``ho-ring``,
+    ``ring``, ``auto``; ``qgz`` with ``bits`` 4 or 8: ZeRO++'s quantized 2-hop
+    reduce-scatter), any reduce op FSDP passes (AVG, SUM, PREMUL_SUM)."""
+
+    def __init__(self, algo: str = "hier", bits: Optional[int] = None, block: int = 256) -> None:
+        if algo == "qgz" and bits is None:
+            bits = 4
+        super().__init__(algo, bits, block)
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
+                 group: Any, op: Any, async_op: bool = False) -> Optional[dist.Work]:
+        dev = input_tensor.device
+        name, factor = _redop(op, "ReduceScatter")
+        comm = _custom_comm(group, dev, "ring" if self.algo == "qgz" else self.algo)
+        src = input_tensor.contiguous()
+        if factor is not None:
+            src = src * factor
+
+        def run(a: bool) -> Any:
+            if self.bits is not None:
+                return comm.reduce_scatter_quantized(src, output_tensor, op=name, bits=self.bits,
+                                                     block=self.block, async_op=a)
+            return comm.reduce_scatter(src, output_tensor, op=name, async_op=a)
+        return _custom_issue(comm, dev, run, async_op, output_tensor)
+
+
+def set_custom_comms(model: torch.nn.Module, all_gather: Optional[AllGather] = None,
+                     reduce_scatter: Optional[ReduceScatter] = None) -> int:
+    """Put ``all_gather`` / ``reduce_scatter`` under every FSDP module of ``model``
+    (``FSDPModule.set_custom_all_gather`` / ``set_custom_reduce_scatter``); returns how
+    many modules were set."""
+    from torch.distributed.fsdp import FSDPModule
+    n = 0
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            if all_gather is not None:
+                m.set_custom_all_gather(all_gather)
+            if reduce_scatter is not None:
+                m.set_custom_reduce_scatter(reduce_scatter)
+            n += 1
+    return n
+
+
+def _mpi_env() -> Optional[tuple]:
+    """(rank, size) from the MPI launcher's environment, if launched by one."""
+    for r, n in (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE")):
+        if r in os.environ and n in os.environ:
+            return int(os.environ[r]), int(os.environ[n])
+    return None
+
+
+def _world_cpu(size: Optional[int] = None) -> _s.Comm:
+    """The process's mpi world communicator. Joining it is collective over the MPI
+    world, so it is made when this module is imported under mpirun (every rank imports
+    it at the same point), or at the first use otherwise."""
     with _LOCK:
         if "cpu" not in _WORLD:
-            if size is None:
-                raise RuntimeError("strata backend: a sub-group before the default group")
-            if _s.Comm is None:  # pragma: no cover
-                raise RuntimeError("strata backend: the library is missing")
-            uid = _s.get_unique_id("mpi")
-            rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("PMI_RANK", os.environ.get("RANK", "0"))))
-            _WORLD["cpu"] = _s.init_rank(size, uid, rank, transport="mpi")
+            env = _mpi_env()
+            if env is None:
+                raise RuntimeError("strata backend: CPU tensors run on the mpi transport: "
+                                   "launch with mpirun (OMPI_COMM_WORLD_RANK not set)")
+            rank, n = env
+            if size is not None and size != n:
+                raise RuntimeError(f"strata backend: torch's world has {size} ranks, the MPI "
+                                   f"world {n}")
+            _WORLD["cpu"] = _s.init_rank(n, _s.get_unique_id("mpi"), rank, transport="mpi")
         return _WORLD["cpu"]
 
 
@@ -534,3 +684,12 @@ def _create(opts: Any, backend_options: Any) -> ProcessGroupStrata:
 
 
 dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu", "cuda"])
+
+# Under an MPI launcher, join the MPI world now: every rank imports this module at the
+# same point, while a group's first call reaches only its members. A failure (a library
+# built without mpi) is reported when CPU tensors are first used.
+if _mpi_env() is not None and os.environ.get("STRATA_TORCH_LAZY_MPI") != "1":
+    try:
+        _world_cpu()
+    except _s.StrataError:
+        pass

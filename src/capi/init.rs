@@ -671,23 +671,35 @@ pub unsafe extern "C" fn strataCommSplit(
 /// Collective over the members after `comm`'s queued work; members that do not all arrive
 /// within the timeout are `strataRemoteError` (no hang). Supported on the mpi transport.
 ///
+/// `config` (may be NULL): its `algo`, when set, is the new communicator's default
+/// algorithm (else `comm`'s); the other fields are validated.
+///
 /// Errors: `strataInvalidArgument` for NULL `ranks`/`newcomm` with `nranks > 0`, a rank
-/// out of range or repeated, or the calling rank missing from the list;
+/// out of range or repeated, the calling rank missing from the list, a bad config;
 /// `strataInvalidUsage` for a destroyed `comm` or a transport other than mpi (use
 /// `strataCommSplit` there); `strataRemoteError` when members do not arrive.
 ///
 /// # Safety
 /// `ranks` is NULL or readable for `nranks` ints; `newcomm` is NULL or valid for a write
-/// of a `strataComm_t`.
+/// of a `strataComm_t`; `config` as in `strataCommInitRankConfig`.
 #[no_mangle]
 pub unsafe extern "C" fn strataCommCreateGroup(
     comm: strataComm_t,
     nranks: c_int,
     ranks: *const c_int,
     newcomm: *mut strataComm_t,
+    config: *const strataConfig_t,
 ) -> strataResult_t {
     ffi_boundary!("strataCommCreateGroup", comm, {
         let h = lookup(comm)?;
+        let algo = if config.is_null() {
+            None
+        } else {
+            // SAFETY: as above: non-NULL, the caller's struct.
+            let s = unsafe { settings(config) }?;
+            // SAFETY: `settings` checked the layout; `algo` is NULL or a C string.
+            unsafe { opt_str((*config).algo, "config algo") }?.map(|_| s.config.algo)
+        };
         if newcomm.is_null() {
             return Err(Error::InvalidArgument("newcomm is NULL".into()));
         }
@@ -708,7 +720,7 @@ pub unsafe extern "C" fn strataCommCreateGroup(
                 })
                 .collect::<Result<_>>()?
         };
-        let out = register(h.comm.create_group(&list)?)?;
+        let out = register(h.comm.create_group_with(&list, algo)?)?;
         // SAFETY: non-NULL (checked) and valid for a write by the caller's contract.
         unsafe { newcomm.write(out) };
         Ok(())

@@ -170,6 +170,11 @@ impl Comm {
     /// [`Error::Remote`]. Supported on the `mpi` transport; elsewhere
     /// [`Error::InvalidUsage`] (use [`Comm::split`]).
     pub fn create_group(&self, ranks: &[usize]) -> Result<Comm> {
+        self.create_group_with(ranks, None)
+    }
+
+    /// [`Comm::create_group`] whose default algorithm is `algo` (else this one's).
+    pub fn create_group_with(&self, ranks: &[usize], algo: Option<crate::Algo>) -> Result<Comm> {
         let mut members = ranks.to_vec();
         members.sort_unstable();
         members.dedup();
@@ -191,7 +196,7 @@ impl Comm {
                     self.rank()
                 )));
             }
-            self.0.group(&members).map(Comm)
+            self.0.group(&members, algo).map(Comm)
         })();
         self.0.note(r)
     }

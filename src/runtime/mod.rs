@@ -416,11 +416,16 @@ impl CommCore {
     /// created by those ranks alone, after this communicator's queued work
     /// ([`Transport::group`]; `mpi` only). It keeps the world topology, so the
     /// hierarchical algorithms apply to it wherever its members span nodes.
-    pub fn group(&self, members: &[usize]) -> Result<CommCore> {
+    /// `algo`: the new communicator's default algorithm (else this one's).
+    pub fn group(&self, members: &[usize], algo: Option<crate::Algo>) -> Result<CommCore> {
         self.alive()?;
         self.0.stream.sync()?;
         let t = self.0.transport.group(members)?;
-        CommCore::new(t, self.0.topo.clone(), self.0.config.clone()).map(|c| self.inherit(c))
+        let mut config = self.0.config.clone();
+        if let Some(a) = algo {
+            config.algo = a;
+        }
+        CommCore::new(t, self.0.topo.clone(), config).map(|c| self.inherit(c))
     }
 
     /// Sub-communicator splits are collective on the transport: from a user thread, run
