@@ -56,8 +56,9 @@ Semantics are the C ABI's (NCCL's):
 - Failures raise ``StrataError`` with ``.code`` (NCCL's ``ncclResult_t`` value: 4 invalid
   argument, 5 invalid usage, 6 remote, ...) and ``.message`` (``strataGetLastError``).
 
-The shared library is found through ``STRATA_LIB`` (a path), else ``target/release`` then
-``target/debug`` of the source tree this package sits in, then the system's library path.
+The shared library is found through ``STRATA_LIB`` (a path), else the one ``pip install
+./python`` bundled in the package, else ``target/release`` then ``target/debug`` of the
+source tree this package sits in, then the system's library path.
 """
 
 from __future__ import annotations
@@ -256,9 +257,14 @@ def _candidates() -> List[str]:
     env = os.environ.get("STRATA_LIB")
     if env:
         return [env]
-    root = Path(__file__).resolve().parent.parent.parent
+    here = Path(__file__).resolve().parent
+    root = here.parent.parent
     name = _lib_name()
-    c = [str(root / "target" / "release" / name), str(root / "target" / "debug" / name)]
+    # The library bundled by `pip install ./python` (named with Python's extension
+    # suffix), then a source tree's builds.
+    from importlib.machinery import EXTENSION_SUFFIXES
+    c = [str(here / ("libstrata" + sfx)) for sfx in EXTENSION_SUFFIXES if (here / ("libstrata" + sfx)).exists()]
+    c += [str(root / "target" / "release" / name), str(root / "target" / "debug" / name)]
     found = ctypes.util.find_library("strata")
     c.append(found or name)
     return c
