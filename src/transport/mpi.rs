@@ -1140,18 +1140,37 @@ mod imp {
             )?;
             let comm = RawComm::adopt(raw)?;
             let (rank, size) = comm.rank_size()?;
-            Ok(MpiTransport {
+            Ok(MpiTransport::over(
                 comm,
                 rank,
-                members: (0..size).collect(),
+                (0..size).collect(),
                 timeout,
-                traffic: Arc::new(Traffic::new(topo)),
+                Arc::new(Traffic::new(topo)),
+            ))
+        }
+
+        /// A transport over `comm`, this process being `rank` of it, whose ranks are the
+        /// world ranks `members`.
+        fn over(
+            comm: RawComm,
+            rank: usize,
+            members: Vec<usize>,
+            timeout: Duration,
+            traffic: Arc<Traffic>,
+        ) -> MpiTransport {
+            let size = members.len();
+            MpiTransport {
+                comm,
+                rank,
+                members,
+                timeout,
+                traffic,
                 aborted: AtomicBool::new(false),
                 broken: std::sync::OnceLock::new(),
                 busy: Mutex::new(Vec::new()),
                 sent: Seqs::new(size),
                 received: Seqs::new(size),
-            })
+            }
         }
 
         /// Initialise MPI if needed and return the MPI world size (to build a default
@@ -1574,18 +1593,13 @@ mod imp {
                     members.len()
                 )));
             }
-            Ok(Some(Arc::new(MpiTransport {
+            Ok(Some(Arc::new(MpiTransport::over(
                 comm,
                 rank,
                 members,
-                timeout: self.timeout,
-                traffic: self.traffic.clone(),
-                aborted: AtomicBool::new(false),
-                broken: std::sync::OnceLock::new(),
-                busy: Mutex::new(Vec::new()),
-                sent: Seqs::new(size),
-                received: Seqs::new(size),
-            })))
+                self.timeout,
+                self.traffic.clone(),
+            ))))
         }
 
         fn group(&self, members: &[usize]) -> Result<Arc<dyn Transport>> {
@@ -1683,18 +1697,13 @@ mod imp {
                     "MPI_Comm_create_group gave rank {rank} of {size} for members {members:?}"
                 )));
             }
-            Ok(Arc::new(MpiTransport {
+            Ok(Arc::new(MpiTransport::over(
                 comm,
                 rank,
-                members: world,
-                timeout: self.timeout,
-                traffic: self.traffic.clone(),
-                aborted: AtomicBool::new(false),
-                broken: std::sync::OnceLock::new(),
-                busy: Mutex::new(Vec::new()),
-                sent: Seqs::new(size),
-                received: Seqs::new(size),
-            }))
+                world,
+                self.timeout,
+                self.traffic.clone(),
+            )))
         }
 
         fn send(&self, peer: usize, data: &[u8]) -> Result<()> {
