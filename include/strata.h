@@ -174,6 +174,35 @@ typedef struct strataConfig_t {
 typedef struct strataEvent *strataEvent_t;
 
 /**
+ * Bytes sent, by link class of the world topology (`STRATA_TOPOLOGY` or detection),
+ * as counted by strata (`strataCommGetTraffic`).
+ */
+typedef struct strataTraffic_t {
+  /**
+   * Between the two dies of one package (Frontier's GCD pairs).
+   */
+  uint64_t intra_package;
+  /**
+   * Between packages of one node.
+   */
+  uint64_t intra_node;
+  /**
+   * Between nodes.
+   */
+  uint64_t inter_node;
+  /**
+   * The most bytes the counted senders sent out of any one node.
+   */
+  uint64_t max_node_egress;
+  /**
+   * 1: every transfer the transport made (local, host-local, cuda-local); 0: nominal,
+   * the sends strata's own algorithms issued (mpi; MPI may route them differently, and
+   * calls with `algo=mpi` are not counted).
+   */
+  int measured;
+} strataTraffic_t;
+
+/**
  * The call succeeded.
  */
 #define strataSuccess 0
@@ -951,6 +980,28 @@ strataResult_t strataEventQuery(strataEvent_t event);
  * None beyond passing a value (strata never dereferences it).
  */
 strataResult_t strataEventSynchronize(strataEvent_t event);
+
+/**
+ * Writes to `*traffic` the bytes strata sent since `comm`'s world was created: this
+ * rank's sends (`allMembers == 0`; not collective) or the sends of every rank of `comm`
+ * (`allMembers != 0`; collective over `comm`: every rank calls it, after its queued
+ * work; the reading falls after every member's earlier calls and before any member's
+ * later ones; on mpi it sums the members' counters). Counters belong to the world, so the
+ * figures include every communicator of the world the counted ranks sent on: subtract
+ * two readings to get what ran in between. Communicators of one world share one
+ * topology, so a sub-communicator's inter-node bytes are the world's classification
+ * (MiCS §3.3: a hierarchical all-gather of M bytes over p ranks, k per node, sends
+ * (p-k)/p·M out of each node).
+ *
+ * Errors: `strataInvalidArgument` for a NULL/foreign `comm` or NULL `traffic`;
+ * `strataInvalidUsage` for a destroyed `comm` and on nccl/rccl (NCCL moves the bytes;
+ * strata counts none); `strataRemoteError` when a member does not join the collective
+ * form within the timeout.
+ *
+ * # Safety
+ * `traffic` is NULL or valid for a write of a `strataTraffic_t`.
+ */
+strataResult_t strataCommGetTraffic(strataComm_t comm, int allMembers, struct strataTraffic_t *traffic);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -172,6 +172,16 @@ impl TrafficMatrix {
         &self.bytes[src * self.n..(src + 1) * self.n]
     }
 
+    /// The sends of `senders` only: every other row zeroed.
+    pub fn rows_of(&self, senders: &[usize]) -> TrafficMatrix {
+        let mut out = TrafficMatrix::zero(self.n);
+        for &s in senders.iter().filter(|&&s| s < self.n) {
+            let r = s * self.n..(s + 1) * self.n;
+            out.bytes[r.clone()].copy_from_slice(&self.bytes[r]);
+        }
+        out
+    }
+
     /// Per-class totals and the largest node egress.
     pub fn report(&self, topo: &Topology) -> TrafficReport {
         let mut r = TrafficReport::default();

@@ -495,3 +495,164 @@ fn device_path_of_the_collectives_on_cuda_local() {
     // SAFETY: live handle, destroyed once.
     assert_eq!(unsafe { strataCommDestroy(c) }, strataSuccess);
 }
+
+/// `strataCommGetTraffic`: on `nodes:3x2` (p = 6, k = 2), one all-gather of M bytes
+/// sends (p-k)/p·M out of each node with `hier` (MiCS §3.3) and (p-1)/p·M with `ring`
+/// (docs/algorithms.md); a rank's own reading is its row; the collective reading of a
+/// split sub-communicator counts its members only; bad arguments are refused.
+#[test]
+fn traffic_counters_show_the_hierarchical_egress() {
+    const P: usize = 6;
+    const C: usize = 10; // floats per rank
+    let m = (P * C * 4) as u64;
+    for (algo, egress) in [
+        ("hier", (P - 2) as u64 * m / P as u64),
+        ("ring", (P - 1) as u64 * m / P as u64),
+    ] {
+        let a = CString::new(algo).unwrap();
+        let t = CString::new("nodes:3x2").unwrap();
+        let cfg = strataConfig_t {
+            size: std::mem::size_of::<strataConfig_t>(),
+            magic: STRATA_CONFIG_MAGIC,
+            version: STRATA_VERSION_CODE as u32,
+            transport: strataTransportLocal,
+            topology: t.as_ptr(),
+            algo: a.as_ptr(),
+            timeout_ms: 20_000,
+        };
+        let mut comms = [null_mut(); P];
+        // SAFETY: room for P handles; a valid config.
+        let rc = unsafe { strataCommInitLocal(comms.as_mut_ptr(), P as i32, null(), &cfg) };
+        assert_eq!(rc, strataSuccess, "{}", last(null_mut()));
+        let comms: Vec<usize> = comms.iter().map(|&c| c as usize).collect();
+        let rows: Vec<(strataTraffic_t, strataTraffic_t)> = std::thread::scope(|s| {
+            let hs: Vec<_> = comms
+                .iter()
+                .map(|&c| {
+                    s.spawn(move || {
+                        let c = c as strataComm_t;
+                        let x = [1f32; C];
+                        let mut y = [0f32; P * C];
+                        // SAFETY: C and P*C floats; live communicator.
+                        let rc = unsafe {
+                            strataAllGather(
+                                x.as_ptr().cast(),
+                                y.as_mut_ptr().cast(),
+                                C,
+                                strataFloat32,
+                                c,
+                                null_mut(),
+                            )
+                        };
+                        assert_eq!(rc, strataSuccess, "{}", last(c));
+                        let (mut mine, mut all) =
+                            (strataTraffic_t::default(), strataTraffic_t::default());
+                        // SAFETY: valid out-pointers; collective over the live world.
+                        unsafe {
+                            assert_eq!(
+                                strataCommGetTraffic(c, 1, &mut all),
+                                strataSuccess,
+                                "{}",
+                                last(c)
+                            );
+                            assert_eq!(
+                                strataCommGetTraffic(c, 0, &mut mine),
+                                strataSuccess,
+                                "{}",
+                                last(c)
+                            );
+                        }
+                        (mine, all)
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let all = rows[0].1;
+        assert_eq!(all.measured, 1);
+        assert_eq!(all.max_node_egress, egress, "{algo}");
+        assert_eq!(all.inter_node, 3 * egress, "{algo}: three nodes alike");
+        let per_rank: u64 = rows
+            .iter()
+            .map(|(mine, _)| mine.inter_node + mine.intra_node)
+            .sum();
+        assert_eq!(
+            per_rank,
+            all.inter_node + all.intra_node,
+            "{algo}: the rows add up"
+        );
+        assert!(rows.iter().all(|(_, a)| a.inter_node == all.inter_node));
+        for c in comms {
+            // SAFETY: live communicator, destroyed once.
+            assert_eq!(
+                unsafe { strataCommDestroy(c as strataComm_t) },
+                strataSuccess
+            );
+        }
+    }
+
+    // A split communicator of one node's ranks: its collective reading counts its
+    // members' sends only; NULL out-pointer and a destroyed communicator are refused.
+    let comms = local(4, "nodes:2x2");
+    let out: Vec<strataTraffic_t> = std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .iter()
+            .enumerate()
+            .map(|(r, &c)| {
+                s.spawn(move || {
+                    let c = c as strataComm_t;
+                    let mut sub = null_mut();
+                    // SAFETY: live communicator; valid out-pointer; NULL config.
+                    let rc = unsafe { strataCommSplit(c, (r / 2) as i32, 0, &mut sub, null()) };
+                    assert_eq!(rc, strataSuccess, "{}", last(c));
+                    let x = [r as f32; 3];
+                    let mut y = [0f32; 12];
+                    // SAFETY: 3 and 12 floats; live communicator.
+                    let rc = unsafe {
+                        strataAllGather(
+                            x.as_ptr().cast(),
+                            y.as_mut_ptr().cast(),
+                            3,
+                            strataFloat32,
+                            c,
+                            null_mut(),
+                        )
+                    };
+                    assert_eq!(rc, strataSuccess, "{}", last(c));
+                    let mut t = strataTraffic_t::default();
+                    // SAFETY: valid out-pointer; collective over `sub`; then NULL.
+                    unsafe {
+                        assert_eq!(
+                            strataCommGetTraffic(sub, 1, &mut t),
+                            strataSuccess,
+                            "{}",
+                            last(sub)
+                        );
+                        assert_eq!(
+                            strataCommGetTraffic(sub, 0, null_mut()),
+                            strataInvalidArgument
+                        );
+                        assert_eq!(strataCommDestroy(sub), strataSuccess);
+                        assert_eq!(
+                            strataCommGetTraffic(sub, 0, &mut t.clone()),
+                            strataInvalidUsage
+                        );
+                        assert_eq!(strataCommDestroy(c), strataSuccess);
+                    }
+                    t
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    // The world all-gather (12 floats out, 2 nodes): the two members of a node sent
+    // exactly half of the world's bytes.
+    let world_total = out[0].inter_node + out[0].intra_node + out[2].inter_node + out[2].intra_node;
+    assert!(out[0].inter_node + out[0].intra_node > 0);
+    assert_eq!(out[0], out[1]);
+    assert_eq!(
+        world_total,
+        4 * 3 * 3 * 4,
+        "4 ranks each send 3 chunks of 12 bytes on a ring"
+    );
+}

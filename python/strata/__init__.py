@@ -201,6 +201,18 @@ class Config(ctypes.Structure):
     ]
 
 
+class Traffic(ctypes.Structure):
+    """``strataTraffic_t`` (see ``Comm.traffic``)."""
+
+    _fields_ = [
+        ("intra_package", ctypes.c_uint64),
+        ("intra_node", ctypes.c_uint64),
+        ("inter_node", ctypes.c_uint64),
+        ("max_node_egress", ctypes.c_uint64),
+        ("measured", ctypes.c_int),
+    ]
+
+
 _c_int, _c_size, _vp = ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p
 _PROTOTYPES = {
     "strataGetVersion": [ctypes.POINTER(_c_int)],
@@ -215,6 +227,7 @@ _PROTOTYPES = {
     "strataCommCount": [_vp, ctypes.POINTER(_c_int)],
     "strataCommUserRank": [_vp, ctypes.POINTER(_c_int)],
     "strataCommGetTransport": [_vp, ctypes.POINTER(_c_int)],
+    "strataCommGetTraffic": [_vp, _c_int, ctypes.POINTER(Traffic)],
     "strataAllGather": [_vp, _vp, _c_size, _c_int, _vp, _vp],
     "strataReduceScatter": [_vp, _vp, _c_size, _c_int, _c_int, _vp, _vp],
     "strataAllGatherQuantized": [_vp, _vp, _c_size, _c_int, _c_int, _c_size, _vp, _vp],
@@ -705,6 +718,21 @@ class Comm:
         cfg = ctypes.byref(_config(None, None, algo, None)) if algo is not None else None
         _check(_load().strataCommCreateGroup(self._addr, len(rs), arr, ctypes.byref(out), cfg), self._addr)
         return Comm(out.value)
+
+    def traffic(self, all_members: bool = False) -> dict:
+        """``strataCommGetTraffic``: the bytes strata sent since this communicator's
+        world was created, by link class of the world topology: ``intra_package``,
+        ``intra_node``, ``inter_node``, ``max_node_egress`` (the most bytes sent out of
+        one node) and ``measured`` (True: every transfer, on the in-process transports;
+        False: nominal, the sends strata's own algorithms issued, on mpi). This rank's
+        sends, or with ``all_members`` every member's (collective: every rank calls it,
+        after its queued work). Subtract two readings for what ran in between; nccl and
+        rccl count nothing (``StrataError`` code 5)."""
+        t = Traffic()
+        _check(_load().strataCommGetTraffic(self._addr, 1 if all_members else 0, ctypes.byref(t)), self._addr)
+        out = {f: int(getattr(t, f)) for f, _ in Traffic._fields_}
+        out["measured"] = bool(t.measured)
+        return out
 
     # -- collectives --
     def _call(self, fn: str, *args: Any) -> None:

@@ -47,7 +47,7 @@ from torch.distributed import ReduceOp
 
 import strata as _s
 
-__all__ = ["ProcessGroupStrata", "BACKEND", "AllGather", "ReduceScatter", "set_custom_comms"]
+__all__ = ["ProcessGroupStrata", "BACKEND", "AllGather", "ReduceScatter", "set_custom_comms", "traffic"]
 
 BACKEND = "strata"
 
@@ -189,7 +189,10 @@ class ProcessGroupStrata(dist.ProcessGroup):
         else:
             self._store.wait([key], self._timeout)
             uid = _s.UniqueId.from_bytes(self._store.get(key))
-        return _s.init_rank(self.size(), uid, self.rank(), transport="nccl",
+        topo = None
+        if self._global is not None and dist.is_initialized():
+            topo = group_topology(os.environ.get("STRATA_TOPOLOGY"), dist.get_world_size(), self._global)
+        return _s.init_rank(self.size(), uid, self.rank(), transport="nccl", topology=topo,
                             timeout=self._timeout.total_seconds())
 
     # -- issuing --
@@ -546,7 +549,8 @@ def _custom_comm(group: Any, device: torch.device, algo: str) -> _s.Comm:
             store.set(name, bytes(_s.get_unique_id("nccl")))
         store.wait([name])
         uid = _s.UniqueId.from_bytes(store.get(name))
-        comm = _s.init_rank(len(ranks), uid, me, transport="nccl", algo=algo)
+        topo = group_topology(os.environ.get("STRATA_TOPOLOGY"), dist.get_world_size(), ranks)
+        comm = _s.init_rank(len(ranks), uid, me, transport="nccl", topology=topo, algo=algo)
     else:
         raise RuntimeError(f"strata custom comm: tensors on {device}")
     with _LOCK:
@@ -649,6 +653,64 @@ def set_custom_comms(model: torch.nn.Module, all_gather: Optional[AllGather] = N
                 m.set_custom_reduce_scatter(reduce_scatter)
             n += 1
     return n
+
+
+def traffic() -> dict:
+    """The bytes strata's CPU communicators (backend ``strata`` groups and the custom
+    comms alike) sent since the MPI world was joined, summed over every rank, by link
+    class of the world topology (``STRATA_TOPOLOGY`` or detection): ``intra_package``,
+    ``intra_node``, ``inter_node``, ``max_node_egress`` (the most bytes out of one node),
+    ``measured`` (False on mpi: the sends strata's own algorithms issued). Collective
+    over the world: call it on every rank at the same point, after waiting for the works
+    to count; subtract two readings for what ran in between (``Comm.traffic``)."""
+    return _world_cpu(dist.get_world_size() if dist.is_initialized() else None).traffic(all_members=True)
+
+
+_PRESET_RANKS_PER_NODE = {"dgx-a100": 8, "dgx-h100": 8, "frontier": 8, "p3dn": 8, "p4d": 8, "p5": 8}
+
+
+def group_topology(spec: Optional[str], world: int, ranks: Sequence[int]) -> Optional[str]:
+    """The topology SPEC of a group of world ``ranks`` under the world's SPEC ``spec``
+    (``STRATA_TOPOLOGY``), for a GPU group, which is a communicator of its own: the
+    members (in rank order, as torch's ``new_group`` and DeviceMesh list them) keep their
+    nodes. Whole nodes of a preset stay that preset (``dgx-h100:4``,
+    ranks of 2 whole nodes: ``dgx-h100:2``); whole nodes of ``nodes:NxPxD`` keep P and D;
+    m members in each of n nodes otherwise give ``nodes:nxm``; members spread unevenly
+    over nodes give one flat node (the hierarchical algorithms need a regular mesh).
+    None when ``spec`` is unset (the nccl transport then detects the nodes by host) or
+    the group is the whole world. A ``.json`` file SPEC is read for its shape."""
+    ranks = list(ranks)
+    if not spec or not spec.strip() or len(ranks) == world and sorted(ranks) == list(range(world)):
+        return None
+    s = spec.strip().lower()
+    head = s.split(",")[0]
+    kind, _, dims = head.partition(":")
+    if s.endswith(".json") or os.path.isfile(spec.strip()):
+        import json
+        with open(spec.strip()) as f:
+            t = json.load(f)
+        inner = (int(t["packages_per_node"]), int(t["dies_per_package"]))
+    elif kind == "nodes":
+        parts = [int(x) for x in dims.split("x")]
+        inner = (parts[1], parts[2]) if len(parts) == 3 else (parts[1], 1)
+    elif kind in _PRESET_RANKS_PER_NODE:
+        inner = None
+    else:
+        raise RuntimeError(f"strata backend: STRATA_TOPOLOGY={spec!r} is not a SPEC this module "
+                           "can restrict to a group (nodes:NxR, nodes:NxPxD, a preset or a .json file)")
+    per_node = inner[0] * inner[1] if inner else _PRESET_RANKS_PER_NODE[kind]
+    counts: dict = {}
+    for r in ranks:
+        counts[r // per_node] = counts.get(r // per_node, 0) + 1
+    m = set(counts.values())
+    if len(m) != 1 or ranks != sorted(ranks):
+        return f"nodes:1x{len(ranks)}"
+    n, m = len(counts), m.pop()
+    if m == per_node:
+        if inner is None:
+            return f"{kind}:{n}"
+        return f"nodes:{n}x{inner[0]}x{inner[1]}" if inner[1] > 1 else f"nodes:{n}x{m}"
+    return f"nodes:{n}x{m}"
 
 
 def _mpi_env() -> Optional[tuple]:

@@ -77,6 +77,30 @@ def test_all_gather(comms, dtype):
         np.testing.assert_array_equal(inplace, want)
 
 
+def test_traffic_counters_show_the_hierarchical_egress():
+    # nodes:2x4 (p=8, k=4): a hier all-gather of M bytes sends (p-k)/p*M = M/2 out of each
+    # node (MiCS 3.3); ring's (p-1)/p*M.
+    m = 8 * 5 * 4
+    for algo, egress in (("hier", m // 2), ("ring", 7 * m // 8)):
+        cs = strata.init_local(N, "nodes:2x4", algo=algo, timeout=20)
+
+        def run(c, r):
+            before = c.traffic(all_members=True)
+            x = np.full(5, r, np.float32)
+            y = np.zeros(8 * 5, np.float32)
+            c.all_gather(x, y)
+            assert (y == np.repeat(np.arange(8, dtype=np.float32), 5)).all()
+            after = c.traffic(all_members=True)
+            return {k: after[k] - before[k] for k in ("inter_node", "max_node_egress")}, c.traffic()
+
+        got = on_ranks(cs, run)
+        for c in cs:
+            c.destroy()
+        assert all(g == {"inter_node": 2 * egress, "max_node_egress": egress} for g, _ in got), (algo, got)
+        assert all(mine["measured"] for _, mine in got)
+        assert sum(mine["inter_node"] for _, mine in got) == 2 * egress
+
+
 def test_all_gather_bf16(comms):
     def body(c, r):
         recv = np.zeros(3 * N, np.uint16)

@@ -13,8 +13,14 @@ A small transformer is trained 20 steps with ``fully_shard`` (same seeds, same d
   reduce-scatter (int4) under FSDP.
 
 Checks: the losses of ``strata`` and ``hier`` equal gloo's within 1e-5 relative at every
-step; the quantized run's within the bound below. Rank 0 prints a table and ``fsdp
-check OK``.
+step; the quantized run's within the bound below. strata's traffic counters
+(``strata.torch.traffic``) over the ``hier`` run show MiCS's hierarchical egress (§3.3):
+in an all-gather of M bytes over a group of p ranks, k per node, on n nodes, each rank
+sends its chunk c = M/p to the n-1 other nodes once, so (p-k)/p·M leaves each node, and
+each reduce-scatter does the same (the stages reversed); on the HSDP mesh the shard
+groups stay in one node (n = 1) and send nothing between nodes. The table shows every
+run's inter-node bytes (the ``strata`` run's include its default algorithm's choice). Rank 0 prints a table and
+``fsdp check OK``.
 
 The bound for the quantized run: int8 blocks of 256 keep a parameter within 1/254 of its
 block's largest magnitude and int4 blocks a gradient within 1/14 of its block's largest
@@ -76,6 +82,38 @@ def groups(backend, hsdp):
                                  mesh_dim_names=("replicate", "shard"))
 
 
+def ranks_per_node():
+    """k of ``STRATA_TOPOLOGY=nodes:NxK`` (the check's topologies)."""
+    spec = os.environ.get("STRATA_TOPOLOGY", "")
+    if not spec.startswith("nodes:"):
+        raise SystemExit("torch_fsdp_check: set STRATA_TOPOLOGY=nodes:NxK")
+    return int(spec.split("x")[-1])
+
+
+class Counted:
+    """Adds to ``expected`` each call's nominal inter-node bytes of this rank under
+    ``hier`` (MiCS §3.3): (n-1)·c, c the rank's chunk in bytes, n the group's nodes."""
+
+    expected = 0
+
+    def count(self, chunk, group):
+        k = ranks_per_node()
+        n = len({r // k for r in dist.get_process_group_ranks(group)})
+        Counted.expected += (n - 1) * chunk.numel() * chunk.element_size()
+
+
+class CountedAllGather(Counted, st.AllGather):
+    def __call__(self, output_tensor, input_tensor, group, async_op=False):
+        self.count(input_tensor, group)
+        return super().__call__(output_tensor, input_tensor, group, async_op)
+
+
+class CountedReduceScatter(Counted, st.ReduceScatter):
+    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+        self.count(output_tensor, group)
+        return super().__call__(output_tensor, input_tensor, group, op, async_op)
+
+
 def train(variant, hsdp):
     backend = "strata" if variant == "strata" else "gloo"
     mesh = groups(backend, hsdp)
@@ -85,7 +123,7 @@ def train(variant, hsdp):
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     if variant == "hier":
-        st.set_custom_comms(model, st.AllGather("hier"), st.ReduceScatter("hier"))
+        st.set_custom_comms(model, CountedAllGather("hier"), CountedReduceScatter("hier"))
     elif variant == "quant":
         st.set_custom_comms(model, st.AllGather("qwz", bits=8), st.ReduceScatter("qgz", bits=4))
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
@@ -115,15 +153,27 @@ def main():
         ref = train("gloo", hsdp)
         mesh_name = "hsdp" if hsdp else "1d"
         for variant, bound in (("strata", 1e-5), ("hier", 1e-5), ("quant", QUANT_BOUND)):
+            before, Counted.expected = st.traffic(), 0
             got = train(variant, hsdp)
+            after = st.traffic()
+            inter = after["inter_node"] - before["inter_node"]
+            egress = after["max_node_egress"] - before["max_node_egress"]
             worst = max(abs(a - b) / abs(b) for a, b in zip(got, ref))
-            rows.append((mesh_name, variant, ref[0], ref[-1], got[-1], worst, bound))
+            rows.append((mesh_name, variant, ref[0], ref[-1], got[-1], worst, bound, inter, egress))
             if worst > bound:
                 failures.append(f"{mesh_name} {variant}: worst relative loss difference {worst:.3g} > {bound}")
+            if variant == "hier":
+                want = torch.tensor([Counted.expected], dtype=torch.int64)
+                dist.all_reduce(want)
+                nodes = p // ranks_per_node()
+                if inter != want.item() or egress * nodes != inter:
+                    failures.append(f"{mesh_name} hier: inter-node bytes {inter} (max node egress {egress}), "
+                                    f"MiCS's closed form {want.item()} ({want.item() // nodes} per node)")
     if dist.get_rank() == 0:
-        print(f"{'mesh':5} {'variant':7} {'loss0':>8} {'gloo20':>8} {'this20':>8} {'worst rel':>10} {'bound':>6}")
-        for m, v, l0, lr, lg, w, b in rows:
-            print(f"{m:5} {v:7} {l0:8.5f} {lr:8.5f} {lg:8.5f} {w:10.2e} {b:6.0e}")
+        print(f"{'mesh':5} {'variant':7} {'loss0':>8} {'gloo20':>8} {'this20':>8} {'worst rel':>10} {'bound':>6}"
+              f" {'inter_node B':>12} {'node_egress B':>13}")
+        for m, v, l0, lr, lg, w, b, i, e in rows:
+            print(f"{m:5} {v:7} {l0:8.5f} {lr:8.5f} {lg:8.5f} {w:10.2e} {b:6.0e} {i:12d} {e:13d}")
     dist.barrier()
     dist.destroy_process_group()
     if failures:

@@ -54,11 +54,13 @@ mod coll;
 mod init;
 mod mem;
 mod stream;
+mod traffic;
 
 pub use coll::*;
 pub use init::*;
 pub use mem::*;
 pub use stream::*;
+pub use traffic::*;
 
 use crate::comm::Comm;
 use crate::error::{Error, Result};

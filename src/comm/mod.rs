@@ -33,7 +33,7 @@ use crate::error::{Error, Result};
 use crate::memory::Buffer;
 use crate::runtime::{mismatch, CommCore, Job};
 use crate::topology::{Level, Topology};
-use crate::traffic::Traffic;
+use crate::traffic::{Traffic, TrafficReport};
 use crate::transport::{Transport, TransportKind};
 use std::sync::Arc;
 use std::time::Duration;
@@ -409,6 +409,47 @@ impl Comm {
             .and_then(|_| self.0.sync())
             .and_then(|_| self.0.transport().sum_traffic(m));
         self.0.note(r)
+    }
+
+    /// The traffic strata counted for the sends of this rank (`all_members == false`:
+    /// not collective, this rank's row) or of every member of this communicator
+    /// (`all_members == true`: collective, after the queued work, summed over the
+    /// members' processes), since the world was created, classified by the world
+    /// topology; `max_node_egress` is the most bytes those senders sent out of any one
+    /// node. Measured on the in-process transports, nominal on mpi (the sends strata's
+    /// own algorithms issue; `--algo mpi` calls are not counted); the second value says
+    /// which (`true`: measured). Transports that count nothing (nccl, rccl) fail with
+    /// `InvalidUsage`. Subtract two reports to get what ran in between.
+    pub fn traffic_report(&self, all_members: bool) -> Result<(TrafficReport, bool)> {
+        let r = self.traffic_report_inner(all_members);
+        self.0.note(r)
+    }
+
+    fn traffic_report_inner(&self, all_members: bool) -> Result<(TrafficReport, bool)> {
+        self.0.alive()?;
+        let Some(t) = self.traffic() else {
+            return crate::invalid_usage!(
+                "the {} transport counts no traffic (NCCL/RCCL move the bytes)",
+                self.transport_kind().name()
+            );
+        };
+        let m = if all_members {
+            // Every member's earlier sends done, and none of its later ones started
+            // before every member has read (in-process worlds share one counter).
+            self.0.barrier()?;
+            let snap = t.snapshot();
+            self.0.barrier()?;
+            self.0
+                .transport()
+                .sum_traffic(&snap)?
+                .rows_of(self.members())
+        } else {
+            t.snapshot().rows_of(&[self.world_rank(self.rank())])
+        };
+        Ok((
+            m.report(t.topology()),
+            self.transport_kind().traffic_measured(),
+        ))
     }
 
     /// Start recording every transfer of this world (measured transports only) for

@@ -1604,16 +1604,17 @@ mod imp {
 
         fn group(&self, members: &[usize]) -> Result<Arc<dyn Transport>> {
             let mut g = self.enter()?;
-            // A barrier of the members alone, bounded by the timeout (a one-byte message
-            // between every pair): once it completes every member is at this call, so the
-            // blocking MPI_Comm_create_group below cannot hang on a member that never came.
+            // A barrier of the members alone, bounded by the timeout (an empty message
+            // between every pair, so no bytes are counted): once it completes every
+            // member is at this call, so the blocking MPI_Comm_create_group below cannot
+            // hang on a member that never came.
             let peers: Vec<usize> = members
                 .iter()
                 .copied()
                 .filter(|&m| m != self.rank)
                 .collect();
-            let token = [1u8];
-            let mut got = vec![[0u8; 1]; peers.len()];
+            let token = [0u8; 0];
+            let mut got = vec![[0u8; 0]; peers.len()];
             let mut ops = Vec::with_capacity(2 * peers.len());
             let mut posted = Ok(());
             for (p, b) in peers.iter().zip(got.iter_mut()) {

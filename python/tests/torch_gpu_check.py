@@ -1,0 +1,181 @@
+"""The torch backend on CUDA tensors (strata's nccl transport), for a machine with GPUs,
+under torchrun (one process per GPU; scripts/gpu-transports-check runs it)::
+
+    torchrun --standalone --nproc_per_node=$(nvidia-smi -L | wc -l) python/tests/torch_gpu_check.py
+
+- Every call over ``"cuda:strata,cpu:gloo"`` equals the same call over torch's own
+  ``nccl`` backend (a second group over the same ranks): all-reduce for every reduce op,
+  all_gather_into_tensor, reduce_scatter_tensor (SUM, AVG), the list forms, broadcast,
+  all_to_all_single, coalesced all-gathers, async handles, on f32/f16/bf16, counts
+  divisible by nothing; a sub-group of the even ranks when there are 4 or more.
+- Stream order: the input is written by kernels queued behind a long sleep on the
+  current stream, and the result is read by the next kernel, without any synchronize;
+  the same on a side stream made current.
+- FSDP2 on GPU: the small transformer of torch_fsdp_check.py, 20 steps, fp32, with
+  strata groups and with nccl groups plus strata's ``hier`` custom comms, against nccl
+  groups: losses within 1e-5 relative.
+
+With one GPU the world has one rank (NCCL refuses two ranks on one device): the calls
+are then identities, but every path (bootstrap through the store, stream order, FSDP2's
+calls) still runs. Rank 0 prints ``torch gpu check OK`` and a table.
+"""
+
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import fully_shard
+
+import strata.torch as st
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_fsdp_check import Net  # noqa: E402
+
+R = dist.ReduceOp
+FLOATS = [torch.float32, torch.float16, torch.bfloat16]
+calls = 0
+
+
+def data(n, dtype, salt):
+    g = torch.Generator().manual_seed(1000 * salt + dist.get_rank())
+    return torch.randint(-4, 5, (n,), generator=g).to(dtype).cuda()
+
+
+def same(a, b, what):
+    global calls
+    calls += 1
+    torch.cuda.synchronize()
+    if not torch.equal(a, b) and not (what.endswith("avg") and torch.allclose(a.float(), b.float(), 1e-2, 1e-2)):
+        raise AssertionError(f"rank {dist.get_rank()}: {what}: strata {a} != nccl {b}")
+
+
+def calls_equal(sg, ng, tag):
+    """Every call on strata group ``sg`` equals the same on nccl group ``ng``."""
+    p = dist.get_world_size(sg)
+    for dtype in FLOATS:
+        n = 37
+        for name, op in (("sum", R.SUM), ("max", R.MAX), ("min", R.MIN), ("avg", R.AVG),
+                         ("premul", dist._make_nccl_premul_sum(0.5))):
+            a, b = data(n, dtype, 1), data(n, dtype, 1)
+            dist.all_reduce(a, op=op, group=sg)
+            dist.all_reduce(b, op=op, group=ng)
+            same(a, b, f"{tag} all_reduce {dtype} {name}")
+        x = data(n, dtype, 2)
+        a, b = torch.empty(p * n, dtype=dtype, device="cuda"), torch.empty(p * n, dtype=dtype, device="cuda")
+        w = dist.all_gather_into_tensor(a, x, group=sg, async_op=True)
+        dist.all_gather_into_tensor(b, x, group=ng)
+        w.wait()
+        same(a, b, f"{tag} all_gather_into_tensor {dtype}")
+        for name, op in (("sum", R.SUM), ("avg", R.AVG)):
+            x = data(p * n, dtype, 3)
+            a, b = torch.empty(n, dtype=dtype, device="cuda"), torch.empty(n, dtype=dtype, device="cuda")
+            dist.reduce_scatter_tensor(a, x, op=op, group=sg)
+            dist.reduce_scatter_tensor(b, x, op=op, group=ng)
+            same(a, b, f"{tag} reduce_scatter_tensor {dtype} {name}")
+        x = data(n, dtype, 4)
+        la = [torch.empty_like(x) for _ in range(p)]
+        lb = [torch.empty_like(x) for _ in range(p)]
+        dist.all_gather(la, x, group=sg)
+        dist.all_gather(lb, x, group=ng)
+        same(la, lb, f"{tag} all_gather list {dtype}")
+        a, b = data(n, dtype, 5), data(n, dtype, 5)
+        root = dist.get_global_rank(sg, p - 1) if sg is not None else p - 1
+        dist.broadcast(a, src=root, group=sg)
+        dist.broadcast(b, src=root, group=ng)
+        same(a, b, f"{tag} broadcast {dtype}")
+        x = data(p * 5, dtype, 6)
+        a, b = torch.empty_like(x), torch.empty_like(x)
+        dist.all_to_all_single(a, x, group=sg)
+        dist.all_to_all_single(b, x, group=ng)
+        same(a, b, f"{tag} all_to_all_single {dtype}")
+    xs = [data(k, torch.float32, 7 + k) for k in (3, 11, 1)]
+    outs_a = [torch.empty(p * x.numel(), device="cuda") for x in xs]
+    outs_b = [torch.empty(p * x.numel(), device="cuda") for x in xs]
+    with dist._coalescing_manager(group=sg, device=torch.device("cuda")):
+        for o, x in zip(outs_a, xs):
+            dist.all_gather_into_tensor(o, x, group=sg)
+    for o, x in zip(outs_b, xs):
+        dist.all_gather_into_tensor(o, x, group=ng)
+    same(outs_a, outs_b, f"{tag} coalesced all_gather_into_tensor")
+
+
+def stream_order(sg):
+    """Inputs written behind a long sleep, results read by the next kernel, no sync."""
+    p = dist.get_world_size(sg)
+    for side in (False, True):
+        s = torch.cuda.Stream() if side else torch.cuda.current_stream()
+        with torch.cuda.stream(s):
+            x = torch.empty(1 << 20, device="cuda")
+            torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU time before the fill
+            x.fill_(dist.get_rank() + 1)
+            dist.all_reduce(x, group=sg)
+            y = x * 2
+        s.synchronize()
+        want = 2.0 * p * (p + 1) / 2
+        if not torch.all(y == want):
+            raise AssertionError(f"stream order ({'side' if side else 'current'} stream): {y[:4]} != {want}")
+        global calls
+        calls += 1
+
+
+def fsdp(variant, loss_group):
+    """20 FSDP2 steps on GPU; the mean loss per step (averaged over ``loss_group``)."""
+    group = dist.new_group(backend="strata" if variant == "strata" else "nccl")
+    mesh = DeviceMesh.from_group(group, "cuda")
+    torch.manual_seed(0)
+    model = Net().cuda()
+    for layer in model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    if variant == "hier":
+        st.set_custom_comms(model, st.AllGather("hier"), st.ReduceScatter("hier"))
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    g = torch.Generator().manual_seed(100 + dist.get_rank())
+    losses = []
+    for _ in range(20):
+        x = torch.randint(0, 64, (4, 12), generator=g).cuda()
+        y = torch.roll(x, 1, dims=1)
+        loss = torch.nn.functional.cross_entropy(model(x).reshape(-1, 64), y.reshape(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        total = loss.detach().clone()
+        dist.all_reduce(total, group=loss_group)
+        losses.append(total.item() / dist.get_world_size())
+    return losses
+
+
+def main():
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local)
+    dist.init_process_group("cuda:strata,cpu:gloo")
+    p, r = dist.get_world_size(), dist.get_rank()
+    nccl_world = dist.new_group(backend="nccl")
+    calls_equal(None, nccl_world, "world")
+    if p >= 4:
+        evens = list(range(0, p, 2))
+        sg, ng = dist.new_group(evens, backend="strata"), dist.new_group(evens, backend="nccl")
+        if r in evens:
+            calls_equal(sg, ng, "evens")
+    stream_order(None)
+    ref = fsdp("nccl", nccl_world)
+    rows = []
+    for variant in ("strata", "hier"):
+        got = fsdp(variant, nccl_world)
+        worst = max(abs(a - b) / abs(b) for a, b in zip(got, ref))
+        rows.append((variant, ref[-1], got[-1], worst))
+        if worst > 1e-5:
+            raise AssertionError(f"FSDP2 on GPU, {variant}: worst relative loss difference {worst:.3g} > 1e-5")
+    dist.barrier()
+    if r == 0:
+        print(f"{'fsdp variant':12} {'nccl20':>9} {'this20':>9} {'worst rel':>10}")
+        for v, a, b, w in rows:
+            print(f"{v:12} {a:9.5f} {b:9.5f} {w:10.2e}")
+        print(f"torch gpu check OK (world {p}, {calls} calls equal to nccl's)")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
