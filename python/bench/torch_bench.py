@@ -25,6 +25,7 @@ ranks (an all-reduce MAX of the per-rank times); a row reports the median of tho
 
 import os
 import statistics
+import sys
 import time
 
 os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -38,6 +39,9 @@ from torch.distributed.device_mesh import DeviceMesh  # noqa: E402
 from torch.distributed.fsdp import fully_shard  # noqa: E402
 
 import strata.torch as st  # noqa: E402  (joins the MPI world: every rank, now)
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+import torch_fsdp_check as _fsdp_check  # noqa: E402
 
 SIZES_MIB = [int(s) for s in os.environ.get("STRATA_BENCH_SIZES", "1,4,16,64").split(",")]
 ITERS = int(os.environ.get("STRATA_BENCH_ITERS", "20"))
@@ -96,22 +100,9 @@ def collective_rows(gloo, strata):
     return rows
 
 
-class Net(torch.nn.Module):
-    """torch_fsdp_check.py's transformer, bigger: embedding, encoder layers, head."""
-
-    def __init__(self):
-        super().__init__()
-        self.emb = torch.nn.Embedding(VOCAB, D_MODEL)
-        self.layers = torch.nn.ModuleList(
-            torch.nn.TransformerEncoderLayer(D_MODEL, HEADS, FFN, dropout=0.0, batch_first=True)
-            for _ in range(LAYERS))
-        self.head = torch.nn.Linear(D_MODEL, VOCAB)
-
-    def forward(self, x):
-        h = self.emb(x)
-        for layer in self.layers:
-            h = layer(h)
-        return self.head(h)
+def Net():
+    """torch_fsdp_check.py's transformer, bigger."""
+    return _fsdp_check.Net(vocab=VOCAB, d=D_MODEL, layers=LAYERS, heads=HEADS, ffn=FFN)
 
 
 def fsdp_step_time(variant):

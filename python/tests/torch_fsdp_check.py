@@ -49,11 +49,13 @@ QUANT_BOUND = 0.02
 
 
 class Net(torch.nn.Module):
-    def __init__(self, vocab=64, d=32, layers=2):
+    """A small transformer (also the benchmark's and the GPU check's model)."""
+
+    def __init__(self, vocab=64, d=32, layers=2, heads=4, ffn=64):
         super().__init__()
         self.emb = torch.nn.Embedding(vocab, d)
         self.layers = torch.nn.ModuleList(
-            torch.nn.TransformerEncoderLayer(d, 4, 64, dropout=0.0, batch_first=True) for _ in range(layers))
+            torch.nn.TransformerEncoderLayer(d, heads, ffn, dropout=0.0, batch_first=True) for _ in range(layers))
         self.head = torch.nn.Linear(d, vocab)
 
     def forward(self, x):
