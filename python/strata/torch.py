@@ -23,13 +23,17 @@
   ``reduce_scatter``, ``_reduce_scatter_base`` / ``reduce_scatter_single``,
   ``reduce_scatter_tensor_coalesced`` / ``reduce_scatter_single_coalesced``,
   ``broadcast``, ``alltoall``, ``alltoall_base`` / ``all_to_all_single``, ``barrier``,
-  ``send``, ``recv``, and coalescing (``_start_coalescing`` / ``_end_coalescing``).
+  ``send``, ``recv``, ``reduce`` (an all-reduce; the non-root tensors are left as they
+  were), and coalescing (``_start_coalescing`` / ``_end_coalescing``).
   Reduce ops SUM, AVG (the exact mean), MAX, MIN, PRODUCT and PREMUL_SUM; reductions on
-  float32, float16, bfloat16, int8, uint8, int32; data movement on any dtype. Anything
-  else raises a ``RuntimeError`` naming the method.
+  float32, float16, bfloat16, int8, uint8, int32, and all-reduce on float64 (an all-gather,
+  then a local reduction in rank order: DeepSpeed's ZeRO all-reduces its gradient norms in
+  float64); data movement on any dtype. Anything else raises a ``RuntimeError`` naming the
+  method.
 - Every call returns a ``Work`` at once (CPU: strata's nonblocking calls on the
   communicator's host stream, completed by a waiter thread; CUDA: complete, the call
-  being ordered on the stream). Until it completes the tensors are strata's.
+  being ordered on the stream). Until it completes the tensors are strata's. A CPU
+  coalesced block (``_coalescing_manager``) is complete when ``_end_coalescing`` returns.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ from torch.distributed import ReduceOp
 
 import strata as _s
 
-__all__ = ["ProcessGroupStrata", "BACKEND", "AllGather", "ReduceScatter", "set_custom_comms", "traffic"]
+__all__ = ["ProcessGroupStrata", "BACKEND", "AllGather", "ReduceScatter", "set_custom_comms", "traffic", "group_topology"]
 
 BACKEND = "strata"
 
@@ -150,6 +154,14 @@ class ProcessGroupStrata(dist.ProcessGroup):
     def _set_group_name(self, name: str) -> None:
         self._name = name
 
+    # torch asks a group for the backend of a device: init_process_group(device_id=...)
+    # (DeepSpeed passes its CUDA device), new_group's split check, batch_isend_irecv. This
+    # group serves every device itself and does not split.
+    supports_splitting = False
+
+    def _get_backend(self, device: Any) -> "ProcessGroupStrata":
+        return self
+
     def getBackendName(self) -> str:
         return BACKEND
 
@@ -242,6 +254,8 @@ class ProcessGroupStrata(dist.ProcessGroup):
 
     def _allreduce(self, method: str, tensors: List[torch.Tensor], op: Any) -> dist.Work:
         name, factor = _redop(op, method)
+        if any(t.dtype == torch.float64 for t in tensors):
+            return self._allreduce_gathered(method, tensors, name, factor)
         work_ts, posts = [], []
         for t in tensors:
             _check_reduce_dtype(t, method)
@@ -259,6 +273,50 @@ class ProcessGroupStrata(dist.ProcessGroup):
             for t, w in posts:
                 t.copy_(w)
         return self._issue(method, tensors, run, tensors, post if posts else None)
+
+    def reduce(self, tensors: List[torch.Tensor], opts: Any = None) -> dist.Work:
+        """``dist.reduce`` (DeepSpeed's ZeRO-1/2 with ``use_multi_rank_bucket_allreduce:
+        false``): an all-reduce, in place on the root, into scratch copies elsewhere (the
+        other ranks' tensors are left as they were)."""
+        op = opts.reduceOp if opts is not None else ReduceOp.SUM
+        root = opts.rootRank if opts is not None else 0
+        if self.rank() != root:
+            tensors = [t.clone(memory_format=torch.contiguous_format) for t in tensors]
+        return self._allreduce("reduce", tensors, op)
+
+    def _allreduce_gathered(self, method: str, tensors: List[torch.Tensor], name: str,
+                            factor: Any) -> dist.Work:
+        """float64, which strata does not reduce (DeepSpeed's ZeRO all-reduces its gradient
+        norms in float64): all-gather every rank's tensor, then reduce locally in rank
+        order, the same result on every rank."""
+        n = self.size()
+        items = []
+        for t in tensors:
+            src = t.detach().contiguous().reshape(-1)
+            if factor is not None:
+                src = src * factor
+            items.append((t, src, torch.empty((n, src.numel()), dtype=t.dtype, device=t.device)))
+
+        def run(comm, a):
+            return self._grouped([lambda s=s, g=g: comm.all_gather(_movable(s), _movable(g), async_op=a)
+                                  for _, s, g in items])
+
+        def post():
+            for t, _, g in items:
+                acc = g[0].clone()
+                for k in range(1, n):
+                    if name in ("sum", "avg"):
+                        acc.add_(g[k])
+                    elif name == "max":
+                        acc = torch.maximum(acc, g[k])
+                    elif name == "min":
+                        acc = torch.minimum(acc, g[k])
+                    else:
+                        acc.mul_(g[k])
+                if name == "avg":
+                    acc.div_(n)
+                t.copy_(acc.reshape(t.shape))
+        return self._issue(method, tensors, run, tensors, post)
 
     # -- all-gather --
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
@@ -495,26 +553,35 @@ class ProcessGroupStrata(dist.ProcessGroup):
         _s.group_end()
         items, self._coalesced = self._coalesced, []
         works = [w for w, _ in items if w is not None]
-        posts = [p for _, p in items if p is not None]
-
-        def post():
-            for p in posts:
+        # Complete the block before returning: code written for NCCL's stream order reads a
+        # coalesced block's outputs without waiting on its work (DeepSpeed's MiCS waits on
+        # torch's _IllegalWork of the block, catches the error and goes on).
+        try:
+            if works:
+                works[-1].wait()
+        except _s.StrataError as e:
+            raise _unsupported("_end_coalescing", str(e)) from e
+        for _, p in items:
+            if p is not None:
                 p()
-        return self._waiter.submit(works[-1] if works else None, None, post if posts else None)
+        return _done_work(None)
 
     def __getattr__(self, item: str) -> Any:
-        if item in ("gather", "scatter", "reduce", "gather_single", "recv_anysource", "allgather_coalesced"):
+        if item in ("gather", "scatter", "gather_single", "recv_anysource", "allgather_coalesced"):
             def refuse(*args: Any, **kwargs: Any) -> Any:
                 raise _unsupported(item, "not implemented by the strata backend")
             return refuse
         raise AttributeError(item)
 
     def shutdown(self) -> None:
+        """Release this group's communicators (the MPI world's stays: other groups and
+        the custom comms are made from it)."""
         self._waiter.close()
-        for c in (self._cuda,):
-            if c is not None:
+        world = _WORLD.get("cpu")
+        for c in (self._cuda, self._cpu):
+            if c is not None and c is not world:
                 c.destroy()
-        self._cuda = None
+        self._cuda = self._cpu = None
 
 
 # ---- FSDP2 custom collectives ----
