@@ -85,7 +85,13 @@ fn recordings_match_dry_runs_and_measured_traffic() {
             ] {
                 let what = format!("{topo} {algo} {}", kind.name());
                 let (rec, measured) = record(topo, kind, algo, count, dt, 3);
-                let dry = sim::dry_run(&t, kind, algo, count, dt, Some(3)).unwrap();
+                // The host transports run the flat ring as one ring in rank order; the
+                // dry run models NCCL's channel rings, one per rail, which is that one
+                // ring on nodes with a single NIC.
+                let mut one_rail = t.clone();
+                one_rail.links.nics_per_node = 1;
+                let dt_topo = if algo == Algo::Ring { &one_rail } else { &t };
+                let dry = sim::dry_run(dt_topo, kind, algo, count, dt, Some(3)).unwrap();
                 assert_eq!(dry.algo, Some(algo), "{what}");
                 assert!(!dry.is_empty(), "{what}");
                 assert_eq!(multiset(&rec), multiset(&dry), "{what}: transfers differ");
@@ -106,10 +112,29 @@ fn recordings_match_dry_runs_and_measured_traffic() {
 fn dry_run_shapes() {
     let t = Topology::parse("frontier:2").unwrap();
     let p = t.world_size();
-    // ring: p(p-1) transfers of one chunk; hier: the stages' batches.
+    // ring: NCCL's channel rings, one per NIC (4 on Frontier), each p(p-1) transfers of
+    // its share of the chunk (10 elements: 3, 3, 2, 2), each leaving a node through its
+    // own NIC; hier: the stages' batches.
     let s = sim::dry_run(&t, Kind::AllGather, Algo::Ring, 10, DataType::F32, None).unwrap();
-    assert_eq!(s.len(), p * (p - 1));
-    assert!(s.transfers.iter().all(|x| x.bytes == 40));
+    assert_eq!(s.len(), 4 * p * (p - 1));
+    assert_eq!(
+        s.rings,
+        ["network", "node", "package", "flat", "channel0", "channel1", "channel2", "channel3"]
+    );
+    for (c, bytes) in [12u64, 12, 8, 8].into_iter().enumerate() {
+        let ring: Vec<_> = s.transfers.iter().filter(|x| x.ring == 4 + c as u32).collect();
+        assert_eq!(ring.len(), p * (p - 1));
+        assert!(ring.iter().all(|x| x.bytes == bytes));
+        let exits: std::collections::BTreeSet<u32> = ring
+            .iter()
+            .filter(|x| x.class == strata::topology::LinkClass::InterNode)
+            .map(|x| x.src % 8)
+            .collect();
+        assert_eq!(exits.into_iter().collect::<Vec<_>>(), [2 * c as u32], "ring {c}: NIC {c}");
+    }
+    let s1 = sim::dry_run(&Topology::parse("frontier:1").unwrap(), Kind::AllGather, Algo::Ring, 10, DataType::F32, None).unwrap();
+    assert_eq!(s1.len(), 8 * 7);
+    assert!(s1.transfers.iter().all(|x| x.bytes == 40));
     let s = sim::dry_run(&t, Kind::AllGather, Algo::Hier, 10, DataType::F32, None).unwrap();
     // levels (2, 4, 2): B = 1, 2, 8 rings of g-1 steps each
     assert_eq!(s.len(), p * (1 + 2 * 3 + 8));

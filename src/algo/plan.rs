@@ -43,6 +43,10 @@ pub enum Ring {
     Level(usize),
     /// The whole communicator (flat ring; modeled only, executed natively).
     Flat,
+    /// Ring `c` of NCCL's channel rings over the whole communicator
+    /// ([`crate::topology::channels`]; ranks = positions in that ring). Modeled only:
+    /// the native collective runs them.
+    Channel(usize),
 }
 
 /// One step: send `send` to `dst` and receive into `recv` from `src` (ranks within the

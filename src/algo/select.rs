@@ -224,7 +224,15 @@ pub fn estimate(
         .map(|r| topo.link_class(members[r], members[(r + 1) % p]))
         .max()
         .unwrap_or(LinkClass::IntraPackage);
-    let ring = factor * (p.saturating_sub(1)) as f64 * step(slowest, c);
+    // A ring over the whole topology in rank order runs as NCCL's channel rings
+    // (topology::channels); a sub-communicator keeps one ring over its slowest link.
+    let whole = p == topo.world_size() && members.iter().enumerate().all(|(i, &m)| i == m);
+    let ring_step = if whole {
+        crate::topology::channels::ring_step_us(topo, c)
+    } else {
+        step(slowest, c)
+    };
+    let ring = factor * (p.saturating_sub(1)) as f64 * ring_step;
     let (mut hier, mut ho) = (f64::INFINITY, f64::INFINITY);
     if let Some(h) = h {
         let q = chunks.unwrap_or_else(|| super::plan::default_chunks(c as usize)) as f64;

@@ -11,7 +11,8 @@
 //! - [`symmetric`]: the same makespan from one node's ranks on identical nodes (exact,
 //!   `1/nodes` of the work: the engine's planner models 1024-rank clusters with it);
 //! - [`trace`]: Chrome-trace JSON of a replay (Perfetto);
-//! - [`plot`]: SVG of modeled time against message size.
+//! - [`plot`]: SVG of modeled time against message size;
+//! - [`fidelity`]: the model beside published nccl-tests figures and paper ratios.
 //!
 //! ```
 //! use strata::check::Kind;
@@ -25,6 +26,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod fidelity;
 pub mod plot;
 pub mod replay;
 pub mod schedule;

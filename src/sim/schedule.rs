@@ -28,7 +28,7 @@ use crate::dtype::DataType;
 use crate::error::{Error, Result};
 use crate::kinds::Kind;
 use crate::topology::Hierarchy;
-use crate::topology::{LinkClass, Topology};
+use crate::topology::{channels, LinkClass, Topology};
 use crate::traffic::Traffic;
 use crate::traffic::{Event, EventKind, TrafficReport};
 use crate::transport::TransportKind;
@@ -391,6 +391,23 @@ impl<'a> Builder<'a> {
     fn peer(&self, r: usize, ring: Ring, y: usize) -> Result<usize> {
         let c = match ring {
             Ring::Flat => y,
+            Ring::Channel(c) => {
+                if self.members.len() != self.topo.world_size() {
+                    return Err(Error::InvalidArgument(format!(
+                        "plan of rank {r}: channel rings span the whole topology, not {} of its {} ranks",
+                        self.members.len(),
+                        self.topo.world_size()
+                    )));
+                }
+                let rings = channels::ring_channels(self.topo);
+                if c >= rings || y >= self.members.len() {
+                    return Err(Error::InvalidArgument(format!(
+                        "plan of rank {r}: position {y} of channel ring {c} outside the model's {rings} rings of {} ranks",
+                        self.members.len()
+                    )));
+                }
+                channels::channel_rank(self.topo, c, rings, y)
+            }
             Ring::Level(i) => {
                 let (g, st) = match (self.sizes.get(i), self.strides.get(i)) {
                     (Some(&g), Some(&st)) => (g, st),
@@ -449,12 +466,22 @@ impl<'a> Builder<'a> {
             self.local_start.reserve(est);
             self.local.reserve(est + est / 4);
         }
+        // Channel rings get labels `channel<c>` after `flat`, on first use.
+        for st in &plan.steps {
+            if let Ring::Channel(c) = st.ring {
+                while self.s.rings.len() <= self.flat as usize + 1 + c {
+                    let next = self.s.rings.len() - self.flat as usize - 1;
+                    self.s.rings.push(format!("channel{next}"));
+                }
+            }
+        }
         // Last step per ring label on this rank's streams.
         let mut last: Vec<Option<u32>> = vec![None; self.s.rings.len()];
         for (k, st) in plan.steps.iter().enumerate() {
             let ring = match st.ring {
                 Ring::Flat => self.flat,
                 Ring::Level(i) => i as u32,
+                Ring::Channel(c) => self.flat + 1 + c as u32,
             };
             let dst = self.peer(r, st.ring, st.dst)?;
             let src = self.peer(r, st.ring, st.src)?;
@@ -647,6 +674,7 @@ pub(crate) fn checked_resolve(
 /// `s` bytes as NCCL counts them; `chunks`: pieces per chunk for `ho-ring`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn plan_of(
+    topo: &Topology,
     kind: Kind,
     algo: Algo,
     h: Option<&Hierarchy>,
@@ -676,12 +704,53 @@ pub(crate) fn plan_of(
                 ho_ring::all_reduce(h, r, q, s, pieces(q))
             }
         },
-        _ => match kind {
-            Kind::AllGather => plan::ring_all_gather(p, r, c),
-            Kind::ReduceScatter => plan::ring_reduce_scatter(p, r, c),
-            _ => plan::ring_all_reduce(p, r, count, s),
-        },
+        _ => channel_rings(topo, kind, p, r, count, s),
     }
+}
+
+/// World rank `r`'s plan of the flat ring as NCCL runs it on `topo`
+/// ([`crate::topology::channels`]): the rings of [`channels::ring_channels`], ring `c`
+/// carrying its even share of the elements (all-reduce: in whole multiples of `p`, so
+/// that every share stays node-symmetric when `p` divides `count`), its steps on
+/// [`Ring::Channel`]`(c)` with peers given as positions in ring `c`. Rings with an
+/// empty share are left out. One ring: the plain rank-order ring on [`Ring::Flat`].
+fn channel_rings(topo: &Topology, kind: Kind, p: usize, r: usize, count: usize, s: usize) -> Plan {
+    let base = |pos: usize, n: usize| match kind {
+        Kind::AllGather => plan::ring_all_gather(p, pos, n * s),
+        Kind::ReduceScatter => plan::ring_reduce_scatter(p, pos, n * s),
+        _ => plan::ring_all_reduce(p, pos, n, s),
+    };
+    let rings = if topo.world_size() == p {
+        channels::ring_channels(topo)
+    } else {
+        1
+    };
+    if rings <= 1 {
+        return base(r, count);
+    }
+    let shares: Vec<usize> = match kind {
+        Kind::AllReduce => {
+            let units = crate::transport::ring::even_ranges(count / p.max(1), rings, 1);
+            let mut v: Vec<usize> = units.iter().map(|u| u.len() * p).collect();
+            if let Some(last) = v.last_mut() {
+                *last += count % p.max(1);
+            }
+            v
+        }
+        _ => crate::transport::ring::even_ranges(count, rings, 1)
+            .iter()
+            .map(|u| u.len())
+            .collect(),
+    };
+    let mut out = Plan::default();
+    for (c, &n) in shares.iter().enumerate().filter(|(_, &n)| n > 0) {
+        let pl = base(channels::channel_pos(topo, c, rings, r), n);
+        out.steps.extend(pl.steps.into_iter().map(|mut st| {
+            st.ring = Ring::Channel(c);
+            st
+        }));
+    }
+    out
 }
 
 /// The schedule of one `kind` collective with NCCL's per-call `count` of `dtype`
@@ -714,7 +783,7 @@ pub fn dry_run(
     };
     let mut b = Builder::new(topo, h.as_ref(), &members)?;
     for r in 0..p {
-        let pl = plan_of(kind, algo, h.as_ref(), p, r, count, s, chunks);
+        let pl = plan_of(topo, kind, algo, h.as_ref(), p, r, count, s, chunks);
         b.add(r, &pl)?;
     }
     let mut sched = b.finish()?;

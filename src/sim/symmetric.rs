@@ -32,7 +32,7 @@ use crate::dtype::DataType;
 use crate::error::{Error, Result};
 use crate::kinds::Kind;
 use crate::topology::Hierarchy;
-use crate::topology::{LinkClass, Topology};
+use crate::topology::{channels, LinkClass, Topology};
 use std::collections::BinaryHeap;
 
 /// The algorithm `algo` resolves to (as [`super::resolve`]) and the makespan in
@@ -67,7 +67,7 @@ pub fn symmetric_makespan(
     let h = Hierarchy::detect(topo, &members);
     let s = dtype.size();
     let plans: Vec<Plan> = (0..a)
-        .map(|r| plan_of(kind, algo, h.as_ref(), p, r, count, s, chunks))
+        .map(|r| plan_of(topo, kind, algo, h.as_ref(), p, r, count, s, chunks))
         .collect();
 
     // Ring labels as Schedule::from_plans numbers them: levels, then `flat`.
@@ -76,9 +76,16 @@ pub fn symmetric_makespan(
         .map(|i| sizes[i + 1..].iter().product())
         .collect();
     let flat = sizes.len() as u32;
+    let rings = channels::ring_channels(topo);
     let peer = |r: usize, ring: Ring, y: usize| -> Result<(u32, usize)> {
         match ring {
             Ring::Flat => Ok((flat, y)),
+            Ring::Channel(c) if c < rings && y < p => {
+                Ok((flat + 1 + c as u32, channels::channel_rank(topo, c, rings, y)))
+            }
+            Ring::Channel(c) => Err(Error::InvalidArgument(format!(
+                "plan of rank {r}: position {y} of channel ring {c} outside the model's {rings} rings"
+            ))),
             Ring::Level(i) => {
                 let (g, st) = match (sizes.get(i), strides.get(i)) {
                     (Some(&g), Some(&st)) => (g, st),
@@ -113,7 +120,7 @@ pub fn symmetric_makespan(
     }
     // Transfers: (class, bytes); send lists per (ring, sender on node 0, receiver),
     // indexed densely: `(ring · a + sender) · p + receiver`.
-    let nrings = sizes.len() + 1;
+    let nrings = sizes.len() + 1 + rings;
     let slot = |ring: u32, src: usize, dst: usize| (ring as usize * a + src) * p + dst;
     let mut list_of = vec![u32::MAX; nrings * a * p];
     let mut lists: Vec<Vec<u32>> = Vec::new();

@@ -29,6 +29,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod channels;
 pub mod detect;
 pub mod gcd;
 pub mod grouping;
