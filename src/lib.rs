@@ -6,7 +6,7 @@
 //! capi -> check -> comm (front: check, select, dispatch; bootstrap) -> sim -> algo
 //!      -> runtime (streams, groups, requests, sub-communicators, native enqueue)
 //!      -> bufops -> transport -> memory -> device -> kernels_gpu -> kernels -> traffic
-//! leaves used by all: topology, dtype, kinds, config, log, error
+//! leaves used by all: topology, dtype, kinds, config, log, units, error
 //! ```
 //!
 //! Start at [`comm::Comm`]; see docs/architecture.md for the layout and the README for
@@ -31,6 +31,7 @@ pub mod sim;
 pub mod topology;
 pub mod traffic;
 pub mod transport;
+pub mod units;
 
 pub use algo::Algo;
 pub use comm::{group_end, group_start, Comm, CommConfig, Op, Request, Work};

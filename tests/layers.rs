@@ -19,6 +19,7 @@ const LAYERS: &[(&str, u32)] = &[
     ("kinds", 0),
     ("config", 0),
     ("log", 0),
+    ("units", 0),
     ("topology", 0),
     ("kernels", 1),
     ("traffic", 1),

@@ -27,27 +27,11 @@ pub fn parse_dtype(s: &str) -> Result<DataType, String> {
     s.trim().parse().map_err(bare)
 }
 
-/// A size in bytes as nccl-tests writes it: an integer, optionally followed by K, M, G
-/// or T (powers of 1024) and an optional `B`.
+/// A size in bytes as nccl-tests writes it: a number, optionally followed by K, M, G or
+/// T (powers of 1024, with or without `i`/`B`); zero allowed (strata's one size parser,
+/// [`strata::units::parse_size_or_zero`]).
 pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let t = t
-        .strip_suffix(['b', 'B'])
-        .filter(|r| !r.is_empty())
-        .unwrap_or(t);
-    let (num, mult) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
-        Some('K') => (&t[..t.len() - 1], 1u64 << 10),
-        Some('M') => (&t[..t.len() - 1], 1 << 20),
-        Some('G') => (&t[..t.len() - 1], 1 << 30),
-        Some('T') => (&t[..t.len() - 1], 1 << 40),
-        _ => (t, 1),
-    };
-    num.parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(mult))
-        .ok_or_else(|| {
-            format!("'{s}' is not a size in bytes (an integer, optionally followed by K, M or G)")
-        })
+    strata::units::parse_size_or_zero(s)
 }
 
 #[cfg(test)]

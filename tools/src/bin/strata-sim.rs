@@ -9,6 +9,7 @@
 //!
 //!   strata-sim --topology frontier:4 --op all-gather --algo ring,hier,ho-ring --size 256M
 //!   strata-sim --topology dgx-a100:2 --op reduce-scatter --size 64M,1G -d bf16 --trace rs.json
+//!   strata-sim --fidelity      # the model beside published measurements
 #![forbid(unsafe_code)]
 
 use clap::Parser;
@@ -31,8 +32,13 @@ use strata_tools::cli::{parse_algo, parse_dtype, parse_kind};
 #[command(name = "strata-sim", version, verbatim_doc_comment)]
 struct Cli {
     /// Topology SPEC of the modeled cluster (dgx-a100:N, frontier:N, p3dn:N, nodes:NxR, ... or a JSON file).
+    #[arg(long, required_unless_present = "fidelity")]
+    topology: Option<String>,
+
+    /// Print the model beside published figures instead (nccl-tests bus bandwidths on
+    /// DGX A100 / H100, MiCS and PaRO ratios), as the table of docs/model-fidelity.md.
     #[arg(long)]
-    topology: String,
+    fidelity: bool,
 
     /// Collective(s), comma-separated: all-gather, reduce-scatter, all-reduce.
     #[arg(long, default_value = "all-gather", value_delimiter = ',', value_parser = parse_kind)]
@@ -66,10 +72,7 @@ struct Cli {
 }
 
 fn parse_size(s: &str) -> std::result::Result<u64, String> {
-    strata_tools::cli::parse_size(s)
-        .ok()
-        .filter(|&n| n > 0)
-        .ok_or_else(|| format!("'{s}' is not a positive size in bytes (K, M, G suffixes)"))
+    strata::units::parse_size(s)
 }
 
 /// One modeled point (JSON record).
@@ -109,7 +112,11 @@ fn tagged(path: &Path, tag: &str) -> PathBuf {
 }
 
 fn run(cli: &Cli) -> Result<()> {
-    let topo = Topology::parse(&cli.topology)?;
+    if cli.fidelity {
+        print!("{}", sim::fidelity::markdown(&sim::fidelity::rows()?));
+        return Ok(());
+    }
+    let topo = Topology::parse(cli.topology.as_deref().unwrap_or_default())?;
     let p = topo.world_size();
     let s = cli.datatype.size();
     let ops = dedup(&cli.op);
