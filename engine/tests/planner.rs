@@ -6,7 +6,8 @@ use strata_engine::config::{Factor, GradSync, Mesh, Strategy};
 use strata_engine::planner::memory::{self, ActivationInputs};
 use strata_engine::planner::search::{amsp_reject, amsp_triples, candidates};
 use strata_engine::planner::{
-    best, group_topology, parse_bytes, plan, CommModel, GroupShape, ModelShape, Norm, PlanRequest,
+    best, group_topology, parse_bytes, plan, CommModel, GroupShape, ModelShape, Norm, Overhead,
+    PlanRequest,
 };
 
 fn f(a: usize, b: usize) -> Factor {
@@ -221,8 +222,8 @@ fn group_topologies_keep_each_ranks_nic_share() {
         (t.nodes, t.ranks_per_node(), t.links.nics_per_node),
         (2, 4, 4)
     );
-    assert_eq!(t.links.nic_bandwidth_gbs, 25.0);
-    // p3dn: one 12.5 GB/s NIC for 8 GPUs; half the node's ranks get half of it.
+    assert_eq!(t.links.nic_bandwidth_gbs, dgx.links.nic_bandwidth_gbs);
+    // p3dn: one NIC (12.5 GB/s line rate) for 8 GPUs; half the node's ranks get half of it.
     let p3 = Topology::parse("p3dn:4").unwrap();
     let t = group_topology(
         &p3,
@@ -233,9 +234,10 @@ fn group_topologies_keep_each_ranks_nic_share() {
         },
     )
     .unwrap();
+    let nic = p3.links.nic_bandwidth_gbs;
     assert_eq!(t.links.nics_per_node, 1);
-    assert!(close(t.links.nic_bandwidth_gbs, 6.25, 1e-12));
-    assert!(close(t.links.inter_node.bandwidth_gbs, 12.5 / 8.0, 1e-12));
+    assert!(close(t.links.nic_bandwidth_gbs, nic / 2.0, 1e-12));
+    assert!(close(t.links.inter_node.bandwidth_gbs, nic / 8.0, 1e-12));
     let t = group_topology(
         &p3,
         GroupShape {
@@ -245,7 +247,7 @@ fn group_topologies_keep_each_ranks_nic_share() {
         },
     )
     .unwrap();
-    assert!(close(t.links.nic_bandwidth_gbs, 12.5 / 8.0, 1e-12));
+    assert!(close(t.links.nic_bandwidth_gbs, nic / 8.0, 1e-12));
     // p4d: 2 GPUs per NIC; a stride-2 group has one member per NIC.
     let p4 = Topology::parse("p4d:2").unwrap();
     let t = group_topology(
@@ -258,7 +260,7 @@ fn group_topologies_keep_each_ranks_nic_share() {
     )
     .unwrap();
     assert_eq!(t.links.nics_per_node, 4);
-    assert!(close(t.links.nic_bandwidth_gbs, 6.25, 1e-12));
+    assert!(close(t.links.nic_bandwidth_gbs, p4.links.nic_bandwidth_gbs / 2.0, 1e-12));
     // Frontier: a GCD pair is one package; every other GCD spans packages.
     let fr = Topology::parse("frontier:2").unwrap();
     let t = group_topology(
@@ -410,14 +412,15 @@ fn bad_requests_are_explained() {
     req.dtype_bytes = 3;
     assert!(plan(&req).unwrap_err().to_string().contains("bf16"));
     req.dtype_bytes = 2;
-    req.reserve = req.gpu_mem;
+    req.overhead = Overhead::Reserve(req.gpu_mem);
     assert!(plan(&req).unwrap_err().to_string().contains("reserve"));
     assert_eq!(parse_bytes("80G").unwrap(), 80 << 30);
     assert_eq!(parse_bytes("80GiB").unwrap(), 80 << 30);
     assert_eq!(parse_bytes("80gb").unwrap(), 80 << 30);
     assert_eq!(parse_bytes("85899345920").unwrap(), 80 << 30);
     assert_eq!(parse_bytes("1.5K").unwrap(), 1536);
-    for bad in ["", "G", "-1G", "80X", "0", "1e400"] {
+    assert_eq!(parse_bytes("4MB").unwrap(), 4 << 20);
+    for bad in ["", "G", "-1G", "80X", "0", "1e400", "NaN", "inf"] {
         assert!(parse_bytes(bad).is_err(), "{bad}");
     }
 }
@@ -500,4 +503,126 @@ fn strata_plan_binary_writes_json() {
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--gpu-mem"));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `--global-batch-tokens 4M` is 4,194,304 tokens (strata's one size parser), and the
+/// other size flags take suffixes too.
+#[test]
+fn strata_plan_takes_size_suffixes() {
+    let dir = std::env::temp_dir().join(format!("strata-plan-units-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let run = |tokens: &str, extra: &[&str], name: &str| -> serde_json::Value {
+        let json = dir.join(name);
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_strata-plan"))
+            .args(["--model", "bert-base", "--cluster", "dgx-a100:2"])
+            .args(["--global-batch-tokens", tokens, "--top", "1", "--json"])
+            .arg(&json)
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap()
+    };
+    let a = run("4M", &["--seq", "512"], "a.json");
+    let b = run("4194304", &["--seq", "512"], "b.json");
+    assert_eq!(a["request"]["global_batch_tokens"], 4194304);
+    assert_eq!(a["request"], b["request"]);
+    assert_eq!(a["candidates"], b["candidates"]);
+    let c = run("4MiB", &["--gpu-mem", "81920MiB", "--seq", "0.5K"], "c.json");
+    assert_eq!(c["request"], b["request"]);
+    // The modeled overhead is in the breakdown; --overhead off and --reserve 0 drop it,
+    // --reserve replaces it.
+    let m = &a["candidates"][0]["memory"];
+    assert_eq!(m["context"], 768u64 << 20);
+    assert!(m["comm_buffers"].as_u64().unwrap() >= 294 << 20, "{m}");
+    assert!(m["fragmentation"].as_u64().unwrap() > 0);
+    for (extra, name) in [(["--overhead", "off"], "d.json"), (["--reserve", "0"], "e.json")] {
+        let d = run("4M", &[&extra[..], &["--seq", "512"]].concat(), name);
+        let m = &d["candidates"][0]["memory"];
+        assert_eq!(m["context"], 0, "{extra:?}");
+        assert_eq!(m["fragmentation"], 0, "{extra:?}");
+        assert_eq!(d["request"]["overhead"], "off");
+    }
+    let r = run("4M", &["--reserve", "8G", "--seq", "512"], "f.json");
+    assert_eq!(r["candidates"][0]["memory"]["reserve"], 8u64 << 30);
+    assert_eq!(r["candidates"][0]["memory"]["context"], 0);
+    // A bad size names the flag and the accepted forms.
+    let bad = std::process::Command::new(env!("CARGO_BIN_EXE_strata-plan"))
+        .args(["--model", "bert-base", "--cluster", "dgx-a100:2"])
+        .args(["--global-batch-tokens", "4 million"])
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    let e = String::from_utf8_lossy(&bad.stderr);
+    assert!(e.contains("--global-batch-tokens") && e.contains("4MiB"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The framework overhead, term by term (memory.rs): CUDA context, NCCL buffers per
+/// communicator, fragmentation of the dynamic allocations.
+#[test]
+fn overhead_terms_follow_their_formulas() {
+    use strata_engine::planner::memory::{add_overhead, communicators, nccl_buffers};
+    let mesh = Mesh::new(8, 4);
+    // NCCL: 16 channels x 2 peers x (4 MiB + 4,915,200 + 512 KiB) per communicator.
+    assert_eq!(nccl_buffers(1), 32 * ((4 << 20) + 4_915_200 + (512 << 10)));
+    assert_eq!(nccl_buffers(1) >> 20, 294);
+    // zero1: the world only (dp/p is the world); its spread over OS/P is the world too.
+    let z1 = Strategy::parse("zero1", mesh).unwrap();
+    assert!(communicators(&z1, mesh).is_empty());
+    // AMSP 7B's os=8x1: the world (all-reduce) and the node (spread).
+    let a = Strategy::parse("amsp:p=1x1,g=1x1,os=8x1", mesh).unwrap();
+    assert_eq!(communicators(&a, mesh), vec![GroupShape::block(f(8, 1))]);
+    // mics:8: P = node, replicas across nodes.
+    let m8 = Strategy::parse("mics:8", mesh).unwrap();
+    assert_eq!(communicators(&m8, mesh).len(), 2);
+    let mut b = memory::MemoryBreakdown {
+        activations: 1000,
+        buffers: 500,
+        ..Default::default()
+    };
+    add_overhead(&mut b, Overhead::Modeled, &a, mesh);
+    assert_eq!(b.context, 768 << 20);
+    assert_eq!(b.comm_buffers, nccl_buffers(2));
+    assert_eq!(b.fragmentation, 300);
+    assert_eq!(b.total(), 1500 + b.context + b.comm_buffers + 300);
+    add_overhead(&mut b, Overhead::Reserve(7), &a, mesh);
+    assert_eq!(b.overhead(), 7);
+    add_overhead(&mut b, Overhead::Off, &a, mesh);
+    assert_eq!(b.total(), 1500);
+}
+
+/// With the overhead modeled, the 1024-GPU LLaMA plans recommend only what fits a real
+/// 80 GiB card: every feasible row's total includes context, NCCL buffers and
+/// fragmentation; the 13B (76.2 GiB) and 30B (77.3 GiB) rows of the overhead-free
+/// model are out.
+#[test]
+fn llama_13b_and_30b_tops_fit_with_overhead() {
+    let cluster = Topology::parse("dgx-a100:128").unwrap();
+    for (name, gone) in [
+        ("llama-13b", "amsp:p=1x1,g=8x1,os=8x1"),
+        ("llama-30b", "paro-nig"),
+    ] {
+        let req = PlanRequest::new(ModelShape::preset(name).unwrap(), cluster.clone());
+        let ranked = plan(&req).unwrap();
+        let top = &ranked[0];
+        assert!(top.feasible, "{name}");
+        assert!(top.memory.overhead() > 1 << 30, "{name}: {:?}", top.memory);
+        assert!(top.memory_bytes <= 80 << 30);
+        let c = ranked.iter().find(|c| c.strategy.name == gone).unwrap();
+        assert!(
+            !c.feasible || c.recompute,
+            "{name}: {gone} {:?}",
+            c.memory_bytes
+        );
+        let mut off = req.clone();
+        off.overhead = Overhead::Off;
+        let o = plan(&off).unwrap();
+        let c0 = o.iter().find(|c| c.strategy.name == gone).unwrap();
+        assert!(c0.feasible, "{name}: {gone} fits without overhead");
+    }
 }

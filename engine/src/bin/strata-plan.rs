@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Parser;
-use strata_engine::planner::{self, memory::gib, ModelShape, PlanRequest};
+use strata_engine::planner::{self, memory::gib, ModelShape, Overhead, PlanRequest};
 
 /// Rank the sharding strategies (ZeRO-1/2/3, MiCS, ZeRO++, PaRO, Frontier, AMSP's
 /// search space) for a model on a cluster by predicted communication time per step,
@@ -24,24 +24,45 @@ struct Args {
     #[arg(long)]
     model: Option<String>,
     /// Cluster: a strata topology SPEC (dgx-a100:N, dgx-h100:N, p4d:N, p5:N, p3dn:N,
-    /// frontier:N, nodes:NxR, nodes:NxPxD, or a topology JSON file)
+    /// frontier:N, nodes:NxR, nodes:NxPxD, or a topology JSON file), or amsp-a800:N
+    /// (AMSP's testbed: 8 A800 per node on NVLink, 4 HDR NICs per node)
     #[arg(long)]
     cluster: String,
-    /// Memory per GPU: bytes, optionally with K, M, G, T (powers of 1024): 80G, 80GiB
-    #[arg(long, default_value = "80G")]
-    gpu_mem: String,
-    /// GPU memory the model may not use (CUDA context, NCCL buffers, fragmentation),
-    /// same units as --gpu-mem; 0 by default
-    #[arg(long, default_value = "0")]
-    reserve: String,
-    /// Sequence length (tokens)
-    #[arg(long, default_value_t = 4096)]
+    /// Planner model: `strata` (the engine's whole space, collective times from
+    /// strata's simulator) or `amsp` (AMSP's own model: its search space, cost
+    /// equations T_p/T_g/T_os with NCCL ring effective bandwidth, recomputation per
+    /// model, one configuration from 8 GPUs to the cluster; reproduces its Table IV)
+    #[arg(long, default_value = "strata")]
+    mode: String,
+    /// --mode amsp: the smallest scale, in GPUs, at which the one configuration must run
+    /// (AMSP §VI-A4: 8); scales double from there to the cluster
+    #[arg(long, default_value = "8", value_parser = count)]
+    amsp_from_gpus: usize,
+    /// Memory per GPU the model does not see, added to every candidate on top of the
+    /// overhead (same units as --gpu-mem; e.g. a measured activation excess)
+    #[arg(long, default_value = "0", value_parser = strata::units::parse_size_or_zero)]
+    extra_memory: u64,
+    /// Memory per GPU: bytes, optionally with K, M, G, T (powers of 1024, with or
+    /// without i/B): 80G, 80GiB, 1.5T
+    #[arg(long, default_value = "80G", value_parser = strata::units::parse_size)]
+    gpu_mem: u64,
+    /// Framework overhead per GPU: `model` (CUDA context, NCCL buffers, allocator
+    /// fragmentation, each modeled; the default) or `off` (the model's tensors only)
+    #[arg(long, default_value = "model")]
+    overhead: String,
+    /// A flat reserve per GPU in place of the modeled overhead (same units as
+    /// --gpu-mem; 0 = none, like --overhead off)
+    #[arg(long, value_parser = strata::units::parse_size_or_zero, conflicts_with = "overhead")]
+    reserve: Option<u64>,
+    /// Sequence length (tokens; K/M suffixes are powers of 1024: 4K = 4096)
+    #[arg(long, default_value = "4096", value_parser = count)]
     seq: usize,
     /// Sequences per micro-batch per GPU
     #[arg(long, default_value_t = 1)]
     micro_batch: usize,
-    /// Tokens per optimizer step over the cluster (sets the accumulation steps)
-    #[arg(long, default_value_t = 4 << 20)]
+    /// Tokens per optimizer step over the cluster (sets the accumulation steps):
+    /// 4194304 or 4M (K/M/G/T are powers of 1024: 4M = 4,194,304, AMSP's 4 M batch)
+    #[arg(long, default_value = "4M", value_parser = strata::units::parse_size)]
     global_batch_tokens: u64,
     /// Working precision of parameters, gradients and activations: bf16 or f32
     #[arg(long, default_value = "bf16")]
@@ -76,6 +97,12 @@ struct Args {
     /// Also write {"request": ..., "candidates": [...]} as JSON to FILE
     #[arg(long, value_name = "FILE")]
     json: Option<std::path::PathBuf>,
+}
+
+/// A positive count with an optional K/M/G/T suffix (strata's one size parser).
+fn count(s: &str) -> Result<usize, String> {
+    let v = strata::units::parse_size(s)?;
+    usize::try_from(v).map_err(|_| format!("'{s}' is too large"))
 }
 
 /// The message without the engine's category prefix (`strategy: `).
@@ -146,12 +173,18 @@ fn model_of(a: &Args) -> Result<ModelShape, String> {
 
 fn request(a: &Args) -> Result<PlanRequest, String> {
     let model = model_of(a)?;
-    let cluster = strata::Topology::parse(&a.cluster).map_err(|e| format!("--cluster: {e}"))?;
+    let cluster = match planner::amsp::parse_cluster(&a.cluster) {
+        Some(t) => t.map_err(|e| format!("--cluster: {}", msg(e)))?,
+        None => strata::Topology::parse(&a.cluster).map_err(|e| format!("--cluster: {e}"))?,
+    };
     let mut r = PlanRequest::new(model, cluster);
-    r.gpu_mem = planner::parse_bytes(&a.gpu_mem).map_err(|e| format!("--gpu-mem: {}", msg(e)))?;
-    r.reserve = match a.reserve.trim() {
-        "0" => 0,
-        v => planner::parse_bytes(v).map_err(|e| format!("--reserve: {}", msg(e)))?,
+    r.gpu_mem = a.gpu_mem;
+    r.overhead = match (a.reserve, a.overhead.trim().to_ascii_lowercase().as_str()) {
+        (Some(0), _) => Overhead::Off,
+        (Some(v), _) => Overhead::Reserve(v),
+        (None, "model" | "on") => Overhead::Modeled,
+        (None, "off" | "none") => Overhead::Off,
+        (None, v) => return Err(format!("--overhead {v}: model or off")),
     };
     r.seq = a.seq;
     r.micro_batch = a.micro_batch;
@@ -168,17 +201,14 @@ fn request(a: &Args) -> Result<PlanRequest, String> {
         v => return Err(format!("--recompute {v}: auto, on or off")),
     };
     r.flash_attention = !a.no_flash_attention;
+    r.extra_memory = a.extra_memory;
     r.validate().map_err(msg)?;
     Ok(r)
 }
 
-fn run(a: &Args) -> Result<(), String> {
-    let req = request(a)?;
-    let t0 = Instant::now();
-    let (cands, stats) = planner::plan_with_stats(&req).map_err(msg)?;
-    let elapsed = t0.elapsed();
+fn header(a: &Args, req: &PlanRequest) {
     let m = req.accum_steps();
-    println!("# strata-plan {}", env!("CARGO_PKG_VERSION"));
+    println!("# strata-plan {} (mode {})", env!("CARGO_PKG_VERSION"), a.mode);
     println!("# model   : {}", req.model.summary());
     println!("# cluster : {}", req.cluster.summary());
     println!(
@@ -188,14 +218,114 @@ fn run(a: &Args) -> Result<(), String> {
         req.global_batch_tokens,
         if req.dtype_bytes == 2 { "bf16" } else { "f32" },
         gib(req.gpu_mem),
-        if req.reserve > 0 {
-            format!(" ({} reserved)", gib(req.reserve))
-        } else {
-            String::new()
+        match req.overhead {
+            Overhead::Modeled => " (overhead modeled: CUDA context, NCCL buffers, fragmentation)".to_string(),
+            Overhead::Reserve(r) => format!(" ({} reserved for overhead)", gib(r)),
+            Overhead::Off => " (no framework overhead)".to_string(),
         },
-        a.recompute,
+        if a.mode == "amsp" && a.recompute == "auto" {
+            format!(
+                "{} (AMSP §VI-A4)",
+                if planner::amsp::recompute_for(&req.model) { "on" } else { "off" }
+            )
+        } else {
+            a.recompute.clone()
+        },
         if req.flash_attention { "FlashAttention" } else { "no FlashAttention" },
     );
+}
+
+fn run_amsp(a: &Args, req: &PlanRequest) -> Result<(), String> {
+    let t0 = Instant::now();
+    let r = req.mesh().ranks_per_node;
+    if a.amsp_from_gpus % r != 0 {
+        return Err(format!(
+            "--amsp-from-gpus {}: a whole number of {r}-GPU nodes",
+            a.amsp_from_gpus
+        ));
+    }
+    let opt = planner::amsp::AmspOptions {
+        from_nodes: a.amsp_from_gpus / r,
+    };
+    let ranked = planner::amsp::plan(req, opt).map_err(msg)?;
+    let elapsed = t0.elapsed();
+    header(a, req);
+    println!("# comm    : AMSP eq. 1, T_p + T_g + T_os0 + T_os1 (§IV-C) at the cluster's scale, t = v / w with NCCL ring effective bandwidth");
+    println!("# scales  : one configuration from {} GPUs to the cluster (§VI-A4), ranked by the sum of T_comm over those scales (ties within 0.1%: less memory); mem/rank is the largest over them", a.amsp_from_gpus);
+    println!(
+        "{:>4}  {:<26} {:>6} {:>6} {:>6} {:>11} {:>9} {:>9} {:>9} {:>9} {:>11}  {:>7}  feasible",
+        "rank", "strategy", "p", "g", "os", "T_comm", "T_p", "T_g", "T_os0", "T_os1", "mem/rank", "sum"
+    );
+    let shown = if a.top == 0 { ranked.len() } else { a.top.min(ranked.len()) };
+    let ms = |us: f64| format!("{:.1}", us / 1e3);
+    for (i, r) in ranked.iter().take(shown).enumerate() {
+        let c = &r.candidate;
+        let (p, g, os) = c.strategy.factors();
+        println!(
+            "{:>4}  {:<26} {:>6} {:>6} {:>6} {:>8} ms {:>9} {:>9} {:>9} {:>9} {:>11}  {:>7}  {}",
+            i + 1,
+            c.strategy.name,
+            p,
+            g,
+            os,
+            ms(c.comm_time_us),
+            ms(r.cost.t_p_gather + r.cost.t_p_reduce),
+            ms(r.cost.t_g),
+            ms(r.cost.t_os0),
+            ms(r.cost.t_os1),
+            gib(c.memory_bytes),
+            format!("{:.2}s", r.objective_us / 1e6),
+            match &c.why {
+                None => "yes".to_string(),
+                Some(w) => format!("no: {w}"),
+            }
+        );
+    }
+    if shown < ranked.len() {
+        println!("# ... {} more (--top 0 prints all)", ranked.len() - shown);
+    }
+    println!(
+        "# {} AMSP configurations ({} feasible at every scale) planned in {:.3} s; times in ms",
+        ranked.len(),
+        ranked.iter().filter(|r| r.candidate.feasible).count(),
+        elapsed.as_secs_f64()
+    );
+    if let Some(path) = &a.json {
+        let cands: Vec<serde_json::Value> = ranked
+            .iter()
+            .map(|r| {
+                let mut v = serde_json::to_value(&r.candidate).unwrap_or_default();
+                v["amsp"] = serde_json::json!({
+                    "t_p_us": r.cost.t_p_gather + r.cost.t_p_reduce,
+                    "t_g_us": r.cost.t_g,
+                    "t_os0_us": r.cost.t_os0,
+                    "t_os1_us": r.cost.t_os1,
+                    "objective_us": r.objective_us,
+                    "scales": r.scales,
+                });
+                v
+            })
+            .collect();
+        let doc = serde_json::json!({ "request": req, "mode": "amsp", "candidates": cands });
+        let text = serde_json::to_string_pretty(&doc).map_err(|e| format!("JSON: {e}"))?;
+        std::fs::write(path, text + "\n")
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        println!("# wrote {}", path.display());
+    }
+    Ok(())
+}
+
+fn run(a: &Args) -> Result<(), String> {
+    let req = request(a)?;
+    match a.mode.as_str() {
+        "strata" => {}
+        "amsp" => return run_amsp(a, &req),
+        m => return Err(format!("--mode {m}: strata or amsp")),
+    }
+    let t0 = Instant::now();
+    let (cands, stats) = planner::plan_with_stats(&req).map_err(msg)?;
+    let elapsed = t0.elapsed();
+    header(a, &req);
     println!("# comm    : predicted communication time per step (sum of phases, AMSP eq. 1) from strata's simulator");
     println!(
         "{:>4}  {:<30} {:>6} {:>6} {:>6} {:>13} {:>12}  {:<6} feasible",

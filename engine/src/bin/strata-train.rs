@@ -44,8 +44,8 @@ struct Args {
     /// Sequences per micro-batch.
     #[arg(long, default_value_t = 2)]
     batch: usize,
-    /// Tokens per sequence.
-    #[arg(long)]
+    /// Tokens per sequence (K suffix: powers of 1024, 4K = 4096).
+    #[arg(long, value_parser = count)]
     seq: Option<usize>,
     #[arg(long)]
     d_model: Option<usize>,
@@ -60,7 +60,8 @@ struct Args {
     lr: Option<f32>,
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Memory per rank for `--strategy auto` (e.g. 80G).
+    /// Memory per rank for `--strategy auto` (e.g. 80G, 80GiB, 1.5T; K/M/G/T are
+    /// powers of 1024).
     #[arg(long, default_value = "80G")]
     gpu_mem: String,
     /// Write one JSON record per step to FILE (JSON lines).
@@ -72,6 +73,12 @@ struct Args {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+}
+
+/// A positive count with an optional K/M/G/T suffix (strata's one size parser).
+fn count(s: &str) -> Result<usize, String> {
+    let v = strata::units::parse_size(s)?;
+    usize::try_from(v).map_err(|_| format!("'{s}' is too large"))
 }
 
 fn line(r: &StepReport) -> String {
@@ -140,7 +147,7 @@ fn run(a: Args) -> Result<(), String> {
         o.optimizer.lr = lr;
     }
     o.seed = a.seed;
-    o.gpu_mem = parse_bytes(&a.gpu_mem).map_err(|e| e.to_string())?;
+    o.gpu_mem = parse_bytes(&a.gpu_mem).map_err(|e| format!("--gpu-mem: {e}"))?;
     let strategy = o.resolve().map_err(|e| e.to_string())?;
     // Before MPI starts, the launcher's environment says which process is rank 0.
     let root = !mpi

@@ -33,10 +33,23 @@
 //! gradient before it is reduce-scattered (`w·Φ_u,max`, when `s_g > 1`), a
 //! communication scratch of one unit (`w·Φ_u,max`, whenever the world has more than one
 //! rank), and the packed quantized slices of qwZ / qgZ (`Φ_u,max·bits/8` each).
-//! Framework overhead (CUDA context, allocator fragmentation) is not modeled.
+//!
+//! Framework overhead, what a real PyTorch + NCCL process holds beyond the tensors
+//! above ([`Overhead`]; each term's source is on its constant):
+//! - the CUDA/HIP context, [`CUDA_CONTEXT_BYTES`];
+//! - NCCL's communication buffers, [`nccl_buffers`]: per communicator, channels x
+//!   connections x (Simple + LL128 + LL buffer) at NCCL's defaults, one communicator
+//!   per distinct process group the strategy uses ([`communicators`]) plus the world;
+//! - allocator fragmentation, [`FRAGMENTATION_PERCENT`] of the dynamic allocations
+//!   (activations and buffers, which are allocated and freed every micro-batch; the
+//!   model states are long-lived flat buffers).
+//!
+//! `PlanRequest::overhead` picks the modeled terms (default), a flat reserve in their
+//! place, or none.
 
+use super::comm::GroupShape;
 use super::models::{ModelShape, UnitKind};
-use crate::config::Strategy;
+use crate::config::{GradSync, Mesh, Strategy};
 use serde::{Deserialize, Serialize};
 
 /// Bytes per rank, by kind.
@@ -54,6 +67,18 @@ pub struct MemoryBreakdown {
     pub activations: u64,
     /// Gathered units, unit gradient, communication scratch.
     pub buffers: u64,
+    /// CUDA/HIP context ([`CUDA_CONTEXT_BYTES`]; 0 unless the overhead is modeled).
+    #[serde(default)]
+    pub context: u64,
+    /// NCCL communication buffers ([`nccl_buffers`]).
+    #[serde(default)]
+    pub comm_buffers: u64,
+    /// Allocator fragmentation ([`FRAGMENTATION_PERCENT`] of activations + buffers).
+    #[serde(default)]
+    pub fragmentation: u64,
+    /// A flat reserve given in place of the three terms above (`--reserve`).
+    #[serde(default)]
+    pub reserve: u64,
 }
 
 impl MemoryBreakdown {
@@ -62,11 +87,137 @@ impl MemoryBreakdown {
         self.params + self.grads + self.optimizer + self.secondary
     }
 
-    /// Everything (`D_total`), saturating.
+    /// Framework overhead: context, NCCL buffers, fragmentation, reserve.
+    pub fn overhead(&self) -> u64 {
+        self.context
+            .saturating_add(self.comm_buffers)
+            .saturating_add(self.fragmentation)
+            .saturating_add(self.reserve)
+    }
+
+    /// Everything (`D_total` plus the framework overhead), saturating.
     pub fn total(&self) -> u64 {
         self.model_states()
             .saturating_add(self.activations)
             .saturating_add(self.buffers)
+            .saturating_add(self.overhead())
+    }
+}
+
+/// What a GPU holds beyond the model's tensors (module doc).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Overhead {
+    /// CUDA context + NCCL buffers + fragmentation, each modeled (the default).
+    #[default]
+    Modeled,
+    /// A flat reserve of this many bytes in place of the modeled terms.
+    Reserve(u64),
+    /// Nothing: the model's tensors only (the planner before framework overhead).
+    Off,
+}
+
+/// CUDA/HIP context per process: 768 MiB. The first CUDA call of a PyTorch process
+/// creates the context (driver state, the loaded kernels of cuBLAS/cuDNN/PyTorch);
+/// PyTorch's maintainers put it at "~700+MB depending on the CUDA version and device"
+/// and users measure 723 MiB and ~800 MB for a one-element tensor
+/// (discuss.pytorch.org threads 73021 and 81330). CUDA 11.7+ lazy module loading
+/// lowers it; 768 MiB stays on the safe side of the measured range.
+pub const CUDA_CONTEXT_BYTES: u64 = 768 << 20;
+
+/// NCCL's per-connection buffer of the Simple protocol: `NCCL_BUFFSIZE`, default
+/// 4 MiB (`DEFAULT_BUFFSIZE (1 << 22)` in NCCL's init.cc; NCCL docs, NCCL_BUFFSIZE).
+pub const NCCL_SIMPLE_BYTES: u64 = 4 << 20;
+/// LL128: `NCCL_LL128_ELEMS_PER_THREAD (120) x NCCL_LL128_MAX_NTHREADS (640) x
+/// NCCL_STEPS (8) x 8` = 4,915,200 bytes (`DEFAULT_LL128_BUFFSIZE`, NCCL init.cc).
+pub const NCCL_LL128_BYTES: u64 = 120 * 640 * 8 * 8;
+/// LL: `NCCL_LL_LINES_PER_THREAD (8) x NCCL_LL_MAX_NTHREADS (512) x NCCL_STEPS (8) x
+/// 16` = 512 KiB (`DEFAULT_LL_BUFFSIZE`, NCCL init.cc).
+pub const NCCL_LL_BYTES: u64 = 8 * 512 * 8 * 16;
+/// Channels per communicator: 16, what NCCL's topology search typically builds on
+/// 8-GPU NVSwitch nodes (A100/H100; `NCCL_MAX_NCHANNELS` caps it, MAXCHANNELS is 32).
+pub const NCCL_CHANNELS: u64 = 16;
+/// Connections per channel whose buffers a rank holds: 2, its ring's send and receive
+/// peers (NCCL places Simple buffers at the sender under P2P read and LL/LL128 at the
+/// receiver; counting both sides in full is the conservative bound).
+pub const NCCL_PEERS: u64 = 2;
+
+/// Allocator fragmentation: 20% of the dynamic allocations. PyTorch's caching
+/// allocator splits cached blocks and cannot merge freed neighbours of different
+/// segments, so irregular allocate/free patterns (recomputation, ZeRO gathers)
+/// strand memory: GMLake (Guo et al., ASPLOS 2024) measures 15% fragmentation on
+/// average and up to 33% over eight LLMs trained on A100-80GB with DeepSpeed ZeRO,
+/// recomputation and LoRA; ZeRO (Rajbhandari et al., SC20, §3.2) reports OOM "with
+/// over 30% of memory still available" in extreme cases. 20% is above the measured
+/// average, below the worst case.
+pub const FRAGMENTATION_PERCENT: u64 = 20;
+
+/// The distinct process groups `s` communicates over on `mesh`, besides the world
+/// (the group shapes of the phases in `comm.rs`; groups of one rank excluded).
+pub fn communicators(s: &Strategy, mesh: Mesh) -> Vec<GroupShape> {
+    let dp = mesh.dp();
+    let (sp, sg, sos) = (s.p.size(), s.g.size(), s.os.size());
+    let mut g = Vec::new();
+    if sp > 1 {
+        g.push(GroupShape::block(s.p));
+        g.push(GroupShape::block(s.hpz.unwrap_or(s.p)));
+    }
+    if sg > sp {
+        g.push(GroupShape::sub(s.g, s.p));
+    }
+    match s.sync {
+        GradSync::ReduceScatter => {
+            if sos > sg {
+                g.push(GroupShape::sub(s.os, s.g));
+            }
+            if s.os != dp {
+                g.push(GroupShape::sub(dp, s.os));
+            }
+        }
+        GradSync::AllReduce => {
+            if s.p != dp {
+                g.push(GroupShape::sub(dp, s.p));
+            }
+        }
+    }
+    if sos > sp {
+        g.push(GroupShape::sub(s.os, s.p));
+    }
+    let world = mesh.world();
+    let mut out: Vec<GroupShape> = Vec::new();
+    for x in g {
+        if x.size() > 1 && x.size() < world && !out.contains(&x) {
+            out.push(x);
+        }
+    }
+    out
+}
+
+/// NCCL buffer bytes per rank for `comms` communicators: `comms x NCCL_CHANNELS x
+/// NCCL_PEERS x (Simple + LL128 + LL)` = 294 MiB per communicator at the defaults.
+pub fn nccl_buffers(comms: u64) -> u64 {
+    comms
+        .saturating_mul(NCCL_CHANNELS * NCCL_PEERS)
+        .saturating_mul(NCCL_SIMPLE_BYTES + NCCL_LL128_BYTES + NCCL_LL_BYTES)
+}
+
+/// Fill the overhead fields of `m` for strategy `s` on `mesh` (module doc).
+pub fn add_overhead(m: &mut MemoryBreakdown, o: Overhead, s: &Strategy, mesh: Mesh) {
+    m.context = 0;
+    m.comm_buffers = 0;
+    m.fragmentation = 0;
+    m.reserve = 0;
+    match o {
+        Overhead::Off => {}
+        Overhead::Reserve(r) => m.reserve = r,
+        Overhead::Modeled => {
+            m.context = CUDA_CONTEXT_BYTES;
+            if mesh.world() > 1 {
+                m.comm_buffers = nccl_buffers(1 + communicators(s, mesh).len() as u64);
+            }
+            m.fragmentation =
+                m.activations.saturating_add(m.buffers) / 100 * FRAGMENTATION_PERCENT;
+        }
     }
 }
 
@@ -217,6 +368,7 @@ pub fn memory(
         secondary,
         activations: activations(m, a),
         buffers: buffers(m, strategy, a.w, world),
+        ..MemoryBreakdown::default()
     }
 }
 

@@ -19,13 +19,14 @@
 //! # let _ = s;
 //! ```
 
+pub mod amsp;
 pub mod comm;
 pub mod memory;
 pub mod models;
 pub mod search;
 
 pub use comm::{group_topology, CommModel, GroupShape, PhaseAlgoNames, PhaseTimes};
-pub use memory::{ActivationInputs, MemoryBreakdown};
+pub use memory::{ActivationInputs, MemoryBreakdown, Overhead};
 pub use models::{ModelShape, Norm, Unit, UnitKind, MODEL_PRESETS};
 
 use crate::config::{Mesh, Strategy};
@@ -56,10 +57,14 @@ pub struct PlanRequest {
     pub recompute: Option<bool>,
     /// FlashAttention (no `as²b` activation terms; AMSP trains with FlashAttention-v2).
     pub flash_attention: bool,
-    /// Bytes of each GPU the model may not use (CUDA context, communicator buffers,
-    /// allocator fragmentation: not in the memory model); a candidate fits when its
-    /// total is at most `gpu_mem - reserve`. Default 0.
-    pub reserve: u64,
+    /// What each GPU holds beyond the model's tensors: the modeled CUDA context, NCCL
+    /// buffers and allocator fragmentation (default), a flat reserve in their place, or
+    /// nothing ([`memory`] module doc). A candidate fits when its total, overhead
+    /// included, is at most `gpu_mem`.
+    pub overhead: Overhead,
+    /// Bytes per GPU the model does not see, added on top of the overhead (default 0;
+    /// `--extra-memory`: e.g. the excess of a measured activation peak over the formula).
+    pub extra_memory: u64,
 }
 
 impl PlanRequest {
@@ -76,7 +81,8 @@ impl PlanRequest {
             dtype_bytes: 2,
             recompute: None,
             flash_attention: true,
-            reserve: 0,
+            overhead: Overhead::Modeled,
+            extra_memory: 0,
         }
     }
 
@@ -102,12 +108,14 @@ impl PlanRequest {
         if self.gpu_mem == 0 {
             return config_err!("gpu memory must be > 0 bytes");
         }
-        if self.reserve >= self.gpu_mem {
-            return config_err!(
-                "reserve of {} leaves nothing of {} per GPU",
-                memory::gib(self.reserve),
-                memory::gib(self.gpu_mem)
-            );
+        if let Overhead::Reserve(r) = self.overhead {
+            if r >= self.gpu_mem {
+                return config_err!(
+                    "reserve of {} leaves nothing of {} per GPU",
+                    memory::gib(r),
+                    memory::gib(self.gpu_mem)
+                );
+            }
         }
         if self.seq == 0 || self.micro_batch == 0 {
             return config_err!(
@@ -128,9 +136,9 @@ impl PlanRequest {
         Ok(())
     }
 
-    /// `gpu_mem - reserve`: what a candidate may use.
+    /// `gpu_mem`: what a candidate's total (overhead included) may use.
     pub fn usable_memory(&self) -> u64 {
-        self.gpu_mem.saturating_sub(self.reserve)
+        self.gpu_mem
     }
 
     fn activation_inputs(&self, recompute: bool) -> ActivationInputs {
@@ -230,9 +238,15 @@ pub struct PlanStats {
 /// `req.gpu_mem` (recomputation per `req.recompute`).
 pub fn evaluate(req: &PlanRequest, comm: &mut CommModel, s: &Strategy) -> Result<Candidate> {
     let w = req.dtype_bytes;
-    let world = req.mesh().world();
+    let mesh = req.mesh();
+    let world = mesh.world();
     let (phases, algos) = comm.phase_times(&req.model, s, w, s.accum.max(1))?;
-    let mem = |rc: bool| memory::memory(&req.model, s, &req.activation_inputs(rc), world);
+    let mem = |rc: bool| {
+        let mut m = memory::memory(&req.model, s, &req.activation_inputs(rc), world);
+        memory::add_overhead(&mut m, req.overhead, s, mesh);
+        m.reserve = m.reserve.saturating_add(req.extra_memory);
+        m
+    };
     let cap = req.usable_memory();
     let (recompute, m) = match req.recompute {
         Some(rc) => (rc, mem(rc)),
@@ -249,10 +263,9 @@ pub fn evaluate(req: &PlanRequest, comm: &mut CommModel, s: &Strategy) -> Result
     let feasible = total <= cap;
     let why = (!feasible).then(|| {
         format!(
-            "out of memory: {} > {}{} ({}: params {}, grads {}, optimizer {}{}, activations {}, buffers {})",
+            "out of memory: {} > {} ({}: params {}, grads {}, optimizer {}{}, activations {}, buffers {}, overhead {})",
             memory::gib(total),
             memory::gib(cap),
-            if req.reserve > 0 { " usable" } else { "" },
             if recompute { "with recompute" } else { "no recompute" },
             memory::gib(m.params),
             memory::gib(m.grads),
@@ -264,6 +277,7 @@ pub fn evaluate(req: &PlanRequest, comm: &mut CommModel, s: &Strategy) -> Result
             },
             memory::gib(m.activations),
             memory::gib(m.buffers),
+            memory::gib(m.overhead()),
         )
     });
     Ok(Candidate {
@@ -350,38 +364,9 @@ pub fn best(req: &PlanRequest) -> Result<Strategy> {
     }
 }
 
-/// Bytes from `80G`, `80GB`, `80GiB`, `81920M`, `85899345920` (K, M, G, T are powers
-/// of 1024, with or without `i` and `B`).
+/// A positive byte count from `80G`, `80GiB`, `81920M`, `1.5G`, `85899345920`: strata's
+/// one size parser, [`strata::units::parse_size`] (K, M, G, T are powers of 1024, with
+/// or without `i` and `B`), its message as a configuration error.
 pub fn parse_bytes(s: &str) -> Result<u64> {
-    let t = s.trim();
-    let lower = t.to_ascii_lowercase();
-    let body = lower
-        .strip_suffix("ib")
-        .or_else(|| lower.strip_suffix('b'))
-        .or_else(|| lower.strip_suffix('i'))
-        .unwrap_or(&lower);
-    let (num, mult) = match body.chars().last() {
-        Some('k') => (&body[..body.len() - 1], 1u64 << 10),
-        Some('m') => (&body[..body.len() - 1], 1 << 20),
-        Some('g') => (&body[..body.len() - 1], 1 << 30),
-        Some('t') => (&body[..body.len() - 1], 1 << 40),
-        _ => (body, 1),
-    };
-    let num = num.trim();
-    let v = if let Ok(n) = num.parse::<u64>() {
-        n.checked_mul(mult)
-    } else {
-        num.parse::<f64>()
-            .ok()
-            .filter(|f| f.is_finite() && *f >= 0.0)
-            .map(|f| f * mult as f64)
-            .filter(|f| *f < u64::MAX as f64)
-            .map(|f| f.round() as u64)
-    };
-    match v {
-        Some(v) if v > 0 => Ok(v),
-        _ => config_err!(
-            "'{s}' is not a memory size: an integer or decimal, optionally followed by K, M, G or T (powers of 1024, e.g. 80G, 80GiB, 85899345920)"
-        ),
-    }
+    strata::units::parse_size(s).map_err(Error::Config)
 }
