@@ -96,7 +96,9 @@ mod tests {
 
     #[test]
     fn the_documented_forms() {
-        for s in ["4194304", "4M", "4Mi", "4MiB", "4MB", "4m", "4mib", "4 M", " 4M "] {
+        for s in [
+            "4194304", "4M", "4Mi", "4MiB", "4MB", "4m", "4mib", "4 M", " 4M ",
+        ] {
             assert_eq!(parse_size(s), Ok(4 << 20), "{s}");
         }
         assert_eq!(parse_size("80G"), Ok(80 << 30));
@@ -116,8 +118,26 @@ mod tests {
     #[test]
     fn refusals_name_the_forms() {
         for bad in [
-            "", " ", "G", "B", "iB", "-1G", "+1", "1e9", "NaN", "nan", "inf", "80X", "80P",
-            "4i", "4ib", "1.2.3", ".", "1,5G", "16777216T", "18446744073709551616",
+            "",
+            " ",
+            "G",
+            "B",
+            "iB",
+            "-1G",
+            "+1",
+            "1e9",
+            "NaN",
+            "nan",
+            "inf",
+            "80X",
+            "80P",
+            "4i",
+            "4ib",
+            "1.2.3",
+            ".",
+            "1,5G",
+            "16777216T",
+            "18446744073709551616",
             "0.0000000000000000001",
         ] {
             let e = parse_size_or_zero(bad).err();

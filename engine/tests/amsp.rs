@@ -16,10 +16,7 @@ use strata_engine::planner::amsp::{self, collective_us, AmspOptions, Coll};
 use strata_engine::planner::{ModelShape, PlanRequest};
 
 fn req(model: &str, extra_gib: u64) -> PlanRequest {
-    let mut r = PlanRequest::new(
-        ModelShape::preset(model).unwrap(),
-        amsp::testbed(128),
-    );
+    let mut r = PlanRequest::new(ModelShape::preset(model).unwrap(), amsp::testbed(128));
     r.extra_memory = extra_gib << 30;
     r
 }
@@ -60,8 +57,16 @@ fn table_iv_llama_13b_needs_unmodeled_memory_between_6_9_and_9_9_gib() {
     assert!(gap > 1e-3 && gap < 0.01, "{gap}");
     // The window: 2x1 fits at 73.09 GiB, Table IV's row at 70.06 GiB (of 80).
     let gib = |c: &amsp::AmspCandidate| c.candidate.memory_bytes as f64 / (1u64 << 30) as f64;
-    assert!((gib(&ranked[0]) - 73.09).abs() < 0.01, "{}", gib(&ranked[0]));
-    assert!((gib(&ranked[1]) - 70.06).abs() < 0.01, "{}", gib(&ranked[1]));
+    assert!(
+        (gib(&ranked[0]) - 73.09).abs() < 0.01,
+        "{}",
+        gib(&ranked[0])
+    );
+    assert!(
+        (gib(&ranked[1]) - 70.06).abs() < 0.01,
+        "{}",
+        gib(&ranked[1])
+    );
     assert_eq!(top("llama-13b", 6, 8)[0], "amsp:p=2x1,g=8x1,os=8x1");
     assert_eq!(top("llama-13b", 7, 8)[0], T13);
     assert_eq!(top("llama-13b", 9, 8)[0], T13);
@@ -89,7 +94,10 @@ fn effective_bandwidth_is_ncclring_on_the_testbed() {
     let l = &t.links;
     // Intra-node all-gather of 1 GB over 8 A800s: 7 NVLink steps + 7/8 GB at 200 GB/s.
     let ag = collective_us(l, 8, Coll::AllGather, 1e9, 8, 1);
-    assert!((ag - (7.0 * 1.5 + 7.0 / 8.0 * 1e9 / 200e3)).abs() < 1e-6, "{ag}");
+    assert!(
+        (ag - (7.0 * 1.5 + 7.0 / 8.0 * 1e9 / 200e3)).abs() < 1e-6,
+        "{ag}"
+    );
     // One rank per node over 128 nodes: 1/8 of 4 x 25 GB/s, 127 IB steps.
     let ar = collective_us(l, 8, Coll::AllReduce, 1e9, 1, 128);
     let want = 2.0 * (127.0 * 4.0 + 127.0 / 128.0 * 1e9 / 12.5e3);
@@ -100,17 +108,31 @@ fn effective_bandwidth_is_ncclring_on_the_testbed() {
     assert_eq!(collective_us(l, 8, Coll::AllReduce, 1e9, 1, 1), 0.0);
     // The testbed: the paper's intra/inter ratio of 2 (§III-A).
     assert_eq!(l.intra_node.bandwidth_gbs * 8.0 / l.node_egress_gbs(), 16.0);
-    assert_eq!(2.0 * l.intra_node.bandwidth_gbs / (2.0 * l.node_egress_gbs()), 2.0);
+    assert_eq!(
+        2.0 * l.intra_node.bandwidth_gbs / (2.0 * l.node_egress_gbs()),
+        2.0
+    );
     assert!(amsp::parse_cluster("amsp-a800:0").unwrap().is_err());
-    assert_eq!(amsp::parse_cluster("amsp-a800:16").unwrap().unwrap().nodes, 16);
+    assert_eq!(
+        amsp::parse_cluster("amsp-a800:16").unwrap().unwrap().nodes,
+        16
+    );
     assert!(amsp::parse_cluster("dgx-a100:16").is_none());
 }
 
 /// The recomputation setting of §VI-A4 and the scale rule.
 #[test]
 fn recomputation_and_scales_follow_the_paper() {
-    for (m, rc) in [("llama-7b", false), ("llama-13b", false), ("llama-30b", true)] {
-        assert_eq!(amsp::recompute_for(&ModelShape::preset(m).unwrap()), rc, "{m}");
+    for (m, rc) in [
+        ("llama-7b", false),
+        ("llama-13b", false),
+        ("llama-30b", true),
+    ] {
+        assert_eq!(
+            amsp::recompute_for(&ModelShape::preset(m).unwrap()),
+            rc,
+            "{m}"
+        );
     }
     assert_eq!(amsp::scales(128), vec![1, 2, 4, 8, 16, 32, 64, 128]);
     assert_eq!(amsp::scales(12), vec![1, 2, 4, 12]);

@@ -260,7 +260,11 @@ fn group_topologies_keep_each_ranks_nic_share() {
     )
     .unwrap();
     assert_eq!(t.links.nics_per_node, 4);
-    assert!(close(t.links.nic_bandwidth_gbs, p4.links.nic_bandwidth_gbs / 2.0, 1e-12));
+    assert!(close(
+        t.links.nic_bandwidth_gbs,
+        p4.links.nic_bandwidth_gbs / 2.0,
+        1e-12
+    ));
     // Frontier: a GCD pair is one package; every other GCD spans packages.
     let fr = Topology::parse("frontier:2").unwrap();
     let t = group_topology(
@@ -532,7 +536,11 @@ fn strata_plan_takes_size_suffixes() {
     assert_eq!(a["request"]["global_batch_tokens"], 4194304);
     assert_eq!(a["request"], b["request"]);
     assert_eq!(a["candidates"], b["candidates"]);
-    let c = run("4MiB", &["--gpu-mem", "81920MiB", "--seq", "0.5K"], "c.json");
+    let c = run(
+        "4MiB",
+        &["--gpu-mem", "81920MiB", "--seq", "0.5K"],
+        "c.json",
+    );
     assert_eq!(c["request"], b["request"]);
     // The modeled overhead is in the breakdown; --overhead off and --reserve 0 drop it,
     // --reserve replaces it.
@@ -540,7 +548,10 @@ fn strata_plan_takes_size_suffixes() {
     assert_eq!(m["context"], 768u64 << 20);
     assert!(m["comm_buffers"].as_u64().unwrap() >= 294 << 20, "{m}");
     assert!(m["fragmentation"].as_u64().unwrap() > 0);
-    for (extra, name) in [(["--overhead", "off"], "d.json"), (["--reserve", "0"], "e.json")] {
+    for (extra, name) in [
+        (["--overhead", "off"], "d.json"),
+        (["--reserve", "0"], "e.json"),
+    ] {
         let d = run("4M", &[&extra[..], &["--seq", "512"]].concat(), name);
         let m = &d["candidates"][0]["memory"];
         assert_eq!(m["context"], 0, "{extra:?}");
@@ -558,7 +569,10 @@ fn strata_plan_takes_size_suffixes() {
         .unwrap();
     assert_eq!(bad.status.code(), Some(2));
     let e = String::from_utf8_lossy(&bad.stderr);
-    assert!(e.contains("--global-batch-tokens") && e.contains("4MiB"), "{e}");
+    assert!(
+        e.contains("--global-batch-tokens") && e.contains("4MiB"),
+        "{e}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

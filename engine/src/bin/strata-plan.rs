@@ -208,7 +208,11 @@ fn request(a: &Args) -> Result<PlanRequest, String> {
 
 fn header(a: &Args, req: &PlanRequest) {
     let m = req.accum_steps();
-    println!("# strata-plan {} (mode {})", env!("CARGO_PKG_VERSION"), a.mode);
+    println!(
+        "# strata-plan {} (mode {})",
+        env!("CARGO_PKG_VERSION"),
+        a.mode
+    );
     println!("# model   : {}", req.model.summary());
     println!("# cluster : {}", req.cluster.summary());
     println!(
@@ -254,9 +258,24 @@ fn run_amsp(a: &Args, req: &PlanRequest) -> Result<(), String> {
     println!("# scales  : one configuration from {} GPUs to the cluster (§VI-A4), ranked by the sum of T_comm over those scales (ties within 0.1%: less memory); mem/rank is the largest over them", a.amsp_from_gpus);
     println!(
         "{:>4}  {:<26} {:>6} {:>6} {:>6} {:>11} {:>9} {:>9} {:>9} {:>9} {:>11}  {:>7}  feasible",
-        "rank", "strategy", "p", "g", "os", "T_comm", "T_p", "T_g", "T_os0", "T_os1", "mem/rank", "sum"
+        "rank",
+        "strategy",
+        "p",
+        "g",
+        "os",
+        "T_comm",
+        "T_p",
+        "T_g",
+        "T_os0",
+        "T_os1",
+        "mem/rank",
+        "sum"
     );
-    let shown = if a.top == 0 { ranked.len() } else { a.top.min(ranked.len()) };
+    let shown = if a.top == 0 {
+        ranked.len()
+    } else {
+        a.top.min(ranked.len())
+    };
     let ms = |us: f64| format!("{:.1}", us / 1e3);
     for (i, r) in ranked.iter().take(shown).enumerate() {
         let c = &r.candidate;

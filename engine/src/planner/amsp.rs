@@ -261,12 +261,7 @@ pub fn scales(n: usize) -> Vec<usize> {
     v
 }
 
-fn memory_at(
-    req: &PlanRequest,
-    s: &Strategy,
-    mesh: Mesh,
-    a: &ActivationInputs,
-) -> MemoryBreakdown {
+fn memory_at(req: &PlanRequest, s: &Strategy, mesh: Mesh, a: &ActivationInputs) -> MemoryBreakdown {
     let mut mem = memory::memory(&req.model, s, a, mesh.world());
     memory::add_overhead(&mut mem, req.overhead, s, mesh);
     mem.reserve = mem.reserve.saturating_add(req.extra_memory);
@@ -327,10 +322,7 @@ pub fn plan(req: &PlanRequest, opt: AmspOptions) -> Result<Vec<AmspCandidate>> {
             .into_iter()
             .filter(|&n| n >= opt.from_nodes && n % opt.from_nodes == 0)
         {
-            let msh = Mesh {
-                nodes: n,
-                ..mesh
-            };
+            let msh = Mesh { nodes: n, ..mesh };
             let mut at = req.clone();
             at.cluster.nodes = n;
             let m = at.accum_steps();

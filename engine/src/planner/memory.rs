@@ -215,8 +215,7 @@ pub fn add_overhead(m: &mut MemoryBreakdown, o: Overhead, s: &Strategy, mesh: Me
             if mesh.world() > 1 {
                 m.comm_buffers = nccl_buffers(1 + communicators(s, mesh).len() as u64);
             }
-            m.fragmentation =
-                m.activations.saturating_add(m.buffers) / 100 * FRAGMENTATION_PERCENT;
+            m.fragmentation = m.activations.saturating_add(m.buffers) / 100 * FRAGMENTATION_PERCENT;
         }
     }
 }
