@@ -147,7 +147,7 @@ pub const NCCL_PEERS: u64 = 2;
 /// segments, so irregular allocate/free patterns (recomputation, ZeRO gathers)
 /// strand memory: GMLake (Guo et al., ASPLOS 2024) measures 15% fragmentation on
 /// average and up to 33% over eight LLMs trained on A100-80GB with DeepSpeed ZeRO,
-/// recomputation and LoRA; ZeRO (Rajbhandari et al., SC20, §3.2) reports OOM "with
+/// recomputation and LoRA; ZeRO (Rajbhandari et al., SC20, on fragmentation) reports OOM "with
 /// over 30% of memory still available" in extreme cases. 20% is above the measured
 /// average, below the worst case.
 pub const FRAGMENTATION_PERCENT: u64 = 20;
