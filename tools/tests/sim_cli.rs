@@ -210,3 +210,20 @@ fn strata_sim_answers_how_long() {
     let (ok, _, err) = run(bin, &["--topology", "frontier:4", "--op", "broadcast"]);
     assert!(!ok && err.contains("broadcast"), "{err}");
 }
+
+#[test]
+fn strata_sim_fidelity_table() {
+    let sim = env!("CARGO_BIN_EXE_strata-sim");
+    let (ok, out, err) = run(sim, &["--fidelity"]);
+    assert!(ok, "{err}");
+    // A header, its rule, then one row per published figure (docs/model-fidelity.md).
+    let table: Vec<&str> = out.lines().filter(|l| l.starts_with('|')).collect();
+    assert_eq!(table.len(), 2 + 2 * 3 * 3 + 2 + 3, "{out}");
+    for want in ["dgx-a100:16", "dgx-h100:2", "NVIDIA/nccl#812", "MiCS", "PaRO", "prediction"] {
+        assert!(out.contains(want), "{want} missing:\n{out}");
+    }
+    // Without --fidelity a topology is required.
+    let (ok, _, err) = run(sim, &["--op", "all-gather"]);
+    assert!(!ok);
+    assert!(err.contains("--topology"), "{err}");
+}
