@@ -122,7 +122,11 @@ fn dry_run_shapes() {
         ["network", "node", "package", "flat", "channel0", "channel1", "channel2", "channel3"]
     );
     for (c, bytes) in [12u64, 12, 8, 8].into_iter().enumerate() {
-        let ring: Vec<_> = s.transfers.iter().filter(|x| x.ring == 4 + c as u32).collect();
+        let ring: Vec<_> = s
+            .transfers
+            .iter()
+            .filter(|x| x.ring == 4 + c as u32)
+            .collect();
         assert_eq!(ring.len(), p * (p - 1));
         assert!(ring.iter().all(|x| x.bytes == bytes));
         let exits: std::collections::BTreeSet<u32> = ring
@@ -130,9 +134,21 @@ fn dry_run_shapes() {
             .filter(|x| x.class == strata::topology::LinkClass::InterNode)
             .map(|x| x.src % 8)
             .collect();
-        assert_eq!(exits.into_iter().collect::<Vec<_>>(), [2 * c as u32], "ring {c}: NIC {c}");
+        assert_eq!(
+            exits.into_iter().collect::<Vec<_>>(),
+            [2 * c as u32],
+            "ring {c}: NIC {c}"
+        );
     }
-    let s1 = sim::dry_run(&Topology::parse("frontier:1").unwrap(), Kind::AllGather, Algo::Ring, 10, DataType::F32, None).unwrap();
+    let s1 = sim::dry_run(
+        &Topology::parse("frontier:1").unwrap(),
+        Kind::AllGather,
+        Algo::Ring,
+        10,
+        DataType::F32,
+        None,
+    )
+    .unwrap();
     assert_eq!(s1.len(), 8 * 7);
     assert!(s1.transfers.iter().all(|x| x.bytes == 40));
     let s = sim::dry_run(&t, Kind::AllGather, Algo::Hier, 10, DataType::F32, None).unwrap();

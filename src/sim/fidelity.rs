@@ -125,7 +125,11 @@ pub fn rows() -> Result<Vec<Row>> {
         for nodes in [1usize, 2, 16] {
             let topo = Topology::parse(&format!("{name}:{nodes}"))?;
             for kind in kinds {
-                let (published, source) = if nodes == 1 { (one, src_one) } else { (many, src_many) };
+                let (published, source) = if nodes == 1 {
+                    (one, src_one)
+                } else {
+                    (many, src_many)
+                };
                 out.push(Row {
                     cluster: topo.name.clone(),
                     kind,
@@ -147,13 +151,18 @@ pub fn rows() -> Result<Vec<Row>> {
             bytes: if nodes == 2 { G4 } else { 128 << 20 },
             measure: Measure::BusBw,
             published,
-            modeled: ring_busbw(&topo, Kind::AllReduce, if nodes == 2 { G4 } else { 128 << 20 })?,
+            modeled: ring_busbw(
+                &topo,
+                Kind::AllReduce,
+                if nodes == 2 { G4 } else { 128 << 20 },
+            )?,
             source,
             calibrates: false,
         });
     }
     let ratio_on = |t: &Topology, algo: Algo, bytes: u64| -> Result<f64> {
-        Ok(time_us(t, Kind::AllGather, algo, bytes)? / time_us(t, Kind::AllGather, Algo::Ring, bytes)?)
+        Ok(time_us(t, Kind::AllGather, algo, bytes)?
+            / time_us(t, Kind::AllGather, Algo::Ring, bytes)?)
     };
     let ratio = |spec: &str, algo: Algo, bytes: u64| ratio_on(&Topology::parse(spec)?, algo, bytes);
     out.push(Row {
@@ -220,7 +229,11 @@ pub fn markdown(rows: &[Row]) -> String {
             "| {} | {} | {size} | {measure} | {published} | {modeled} | {cmp} | {} | {} |\n",
             r.cluster,
             r.kind.name(),
-            if r.calibrates { "calibration" } else { "prediction" },
+            if r.calibrates {
+                "calibration"
+            } else {
+                "prediction"
+            },
             r.source
         ));
     }

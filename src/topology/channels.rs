@@ -31,10 +31,7 @@ pub fn ring_channels(topo: &Topology) -> usize {
     if topo.nodes <= 1 {
         return 1;
     }
-    topo.links
-        .nics_per_node
-        .min(topo.ranks_per_node())
-        .max(1)
+    topo.links.nics_per_node.min(topo.ranks_per_node()).max(1)
 }
 
 /// Local rank through which ring `c` of `rings` leaves every node: the first rank mapped
@@ -106,7 +103,15 @@ mod tests {
 
     #[test]
     fn rings_are_permutations_leaving_through_their_own_nic() {
-        for spec in ["dgx-a100:3", "p4d:2", "frontier:2", "p3dn:2", "p5:2", "nodes:3x5", "dgx-h100:1"] {
+        for spec in [
+            "dgx-a100:3",
+            "p4d:2",
+            "frontier:2",
+            "p3dn:2",
+            "p5:2",
+            "nodes:3x5",
+            "dgx-h100:1",
+        ] {
             let t = Topology::parse(spec).unwrap();
             let (p, k) = (t.world_size(), t.ranks_per_node());
             let rings = ring_channels(&t);

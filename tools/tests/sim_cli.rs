@@ -219,7 +219,14 @@ fn strata_sim_fidelity_table() {
     // A header, its rule, then one row per published figure (docs/model-fidelity.md).
     let table: Vec<&str> = out.lines().filter(|l| l.starts_with('|')).collect();
     assert_eq!(table.len(), 2 + 2 * 3 * 3 + 2 + 3, "{out}");
-    for want in ["dgx-a100:16", "dgx-h100:2", "NVIDIA/nccl#812", "MiCS", "PaRO", "prediction"] {
+    for want in [
+        "dgx-a100:16",
+        "dgx-h100:2",
+        "NVIDIA/nccl#812",
+        "MiCS",
+        "PaRO",
+        "prediction",
+    ] {
         assert!(out.contains(want), "{want} missing:\n{out}");
     }
     // Without --fidelity a topology is required.
