@@ -271,11 +271,7 @@ fn run_amsp(a: &Args, req: &PlanRequest) -> Result<(), String> {
         "mem/rank",
         "sum"
     );
-    let shown = if a.top == 0 {
-        ranked.len()
-    } else {
-        a.top.min(ranked.len())
-    };
+    let shown = rows_shown(a.top, ranked.len());
     let ms = |us: f64| format!("{:.1}", us / 1e3);
     for (i, r) in ranked.iter().take(shown).enumerate() {
         let c = &r.candidate;
@@ -294,15 +290,10 @@ fn run_amsp(a: &Args, req: &PlanRequest) -> Result<(), String> {
             ms(r.cost.t_os1),
             gib(c.memory_bytes),
             format!("{:.2}s", r.objective_us / 1e6),
-            match &c.why {
-                None => "yes".to_string(),
-                Some(w) => format!("no: {w}"),
-            }
+            feasible_cell(&c.why)
         );
     }
-    if shown < ranked.len() {
-        println!("# ... {} more (--top 0 prints all)", ranked.len() - shown);
-    }
+    print_more(shown, ranked.len());
     println!(
         "# {} AMSP configurations ({} feasible at every scale) planned in {:.3} s; times in ms",
         ranked.len(),
@@ -350,11 +341,7 @@ fn run(a: &Args) -> Result<(), String> {
         "{:>4}  {:<30} {:>6} {:>6} {:>6} {:>13} {:>12}  {:<6} feasible",
         "rank", "strategy", "p", "g", "os", "comm/step", "mem/rank", "recomp"
     );
-    let shown = if a.top == 0 {
-        cands.len()
-    } else {
-        a.top.min(cands.len())
-    };
+    let shown = rows_shown(a.top, cands.len());
     for (i, c) in cands.iter().take(shown).enumerate() {
         let (p, g, os) = c.strategy.factors();
         println!(
@@ -367,15 +354,10 @@ fn run(a: &Args) -> Result<(), String> {
             c.comm_time_us / 1e3,
             gib(c.memory_bytes),
             if c.recompute { "yes" } else { "no" },
-            match &c.why {
-                None => "yes".to_string(),
-                Some(w) => format!("no: {w}"),
-            }
+            feasible_cell(&c.why)
         );
     }
-    if shown < cands.len() {
-        println!("# ... {} more (--top 0 prints all)", cands.len() - shown);
-    }
+    print_more(shown, cands.len());
     println!(
         "# {} candidates ({} feasible) planned in {:.3} s ({} collective schedules simulated, {} cache hits)",
         stats.candidates,
@@ -402,5 +384,29 @@ fn main() -> ExitCode {
             eprintln!("strata-plan: {e}");
             ExitCode::from(2)
         }
+    }
+}
+
+/// Rows a table prints: `--top K` (0: all) of `total`.
+fn rows_shown(top: usize, total: usize) -> usize {
+    if top == 0 {
+        total
+    } else {
+        top.min(total)
+    }
+}
+
+/// The footer of a table cut by `--top`.
+fn print_more(shown: usize, total: usize) {
+    if shown < total {
+        println!("# ... {} more (--top 0 prints all)", total - shown);
+    }
+}
+
+/// The `feasible` column: `yes`, or `no: <why>`.
+fn feasible_cell(why: &Option<String>) -> String {
+    match why {
+        None => "yes".to_string(),
+        Some(w) => format!("no: {w}"),
     }
 }
