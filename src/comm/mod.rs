@@ -38,6 +38,18 @@ use crate::transport::{Transport, TransportKind};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// How [`Comm::submit_as`] runs a request.
+pub(crate) enum How {
+    /// Queued on the communicator's stream (or held by the group).
+    Queue,
+    /// On the calling thread when nothing is queued or running on the stream.
+    Now,
+    /// A launched device call ([`ordered`]): on the calling thread, every stage
+    /// enqueued on the launcher's stream (held by the group until its end, then run
+    /// on the thread that ends it).
+    Launch(Arc<crate::runtime::ordered::Launcher>),
+}
+
 /// What [`Comm::submit_as`] did with a request.
 enum Submitted {
     /// Queued on the stream (or held by the group): its handle.
@@ -251,7 +263,10 @@ impl Comm {
     /// running (a dead peer, counts that differ across ranks) aborts the communicator,
     /// so its peers fail at once instead of waiting for their timeout.
     pub fn submit(&self, req: Request) -> Result<Work> {
-        match self.submit_as(req, false, None)? {
+        if let Some(dev) = self.launchable(&req) {
+            return self.launch(req, &dev, None);
+        }
+        match self.submit_as(req, How::Queue)? {
             Submitted::Queued(w) => Ok(w),
             Submitted::Ran(r) => Ok(Work::ready(r)),
         }
@@ -269,36 +284,31 @@ impl Comm {
                 "a blocking call inside a group: submit it and wait after group end".into(),
             )));
         }
-        let r = match self.submit_as(req, true, None)? {
+        if let Some(dev) = self.launchable(&req) {
+            let r = self.launch(req, &dev, None).and_then(|w| w.wait());
+            return self.0.note(r);
+        }
+        let r = match self.submit_as(req, How::Now)? {
             Submitted::Queued(w) => w.wait(),
             Submitted::Ran(r) => r,
         };
         self.0.note(r)
     }
 
-    /// Check, choose, and queue `req` (or hold it in the group); with `now`, run it on
-    /// this thread instead when nothing is queued or running on the stream. `ordered`:
-    /// a stream-ordered call ([`ordered`]): wait for the caller's stream's event first,
-    /// release the call's number when done.
-    fn submit_as(
-        &self,
-        req: Request,
-        now: bool,
-        ordered: Option<ordered::Ordered>,
-    ) -> Result<Submitted> {
-        let core = &self.0;
-        // Every device collective takes its scratch from the communicator's arena (a
-        // stream-ordered call already runs in its own scope).
-        if crate::device::direct::current().is_none() && req.op.device().is_some() {
-            if let Some(dev) = self.device() {
-                let arena = core.signal(&dev).map(|s| s.arena().clone());
-                let sc = core.note(arena)?;
-                let sc = crate::device::direct::Scope::new(&sc, None);
-                return crate::device::direct::scope(Some(sc), || {
-                    self.submit_as(req, now, ordered)
-                });
-            }
+    /// The device a request is launched on ([`ordered`]): `Some` when this communicator
+    /// is on a device transport and the request's buffers are device memory (outside an
+    /// algorithm's own steps).
+    fn launchable(&self, req: &Request) -> Option<Arc<dyn crate::device::Device>> {
+        if crate::device::direct::current().is_some() || self.0.on_stream() {
+            return None;
         }
+        req.op.device().and(self.device())
+    }
+
+    /// Check, choose, and queue `req` (or hold it in the group), or run it on this
+    /// thread, as `how` says.
+    fn submit_as(&self, req: Request, how: How) -> Result<Submitted> {
+        let core = &self.0;
         let r = (|| {
             core.alive()?;
             let op = request::check(req.op, req.dtype, core.rank(), core.size())?;
@@ -315,23 +325,26 @@ impl Comm {
             let fusable = grouped && core.has_device() && algo::fusable(&req, choice.algo);
             // Mismatch detection: what this rank calls, compared across ranks on the
             // stream before the collective runs (by the group when grouped).
-            // Not for a call being captured into a graph: the check's exchange is staged
-            // through device memory with synchronous copies, which a capture forbids.
+            // Not for a launched device call: the check's exchange is staged through
+            // device memory with synchronous copies (host waits, which a capture forbids).
+            let launch = match &how {
+                How::Launch(l) => Some(l.clone()),
+                _ => None,
+            };
             let call = core
                 .checks()
                 .then(|| mismatch::describe(&req, choice.algo))
                 .flatten()
-                .filter(|_| crate::device::direct::stream().is_none());
+                .filter(|_| launch.is_none());
             let own_call = call.clone().filter(|_| !grouped);
             let c = core.clone();
+            let dev = launch.as_ref().and_then(|_| self.device());
             let job = move || {
-                let ordered = ordered;
-                if let Some(o) = &ordered {
-                    if let Err(e) = o.before(&c) {
-                        c.fail(&e);
-                        return c.note(Err(e));
-                    }
-                }
+                // A launch run at a group's end: the device current, the thread marked,
+                // one launch at a time on the communicator.
+                let _bound = dev.as_ref().map(|d| d.bind()).transpose()?;
+                let _mark = launch.as_ref().map(|_| crate::device::waits::launching());
+                let _held = launch.as_ref().map(|l| l.hold());
                 if let Some(call) = &own_call {
                     if let Err(e) = c
                         .still_running()
@@ -360,7 +373,16 @@ impl Comm {
                 }
                 c.note(r)
             };
-            let job = if now && !grouped {
+            let is_launch = matches!(how, How::Launch(_));
+            if is_launch && !grouped {
+                // Inline, after any host work still queued on the stream (dependencies
+                // were joined by the launch).
+                return Ok(Submitted::Ran(match core.run_now(&deps, job) {
+                    Ok(r) => r,
+                    Err(job) => core.sync().and_then(|_| job()),
+                }));
+            }
+            let job = if matches!(how, How::Now) && !grouped {
                 match core.run_now(&deps, job) {
                     Ok(r) => return Ok(Submitted::Ran(r)),
                     Err(job) => job,
@@ -381,6 +403,7 @@ impl Comm {
                     fusable,
                     call,
                     p2p,
+                    is_launch,
                 );
             } else {
                 core.push(deps, job, work.clone())?;

@@ -1,64 +1,48 @@
-//! Stream-ordered collectives on device transports (NCCL semantics): a call names the
-//! caller's stream and returns at once; on the device, the collective runs after the
-//! work queued on that stream before the call, and the work queued on it after the call
-//! runs after the collective.
+//! Launched collectives on device transports (NCCL's semantics, NCCL's way): a call
+//! names the caller's stream and returns once every stage is enqueued; on the device,
+//! the collective runs after the work queued on that stream before the call, and the
+//! work queued on it after the call runs after the collective.
 //!
-//! How: at the call, an event is recorded on the caller's stream and a wait for the
-//! communicator's completion word ([`crate::runtime::ordered`]) to reach this call's
-//! number is enqueued on it; the call is queued on the communicator's stream thread,
-//! which waits for the event, runs the collective on the communicator's device streams
-//! (every stage, kernel and copy), and then writes the word. The caller's thread never
-//! waits for the device; the caller's stream waits on the device. Scratch comes from the
-//! device's cache ([`crate::device::pool`]), so a repeated call allocates nothing and no
-//! call synchronizes the device while a caller's stream is waiting.
+//! **One launch path** (the only one for device buffers; contract "launch-only" of the
+//! architecture): at the call, on the calling thread,
+//! 1. the communicator's device is made current (the caller's is restored on return);
+//! 2. the communicator's launch stream ([`crate::runtime::ordered::Launcher`]) waits for
+//!    an event recorded on the caller's stream (fork);
+//! 3. the algorithm runs on this thread with every stage enqueued on the launch stream:
+//!    vendor calls, copies, kernels, the `Avg` division, HO-Ring's rings, qgZ's hops,
+//!    the sub-communicators' calls included, in program order (the same on every
+//!    rank), grouped where the algorithm groups them; in-process device ranks exchange
+//!    events, never wait for each other's streams;
+//! 4. an event recorded on the launch stream after the last stage is what the caller's
+//!    stream waits for (join), what a dependent call waits for ([`Request::after`] with
+//!    this call's [`Work`]), and what the watchdog ([`crate::runtime::watchdog`])
+//!    queries to complete the `Work`, or to fail it and abort the communicator past the
+//!    timeout.
 //!
-//! Failures after the call (a dead peer, a device fault, the caller's earlier work not
-//! completing within the timeout) complete the [`Work`] with the error, abort the
-//! communicator, are kept for [`Comm::async_error`], and still write the word, so the
-//! caller's stream and later calls never hang.
+//! No thread of strata waits on the host for the device between the call's entry and
+//! its return ([`crate::device::waits`] counts any that would; the host-local tests
+//! assert none). A stream being captured into a graph takes the same path (the launch
+//! stream joins the capture through the fork event and leaves it through the join);
+//! the captured call's `Work` is complete once recorded, and failures of a replay
+//! surface through [`Comm::async_error`].
 //!
-//! **Graph capture** (the capturable path, [`crate::device::direct`]): on a stream being
-//! captured, the call forks the communicator's capture stream from the caller's with an
-//! event (it joins the capture), runs the job with every stage on that one stream and no
-//! host wait for the device (device-local ranks exchange events instead of waiting), and
-//! joins the capture stream back into the caller's stream once the work is recorded.
-//! Scratch comes from the communicator's arena on both paths, so after one uncaptured
-//! call of a shape the captured call allocates nothing and the graph's addresses stay
-//! valid while the communicator lives.
+//! Scratch comes from the communicator's arena ([`crate::device::direct`]): a block is
+//! held while the call is enqueued and reused by the next call on the same launch
+//! stream, so a repeated call allocates nothing and a graph's addresses stay valid.
 
 #![forbid(unsafe_code)]
 
-use super::{Comm, Submitted, Work};
+use super::{Comm, How, Submitted, Work};
 use crate::device::direct::{self, Scope};
-use crate::device::{DevAddr, DevEvent, DevStream, Device};
+use crate::device::{waits, DevEvent, DevStream, Device};
 use crate::error::{Error, Result};
-use crate::runtime::ordered::Release;
 use crate::runtime::request::Request;
-use crate::runtime::CommCore;
 use std::rc::Rc;
 use std::sync::Arc;
 
-/// What a stream-ordered call carries to its job.
-pub(super) struct Ordered {
-    ev_in: Arc<dyn DevEvent>,
-    _release: Release,
-}
-
-impl Ordered {
-    /// Before the collective: the caller's earlier work, waited for on the host (the
-    /// watchdog: past the communicator's timeout the call fails instead of waiting).
-    pub(super) fn before(&self, c: &CommCore) -> Result<()> {
-        crate::device::wait_event(
-            self.ev_in.as_ref(),
-            c.timeout(),
-            "the work queued on the caller's stream before a stream-ordered collective",
-        )
-    }
-}
-
 impl Comm {
-    /// The failure that aborted this communicator after its call returned (a
-    /// stream-ordered or queued collective that failed while running), if any: as
+    /// The failure that aborted this communicator after its call returned (a launched
+    /// or queued collective that failed while running), if any: as
     /// `ncclCommGetAsyncError`.
     pub fn async_error(&self) -> Option<Error> {
         self.0.async_error()
@@ -66,15 +50,16 @@ impl Comm {
 
     /// Stream-ordered submit (NCCL semantics, see [`self`]): `req`'s buffers are device
     /// memory of this communicator's device and `stream` a stream of that device. Returns
-    /// at once with the call's [`Work`] (complete when the collective is); work enqueued
-    /// on `stream` after this call sees the results. The buffers belong to strata until
-    /// the work completes (do not free or reuse them before `stream` passes the call or
-    /// the `Work` completes). Inside a group the call runs when the group ends, and
-    /// `stream` waits for it all the same. Errors in the arguments are returned here and
-    /// nothing is enqueued; later failures as [`Comm::submit`]'s.
+    /// once enqueued with the call's [`Work`] (complete when the collective is, as the
+    /// watchdog observes); work enqueued on `stream` after this call sees the results.
+    /// The buffers belong to strata until the work completes (do not free or reuse them
+    /// before `stream` passes the call or the `Work` completes). Inside a group the call
+    /// is enqueued when the outermost group ends, and `stream` waits for it all the same.
+    /// Errors in the arguments are returned here and nothing is enqueued; a failure
+    /// while enqueueing or running (a dead peer, a device fault) completes the `Work`
+    /// with the error and aborts the communicator.
     ///
-    /// On a stream being captured into a graph the call is recorded into the capture
-    /// (the capturable path, see [`self`]) and returns once recorded.
+    /// On a stream being captured into a graph the call is recorded into the capture.
     pub fn enqueue(&self, req: Request, stream: &Arc<dyn DevStream>) -> Result<Work> {
         self.enqueue_on(req, Rc::new(stream.clone()))
     }
@@ -109,56 +94,109 @@ impl Comm {
                 req.op.name()
             )));
         }
-        let signal = core.signal(&mine)?;
-        if stream.is_capturing()? {
-            return self.enqueue_captured(req, stream, &signal);
-        }
-        let ev_in = stream.record()?;
-        let release = signal.next()?;
-        // The caller's stream waits first: should the submission fail, dropping the
-        // release writes the word at once. Inside a group: when the outermost group
-        // ends, so that a later call's event never covers an earlier call's wait (which
-        // would deadlock one thread driving several ranks on one stream).
-        let (word, n) = (signal.addr(), release.seq());
-        let st = stream.clone();
-        crate::runtime::group::after_group(move || st.wait_value(word, n))?;
-        let ordered = Ordered {
-            ev_in,
-            _release: release,
-        };
-        // Scratch from the communicator's arena (zeroed on the device's private stream).
-        let sc = Scope::new(signal.arena(), None);
-        match direct::scope(Some(sc), || self.submit_as(req, false, Some(ordered)))? {
-            Submitted::Queued(w) => Ok(w),
-            Submitted::Ran(r) => Ok(Work::ready(r)),
-        }
+        self.launch(req, &mine, Some(stream))
     }
 
-    /// The capturable path: fork the communicator's capture stream from the caller's
-    /// (it joins the capture), enqueue every stage on it with no host wait, and join it
-    /// back into the caller's stream once enqueued (inside a group: at the group's end).
-    fn enqueue_captured(
+    /// The one launch path (see [`self`]): `caller` is the stream the call is ordered
+    /// on, `None` for [`Comm::submit`] / [`Comm::call`] on device buffers (ordered after
+    /// this communicator's earlier launched calls and `req`'s dependencies only).
+    pub(super) fn launch(
         &self,
         req: Request,
-        stream: Rc<dyn CallerStream>,
-        signal: &Arc<crate::runtime::ordered::Signal>,
+        dev: &Arc<dyn Device>,
+        caller: Option<Rc<dyn CallerStream>>,
     ) -> Result<Work> {
-        let cs = signal.capture_stream().clone();
-        cs.wait_event(stream.record()?.as_ref())?;
-        let sc = Scope::new(signal.arena(), Some(cs.clone()));
-        let work = match direct::scope(Some(sc), || self.submit_as(req, true, None)) {
+        let core = &self.0;
+        let _bound = dev.bind()?;
+        let _mark = waits::launching();
+        let l = core.note(core.launcher(dev))?;
+        let ls = l.stream().clone();
+        let capturing = match &caller {
+            Some(s) => core.note(s.is_capturing())?,
+            None => false,
+        };
+        // Fork: after the caller's earlier work, and after the calls this one depends
+        // on (on the device when they were launched, on the host otherwise).
+        let fork = (|| {
+            if let Some(s) = &caller {
+                ls.wait_event(s.record()?.as_ref())?;
+            }
+            for d in &req.deps {
+                match d.event() {
+                    Some(ev) => ls.wait_event(ev.as_ref())?,
+                    None => d.wait()?,
+                }
+            }
+            Ok(())
+        })();
+        core.note(fork)?;
+        let what = format!("{} ({})", req.op.name(), req.dtype);
+        let req = Request {
+            deps: Vec::new(),
+            ..req
+        };
+        let sc = Scope::new(l.arena(), Some(ls.clone()));
+        let host = match direct::scope(Some(sc), || self.submit_as(req, How::Launch(l.clone()))) {
             Ok(Submitted::Queued(w)) => w,
             Ok(Submitted::Ran(r)) => Work::ready(r),
-            Err(e) => Work::ready(Err(e)),
+            Err(e) => return Err(e),
         };
-        let w = work.clone();
+        // The join, the end event and the watch: now, or when the outermost group ends
+        // (its calls are enqueued then).
+        let core = core.clone();
+        let out = Work::pending();
+        let user = out.clone();
+        let dev = dev.clone();
         crate::runtime::group::after_group(move || {
-            let r = w.wait();
-            // Joined back even after a failure, so the capture can end.
-            let joined = cs.record().and_then(|ev| stream.wait_event(ev.as_ref()));
-            r.and(joined)
-        })?;
-        Ok(work)
+            let _bound = dev.bind()?;
+            let _mark = waits::launching();
+            let r = host
+                .wait_timeout(std::time::Duration::ZERO)
+                .and_then(|done| {
+                    if done {
+                        Ok(())
+                    } else {
+                        Err(Error::Internal(
+                            "a launched call was not enqueued by its group's end".into(),
+                        ))
+                    }
+                });
+            // Joined back even after a failure, so the caller's stream moves on and a
+            // capture can end.
+            let end = ls.record();
+            let joined = match (&end, &caller) {
+                (Ok(ev), Some(s)) => s.wait_event(ev.as_ref()),
+                (Ok(_), None) => Ok(()),
+                (Err(e), _) => Err(e.clone()),
+            };
+            match (r.and(joined), end) {
+                (Err(e), _) => {
+                    core.fail(&e);
+                    user.complete(Err(e.clone()));
+                    Err(e)
+                }
+                (Ok(()), Ok(ev)) => {
+                    if capturing {
+                        user.complete(Ok(()));
+                    } else {
+                        user.set_event(ev.clone());
+                        crate::runtime::watchdog::watch(ev, user, &core, what);
+                    }
+                    Ok(())
+                }
+                (Ok(()), Err(e)) => Err(e),
+            }
+        })
+        .map(|_| out.clone())
+        .or_else(|e| {
+            // A failure after the arguments were accepted: the Work carries it (the
+            // communicator is aborted), as an asynchronous NCCL error would.
+            if out.is_done() {
+                Ok(out)
+            } else {
+                Err(e)
+            }
+        })
     }
 }
 
@@ -173,8 +211,6 @@ pub trait CallerStream {
     fn is_capturing(&self) -> Result<bool>;
     /// Make it wait (on the device) for `ev`.
     fn wait_event(&self, ev: &dyn DevEvent) -> Result<()>;
-    /// Make it wait (on the device) until the 8-byte word at `word` is >= `n`.
-    fn wait_value(&self, word: DevAddr, n: u64) -> Result<()>;
 }
 
 impl CallerStream for Arc<dyn DevStream> {
@@ -189,8 +225,5 @@ impl CallerStream for Arc<dyn DevStream> {
     }
     fn wait_event(&self, ev: &dyn DevEvent) -> Result<()> {
         DevStream::wait_event(self.as_ref(), ev)
-    }
-    fn wait_value(&self, word: DevAddr, n: u64) -> Result<()> {
-        DevStream::wait_value(self.as_ref(), word, n)
     }
 }

@@ -63,8 +63,10 @@ impl Arena {
             blk.lease = lease;
             return Ok(blk.mem.addr());
         }
-        // Outside any scope: a plain (cached) allocation owned by the arena.
-        let mem = scope(None, || DeviceMem::alloc(&self.dev, class))?;
+        // Outside any scope: a plain (cached) allocation owned by the arena, not zeroed
+        // here (the caller clears what it takes in its stream's order), so even a
+        // call's first allocation waits for no device work.
+        let mem = scope(None, || DeviceMem::alloc_uninit(&self.dev, class))?;
         let addr = mem.addr();
         b.push(Block { class, mem, lease });
         Ok(addr)
@@ -151,8 +153,10 @@ pub fn scope<T>(s: Option<Scope>, f: impl FnOnce() -> T) -> T {
     f()
 }
 
-/// [`DeviceMem::alloc`] inside a scope on `dev`: a zeroed arena block, not owned by the
-/// returned value (the arena keeps it). `None` outside a scope or on another device.
+/// [`DeviceMem::alloc`] inside a scope on `dev`: an arena block zeroed on the scope's
+/// stream (the launch stream: in stream order, no host wait) or, without one, on the
+/// device's private stream; not owned by the returned value (the arena keeps it).
+/// `None` outside a scope or on another device.
 pub(super) fn alloc(dev: &Arc<dyn Device>, bytes: usize) -> Option<Result<DeviceMem>> {
     let s = current()?;
     let arena = &s.hold.arena;

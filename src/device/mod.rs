@@ -35,6 +35,32 @@ pub mod direct;
 #[cfg(feature = "rocm")]
 pub mod hip;
 pub mod pool;
+pub mod waits;
+pub mod watch;
+
+/// The thread's current device before a [`Device::bind`], made current again when this
+/// guard drops.
+#[must_use = "dropping the guard at once restores the previous device"]
+pub struct Bound(Option<Box<dyn FnOnce()>>);
+
+impl Bound {
+    /// A guard that restores with `restore` when dropped.
+    pub fn restoring(restore: impl FnOnce() + 'static) -> Bound {
+        Bound(Some(Box::new(restore)))
+    }
+    /// A guard with nothing to restore.
+    pub fn none() -> Bound {
+        Bound(None)
+    }
+}
+
+impl Drop for Bound {
+    fn drop(&mut self) {
+        if let Some(f) = self.0.take() {
+            f()
+        }
+    }
+}
 
 /// Which GPU runtime.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -64,8 +90,10 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     fn api(&self) -> Api;
     /// Device ordinal within the process.
     fn ordinal(&self) -> usize;
-    /// Make this device current on the calling thread (before vendor calls).
-    fn bind(&self) -> Result<()>;
+    /// Make this device current on the calling thread (before vendor calls) until the
+    /// returned guard drops, which makes the thread's previous device (context) current
+    /// again: strata never leaves a caller's thread on another device.
+    fn bind(&self) -> Result<Bound>;
     /// `bytes` zeroed bytes of device memory (a null address for 0 bytes).
     fn alloc_zeroed(&self, bytes: usize) -> Result<DevAddr>;
     /// Free memory from [`Device::alloc_zeroed`].
@@ -100,13 +128,6 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     /// # Safety
     /// `raw` is null or a live stream of this device.
     unsafe fn record_on(&self, raw: *mut c_void) -> Result<Arc<dyn DevEvent>>;
-    /// Make the runtime stream `raw` wait (on the device, the host returns at once)
-    /// until the 8-byte word at `flag` is >= `value` (`cuStreamWaitValue64`, GEQ).
-    ///
-    /// # Safety
-    /// As [`Device::record_on`]; `flag` is 8-byte aligned device memory of this device
-    /// that stays allocated until the wait is over.
-    unsafe fn wait_value_on(&self, raw: *mut c_void, flag: DevAddr, value: u64) -> Result<()>;
     /// True while the runtime stream `raw` is being captured into a graph
     /// (`cuStreamIsCapturing`): stream-ordered calls then take the capturable path
     /// ([`crate::comm::ordered`]).
@@ -134,6 +155,7 @@ pub trait DevEvent: Send + Sync {
 /// Wait on the host until `ev` completes: past `timeout` an [`Error::Remote`] naming
 /// `what`.
 pub fn wait_event(ev: &dyn DevEvent, timeout: Duration, what: &str) -> Result<()> {
+    waits::host_wait(what)?;
     let start = Instant::now();
     let mut spins = 0u32;
     while !ev.query()? {
@@ -190,12 +212,6 @@ pub trait DevStream: Send + Sync {
     fn record(&self) -> Result<Arc<dyn DevEvent>>;
     /// Make this stream wait (on the device) for `ev`, an event of the same device.
     fn wait_event(&self, ev: &dyn DevEvent) -> Result<()>;
-    /// Write `value` to the 8-byte word at `flag` once the work enqueued before has run
-    /// (`cuStreamWriteValue64`): the release of a [`Device::wait_value_on`].
-    fn write_value(&self, flag: DevAddr, value: u64) -> Result<()>;
-    /// Make this stream wait (on the device) until the 8-byte word at `flag` is >=
-    /// `value` (`cuStreamWaitValue64`, GEQ); `flag` stays allocated until then.
-    fn wait_value(&self, flag: DevAddr, value: u64) -> Result<()>;
     /// True while this stream is being captured into a graph.
     fn is_capturing(&self) -> Result<bool> {
         // SAFETY: `raw` is this live stream's handle, of `device()`.
@@ -228,6 +244,7 @@ pub fn finish(
     what: &str,
     mut probe: impl FnMut() -> Result<()>,
 ) -> Result<()> {
+    waits::host_wait(what)?;
     let start = Instant::now();
     let mut spins = 0u32;
     loop {
@@ -324,6 +341,28 @@ impl DeviceMem {
                     }
                     a
                 }
+                None => dev.alloc_zeroed(class)?,
+            }
+        };
+        Ok(DeviceMem {
+            dev: dev.clone(),
+            addr,
+            len: bytes,
+            owned: true,
+        })
+    }
+
+    /// `bytes` bytes on `dev` whose contents are unspecified: a cached block of the size
+    /// class (not zeroed, so nothing waits for the device) or a new allocation. For
+    /// buffers fully written in stream order before they are read (an eager message).
+    /// Never an arena block.
+    pub fn alloc_uninit(dev: &Arc<dyn Device>, bytes: usize) -> Result<DeviceMem> {
+        let addr = if bytes == 0 {
+            0
+        } else {
+            let class = pool::Pool::class(bytes);
+            match dev.pool().take(class) {
+                Some(a) => a,
                 None => dev.alloc_zeroed(class)?,
             }
         };

@@ -194,6 +194,15 @@ impl Buffer {
         })
     }
 
+    /// `bytes` bytes of device memory on `dev` with unspecified contents
+    /// ([`DeviceMem::alloc_uninit`]): nothing waits for the device to hand it out.
+    pub fn on_device_uninit(dev: &Arc<dyn Device>, bytes: usize) -> Result<Buffer> {
+        Ok(Buffer {
+            mem: Mem::new(Storage::Device(DeviceMem::alloc_uninit(dev, bytes)?)),
+            range: 0..bytes,
+        })
+    }
+
     /// A buffer over the caller's device memory (C ABI, Python), never freed by strata.
     ///
     /// # Safety

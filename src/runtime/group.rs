@@ -27,6 +27,9 @@ struct Pending {
     /// A send or receive on host memory: run with the group's other ones as one
     /// exchange ([`super::native::exchange`]) instead of its own job.
     p2p: Option<Op>,
+    /// A launched device call ([`crate::comm::ordered`]): run on the thread that ends
+    /// the group, never queued on a stream thread.
+    launch: bool,
 }
 
 thread_local! {
@@ -110,7 +113,17 @@ fn group_end_jobs() -> Result<()> {
             None => per_comm.push((p.comm.clone(), vec![p])),
         }
     }
+    // Launched calls: every communicator's share on this thread, inside one outer
+    // vendor group, so calls of several communicators that must run together (sends on
+    // one, receives on another) cannot deadlock, whatever their order. A thread driving
+    // several ranks of an in-process world (one group over every rank's communicator,
+    // as a single-process NCCL program drives its GPUs) hands each rank's share to that
+    // communicator's stream thread instead, and waits for them to be enqueued: each
+    // rank's vendor calls still come from one thread.
+    let mut inline: Vec<(CommCore, Job, Vec<Work>)> = Vec::new();
+    let mut outer: Option<CommCore> = None;
     for (comm, items) in per_comm {
+        let launch = items.iter().all(|p| p.launch);
         let share = Share {
             deps: items.iter().flat_map(|p| p.deps.iter().cloned()).collect(),
             works: items.iter().map(|p| p.work.clone()).collect(),
@@ -123,11 +136,57 @@ fn group_end_jobs() -> Result<()> {
         } else {
             host_group(comm.clone(), items, &share)
         };
-        if let Err(e) = comm.push(Vec::new(), job, Work::pending()) {
+        if launch {
+            if outer.is_none() {
+                outer = Some(comm.clone());
+            }
+            inline.push((comm.clone(), job, share.works.clone()));
+        } else if let Err(e) = comm.push(Vec::new(), job, Work::pending()) {
             share.works.iter().for_each(|w| w.complete(Err(e.clone())));
         }
     }
-    Ok(())
+    let Some(outer) = outer else {
+        return Ok(());
+    };
+    let world_rank = |c: &CommCore| c.members()[c.rank()];
+    if inline
+        .iter()
+        .any(|(c, _, _)| world_rank(c) != world_rank(&outer))
+    {
+        let mut pushed = Vec::new();
+        for (c, job, works) in inline {
+            let w = Work::pending();
+            match c.push(Vec::new(), job, w.clone()) {
+                Ok(()) => pushed.push(w),
+                Err(e) => works.iter().for_each(|x| x.complete(Err(e.clone()))),
+            }
+        }
+        let mut first = Ok(());
+        for w in pushed {
+            if let (Err(e), true) = (w.wait(), first.is_ok()) {
+                first = Err(e);
+            }
+        }
+        return first;
+    }
+    let mut first = Ok(());
+    let mut run = || {
+        for (_, job, works) in inline.drain(..) {
+            let r = job();
+            if let Err(e) = &r {
+                works.iter().for_each(|w| w.complete(Err(e.clone())));
+                if first.is_ok() {
+                    first = r;
+                }
+            }
+        }
+        Ok(())
+    };
+    match outer.transport().gpu() {
+        Some(g) => g.group(&mut run)?,
+        None => run()?,
+    }
+    first
 }
 
 /// What one communicator's share of a group waits for and checks first.
@@ -265,6 +324,7 @@ pub(crate) fn hold(
     fusable: bool,
     call: Option<String>,
     p2p: Option<Op>,
+    launch: bool,
 ) {
     GROUP.with(|g| {
         g.borrow_mut().1.push(Pending {
@@ -276,6 +336,7 @@ pub(crate) fn hold(
             fusable,
             call,
             p2p,
+            launch,
         })
     });
 }

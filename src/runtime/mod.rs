@@ -7,8 +7,10 @@
 //! - [`CommCore::enqueue`] / [`CommCore::enqueue_batch`]: the ONE way an algorithm
 //!   reaches the wire. A native op (already valid by construction) runs on that
 //!   communicator's stream after `deps` and after everything queued on it before; called
-//!   from the communicator's own stream thread (an algorithm using its own communicator)
-//!   it runs at once, which is the same order. A batch is one stream task, and one vendor
+//!   from the communicator's own stream thread (an algorithm using its own communicator),
+//!   inside a launched device call, or on a device transport, it runs at once on the
+//!   calling thread, which is the same order (and keeps every vendor call of one
+//!   collective on one thread, in program order, the same on every rank). A batch is one stream task, and one vendor
 //!   group (ncclGroupStart/End) when it is made of device-buffer ops on a GPU transport.
 //!   A native op that fails aborts its communicator ([`CommCore::fail`]): the work
 //!   queued behind it and the work that depends on it fail at once, so a dead peer costs
@@ -29,6 +31,7 @@ pub mod native;
 pub mod ordered;
 pub mod request;
 pub mod stream;
+pub mod watchdog;
 
 pub use request::{Op, Request};
 pub use stream::Work;
@@ -98,8 +101,8 @@ struct Inner {
     /// next checked call.
     check: AtomicBool,
     check_seq: AtomicU64,
-    /// The completion word of stream-ordered calls, made on first use.
-    signal: std::sync::OnceLock<Arc<ordered::Signal>>,
+    /// The launch stream and arena of launched device calls, made on first use.
+    launcher: std::sync::OnceLock<Arc<ordered::Launcher>>,
 }
 
 /// `job`, run in the calling thread's stream-ordered scope, or in none when it has
@@ -170,18 +173,20 @@ impl CommCore {
             failure: Mutex::new(None),
             check: AtomicBool::new(config::env().is_ok_and(|e| e.check)),
             check_seq: AtomicU64::new(0),
-            signal: std::sync::OnceLock::new(),
+            launcher: std::sync::OnceLock::new(),
         })))
     }
 
-    /// The completion word of stream-ordered calls ([`ordered`]) on `dev`, made on first
-    /// use.
-    pub fn signal(&self, dev: &Arc<dyn crate::device::Device>) -> Result<Arc<ordered::Signal>> {
-        if let Some(s) = self.0.signal.get() {
+    /// The launch stream and scratch arena of this communicator's launched device calls
+    /// ([`ordered`]) on `dev`, made on first use.
+    pub fn launcher(&self, dev: &Arc<dyn crate::device::Device>) -> Result<Arc<ordered::Launcher>> {
+        if let Some(s) = self.0.launcher.get() {
             return Ok(s.clone());
         }
-        let s = Arc::new(ordered::Signal::new(dev)?);
-        Ok(self.0.signal.get_or_init(|| s).clone())
+        let s = Arc::new(crate::device::waits::outside(|| {
+            ordered::Launcher::new(dev)
+        })?);
+        Ok(self.0.launcher.get_or_init(|| s).clone())
     }
 
     /// True when collectives submitted now are checked for mismatches across ranks
@@ -337,7 +342,11 @@ impl CommCore {
     /// [`CommCore::enqueue`] of several ops as one stream task (one vendor group on a
     /// GPU transport when every op is on device buffers), completing when all have run.
     pub fn enqueue_batch(&self, ops: Vec<Op>, dtype: DataType, deps: Vec<Work>) -> Work {
-        if self.on_stream() {
+        // On the stream thread (an algorithm on its own communicator), inside a launched
+        // device call, and on any device transport: now, on this thread, so that every
+        // vendor call of one collective comes from one thread in program order (the same
+        // on every rank), as NCCL requires of calls on several communicators.
+        if self.on_stream() || crate::device::direct::stream().is_some() || self.has_device() {
             let r =
                 stream::wait_deps(&deps, self.timeout()).and_then(|_| self.run_ops(&ops, dtype));
             return Work::ready(r);

@@ -22,6 +22,9 @@ struct WorkState {
     parked: AtomicUsize,
     /// The stream the work is queued on, so a waiter can run it itself.
     origin: Mutex<Option<Weak<Shared>>>,
+    /// A launched device call's end event (on its communicator's launch stream): what a
+    /// dependent launched call's stream waits for on the device.
+    event: Mutex<Option<Arc<dyn crate::device::DevEvent>>>,
 }
 
 /// Completion handle of a submitted collective (a future on host transports, an event
@@ -63,6 +66,19 @@ impl Work {
         if parked {
             self.0.cv.notify_all();
         }
+    }
+
+    /// A launched call's work: `ev` is its end on the device.
+    pub(crate) fn set_event(&self, ev: Arc<dyn crate::device::DevEvent>) {
+        if let Ok(mut e) = self.0.event.lock() {
+            *e = Some(ev);
+        }
+    }
+
+    /// The end event of a launched device call (`None` for host work): a launched call
+    /// that depends on this work waits for it on the device, not on the host.
+    pub fn event(&self) -> Option<Arc<dyn crate::device::DevEvent>> {
+        self.0.event.lock().ok().and_then(|e| e.clone())
     }
 
     /// True once the work finished (successfully or not).

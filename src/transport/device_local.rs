@@ -75,11 +75,52 @@ struct Board {
     mail: HashMap<(usize, usize), VecDeque<Msg>>,
 }
 
-/// A message: staged through a buffer of its own (eager: the send is over once staged),
-/// or read in place by the receiver ([`DirectMsg`]).
+/// A message: staged through a buffer of its own (eager: the send is over once staged;
+/// with the event after the staging copy when it was launched, not waited for), or read
+/// in place by the receiver ([`DirectMsg`]).
 enum Msg {
-    Staged(Buffer),
+    Staged(Buffer, Option<Arc<dyn DevEvent>>),
     InPlace(DirectMsg),
+}
+
+/// Which thread is inside a call on one rank's communicators (its world's and every one
+/// split from it), as a process's NCCL communicators: NCCL may deadlock when two
+/// threads are inside calls on communicators of one process at once, so this model
+/// refuses it, naming both calls.
+#[derive(Default)]
+struct Inside(Mutex<Option<(std::thread::ThreadId, usize, &'static str)>>);
+
+/// One thread's stay inside [`Inside`] (nests on that thread).
+struct Entered<'a>(&'a Inside);
+
+impl Inside {
+    fn enter(&self, kind: TransportKind, rank: usize, what: &'static str) -> Result<Entered<'_>> {
+        let me = std::thread::current().id();
+        let mut g = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        match &mut *g {
+            Some((t, n, _)) if *t == me => *n += 1,
+            Some((_, _, other)) => {
+                return Err(Error::InvalidUsage(format!(
+                    "{}: two threads inside calls on communicators of world rank {rank} at                      once ({what} while another thread is inside {other}): the vendor calls                      of one process must come from one thread at a time (NCCL may deadlock)",
+                    kind.name()
+                )))
+            }
+            None => *g = Some((me, 1, what)),
+        }
+        Ok(Entered(self))
+    }
+}
+
+impl Drop for Entered<'_> {
+    fn drop(&mut self) {
+        let mut g = self.0 .0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, n, _)) = &mut *g {
+            *n -= 1;
+            if *n == 0 {
+                *g = None;
+            }
+        }
+    }
 }
 
 /// The shared state of one communicator's ranks.
@@ -90,6 +131,8 @@ struct Group {
     board: Mutex<Board>,
     cv: Condvar,
     aborted: AtomicBool,
+    /// Bumped by every notification: a waiter spins on it briefly before parking.
+    gen: AtomicU64,
 }
 
 impl Group {
@@ -105,6 +148,7 @@ impl Group {
             }),
             cv: Condvar::new(),
             aborted: AtomicBool::new(false),
+            gen: AtomicU64::new(0),
         })
     }
 
@@ -146,12 +190,38 @@ impl Group {
                     self.kind.name()
                 )));
             }
+            // Ranks usually arrive within microseconds of each other: spin a little
+            // before parking (a wake-up costs tens of microseconds).
+            let seen = self.gen.load(Ordering::Acquire);
+            drop(b);
+            let spun = Instant::now();
+            while self.gen.load(Ordering::Acquire) == seen
+                && spun.elapsed() < Duration::from_micros(30)
+            {
+                std::hint::spin_loop();
+                std::thread::yield_now();
+            }
+            b = self.lock()?;
+            if self.gen.load(Ordering::Acquire) != seen || ready(&b) {
+                continue;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                continue;
+            }
             b = self
                 .cv
                 .wait_timeout(b, deadline - now)
                 .map_err(|_| Error::Internal("device-local board poisoned".into()))?
                 .0;
         }
+    }
+
+    /// Wake every waiter on the board (call with the board's lock held or just after
+    /// changing it).
+    fn notify(&self) {
+        self.gen.fetch_add(1, Ordering::AcqRel);
+        self.cv.notify_all();
     }
 
     /// Exchange one post per rank (an all-gather of host values, doubling as a barrier).
@@ -172,7 +242,7 @@ impl Group {
                 .map(|p| p.clone().unwrap_or_default())
                 .collect();
             b.result = Some(Arc::new(all));
-            self.cv.notify_all();
+            self.notify();
         }
         let mut b = self.wait(b, deadline, "rendezvous", |b| {
             b.round != round || b.result.is_some()
@@ -188,7 +258,7 @@ impl Group {
             b.left = 0;
             b.result = None;
             b.round += 1;
-            self.cv.notify_all();
+            self.notify();
         }
         Ok(r)
     }
@@ -217,6 +287,8 @@ pub struct DeviceLocalTransport {
     acks: Mutex<Vec<(Ack, Arc<dyn DevStream>)>>,
     /// Inside [`GpuTransport::group`]: sends do not wait for their acks until its end.
     grouped: AtomicU64,
+    /// Shared by this rank's communicators: the one thread inside a call on them.
+    inside: Arc<Inside>,
 }
 
 impl DeviceLocalTransport {
@@ -242,7 +314,10 @@ impl DeviceLocalTransport {
         let group = Group::new(kind, (0..n).collect());
         let traffic = Arc::new(Traffic::new(topo.clone()));
         (0..n)
-            .map(|r| DeviceLocalTransport::member(&group, r, dev, &traffic, timeout))
+            .map(|r| {
+                let inside = Arc::new(Inside::default());
+                DeviceLocalTransport::member(&group, r, dev, &traffic, timeout, inside)
+            })
             .collect()
     }
 
@@ -252,6 +327,7 @@ impl DeviceLocalTransport {
         dev: &Arc<dyn Device>,
         traffic: &Arc<Traffic>,
         timeout: Duration,
+        inside: Arc<Inside>,
     ) -> Result<DeviceLocalTransport> {
         Ok(DeviceLocalTransport {
             group: group.clone(),
@@ -265,7 +341,14 @@ impl DeviceLocalTransport {
             splits: AtomicU64::new(0),
             acks: Mutex::new(Vec::new()),
             grouped: AtomicU64::new(0),
+            inside,
         })
+    }
+
+    /// This thread enters a call on this rank's communicators ([`Inside`]).
+    fn enter(&self, what: &'static str) -> Result<Entered<'_>> {
+        self.inside
+            .enter(self.group.kind, self.group.members[self.rank], what)
     }
 
     /// The stream this rank's device work goes on ([`gpu::work_stream`]).
@@ -319,7 +402,7 @@ impl DeviceLocalTransport {
             .entry((self.rank, peer))
             .or_default()
             .push_back(Msg::InPlace(msg));
-        self.group.cv.notify_all();
+        self.group.notify();
         Ok(())
     }
 
@@ -352,11 +435,23 @@ impl DeviceLocalTransport {
     /// (not waited for).
     fn take_into(&self, peer: usize, data: Region) -> Result<()> {
         match self.next_msg(peer)? {
-            Msg::Staged(msg) => {
+            Msg::Staged(msg, ev) => {
                 self.check_msg_len(peer, msg.len(), data.len)?;
-                let g = msg.dev_read_timeout(self.timeout)?;
-                self.s().copy(data.addr, g.addr(), data.len)?;
+                let s = self.s();
+                {
+                    let g = msg.dev_read_timeout(self.timeout)?;
+                    if let Some(ev) = &ev {
+                        s.wait_event(ev.as_ref())?;
+                    }
+                    s.copy(data.addr, g.addr(), data.len)?;
+                }
                 self.count(peer, data.len);
+                if gpu::direct() {
+                    // Launched: the buffer goes back to the cache once the copy has run,
+                    // as the watcher sees it (nothing waits here).
+                    crate::device::watch::keep_until(s.record()?, msg);
+                    return self.finish("receive");
+                }
                 // The buffer goes back to the cache once the copy has run.
                 self.finish("receive")
             }
@@ -382,7 +477,7 @@ impl DeviceLocalTransport {
             *a = Some(ev);
         }
         drop(self.group.lock()?);
-        self.group.cv.notify_all();
+        self.group.notify();
         copied
     }
 
@@ -486,6 +581,7 @@ impl GpuTransport for DeviceLocalTransport {
     }
 
     fn all_gather(&self, buf: Region, chunk: usize) -> Result<()> {
+        let _in = self.enter("all-gather")?;
         let s = self.s();
         let posts = self.rdv(buf.addr, buf.len)?;
         self.pull("all-gather", || {
@@ -508,6 +604,7 @@ impl GpuTransport for DeviceLocalTransport {
         dtype: DataType,
         op: ReduceOp,
     ) -> Result<()> {
+        let _in = self.enter("reduce-scatter")?;
         let s = self.s();
         let posts = self.rdv(send.addr, send.len)?;
         let c = recv.len;
@@ -532,6 +629,7 @@ impl GpuTransport for DeviceLocalTransport {
     }
 
     fn all_reduce(&self, buf: Region, dtype: DataType, op: ReduceOp) -> Result<()> {
+        let _in = self.enter("all-reduce")?;
         let s = self.s();
         let posts = self.rdv(buf.addr, buf.len)?;
         let acc = self.work.get(buf.len)?;
@@ -555,6 +653,7 @@ impl GpuTransport for DeviceLocalTransport {
     }
 
     fn all_to_all(&self, send: Region, recv: Region) -> Result<()> {
+        let _in = self.enter("all-to-all")?;
         let s = self.s();
         let posts = self.rdv(send.addr, send.len)?;
         self.pull("all-to-all", || {
@@ -574,6 +673,7 @@ impl GpuTransport for DeviceLocalTransport {
     }
 
     fn broadcast(&self, buf: Region, root: usize) -> Result<()> {
+        let _in = self.enter("broadcast")?;
         let s = self.s();
         let posts = self.rdv(buf.addr, buf.len)?;
         self.pull("broadcast", || {
@@ -590,32 +690,49 @@ impl GpuTransport for DeviceLocalTransport {
     /// waited for at the group's end) and on the capturable path; otherwise eager, staged
     /// through a buffer of its own, so a send never waits for its receive.
     fn send(&self, peer: usize, data: Region) -> Result<()> {
+        let _in = self.enter("send")?;
         self.check_peer(peer)?;
         let grouped = self.grouped.load(Ordering::SeqCst) > 0;
-        if gpu::direct() || (scoped() && grouped) {
+        let capturing = gpu::direct() && self.s().is_capturing()?;
+        if capturing || (scoped() && grouped) {
             self.post_direct(peer, data)?;
             if !grouped {
                 self.settle_acks()?;
             }
             return Ok(());
         }
-        // Handed to the receiver: never a call's arena block.
-        let msg = crate::device::direct::scope(None, || Buffer::on_device(&self.dev, data.len))?;
-        {
-            let g = msg.dev_write_timeout(self.timeout)?;
-            self.s().copy(g.addr(), data.addr, data.len)?;
-            self.finish("send")?;
-        }
+        // Eager: staged through a buffer of its own, handed to the receiver (never a
+        // call's arena block). Launched, nothing waits: the message carries the event
+        // after the staging copy, and its buffer is not zeroed first.
+        let s = self.s();
+        let (msg, ev) = if gpu::direct() {
+            let msg = Buffer::on_device_uninit(&self.dev, data.len)?;
+            {
+                let g = msg.dev_write_timeout(self.timeout)?;
+                s.copy(g.addr(), data.addr, data.len)?;
+            }
+            (msg, Some(s.record()?))
+        } else {
+            let msg =
+                crate::device::direct::scope(None, || Buffer::on_device(&self.dev, data.len))?;
+            {
+                let g = msg.dev_write_timeout(self.timeout)?;
+                s.copy(g.addr(), data.addr, data.len)?;
+                self.finish("send")?;
+            }
+            (msg, None)
+        };
         let mut b = self.group.lock()?;
         b.mail
             .entry((self.rank, peer))
             .or_default()
-            .push_back(Msg::Staged(msg));
-        self.group.cv.notify_all();
+            .push_back(Msg::Staged(msg, ev));
+        self.group.notify();
         Ok(())
     }
 
     fn recv(&self, peer: usize, data: Region) -> Result<()> {
+        let _in = self.enter("receive")?;
         self.check_peer(peer)?;
         self.take_into(peer, data)?;
         self.finish("receive")
@@ -624,6 +741,7 @@ impl GpuTransport for DeviceLocalTransport {
     /// Inside a stream-ordered call: in place, no allocation (the send is published,
     /// the receive done, then this rank's stream waits for the peer's copy).
     fn sendrecv(&self, dst: usize, send: Region, src: usize, recv: Region) -> Result<()> {
+        let _in = self.enter("send/receive")?;
         if scoped() {
             self.check_peer(dst)?;
             self.check_peer(src)?;
@@ -731,7 +849,14 @@ impl Transport for DeviceLocalTransport {
             .iter()
             .position(|&(_, r)| r == self.rank)
             .ok_or_else(|| Error::Internal("device-local split lost this rank".into()))?;
-        let t = DeviceLocalTransport::member(&group, rank, &self.dev, &self.traffic, self.timeout)?;
+        let t = DeviceLocalTransport::member(
+            &group,
+            rank,
+            &self.dev,
+            &self.traffic,
+            self.timeout,
+            self.inside.clone(),
+        )?;
         Ok(Some(Arc::new(t)))
     }
 
@@ -749,7 +874,7 @@ impl Transport for DeviceLocalTransport {
     }
     fn abort(&self) {
         self.group.aborted.store(true, Ordering::SeqCst);
-        self.group.cv.notify_all();
+        self.group.notify();
     }
     fn barrier(&self) -> Result<()> {
         self.barrier_()

@@ -31,6 +31,12 @@ pub trait GpuTransport: Send + Sync {
     fn staging(&self) -> &Scratch;
     /// Wait for the stream, polling the communicator's asynchronous errors.
     fn finish(&self, what: &str) -> Result<()>;
+    /// The communicator's asynchronous error, if any, without waiting
+    /// (`ncclCommGetAsyncError`): what the watchdog polls beside a launched call's end
+    /// event. Default: none.
+    fn probe(&self) -> Result<()> {
+        Ok(())
+    }
     /// All-gather in place: `buf` holds `size()` chunks of `chunk` bytes, this rank's at
     /// `rank()·chunk`.
     fn all_gather(&self, buf: Region, chunk: usize) -> Result<()>;
@@ -99,11 +105,19 @@ impl Scratch {
             .lock()
             .map_err(|_| Error::Internal("scratch lock poisoned".into()))?;
         if g.as_ref().is_none_or(|b| b.len() < bytes) {
-            // Kept across calls: never a call's arena block.
+            // Kept across calls: never a call's arena block; not zeroed (its contents
+            // are unspecified), so growing it waits for no device work.
             let b = crate::device::direct::scope(None, || {
-                Buffer::on_device(&self.dev, bytes.max(4096))
+                Buffer::on_device_uninit(&self.dev, bytes.max(4096))
             })?;
-            *g = Some(b);
+            if let Some(old) = g.replace(b) {
+                // Work already enqueued may still use the old block: on a launch, keep it
+                // until the launch stream passes that work (nothing waits); otherwise the
+                // stream was finished before this call.
+                if let Some(st) = crate::device::direct::stream() {
+                    crate::device::watch::keep_until(st.record()?, old);
+                }
+            }
         }
         g.as_ref()
             .ok_or_else(|| Error::Internal("scratch vanished".into()))?

@@ -37,6 +37,8 @@ fn on_device_local<T: Send + 'static>(
     topo: &str,
     body: impl Fn(Comm) -> strata::Result<T> + Send + Sync + 'static,
 ) -> Vec<strata::Result<T>> {
+    // The launch-only contract, strictly: a host wait for the device inside a call fails.
+    strata::device::waits::set_strict(true);
     let topo = Topology::parse(topo).expect("topology");
     let n = topo.world_size();
     let comms = Comm::in_process_world(kind, n, Some(topo), common::config()).expect("world");
@@ -246,6 +248,7 @@ use strata::device::{finish, DevStream};
 use strata::{Buffer, Op, Request};
 
 fn world_of(kind: TransportKind, ordinal: usize, topo: &str, timeout: Duration) -> Vec<Comm> {
+    strata::device::waits::set_strict(true);
     let topo = Topology::parse(topo).expect("topology");
     let n = topo.world_size();
     let cfg = strata::CommConfig {

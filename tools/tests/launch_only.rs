@@ -1,0 +1,414 @@
+//! The launch-only contract (architecture: "Launch-only"), on `host-local` worlds where the
+//! CPU device is a stricter CUDA: for every algorithm x op x group form, a stream-ordered
+//! call makes no host wait for the device between its entry and its return (strict mode
+//! refuses one, and the count stays 0), no two threads are inside calls on one rank's
+//! communicators at once (the device-local transport refuses it), the caller's current
+//! device is the same after the call, and the results equal the plain reference. Then
+//! each check is shown to fire when its property is broken on purpose, and a call with a
+//! 500 ms delay queued ahead on its stream returns at once: 100 back-to-back calls all
+//! return before the first completes.
+#[path = "../../tests/common/mod.rs"]
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use strata::check::{self, Kind};
+use strata::device::{cpu, waits, DevStream};
+use strata::kernels::QuantSpec;
+use strata::{Algo, Buffer, Comm, DataType, Error, Op, ReduceOp, Request, Topology};
+
+/// A world of `topo` on its own CPU device (`ordinal`: tests run in parallel processes,
+/// but keep devices apart anyway).
+fn world(ordinal: usize, topo: &str, timeout: Duration) -> Vec<Comm> {
+    let topo = Topology::parse(topo).expect("topology");
+    let n = topo.world_size();
+    let cfg = strata::CommConfig {
+        timeout,
+        ..common::config()
+    };
+    Comm::host_local_world_on(ordinal, n, Some(topo), cfg).expect("world")
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Form {
+    /// `enqueue` on the caller's stream.
+    Alone,
+    /// Inside `group_start` / `group_end`.
+    Grouped,
+    /// Two calls (the case and the same again on other buffers) in one group.
+    Pair,
+    /// `submit` without a stream: complete when the watchdog sees its end event.
+    Submit,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    algo: Algo,
+    kind: Kind,
+    redop: ReduceOp,
+    quant: Option<(u32, usize)>,
+    coalesced: bool,
+}
+
+fn cases() -> Vec<Case> {
+    let mut v = Vec::new();
+    let plain = |algo, kind, redop| Case {
+        algo,
+        kind,
+        redop,
+        quant: None,
+        coalesced: false,
+    };
+    for algo in [Algo::Ring, Algo::Hier, Algo::HoRing, Algo::Auto] {
+        v.push(plain(algo, Kind::AllGather, ReduceOp::Sum));
+        v.push(plain(algo, Kind::ReduceScatter, ReduceOp::Avg));
+        v.push(plain(algo, Kind::AllReduce, ReduceOp::Sum));
+    }
+    for algo in [Algo::Ring, Algo::Hier] {
+        for (kind, redop) in [
+            (Kind::AllGather, ReduceOp::Sum),
+            (Kind::ReduceScatter, ReduceOp::Max),
+        ] {
+            v.push(Case {
+                coalesced: true,
+                ..plain(algo, kind, redop)
+            });
+        }
+    }
+    for (algo, kind) in [
+        (Algo::Qgz, Kind::ReduceScatter),
+        (Algo::Qgz1, Kind::ReduceScatter),
+        (Algo::Qwz, Kind::AllGather),
+    ] {
+        v.push(Case {
+            quant: Some((8, 64)),
+            ..plain(algo, kind, ReduceOp::Avg)
+        });
+    }
+    v.push(plain(Algo::Ring, Kind::AllToAll, ReduceOp::Sum));
+    v.push(plain(
+        Algo::Ring,
+        Kind::Broadcast { root: 1 },
+        ReduceOp::Sum,
+    ));
+    v
+}
+
+const COUNT: usize = 37;
+const COUNTS: [usize; 3] = [COUNT, 3, 9];
+
+/// One call's buffers and how to check them.
+struct Call {
+    req: Request,
+    recvs: Vec<Buffer>,
+    seeds: Vec<u64>,
+}
+
+fn build(c: &Comm, case: &Case, seed: u64) -> strata::Result<Call> {
+    let (p, r, dt) = (c.size(), c.rank(), DataType::F32);
+    let s = dt.size();
+    if case.coalesced {
+        let (mut sends, mut recvs, mut seeds) = (Vec::new(), Vec::new(), Vec::new());
+        for (t, &n) in COUNTS.iter().enumerate() {
+            let sd = seed + t as u64;
+            sends.push(c.native_from(&case.kind.input(dt, r, n, p, sd))?);
+            recvs.push(c.native_from(&vec![0xA5; case.kind.sizes(n, p).1 * s])?);
+            seeds.push(sd);
+        }
+        let op = match case.kind {
+            Kind::AllGather => Op::AllGatherCoalesced {
+                sends,
+                recvs: recvs.clone(),
+                counts: COUNTS.to_vec(),
+            },
+            _ => Op::ReduceScatterCoalesced {
+                sends,
+                recvs: recvs.clone(),
+                counts: COUNTS.to_vec(),
+                op: case.redop,
+            },
+        };
+        let req = Request::new(op, dt).with_algo(case.algo);
+        return Ok(Call { req, recvs, seeds });
+    }
+    let (ns, nr) = case.kind.sizes(COUNT, p);
+    let input = match case.quant {
+        Some(_) => check::fill(dt, r, 0, ns, seed),
+        None => case.kind.input(dt, r, COUNT, p, seed),
+    };
+    let send = c.native_from(&input)?;
+    let recv = c.native_from(&vec![0xA5; nr * s])?;
+    let mut req =
+        Request::new(case.kind.op(send, recv.clone(), COUNT, case.redop), dt).with_algo(case.algo);
+    if let Some((bits, block)) = case.quant {
+        req = req.with_quant(QuantSpec::new(bits, block)?);
+    }
+    Ok(Call {
+        req,
+        recvs: vec![recv],
+        seeds: vec![seed],
+    })
+}
+
+/// Wrong elements of `call`'s results (after its stream was synchronized).
+fn wrong(c: &Comm, case: &Case, call: &Call) -> strata::Result<usize> {
+    let (p, r, dt) = (c.size(), c.rank(), DataType::F32);
+    if let Some((bits, block)) = case.quant {
+        let got = call.recvs[0].to_bytes()?;
+        let q = QuantSpec::new(bits, block)?;
+        return Ok(check::check_quant(
+            c,
+            case.kind,
+            dt,
+            case.redop,
+            COUNT,
+            case.algo,
+            q,
+            call.seeds[0],
+            &got,
+        )?
+        .wrong);
+    }
+    let counts: &[usize] = if case.coalesced { &COUNTS } else { &[COUNT] };
+    let mut w = 0;
+    for ((recv, &n), &sd) in call.recvs.iter().zip(counts).zip(&call.seeds) {
+        let want = case.kind.expected(dt, case.redop, r, n, p, sd);
+        w += check::count_wrong(dt, &recv.to_bytes()?, &want, p);
+    }
+    Ok(w)
+}
+
+/// Run `calls` in `form` on `stream`; the works.
+fn run(
+    c: &Comm,
+    form: Form,
+    stream: &Arc<dyn DevStream>,
+    calls: Vec<Request>,
+) -> strata::Result<Vec<strata::Work>> {
+    let grouped = matches!(form, Form::Grouped | Form::Pair);
+    if grouped {
+        strata::group_start();
+    }
+    let ws: strata::Result<Vec<_>> = calls
+        .into_iter()
+        .map(|req| match form {
+            Form::Submit => c.submit(req),
+            _ => c.enqueue(req, stream),
+        })
+        .collect();
+    if grouped {
+        strata::group_end()?;
+    }
+    ws
+}
+
+/// Every case in every form on every rank of `topo`: (case, form, wrong elements).
+fn launch_matrix(ordinal: usize, topo: &str) {
+    waits::set_strict(true);
+    let comms = world(ordinal, topo, Duration::from_secs(60));
+    let out = common::on_comms(comms, |c| {
+        let stream = c.device().expect("device").new_stream()?;
+        let mut bad = Vec::new();
+        let mut checked = 0;
+        // Launches run on their calling thread: this rank's host waits are this thread's.
+        let before = waits::thread_count();
+        let mut seed = 100;
+        for case in cases() {
+            for form in [Form::Alone, Form::Grouped, Form::Pair, Form::Submit] {
+                // Warm-up (the first call of a shape allocates its arena blocks), then
+                // the checked round.
+                for round in 0..2 {
+                    seed += 3;
+                    let n = if matches!(form, Form::Pair) { 2 } else { 1 };
+                    let calls: Vec<Call> = (0..n)
+                        .map(|k| build(&c, &case, seed + 50 * k))
+                        .collect::<strata::Result<_>>()?;
+                    let reqs = calls.iter().map(|k| k.req.clone()).collect();
+                    cpu::set_current_device(Some(9));
+                    let ws = run(&c, form, &stream, reqs)
+                        .map_err(|e| e.in_collective(|| format!("{case:?} {form:?}")))?;
+                    let current = cpu::current_device();
+                    cpu::set_current_device(None);
+                    // Host waits from here on are the test's own.
+                    let s: &dyn DevStream = stream.as_ref();
+                    strata::device::finish(s, Duration::from_secs(60), "test", || Ok(()))?;
+                    for w in &ws {
+                        w.wait()
+                            .map_err(|e| e.in_collective(|| format!("{case:?} {form:?}")))?;
+                    }
+                    if current != Some(9) {
+                        bad.push(format!("{case:?} {form:?}: current device {current:?}"));
+                    }
+                    if round == 1 {
+                        checked += calls.len();
+                        for k in &calls {
+                            let w = wrong(&c, &case, k)?;
+                            if w != 0 {
+                                bad.push(format!("{case:?} {form:?}: {w} wrong"));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let waited = waits::thread_count() - before;
+        Ok((bad, checked, waited))
+    });
+    let calls = cases().len() * 5;
+    for (r, o) in out.into_iter().enumerate() {
+        let (bad, checked, waited) = o.unwrap_or_else(|e| panic!("{topo} rank {r}: {e}"));
+        assert!(bad.is_empty(), "{topo} rank {r}: {bad:#?}");
+        assert_eq!(checked, calls, "{topo} rank {r}: calls checked");
+        assert_eq!(
+            waited, 0,
+            "{topo} rank {r}: host waits inside launched calls"
+        );
+    }
+}
+
+#[test]
+fn every_algorithm_and_form_launches_without_host_waits_two_nodes() {
+    launch_matrix(21, "nodes:2x2");
+}
+
+#[test]
+fn every_algorithm_and_form_launches_without_host_waits_odd_nodes() {
+    launch_matrix(22, "nodes:3x2");
+}
+
+/// Broken on purpose: a host wait for the device made while a call is being launched is
+/// refused in strict mode and counted.
+#[test]
+fn a_host_wait_inside_a_launch_is_caught() {
+    waits::set_strict(true);
+    let comms = world(23, "nodes:1x1", Duration::from_secs(10));
+    let b = comms[0].native_from(&[1, 2, 3, 4]).unwrap();
+    let before = waits::thread_count();
+    let e = {
+        let _l = waits::launching();
+        b.to_bytes().unwrap_err()
+    };
+    assert!(e.to_string().contains("host wait"), "{e}");
+    assert_eq!(waits::thread_count(), before + 1);
+    assert_eq!(
+        b.to_bytes().unwrap(),
+        vec![1, 2, 3, 4],
+        "outside a launch it works"
+    );
+}
+
+/// Broken on purpose: two threads inside calls on one rank's communicators at once (its
+/// world's and its node's) are refused, naming both calls.
+#[test]
+fn two_threads_inside_one_ranks_communicators_are_caught() {
+    let comms = world(24, "nodes:1x2", Duration::from_secs(3));
+    let nodes: Vec<Comm> = common::on_comms(comms.clone(), |c| c.node_comm())
+        .into_iter()
+        .map(|n| n.expect("node communicator"))
+        .collect();
+    let (c0, node) = (comms[0].clone(), nodes[0].clone());
+    let buf = c0.native_from(&[0u8; 16]).unwrap();
+    let b2 = node.native_from(&[0u8; 16]).unwrap();
+    let blocked = {
+        let (c0, buf) = (c0.clone(), buf.clone());
+        // Rank 1 never calls: this all-reduce stays inside its rendezvous.
+        std::thread::spawn(move || c0.all_reduce(&buf, &buf, 4, DataType::F32, ReduceOp::Sum))
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let e = node
+        .all_reduce(&b2, &b2, 4, DataType::F32, ReduceOp::Sum)
+        .and_then(|w| w.wait())
+        .unwrap_err();
+    assert!(
+        matches!(e, Error::InvalidUsage(_)) && e.to_string().contains("two threads"),
+        "{e}"
+    );
+    let r = blocked.join().unwrap().and_then(|w| w.wait());
+    assert!(
+        r.is_err(),
+        "rank 1 never called, so the blocked call must fail"
+    );
+}
+
+/// Broken on purpose: a bind whose guard is leaked leaves the thread on another device,
+/// which is what the matrix's current-device check sees.
+#[test]
+fn a_device_left_current_is_caught() {
+    let dev = strata::device::open(strata::device::Api::Cpu, 25).unwrap();
+    cpu::set_current_device(Some(9));
+    let g = dev.bind().unwrap();
+    std::mem::forget(g);
+    assert_eq!(cpu::current_device(), Some(25));
+    cpu::set_current_device(None);
+    {
+        let _g = dev.bind().unwrap();
+        assert_eq!(cpu::current_device(), Some(25));
+    }
+    assert_eq!(cpu::current_device(), None);
+}
+
+/// A call with a 500 ms delay queued ahead on its stream returns at once: 100
+/// back-to-back calls all return before the first one completes, and all are right.
+#[test]
+fn back_to_back_calls_return_before_the_first_completes() {
+    waits::set_strict(true);
+    let comms = world(26, "nodes:1x2", Duration::from_secs(60));
+    let out = common::on_comms(comms, |c| {
+        let (p, r) = (c.size(), c.rank());
+        let s = c.device().expect("device").new_stream()?;
+        let sends: Vec<Buffer> = (0..100)
+            .map(|i| c.native_from(&((r * 1000 + i) as f32).to_le_bytes()))
+            .collect::<strata::Result<_>>()?;
+        let recvs: Vec<Buffer> = (0..100)
+            .map(|_| c.alloc_native(p * 4))
+            .collect::<strata::Result<_>>()?;
+        // One warm-up call of the shape.
+        let warm = c.enqueue(
+            Request::new(
+                Op::AllGather {
+                    send: sends[0].clone(),
+                    recv: recvs[0].clone(),
+                    count: 1,
+                },
+                DataType::F32,
+            ),
+            &s,
+        )?;
+        warm.wait()?;
+        s.delay(Duration::from_millis(500))?;
+        let t = Instant::now();
+        let mut ws = Vec::new();
+        for i in 0..100 {
+            let req = Request::new(
+                Op::AllGather {
+                    send: sends[i].clone(),
+                    recv: recvs[i].clone(),
+                    count: 1,
+                },
+                DataType::F32,
+            );
+            ws.push(c.enqueue(req, &s)?);
+        }
+        let returned = t.elapsed();
+        let first_done = ws[0].is_done();
+        for w in &ws {
+            w.wait()?;
+        }
+        let mut right = true;
+        for (i, b) in recvs.iter().enumerate() {
+            let want: Vec<u8> = (0..p)
+                .flat_map(|j| ((j * 1000 + i) as f32).to_le_bytes())
+                .collect();
+            right &= b.to_bytes()? == want;
+        }
+        Ok((returned, first_done, right))
+    });
+    for (r, o) in out.into_iter().enumerate() {
+        let (returned, first_done, right) = o.unwrap_or_else(|e| panic!("rank {r}: {e}"));
+        assert!(
+            !first_done,
+            "rank {r}: the first call completed before the 100th returned ({returned:?})"
+        );
+        assert!(right, "rank {r}: wrong results");
+    }
+}
