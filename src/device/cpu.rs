@@ -5,8 +5,13 @@
 //!
 //! - **Memory** is host memory allocated 256-byte aligned; a device address is its
 //!   pointer. The device keeps the table of live allocations: an operation that touches
-//!   bytes outside one live allocation fails with a device error (as an illegal address
-//!   on a GPU), it never reads freed memory.
+//!   bytes outside live device memory fails with a device error (as an illegal address
+//!   on a GPU), it never reads freed memory. [`alloc_mapped`] makes memory of several
+//!   mappings, as PyTorch's `expandable_segments` allocator maps one virtual range in
+//!   pieces (`cuMemCreate` / `cuMemMap`): one host allocation recorded as adjacent
+//!   mappings, freed whole by [`free_mapped`]. A range is device memory when adjacent
+//!   live mappings of one allocation cover it ([`Device::check_pointer`], the bounds
+//!   check of every operation and the race check alike).
 //! - **Streams** are worker threads, one per stream, running their operations in
 //!   enqueue order. Enqueueing returns at once ([`DevStream`] semantics); a failed
 //!   operation makes the stream's error sticky (later operations are skipped, queries
@@ -15,7 +20,7 @@
 //!   the same argument checks as the GPU launches ([`crate::kernels_gpu::call`]), so
 //!   results are bitwise those the GPU kernels are tested against.
 //! - **Ordering rules are CUDA's, with strata's streams non-blocking**: two streams are
-//!   ordered only by explicit waits ([`DevStream::wait_foreign`], events, flag words);
+//!   ordered only by explicit waits ([`DevStream::wait_foreign`], events);
 //!   `htod`/`dtoh` wait for no stream (as strata's CUDA device, which copies on a
 //!   private stream), `free` synchronizes the whole device first (as `cuMemFree`,
 //!   which is why strata caches freed blocks, [`super::pool`]). A missing wait is
@@ -24,15 +29,26 @@
 //!   reading or writing at that moment (or read bytes it is writing) fails with a device
 //!   error naming both, instead of racing. The check finds races that overlap in time
 //!   and never reports ordered accesses.
+//! - **Host waits are accounted**: every call that blocks the calling thread until
+//!   device work has run (the synchronous `htod` / `dtoh` / `zero`, which on a GPU wait
+//!   for the private stream; `free` and [`free_mapped`], which synchronize the device)
+//!   first goes through [`super::waits::host_wait`], so a host wait inside a
+//!   stream-ordered call is counted, and refused when strict. Enqueueing, recording and
+//!   querying are not waits.
+//! - **The current device is per thread**, as CUDA's: none at thread start;
+//!   [`Device::bind`] makes a device current until its guard drops, which restores the
+//!   previous one; [`set_current_device`] is what a user's `cudaSetDevice` is, and
+//!   [`current_device`] lets a test check that a call left it as it was.
 //! - [`CpuDevice::allocations`] counts allocations, so a test can prove a repeated
 //!   collective allocates nothing in steady state.
 
 use super::pool::Pool;
-use super::{Api, DevAddr, DevEvent, DevStream, Device, QuantCall, Region};
+use super::{waits, Api, Bound, DevAddr, DevEvent, DevStream, Device, QuantCall, Region};
 use crate::dtype::{finish_avg, reduce_into, DataType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::kernels;
 use std::alloc::Layout;
+use std::cell::Cell;
 use std::collections::{BTreeMap, VecDeque};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -43,6 +59,42 @@ use std::time::{Duration, Instant};
 const ALIGN: usize = 256;
 /// How long `htod`/`dtoh`/`free` wait for the device's streams before giving up.
 const SYNC_LIMIT: Duration = Duration::from_secs(60);
+
+thread_local! {
+    /// The calling thread's current CPU device (CUDA's current device): none at start.
+    static CURRENT: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
+/// The calling thread's current CPU device (`cudaGetDevice`; `None` until one is made
+/// current).
+pub fn current_device() -> Option<usize> {
+    CURRENT.with(Cell::get)
+}
+
+/// Make `ordinal` the calling thread's current CPU device (`cudaSetDevice`; `None`
+/// clears it): what a user's code does before calling strata, for tests that check a
+/// call leaves it as it was.
+pub fn set_current_device(ordinal: Option<usize>) {
+    CURRENT.with(|c| c.set(ordinal))
+}
+
+/// Allocate zeroed memory of several mappings on CPU device `ordinal`, as PyTorch's
+/// `expandable_segments` allocator maps one virtual range in pieces: one contiguous
+/// range (aligned as every allocation), recorded as `pieces.len()` adjacent mappings
+/// of `pieces[i]` bytes each. A range spanning adjacent mappings is device memory for
+/// [`Device::check_pointer`] and every operation. Free it with [`free_mapped`] (not
+/// [`Device::free`], which refuses it as `cuMemFree` refuses mapped memory).
+pub fn alloc_mapped(ordinal: usize, pieces: &[usize]) -> Result<DevAddr> {
+    CpuDevice::open(ordinal)?.alloc_mapped(pieces)
+}
+
+/// Free memory from [`alloc_mapped`] (all its mappings) on CPU device `ordinal`,
+/// after synchronizing the device (as PyTorch does before unmapping): an error, the
+/// memory kept, when the wait fails or an operation still touches it. The caller must
+/// not use the range afterwards; the bounds check reports it if it does.
+pub fn free_mapped(ordinal: usize, addr: DevAddr) -> Result<()> {
+    CpuDevice::open(ordinal)?.free_mapped(addr)
+}
 
 /// One host CPU as a strata device. Process-wide per ordinal ([`CpuDevice::open`]).
 #[derive(Debug)]
@@ -59,8 +111,11 @@ pub struct CpuDevice {
 
 #[derive(Debug, Default)]
 struct State {
-    /// Live allocations: start -> length.
+    /// Live mappings: start -> length. An allocation of [`CpuDevice::alloc_zeroed`] is
+    /// one mapping; one of [`alloc_mapped`] several adjacent ones (listed in `mapped`).
     live: BTreeMap<u64, usize>,
+    /// Host allocations of several mappings: start -> total length (its layout).
+    mapped: BTreeMap<u64, usize>,
     /// Accesses of the operations running now (the race check).
     running: Vec<Access>,
     /// Every stream made on this device (for `wait_foreign` lookups and device syncs).
@@ -130,6 +185,95 @@ struct Access {
     token: u64,
 }
 
+/// Where a range lies in the live mappings.
+enum Cover {
+    /// Inside live mappings of one host allocation.
+    Inside,
+    /// It starts in live memory and runs past the end of the mapping `l` bytes at `a`
+    /// (the last of the adjacent ones it covers).
+    PastEnd { a: u64, l: usize },
+    /// It does not start in live memory.
+    Outside,
+}
+
+impl State {
+    /// The multi-mapping allocation `addr` lies in: (start, total length).
+    fn mapped_range(&self, addr: u64) -> Option<(u64, usize)> {
+        self.mapped
+            .range(..=addr)
+            .next_back()
+            .filter(|(&b, &t)| addr < b + t as u64)
+            .map(|(&b, &t)| (b, t))
+    }
+
+    /// Whether `len > 0` bytes at `addr` lie in live mappings: the mapping holding
+    /// `addr`, then each live mapping starting where the previous one ends, within one
+    /// host allocation (so a region is always inside one allocated object).
+    fn cover(&self, addr: u64, len: usize) -> Cover {
+        let Some((mut a, mut l)) = self
+            .live
+            .range(..=addr)
+            .next_back()
+            .filter(|(&a, &l)| addr < a + l as u64)
+            .map(|(&a, &l)| (a, l))
+        else {
+            return Cover::Outside;
+        };
+        let limit = match self.mapped_range(a) {
+            Some((b, t)) => b + t as u64,
+            None => a + l as u64,
+        };
+        let end = addr.saturating_add(len as u64);
+        loop {
+            let next = a + l as u64;
+            if end <= next {
+                return Cover::Inside;
+            }
+            match self.live.get(&next) {
+                Some(&nl) if next < limit => (a, l) = (next, nl),
+                _ => return Cover::PastEnd { a, l },
+            }
+        }
+    }
+
+    /// Take the allocation of [`CpuDevice::alloc_zeroed`] at `addr` out of the table:
+    /// its length, or `None` when `addr` is no such allocation (a mapping of
+    /// [`alloc_mapped`] included, which only [`free_mapped`] frees).
+    fn take_plain(&mut self, addr: u64) -> Option<usize> {
+        if self.mapped_range(addr).is_some() {
+            return None;
+        }
+        self.live.remove(&addr)
+    }
+
+    /// True while a running operation touches bytes in `len` bytes at `addr`.
+    fn in_use(&self, addr: u64, len: usize) -> bool {
+        self.running
+            .iter()
+            .any(|a| overlap(a.region, Region { addr, len }))
+    }
+
+    /// Take the allocation of [`alloc_mapped`] at `addr` (all its mappings) out of the
+    /// table: its total length, or `None` when `addr` is no such allocation.
+    fn take_mapped(&mut self, addr: u64) -> Option<usize> {
+        let total = self.mapped.remove(&addr)?;
+        let keys: Vec<u64> = self
+            .live
+            .range(addr..addr + total as u64)
+            .map(|(&k, _)| k)
+            .collect();
+        for k in keys {
+            self.live.remove(&k);
+        }
+        Some(total)
+    }
+
+    /// Take any allocation starting at `addr` out of the table (the device's drop).
+    fn take_any(&mut self, addr: u64) -> Option<usize> {
+        self.take_mapped(addr).or_else(|| self.take_plain(addr))
+    }
+}
+
 fn overlap(a: Region, b: Region) -> bool {
     a.len > 0 && b.len > 0 && a.addr < b.addr + b.len as u64 && b.addr < a.addr + a.len as u64
 }
@@ -186,8 +330,8 @@ impl CpuDevice {
         self.state().map(|s| s.live.values().sum()).unwrap_or(0)
     }
 
-    /// Register the accesses of one operation of `lane`: every region inside one live
-    /// allocation, and no conflict with what other streams are doing now. The returned
+    /// Register the accesses of one operation of `lane`: every region inside live device
+    /// memory (one allocation, or adjacent mappings of one), and no conflict with what other streams are doing now. The returned
     /// token releases them ([`CpuDevice::release`]).
     fn acquire(&self, lane: u64, reads: &[Region], writes: &[Region]) -> Result<u64> {
         let mut s = self.state()?;
@@ -199,14 +343,10 @@ impl CpuDevice {
             if r.len == 0 {
                 continue;
             }
-            let inside = s
-                .live
-                .range(..=r.addr)
-                .next_back()
-                .is_some_and(|(&a, &l)| r.addr + r.len as u64 <= a + l as u64);
-            if !inside {
+            if !matches!(s.cover(r.addr, r.len), Cover::Inside) {
                 return Err(dev_err(format!(
-                    "illegal address: {} {} bytes at {:#x} are not inside one live allocation",
+                    "illegal address: {} {} bytes at {:#x} are not inside live device memory \
+                     (one live allocation, or adjacent live mappings of one)",
                     if w { "writing" } else { "reading" },
                     r.len,
                     r.addr
@@ -287,8 +427,9 @@ impl CpuDevice {
     }
 
     /// Wait until every stream of this device has run what was enqueued on it before
-    /// this call (`cuCtxSynchronize`).
+    /// this call (`cuCtxSynchronize`): a host wait for the device.
     fn synchronize(&self, what: &str) -> Result<()> {
+        waits::host_wait(&format!("cpu device: {what} (synchronizes the device)"))?;
         self.unsafe_call(what)?;
         let lanes: Vec<(Arc<Lane>, u64)> = self
             .state()?
@@ -309,6 +450,70 @@ impl CpuDevice {
                     l.id
                 )));
             }
+        }
+        Ok(())
+    }
+
+    /// `bytes > 0` zeroed bytes of host memory, aligned as every allocation, counted;
+    /// the caller records them in the live table.
+    fn host_alloc(&self, bytes: usize) -> Result<u64> {
+        self.unsafe_call("allocating device memory")?;
+        let layout = Layout::from_size_align(bytes, ALIGN)
+            .map_err(|e| Error::InvalidArgument(format!("cpu device: {bytes} bytes: {e}")))?;
+        // SAFETY: a non-zero size with a valid layout.
+        let p = unsafe { std::alloc::alloc_zeroed(layout) };
+        if p.is_null() {
+            return Err(dev_err(format!("out of memory allocating {bytes} bytes")));
+        }
+        self.allocations.fetch_add(1, Ordering::Relaxed);
+        Ok(p as usize as u64)
+    }
+
+    /// [`alloc_mapped`] on this device.
+    pub fn alloc_mapped(&self, pieces: &[usize]) -> Result<DevAddr> {
+        if pieces.is_empty() || pieces.contains(&0) {
+            return Err(Error::InvalidArgument(format!(
+                "cpu device: mapped memory needs one or more non-empty mappings (got {pieces:?})"
+            )));
+        }
+        let total = pieces
+            .iter()
+            .try_fold(0usize, |t, &p| t.checked_add(p))
+            .ok_or_else(|| Error::InvalidArgument("cpu device: mappings too large".into()))?;
+        let base = self.host_alloc(total)?;
+        let mut s = self.state()?;
+        let mut at = base;
+        for &p in pieces {
+            s.live.insert(at, p);
+            at += p as u64;
+        }
+        s.mapped.insert(base, total);
+        Ok(base)
+    }
+
+    /// [`free_mapped`] on this device. On an error the memory stays allocated.
+    pub fn free_mapped(&self, addr: DevAddr) -> Result<()> {
+        if !self.state()?.mapped.contains_key(&addr) {
+            return Err(Error::InvalidArgument(format!(
+                "{addr:#x} is not memory of several mappings on cpu device {} (from \
+                 alloc_mapped)",
+                self.ordinal
+            )));
+        }
+        // As PyTorch before unmapping: the device's queued work finishes first.
+        self.synchronize("freeing mapped memory")?;
+        let mut s = self.state()?;
+        let total = s.mapped.get(&addr).copied().unwrap_or(0);
+        if s.in_use(addr, total) {
+            // Sound from safe code: nothing running keeps slices over freed bytes, and
+            // once out of the table no operation can register them again.
+            return Err(Error::InvalidUsage(format!(
+                "free_mapped: {total} bytes at {addr:#x} are in use by a running operation"
+            )));
+        }
+        if let Some(total) = s.take_mapped(addr) {
+            drop(s);
+            dealloc(addr, total);
         }
         Ok(())
     }
@@ -356,33 +561,12 @@ impl CpuDevice {
             })
     }
 
-    /// Run `f` on the 8-byte word at `flag` as an atomic, with the device state locked
-    /// (so the allocation cannot be freed meanwhile).
-    fn with_word<T>(&self, flag: DevAddr, f: impl FnOnce(&AtomicU64) -> T) -> Result<T> {
-        let s = self.state()?;
-        let inside = s
-            .live
-            .range(..=flag)
-            .next_back()
-            .is_some_and(|(&a, &l)| flag + 8 <= a + l as u64);
-        if !inside || flag % 8 != 0 {
-            return Err(dev_err(format!(
-                "illegal address: the flag word at {flag:#x} is not 8 aligned bytes of one \
-                 live allocation"
-            )));
-        }
-        // SAFETY: 8 aligned bytes inside a live allocation, which cannot be freed while
-        // the state lock is held; flag words are only ever accessed atomically.
-        let w = unsafe { AtomicU64::from_ptr(flag as usize as *mut u64) };
-        Ok(f(w))
-    }
-
     /// Slices over device memory for one operation.
     ///
     /// # Safety
-    /// The regions were registered by [`CpuDevice::acquire`] (inside live allocations,
-    /// no conflicting access by another stream) and stay registered while the slices
-    /// live; `writes` do not overlap each other or `reads` (callers copy reads that do).
+    /// The regions were registered by [`CpuDevice::acquire`] (each inside live memory of
+    /// one host allocation, [`State::cover`]; no conflicting access by another stream)
+    /// and stay registered while the slices live (nothing registered is freed); `writes` do not overlap each other or `reads` (callers copy reads that do).
     unsafe fn slices<'a>(
         reads: &[Region],
         writes: &[Region],
@@ -458,7 +642,7 @@ impl Drop for CpuDevice {
         let cached = self.pool.drain();
         if let Ok(s) = self.state.get_mut() {
             for a in std::mem::take(&mut s.leaked).into_iter().chain(cached) {
-                if let Some(len) = s.live.remove(&a) {
+                if let Some(len) = s.take_any(a) {
                     dealloc(a, len);
                 }
             }
@@ -476,8 +660,9 @@ fn lane_name(id: u64) -> String {
 
 fn dealloc(addr: u64, len: usize) {
     if let Ok(l) = Layout::from_size_align(len, ALIGN) {
-        // SAFETY: `addr` came from `alloc_zeroed` with this layout and is freed once
-        // (removed from the live table by the caller).
+        // SAFETY: `addr` came from `CpuDevice::host_alloc` with this layout (`len` is the
+        // whole allocation's length, all mappings of a mapped one) and is freed once
+        // (taken out of the live table by the caller).
         unsafe { std::alloc::dealloc(addr as usize as *mut u8, l) };
     }
 }
@@ -489,43 +674,47 @@ impl Device for CpuDevice {
     fn ordinal(&self) -> usize {
         self.ordinal
     }
-    fn bind(&self) -> Result<()> {
-        Ok(())
+    fn bind(&self) -> Result<Bound> {
+        let prev = CURRENT.with(|c| c.replace(Some(self.ordinal)));
+        Ok(Bound::restoring(move || set_current_device(prev)))
     }
     fn alloc_zeroed(&self, bytes: usize) -> Result<DevAddr> {
         if bytes == 0 {
             return Ok(0);
         }
-        self.unsafe_call("allocating device memory")?;
-        let layout = Layout::from_size_align(bytes, ALIGN)
-            .map_err(|e| Error::InvalidArgument(format!("cpu device: {bytes} bytes: {e}")))?;
-        // SAFETY: a non-zero size with a valid layout.
-        let p = unsafe { std::alloc::alloc_zeroed(layout) };
-        if p.is_null() {
-            return Err(dev_err(format!("out of memory allocating {bytes} bytes")));
-        }
-        self.allocations.fetch_add(1, Ordering::Relaxed);
-        self.state()?.live.insert(p as usize as u64, bytes);
-        Ok(p as usize as u64)
+        let p = self.host_alloc(bytes)?;
+        self.state()?.live.insert(p, bytes);
+        Ok(p)
     }
     unsafe fn free(&self, addr: DevAddr) {
         if addr == 0 {
             return;
         }
-        // As cuMemFree: the device's queued work finishes first.
+        // As cuMemFree, which refuses what is not an allocation of cuMemAlloc (memory of
+        // `alloc_mapped` included) before waiting for anything: nothing happens.
+        match self.state() {
+            Ok(s) if s.mapped_range(addr).is_none() && s.live.contains_key(&addr) => {}
+            _ => return,
+        }
+        // As cuMemFree: the device's queued work finishes first (a host wait; refused
+        // inside a strict launch, which keeps the bytes as a stream that never drained).
         let synced = self.synchronize("freeing memory").is_ok();
         let Ok(mut s) = self.state() else { return };
-        if !synced {
-            // Some stream never drained: keep the bytes (an op may still touch them).
+        let in_use = s.live.get(&addr).is_some_and(|&l| s.in_use(addr, l));
+        if !synced || in_use {
+            // Some stream never drained, or an operation enqueued since (or a host copy
+            // on another thread) is touching the bytes: keep them.
             s.leaked.push(addr);
             return;
         }
-        if let Some(len) = s.live.remove(&addr) {
+        if let Some(len) = s.take_plain(addr) {
             drop(s);
             dealloc(addr, len);
         }
     }
     fn htod(&self, dst: DevAddr, src: &[u8]) -> Result<()> {
+        // A host wait (on a GPU, for the private stream the copy runs on).
+        waits::host_wait("cpu device: a synchronous copy to the device (htod)")?;
         // Like strata's CUDA device (a private stream, waited for alone): no other
         // stream is waited for; the race check catches a stream still using the range.
         self.unsafe_call("a synchronous copy to the device")?;
@@ -539,6 +728,7 @@ impl Device for CpuDevice {
         })
     }
     fn dtoh(&self, dst: &mut [u8], src: DevAddr) -> Result<()> {
+        waits::host_wait("cpu device: a synchronous copy from the device (dtoh)")?;
         self.unsafe_call("a synchronous copy from the device")?;
         let r = Region {
             addr: src,
@@ -554,17 +744,18 @@ impl Device for CpuDevice {
             return Ok(());
         }
         let s = self.state()?;
-        match s.live.range(..=addr).next_back() {
-            Some((&a, &l)) if addr < a + l as u64 => {
-                if addr + len as u64 > a + l as u64 {
-                    Err(Error::InvalidArgument(format!(
-                        "{len} bytes at {addr:#x} run past the end of their allocation ({l} bytes at {a:#x})"
-                    )))
-                } else {
-                    Ok(())
-                }
+        match s.cover(addr, len) {
+            Cover::Inside => Ok(()),
+            Cover::PastEnd { a, l } if s.mapped_range(a).is_some() => {
+                Err(Error::InvalidArgument(format!(
+                    "{len} bytes at {addr:#x} run past the end of the adjacent mappings they \
+                     start in (the last, {l} bytes at {a:#x})"
+                )))
             }
-            _ => Err(Error::InvalidArgument(format!(
+            Cover::PastEnd { a, l } => Err(Error::InvalidArgument(format!(
+                "{len} bytes at {addr:#x} run past the end of their allocation ({l} bytes at {a:#x})"
+            ))),
+            Cover::Outside => Err(Error::InvalidArgument(format!(
                 "{addr:#x} is not memory of cpu device {} (the host-local transport takes \
                  addresses from the communicator's device allocations)",
                 self.ordinal
@@ -584,6 +775,7 @@ impl Device for CpuDevice {
         CpuDevice::allocations(self)
     }
     fn zero(&self, addr: DevAddr, bytes: usize) -> Result<()> {
+        waits::host_wait("cpu device: zeroing on the private stream (a synchronous memset)")?;
         self.unsafe_call("zeroing on the private stream (a synchronous memset)")?;
         let r = Region { addr, len: bytes };
         self.run_op(0, &[], &[r], |_, w| {
@@ -602,10 +794,6 @@ impl Device for CpuDevice {
     }
     unsafe fn wait_event_on(&self, raw: *mut c_void, ev: &dyn DevEvent) -> Result<()> {
         self.lane_of(raw)?.wait_event(cpu_event(ev)?)
-    }
-    unsafe fn wait_value_on(&self, raw: *mut c_void, flag: DevAddr, value: u64) -> Result<()> {
-        self.with_word(flag, |_| ())?;
-        self.lane_of(raw)?.push(Task::WaitValue { flag, value })
     }
 }
 
@@ -674,16 +862,6 @@ enum Task {
     },
     /// Occupy the stream for a while (a slow kernel, for ordering and overlap tests).
     Delay(Duration),
-    /// Wait until the word at `flag` is >= `value`.
-    WaitValue {
-        flag: DevAddr,
-        value: u64,
-    },
-    /// Write `value` to the word at `flag`.
-    WriteValue {
-        flag: DevAddr,
-        value: u64,
-    },
     /// Zero `bytes` at `addr`.
     Zero {
         addr: DevAddr,
@@ -883,27 +1061,6 @@ impl Lane {
                 std::thread::sleep(d);
                 Ok(())
             }
-            Task::WaitValue { flag, value } => {
-                // As cuStreamWaitValue64: no deadline; whoever promised the write makes it
-                // (strata writes its flags on failure too).
-                let mut spins = 0u32;
-                while dev.with_word(flag, |w| w.load(Ordering::Acquire))? < value {
-                    spins = spins.saturating_add(1);
-                    if spins < 64 {
-                        std::thread::yield_now();
-                    } else {
-                        std::thread::sleep(Duration::from_micros(if spins < 1024 {
-                            20
-                        } else {
-                            200
-                        }));
-                    }
-                }
-                Ok(())
-            }
-            Task::WriteValue { flag, value } => {
-                dev.with_word(flag, |w| w.store(value, Ordering::Release))
-            }
             Task::Zero { addr, bytes } => dev.run_op(self.id, &[], &[reg(addr, bytes)], |_, w| {
                 w[0].fill(0);
                 Ok(())
@@ -1075,14 +1232,6 @@ impl DevStream for CpuStream {
     }
     fn wait_event(&self, ev: &dyn DevEvent) -> Result<()> {
         self.lane.wait_event(cpu_event(ev)?)
-    }
-    fn write_value(&self, flag: DevAddr, value: u64) -> Result<()> {
-        self.dev.with_word(flag, |_| ())?;
-        self.push(Task::WriteValue { flag, value })
-    }
-    fn wait_value(&self, flag: DevAddr, value: u64) -> Result<()> {
-        self.dev.with_word(flag, |_| ())?;
-        self.push(Task::WaitValue { flag, value })
     }
     fn clear(&self, addr: DevAddr, bytes: usize) -> Result<()> {
         if bytes == 0 {
@@ -1377,5 +1526,143 @@ mod tests {
             d.free(b);
             d.free(c);
         }
+    }
+
+    /// Every host wait for the device is counted inside a launch; enqueueing, recording
+    /// and querying are not waits.
+    #[test]
+    fn host_waits_inside_a_launch_are_counted() {
+        use super::super::waits;
+        let d = dev();
+        let a = d.alloc_zeroed(64).unwrap();
+        let b = d.alloc_zeroed(64).unwrap();
+        let s = d.new_stream().unwrap();
+        let mut out = [0u8; 64];
+        {
+            let _l = waits::launching();
+            let before = waits::thread_count();
+            s.copy(b, a, 64).unwrap();
+            s.clear(a, 8).unwrap();
+            let ev = s.record().unwrap();
+            let _ = ev.query().unwrap();
+            let _ = s.query().unwrap();
+            assert_eq!(
+                waits::thread_count(),
+                before,
+                "enqueueing and recording waited"
+            );
+            d.dtoh(&mut out, a).unwrap();
+            assert_eq!(
+                waits::thread_count(),
+                before + 1,
+                "a synchronous dtoh was not counted"
+            );
+            assert!(waits::last().is_some());
+            d.htod(a, &[1u8; 8]).unwrap();
+            d.zero(a, 8).unwrap();
+            assert_eq!(
+                waits::thread_count(),
+                before + 3,
+                "htod / zero were not counted"
+            );
+        }
+        // Outside a launch nothing counts.
+        let before = waits::thread_count();
+        sync(s.as_ref());
+        d.dtoh(&mut out, b).unwrap();
+        assert_eq!(waits::thread_count(), before);
+        // SAFETY: allocated above, freed once, the stream is idle.
+        unsafe {
+            d.free(a);
+            d.free(b);
+        }
+    }
+
+    /// `bind` makes the device current until its guard drops, restoring the thread's
+    /// previous device (nested guards in order); other threads are untouched.
+    #[test]
+    fn nested_binds_restore_the_current_device_in_order() {
+        set_current_device(None);
+        assert_eq!(current_device(), None);
+        set_current_device(Some(3));
+        let (d0, d1) = (CpuDevice::open(0).unwrap(), CpuDevice::open(1).unwrap());
+        {
+            let _outer = d0.bind().unwrap();
+            assert_eq!(current_device(), Some(0));
+            {
+                let _inner = d1.bind().unwrap();
+                assert_eq!(current_device(), Some(1));
+                std::thread::spawn(|| assert_eq!(current_device(), None))
+                    .join()
+                    .unwrap();
+            }
+            assert_eq!(current_device(), Some(0));
+        }
+        assert_eq!(current_device(), Some(3));
+        set_current_device(None);
+        {
+            let _g = d1.bind().unwrap();
+        }
+        assert_eq!(current_device(), None);
+    }
+
+    /// Memory of several mappings (`expandable_segments`): a range over adjacent
+    /// mappings is device memory for `check_pointer` and for operations; past the last
+    /// mapping it is not; `free_mapped` frees every mapping; `free` and `free_mapped`
+    /// refuse each other's memory.
+    #[test]
+    fn memory_of_several_mappings() {
+        // Its own device: the test frees memory and checks it is gone.
+        const ORD: usize = 43;
+        let d = CpuDevice::open(ORD).unwrap();
+        let before = d.live_bytes();
+        let m = alloc_mapped(ORD, &[256, 512, 256]).unwrap();
+        assert_eq!(m % ALIGN as u64, 0);
+        assert_eq!(d.live_bytes(), before + 1024);
+        d.check_pointer(m, 1024).unwrap();
+        d.check_pointer(m + 100, 800).unwrap();
+        d.check_pointer(m + 768, 256).unwrap();
+        let e = d.check_pointer(m, 1025).unwrap_err();
+        assert!(e.to_string().contains("run past the end"), "{e}");
+        let e = d.check_pointer(m + 300, 1024).unwrap_err();
+        assert!(e.to_string().contains("run past the end"), "{e}");
+        assert!(alloc_mapped(ORD, &[]).is_err());
+        assert!(alloc_mapped(ORD, &[256, 0]).is_err());
+
+        // A copy on a stream spanning the first two mappings, into the last two.
+        let pattern: Vec<u8> = (0..1024u32).map(|i| (i * 7 % 251) as u8).collect();
+        d.htod(m, &pattern).unwrap();
+        let s = d.new_stream().unwrap();
+        let plain = d.alloc_zeroed(600).unwrap();
+        s.copy(plain, m + 100, 600).unwrap();
+        s.copy(m + 400, plain, 600).unwrap();
+        sync(s.as_ref());
+        let mut out = vec![0u8; 1024];
+        d.dtoh(&mut out, m).unwrap();
+        assert_eq!(out[400..1000], pattern[100..700]);
+        assert_eq!(out[..400], pattern[..400]);
+        assert_eq!(out[1000..], pattern[1000..]);
+
+        // `free` refuses mapped memory (as cuMemFree), `free_mapped` plain memory.
+        // SAFETY: `m + 256` is not an allocation of `alloc_zeroed`: refused, nothing freed.
+        unsafe { d.free(m + 256) };
+        // SAFETY: as above, `m` is mapped memory: refused.
+        unsafe { d.free(m) };
+        d.check_pointer(m, 1024).unwrap();
+        assert!(free_mapped(ORD, plain).is_err());
+        assert!(free_mapped(ORD, m + 256).is_err());
+
+        free_mapped(ORD, m).unwrap();
+        assert_eq!(d.live_bytes(), before + 600);
+        assert!(d.check_pointer(m, 1).is_err());
+        assert!(d.check_pointer(m + 512, 1).is_err());
+        s.copy(plain, m + 256, 64).unwrap();
+        let e =
+            super::super::finish(s.as_ref(), Duration::from_secs(10), "t", || Ok(())).unwrap_err();
+        assert!(e.to_string().contains("illegal address"), "{e}");
+        assert!(free_mapped(ORD, m).is_err(), "freed twice");
+        // SAFETY: allocated above, freed once; the failed stream holds no access.
+        unsafe { d.free(plain) };
+        assert_eq!(d.live_bytes(), before);
     }
 }
