@@ -2,15 +2,25 @@
 //! device's primary context, raw allocations, streams, and strata's kernels compiled
 //! once per device by NVRTC ([`crate::kernels_gpu`]) and launched through
 //! [`crate::kernels_gpu::call`].
+//!
+//! Device discipline: every entry that needs the device's context current holds a
+//! [`Device::bind`] guard for its driver calls (`cuCtxGetCurrent`, `cuCtxSetCurrent` of
+//! the primary context, and the previous context, possibly none, made current again
+//! when the guard drops), including the drops of cudarc objects that bind the context
+//! themselves (streams, the module, the context). No thread, a caller's or strata's,
+//! is left on another context. Host waits for the device (synchronous copies, zeroing,
+//! a free that synchronizes) go through [`super::waits::host_wait`] first.
 
 use super::pool::Pool;
-use super::{DevAddr, DevEvent, DevGraph, DevStream, Device, QuantCall};
+use super::waits::host_wait;
+use super::{Bound, DevAddr, DevEvent, DevGraph, DevStream, Device, QuantCall};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::kernels_gpu::call;
 use crate::kernels_gpu::GpuQuant;
 use cudarc::driver::{result, sys, CudaContext, CudaStream, DriverError, PushKernelArg};
 use std::ffi::c_void;
+use std::mem::ManuallyDrop;
 use std::sync::{Arc, OnceLock};
 
 fn dev_err(what: &str, e: DriverError) -> Error {
@@ -23,7 +33,8 @@ fn check(what: &str, r: sys::CUresult) -> Result<()> {
 
 /// One CUDA GPU: its primary context and, once compiled, strata's kernels.
 pub struct CudaDevice {
-    ctx: Arc<CudaContext>,
+    /// Dropped in `Drop` under a bind guard (cudarc binds it to release it).
+    ctx: ManuallyDrop<Arc<CudaContext>>,
     kernels: OnceLock<std::result::Result<GpuQuant, String>>,
     allocations: std::sync::atomic::AtomicU64,
     pool: Pool,
@@ -56,7 +67,7 @@ impl CudaDevice {
         }
         let ctx = open_device(ordinal)?;
         let d = Arc::new(CudaDevice {
-            ctx,
+            ctx: ManuallyDrop::new(ctx),
             kernels: OnceLock::new(),
             allocations: std::sync::atomic::AtomicU64::new(0),
             pool: Pool::default(),
@@ -120,7 +131,8 @@ impl CudaDevice {
 
     /// Zero `bytes` at `p` on the private stream and wait for it alone.
     fn zero_on_aux(&self, p: DevAddr, bytes: usize) -> Result<()> {
-        self.bind()?;
+        host_wait("zeroing device memory (cuMemsetD8Async + cuStreamSynchronize)")?;
+        let _bound = self.bind()?;
         let aux = self.aux()?;
         // SAFETY: FFI memset of a range inside one allocation of this context (the
         // caller's contract), on the private stream, then that stream is waited for.
@@ -152,16 +164,28 @@ impl Device for CudaDevice {
     fn ordinal(&self) -> usize {
         self.ctx.ordinal()
     }
-    fn bind(&self) -> Result<()> {
-        self.ctx
-            .bind_to_thread()
-            .map_err(|e| dev_err("binding the CUDA context", e))
+    fn bind(&self) -> Result<Bound> {
+        let target = self.ctx.cu_ctx();
+        let prev = result::ctx::get_current().map_err(|e| dev_err("cuCtxGetCurrent", e))?;
+        if prev == Some(target) {
+            return Ok(Bound::none());
+        }
+        // SAFETY: FFI making this device's primary context (retained by `self.ctx` for
+        // as long as `self` lives) current on the calling thread.
+        check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(target) })?;
+        let prev = prev.unwrap_or(std::ptr::null_mut());
+        Ok(Bound::restoring(move || {
+            // SAFETY: FFI making current again the context that was current on this
+            // thread before (the guard is not Send: this runs on the same thread), or
+            // none when there was none.
+            let _ = unsafe { sys::cuCtxSetCurrent(prev) };
+        }))
     }
     fn alloc_zeroed(&self, bytes: usize) -> Result<DevAddr> {
         if bytes == 0 {
             return Ok(0);
         }
-        self.bind()?;
+        let _bound = self.bind()?;
         // Stream-ordered on the private stream where the device has memory pools:
         // cuMemAllocAsync never synchronizes other streams, while a plain cuMemAlloc may
         // serialize against work already queued (a caller's stream waiting for a
@@ -190,9 +214,11 @@ impl Device for CudaDevice {
         Ok(p)
     }
     unsafe fn free(&self, addr: DevAddr) {
-        if self.bind().is_err() {
+        let Ok(_bound) = self.bind() else {
             return;
-        }
+        };
+        // Counted, never refused: a free cannot fail (the block would leak).
+        let _ = host_wait("freeing device memory (cuMemFreeAsync + cuStreamSynchronize)");
         if self.has_pools() {
             if let Ok(aux) = self.aux() {
                 // SAFETY: the caller's contract: `addr` came from `alloc_zeroed` (the
@@ -212,7 +238,8 @@ impl Device for CudaDevice {
         if src.is_empty() {
             return Ok(());
         }
-        self.bind()?;
+        host_wait("a host-to-device copy (cuMemcpyHtoDAsync + cuStreamSynchronize)")?;
+        let _bound = self.bind()?;
         let aux = self.aux()?;
         // On the private stream, waited for alone: never the whole device (a caller's
         // stream may be waiting for a stream-ordered collective of another rank on this
@@ -240,7 +267,8 @@ impl Device for CudaDevice {
         if dst.is_empty() {
             return Ok(());
         }
-        self.bind()?;
+        host_wait("a device-to-host copy (cuMemcpyDtoHAsync + cuStreamSynchronize)")?;
+        let _bound = self.bind()?;
         let aux = self.aux()?;
         // SAFETY: as `htod`, in the other direction; `dst` is exclusively borrowed for
         // the whole (waited-for) copy.
@@ -261,58 +289,30 @@ impl Device for CudaDevice {
         }
     }
     fn check_pointer(&self, addr: DevAddr, len: usize) -> Result<()> {
-        if len == 0 {
+        // The first and the last byte, as NCCL checks a buffer: a tensor may span several
+        // mappings (PyTorch's expandable_segments maps memory in pieces), which the
+        // driver reports one at a time; the interior is the vendor library's to check.
+        let Some((first, last)) = span_ends(addr, len)? else {
             return Ok(());
-        }
-        self.bind()?;
-        let mut kind: u32 = 0;
-        let mut ordinal: i32 = -1;
-        // SAFETY: FFI queries writing one u32 / i32; any address may be queried.
-        let (r1, r2) = unsafe {
-            (
-                sys::cuPointerGetAttribute(
-                    &mut kind as *mut u32 as *mut c_void,
-                    sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-                    addr,
-                ),
-                sys::cuPointerGetAttribute(
-                    &mut ordinal as *mut i32 as *mut c_void,
-                    sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-                    addr,
-                ),
-            )
         };
-        let device_kind = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32;
-        if r1.result().is_err() || kind != device_kind {
-            return Err(Error::InvalidArgument(format!(
-                "{addr:#x} is not CUDA device memory (the nccl and cuda-local transports take \
-                 device pointers; host data goes through the local or mpi transport)"
-            )));
-        }
-        if r2.result().is_ok() && ordinal >= 0 && ordinal as usize != self.ordinal() {
-            return Err(Error::InvalidArgument(format!(
-                "{addr:#x} is memory of CUDA device {ordinal}, the communicator runs on device {}",
-                self.ordinal()
-            )));
-        }
-        let (mut base, mut size): (sys::CUdeviceptr, usize) = (0, 0);
-        // SAFETY: FFI query writing the allocation's base and size.
-        let r = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, addr) };
-        if r.result().is_ok() && addr + len as u64 > base + size as u64 {
-            return Err(Error::InvalidArgument(format!(
-                "{len} bytes at {addr:#x} run past the end of their allocation ({size} bytes at {base:#x})"
-            )));
+        let _bound = self.bind()?;
+        self.check_byte(first, addr, len, "first")?;
+        if last != first {
+            self.check_byte(last, addr, len, "last")?;
         }
         Ok(())
     }
     fn new_stream(&self) -> Result<Arc<dyn DevStream>> {
-        self.bind()?;
+        let _bound = self.bind()?;
         let s = self
             .ctx
             .new_stream()
             .map_err(|e| dev_err("creating a CUDA stream", e))?;
         let dev = CudaDevice::open(self.ordinal())?;
-        Ok(Arc::new(CudaDevStream { dev, stream: s }))
+        Ok(Arc::new(CudaDevStream {
+            dev,
+            stream: ManuallyDrop::new(s),
+        }))
     }
     fn pci_bus_id(&self) -> Result<String> {
         let mut buf = [0 as std::ffi::c_char; 64];
@@ -338,7 +338,7 @@ impl Device for CudaDevice {
         &self.pool
     }
     unsafe fn record_on(&self, raw: *mut c_void) -> Result<Arc<dyn DevEvent>> {
-        self.bind()?;
+        let _bound = self.bind()?;
         // Also on a stream being captured: the event then marks a point of the capture,
         // and a stream that waits for it joins the capture (how strata forks its work
         // into a caller's graph).
@@ -347,21 +347,8 @@ impl Device for CudaDevice {
             CudaEvent::record(self, raw as sys::CUstream)
         }?))
     }
-    unsafe fn wait_value_on(&self, raw: *mut c_void, flag: DevAddr, value: u64) -> Result<()> {
-        self.bind()?;
-        // SAFETY: FFI on the caller's live stream and an aligned word of device memory
-        // that stays allocated until the wait is over (the caller's contract).
-        check("cuStreamWaitValue64", unsafe {
-            sys::cuStreamWaitValue64_v2(
-                raw as sys::CUstream,
-                flag,
-                value,
-                sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32,
-            )
-        })
-    }
     unsafe fn is_capturing(&self, raw: *mut c_void) -> Result<bool> {
-        self.bind()?;
+        let _bound = self.bind()?;
         let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
         // SAFETY: FFI query of the caller's stream (its contract), writing one enum.
         check("cuStreamIsCapturing", unsafe {
@@ -373,7 +360,7 @@ impl Device for CudaDevice {
         let ev = ev.as_any().downcast_ref::<CudaEvent>().ok_or_else(|| {
             Error::InvalidArgument("an event of another device given to a CUDA stream".into())
         })?;
-        self.bind()?;
+        let _bound = self.bind()?;
         // SAFETY: FFI on the caller's stream (its contract: null or a live stream of this
         // device) and a live event.
         check("cuStreamWaitEvent", unsafe {
@@ -385,6 +372,89 @@ impl Device for CudaDevice {
 impl Drop for CudaDevice {
     fn drop(&mut self) {
         super::pool::release_cached(self);
+        // cudarc binds the context to unload the module, destroy the private stream and
+        // release the primary context: under this guard, which then makes the thread's
+        // previous context current again.
+        let _bound = self.bind();
+        drop(self.kernels.take());
+        drop(self.aux.take());
+        // SAFETY: `ctx` is dropped once, here, and not used afterwards (the guard's
+        // restore holds the previous context only).
+        unsafe { ManuallyDrop::drop(&mut self.ctx) };
+    }
+}
+
+/// The first and last byte of `len` bytes at `addr`: `None` for 0 bytes, else a clear
+/// `InvalidArgument` for a null address or a range past the end of the address space.
+fn span_ends(addr: DevAddr, len: usize) -> Result<Option<(DevAddr, DevAddr)>> {
+    if len == 0 {
+        return Ok(None);
+    }
+    if addr == 0 {
+        return Err(Error::InvalidArgument(format!(
+            "a null device pointer for {len} bytes"
+        )));
+    }
+    match addr.checked_add(len as u64 - 1) {
+        Some(last) => Ok(Some((addr, last))),
+        None => Err(Error::InvalidArgument(format!(
+            "{len} bytes at {addr:#x} run past the end of the address space"
+        ))),
+    }
+}
+
+impl CudaDevice {
+    /// `Ok` when the byte at `p` (the `which` byte of `len` bytes at `addr`) is device
+    /// memory of this device (`cuPointerGetAttribute`: memory type and device ordinal),
+    /// else an `InvalidArgument` saying which byte and why. The context is bound.
+    fn check_byte(&self, p: DevAddr, addr: DevAddr, len: usize, which: &str) -> Result<()> {
+        let mut kind: u32 = 0;
+        let mut ordinal: i32 = -1;
+        // SAFETY: FFI queries writing one u32 / i32 each; any address may be queried
+        // (unknown ones are an error result).
+        let (r1, r2) = unsafe {
+            (
+                sys::cuPointerGetAttribute(
+                    &mut kind as *mut u32 as *mut c_void,
+                    sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                    p,
+                ),
+                sys::cuPointerGetAttribute(
+                    &mut ordinal as *mut i32 as *mut c_void,
+                    sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                    p,
+                ),
+            )
+        };
+        let what = if len == 1 {
+            format!("the byte at {addr:#x}")
+        } else {
+            format!("the {which} byte ({p:#x}) of {len} bytes at {addr:#x}")
+        };
+        let hint = "the nccl and cuda-local transports take device pointers of the \
+                    communicator's device; host data goes through the local or mpi transport";
+        if let Err(e) = r1.result() {
+            return Err(Error::InvalidArgument(format!(
+                "{what} is not memory known to CUDA ({e:?}): {hint}"
+            )));
+        }
+        if kind != sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 {
+            return Err(Error::InvalidArgument(format!(
+                "{what} is not CUDA device memory (memory type {kind}): {hint}"
+            )));
+        }
+        if let Err(e) = r2.result() {
+            return Err(Error::InvalidArgument(format!(
+                "{what}: CUDA cannot tell its device ({e:?}): {hint}"
+            )));
+        }
+        if ordinal < 0 || ordinal as usize != self.ordinal() {
+            return Err(Error::InvalidArgument(format!(
+                "{what} is memory of CUDA device {ordinal}, the communicator runs on device {}",
+                self.ordinal()
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -454,7 +524,7 @@ unsafe impl Sync for CudaGraph {}
 
 impl Drop for CudaGraph {
     fn drop(&mut self) {
-        let _ = self.dev.bind();
+        let _bound = self.dev.bind();
         // SAFETY: destroying our own executable graph and graph, once each; launches
         // already enqueued keep what they need.
         unsafe {
@@ -475,7 +545,7 @@ impl DevGraph for CudaGraph {
                 d.ordinal()
             )));
         }
-        self.dev.bind()?;
+        let _bound = self.dev.bind()?;
         // SAFETY: FFI launching our live executable graph on a live stream of its device
         // (checked above).
         check("cuGraphLaunch", unsafe {
@@ -493,7 +563,16 @@ unsafe extern "C" fn sleep_host_fn(user: *mut c_void) {
 /// A CUDA stream of a [`CudaDevice`].
 pub struct CudaDevStream {
     dev: Arc<CudaDevice>,
-    stream: Arc<CudaStream>,
+    /// Dropped in `Drop` under a bind guard (cudarc binds the context to destroy it).
+    stream: ManuallyDrop<Arc<CudaStream>>,
+}
+
+impl Drop for CudaDevStream {
+    fn drop(&mut self) {
+        let _bound = self.dev.bind();
+        // SAFETY: `stream` is dropped once, here, and not used afterwards.
+        unsafe { ManuallyDrop::drop(&mut self.stream) };
+    }
 }
 
 impl CudaDevStream {
@@ -507,6 +586,8 @@ impl CudaDevStream {
         b: u64,
         n: Scalar,
     ) -> Result<()> {
+        // cudarc binds the context to compile, load and launch: bound here, restored after.
+        let _bound = self.dev.bind()?;
         let k = self.dev.kernels()?;
         // SAFETY: kernel launch. `strata_reduce_*(T* acc, const T* src, u64 n)` and
         // `strata_divide_*(T* buf, u64 count, double n)` (kernels-cuda/strata_reduce.cuh)
@@ -542,7 +623,7 @@ impl DevStream for CudaDevStream {
         if bytes == 0 || dst == src {
             return Ok(());
         }
-        self.dev.bind()?;
+        let _bound = self.dev.bind()?;
         // SAFETY: FFI async copy on this stream; both ranges are borrowed by the caller
         // until the stream is synchronized (`super::finish`).
         unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }
@@ -581,6 +662,7 @@ impl DevStream for CudaDevStream {
         let Some(p) = call::prepare(c)? else {
             return Ok(());
         };
+        let _bound = self.dev.bind()?;
         // SAFETY: `prepare` checked the regions, which the caller (bufops) holds borrowed
         // until the stream is waited for.
         unsafe { self.dev.kernels()?.launch_prepared(&self.stream, &p) }
@@ -595,7 +677,7 @@ impl DevStream for CudaDevStream {
         }
     }
     fn delay(&self, d: std::time::Duration) -> Result<()> {
-        self.dev.bind()?;
+        let _bound = self.dev.bind()?;
         let us = d.as_micros().min(usize::MAX as u128) as usize;
         // SAFETY: FFI on this live stream; the host function only sleeps and reads its
         // argument as an integer.
@@ -609,7 +691,7 @@ impl DevStream for CudaDevStream {
         check("cuLaunchHostFunc", r)
     }
     fn record(&self) -> Result<Arc<dyn DevEvent>> {
-        self.dev.bind()?;
+        let _bound = self.dev.bind()?;
         // SAFETY: this stream is live and of this device, bound above.
         Ok(Arc::new(unsafe {
             CudaEvent::record(&self.dev, self.stream.cu_stream())
@@ -619,37 +701,17 @@ impl DevStream for CudaDevStream {
         let ev = ev.as_any().downcast_ref::<CudaEvent>().ok_or_else(|| {
             Error::InvalidArgument("an event of another device given to a CUDA stream".into())
         })?;
-        self.dev.bind()?;
+        let _bound = self.dev.bind()?;
         // SAFETY: FFI on this live stream and a live event.
         check("cuStreamWaitEvent", unsafe {
             sys::cuStreamWaitEvent(self.stream.cu_stream(), ev.ev, 0)
         })
     }
-    fn write_value(&self, flag: DevAddr, value: u64) -> Result<()> {
-        self.dev.bind()?;
-        // SAFETY: FFI on this live stream; `flag` is an aligned word of device memory the
-        // caller keeps allocated.
-        check("cuStreamWriteValue64", unsafe {
-            sys::cuStreamWriteValue64_v2(
-                self.stream.cu_stream(),
-                flag,
-                value,
-                sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32,
-            )
-        })
-    }
-    fn wait_value(&self, flag: DevAddr, value: u64) -> Result<()> {
-        // SAFETY: this stream is live and of this device; `flag` is the caller's word.
-        unsafe {
-            self.dev
-                .wait_value_on(self.stream.cu_stream() as *mut c_void, flag, value)
-        }
-    }
     fn clear(&self, addr: DevAddr, bytes: usize) -> Result<()> {
         if bytes == 0 {
             return Ok(());
         }
-        self.dev.bind()?;
+        let _bound = self.dev.bind()?;
         // SAFETY: FFI memset on this live stream of a range the caller holds borrowed
         // (inside one allocation) until the stream is waited for.
         check("cuMemsetD8Async", unsafe {
@@ -657,7 +719,7 @@ impl DevStream for CudaDevStream {
         })
     }
     fn begin_capture(&self) -> Result<()> {
-        self.dev.bind()?;
+        let _bound = self.dev.bind()?;
         // SAFETY: FFI on this live stream.
         check("cuStreamBeginCapture", unsafe {
             sys::cuStreamBeginCapture_v2(
@@ -667,7 +729,7 @@ impl DevStream for CudaDevStream {
         })
     }
     fn end_capture(&self) -> Result<Arc<dyn DevGraph>> {
-        self.dev.bind()?;
+        let _bound = self.dev.bind()?;
         let mut graph: sys::CUgraph = std::ptr::null_mut();
         // SAFETY: FFI on this live stream, writing one graph handle.
         check("cuStreamEndCapture", unsafe {
@@ -688,7 +750,7 @@ impl DevStream for CudaDevStream {
         }))
     }
     unsafe fn wait_foreign(&self, other: *mut c_void) -> Result<()> {
-        self.dev.bind()?;
+        let _bound = self.dev.bind()?;
         let ev = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
             .map_err(|e| dev_err("cuEventCreate", e))?;
         // SAFETY: FFI on a fresh event and the caller's live stream (its contract); the
@@ -743,7 +805,19 @@ pub fn open_device(ordinal: usize) -> Result<Arc<CudaContext>> {
             driver_candidates()
         )));
     }
-    match std::panic::catch_unwind(|| CudaContext::new(ordinal)) {
+    // CudaContext::new makes the context current: the thread's previous one is made
+    // current again (strata binds per call, never leaves a thread on its device).
+    let open = || -> std::result::Result<Arc<CudaContext>, DriverError> {
+        result::init()?;
+        let prev = result::ctx::get_current()?;
+        let made = CudaContext::new(ordinal);
+        // SAFETY: FFI making current again the context current before (or none).
+        let back = unsafe { result::ctx::set_current(prev.unwrap_or(std::ptr::null_mut())) };
+        let made = made?;
+        back?;
+        Ok(made)
+    };
+    match std::panic::catch_unwind(open) {
         Ok(r) => r.map_err(|e| Error::Device(format!("opening CUDA device {ordinal}: {e:?}"))),
         Err(p) => Err(Error::System(format!(
             "the CUDA driver panicked: {}",

@@ -10,8 +10,11 @@
 //!   [`crate::kernels_gpu::kernel_names`] and [`crate::kernels_gpu::reduce_kernel_names`]
 //!   once per device. Launches are prepared by [`crate::kernels_gpu::call`], like CUDA's.
 //! - Devices are shared per process: opening an ordinal that is open returns the same
-//!   [`HipDevice`]. Every call makes the device current on the calling thread first
-//!   (`hipSetDevice`, [`Device::bind`]).
+//!   [`HipDevice`]. Every call makes the device current on the calling thread for its
+//!   runtime calls and the thread's previous device current again on return
+//!   (`hipGetDevice` / `hipSetDevice`, the guard of [`Device::bind`]); so do opening a
+//!   device and releasing one. Host waits for the device (synchronous copies, zeroing,
+//!   `hipFree`) go through [`super::waits::host_wait`] first.
 //! - Host copies and zeroing run on a private non-blocking stream of the device and wait
 //!   for it, so they are complete (even from pageable memory) when the call returns and
 //!   never wait for the collectives running on other streams. Streams from
@@ -35,7 +38,8 @@
 //! [`crate::topology::gcd::pair_gcds`] (MI250X GCD pairing).
 
 use super::pool::Pool;
-use super::{DevAddr, DevEvent, DevGraph, DevStream, Device, QuantCall};
+use super::waits::host_wait;
+use super::{Bound, DevAddr, DevEvent, DevGraph, DevStream, Device, QuantCall};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::kernels_gpu::call::{self, ArgBlock};
@@ -227,10 +231,24 @@ fn device_names(ordinal: usize) -> Result<(String, String)> {
     ))
 }
 
-fn set_device(ordinal: usize) -> Result<()> {
+/// Make device `ordinal` current on the calling thread until the guard drops, which
+/// makes the thread's previous device current again.
+fn bound_to(ordinal: usize) -> Result<Bound> {
+    let mut prev: i32 = -1;
+    // SAFETY: FFI writing one int: the calling thread's current device.
+    let r = unsafe { sys::hipGetDevice(&mut prev) };
+    check(r, || "hipGetDevice".to_string())?;
+    if prev == ordinal as i32 {
+        return Ok(Bound::none());
+    }
     // SAFETY: FFI; sets the calling thread's current device.
     let r = unsafe { sys::hipSetDevice(ordinal as i32) };
-    check(r, || format!("hipSetDevice({ordinal})"))
+    check(r, || format!("hipSetDevice({ordinal})"))?;
+    Ok(Bound::restoring(move || {
+        // SAFETY: FFI making the thread's previous device current again (the guard is
+        // not Send: this runs on the thread that bound).
+        let _ = unsafe { sys::hipSetDevice(prev) };
+    }))
 }
 
 impl HipDevice {
@@ -262,7 +280,7 @@ impl HipDevice {
                 "HIP device {ordinal} does not exist: {count} visible (ordinals 0..{count})"
             )));
         }
-        set_device(ordinal)?;
+        let _bound = bound_to(ordinal)?;
         let (name, gcn_arch) = device_names(ordinal)?;
         let (target, image) = code_object_for(&gcn_arch)
             .map_err(|e| Error::Device(format!("HIP device {ordinal} ({name}): {e}")))?;
@@ -360,7 +378,8 @@ impl HipDevice {
         what: &str,
         f: impl FnOnce(sys::hipStream_t) -> sys::hipError_t,
     ) -> Result<()> {
-        self.bind()?;
+        host_wait(what)?;
+        let _bound = self.bind()?;
         check(f(self.aux), || {
             format!("{what} on HIP device {}", self.ordinal)
         })?;
@@ -386,7 +405,7 @@ impl Drop for Loaded {
 }
 
 fn release(ordinal: usize, module: sys::hipModule_t, aux: sys::hipStream_t) {
-    let _ = set_device(ordinal);
+    let _bound = bound_to(ordinal);
     if !aux.is_null() {
         // SAFETY: FFI destroying a stream this module created, once.
         let _ = unsafe { sys::hipStreamDestroy(aux) };
@@ -429,6 +448,78 @@ struct PointerAttr {
     allocation_flags: u32,
 }
 
+/// The first and last byte of `len` bytes at `addr`: `None` for 0 bytes, else a clear
+/// `InvalidArgument` for a null address or a range past the end of the address space.
+fn span_ends(addr: DevAddr, len: usize) -> Result<Option<(DevAddr, DevAddr)>> {
+    if len == 0 {
+        return Ok(None);
+    }
+    if addr == 0 {
+        return Err(Error::InvalidArgument(format!(
+            "a null device pointer for {len} bytes"
+        )));
+    }
+    match addr.checked_add(len as u64 - 1) {
+        Some(last) => Ok(Some((addr, last))),
+        None => Err(Error::InvalidArgument(format!(
+            "{len} bytes at {addr:#x} run past the end of the address space"
+        ))),
+    }
+}
+
+impl HipDevice {
+    /// `Ok` when the byte at `p` (the `which` byte of `len` bytes at `addr`) is device
+    /// memory of this device (`hipPointerGetAttributes`: memory type and device), else
+    /// an `InvalidArgument` saying which byte and why. The device is bound.
+    fn check_byte(&self, p: DevAddr, addr: DevAddr, len: usize, which: &str) -> Result<()> {
+        let mut a = PointerAttr {
+            memory_type: -1,
+            device: -1,
+            device_pointer: std::ptr::null_mut(),
+            host_pointer: std::ptr::null_mut(),
+            is_managed: 0,
+            allocation_flags: 0,
+        };
+        // SAFETY: FFI writing one hipPointerAttribute_t, whose HIP 5 layout PointerAttr
+        // repeats (size checked by a unit test); any address may be queried.
+        let r = unsafe {
+            sys::hipPointerGetAttributes(
+                &mut a as *mut PointerAttr as *mut sys::hipPointerAttribute_t,
+                p as *const c_void,
+            )
+        };
+        let what = if len == 1 {
+            format!("the byte at {addr:#x}")
+        } else {
+            format!("the {which} byte ({p:#x}) of {len} bytes at {addr:#x}")
+        };
+        let hint = "the rccl transport takes device pointers of the communicator's device; \
+                    host data goes through the local or mpi transport";
+        if r != sys::hipError_t::hipSuccess {
+            // Clear the thread's last error, which the failed query set.
+            // SAFETY: FFI without arguments.
+            let _ = unsafe { sys::hipGetLastError() };
+            return Err(Error::InvalidArgument(format!(
+                "{what} is not memory known to HIP ({}): {hint}",
+                error_string(r)
+            )));
+        }
+        if a.memory_type != self.device_type {
+            return Err(Error::InvalidArgument(format!(
+                "{what} is not HIP device memory (memory type {}): {hint}",
+                a.memory_type
+            )));
+        }
+        if a.device < 0 || a.device as usize != self.ordinal {
+            return Err(Error::InvalidArgument(format!(
+                "{what} is memory of HIP device {}, the communicator runs on device {}",
+                a.device, self.ordinal
+            )));
+        }
+        Ok(())
+    }
+}
+
 impl Device for HipDevice {
     fn api(&self) -> super::Api {
         super::Api::Hip
@@ -438,15 +529,15 @@ impl Device for HipDevice {
         self.ordinal
     }
 
-    fn bind(&self) -> Result<()> {
-        set_device(self.ordinal)
+    fn bind(&self) -> Result<Bound> {
+        bound_to(self.ordinal)
     }
 
     fn alloc_zeroed(&self, bytes: usize) -> Result<DevAddr> {
         if bytes == 0 {
             return Ok(0);
         }
-        self.bind()?;
+        let _bound = self.bind()?;
         let mut p: *mut c_void = std::ptr::null_mut();
         // SAFETY: FFI allocating `bytes` bytes on the current device.
         let r = unsafe { sys::hipMalloc(&mut p, bytes) };
@@ -469,9 +560,14 @@ impl Device for HipDevice {
     }
 
     unsafe fn free(&self, addr: DevAddr) {
-        if addr == 0 || self.bind().is_err() {
+        if addr == 0 {
             return;
         }
+        let Ok(_bound) = self.bind() else {
+            return;
+        };
+        // Counted, never refused: a free cannot fail (the block would leak).
+        let _ = host_wait("freeing device memory (hipFree synchronizes the device)");
         // SAFETY: the caller's contract: `addr` came from `alloc_zeroed` on this device,
         // is freed once, and no queued work uses it.
         let r = unsafe { sys::hipFree(addr as *mut c_void) };
@@ -523,74 +619,18 @@ impl Device for HipDevice {
     }
 
     fn check_pointer(&self, addr: DevAddr, len: usize) -> Result<()> {
-        if len == 0 {
+        // The first and the last byte, as NCCL checks a buffer: a tensor may span several
+        // mappings (an allocator that maps memory in pieces), which the runtime reports
+        // one at a time; the interior is the vendor library's to check.
+        let Some((first, last)) = span_ends(addr, len)? else {
             return Ok(());
-        }
-        if addr == 0 {
-            return Err(Error::InvalidArgument(format!(
-                "a null device pointer for {len} bytes"
-            )));
-        }
-        self.bind()?;
-        let mut a = PointerAttr {
-            memory_type: -1,
-            device: -1,
-            device_pointer: std::ptr::null_mut(),
-            host_pointer: std::ptr::null_mut(),
-            is_managed: 0,
-            allocation_flags: 0,
         };
-        // SAFETY: FFI writing one hipPointerAttribute_t, whose HIP 5 layout PointerAttr
-        // repeats (size checked by a unit test); any address may be queried.
-        let r = unsafe {
-            sys::hipPointerGetAttributes(
-                &mut a as *mut PointerAttr as *mut sys::hipPointerAttribute_t,
-                addr as *const c_void,
-            )
-        };
-        if r != sys::hipError_t::hipSuccess {
-            // Clear the thread's last error, which the failed query set.
-            // SAFETY: FFI without arguments.
-            let _ = unsafe { sys::hipGetLastError() };
-            return Err(Error::InvalidArgument(format!(
-                "{addr:#x} is not memory known to HIP ({}): the rccl transport takes device \
-                 pointers; host data goes through the local or mpi transport",
-                error_string(r)
-            )));
+        let _bound = self.bind()?;
+        self.check_byte(first, addr, len, "first")?;
+        if last != first {
+            self.check_byte(last, addr, len, "last")?;
         }
-        if a.memory_type != self.device_type {
-            return Err(Error::InvalidArgument(format!(
-                "{addr:#x} is not HIP device memory (memory type {}): the rccl transport \
-                 takes device pointers; host data goes through the local or mpi transport",
-                a.memory_type
-            )));
-        }
-        if a.device < 0 || a.device as usize != self.ordinal {
-            return Err(Error::InvalidArgument(format!(
-                "{addr:#x} is memory of HIP device {}, the communicator runs on device {}",
-                a.device, self.ordinal
-            )));
-        }
-        let mut base: *mut c_void = std::ptr::null_mut();
-        let mut size: usize = 0;
-        // SAFETY: FFI writing the base and size of the allocation holding `addr`.
-        let r = unsafe { sys::hipMemGetAddressRange(&mut base, &mut size, addr as *mut c_void) };
-        if r != sys::hipError_t::hipSuccess {
-            // SAFETY: FFI without arguments (clears the error the query set).
-            let _ = unsafe { sys::hipGetLastError() };
-            return Err(Error::InvalidArgument(format!(
-                "{addr:#x}: the allocation holding it is unknown to HIP ({})",
-                error_string(r)
-            )));
-        }
-        let (base, end) = (base as u64, base as u64 + size as u64);
-        match addr.checked_add(len as u64) {
-            Some(stop) if addr >= base && stop <= end => Ok(()),
-            _ => Err(Error::InvalidArgument(format!(
-                "{len} bytes at {addr:#x} run past the end of their allocation ({size} bytes at \
-                 {base:#x})"
-            ))),
-        }
+        Ok(())
     }
 
     fn new_stream(&self) -> Result<Arc<dyn DevStream>> {
@@ -598,7 +638,7 @@ impl Device for HipDevice {
             .me
             .upgrade()
             .ok_or_else(|| Error::Internal("HIP device used while being dropped".into()))?;
-        self.bind()?;
+        let _bound = self.bind()?;
         let mut s: sys::hipStream_t = std::ptr::null_mut();
         // SAFETY: FFI creating a stream on the current device.
         let r = unsafe { sys::hipStreamCreateWithFlags(&mut s, sys::hipStreamNonBlocking) };
@@ -633,7 +673,7 @@ impl Device for HipDevice {
         &self.pool
     }
     unsafe fn record_on(&self, raw: *mut c_void) -> Result<Arc<dyn DevEvent>> {
-        self.bind()?;
+        let _bound = self.bind()?;
         // Also on a stream being captured: the event then marks a point of the capture,
         // and a stream that waits for it joins the capture (how strata forks its work
         // into a caller's graph).
@@ -642,23 +682,8 @@ impl Device for HipDevice {
             HipEvent::record(raw as sys::hipStream_t)
         }?))
     }
-    unsafe fn wait_value_on(&self, raw: *mut c_void, flag: DevAddr, value: u64) -> Result<()> {
-        self.bind()?;
-        // SAFETY: FFI on the caller's live stream and an aligned word of device memory
-        // kept allocated until the wait is over (the caller's contract).
-        let r = unsafe {
-            sys::hipStreamWaitValue64(
-                raw as sys::hipStream_t,
-                flag as *mut c_void,
-                value,
-                sys::hipStreamWaitValueGte,
-                u64::MAX,
-            )
-        };
-        check(r, || "hipStreamWaitValue64".to_string())
-    }
     unsafe fn is_capturing(&self, raw: *mut c_void) -> Result<bool> {
-        self.bind()?;
+        let _bound = self.bind()?;
         let mut status = sys::hipStreamCaptureStatus::hipStreamCaptureStatusNone;
         // SAFETY: FFI query of the caller's stream (its contract), writing one enum.
         let r = unsafe { sys::hipStreamIsCapturing(raw as sys::hipStream_t, &mut status) };
@@ -669,7 +694,7 @@ impl Device for HipDevice {
         let ev = ev.as_any().downcast_ref::<HipEvent>().ok_or_else(|| {
             Error::InvalidArgument("an event of another device given to a HIP stream".into())
         })?;
-        self.bind()?;
+        let _bound = self.bind()?;
         // SAFETY: FFI on the caller's stream (its contract: null or a live stream of this
         // device) and a live event.
         let r = unsafe { sys::hipStreamWaitEvent(raw as sys::hipStream_t, ev.ev, 0) };
@@ -746,7 +771,7 @@ unsafe impl Sync for HipGraph {}
 
 impl Drop for HipGraph {
     fn drop(&mut self) {
-        let _ = self.dev.bind();
+        let _bound = self.dev.bind();
         // SAFETY: FFI destroying our own executable graph and graph, once each; launches
         // already enqueued keep what they need.
         unsafe {
@@ -767,7 +792,7 @@ impl DevGraph for HipGraph {
                 d.ordinal()
             )));
         }
-        self.dev.bind()?;
+        let _bound = self.dev.bind()?;
         // SAFETY: FFI launching our live executable graph on a live stream of its device
         // (checked above).
         let r = unsafe { sys::hipGraphLaunch(self.exec, stream.raw() as sys::hipStream_t) };
@@ -802,7 +827,7 @@ unsafe impl Sync for HipStream {}
 
 impl Drop for HipStream {
     fn drop(&mut self) {
-        let _ = self.dev.bind();
+        let _bound = self.dev.bind();
         // SAFETY: FFI destroying the stream created in `new_stream`, once. Work still
         // queued completes first (hipStreamDestroy waits for it).
         let _ = unsafe { sys::hipStreamDestroy(self.stream) };
@@ -819,7 +844,7 @@ impl HipStream {
         params: &mut [*mut c_void],
     ) -> Result<()> {
         let f = self.dev.func(name)?;
-        self.dev.bind()?;
+        let _bound = self.dev.bind()?;
         // SAFETY: kernel launch on this live stream. `params` points at locals of the
         // caller that match the kernel's C signature (kernels-cuda/strata_reduce.cuh;
         // StrataQuantArgs & co. by value, repr(C) twins in kernels_gpu::plan) and outlive
@@ -867,7 +892,7 @@ impl DevStream for HipStream {
         if bytes == 0 || dst == src {
             return Ok(());
         }
-        self.dev.bind()?;
+        let _bound = self.dev.bind()?;
         // SAFETY: FFI async copy on this stream; both ranges are borrowed by the caller
         // until the stream is finished (`super::finish`).
         let r = unsafe {
@@ -948,7 +973,7 @@ impl DevStream for HipStream {
     }
 
     fn delay(&self, d: std::time::Duration) -> Result<()> {
-        self.dev.bind()?;
+        let _bound = self.dev.bind()?;
         let us = d.as_micros().min(usize::MAX as u128) as usize;
         // SAFETY: FFI on this live stream; the host function only sleeps and reads its
         // argument as an integer.
@@ -959,7 +984,7 @@ impl DevStream for HipStream {
     }
 
     fn record(&self) -> Result<Arc<dyn DevEvent>> {
-        self.dev.bind()?;
+        let _bound = self.dev.bind()?;
         // SAFETY: this stream is live and of the bound device.
         Ok(Arc::new(unsafe { HipEvent::record(self.stream) }?))
     }
@@ -968,33 +993,17 @@ impl DevStream for HipStream {
         let ev = ev.as_any().downcast_ref::<HipEvent>().ok_or_else(|| {
             Error::InvalidArgument("an event of another device given to a HIP stream".into())
         })?;
-        self.dev.bind()?;
+        let _bound = self.dev.bind()?;
         // SAFETY: FFI on this live stream and a live event.
         let r = unsafe { sys::hipStreamWaitEvent(self.stream, ev.ev, 0) };
         check(r, || "hipStreamWaitEvent".to_string())
-    }
-
-    fn write_value(&self, flag: DevAddr, value: u64) -> Result<()> {
-        self.dev.bind()?;
-        // SAFETY: FFI on this live stream; `flag` is an aligned word of device memory the
-        // caller keeps allocated.
-        let r = unsafe { sys::hipStreamWriteValue64(self.stream, flag as *mut c_void, value, 0) };
-        check(r, || "hipStreamWriteValue64".to_string())
-    }
-
-    fn wait_value(&self, flag: DevAddr, value: u64) -> Result<()> {
-        // SAFETY: this stream is live and of this device; `flag` is the caller's word.
-        unsafe {
-            self.dev
-                .wait_value_on(self.stream as *mut c_void, flag, value)
-        }
     }
 
     fn clear(&self, addr: DevAddr, bytes: usize) -> Result<()> {
         if bytes == 0 {
             return Ok(());
         }
-        self.dev.bind()?;
+        let _bound = self.dev.bind()?;
         // SAFETY: FFI memset on this live stream of a range the caller holds borrowed
         // (inside one allocation) until the stream is finished.
         let r = unsafe { sys::hipMemsetAsync(addr as *mut c_void, 0, bytes, self.stream) };
@@ -1007,7 +1016,7 @@ impl DevStream for HipStream {
     }
 
     fn begin_capture(&self) -> Result<()> {
-        self.dev.bind()?;
+        let _bound = self.dev.bind()?;
         // SAFETY: FFI on this live stream.
         let r = unsafe {
             sys::hipStreamBeginCapture(
@@ -1019,7 +1028,7 @@ impl DevStream for HipStream {
     }
 
     fn end_capture(&self) -> Result<Arc<dyn DevGraph>> {
-        self.dev.bind()?;
+        let _bound = self.dev.bind()?;
         let mut graph: sys::hipGraph_t = std::ptr::null_mut();
         // SAFETY: FFI on this live stream, writing one graph handle.
         let r = unsafe { sys::hipStreamEndCapture(self.stream, &mut graph) };
@@ -1049,7 +1058,7 @@ impl DevStream for HipStream {
     }
 
     unsafe fn wait_foreign(&self, other: *mut c_void) -> Result<()> {
-        self.dev.bind()?;
+        let _bound = self.dev.bind()?;
         let mut ev: sys::hipEvent_t = std::ptr::null_mut();
         // SAFETY: FFI creating an event on the current device.
         let r = unsafe { sys::hipEventCreateWithFlags(&mut ev, sys::hipEventDisableTiming) };
@@ -1168,7 +1177,9 @@ mod tests {
         d.htod(pa, bytemuck::cast_slice(&a)).unwrap();
         d.htod(pb, bytemuck::cast_slice(&b)).unwrap();
         d.check_pointer(pa, n * 4).unwrap();
-        assert!(d.check_pointer(pa, n * 4 + 1).is_err());
+        // The last byte far outside any allocation; null.
+        assert!(d.check_pointer(pa, 1 << 44).is_err());
+        assert!(d.check_pointer(0, 4).is_err());
         let host = [0u8; 16];
         assert!(d.check_pointer(host.as_ptr() as u64, 16).is_err());
         let s = d.new_stream().unwrap();

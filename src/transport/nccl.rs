@@ -1,17 +1,23 @@
 //! `nccl` (feature `cuda`) and `rccl` (feature `rocm`): one rank per process and GPU,
 //! over the vendor library loaded at run time ([`super::vendor`]). Native collectives
-//! are the library's (`ncclAllGather`, `ncclReduceScatter`, ...), enqueued on the
-//! communicator's own stream and waited for with the communicator's timeout while
-//! polling `ncclCommGetAsyncError`; a timeout or an asynchronous error aborts the
-//! vendor communicator (`ncclCommAbort`) and fails the call with `Error::Remote`, so a
-//! dead peer never hangs a rank. All-to-all is the library's where it has one, else
-//! grouped send/receive; sub-communicators come from `ncclCommSplit` (or, on libraries
-//! without it, a new unique id per color exchanged over the parent). `ncclCommInitRank`
-//! and `ncclCommSplit` run on a helper thread with the same timeout (a rank that never
-//! joins is `Remote`, the parent of a stuck split aborted), and aborts go through an
-//! [`AbortHandle`] that needs no lock, so an abort never waits for a call blocked in the
-//! library. Host buffers are staged through scratch allocated once per communicator
-//! ([`super::gpu::staged`]).
+//! are the library's (`ncclAllGather`, `ncclReduceScatter`, ...), enqueued on
+//! [`super::gpu::work_stream`]: on the launch path of a stream-ordered call
+//! ([`super::gpu::direct`], the only path for device buffers) the call's stream, and the
+//! transport returns once enqueued, waiting for nothing on the host (a watchdog observes
+//! completion and polls [`GpuTransport::probe`], `ncclCommGetAsyncError`); on the host
+//! staging path the communicator's own stream, waited for with the communicator's
+//! timeout while polling the same error, where a timeout or an error aborts the vendor
+//! communicator and fails the call with `Error::Remote`, so a dead peer never hangs a
+//! rank. All-to-all is the library's where it has one, else grouped send/receive;
+//! sub-communicators come from `ncclCommSplit` (or, on libraries without it, a new
+//! unique id per color exchanged over the parent). `ncclCommInitRank` and
+//! `ncclCommSplit` run on a helper thread with the same timeout (a rank that never joins
+//! is `Remote`). Aborts need no lock and never free a communicator a call is inside:
+//! each vendor call, and each communicator enqueued in a group until `ncclGroupEnd`,
+//! holds a use guard, and the abort runs when the last one leaves ([`super::vendor`]).
+//! Every entry makes the device current and restores the thread's previous one on
+//! return ([`Device::bind`]). Host buffers are staged through scratch allocated once per
+//! communicator ([`super::gpu::staged`]).
 //!
 //! NCCL's data types and reduction ops have strata's numbers ([`DataType`] and
 //! [`ReduceOp`] are `#[repr]`ed on them); `Avg` is sent as `Sum` (the caller divides).
@@ -20,7 +26,7 @@
 
 use super::gpu::{staged, GpuTransport, Scratch};
 use super::vendor::{
-    AbortHandle, Reduction, Vendor, VendorComm, VendorLib, VendorUniqueId, VENDOR_UNIQUE_ID_BYTES,
+    InUse, Reduction, Vendor, VendorComm, VendorLib, VendorUniqueId, VENDOR_UNIQUE_ID_BYTES,
 };
 use super::{Transport, TransportKind};
 use crate::device::{finish, DevStream, Device, Region};
@@ -34,14 +40,20 @@ use std::time::Duration;
 thread_local! {
     /// Inside a vendor group on this thread: calls enqueue without waiting.
     static DEFER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Use guards of the communicators enqueued in this thread's open group: the library
+    /// uses them until `ncclGroupEnd`, so no abort may free them before.
+    static HELD: std::cell::RefCell<Vec<InUse<'static>>> =
+        const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// One rank of an NCCL or RCCL communicator.
 pub struct NcclTransport {
     vendor: Vendor,
-    comm: Mutex<VendorComm<'static>>,
-    /// Aborts `comm` without its lock (a call blocked in the library holds it).
-    aborter: AbortHandle<'static>,
+    /// The vendor communicator: aborts and the asynchronous-error probe use it from any
+    /// thread without `calls` (its use count keeps them safe).
+    comm: VendorComm<'static>,
+    /// Serializes the vendor calls on `comm` (NCCL's rule for blocking communicators).
+    calls: Mutex<()>,
     rank: usize,
     members: Vec<usize>,
     dev: Arc<dyn Device>,
@@ -77,7 +89,6 @@ impl NcclTransport {
         timeout: Duration,
     ) -> Result<NcclTransport> {
         let lib = VendorLib::get(vendor)?;
-        dev.bind()?;
         let d = dev.clone();
         let comm = lib.comm_init_rank_within(size, id, rank, timeout, move || d.bind())?;
         NcclTransport::wrap(
@@ -102,8 +113,8 @@ impl NcclTransport {
     ) -> Result<NcclTransport> {
         Ok(NcclTransport {
             vendor,
-            aborter: comm.abort_handle(),
-            comm: Mutex::new(comm),
+            comm,
+            calls: Mutex::new(()),
             rank,
             members,
             dev: dev.clone(),
@@ -119,24 +130,27 @@ impl NcclTransport {
         self.vendor
     }
 
-    /// Run `f` on the vendor communicator (device bound), then wait for the stream
-    /// (inside [`GpuTransport::group`]: only enqueue; the group waits).
+    /// Run `f` on the vendor communicator (device bound, restored on return; a use guard
+    /// held), then: inside [`GpuTransport::group`] nothing (the guard is kept until the
+    /// group ends); else [`GpuTransport::finish`] (on the launch path only the
+    /// asynchronous-error probe, never a wait).
     fn run(
         &self,
         what: &str,
-        f: impl FnOnce(&VendorComm<'static>, *mut std::ffi::c_void) -> Result<()>,
+        f: impl FnOnce(&VendorComm<'static>, &dyn DevStream) -> Result<()>,
     ) -> Result<()> {
-        self.dev.bind()?;
+        let _bound = self.dev.bind()?;
         let deferred = DEFER.with(|d| d.get());
         {
-            let c = self.lock()?;
-            if c.raw().is_null() {
-                return Err(Error::Remote(format!(
-                    "{what}: the {} communicator was aborted",
-                    self.vendor.name()
-                )));
+            let _calls = self.lock()?;
+            let inside = self.comm.enter(what)?;
+            let stream = super::gpu::work_stream(self);
+            let r = f(&self.comm, stream.as_ref());
+            if deferred {
+                // Whatever `f` enqueued is launched by ncclGroupEnd.
+                HELD.with(|h| h.borrow_mut().push(inside));
             }
-            f(&c, super::gpu::work_stream(self).raw())?;
+            r?;
         }
         if deferred {
             return Ok(());
@@ -144,10 +158,18 @@ impl NcclTransport {
         self.finish(what)
     }
 
-    fn lock(&self) -> Result<std::sync::MutexGuard<'_, VendorComm<'static>>> {
-        self.comm
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, ()>> {
+        self.calls
             .lock()
             .map_err(|_| Error::Internal("vendor communicator lock poisoned".into()))
+    }
+
+    /// The communicator's asynchronous error as `Error::Remote` naming `what`.
+    fn probe_for(&self, what: &str) -> Result<()> {
+        self.comm.async_error().map_err(|e| match e {
+            Error::Remote(_) => e,
+            other => Error::Remote(format!("{what}: {other}")),
+        })
     }
 
     fn grouped(&self, c: &VendorComm<'static>, f: impl FnOnce() -> Result<()>) -> Result<()> {
@@ -196,24 +218,23 @@ impl GpuTransport for NcclTransport {
     }
     fn finish(&self, what: &str) -> Result<()> {
         if super::gpu::direct() {
-            // The capturable path: the stream orders the work; errors surface through
-            // the communicator's async error.
-            return self
-                .lock()?
-                .async_error()
-                .map_err(|e| Error::Remote(format!("{what}: {e}")));
+            // The launch path: enqueue only. The call's stream orders the work and the
+            // watchdog observes it; the asynchronous error is a query, not a wait.
+            return self.probe_for(what);
         }
+        // The host staging path (host buffers): wait for the communicator's stream.
         let r = finish(self.stream.as_ref(), self.timeout, what, || {
-            self.lock()?
-                .async_error()
-                .map_err(|e| Error::Remote(format!("{what}: {e}")))
+            self.probe_for(what)
         });
-        if r.is_err() {
+        if let Err(e) = &r {
             // A stuck or failed collective: abort so the peers' calls fail too and the
-            // library's resources are released.
-            let _ = self.aborter.abort();
+            // library's resources are released (when no call is inside any more).
+            let _ = self.comm.abort_for(&format!("{what}: {e}"));
         }
         r
+    }
+    fn probe(&self) -> Result<()> {
+        self.probe_for(&format!("the {} communicator", self.vendor.name()))
     }
     fn all_gather(&self, buf: Region, chunk: usize) -> Result<()> {
         let mine = buf.addr + (self.rank * chunk) as u64;
@@ -287,14 +308,33 @@ impl GpuTransport for NcclTransport {
         self.run("ncclRecv", |c, s| c.recv(data.addr, data.len, peer, s))
     }
     fn group(&self, body: &mut dyn FnMut() -> Result<()>) -> Result<()> {
-        self.dev.bind()?;
+        let _bound = self.dev.bind()?;
         let lib = VendorLib::get(self.vendor)?;
+        let inside = self.comm.enter("grouped calls")?;
         lib.group_start()?;
-        DEFER.with(|d| d.set(true));
+        let outer = DEFER.with(|d| d.replace(true));
+        let mark = HELD.with(|h| h.borrow().len());
         let r = body();
-        DEFER.with(|d| d.set(false));
+        DEFER.with(|d| d.set(outer));
         let e = lib.group_end();
+        if outer {
+            // A nested group: the outermost ncclGroupEnd launches the work, and releases
+            // the guards then.
+            HELD.with(|h| h.borrow_mut().push(inside));
+        } else {
+            // The work is launched (or failed): the communicators may be aborted now.
+            let done = HELD.with(|h| {
+                let mut h = h.borrow_mut();
+                let at = mark.min(h.len());
+                h.split_off(at)
+            });
+            drop(done);
+            drop(inside);
+        }
         r.and(e)?;
+        if outer {
+            return Ok(());
+        }
         self.finish("grouped calls")
     }
     fn sendrecv(&self, dst: usize, send: Region, src: usize, recv: Region) -> Result<()> {
@@ -342,11 +382,12 @@ impl Transport for NcclTransport {
         group.sort();
         let members: Vec<usize> = group.iter().map(|&(_, r)| all[r].2).collect();
         let new_rank = group.iter().position(|&(_, r)| r == self.rank);
-        self.dev.bind()?;
         let native = {
-            let c = self.lock()?;
+            let _bound = self.dev.bind()?;
+            let _calls = self.lock()?;
             let d = self.dev.clone();
-            c.split_within(color, key, self.timeout, move || d.bind())
+            self.comm
+                .split_within(color, key, self.timeout, move || d.bind())
         };
         let made = match native {
             Some(r) => r?,
@@ -414,9 +455,11 @@ impl Transport for NcclTransport {
         self.traffic.clone()
     }
     fn abort(&self) {
-        // Without the lock: a call blocked in the library (a split, a send) holds it, and
-        // ncclCommAbort is what wakes it.
-        let _ = self.aborter.abort();
+        // Without the lock: marks the communicator aborted at once (later calls fail);
+        // ncclCommAbort runs when no call is inside it any more.
+        let _ = self
+            .comm
+            .abort_for("an abort of its communicator: a failed call, a timeout or a user's abort");
     }
     fn barrier(&self) -> Result<()> {
         let mut one = [0u8; 4];
