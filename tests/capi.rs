@@ -656,3 +656,174 @@ fn traffic_counters_show_the_hierarchical_egress() {
         "4 ranks each send 3 chunks of 12 bytes on a ring"
     );
 }
+
+/// Many threads drive collectives on different communicators through the C ABI at once
+/// (blocking calls and calls on their own strata host streams), while another thread
+/// keeps creating, using and destroying communicators and a third looks up destroyed
+/// and foreign handles: a call finds its communicator without a process-wide lock, and
+/// every result is right (values are distinct per world and iteration, so any
+/// cross-talk between communicators would show), every stale handle an error.
+#[test]
+fn concurrent_calls_on_many_communicators_stay_correct() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    const WORLDS: usize = 6;
+    const ITERS: usize = 60;
+    const C: usize = 3;
+    let worlds: Vec<Vec<usize>> = (0..WORLDS).map(|_| local(2, "nodes:1x2")).collect();
+    let done = Arc::new(AtomicBool::new(false));
+
+    // Churn: communicators made, used and destroyed while the worlds run.
+    let churn = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let mut made = 0usize;
+            let mut stale = Vec::new();
+            while made < 20 || !done.load(Ordering::Relaxed) {
+                let c = local(1, "nodes:1x1")[0] as strataComm_t;
+                let mut x = [made as f32; 2];
+                let xp = x.as_mut_ptr() as *mut c_void;
+                // SAFETY: 2 floats in place; live communicator, destroyed once.
+                unsafe {
+                    let rc = strataAllReduce(xp, xp, 2, strataFloat32, strataSum, c, null_mut());
+                    assert_eq!(rc, strataSuccess, "{}", last(c));
+                    assert_eq!(strataCommDestroy(c), strataSuccess);
+                    let rc = strataAllReduce(xp, xp, 2, strataFloat32, strataSum, c, null_mut());
+                    assert_eq!(rc, strataInvalidUsage);
+                }
+                assert_eq!(x, [made as f32; 2]);
+                stale.push(c as usize);
+                made += 1;
+            }
+            stale
+        })
+    };
+    // Lookups of a destroyed and a foreign handle, all along.
+    let gone = local(1, "nodes:1x1")[0] as strataComm_t;
+    // SAFETY: live communicator, destroyed once.
+    assert_eq!(unsafe { strataCommDestroy(gone) }, strataSuccess);
+    let gone = gone as usize;
+    let prober = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let mut n = 0;
+            let mut probes = 0;
+            while probes < 100 || !done.load(Ordering::Relaxed) {
+                // SAFETY: valid out-pointer; the handles are never dereferenced.
+                unsafe {
+                    assert_eq!(
+                        strataCommCount(gone as strataComm_t, &mut n),
+                        strataInvalidUsage
+                    );
+                    assert_eq!(
+                        strataCommCount((gone + 8) as strataComm_t, &mut n),
+                        strataInvalidArgument
+                    );
+                }
+                probes += 1;
+            }
+        })
+    };
+
+    let ranks: Vec<_> = worlds
+        .iter()
+        .enumerate()
+        .flat_map(|(w, comms)| comms.iter().enumerate().map(move |(r, &c)| (w, r, c)))
+        .map(|(w, r, c)| {
+            std::thread::spawn(move || {
+                let c = c as strataComm_t;
+                let mut s: strataStream_t = null_mut();
+                // SAFETY: valid out-pointer.
+                assert_eq!(unsafe { strataStreamCreate(&mut s) }, strataSuccess);
+                for i in 0..ITERS {
+                    let v =
+                        |rank: usize, k: usize| (w * 1000 + i * 10 + rank) as f32 + k as f32 / 8.0;
+                    // Out of place on the host stream every other iteration (returns at
+                    // once; synchronized below), else blocking.
+                    let stream = if i % 2 == 0 { s } else { null_mut() };
+                    let x: Vec<f32> = (0..C).map(|k| v(r, k)).collect();
+                    let mut g = vec![0f32; 2 * C];
+                    // SAFETY: C floats in, 2C out; buffers kept until synchronized.
+                    let rc = unsafe {
+                        strataAllGather(
+                            x.as_ptr().cast(),
+                            g.as_mut_ptr().cast(),
+                            C,
+                            strataFloat32,
+                            c,
+                            stream,
+                        )
+                    };
+                    assert_eq!(rc, strataSuccess, "{}", last(c));
+                    // SAFETY: a live stream.
+                    assert_eq!(
+                        unsafe { strataStreamSynchronize(s) },
+                        strataSuccess,
+                        "{}",
+                        last(c)
+                    );
+                    let want: Vec<f32> =
+                        (0..2).flat_map(|p| (0..C).map(move |k| v(p, k))).collect();
+                    assert_eq!(g, want, "world {w} rank {r} iteration {i}");
+                    // All-gather in place (send = recv + rank·C).
+                    let mut g = vec![0f32; 2 * C];
+                    g[r * C..(r + 1) * C].copy_from_slice(&x);
+                    let gp = g.as_mut_ptr();
+                    // SAFETY: in place, 2C floats.
+                    let rc = unsafe {
+                        strataAllGather(
+                            gp.add(r * C).cast(),
+                            gp.cast(),
+                            C,
+                            strataFloat32,
+                            c,
+                            null_mut(),
+                        )
+                    };
+                    assert_eq!(rc, strataSuccess, "{}", last(c));
+                    assert_eq!(g, want, "in place: world {w} rank {r} iteration {i}");
+                    // Reduce-scatter in place (recv = send + rank·C): block b summed.
+                    let mut y: Vec<f32> = (0..2 * C).map(|k| v(r, k)).collect();
+                    let yp = y.as_mut_ptr();
+                    // SAFETY: in place, 2C floats.
+                    let rc = unsafe {
+                        strataReduceScatter(
+                            yp.cast(),
+                            yp.add(r * C).cast(),
+                            C,
+                            strataFloat32,
+                            strataSum,
+                            c,
+                            null_mut(),
+                        )
+                    };
+                    assert_eq!(rc, strataSuccess, "{}", last(c));
+                    let sum: Vec<f32> = (0..C).map(|k| v(0, r * C + k) + v(1, r * C + k)).collect();
+                    assert_eq!(
+                        &y[r * C..(r + 1) * C],
+                        &sum[..],
+                        "world {w} rank {r} iteration {i}"
+                    );
+                }
+                // SAFETY: live stream and communicator, each destroyed once.
+                unsafe {
+                    assert_eq!(strataStreamDestroy(s), strataSuccess);
+                    assert_eq!(strataCommDestroy(c), strataSuccess);
+                }
+            })
+        })
+        .collect();
+    ranks.into_iter().for_each(|h| h.join().unwrap());
+    done.store(true, Ordering::Relaxed);
+    let stale = churn.join().unwrap();
+    prober.join().unwrap();
+    // Keys are never reused: every destroyed handle stays destroyed.
+    for c in stale {
+        let mut n = 0;
+        // SAFETY: valid out-pointer; the handle is never dereferenced.
+        assert_eq!(
+            unsafe { strataCommCount(c as strataComm_t, &mut n) },
+            strataInvalidUsage
+        );
+    }
+}

@@ -11,12 +11,13 @@
 //!   ([`Buffer::from_host_ptr`]), device memory checked against the communicator's
 //!   device ([`Device::check_pointer`]) on GPU transports
 //!   ([`Buffer::from_device_ptr`]). An in-place pair becomes one buffer and a view of it.
-//! - [`CallBuffers::run`]: the one end of every call: on GPU transports the
-//!   communicator's stream waits for the caller's stream (and the host for that); then
-//!   one [`Request`] through [`Comm::submit`]. On a strata host stream
-//!   ([`super::stream`]) the call is enqueued after that stream's earlier calls and
-//!   returns; otherwise, outside a group it is waited for ([`Comm::call`]), inside a group
-//!   held for `strataGroupEnd` ([`end_group`]).
+//! - [`CallBuffers::run`]: the one end of every call: the request, checked here once
+//!   (the raw ranges above; [`Checked::assume`]), goes to [`Comm`] as it is (its
+//!   [`request::check`](crate::comm::request::check) returns it at once,
+//!   [`Checked::submit`]): stream-ordered on GPU transports ([`Comm::enqueue_on`]). On
+//!   a strata host stream ([`super::stream`]) the call is enqueued after that stream's
+//!   earlier calls and returns; otherwise, outside a group it is waited for
+//!   ([`Comm::call`]), inside a group held for `strataGroupEnd` ([`end_group`]).
 //!
 //! Ownership: the user's memory is read and written where it is; strata keeps no
 //! pointer to it once the call completed (a blocking call: when it returns; inside a
@@ -28,6 +29,8 @@ use crate::comm::{Request, Work};
 use crate::device::{DevAddr, Device};
 use crate::kinds::{InPlace, Kind};
 use crate::memory::Buffer;
+use crate::runtime::request::Checked;
+use std::borrow::Cow;
 
 /// A byte range of the caller's memory; `write` when the call stores into it.
 #[derive(Clone, Debug)]
@@ -35,7 +38,8 @@ pub(super) struct UserBuf {
     addr: usize,
     len: usize,
     write: bool,
-    what: String,
+    /// The argument's name, for messages (no allocation for a fixed name).
+    what: Cow<'static, str>,
 }
 
 impl UserBuf {
@@ -45,7 +49,7 @@ impl UserBuf {
         p: *const c_void,
         len: usize,
         write: bool,
-        what: impl Into<String>,
+        what: impl Into<Cow<'static, str>>,
     ) -> Result<UserBuf> {
         let what = what.into();
         if p.is_null() && len > 0 {
@@ -95,21 +99,36 @@ impl Pair {
 
     /// The ranges the call touches, as [`disjoint`] checks them: an in-place pair is one
     /// range (the outer one, written).
-    fn spans(&self) -> Vec<(usize, usize, bool)> {
+    fn spans(&self) -> impl Iterator<Item = (usize, usize, bool)> {
         let (s, r) = (&self.send, &self.recv);
-        match self.in_place {
-            None => vec![(s.addr, s.len, s.write), (r.addr, r.len, r.write)],
-            Some(InPlace::SendInRecv { .. }) => vec![(r.addr, r.len, true)],
-            Some(InPlace::RecvInSend { .. }) => vec![(s.addr, s.len, true)],
-            Some(InPlace::Same) => vec![(r.addr, r.len.max(s.len), true)],
+        let (a, b) = match self.in_place {
+            None => ((s.addr, s.len, s.write), Some((r.addr, r.len, r.write))),
+            Some(InPlace::SendInRecv { .. }) => ((r.addr, r.len, true), None),
+            Some(InPlace::RecvInSend { .. }) => ((s.addr, s.len, true), None),
+            Some(InPlace::Same) => ((r.addr, r.len.max(s.len), true), None),
+        };
+        std::iter::once(a).chain(b)
+    }
+
+    /// [`disjoint`] for a call of this one pair: in place, or the two ranges share no
+    /// byte (the receive range is written). No allocation.
+    fn alone(&self, name: &str) -> Result<()> {
+        let (s, r) = (&self.send, &self.recv);
+        let apart =
+            s.len == 0 || r.len == 0 || s.addr + s.len <= r.addr || r.addr + r.len <= s.addr;
+        if self.in_place.is_some() || apart || !(s.write || r.write) {
+            return Ok(());
         }
+        Err(Error::InvalidArgument(format!(
+            "{name}: send and receive buffers overlap without being NCCL's in-place layout"
+        )))
     }
 }
 
 /// No byte may be both written by the call and touched by another range of it; NCCL's
 /// in-place pairs count as one range. `name` is the export, for the message.
 pub(super) fn disjoint<'a>(pairs: impl IntoIterator<Item = &'a Pair>, name: &str) -> Result<()> {
-    let mut spans: Vec<_> = pairs.into_iter().flat_map(Pair::spans).collect();
+    let mut spans: Vec<_> = pairs.into_iter().flat_map(|p| p.spans()).collect();
     spans.sort_by_key(|s| s.0);
     let (mut end_any, mut end_write) = (0usize, 0usize);
     for (start, len, write) in spans.into_iter().filter(|s| s.1 > 0) {
@@ -130,12 +149,24 @@ pub(super) fn disjoint<'a>(pairs: impl IntoIterator<Item = &'a Pair>, name: &str
 pub(super) struct CallBuffers {
     /// The communicator's GPU (GPU transports): user ranges are its memory.
     device: Option<Arc<dyn Device>>,
+    /// The in-place layout of each pair, as derived from the raw pointers (for the debug
+    /// builds' cross-check in [`Checked::assume`]; never filled in release builds).
+    layouts: Vec<Option<InPlace>>,
 }
 
 impl CallBuffers {
     pub(super) fn new(comm: &Comm) -> CallBuffers {
         CallBuffers {
             device: comm.device(),
+            layouts: Vec::new(),
+        }
+    }
+
+    /// Note a pair's layout for the debug cross-check (a pair with no send range of its
+    /// own, as a broadcast's on a non-root, is `None`).
+    pub(super) fn note_layout(&mut self, l: Option<InPlace>) {
+        if cfg!(debug_assertions) {
+            self.layouts.push(l);
         }
     }
 
@@ -201,6 +232,7 @@ impl CallBuffers {
     /// As [`Self::user`] for both ranges.
     pub(super) unsafe fn pair(&mut self, p: &Pair) -> Result<(Buffer, Buffer)> {
         let (s, r) = (&p.send, &p.recv);
+        self.note_layout(p.in_place);
         match p.in_place {
             None => {
                 // SAFETY: the caller's contract on both ranges.
@@ -229,20 +261,29 @@ impl CallBuffers {
         }
     }
 
-    /// Check `p` ([`disjoint`]) and build its buffers ([`Self::pair`]): a one-pair call.
+    /// Check `p` ([`disjoint`], for one pair) and build its buffers ([`Self::pair`]): a
+    /// one-pair call.
     ///
     /// # Safety
     /// As [`Self::pair`].
     pub(super) unsafe fn checked_pair(&mut self, p: &Pair, name: &str) -> Result<(Buffer, Buffer)> {
-        disjoint([p], name)?;
+        p.alone(name)?;
         // SAFETY: the caller's contract.
         unsafe { self.pair(p) }
     }
 
-    /// The one end of every call: on GPU transports make the communicator's stream wait
-    /// for the caller's `stream` (and the host for that); submit `req`; then outside a
-    /// group wait for it and copy the results out, inside a group hold both for
-    /// `strataGroupEnd`.
+    /// `req`, built from this call's buffers after every check of the call passed
+    /// (arguments, counts, raw ranges, layouts): the one checked request of the call.
+    pub(super) fn checked(&self, handle: &Handle, req: Request) -> Checked {
+        let (rank, size) = (handle.comm.rank(), handle.comm.size());
+        Checked::assume(req, rank, size, &self.layouts)
+    }
+
+    /// The one end of every call: the request, checked by the caller's body, becomes the
+    /// call's one [`Checked`] request ([`Self::checked`]) and goes to the communicator as
+    /// it is: on GPU transports stream-ordered on the caller's `stream`; on a strata host
+    /// stream enqueued in its order; otherwise outside a group run and waited for, inside
+    /// a group held for `strataGroupEnd`.
     ///
     /// # Safety
     /// `stream` is NULL or a live stream of the communicator's device (GPU transports;
@@ -255,6 +296,9 @@ impl CallBuffers {
         req: Request,
         stream: strataStream_t,
     ) -> Result<()> {
+        let req = self.checked(&handle, req);
+        #[cfg(test)]
+        tests::seen(&req);
         let host_stream = super::stream::host_stream(stream)?;
         // host-local (the CPU device) is driven like a host transport from C: blocking,
         // or nonblocking on a strata host stream.
@@ -277,20 +321,20 @@ impl CallBuffers {
                 dev,
                 raw: stream as usize,
             };
-            let _work = handle.comm.enqueue_on(req, std::rc::Rc::new(caller))?;
+            let _work = req.submit(|req| handle.comm.enqueue_on(req, std::rc::Rc::new(caller)))?;
             return Ok(());
         }
         if let Some(hs) = host_stream {
             // Nonblocking, in the stream's order; completion is observed on the stream.
-            let work = handle.comm.submit(req.after(hs.deps()))?;
+            let work = req.submit(|req| handle.comm.submit(req.after(hs.deps())))?;
             hs.push(work, function, handle);
             return Ok(());
         }
         if !crate::comm::in_group() {
             // Blocking: with nothing queued it runs on this thread (Comm::call).
-            return handle.comm.call(req);
+            return req.submit(|req| handle.comm.call(req));
         }
-        let work = handle.comm.submit(req)?;
+        let work = req.submit(|req| handle.comm.submit(req))?;
         HELD.with(|h| {
             h.borrow_mut().push(Held {
                 function,
@@ -332,10 +376,6 @@ impl crate::comm::ordered::CallerStream for RawStream {
         // SAFETY: as above; `ev` is an event of the same device.
         unsafe { self.dev.wait_event_on(self.ptr(), ev) }
     }
-    fn wait_value(&self, word: crate::device::DevAddr, n: u64) -> Result<()> {
-        // SAFETY: as above; the word is the communicator's completion word, never freed.
-        unsafe { self.dev.wait_value_on(self.ptr(), word, n) }
-    }
 }
 
 /// A call of an open group, completed by [`end_group`].
@@ -371,4 +411,213 @@ pub(super) unsafe fn end_group() -> Result<()> {
         }
     }
     first
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::request::FULL_CHECKS;
+    use std::ptr::{null, null_mut};
+
+    thread_local! {
+        /// The layouts recorded by the last checked request this thread's C call made.
+        static SEEN: RefCell<Option<Option<InPlace>>> = const { RefCell::new(None) };
+    }
+
+    pub(super) fn seen(c: &Checked) {
+        SEEN.with(|s| *s.borrow_mut() = Some(c.request().op.layout()));
+    }
+
+    fn take_seen() -> Option<InPlace> {
+        SEEN.with(|s| s.borrow_mut().take())
+            .expect("no checked request was built")
+    }
+
+    fn full_checks() -> usize {
+        FULL_CHECKS.with(|n| n.get())
+    }
+
+    fn world(n: usize) -> Vec<usize> {
+        let mut comms = vec![null_mut(); n];
+        // SAFETY: room for n handles; a valid C string; NULL config.
+        let r = unsafe {
+            strataCommInitLocal(
+                comms.as_mut_ptr(),
+                n as c_int,
+                c"nodes:1x4".as_ptr(),
+                null(),
+            )
+        };
+        assert_eq!(r, strataSuccess);
+        comms.into_iter().map(|c| c as usize).collect()
+    }
+
+    /// From C, the call's one checked request records the in-place layout NCCL's rule
+    /// gives on each rank (all-gather `send == recv + rank·count`, reduce-scatter `recv ==
+    /// send + rank·count`), separate buffers record none, any other overlap is refused,
+    /// and no full check runs after the boundary's: each call is validated once.
+    #[test]
+    fn c_calls_are_checked_once_with_the_right_in_place_layout() {
+        const C: usize = 2;
+        let comms = world(4);
+        let hs: Vec<_> = comms
+            .iter()
+            .enumerate()
+            .map(|(r, &c)| {
+                std::thread::spawn(move || {
+                    let c = c as strataComm_t;
+                    let f = std::mem::size_of::<f32>();
+                    let before = full_checks();
+                    // SAFETY: every pointer is valid for the counts passed; live comm.
+                    unsafe {
+                        // All-gather out of place.
+                        let x = [r as f32; C];
+                        let mut g = [0f32; 4 * C];
+                        let gp = g.as_mut_ptr();
+                        let rc = strataAllGather(
+                            x.as_ptr().cast(),
+                            gp.cast(),
+                            C,
+                            strataFloat32,
+                            c,
+                            null_mut(),
+                        );
+                        assert_eq!(rc, strataSuccess);
+                        assert_eq!(take_seen(), None);
+                        assert_eq!(g, [0., 0., 1., 1., 2., 2., 3., 3.]);
+                        // All-gather in place: send = recv + rank·count.
+                        let mut g = [0f32; 4 * C];
+                        g[r * C..(r + 1) * C].fill(10.0 + r as f32);
+                        let gp = g.as_mut_ptr();
+                        let rc = strataAllGather(
+                            gp.add(r * C).cast(),
+                            gp.cast(),
+                            C,
+                            strataFloat32,
+                            c,
+                            null_mut(),
+                        );
+                        assert_eq!(rc, strataSuccess);
+                        let offset = r * C * f;
+                        assert_eq!(take_seen(), Some(InPlace::SendInRecv { offset }));
+                        assert_eq!(g, [10., 10., 11., 11., 12., 12., 13., 13.]);
+                        // Reduce-scatter out of place.
+                        let s = [1.0 + r as f32; 4 * C];
+                        let mut y = [0f32; C];
+                        let rc = strataReduceScatter(
+                            s.as_ptr().cast(),
+                            y.as_mut_ptr().cast(),
+                            C,
+                            strataFloat32,
+                            strataSum,
+                            c,
+                            null_mut(),
+                        );
+                        assert_eq!(rc, strataSuccess);
+                        assert_eq!(take_seen(), None);
+                        assert_eq!(y, [10.0; C]);
+                        // Reduce-scatter in place: recv = send + rank·count.
+                        let mut s = [1.0 + r as f32; 4 * C];
+                        let sp = s.as_mut_ptr();
+                        let rc = strataReduceScatter(
+                            sp.cast(),
+                            sp.add(r * C).cast(),
+                            C,
+                            strataFloat32,
+                            strataSum,
+                            c,
+                            null_mut(),
+                        );
+                        assert_eq!(rc, strataSuccess);
+                        assert_eq!(take_seen(), Some(InPlace::RecvInSend { offset }));
+                        assert_eq!(&s[r * C..(r + 1) * C], &[10.0; C]);
+                        // Overlap at another rank's block: refused at the boundary, nothing
+                        // submitted.
+                        let w = (r + 1) % 4;
+                        let rc = strataAllGather(
+                            gp.add(w * C).cast(),
+                            gp.cast(),
+                            C,
+                            strataFloat32,
+                            c,
+                            null_mut(),
+                        );
+                        assert_eq!(rc, strataInvalidArgument);
+                        let rc = strataReduceScatter(
+                            sp.cast(),
+                            sp.add(w * C).cast(),
+                            C,
+                            strataFloat32,
+                            strataSum,
+                            c,
+                            null_mut(),
+                        );
+                        assert_eq!(rc, strataInvalidArgument);
+                        assert!(SEEN.with(|s| s.borrow().is_none()));
+                    }
+                    // The boundary's check was each call's only one.
+                    assert_eq!(full_checks(), before);
+                    // A request built in Rust is still checked in full.
+                    let comm = lookup(c).unwrap().comm.clone();
+                    let b = Buffer::from_slice(&[0f32; 4 * C]);
+                    let send = b.slice(r * C * 4..(r + 1) * C * 4).unwrap();
+                    let req = Request::new(
+                        crate::comm::Op::AllGather {
+                            send,
+                            recv: b,
+                            count: C,
+                        },
+                        crate::DataType::F32,
+                    );
+                    comm.call(req).unwrap();
+                    assert_eq!(full_checks(), before + 1);
+                    // SAFETY: live communicator, destroyed once.
+                    assert_eq!(unsafe { strataCommDestroy(c) }, strataSuccess);
+                })
+            })
+            .collect();
+        hs.into_iter().for_each(|h| h.join().unwrap());
+    }
+
+    /// A stamp is used by the one check of its own op only: a different op, or the same
+    /// op for another rank, is checked in full, and a stamp never outlives its submission.
+    #[test]
+    fn a_stamp_covers_its_own_op_only() {
+        use crate::comm::request::check;
+        let dt = crate::DataType::F32;
+        let recv = Buffer::from_slice(&[0f32; 8]);
+        let send = recv.slice(8..16).unwrap();
+        let op = crate::comm::Op::AllGather {
+            send,
+            recv: recv.clone(),
+            count: 2,
+        };
+        let checked = Checked::new(Request::new(op.clone(), dt), 1, 4).unwrap();
+        let n = full_checks();
+        // Another rank: in place on rank 1 is an overlap on rank 2.
+        let r = checked.submit(|req| check(req.op, dt, 2, 4));
+        assert_eq!(r.unwrap_err().code(), strataInvalidArgument);
+        assert_eq!(full_checks(), n + 1);
+        let checked = Checked::new(Request::new(op.clone(), dt), 1, 4).unwrap();
+        // Another op (same shape, other memory) first: full; then the stamp is gone.
+        let other = crate::comm::Op::AllGather {
+            send: Buffer::from_slice(&[0f32; 2]),
+            recv: Buffer::from_slice(&[0f32; 8]),
+            count: 2,
+        };
+        checked.submit(|req| {
+            check(other.clone(), dt, 1, 4).unwrap();
+            check(req.op, dt, 1, 4).unwrap();
+        });
+        assert_eq!(full_checks(), n + 3);
+        // Its own op: at once.
+        let checked = Checked::new(Request::new(op.clone(), dt), 1, 4).unwrap();
+        checked.submit(|req| check(req.op, dt, 1, 4).unwrap());
+        assert_eq!(full_checks(), n + 3);
+        // Unused stamps are cleared when the submission ends.
+        let checked = Checked::new(Request::new(op.clone(), dt), 1, 4).unwrap();
+        checked.submit(|_| ());
+        check(op, dt, 1, 4).unwrap();
+        assert_eq!(full_checks(), n + 4);
+    }
 }

@@ -8,10 +8,14 @@
 //! 2. turn the ranges into strata buffers ([`CallBuffers`]) used in place, no copies:
 //!    the host memory itself on host transports, checked wraps of the device pointers
 //!    on GPU transports; an in-place pair is one buffer and a view of it on both;
-//! 3. submit one [`Request`] through [`Comm::submit`](crate::comm::Comm::submit) and
-//!    finish ([`CallBuffers::run`]): on GPU transports the communicator's stream first
-//!    waits for the caller's stream; on a strata host stream enqueue and return;
-//!    otherwise outside a group wait, inside a group hold the work for `strataGroupEnd`.
+//! 3. hand the call's one checked request to the communicator and finish
+//!    ([`CallBuffers::run`]): the checks of steps 1-2 are the call's only ones (the
+//!    request goes through [`Comm::submit`](crate::comm::Comm::submit) /
+//!    `call` / `enqueue_on` as a [`Checked`](crate::runtime::request::Checked) request,
+//!    which their check returns at once), and the in-place layout recognised in step 1
+//!    is the one the transport follows. On GPU transports the call is stream-ordered on
+//!    the caller's stream; on a strata host stream enqueue and return; otherwise outside
+//!    a group wait, inside a group hold the work for `strataGroupEnd`.
 
 use super::buffers::{disjoint, end_group, CallBuffers, Pair, UserBuf};
 use super::*;
@@ -525,8 +529,11 @@ pub unsafe extern "C" fn strataBroadcast(
             // `recvbuff` writable for `c` bytes, memory of the transport's kind, untouched
             // by others until the call (or group) ends.
             Some(p) => unsafe { bufs.checked_pair(p, "strataBroadcast") }?,
-            // SAFETY: as above for `recvbuff`.
-            None => (Buffer::zeroed(0), unsafe { bufs.output(&recv) }?),
+            None => {
+                bufs.note_layout(None);
+                // SAFETY: as above for `recvbuff`.
+                (Buffer::zeroed(0), unsafe { bufs.output(&recv) }?)
+            }
         };
         let req = Request::new(
             Op::Broadcast {

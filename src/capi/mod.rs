@@ -4,13 +4,17 @@
 //!
 //! Mechanics (rustls-ffi's shape):
 //! - Handles are opaque. A `strataComm_t` is a pointer-sized key into a registry of live
-//!   communicators; keys are never reused and strata never dereferences them, so a
-//!   destroyed, aborted or foreign handle is detected (`strataInvalidUsage` /
-//!   `strataInvalidArgument`) instead of touching freed memory.
+//!   communicators (`Slots`); keys are never reused and strata never dereferences them,
+//!   so a destroyed, aborted or foreign handle is detected (`strataInvalidUsage` /
+//!   `strataInvalidArgument`) instead of touching freed memory. A call looks its
+//!   communicator (and its strata stream) up without any process-wide lock: calls on
+//!   different communicators from different threads share no lock in this layer.
 //! - Every export runs inside [`ffi_boundary!`]: a panic becomes `strataInternalError`
 //!   with a message, never an unwind across the ABI.
 //! - NULL, size (count x dtype overflow), dtype, op, rank and aliasing checks happen
-//!   before anything is copied or queued. Result codes are `ncclResult_t`'s values.
+//!   before anything is copied or queued, once per call: the request they pass goes to
+//!   the communicator as checked ([`crate::runtime::request::Checked`]), not checked
+//!   again. Result codes are `ncclResult_t`'s values.
 //! - Messages: every failing call stores `"<function>: <error>"` on the communicator it
 //!   named (`strataGetLastError(comm)`) and on the calling thread
 //!   (`strataGetLastError(NULL)`), through one writer ([`store_error`]) and one reader.
@@ -64,12 +68,11 @@ pub use traffic::*;
 
 use crate::comm::Comm;
 use crate::error::{Error, Result};
-use once_cell::sync::Lazy;
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_uint, c_void, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 
 /// Result of every strata call; the values are `ncclResult_t`'s.
 pub type strataResult_t = c_int;
@@ -233,84 +236,161 @@ pub(crate) struct Handle {
     last_error: Mutex<CString>,
 }
 
-struct Registry {
-    issued: usize,
-    live: HashMap<usize, Arc<Handle>>,
+/// A table of live objects behind opaque C handles, with no process-wide lock on the
+/// lookup path: the k-th object ever inserted gets the key `base + k * SLOT_STEP` and
+/// lives in slot k of an append-only table (chunks of 64, 128, 256, ... slots, each made
+/// once and never moved or freed). Looking a key up is arithmetic, an atomic load and a
+/// read of that one slot's own lock (padded to a cache line, so calls on different
+/// communicators share no written memory); only insert and remove write a slot. Keys are
+/// never reused and never dereferenced, so a removed key is recognised as such and a
+/// foreign value as foreign.
+pub(crate) struct Slots<T> {
+    base: usize,
+    /// How many keys were handed out (the next key's index).
+    issued: AtomicUsize,
+    chunks: [OnceLock<Box<[Slot<T>]>>; SLOT_CHUNKS],
 }
 
-static REGISTRY: Lazy<Mutex<Registry>> = Lazy::new(|| {
-    Mutex::new(Registry {
-        issued: 0,
-        live: HashMap::new(),
-    })
-});
+/// One slot: its object while live. Cache-line aligned: a call's read of its slot never
+/// touches the line another communicator's calls read.
+#[repr(align(64))]
+struct Slot<T>(RwLock<Option<Arc<T>>>);
 
-/// Handle keys: `HANDLE_BASE + k * HANDLE_STEP` for the k-th communicator ever made.
-const HANDLE_BASE: usize = 0x5354_0000;
-const HANDLE_STEP: usize = 0x10;
-
-fn registry() -> MutexGuard<'static, Registry> {
-    REGISTRY.lock().unwrap_or_else(|e| e.into_inner())
+/// What a key names in a [`Slots`] table.
+pub(crate) enum Found<T> {
+    Live(Arc<T>),
+    /// Issued by this table and removed since.
+    Gone,
+    /// Never issued by this table.
+    Foreign,
 }
 
-impl Registry {
-    fn was_issued(&self, key: usize) -> bool {
-        key >= HANDLE_BASE
-            && (key - HANDLE_BASE) % HANDLE_STEP == 0
-            && (key - HANDLE_BASE) / HANDLE_STEP < self.issued
+/// Distance between two keys of one table.
+const SLOT_STEP: usize = 0x10;
+/// Slots in the first chunk; chunk `c` has `SLOT_FIRST << c`.
+const SLOT_FIRST: usize = 64;
+const SLOT_CHUNKS: usize = 18;
+/// Keys one table can hand out (just under 2^24).
+const SLOT_CAPACITY: usize = SLOT_FIRST * ((1 << SLOT_CHUNKS) - 1);
+
+/// (chunk, index in it) of slot `k` (`k < SLOT_CAPACITY`).
+fn locate(k: usize) -> (usize, usize) {
+    let j = k / SLOT_FIRST + 1;
+    let c = (usize::BITS - 1 - j.leading_zeros()) as usize;
+    (c, k - SLOT_FIRST * ((1 << c) - 1))
+}
+
+impl<T> Slots<T> {
+    pub(crate) const fn new(base: usize) -> Slots<T> {
+        Slots {
+            base,
+            issued: AtomicUsize::new(0),
+            chunks: [const { OnceLock::new() }; SLOT_CHUNKS],
+        }
     }
 
-    fn find(&self, c: strataComm_t) -> Result<Arc<Handle>> {
-        if c.is_null() {
-            return Err(Error::InvalidArgument("comm is NULL".into()));
+    fn read(s: &Slot<T>) -> std::sync::RwLockReadGuard<'_, Option<Arc<T>>> {
+        s.0.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(s: &Slot<T>) -> std::sync::RwLockWriteGuard<'_, Option<Arc<T>>> {
+        s.0.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Store `v` under a new key; `what` names the objects in the error when the table is
+    /// full.
+    pub(crate) fn insert(&self, v: T, what: &str) -> Result<usize> {
+        let k = self.issued.fetch_add(1, Ordering::AcqRel);
+        if k >= SLOT_CAPACITY {
+            return Err(Error::Internal(format!("{what} handles exhausted")));
         }
-        let key = c as usize;
-        if let Some(h) = self.live.get(&key) {
-            return Ok(h.clone());
+        let (c, i) = locate(k);
+        let chunk = self.chunks[c].get_or_init(|| {
+            (0..SLOT_FIRST << c)
+                .map(|_| Slot(RwLock::new(None)))
+                .collect()
+        });
+        *Self::write(&chunk[i]) = Some(Arc::new(v));
+        Ok(self.base + k * SLOT_STEP)
+    }
+
+    /// The slot index of `key` when this table issued it.
+    fn index(&self, key: usize) -> Option<usize> {
+        let off = key.checked_sub(self.base)?;
+        let k = off / SLOT_STEP;
+        let issued = self.issued.load(Ordering::Acquire).min(SLOT_CAPACITY);
+        (off % SLOT_STEP == 0 && k < issued).then_some(k)
+    }
+
+    fn slot(&self, k: usize) -> Option<&Slot<T>> {
+        let (c, i) = locate(k);
+        self.chunks[c].get().map(|chunk| &chunk[i])
+    }
+
+    /// What `key` names: one slot read, no table-wide lock.
+    pub(crate) fn get(&self, key: usize) -> Found<T> {
+        let Some(k) = self.index(key) else {
+            return Found::Foreign;
+        };
+        match self.slot(k).and_then(|s| Self::read(s).clone()) {
+            Some(v) => Found::Live(v),
+            None => Found::Gone,
         }
-        if self.was_issued(key) {
-            Err(Error::InvalidUsage(format!(
-                "communicator {key:#x} was destroyed or aborted"
-            )))
-        } else {
-            Err(Error::InvalidArgument(format!(
-                "{key:#x} is not a strata communicator"
-            )))
+    }
+
+    /// Take the object out of `key`'s slot: later lookups see [`Found::Gone`]. Of two
+    /// concurrent removes of one key, one gets the object.
+    pub(crate) fn remove(&self, key: usize) -> Found<T> {
+        let Some(k) = self.index(key) else {
+            return Found::Foreign;
+        };
+        match self.slot(k).and_then(|s| Self::write(s).take()) {
+            Some(v) => Found::Live(v),
+            None => Found::Gone,
         }
+    }
+}
+
+/// Communicator handles: `HANDLE_BASE + k * SLOT_STEP` for the k-th communicator ever
+/// made.
+static REGISTRY: Slots<Handle> = Slots::new(HANDLE_BASE);
+const HANDLE_BASE: usize = 0x5354_0000;
+
+fn found(c: strataComm_t, f: Found<Handle>) -> Result<Arc<Handle>> {
+    let key = c as usize;
+    match f {
+        Found::Live(h) => Ok(h),
+        _ if c.is_null() => Err(Error::InvalidArgument("comm is NULL".into())),
+        Found::Gone => Err(Error::InvalidUsage(format!(
+            "communicator {key:#x} was destroyed or aborted"
+        ))),
+        Found::Foreign => Err(Error::InvalidArgument(format!(
+            "{key:#x} is not a strata communicator"
+        ))),
     }
 }
 
 /// Register a new communicator and return its handle.
 pub(crate) fn register(comm: Comm) -> Result<strataComm_t> {
-    let mut r = registry();
-    let key = r
-        .issued
-        .checked_mul(HANDLE_STEP)
-        .and_then(|k| k.checked_add(HANDLE_BASE))
-        .ok_or_else(|| Error::Internal("communicator handles exhausted".into()))?;
-    r.issued += 1;
-    r.live.insert(
-        key,
-        Arc::new(Handle {
-            comm,
-            last_error: Mutex::new(CString::default()),
-        }),
-    );
-    Ok(key as strataComm_t)
+    let h = Handle {
+        comm,
+        last_error: Mutex::new(CString::default()),
+    };
+    REGISTRY
+        .insert(h, "communicator")
+        .map(|key| key as strataComm_t)
 }
 
 /// The live communicator behind `c`: NULL and foreign values are `InvalidArgument`,
-/// destroyed ones `InvalidUsage`.
+/// destroyed ones `InvalidUsage`. The per-call path: no process-wide lock (one read of
+/// the communicator's own slot, [`Slots::get`]).
 pub(crate) fn lookup(c: strataComm_t) -> Result<Arc<Handle>> {
-    registry().find(c)
+    found(c, REGISTRY.get(c as usize))
 }
 
 /// Remove `c` from the registry (later calls with it fail) and return it.
 pub(crate) fn unregister(c: strataComm_t) -> Result<Arc<Handle>> {
-    let mut r = registry();
-    let h = r.find(c)?;
-    r.live.remove(&(c as usize));
-    Ok(h)
+    found(c, REGISTRY.remove(c as usize))
 }
 
 // ---- the last error: one store ----
@@ -338,7 +418,7 @@ pub(crate) fn store_error(handle: Option<&Handle>, msg: &str) {
 /// calling thread's ("" when none). The pointer stays valid until the next store into
 /// the same half, or the communicator's destruction.
 pub(crate) fn last_error_ptr(comm: strataComm_t) -> *const c_char {
-    match registry().find(comm) {
+    match lookup(comm) {
         // The registry keeps the handle (and so the string) alive after `h` drops.
         Ok(h) => h
             .last_error
@@ -355,9 +435,7 @@ pub(crate) fn last_error_ptr(comm: strataComm_t) -> *const c_char {
 /// `comm` is live, on it.
 pub(crate) fn record(function: &str, comm: strataComm_t, e: &Error) {
     let msg = format!("{function}: {e}");
-    let h = (!comm.is_null())
-        .then(|| registry().live.get(&(comm as usize)).cloned())
-        .flatten();
+    let h = lookup(comm).ok();
     store_error(h.as_deref(), &msg);
 }
 

@@ -19,13 +19,12 @@
 //!   write the send buffer, nor read or write the receive buffer, and must keep both
 //!   allocated. strata reads and writes them in place, with no copies.
 //! - Handles are registry keys, never dereferenced; a destroyed or foreign handle is an
-//!   error, not a crash. A value that is not a strata stream in a host collective's
+//!   error, not a crash. Looking one up takes no process-wide lock ([`Slots`]). A value that is not a strata stream in a host collective's
 //!   `stream` argument is ignored as before (the call blocks); a strata stream given to a
 //!   GPU communicator is `strataInvalidArgument`.
 
 use super::*;
 use crate::comm::Work;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 /// A call enqueued on a host stream whose completion nobody has observed yet.
@@ -162,46 +161,29 @@ impl HostStream {
 /// Key spaces of the two registries (communicators use their own, see `register`).
 const STREAM_BASE: usize = 0x6000_0000;
 const EVENT_BASE: usize = 0x7000_0000;
-const STEP: usize = 0x10;
 
+/// Live streams or events behind their C handles: a [`Slots`] table (no process-wide
+/// lock on a lookup, so a collective given a stream takes none either).
 struct Table<T> {
-    issued: AtomicUsize,
-    live: Mutex<HashMap<usize, Arc<T>>>,
-    base: usize,
+    slots: Slots<T>,
     what: &'static str,
 }
 
 impl<T> Table<T> {
     fn insert(&self, v: T) -> Result<usize> {
-        let k = self.issued.fetch_add(1, Ordering::Relaxed);
-        let key = k
-            .checked_mul(STEP)
-            .and_then(|o| o.checked_add(self.base))
-            .filter(|_| k < 0x0100_0000)
-            .ok_or_else(|| Error::Internal(format!("{} handles exhausted", self.what)))?;
-        lock(&self.live).insert(key, Arc::new(v));
-        Ok(key)
-    }
-
-    fn issued(&self, key: usize) -> bool {
-        key >= self.base
-            && (key - self.base) % STEP == 0
-            && (key - self.base) / STEP < self.issued.load(Ordering::Relaxed)
+        self.slots.insert(v, self.what)
     }
 
     /// The live object behind `p`; `Ok(None)` for a value this table never issued.
     fn get(&self, p: *mut c_void) -> Result<Option<Arc<T>>> {
-        let key = p as usize;
-        if let Some(v) = lock(&self.live).get(&key) {
-            return Ok(Some(v.clone()));
+        match self.slots.get(p as usize) {
+            Found::Live(v) => Ok(Some(v)),
+            Found::Gone => Err(Error::InvalidUsage(format!(
+                "{} {:#x} was destroyed",
+                self.what, p as usize
+            ))),
+            Found::Foreign => Ok(None),
         }
-        if self.issued(key) {
-            return Err(Error::InvalidUsage(format!(
-                "{} {key:#x} was destroyed",
-                self.what
-            )));
-        }
-        Ok(None)
     }
 
     /// [`Table::get`] where the value must be one of ours.
@@ -215,25 +197,32 @@ impl<T> Table<T> {
     }
 
     fn remove(&self, p: *mut c_void) -> Result<Arc<T>> {
-        let v = self.find(p)?;
-        lock(&self.live).remove(&(p as usize));
-        Ok(v)
+        if p.is_null() {
+            return Err(Error::InvalidArgument(format!("{} is NULL", self.what)));
+        }
+        match self.slots.remove(p as usize) {
+            Found::Live(v) => Ok(v),
+            Found::Gone => Err(Error::InvalidUsage(format!(
+                "{} {:#x} was destroyed",
+                self.what, p as usize
+            ))),
+            Found::Foreign => Err(Error::InvalidArgument(format!(
+                "{:#x} is not a {}",
+                p as usize, self.what
+            ))),
+        }
     }
 }
 
-static STREAMS: Lazy<Table<HostStream>> = Lazy::new(|| Table {
-    issued: AtomicUsize::new(0),
-    live: Mutex::new(HashMap::new()),
-    base: STREAM_BASE,
+static STREAMS: Table<HostStream> = Table {
+    slots: Slots::new(STREAM_BASE),
     what: "strata stream",
-});
+};
 
-static EVENTS: Lazy<Table<HostEvent>> = Lazy::new(|| Table {
-    issued: AtomicUsize::new(0),
-    live: Mutex::new(HashMap::new()),
-    base: EVENT_BASE,
+static EVENTS: Table<HostEvent> = Table {
+    slots: Slots::new(EVENT_BASE),
     what: "strata event",
-});
+};
 
 /// The host stream `stream` names, `None` when it is not one (NULL, or a GPU stream);
 /// a destroyed strata stream is `InvalidUsage`.

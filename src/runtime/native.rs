@@ -1,14 +1,16 @@
 //! Runs a checked request on the transport's native collective: borrows the buffers
-//! (shared for what is read, exclusive for what is written), applies NCCL's in-place
-//! rules, and calls the blocking transport on the stream thread. `Avg` is left as a sum:
-//! `crate::algo::run` divides once at the very end. In-place layouts by the one rule
-//! ([`Op::is_in_place`]).
+//! (shared for what is read, exclusive for what is written), follows NCCL's in-place
+//! layouts, and calls the blocking transport on the stream thread. `Avg` is left as a
+//! sum: `crate::algo::run` divides once at the very end. The in-place layout is the one
+//! the check derived and the op's buffers record ([`Op::layout`]); it is read, not
+//! derived again (debug builds compare it with NCCL's rule, [`Op::is_in_place`]).
 
 #![forbid(unsafe_code)]
 
 use super::request::Op;
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
+use crate::kinds::InPlace;
 use crate::memory::Buffer;
 use crate::transport::{Fold, Transport};
 use std::sync::Arc;
@@ -41,7 +43,7 @@ pub fn run(t: &dyn Transport, op: &Op, dtype: DataType, timeout: Duration) -> Re
         return device::run(t, op, dtype, timeout, place);
     }
     let (rank, size) = (t.rank(), t.size());
-    let in_place = op.is_in_place(rank, dtype);
+    let in_place = layout(op, rank, dtype).is_some();
     match op {
         Op::AllGather { send, recv, count } => {
             let c = count * dtype.size();
@@ -112,6 +114,23 @@ pub fn run(t: &dyn Transport, op: &Op, dtype: DataType, timeout: Duration) -> Re
             )))
         }
     }
+}
+
+/// The in-place layout `op`'s buffers record ([`Op::layout`]); debug builds check it is
+/// NCCL's for `rank` (an op of an algorithm's own is built that way too) wherever it
+/// matters (an empty buffer has no layout to follow).
+fn layout(op: &Op, rank: usize, dtype: DataType) -> Option<InPlace> {
+    let l = op.layout();
+    if cfg!(debug_assertions) {
+        let mut empty = false;
+        op.for_each_buffer(&mut |b| empty |= b.is_empty());
+        assert!(
+            empty || l.is_some() == op.is_in_place(rank, dtype),
+            "{}: recorded in-place layout {l:?} is not NCCL's on rank {rank}",
+            op.name()
+        );
+    }
+    l
 }
 
 fn copy(src: &Buffer, dst: &Buffer, timeout: Duration) -> Result<()> {
@@ -192,7 +211,8 @@ mod device {
             )));
         }
         let rank = t.rank();
-        let in_place = op.is_in_place(rank, dtype);
+        let layout = layout(op, rank, dtype);
+        let in_place = layout.is_some();
         match op {
             Op::AllGather { send, recv, count } => {
                 let c = count * dtype.size();
@@ -208,12 +228,11 @@ mod device {
                 g.all_gather(out.region(), c)
             }
             Op::ReduceScatter { send, recv, op, .. } => {
-                if in_place {
+                if let Some(InPlace::RecvInSend { offset }) = layout {
                     // In place: one exclusive borrow of the whole input covers the output.
                     let s = send.dev_write_timeout(to)?;
-                    let off = recv.offset_in(send).unwrap_or(0) as u64;
                     let r = crate::device::Region {
-                        addr: s.addr() + off,
+                        addr: s.addr() + offset as u64,
                         len: recv.len(),
                     };
                     g.reduce_scatter(s.region(), r, dtype, *op)

@@ -2,14 +2,28 @@
 //! dispatch (NCCL's ncclEnqueueCheck is the model): counts, overflow, buffer sizes,
 //! peers, and NCCL's in-place and aliasing rules (the one rule: [`Kind::in_place`],
 //! applied to buffers by [`in_place`]).
+//!
+//! Each request is checked once, and its in-place layout derived once:
+//! - a request built in Rust is checked by [`check`] (from [`crate::Comm::submit`]),
+//!   which derives the layout from the buffer views;
+//! - a request built by the C ABI was checked on the caller's raw pointers, where the
+//!   layout was derived (it has to be: an in-place call becomes one buffer and a view of
+//!   it); the C boundary hands it over as a [`Checked`] request (`Checked::assume`),
+//!   and [`check`] returns that op at once ([`Checked::submit`]).
+//!
+//! Either way the layout is then recorded in the op's buffers (in place: the send and
+//! receive buffers are views of one allocation, at NCCL's offset; otherwise they do not
+//! overlap), and execution reads it back ([`Op::layout`]) instead of applying the rule
+//! again.
 
 #![forbid(unsafe_code)]
 
 use super::stream::Work;
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::{Error, Result};
-use crate::kinds::{Algo, Kind};
+use crate::kinds::{Algo, InPlace, Kind};
 use crate::memory::Buffer;
+use std::cell::RefCell;
 
 /// One collective or point-to-point operation. Counts are in elements of the request's
 /// dtype; buffers may be longer than needed (the prefix is used).
@@ -152,7 +166,9 @@ impl Op {
         })
     }
 
-    /// True when this collective is in NCCL's in-place layout on `rank` ([`in_place`]).
+    /// True when this collective is in NCCL's in-place layout on `rank` ([`in_place`]):
+    /// the rule applied to the buffer views. Execution reads the recorded layout instead
+    /// ([`Op::layout`]).
     pub fn is_in_place(&self, rank: usize, dtype: DataType) -> bool {
         match self {
             Op::AllGather { send, recv, count }
@@ -169,6 +185,30 @@ impl Op {
                 .kind()
                 .is_some_and(|k| in_place(k, send, recv, rank, count * dtype.size())),
             _ => false,
+        }
+    }
+
+    /// The in-place layout recorded in a checked op's buffers: where its send buffer lies
+    /// in its receive buffer (all-gather), its receive buffer in its send buffer
+    /// (reduce-scatter), or both are the same bytes (all-reduce, broadcast); `None` for
+    /// separate buffers and for every other op. No rule is applied: [`check`] (or the C
+    /// boundary) let through no overlap but NCCL's in-place layout on this rank, so a
+    /// checked op's containment *is* that layout.
+    pub fn layout(&self) -> Option<InPlace> {
+        match self {
+            Op::AllGather { send, recv, .. } if !send.is_empty() => send
+                .offset_in(recv)
+                .map(|offset| InPlace::SendInRecv { offset }),
+            Op::ReduceScatter { send, recv, .. } if !recv.is_empty() => recv
+                .offset_in(send)
+                .map(|offset| InPlace::RecvInSend { offset }),
+            Op::AllReduce { send, recv, .. } | Op::Broadcast { send, recv, .. }
+                if !send.is_empty() =>
+            {
+                (send.offset_in(recv) == Some(0) || recv.offset_in(send) == Some(0))
+                    .then_some(InPlace::Same)
+            }
+            _ => None,
         }
     }
 
@@ -271,8 +311,28 @@ fn no_alias(a: &Buffer, b: &Buffer, what: &str) -> Result<()> {
 }
 
 /// Check `op` for a communicator of `size` ranks where this is `rank`, and trim every
-/// buffer to exactly the bytes the call touches.
+/// buffer to exactly the bytes the call touches. The op of a [`Checked`] request being
+/// submitted on this thread ([`Checked::submit`]) was checked already and is returned
+/// at once; any other op is checked in full.
 pub fn check(op: Op, dtype: DataType, rank: usize, size: usize) -> Result<Op> {
+    if let Some(s) = STAMP.with(|s| s.borrow_mut().take()) {
+        if s.is(&op, dtype, rank, size) {
+            return Ok(op);
+        }
+    }
+    #[cfg(test)]
+    FULL_CHECKS.with(|n| n.set(n.get() + 1));
+    check_full(op, dtype, rank, size)
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Full checks made by [`check`] on this thread (the tests' count).
+    pub(crate) static FULL_CHECKS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// The checks themselves ([`check`]).
+fn check_full(op: Op, dtype: DataType, rank: usize, size: usize) -> Result<Op> {
     Ok(match op {
         Op::AllGather { send, recv, count } => {
             let c = bytes(count, 1, dtype, "all-gather")?;
@@ -416,7 +476,9 @@ pub fn check(op: Op, dtype: DataType, rank: usize, size: usize) -> Result<Op> {
                 &recvs,
                 &counts,
                 "coalesced all-gather",
-                |send, recv, count| check(Op::AllGather { send, recv, count }, dtype, rank, size),
+                |send, recv, count| {
+                    check_full(Op::AllGather { send, recv, count }, dtype, rank, size)
+                },
             )?;
             Op::AllGatherCoalesced {
                 sends,
@@ -436,7 +498,7 @@ pub fn check(op: Op, dtype: DataType, rank: usize, size: usize) -> Result<Op> {
                 &counts,
                 "coalesced reduce-scatter",
                 |send, recv, count| {
-                    check(
+                    check_full(
                         Op::ReduceScatter {
                             send,
                             recv,
@@ -492,4 +554,314 @@ fn check_list(
         }
     }
     Ok(out)
+}
+
+/// A request whose checks are done, for a communicator of `size` ranks where this is
+/// `rank`: its buffers are trimmed to the bytes the call touches, and overlap only in
+/// NCCL's in-place layout, which they record ([`Op::layout`]).
+#[derive(Debug)]
+pub struct Checked {
+    req: Request,
+    rank: usize,
+    size: usize,
+}
+
+/// The op of the [`Checked`] request this thread is submitting: what [`check`] returns
+/// at once.
+struct Stamp {
+    op: Op,
+    dtype: DataType,
+    rank: usize,
+    size: usize,
+}
+
+thread_local! {
+    static STAMP: RefCell<Option<Stamp>> = const { RefCell::new(None) };
+}
+
+/// Identity of two ops: the same kind, counts, peers and reduction, over the very same
+/// buffer views (same allocation, same bytes). Costs what it takes to compare them; no
+/// check is repeated.
+fn same_op(a: &Op, b: &Op) -> bool {
+    fn same(x: &Buffer, y: &Buffer) -> bool {
+        x.len() == y.len() && (x.is_empty() || x.offset_in(y) == Some(0))
+    }
+    fn all(x: &[Buffer], y: &[Buffer]) -> bool {
+        x.len() == y.len() && x.iter().zip(y).all(|(x, y)| same(x, y))
+    }
+    use Op::*;
+    match (a, b) {
+        (
+            AllGather { send, recv, count },
+            AllGather {
+                send: s,
+                recv: r,
+                count: c,
+            },
+        )
+        | (
+            AllToAll { send, recv, count },
+            AllToAll {
+                send: s,
+                recv: r,
+                count: c,
+            },
+        ) => count == c && same(send, s) && same(recv, r),
+        (
+            ReduceScatter {
+                send,
+                recv,
+                count,
+                op,
+            },
+            ReduceScatter {
+                send: s,
+                recv: r,
+                count: c,
+                op: o,
+            },
+        )
+        | (
+            AllReduce {
+                send,
+                recv,
+                count,
+                op,
+            },
+            AllReduce {
+                send: s,
+                recv: r,
+                count: c,
+                op: o,
+            },
+        ) => count == c && op == o && same(send, s) && same(recv, r),
+        (
+            Broadcast {
+                send,
+                recv,
+                count,
+                root,
+            },
+            Broadcast {
+                send: s,
+                recv: r,
+                count: c,
+                root: t,
+            },
+        ) => count == c && root == t && same(send, s) && same(recv, r),
+        (
+            Send { buf, count, peer },
+            Send {
+                buf: b,
+                count: c,
+                peer: p,
+            },
+        )
+        | (
+            Recv { buf, count, peer },
+            Recv {
+                buf: b,
+                count: c,
+                peer: p,
+            },
+        ) => count == c && peer == p && same(buf, b),
+        (
+            AllGatherCoalesced {
+                sends,
+                recvs,
+                counts,
+            },
+            AllGatherCoalesced {
+                sends: s,
+                recvs: r,
+                counts: c,
+            },
+        ) => counts == c && all(sends, s) && all(recvs, r),
+        (
+            ReduceScatterCoalesced {
+                sends,
+                recvs,
+                counts,
+                op,
+            },
+            ReduceScatterCoalesced {
+                sends: s,
+                recvs: r,
+                counts: c,
+                op: o,
+            },
+        ) => op == o && counts == c && all(sends, s) && all(recvs, r),
+        // Send-receive steps are the algorithms' own, never a boundary's.
+        _ => false,
+    }
+}
+
+impl Stamp {
+    fn is(&self, op: &Op, dtype: DataType, rank: usize, size: usize) -> bool {
+        self.dtype == dtype && self.rank == rank && self.size == size && same_op(&self.op, op)
+    }
+}
+
+/// Clears this thread's stamp when a submission ends (however it ends: a stamp that the
+/// submission did not consume never outlives it).
+struct ClearStamp;
+
+impl Drop for ClearStamp {
+    fn drop(&mut self) {
+        let _ = STAMP.try_with(|s| s.borrow_mut().take());
+    }
+}
+
+impl Checked {
+    /// Check `req` in full ([`check`]) for `rank` of `size`.
+    pub fn new(req: Request, rank: usize, size: usize) -> Result<Checked> {
+        let op = check_full(req.op, req.dtype, rank, size)?;
+        Ok(Checked {
+            req: Request { op, ..req },
+            rank,
+            size,
+        })
+    }
+
+    /// A request the caller checked itself, on what only it sees (the C boundary: raw
+    /// pointers), as [`check`] would: buffers exactly the bytes the call touches, counts
+    /// that do not overflow, peers and roots in range, and no overlap but NCCL's
+    /// in-place layout on `rank`, built as one buffer and a view of it. Debug builds run
+    /// [`check`]'s checks as well and panic where the two disagree, or where the layout
+    /// the buffers record is not the one the caller derived (`layouts`, one per send /
+    /// receive pair in op order; not read in release builds).
+    pub(crate) fn assume(
+        req: Request,
+        rank: usize,
+        size: usize,
+        layouts: &[Option<InPlace>],
+    ) -> Checked {
+        #[cfg(debug_assertions)]
+        debug_agree(&req, rank, size, layouts);
+        let _ = layouts;
+        Checked { req, rank, size }
+    }
+
+    /// The request.
+    pub fn request(&self) -> &Request {
+        &self.req
+    }
+
+    /// Submit it: `f` gets the request and hands it to [`crate::Comm`] (`submit`,
+    /// `call`, `enqueue_on`), whose [`check`] of this op, on this thread, within `f`,
+    /// returns it at once. Nothing else changes: a check of any other op, or of this op
+    /// for another rank, size or dtype, is a full one.
+    pub fn submit<R>(self, f: impl FnOnce(Request) -> R) -> R {
+        let Checked { req, rank, size } = self;
+        STAMP.with(|s| {
+            *s.borrow_mut() = Some(Stamp {
+                op: req.op.clone(),
+                dtype: req.dtype,
+                rank,
+                size,
+            })
+        });
+        let _clear = ClearStamp;
+        f(req)
+    }
+}
+
+/// The pairs of an op in order: (kind, send, recv, count).
+#[cfg(debug_assertions)]
+fn pairs(op: &Op) -> Vec<(Kind, &Buffer, &Buffer, usize)> {
+    match op {
+        Op::AllGather { send, recv, count } => vec![(Kind::AllGather, send, recv, *count)],
+        Op::ReduceScatter {
+            send, recv, count, ..
+        } => vec![(Kind::ReduceScatter, send, recv, *count)],
+        Op::AllReduce {
+            send, recv, count, ..
+        } => vec![(Kind::AllReduce, send, recv, *count)],
+        Op::AllToAll { send, recv, count } => vec![(Kind::AllToAll, send, recv, *count)],
+        Op::Broadcast {
+            send,
+            recv,
+            count,
+            root,
+        } => vec![(Kind::Broadcast { root: *root }, send, recv, *count)],
+        Op::AllGatherCoalesced {
+            sends,
+            recvs,
+            counts,
+        } => sends
+            .iter()
+            .zip(recvs)
+            .zip(counts)
+            .map(|((s, r), c)| (Kind::AllGather, s, r, *c))
+            .collect(),
+        Op::ReduceScatterCoalesced {
+            sends,
+            recvs,
+            counts,
+            ..
+        } => sends
+            .iter()
+            .zip(recvs)
+            .zip(counts)
+            .map(|((s, r), c)| (Kind::ReduceScatter, s, r, *c))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Debug builds: a request the C boundary checked passes [`check`] unchanged, and the
+/// layout its buffers record is the caller's and NCCL's rule's.
+#[cfg(debug_assertions)]
+fn debug_agree(req: &Request, rank: usize, size: usize, layouts: &[Option<InPlace>]) {
+    let op = req.op.clone();
+    let name = op.name();
+    match check_full(op, req.dtype, rank, size) {
+        Ok(c) => assert!(
+            same_op(&c, &req.op),
+            "{name}: the boundary's buffers are not what check trims them to"
+        ),
+        Err(e) => panic!("{name}: the boundary let through what check refuses: {e}"),
+    }
+    let ps = pairs(&req.op);
+    if ps.is_empty() {
+        return;
+    }
+    assert_eq!(ps.len(), layouts.len(), "{name}: one layout per pair");
+    for ((kind, s, r, count), want) in ps.into_iter().zip(layouts) {
+        let one = match kind {
+            Kind::AllGather => Op::AllGather {
+                send: s.clone(),
+                recv: r.clone(),
+                count,
+            },
+            Kind::ReduceScatter => Op::ReduceScatter {
+                send: s.clone(),
+                recv: r.clone(),
+                count,
+                op: ReduceOp::Sum,
+            },
+            Kind::AllReduce => Op::AllReduce {
+                send: s.clone(),
+                recv: r.clone(),
+                count,
+                op: ReduceOp::Sum,
+            },
+            Kind::Broadcast { root } => Op::Broadcast {
+                send: s.clone(),
+                recv: r.clone(),
+                count,
+                root,
+            },
+            Kind::AllToAll => Op::AllToAll {
+                send: s.clone(),
+                recv: r.clone(),
+                count,
+            },
+        };
+        assert_eq!(one.layout(), *want, "{name}: recorded layout");
+        let rule = kind
+            .in_place(rank, count * req.dtype.size())
+            .filter(|_| in_place(kind, s, r, rank, count * req.dtype.size()));
+        assert_eq!(rule, *want, "{name}: NCCL's rule on rank {rank}");
+    }
 }
