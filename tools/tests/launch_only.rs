@@ -412,3 +412,67 @@ fn back_to_back_calls_return_before_the_first_completes() {
         assert!(right, "rank {r}: wrong results");
     }
 }
+
+/// Memory mapped in pieces (as PyTorch's `expandable_segments` allocator maps one range
+/// with several cuMemMap calls): the device accepts a range across mappings, and a
+/// launched all-gather whose input and output straddle mapping boundaries is right.
+#[test]
+fn buffers_over_several_mappings_are_accepted() {
+    let ordinal = 27;
+    let comms = world(ordinal, "nodes:1x2", Duration::from_secs(30));
+    let dev = comms[0].device().expect("device");
+    let (p, n) = (2usize, 3000usize);
+    // Each rank's [send | recv] lies in one range of three mappings; both straddle a
+    // boundary (at 4 KiB and at 12 KiB).
+    let pieces = [4096, 8192, 32768];
+    let bases: Vec<u64> = (0..p)
+        .map(|_| cpu::alloc_mapped(ordinal, &pieces).expect("mapped memory"))
+        .collect();
+    for &b in &bases {
+        dev.check_pointer(b, pieces.iter().sum())
+            .expect("the whole range");
+        dev.check_pointer(b + 4000, 200)
+            .expect("across the first boundary");
+        let e = dev.check_pointer(b + 40_000, 10_000).unwrap_err();
+        assert!(e.to_string().contains("past the end"), "{e}");
+    }
+    let shared = bases.clone();
+    let out = common::on_comms(comms, move |c| {
+        let r = c.rank();
+        let base = shared[r];
+        let dev = c.device().expect("device");
+        // SAFETY: the range is live mapped memory of this device for the whole test and
+        // nothing else uses it.
+        let (send, recv) = unsafe {
+            (
+                Buffer::from_device_ptr(&dev, base + 100, n * 4),
+                Buffer::from_device_ptr(&dev, base + 12_000, p * n * 4),
+            )
+        };
+        send.write_bytes(&check::fill(DataType::F32, r, 0, n, 5))?;
+        let s = dev.new_stream()?;
+        let req = Request::new(
+            Op::AllGather {
+                send,
+                recv: recv.clone(),
+                count: n,
+            },
+            DataType::F32,
+        )
+        .with_algo(Algo::Ring);
+        c.enqueue(req, &s)?.wait()?;
+        let want: Vec<u8> = (0..p)
+            .flat_map(|j| check::fill(DataType::F32, j, 0, n, 5))
+            .collect();
+        Ok(recv.to_bytes()? == want)
+    });
+    for (r, o) in out.into_iter().enumerate() {
+        assert!(
+            o.unwrap_or_else(|e| panic!("rank {r}: {e}")),
+            "rank {r}: wrong"
+        );
+    }
+    for b in bases {
+        cpu::free_mapped(ordinal, b).expect("free");
+    }
+}
