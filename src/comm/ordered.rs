@@ -180,7 +180,8 @@ impl Comm {
                         user.complete(Ok(()));
                     } else {
                         user.set_event(ev.clone());
-                        crate::runtime::watchdog::watch(ev, user, &core, what);
+                        let order = Arc::as_ptr(&ls) as *const () as usize as u64;
+                        crate::runtime::watchdog::watch(ev, order, user, &core, what);
                     }
                     Ok(())
                 }

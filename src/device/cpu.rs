@@ -524,6 +524,7 @@ impl CpuDevice {
             id,
             q: Mutex::new(LaneQ::default()),
             cv: Condvar::new(),
+            work: Condvar::new(),
         });
         let mut s = self.state()?;
         s.lanes.retain(|w| w.strong_count() > 0);
@@ -881,13 +882,21 @@ struct LaneQ {
     /// The capture this stream records into, and its frontier (the nodes the next
     /// operation depends on).
     capture: Option<(Arc<Capture>, Vec<usize>)>,
+    /// Threads waiting for completions on `cv`, and whether the worker waits for work
+    /// on `work` (changed under the lock): a notification is a system call, made only
+    /// when someone waits for what changed.
+    parked: usize,
+    idle: bool,
 }
 
 /// The queue and worker of one stream.
 struct Lane {
     id: u64,
     q: Mutex<LaneQ>,
+    /// Completions (`done` advanced).
     cv: Condvar,
+    /// New work for the worker (or `closed`).
+    work: Condvar,
 }
 
 impl std::fmt::Debug for Lane {
@@ -921,7 +930,9 @@ impl Lane {
         }
         q.tasks.push_back(t);
         q.enqueued += 1;
-        self.cv.notify_all();
+        if q.idle {
+            self.work.notify_one();
+        }
         Ok(())
     }
 
@@ -979,11 +990,13 @@ impl Lane {
             if now >= deadline {
                 return Ok(false);
             }
+            q.parked += 1;
             q = self
                 .cv
                 .wait_timeout(q, deadline - now)
                 .map_err(|_| Error::Internal("cpu stream queue poisoned".into()))?
                 .0;
+            q.parked -= 1;
         }
         Ok(true)
     }
@@ -999,10 +1012,12 @@ impl Lane {
                     if q.closed {
                         return;
                     }
-                    q = match self.cv.wait(q) {
+                    q.idle = true;
+                    q = match self.work.wait(q) {
                         Ok(q) => q,
                         Err(_) => return,
                     };
+                    q.idle = false;
                 }
             };
             let failed = self.lock().map(|q| q.error.is_some()).unwrap_or(true);
@@ -1012,7 +1027,9 @@ impl Lane {
                 q.error.get_or_insert(e);
             }
             q.done += 1;
-            self.cv.notify_all();
+            if q.parked > 0 {
+                self.cv.notify_all();
+            }
         }
     }
 
@@ -1146,6 +1163,7 @@ impl Drop for CpuStream {
         if let Ok(mut q) = self.lane.lock() {
             q.closed = true;
         }
+        self.lane.work.notify_all();
         self.lane.cv.notify_all();
     }
 }
@@ -1536,6 +1554,8 @@ mod tests {
         let d = dev();
         let a = d.alloc_zeroed(64).unwrap();
         let b = d.alloc_zeroed(64).unwrap();
+        // The synchronous copies use memory of their own (they wait for no stream).
+        let c = d.alloc_zeroed(64).unwrap();
         let s = d.new_stream().unwrap();
         let mut out = [0u8; 64];
         {
@@ -1551,15 +1571,15 @@ mod tests {
                 before,
                 "enqueueing and recording waited"
             );
-            d.dtoh(&mut out, a).unwrap();
+            d.dtoh(&mut out, c).unwrap();
             assert_eq!(
                 waits::thread_count(),
                 before + 1,
                 "a synchronous dtoh was not counted"
             );
             assert!(waits::last().is_some());
-            d.htod(a, &[1u8; 8]).unwrap();
-            d.zero(a, 8).unwrap();
+            d.htod(c, &[1u8; 8]).unwrap();
+            d.zero(c, 8).unwrap();
             assert_eq!(
                 waits::thread_count(),
                 before + 3,
@@ -1575,6 +1595,7 @@ mod tests {
         unsafe {
             d.free(a);
             d.free(b);
+            d.free(c);
         }
     }
 

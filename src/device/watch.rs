@@ -28,8 +28,15 @@ struct Entry {
     done: Done,
 }
 
+/// Entries of one key, oldest first: events recorded in order on one stream pass in
+/// that order, so only the oldest is queried.
+struct Queue {
+    key: u64,
+    entries: std::collections::VecDeque<Entry>,
+}
+
 struct Board {
-    list: Mutex<Vec<Entry>>,
+    list: Mutex<Vec<Queue>>,
     cv: Condvar,
 }
 
@@ -52,17 +59,34 @@ fn board() -> &'static Board {
 }
 
 /// Run `done` once `ev` passed (`Ok`), reported a device error, `probe` failed, or
-/// `timeout` elapsed (`Err`, an [`Error::Remote`] naming `what`).
-pub fn after(ev: Arc<dyn DevEvent>, timeout: Option<Duration>, probe: Option<Probe>, done: Done) {
-    let b = board();
-    let mut l = b.list.lock().unwrap_or_else(|e| e.into_inner());
-    let was_empty = l.is_empty();
-    l.push(Entry {
+/// `timeout` elapsed (`Err`, an [`Error::Remote`]). `order`: a key shared by events
+/// recorded in order on one stream (they are queried oldest first, one at a time), or
+/// `None` for an event on its own.
+pub fn after(
+    ev: Arc<dyn DevEvent>,
+    order: Option<u64>,
+    timeout: Option<Duration>,
+    probe: Option<Probe>,
+    done: Done,
+) {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1 << 63);
+    let key = order.unwrap_or_else(|| NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    let entry = Entry {
         ev,
         deadline: timeout.map(|t| (Instant::now() + t, t)),
         probe,
         done,
-    });
+    };
+    let b = board();
+    let mut l = b.list.lock().unwrap_or_else(|e| e.into_inner());
+    let was_empty = l.is_empty();
+    match l.iter_mut().find(|q| q.key == key) {
+        Some(q) => q.entries.push_back(entry),
+        None => l.push(Queue {
+            key,
+            entries: [entry].into(),
+        }),
+    }
     if was_empty {
         b.cv.notify_one();
     }
@@ -71,12 +95,16 @@ pub fn after(ev: Arc<dyn DevEvent>, timeout: Option<Duration>, probe: Option<Pro
 /// Keep `payload` alive until `ev` passed (or failed), then drop it: memory read or
 /// written by work queued before `ev`.
 pub fn keep_until<T: Send + 'static>(ev: Arc<dyn DevEvent>, payload: T) {
-    after(ev, None, None, Box::new(move |_| drop(payload)));
+    after(ev, None, None, None, Box::new(move |_| drop(payload)));
 }
 
 /// Entries watched now.
 pub fn watched() -> usize {
-    board().list.lock().map(|l| l.len()).unwrap_or(0)
+    board()
+        .list
+        .lock()
+        .map(|l| l.iter().map(|q| q.entries.len()).sum())
+        .unwrap_or(0)
 }
 
 fn poll(e: &mut Entry, now: Instant) -> Option<Result<()>> {
@@ -109,13 +137,19 @@ fn serve() {
             }
             let now = Instant::now();
             let mut out = Vec::new();
-            let mut i = 0;
-            while i < l.len() {
-                match poll(&mut l[i], now) {
-                    Some(r) => out.push((l.swap_remove(i).done, r)),
-                    None => i += 1,
+            for q in l.iter_mut() {
+                while let Some(head) = q.entries.front_mut() {
+                    match poll(head, now) {
+                        Some(r) => {
+                            if let Some(e) = q.entries.pop_front() {
+                                out.push((e.done, r));
+                            }
+                        }
+                        None => break,
+                    }
                 }
             }
+            l.retain(|q| !q.entries.is_empty());
             out
         };
         pause = if done.is_empty() {

@@ -16,10 +16,11 @@ use crate::device::DevEvent;
 use crate::error::Error;
 use std::sync::Arc;
 
-/// Watch `ev`, the end of the launched call `what` on `core`: `work` completes when it
-/// passes, or fails (and `core` is aborted) on a device error, an asynchronous error or
-/// after `core`'s timeout.
-pub fn watch(ev: Arc<dyn DevEvent>, work: Work, core: &CommCore, what: String) {
+/// Watch `ev`, the end of the launched call `what` on `core` recorded on its launch
+/// stream (`stream`: that stream's identity; its calls end in order): `work` completes
+/// when it passes, or fails (and `core` is aborted) on a device error, an asynchronous
+/// error or after `core`'s timeout.
+pub fn watch(ev: Arc<dyn DevEvent>, stream: u64, work: Work, core: &CommCore, what: String) {
     let probe_core = core.clone();
     let probe: crate::device::watch::Probe = Box::new(move || match probe_core.transport().gpu() {
         Some(g) => g.probe(),
@@ -29,6 +30,7 @@ pub fn watch(ev: Arc<dyn DevEvent>, work: Work, core: &CommCore, what: String) {
     let timeout = core.timeout();
     crate::device::watch::after(
         ev,
+        Some(stream),
         Some(timeout),
         Some(probe),
         Box::new(move |r| {

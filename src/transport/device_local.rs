@@ -133,6 +133,9 @@ struct Group {
     aborted: AtomicBool,
     /// Bumped by every notification: a waiter spins on it briefly before parking.
     gen: AtomicU64,
+    /// Waiters parked on `cv` (changed under the board's lock): a notification is a
+    /// system call, made only when someone waits.
+    parked: std::sync::atomic::AtomicUsize,
 }
 
 impl Group {
@@ -149,6 +152,7 @@ impl Group {
             cv: Condvar::new(),
             aborted: AtomicBool::new(false),
             gen: AtomicU64::new(0),
+            parked: std::sync::atomic::AtomicUsize::new(0),
         })
     }
 
@@ -209,19 +213,22 @@ impl Group {
             if now >= deadline {
                 continue;
             }
-            b = self
-                .cv
-                .wait_timeout(b, deadline - now)
+            self.parked.fetch_add(1, Ordering::SeqCst);
+            let r = self.cv.wait_timeout(b, deadline - now);
+            self.parked.fetch_sub(1, Ordering::SeqCst);
+            b = r
                 .map_err(|_| Error::Internal("device-local board poisoned".into()))?
                 .0;
         }
     }
 
-    /// Wake every waiter on the board (call with the board's lock held or just after
-    /// changing it).
+    /// Wake every waiter on the board (call with the board's lock held, or after taking
+    /// it once since the change).
     fn notify(&self) {
         self.gen.fetch_add(1, Ordering::AcqRel);
-        self.cv.notify_all();
+        if self.parked.load(Ordering::SeqCst) > 0 {
+            self.cv.notify_all();
+        }
     }
 
     /// Exchange one post per rank (an all-gather of host values, doubling as a barrier).
@@ -874,6 +881,9 @@ impl Transport for DeviceLocalTransport {
     }
     fn abort(&self) {
         self.group.aborted.store(true, Ordering::SeqCst);
+        // Through the lock: a waiter that checked the flag before the store is parked
+        // (and counted) by the time the lock is free.
+        drop(self.group.board.lock());
         self.group.notify();
     }
     fn barrier(&self) -> Result<()> {
