@@ -356,6 +356,13 @@ impl Comm {
                 let r = c
                     .still_running()
                     .and_then(|_| algo::run(&c, choice.algo, &req));
+                // A launch: its side streams back into the launch stream now, before its
+                // scratch is free for the next call (even after a failure: a capture
+                // must have every stream joined back).
+                let r = match launch.as_ref().and(crate::device::direct::current()) {
+                    Some(sc) => r.and(sc.join_sides()),
+                    None => r,
+                };
                 let r = r.map_err(|e| {
                     e.in_collective(|| {
                         format!("{} ({}, {})", req.op.name(), choice.algo, req.dtype)

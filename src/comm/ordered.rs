@@ -135,7 +135,7 @@ impl Comm {
             deps: Vec::new(),
             ..req
         };
-        let sc = Scope::new(l.arena(), Some(ls.clone()));
+        let sc = Scope::launch(l.arena(), Some(ls.clone()), core.identity());
         let host = match direct::scope(Some(sc), || self.submit_as(req, How::Launch(l.clone()))) {
             Ok(Submitted::Queued(w)) => w,
             Ok(Submitted::Ran(r)) => Work::ready(r),
@@ -162,7 +162,8 @@ impl Comm {
                     }
                 });
             // Joined back even after a failure, so the caller's stream moves on and a
-            // capture can end.
+            // capture can end (the side streams were joined into the launch stream when
+            // the call's stages were enqueued).
             let end = ls.record();
             let joined = match (&end, &caller) {
                 (Ok(ev), Some(s)) => s.wait_event(ev.as_ref()),

@@ -97,8 +97,14 @@ impl Arena {
 #[derive(Clone)]
 pub struct Scope {
     hold: Arc<Hold>,
-    /// The capturable path: every stage on this stream, no host waits.
+    /// The launch stream: the call's own stages go on it, no host waits.
     pub stream: Option<Arc<dyn DevStream>>,
+    /// The launched call's communicator (an identity, [`Scope::launch`]): its own native
+    /// calls go on the launch stream, other communicators' on their own streams.
+    top: usize,
+    /// The side streams the call used, with the event after their last work: joined
+    /// back into the launch stream when the call is over.
+    sides: Arc<Mutex<Vec<(Arc<dyn DevStream>, Arc<dyn super::DevEvent>)>>>,
 }
 
 struct Hold {
@@ -115,18 +121,76 @@ impl Drop for Hold {
 impl Scope {
     /// A new call's scope on `arena` (`stream`: the capturable path).
     pub fn new(arena: &Arc<Arena>, stream: Option<Arc<dyn DevStream>>) -> Scope {
+        Scope::launch(arena, stream, 0)
+    }
+
+    /// A launched call's scope: scratch from `arena`, stages on `stream`, the call made
+    /// on the communicator `top` (any identity the caller keeps for it).
+    pub fn launch(arena: &Arc<Arena>, stream: Option<Arc<dyn DevStream>>, top: usize) -> Scope {
         Scope {
             hold: Arc::new(Hold {
                 arena: arena.clone(),
                 lease: arena.lease(),
             }),
             stream,
+            top,
+            sides: Arc::new(Mutex::new(Vec::new())),
         }
+    }
+
+    /// The launched call's communicator identity.
+    pub fn top(&self) -> usize {
+        self.top
+    }
+
+    /// `side` (another communicator's stream) did work for the call up to `ev`.
+    pub fn note_side(&self, side: &Arc<dyn DevStream>, ev: Arc<dyn super::DevEvent>) {
+        let mut s = self.sides.lock().unwrap_or_else(|e| e.into_inner());
+        match s.iter_mut().find(|(st, _)| Arc::ptr_eq(st, side)) {
+            Some(slot) => slot.1 = ev,
+            None => s.push((side.clone(), ev)),
+        }
+    }
+
+    /// Make the launch stream wait for every side stream's last work (the join: after
+    /// it, the launch stream's next event covers the whole call, and a capture has every
+    /// stream joined back).
+    pub fn join_sides(&self) -> Result<()> {
+        let Some(main) = &self.stream else {
+            return Ok(());
+        };
+        let sides = std::mem::take(&mut *self.sides.lock().unwrap_or_else(|e| e.into_inner()));
+        sides
+            .iter()
+            .try_for_each(|(_, ev)| main.wait_event(ev.as_ref()))
     }
 }
 
 thread_local! {
     static CURRENT: RefCell<Option<Scope>> = const { RefCell::new(None) };
+    /// The stream of the communicator whose native call runs now inside a launch (a
+    /// side stream), overriding the launch stream.
+    static SIDE: RefCell<Option<Arc<dyn DevStream>>> = const { RefCell::new(None) };
+}
+
+/// Run `f` with device work going to `side` instead of the launch stream (a
+/// sub-communicator's native call inside a launch).
+pub fn on_side<T>(side: Arc<dyn DevStream>, f: impl FnOnce() -> T) -> T {
+    struct Back(Option<Arc<dyn DevStream>>);
+    impl Drop for Back {
+        fn drop(&mut self) {
+            let prev = self.0.take();
+            SIDE.with(|c| *c.borrow_mut() = prev);
+        }
+    }
+    let prev = SIDE.with(|c| c.borrow_mut().replace(side));
+    let _back = Back(prev);
+    f()
+}
+
+/// The launch stream of the call this thread works for (never a side stream).
+pub fn launch_stream() -> Option<Arc<dyn DevStream>> {
+    CURRENT.with(|c| c.borrow().as_ref().and_then(|s| s.stream.clone()))
 }
 
 /// The scope this thread works in, if any.
@@ -134,22 +198,28 @@ pub fn current() -> Option<Scope> {
     CURRENT.with(|c| c.borrow().clone())
 }
 
-/// The capturable path's stream, when this thread is on it.
+/// The stream device work goes on inside a launch: a side stream while a
+/// sub-communicator's native call runs ([`on_side`]), else the launch stream; `None`
+/// outside a launch.
 pub fn stream() -> Option<Arc<dyn DevStream>> {
-    CURRENT.with(|c| c.borrow().as_ref().and_then(|s| s.stream.clone()))
+    let main = launch_stream()?;
+    Some(SIDE.with(|c| c.borrow().clone()).unwrap_or(main))
 }
 
-/// Run `f` in `s` (`None`: outside any scope), restoring the previous scope after.
+/// Run `f` in `s` (`None`: outside any scope, and off any side stream), restoring the
+/// previous scope after.
 pub fn scope<T>(s: Option<Scope>, f: impl FnOnce() -> T) -> T {
-    struct Restore(Option<Scope>);
+    struct Restore(Option<Scope>, Option<Arc<dyn DevStream>>);
     impl Drop for Restore {
         fn drop(&mut self) {
-            let prev = self.0.take();
+            let (prev, side) = (self.0.take(), self.1.take());
             CURRENT.with(|c| *c.borrow_mut() = prev);
+            SIDE.with(|c| *c.borrow_mut() = side);
         }
     }
     let prev = CURRENT.with(|c| std::mem::replace(&mut *c.borrow_mut(), s));
-    let _restore = Restore(prev);
+    let side = SIDE.with(|c| c.borrow_mut().take());
+    let _restore = Restore(prev, side);
     f()
 }
 
@@ -166,7 +236,9 @@ pub(super) fn alloc(dev: &Arc<dyn Device>, bytes: usize) -> Option<Result<Device
     }
     Some((|| {
         let addr = arena.take(s.hold.lease, bytes)?;
-        match &s.stream {
+        // Cleared on the stream that will use it (a side stream's call, or the launch
+        // stream), in its order.
+        match stream() {
             Some(st) => st.clear(addr, bytes)?,
             None => dev.zero(addr, bytes)?,
         }

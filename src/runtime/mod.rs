@@ -346,7 +346,10 @@ impl CommCore {
         // device call, and on any device transport: now, on this thread, so that every
         // vendor call of one collective comes from one thread in program order (the same
         // on every rank), as NCCL requires of calls on several communicators.
-        if self.on_stream() || crate::device::direct::stream().is_some() || self.has_device() {
+        if let Some(sc) = crate::device::direct::current().filter(|s| s.stream.is_some()) {
+            return self.launch_batch(&sc, ops, dtype, deps);
+        }
+        if self.on_stream() || self.has_device() {
             let r =
                 stream::wait_deps(&deps, self.timeout()).and_then(|_| self.run_ops(&ops, dtype));
             return Work::ready(r);
@@ -358,6 +361,66 @@ impl CommCore {
             work.complete(Err(e));
         }
         work
+    }
+
+    /// [`CommCore::enqueue_batch`] inside a launched call (scope `sc`): on this thread,
+    /// nothing waited for on the host. The launched communicator's own ops go on the
+    /// launch stream; another communicator's (a level, the node, the rail) on its own
+    /// stream, which first waits for the launch stream's work so far and for `deps`'
+    /// end events, and whose end event the returned `Work` carries (what a later wait
+    /// on it joins on the device). Ops of different communicators enqueued without a
+    /// wait between them (HO-Ring's rings, qgZ's pipelined hops) run at once on the
+    /// device; the call joins every side stream back at its end.
+    fn launch_batch(
+        &self,
+        sc: &crate::device::direct::Scope,
+        ops: Vec<Op>,
+        dtype: DataType,
+        deps: Vec<Work>,
+    ) -> Work {
+        let side = match self.0.transport.gpu() {
+            Some(g) if Arc::as_ptr(&self.0) as usize != sc.top() => Some(g.stream().clone()),
+            _ => None,
+        };
+        let here = side.clone().or_else(|| sc.stream.clone());
+        let r = (|| {
+            let Some(here) = &here else {
+                return Err(Error::Internal("a launch without a stream".into()));
+            };
+            if let (Some(s), Some(main)) = (&side, &sc.stream) {
+                s.wait_event(main.record()?.as_ref())?;
+            }
+            for d in &deps {
+                match d.event() {
+                    Some(ev) => here.wait_event(ev.as_ref())?,
+                    None => d.wait_timeout(self.timeout()).map(|_| ())?,
+                }
+            }
+            match &side {
+                Some(s) => {
+                    crate::device::direct::on_side(s.clone(), || self.run_ops(&ops, dtype))?;
+                    let ev = s.record()?;
+                    sc.note_side(s, ev.clone());
+                    Ok(Some(ev))
+                }
+                None => self.run_ops(&ops, dtype).map(|_| None),
+            }
+        })();
+        match r {
+            Ok(ev) => {
+                let w = Work::ready(Ok(()));
+                if let Some(ev) = ev {
+                    w.set_event(ev);
+                }
+                w
+            }
+            Err(e) => Work::ready(Err(e)),
+        }
+    }
+
+    /// The launched call's identity for [`crate::device::direct::Scope::launch`].
+    pub(crate) fn identity(&self) -> usize {
+        Arc::as_ptr(&self.0) as usize
     }
 
     /// The body of an enqueued batch: run it unless the communicator was aborted, and

@@ -89,6 +89,14 @@ impl Work {
     /// Wait for the work; its error if it failed. Runs the work on this thread when it
     /// is next on its stream and nothing runs there.
     pub fn wait(&self) -> Result<()> {
+        // Inside a launched call, a launched piece's end is joined on the device: the
+        // stream the call works on waits for its event, the host does not.
+        if let (Some(ev), Some(here)) = (self.event(), crate::device::direct::stream()) {
+            here.wait_event(ev.as_ref())?;
+            if !self.is_done() {
+                return Ok(());
+            }
+        }
         self.wait_helping(Duration::MAX).and_then(|done| {
             if done {
                 Ok(())
