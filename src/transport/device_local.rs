@@ -101,7 +101,9 @@ impl Inside {
             Some((t, n, _)) if *t == me => *n += 1,
             Some((_, _, other)) => {
                 return Err(Error::InvalidUsage(format!(
-                    "{}: two threads inside calls on communicators of world rank {rank} at                      once ({what} while another thread is inside {other}): the vendor calls                      of one process must come from one thread at a time (NCCL may deadlock)",
+                    "{}: two threads inside calls on communicators of world rank {rank} at \
+                     once ({what} while another thread is inside {other}): the vendor calls \
+                     of one process must come from one thread at a time (NCCL may deadlock)",
                     kind.name()
                 )))
             }
