@@ -292,7 +292,7 @@ impl Device for CudaDevice {
         // The first and the last byte, as NCCL checks a buffer: a tensor may span several
         // mappings (PyTorch's expandable_segments maps memory in pieces), which the
         // driver reports one at a time; the interior is the vendor library's to check.
-        let Some((first, last)) = span_ends(addr, len)? else {
+        let Some((first, last)) = super::span_ends(addr, len)? else {
             return Ok(());
         };
         let _bound = self.bind()?;
@@ -381,25 +381,6 @@ impl Drop for CudaDevice {
         // SAFETY: `ctx` is dropped once, here, and not used afterwards (the guard's
         // restore holds the previous context only).
         unsafe { ManuallyDrop::drop(&mut self.ctx) };
-    }
-}
-
-/// The first and last byte of `len` bytes at `addr`: `None` for 0 bytes, else a clear
-/// `InvalidArgument` for a null address or a range past the end of the address space.
-fn span_ends(addr: DevAddr, len: usize) -> Result<Option<(DevAddr, DevAddr)>> {
-    if len == 0 {
-        return Ok(None);
-    }
-    if addr == 0 {
-        return Err(Error::InvalidArgument(format!(
-            "a null device pointer for {len} bytes"
-        )));
-    }
-    match addr.checked_add(len as u64 - 1) {
-        Some(last) => Ok(Some((addr, last))),
-        None => Err(Error::InvalidArgument(format!(
-            "{len} bytes at {addr:#x} run past the end of the address space"
-        ))),
     }
 }
 

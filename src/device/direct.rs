@@ -104,8 +104,11 @@ pub struct Scope {
     top: usize,
     /// The side streams the call used, with the event after their last work: joined
     /// back into the launch stream when the call is over.
-    sides: Arc<Mutex<Vec<(Arc<dyn DevStream>, Arc<dyn super::DevEvent>)>>>,
+    sides: Arc<Mutex<Sides>>,
 }
+
+/// Side streams and the event after their last work for a call.
+type Sides = Vec<(Arc<dyn DevStream>, Arc<dyn super::DevEvent>)>;
 
 struct Hold {
     arena: Arc<Arena>,

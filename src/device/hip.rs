@@ -448,25 +448,6 @@ struct PointerAttr {
     allocation_flags: u32,
 }
 
-/// The first and last byte of `len` bytes at `addr`: `None` for 0 bytes, else a clear
-/// `InvalidArgument` for a null address or a range past the end of the address space.
-fn span_ends(addr: DevAddr, len: usize) -> Result<Option<(DevAddr, DevAddr)>> {
-    if len == 0 {
-        return Ok(None);
-    }
-    if addr == 0 {
-        return Err(Error::InvalidArgument(format!(
-            "a null device pointer for {len} bytes"
-        )));
-    }
-    match addr.checked_add(len as u64 - 1) {
-        Some(last) => Ok(Some((addr, last))),
-        None => Err(Error::InvalidArgument(format!(
-            "{len} bytes at {addr:#x} run past the end of the address space"
-        ))),
-    }
-}
-
 impl HipDevice {
     /// `Ok` when the byte at `p` (the `which` byte of `len` bytes at `addr`) is device
     /// memory of this device (`hipPointerGetAttributes`: memory type and device), else
@@ -622,7 +603,7 @@ impl Device for HipDevice {
         // The first and the last byte, as NCCL checks a buffer: a tensor may span several
         // mappings (an allocator that maps memory in pieces), which the runtime reports
         // one at a time; the interior is the vendor library's to check.
-        let Some((first, last)) = span_ends(addr, len)? else {
+        let Some((first, last)) = super::span_ends(addr, len)? else {
             return Ok(());
         };
         let _bound = self.bind()?;

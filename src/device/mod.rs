@@ -267,6 +267,27 @@ pub fn finish(
     }
 }
 
+/// The first and last byte of `len` bytes at `addr`: `None` for 0 bytes, else a clear
+/// `InvalidArgument` for a null address or a range past the end of the address space
+/// (what `check_pointer` checks on CUDA and HIP: the first and the last byte).
+#[cfg(any(feature = "cuda", feature = "rocm"))]
+pub(crate) fn span_ends(addr: DevAddr, len: usize) -> Result<Option<(DevAddr, DevAddr)>> {
+    if len == 0 {
+        return Ok(None);
+    }
+    if addr == 0 {
+        return Err(Error::InvalidArgument(format!(
+            "a null device pointer for {len} bytes"
+        )));
+    }
+    match addr.checked_add(len as u64 - 1) {
+        Some(last) => Ok(Some((addr, last))),
+        None => Err(Error::InvalidArgument(format!(
+            "{len} bytes at {addr:#x} run past the end of the address space"
+        ))),
+    }
+}
+
 /// Open device `ordinal` of `api`: [`Error::NotCompiled`] without the feature,
 /// [`Error::System`] without the runtime library, [`Error::Device`] without the device.
 pub fn open(api: Api, ordinal: usize) -> Result<Arc<dyn Device>> {
@@ -329,27 +350,7 @@ impl DeviceMem {
         if let Some(r) = direct::alloc(dev, bytes) {
             return r;
         }
-        let addr = if bytes == 0 {
-            0
-        } else {
-            let class = pool::Pool::class(bytes);
-            match dev.pool().take(class) {
-                Some(a) => {
-                    if let Err(e) = dev.zero(a, bytes) {
-                        dev.pool().put(class, a);
-                        return Err(e);
-                    }
-                    a
-                }
-                None => dev.alloc_zeroed(class)?,
-            }
-        };
-        Ok(DeviceMem {
-            dev: dev.clone(),
-            addr,
-            len: bytes,
-            owned: true,
-        })
+        DeviceMem::cached(dev, bytes, true)
     }
 
     /// `bytes` bytes on `dev` whose contents are unspecified: a cached block of the size
@@ -357,12 +358,26 @@ impl DeviceMem {
     /// buffers fully written in stream order before they are read (an eager message).
     /// Never an arena block.
     pub fn alloc_uninit(dev: &Arc<dyn Device>, bytes: usize) -> Result<DeviceMem> {
+        DeviceMem::cached(dev, bytes, false)
+    }
+
+    /// A cached block of `bytes`' size class (zeroed on the private stream when `zero`),
+    /// else a new zeroed allocation.
+    fn cached(dev: &Arc<dyn Device>, bytes: usize, zero: bool) -> Result<DeviceMem> {
         let addr = if bytes == 0 {
             0
         } else {
             let class = pool::Pool::class(bytes);
             match dev.pool().take(class) {
-                Some(a) => a,
+                Some(a) => {
+                    if zero {
+                        if let Err(e) = dev.zero(a, bytes) {
+                            dev.pool().put(class, a);
+                            return Err(e);
+                        }
+                    }
+                    a
+                }
                 None => dev.alloc_zeroed(class)?,
             }
         };
