@@ -131,6 +131,11 @@ impl Comm {
         })();
         core.note(fork)?;
         let what = format!("{} ({})", req.op.name(), req.dtype);
+        // The call's buffers live until its end event passes: the request (and with it
+        // the last handle on a buffer the caller gave away) is dropped once enqueued,
+        // while the device still reads and writes them (PyTorch's record_stream).
+        let mut held: Vec<crate::memory::Buffer> = Vec::new();
+        req.op.for_each_buffer(&mut |b| held.push(b.clone()));
         let req = Request {
             deps: Vec::new(),
             ..req
@@ -170,19 +175,26 @@ impl Comm {
                 (Ok(_), None) => Ok(()),
                 (Err(e), _) => Err(e.clone()),
             };
+            let order = l.id();
             match (r.and(joined), end) {
-                (Err(e), _) => {
+                (Err(e), end) => {
+                    // Stages enqueued before the failure may still run: the buffers
+                    // live until they have.
+                    if let Ok(ev) = end {
+                        crate::device::watch::keep_until(ev, held);
+                    }
                     core.fail(&e);
                     user.complete(Err(e.clone()));
                     Err(e)
                 }
                 (Ok(()), Ok(ev)) => {
                     if capturing {
+                        // A graph's replays use the buffers: the caller keeps them.
                         user.complete(Ok(()));
                     } else {
                         user.set_event(ev.clone());
-                        let order = Arc::as_ptr(&ls) as *const () as usize as u64;
-                        crate::runtime::watchdog::watch(ev, order, user, &core, what);
+                        let keep = Box::new(held);
+                        crate::runtime::watchdog::watch(ev, order, user, &core, what, keep);
                     }
                     Ok(())
                 }

@@ -17,6 +17,9 @@ use std::sync::{Arc, Mutex};
 
 /// One communicator's launch stream and scratch arena.
 pub struct Launcher {
+    /// Unique in the process (a key for the watcher: this launcher's calls end in
+    /// order), never reused as an address could be.
+    id: u64,
     stream: Arc<dyn DevStream>,
     arena: Arc<Arena>,
     /// Held while a call is being launched: one launch at a time per communicator
@@ -27,11 +30,18 @@ pub struct Launcher {
 impl Launcher {
     /// A new launch stream and an empty arena on `dev`.
     pub fn new(dev: &Arc<dyn Device>) -> Result<Launcher> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         Ok(Launcher {
+            id: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             stream: dev.new_stream()?,
             arena: Arc::new(Arena::new(dev)),
             busy: Mutex::new(()),
         })
+    }
+
+    /// This launcher's process-unique identity.
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// The communicator's scratch for launched calls.

@@ -19,8 +19,16 @@ use std::sync::Arc;
 /// Watch `ev`, the end of the launched call `what` on `core` recorded on its launch
 /// stream (`stream`: that stream's identity; its calls end in order): `work` completes
 /// when it passes, or fails (and `core` is aborted) on a device error, an asynchronous
-/// error or after `core`'s timeout.
-pub fn watch(ev: Arc<dyn DevEvent>, stream: u64, work: Work, core: &CommCore, what: String) {
+/// error or after `core`'s timeout. `keep` (the call's buffers) lives until then: the
+/// device work enqueued before `ev` may still use them after every other handle is gone.
+pub fn watch(
+    ev: Arc<dyn DevEvent>,
+    stream: u64,
+    work: Work,
+    core: &CommCore,
+    what: String,
+    keep: Box<dyn std::any::Any + Send>,
+) {
     let probe_core = core.clone();
     let probe: crate::device::watch::Probe = Box::new(move || match probe_core.transport().gpu() {
         Some(g) => g.probe(),
@@ -34,6 +42,7 @@ pub fn watch(ev: Arc<dyn DevEvent>, stream: u64, work: Work, core: &CommCore, wh
         Some(timeout),
         Some(probe),
         Box::new(move |r| {
+            drop(keep);
             let r = r.map_err(|e| match e {
                 Error::Remote(m) => Error::Remote(format!(
                     "launched {what}: {m} (a peer died or never joined, or the work queued \

@@ -476,3 +476,45 @@ fn buffers_over_several_mappings_are_accepted() {
         cpu::free_mapped(ordinal, b).expect("free");
     }
 }
+
+/// A launched call owns its buffers until the device has run it: the request held the
+/// only handle on its input, the call returned long before its stream reached it (a
+/// 300 ms delay ahead), and the same size allocated and overwritten meanwhile must not
+/// get that memory (it would while the call still reads it).
+#[test]
+fn buffers_given_away_live_until_the_call_ends() {
+    waits::set_strict(true);
+    let comms = world(28, "nodes:1x2", Duration::from_secs(30));
+    let out = common::on_comms(comms, |c| {
+        let (p, r, n) = (c.size(), c.rank(), 4096usize);
+        let s = c.device().expect("device").new_stream()?;
+        let recv = c.alloc_native(p * n * 4)?;
+        s.delay(Duration::from_millis(300))?;
+        let send = c.native_from(&check::fill(DataType::F32, r, 0, n, 9))?;
+        let req = Request::new(
+            Op::AllGather {
+                send,
+                recv: recv.clone(),
+                count: n,
+            },
+            DataType::F32,
+        );
+        let w = c.enqueue(req, &s)?;
+        // Churn the device cache with the same size class while the call waits.
+        let churn: Vec<Buffer> = (0..4)
+            .map(|_| c.native_from(&vec![0x5A; n * 4]))
+            .collect::<strata::Result<_>>()?;
+        w.wait()?;
+        drop(churn);
+        let want: Vec<u8> = (0..p)
+            .flat_map(|j| check::fill(DataType::F32, j, 0, n, 9))
+            .collect();
+        Ok(recv.to_bytes()? == want)
+    });
+    for (r, o) in out.into_iter().enumerate() {
+        assert!(
+            o.unwrap_or_else(|e| panic!("rank {r}: {e}")),
+            "rank {r}: wrong"
+        );
+    }
+}
