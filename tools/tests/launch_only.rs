@@ -413,6 +413,23 @@ fn back_to_back_calls_return_before_the_first_completes() {
     }
 }
 
+/// The all-gather of every rank's `fill(F32, rank, 0, n, seed)` over `p` ranks.
+fn gathered(p: usize, n: usize, seed: u64) -> Vec<u8> {
+    (0..p)
+        .flat_map(|j| check::fill(DataType::F32, j, 0, n, seed))
+        .collect()
+}
+
+/// Every rank returned `Ok(true)`.
+fn all_right(out: Vec<strata::Result<bool>>) {
+    for (r, o) in out.into_iter().enumerate() {
+        assert!(
+            o.unwrap_or_else(|e| panic!("rank {r}: {e}")),
+            "rank {r}: wrong"
+        );
+    }
+}
+
 /// Memory mapped in pieces (as PyTorch's `expandable_segments` allocator maps one range
 /// with several cuMemMap calls): the device accepts a range across mappings, and a
 /// launched all-gather whose input and output straddle mapping boundaries is right.
@@ -461,17 +478,9 @@ fn buffers_over_several_mappings_are_accepted() {
         )
         .with_algo(Algo::Ring);
         c.enqueue(req, &s)?.wait()?;
-        let want: Vec<u8> = (0..p)
-            .flat_map(|j| check::fill(DataType::F32, j, 0, n, 5))
-            .collect();
-        Ok(recv.to_bytes()? == want)
+        Ok(recv.to_bytes()? == gathered(p, n, 5))
     });
-    for (r, o) in out.into_iter().enumerate() {
-        assert!(
-            o.unwrap_or_else(|e| panic!("rank {r}: {e}")),
-            "rank {r}: wrong"
-        );
-    }
+    all_right(out);
     for b in bases {
         cpu::free_mapped(ordinal, b).expect("free");
     }
@@ -506,15 +515,7 @@ fn buffers_given_away_live_until_the_call_ends() {
             .collect::<strata::Result<_>>()?;
         w.wait()?;
         drop(churn);
-        let want: Vec<u8> = (0..p)
-            .flat_map(|j| check::fill(DataType::F32, j, 0, n, 9))
-            .collect();
-        Ok(recv.to_bytes()? == want)
+        Ok(recv.to_bytes()? == gathered(p, n, 9))
     });
-    for (r, o) in out.into_iter().enumerate() {
-        assert!(
-            o.unwrap_or_else(|e| panic!("rank {r}: {e}")),
-            "rank {r}: wrong"
-        );
-    }
+    all_right(out);
 }
