@@ -1,0 +1,601 @@
+//! [`MpiTransport`]: a rank of an MPI communicator.
+
+use super::comm::GROUP_TAG;
+use super::comm::{check, RawComm};
+use super::init::{ensure_init, note_peer_failure};
+use super::progress::{wait_collective, Op};
+use super::recv::RecvOp;
+use super::request::{request_null, Req};
+use super::send::SendOp;
+use super::tags::{Seqs, SMALL};
+use crate::error::{Error, Result};
+use crate::topology::Topology;
+use crate::traffic::{Traffic, TrafficMatrix};
+use crate::transport::{Transport, TransportKind};
+use mpi::ffi;
+use std::os::raw::{c_int, c_void};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+/// Landing buffers of small receives, reused; held by the call lock.
+pub(super) type Landings = Vec<Vec<u8>>;
+
+/// A rank of an MPI communicator.
+pub struct MpiTransport {
+    pub(super) comm: RawComm,
+    pub(super) rank: usize,
+    /// World rank of each member.
+    pub(super) members: Vec<usize>,
+    pub(super) timeout: Duration,
+    pub(super) traffic: Arc<Traffic>,
+    pub(super) aborted: AtomicBool,
+    /// Why the communicator cannot be used any more (a request had to be abandoned).
+    pub(super) broken: std::sync::OnceLock<String>,
+    /// Serialises the calls on this communicator; holds the landing buffers.
+    pub(super) busy: Mutex<Landings>,
+    /// Sequence numbers of the messages sent to / received from each member.
+    pub(super) sent: Seqs,
+    pub(super) received: Seqs,
+}
+
+impl MpiTransport {
+    /// Initialise MPI once per process (`MPI_THREAD_MULTIPLE`; an error when the
+    /// library cannot provide it) and return this process's rank of the world
+    /// communicator (a duplicate of `MPI_COMM_WORLD`). Collective over the world.
+    ///
+    /// `traffic_topo` is the layout applied over world ranks to classify traffic
+    /// (default: one flat node); its world size must equal the MPI world size, else
+    /// [`Error::InvalidUsage`]. `timeout` bounds every wait for a peer, this call's
+    /// rendezvous included.
+    pub fn world(traffic_topo: Option<Topology>, timeout: Duration) -> Result<MpiTransport> {
+        let n = ensure_init()?;
+        let topo = traffic_topo.unwrap_or_else(|| Topology::flat(n));
+        if topo.world_size() != n {
+            return Err(Error::InvalidUsage(format!(
+                "the traffic topology has {} ranks but the MPI world has {n} processes",
+                topo.world_size()
+            )));
+        }
+        // SAFETY: reading an MPI predefined handle.
+        let world = unsafe { ffi::RSMPI_COMM_WORLD };
+        let mut me: c_int = 0;
+        // SAFETY: MPI is initialised; out-pointer to a local.
+        check(
+            unsafe { ffi::MPI_Comm_rank(world, &mut me) },
+            "MPI_Comm_rank(MPI_COMM_WORLD)",
+        )?;
+        // Everyone must arrive before the blocking MPI_Comm_dup: a bounded rendezvous.
+        let mut r = request_null();
+        // SAFETY: world communicator; out-pointer to a local.
+        check(unsafe { ffi::MPI_Ibarrier(world, &mut r) }, "MPI_Ibarrier")?;
+        let mut req = Req(r);
+        wait_collective(&mut req, timeout, None, || {
+            format!(
+                "rank {me} waited {timeout:?} for the other ranks of the MPI world to create the mpi transport: \
+                 a process dead, stalled or not calling it"
+            )
+        })?;
+        // SAFETY: reading an MPI predefined handle.
+        let mut raw = unsafe { ffi::RSMPI_COMM_NULL };
+        // SAFETY: world communicator; every rank passed the barrier above.
+        check(
+            unsafe { ffi::MPI_Comm_dup(world, &mut raw) },
+            "MPI_Comm_dup(MPI_COMM_WORLD)",
+        )?;
+        let comm = RawComm::adopt(raw)?;
+        let (rank, size) = comm.rank_size()?;
+        Ok(MpiTransport::over(
+            comm,
+            rank,
+            (0..size).collect(),
+            timeout,
+            Arc::new(Traffic::new(topo)),
+        ))
+    }
+
+    /// A transport over `comm`, this process being `rank` of it, whose ranks are the
+    /// world ranks `members`.
+    pub(super) fn over(
+        comm: RawComm,
+        rank: usize,
+        members: Vec<usize>,
+        timeout: Duration,
+        traffic: Arc<Traffic>,
+    ) -> MpiTransport {
+        let size = members.len();
+        MpiTransport {
+            comm,
+            rank,
+            members,
+            timeout,
+            traffic,
+            aborted: AtomicBool::new(false),
+            broken: std::sync::OnceLock::new(),
+            busy: Mutex::new(Vec::new()),
+            sent: Seqs::new(size),
+            received: Seqs::new(size),
+        }
+    }
+
+    /// Initialise MPI if needed and return the MPI world size (to build a default
+    /// topology before [`MpiTransport::world`]).
+    pub fn world_size_hint() -> Result<usize> {
+        ensure_init()
+    }
+
+    /// A barrier over this communicator, bounded by the timeout: a ring all-gather of
+    /// empty messages over this transport's own point-to-point calls (no rank can
+    /// finish it before every rank entered), so a rank that never comes is named in
+    /// the timeout message of the rank after it, which `MPI_Ibarrier` could not say.
+    pub fn barrier(&self) -> Result<()> {
+        crate::transport::ring::all_gather(self, &mut [], 0)
+    }
+
+    /// Element-wise sum of every member process's `m` (each MPI process only knows
+    /// the traffic its own rank sent: the rows of its world rank), bounded by the
+    /// timeout. Collective over this communicator; records no traffic.
+    pub fn sum_traffic(&self, m: &TrafficMatrix) -> Result<TrafficMatrix> {
+        let _g = self.enter()?;
+        let count = c_int::try_from(m.bytes.len()).map_err(|_| {
+            Error::InvalidArgument(format!(
+                "traffic matrix of {} entries is too large",
+                m.bytes.len()
+            ))
+        })?;
+        let send: Box<[u64]> = m.bytes.clone().into_boxed_slice();
+        let mut recv: Box<[u64]> = vec![0u64; m.bytes.len()].into_boxed_slice();
+        let mut r = request_null();
+        // SAFETY: both boxes hold `count` u64 and outlive the request (leaked below if
+        // it cannot complete); live communicator.
+        check(
+            unsafe {
+                ffi::MPI_Iallreduce(
+                    send.as_ptr() as *const c_void,
+                    recv.as_mut_ptr() as *mut c_void,
+                    count,
+                    ffi::RSMPI_UINT64_T,
+                    ffi::RSMPI_SUM,
+                    self.comm.0,
+                    &mut r,
+                )
+            },
+            "MPI_Iallreduce",
+        )?;
+        let mut req = Req(r);
+        let res = wait_collective(&mut req, self.timeout, Some(&self.aborted), || {
+            format!(
+                "rank {} waited {:?} for the other ranks to sum traffic",
+                self.rank, self.timeout
+            )
+        });
+        if res.is_err() {
+            // The collective may still write into the buffers: never free them.
+            std::mem::forget(send);
+            std::mem::forget(recv);
+            return self.after_collective(res.map(|_| TrafficMatrix::zero(0)));
+        }
+        Ok(TrafficMatrix {
+            n: m.n,
+            bytes: recv.into_vec(),
+        })
+    }
+
+    /// Refuse work on an aborted or broken communicator; hold the call lock.
+    pub(super) fn enter(&self) -> Result<MutexGuard<'_, Landings>> {
+        self.check_alive()?;
+        let g = self.busy.lock().unwrap_or_else(|e| e.into_inner());
+        self.check_alive()?;
+        Ok(g)
+    }
+
+    pub(super) fn check_alive(&self) -> Result<()> {
+        if self.aborted.load(Ordering::SeqCst) {
+            return Err(Error::Remote("communicator was aborted".into()));
+        }
+        if let Some(why) = self.broken.get() {
+            return Err(Error::Remote(format!("communicator is unusable: {why}")));
+        }
+        Ok(())
+    }
+
+    /// A failed nonblocking collective leaves the communicator's collective sequence
+    /// out of step: mark it broken.
+    pub(super) fn after_collective<T>(&self, res: Result<T>) -> Result<T> {
+        if let Err(e) = &res {
+            self.broken
+                .get_or_init(|| format!("a collective did not complete ({e})"));
+            // An MPI collective left pending: MPI_Finalize would wait for it.
+            note_peer_failure(&e.to_string());
+        }
+        res
+    }
+
+    /// A transfer could not be retired after `e`: refuse every later call.
+    pub(super) fn mark_broken(&self, e: &Error) {
+        let why = match e {
+            Error::Remote(m) => m.clone(),
+            e => e.to_string(),
+        };
+        self.broken
+            .get_or_init(|| format!("a transfer could not be cancelled after this error: {why}"));
+    }
+
+    pub(super) fn check_peer(&self, peer: usize) -> Result<()> {
+        if peer >= self.members.len() {
+            return Err(Error::InvalidArgument(format!(
+                "peer {peer} out of range for {} ranks",
+                self.members.len()
+            )));
+        }
+        Ok(())
+    }
+
+    pub(super) fn record(&self, peer: usize, bytes: usize) {
+        self.traffic
+            .record(self.members[self.rank], self.members[peer], bytes);
+    }
+
+    /// Post a send to `peer` (the next sequence numbers to it) and record its traffic.
+    pub(super) fn post_send(&self, peer: usize, data: &[u8]) -> Result<Op> {
+        let op = SendOp::post(&self.comm, peer, data, self.sent.get(peer))?;
+        self.sent.set(peer, op.next_seq);
+        self.record(peer, data.len());
+        Ok(Op::Send(op))
+    }
+
+    /// Start a receive from `peer` (a small one is posted at once, into a reused
+    /// landing buffer). Call [`Self::settle`] once it is driven.
+    pub(super) fn post_recv(
+        &self,
+        landings: &mut Landings,
+        peer: usize,
+        buf: &mut [u8],
+    ) -> Result<Op> {
+        let landing = if buf.len() <= SMALL {
+            landings.pop().unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        let seq = self.received.get(peer);
+        RecvOp::new(&self.comm, peer, self.rank, buf, seq, landing).map(Op::Recv)
+    }
+
+    /// After driving `ops`: the receives' sequence numbers (every message they
+    /// matched, a drained one too) and their landing buffers back.
+    pub(super) fn settle(&self, landings: &mut Landings, ops: &mut [Op]) {
+        for op in ops {
+            if let Op::Recv(r) = op {
+                self.received.set(r.peer, r.seq);
+                if let Some(l) = r.take_landing() {
+                    landings.push(l);
+                }
+            }
+        }
+    }
+
+    /// Retire `ops` after `e` stopped them before they were driven.
+    pub(super) fn withdraw(&self, landings: &mut Landings, ops: &mut [Op], e: &Error) {
+        for op in ops.iter_mut() {
+            if !op.cancel() {
+                self.mark_broken(e);
+            }
+        }
+        self.settle(landings, ops);
+    }
+}
+
+impl Transport for MpiTransport {
+    fn kind(&self) -> TransportKind {
+        TransportKind::Mpi
+    }
+    fn barrier(&self) -> Result<()> {
+        MpiTransport::barrier(self)
+    }
+    fn sum_traffic(&self, m: &TrafficMatrix) -> Result<TrafficMatrix> {
+        MpiTransport::sum_traffic(self, m)
+    }
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn size(&self) -> usize {
+        self.members.len()
+    }
+    fn world_rank(&self, r: usize) -> usize {
+        self.members[r]
+    }
+    fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    fn split(&self, color: Option<u32>, key: i32) -> Result<Option<Arc<dyn Transport>>> {
+        let _g = self.enter()?;
+        let c = match color {
+            Some(c) => i32::try_from(c).map_err(|_| {
+                Error::InvalidArgument(format!("split color {c} exceeds MPI's limit {}", i32::MAX))
+            })?,
+            None => -1,
+        };
+        // Exchange (color, key) with a bounded nonblocking all-gather: once it completes
+        // everyone is at this split, so the blocking MPI_Comm_split below cannot hang;
+        // and the members' world ranks follow without another exchange.
+        let n = self.size();
+        let mine: Box<[i32; 2]> = Box::new([c, key]);
+        let mut all: Box<[i32]> = vec![0i32; 2 * n].into_boxed_slice();
+        let mut r = request_null();
+        // SAFETY: `mine` holds 2 ints, `all` 2n; both outlive the request (leaked on
+        // failure below); live communicator.
+        check(
+            unsafe {
+                ffi::MPI_Iallgather(
+                    mine.as_ptr() as *const c_void,
+                    2,
+                    ffi::RSMPI_INT32_T,
+                    all.as_mut_ptr() as *mut c_void,
+                    2,
+                    ffi::RSMPI_INT32_T,
+                    self.comm.0,
+                    &mut r,
+                )
+            },
+            "MPI_Iallgather (split)",
+        )?;
+        let mut req = Req(r);
+        let res = wait_collective(&mut req, self.timeout, Some(&self.aborted), || {
+            format!(
+                "split timed out after {:?}: not every rank called split",
+                self.timeout
+            )
+        });
+        if res.is_err() {
+            std::mem::forget(mine);
+            std::mem::forget(all);
+            return self.after_collective(res.map(|_| None));
+        }
+        let mut group: Vec<(i32, usize)> = (0..n)
+            .filter(|&r| c >= 0 && all[2 * r] == c)
+            .map(|r| (all[2 * r + 1], r))
+            .collect();
+        group.sort();
+        // SAFETY: reading MPI predefined constants / handles.
+        let (undefined, mut raw) = unsafe { (ffi::RSMPI_UNDEFINED, ffi::RSMPI_COMM_NULL) };
+        let mpi_color = if c >= 0 { c } else { undefined };
+        // SAFETY: live communicator; every member reached this call (see above).
+        check(
+            unsafe { ffi::MPI_Comm_split(self.comm.0, mpi_color, key, &mut raw) },
+            "MPI_Comm_split",
+        )?;
+        if c < 0 {
+            return Ok(None);
+        }
+        let comm = RawComm::adopt(raw)?;
+        let (rank, size) = comm.rank_size()?;
+        let members: Vec<usize> = group.iter().map(|(_, r)| self.members[*r]).collect();
+        if size != members.len() || members.get(rank) != Some(&self.members[self.rank]) {
+            return Err(Error::Internal(format!(
+                "MPI_Comm_split gave rank {rank} of {size}, strata expected rank {:?} of {}",
+                members.iter().position(|m| *m == self.members[self.rank]),
+                members.len()
+            )));
+        }
+        Ok(Some(Arc::new(MpiTransport::over(
+            comm,
+            rank,
+            members,
+            self.timeout,
+            self.traffic.clone(),
+        ))))
+    }
+
+    fn group(&self, members: &[usize]) -> Result<Arc<dyn Transport>> {
+        let mut g = self.enter()?;
+        // A barrier of the members alone, bounded by the timeout (an empty message
+        // between every pair, so no bytes are counted): once it completes every
+        // member is at this call, so the blocking MPI_Comm_create_group below cannot
+        // hang on a member that never came.
+        let peers: Vec<usize> = members
+            .iter()
+            .copied()
+            .filter(|&m| m != self.rank)
+            .collect();
+        let token = [0u8; 0];
+        let mut got = vec![[0u8; 0]; peers.len()];
+        let mut ops = Vec::with_capacity(2 * peers.len());
+        let mut posted = Ok(());
+        for (p, b) in peers.iter().zip(got.iter_mut()) {
+            match self.post_recv(&mut g, *p, b) {
+                Ok(op) => ops.push(op),
+                Err(e) => {
+                    posted = Err(e);
+                    break;
+                }
+            }
+        }
+        if posted.is_ok() {
+            for p in &peers {
+                match self.post_send(*p, &token) {
+                    Ok(op) => ops.push(op),
+                    Err(e) => {
+                        posted = Err(e);
+                        break;
+                    }
+                }
+            }
+        }
+        if let Err(e) = posted {
+            self.withdraw(&mut g, &mut ops, &e);
+            return Err(e);
+        }
+        let res = self.drive(&mut ops);
+        self.settle(&mut g, &mut ops);
+        res.map_err(|e| {
+            Error::Remote(format!(
+                "creating a communicator of ranks {members:?}: not every member came ({e})"
+            ))
+        })?;
+        let ranks: Vec<i32> = members
+            .iter()
+            .map(|&m| i32::try_from(m).map_err(|_| Error::InvalidArgument(format!("rank {m}"))))
+            .collect::<Result<_>>()?;
+        let n = i32::try_from(ranks.len())
+            .map_err(|_| Error::InvalidArgument("too many members".into()))?;
+        // SAFETY: reading MPI predefined handles.
+        let (mut world_group, mut sub_group, mut raw) = unsafe {
+            (
+                ffi::RSMPI_GROUP_NULL,
+                ffi::RSMPI_GROUP_NULL,
+                ffi::RSMPI_COMM_NULL,
+            )
+        };
+        // SAFETY: live communicator; writes one group handle.
+        check(
+            unsafe { ffi::MPI_Comm_group(self.comm.0, &mut world_group) },
+            "MPI_Comm_group",
+        )?;
+        // SAFETY: a live group and `n` valid ranks of it; writes one group handle.
+        let incl = check(
+            unsafe { ffi::MPI_Group_incl(world_group, n, ranks.as_ptr(), &mut sub_group) },
+            "MPI_Group_incl",
+        );
+        // SAFETY: every member passed the barrier above and calls this with the same
+        // group; the tag keeps it apart from other creations.
+        let made = incl.and_then(|_| {
+            check(
+                unsafe { ffi::MPI_Comm_create_group(self.comm.0, sub_group, GROUP_TAG, &mut raw) },
+                "MPI_Comm_create_group",
+            )
+        });
+        // SAFETY: freeing the group handles made above (the null handle is skipped).
+        unsafe {
+            if sub_group != ffi::RSMPI_GROUP_NULL {
+                ffi::MPI_Group_free(&mut sub_group);
+            }
+            ffi::MPI_Group_free(&mut world_group);
+        }
+        made?;
+        let comm = RawComm::adopt(raw)?;
+        let (rank, size) = comm.rank_size()?;
+        let world: Vec<usize> = members.iter().map(|&m| self.members[m]).collect();
+        if size != world.len() || world.get(rank) != Some(&self.members[self.rank]) {
+            return Err(Error::Internal(format!(
+                "MPI_Comm_create_group gave rank {rank} of {size} for members {members:?}"
+            )));
+        }
+        Ok(Arc::new(MpiTransport::over(
+            comm,
+            rank,
+            world,
+            self.timeout,
+            self.traffic.clone(),
+        )))
+    }
+
+    fn send(&self, peer: usize, data: &[u8]) -> Result<()> {
+        self.check_peer(peer)?;
+        let _g = self.enter()?;
+        let mut ops = [self.post_send(peer, data)?];
+        self.drive(&mut ops)
+    }
+
+    fn recv(&self, peer: usize, data: &mut [u8]) -> Result<()> {
+        self.check_peer(peer)?;
+        let mut g = self.enter()?;
+        let mut ops = [self.post_recv(&mut g, peer, data)?];
+        let res = self.drive(&mut ops);
+        self.settle(&mut g, &mut ops);
+        res
+    }
+
+    fn sendrecv(&self, dst: usize, send: &[u8], src: usize, recv: &mut [u8]) -> Result<()> {
+        self.check_peer(dst)?;
+        self.check_peer(src)?;
+        let mut g = self.enter()?;
+        // The receive first: a small one is posted before the peer's message comes.
+        let recv_op = self.post_recv(&mut g, src, recv)?;
+        let send_op = match self.post_send(dst, send) {
+            Ok(op) => op,
+            Err(e) => {
+                let mut ops = [recv_op];
+                self.withdraw(&mut g, &mut ops, &e);
+                return Err(e);
+            }
+        };
+        let mut ops = [recv_op, send_op];
+        let res = self.drive(&mut ops);
+        self.settle(&mut g, &mut ops);
+        res
+    }
+
+    fn exchange(&self, sends: &[(usize, &[u8])], recvs: &mut [(usize, &mut [u8])]) -> Result<()> {
+        for (p, _) in sends {
+            self.check_peer(*p)?;
+        }
+        for (p, _) in recvs.iter() {
+            self.check_peer(*p)?;
+        }
+        let mut g = self.enter()?;
+        // Receives from one peer must match in order (and a long message arrives in
+        // pieces), so they run in phases of at most one receive per peer; MPI keeps
+        // the order of messages between two ranks. The first phase's receives are
+        // posted, then every send, before anything waits, so no rank waits for a
+        // receive that is not yet posted. The sends are waited for last: a later one
+        // may need the peer's later phase (MPI progresses them meanwhile).
+        let mut left: Vec<(usize, &mut [u8])> =
+            recvs.iter_mut().map(|(p, d)| (*p, &mut **d)).collect();
+        let mut sent: Vec<Op> = Vec::with_capacity(sends.len());
+        let mut first = true;
+        loop {
+            let mut phase: Vec<Op> = Vec::with_capacity(left.len());
+            let mut later = Vec::new();
+            let mut res = Ok(());
+            for (p, d) in left {
+                if res.is_err() || phase.iter().any(|o| o.peer() == p) {
+                    later.push((p, d));
+                    continue;
+                }
+                match self.post_recv(&mut g, p, d) {
+                    Ok(op) => phase.push(op),
+                    Err(e) => res = Err(e),
+                }
+            }
+            if std::mem::take(&mut first) {
+                for (p, d) in sends {
+                    if res.is_err() {
+                        break;
+                    }
+                    match self.post_send(*p, d) {
+                        Ok(op) => sent.push(op),
+                        Err(e) => res = Err(e),
+                    }
+                }
+            }
+            let res = res.and_then(|_| {
+                let r = self.drive(&mut phase);
+                self.settle(&mut g, &mut phase);
+                r
+            });
+            if let Err(e) = res {
+                // What was posted must not outlive its buffers.
+                self.withdraw(&mut g, &mut phase, &e);
+                self.withdraw(&mut g, &mut sent, &e);
+                return Err(e);
+            }
+            if later.is_empty() {
+                return self.drive(&mut sent);
+            }
+            left = later;
+        }
+    }
+
+    fn traffic(&self) -> Option<Arc<Traffic>> {
+        Some(self.traffic.clone())
+    }
+
+    fn abort(&self) {
+        self.aborted.store(true, Ordering::SeqCst);
+    }
+
+    fn failed(&self, e: &Error) {
+        note_peer_failure(&e.to_string());
+    }
+}
