@@ -22,13 +22,18 @@
 //!   Were the peer's message of our number longer (another class), it shows up unmatched
 //!   (`MPI_Iprobe` while waiting): the receive is withdrawn and that message drained.
 //!   A larger receive first matches the incoming message (`MPI_Improbe`) and compares its
-//!   length before receiving in place (a truncating receive is not safe: OpenMPI's
-//!   single-copy path ignores the receive count). A mismatch is [`Error::InvalidUsage`]
-//!   (the message is consumed and dropped), worded as the local transport words it.
-//! - Messages longer than the piece limit (1 GiB; the hidden knob
-//!   `STRATA_MPI_MAX_MESSAGE` lowers it for tests) travel as an 8-byte length header
-//!   followed by pieces; shorter ones as one message. Counts therefore always fit MPI's
-//!   `int`.
+//!   length (a truncating receive is not safe: OpenMPI's single-copy path ignores the
+//!   receive count). A mismatch is [`Error::InvalidUsage`] (the message is consumed and
+//!   dropped), worded as the local transport words it.
+//! - Messages longer than the piece limit (512 KiB; the hidden knob
+//!   `STRATA_MPI_MAX_MESSAGE` sets it, the same on every rank) travel as an 8-byte length
+//!   header followed by pieces; shorter ones as one message. Counts therefore always fit
+//!   MPI's `int`.
+//! - MPI never writes the caller's receive buffer: every message lands in memory of the
+//!   transport (a small one in its landing buffer, a larger one piece by piece in one of
+//!   two staging buffers of a piece each, so the copy of one piece into the caller's
+//!   buffer overlaps the transfer of the next), reused between calls. The cost is that
+//!   copy: one pass over the received bytes, from cache.
 //! - Waiting polls with `MPI_Test`: spinning briefly (unless the host runs more ranks than
 //!   it has cores), then yielding (while a transfer is posted, every 32 polls: MPI's
 //!   progress moves its fragments), then, while only waiting for a message to arrive,
@@ -37,12 +42,15 @@
 //!   calls, so the traffic recorded here (every `send`, world rank to world rank) is the
 //!   nominal ring traffic: MPI may route the bytes differently underneath.
 //! - A timeout or an abort cancels pending requests (best effort). When a request
-//!   cannot be retired within a short grace period (OpenMPI cannot cancel a send, so a
-//!   long send nobody receives ends here) it is released to MPI and the communicator is
-//!   marked broken: every later call fails, as after ncclCommAbort. MPI may still touch
-//!   that transfer's buffer if the peer matches it later, so end the job after such an
-//!   error. A timeout while waiting for a message to arrive leaves nothing in flight and
-//!   the communicator usable.
+//!   cannot be retired within a short grace period (OpenMPI cannot cancel a send, nor a
+//!   receive already matched) it is released to MPI and the communicator is marked
+//!   broken: every later call fails, as after ncclCommAbort. A receive's request takes
+//!   its landing or staging memory with it (leaked), so once a call returned, with an
+//!   error or not, MPI never writes its receive buffer. A send is not copied: a send
+//!   released to MPI may still read the caller's buffer until the peer takes the message
+//!   (never writes it), so after such an error keep send buffers alive or end the job.
+//!   A timeout while waiting for a message to arrive leaves nothing in flight and the
+//!   communicator usable.
 //!
 //! Modules: `init` (initialisation, finalize, peer failures), `comm` (communicator
 //! handles, MPI error codes), `tags` (message classes, tags, sequence numbers),

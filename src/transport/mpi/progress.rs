@@ -1,6 +1,6 @@
 //! Driving transfers to completion: polling, backoff, the timeout.
 
-use super::recv::{RecvOp, Stage};
+use super::recv::RecvOp;
 use super::request::{request_null, Poll, Req};
 use super::send::SendOp;
 use super::transport::MpiTransport;
@@ -26,7 +26,7 @@ impl Op {
     pub(super) fn transferring(&self) -> bool {
         match self {
             Op::Send(s) => !s.first.is_null() || s.more.iter().any(|r| !r.is_null()),
-            Op::Recv(r) => !matches!(r.stage, Stage::Probe | Stage::Posted(_) | Stage::Done),
+            Op::Recv(r) => r.transferring(),
         }
     }
 

@@ -2,7 +2,7 @@
 
 use super::comm::{byte_type, check, RawComm};
 use super::request::{request_null, retire, Poll, Req};
-use super::tags::{max_piece, tag, CLASS_HEADER, CLASS_PIECE, CLASS_SMALL, CLASS_WHOLE, SMALL};
+use super::tags::{tag, CLASS_HEADER, CLASS_PIECE, CLASS_SMALL, CLASS_WHOLE, SMALL};
 use crate::error::Result;
 use mpi::ffi;
 use std::os::raw::{c_int, c_void};
@@ -24,8 +24,13 @@ pub(super) struct SendOp {
 }
 
 impl SendOp {
-    pub(super) fn post(comm: &RawComm, peer: usize, data: &[u8], seq: u32) -> Result<SendOp> {
-        let piece = max_piece();
+    pub(super) fn post(
+        comm: &RawComm,
+        peer: usize,
+        data: &[u8],
+        seq: u32,
+        piece: usize,
+    ) -> Result<SendOp> {
         let mut op = SendOp {
             peer,
             first: Req(request_null()),

@@ -14,10 +14,13 @@ pub(super) const CLASS_SMALL: u32 = 0;
 pub(super) const CLASS_WHOLE: u32 = 1;
 pub(super) const CLASS_HEADER: u32 = 2;
 pub(super) const CLASS_PIECE: u32 = 3;
-/// Default piece limit: 1 GiB (below `i32::MAX`, MPI's count type).
-pub(super) const DEFAULT_PIECE: usize = 1 << 30;
+/// Default piece limit: 512 KiB. A receive stages at most [`super::recv::SLOTS`] pieces
+/// at once: big enough that a piece's match and completion cost little beside its
+/// bytes, small enough that its copy-out runs from cache.
+pub(super) const DEFAULT_PIECE: usize = 1 << 19;
 
-/// Largest message sent as one MPI message (`STRATA_MPI_MAX_MESSAGE`, read once).
+/// Largest message sent as one MPI message, and the staging size of a receive
+/// (`STRATA_MPI_MAX_MESSAGE`, read once; at most `i32::MAX`, MPI's count type).
 pub(super) fn max_piece() -> usize {
     static P: OnceLock<usize> = OnceLock::new();
     *P.get_or_init(|| {
@@ -92,6 +95,7 @@ impl Seqs {
     }
 }
 
-pub(super) fn pieces(len: usize) -> usize {
-    len.div_ceil(max_piece()).max(1)
+/// Messages of a transfer of `len` bytes sent in pieces of `piece`.
+pub(super) fn pieces(len: usize, piece: usize) -> usize {
+    len.div_ceil(piece).max(1)
 }

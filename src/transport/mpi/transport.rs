@@ -4,10 +4,10 @@ use super::comm::GROUP_TAG;
 use super::comm::{check, RawComm};
 use super::init::{ensure_init, note_peer_failure};
 use super::progress::{wait_collective, Op};
-use super::recv::RecvOp;
+use super::recv::{Buffers, RecvOp};
 use super::request::{request_null, Req};
 use super::send::SendOp;
-use super::tags::{Seqs, SMALL};
+use super::tags::{max_piece, Seqs};
 use crate::error::{Error, Result};
 use crate::topology::Topology;
 use crate::traffic::{Traffic, TrafficMatrix};
@@ -17,9 +17,6 @@ use std::os::raw::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
-
-/// Landing buffers of small receives, reused; held by the call lock.
-pub(super) type Landings = Vec<Vec<u8>>;
 
 /// A rank of an MPI communicator.
 pub struct MpiTransport {
@@ -32,8 +29,11 @@ pub struct MpiTransport {
     pub(super) aborted: AtomicBool,
     /// Why the communicator cannot be used any more (a request had to be abandoned).
     pub(super) broken: std::sync::OnceLock<String>,
-    /// Serialises the calls on this communicator; holds the landing buffers.
-    pub(super) busy: Mutex<Landings>,
+    /// Serialises the calls on this communicator; holds the receive buffers.
+    pub(super) busy: Mutex<Buffers>,
+    /// Largest message sent whole (longer ones go as header + pieces); the staging
+    /// size of a receive. Every rank must use the same.
+    pub(super) piece: usize,
     /// Sequence numbers of the messages sent to / received from each member.
     pub(super) sent: Seqs,
     pub(super) received: Seqs,
@@ -112,10 +112,18 @@ impl MpiTransport {
             traffic,
             aborted: AtomicBool::new(false),
             broken: std::sync::OnceLock::new(),
-            busy: Mutex::new(Vec::new()),
+            busy: Mutex::new(Buffers::default()),
+            piece: max_piece(),
             sent: Seqs::new(size),
             received: Seqs::new(size),
         }
+    }
+
+    /// The same transport sending messages of at most `piece` bytes whole (every rank
+    /// must use the same; sub-communicators inherit it).
+    pub(super) fn with_piece(mut self, piece: usize) -> MpiTransport {
+        self.piece = piece.clamp(1, i32::MAX as usize);
+        self
     }
 
     /// Initialise MPI if needed and return the MPI world size (to build a default
@@ -182,7 +190,7 @@ impl MpiTransport {
     }
 
     /// Refuse work on an aborted or broken communicator; hold the call lock.
-    pub(super) fn enter(&self) -> Result<MutexGuard<'_, Landings>> {
+    pub(super) fn enter(&self) -> Result<MutexGuard<'_, Buffers>> {
         self.check_alive()?;
         let g = self.busy.lock().unwrap_or_else(|e| e.into_inner());
         self.check_alive()?;
@@ -238,50 +246,39 @@ impl MpiTransport {
 
     /// Post a send to `peer` (the next sequence numbers to it) and record its traffic.
     pub(super) fn post_send(&self, peer: usize, data: &[u8]) -> Result<Op> {
-        let op = SendOp::post(&self.comm, peer, data, self.sent.get(peer))?;
+        let op = SendOp::post(&self.comm, peer, data, self.sent.get(peer), self.piece)?;
         self.sent.set(peer, op.next_seq);
         self.record(peer, data.len());
         Ok(Op::Send(op))
     }
 
     /// Start a receive from `peer` (a small one is posted at once, into a reused
-    /// landing buffer). Call [`Self::settle`] once it is driven.
-    pub(super) fn post_recv(
-        &self,
-        landings: &mut Landings,
-        peer: usize,
-        buf: &mut [u8],
-    ) -> Result<Op> {
-        let landing = if buf.len() <= SMALL {
-            landings.pop().unwrap_or_default()
-        } else {
-            Vec::new()
-        };
+    /// landing buffer; a larger one gets reused staging buffers). Call [`Self::settle`]
+    /// once it is driven.
+    pub(super) fn post_recv(&self, bufs: &mut Buffers, peer: usize, buf: &mut [u8]) -> Result<Op> {
         let seq = self.received.get(peer);
-        RecvOp::new(&self.comm, peer, self.rank, buf, seq, landing).map(Op::Recv)
+        RecvOp::new(&self.comm, peer, self.rank, buf, seq, self.piece, bufs).map(Op::Recv)
     }
 
     /// After driving `ops`: the receives' sequence numbers (every message they
-    /// matched, a drained one too) and their landing buffers back.
-    pub(super) fn settle(&self, landings: &mut Landings, ops: &mut [Op]) {
+    /// matched, a drained one too) and their landing and staging buffers back.
+    pub(super) fn settle(&self, bufs: &mut Buffers, ops: &mut [Op]) {
         for op in ops {
             if let Op::Recv(r) = op {
                 self.received.set(r.peer, r.seq);
-                if let Some(l) = r.take_landing() {
-                    landings.push(l);
-                }
+                r.settle(bufs);
             }
         }
     }
 
     /// Retire `ops` after `e` stopped them before they were driven.
-    pub(super) fn withdraw(&self, landings: &mut Landings, ops: &mut [Op], e: &Error) {
+    pub(super) fn withdraw(&self, bufs: &mut Buffers, ops: &mut [Op], e: &Error) {
         for op in ops.iter_mut() {
             if !op.cancel() {
                 self.mark_broken(e);
             }
         }
-        self.settle(landings, ops);
+        self.settle(bufs, ops);
     }
 }
 
@@ -378,13 +375,10 @@ impl Transport for MpiTransport {
                 members.len()
             )));
         }
-        Ok(Some(Arc::new(MpiTransport::over(
-            comm,
-            rank,
-            members,
-            self.timeout,
-            self.traffic.clone(),
-        ))))
+        Ok(Some(Arc::new(
+            MpiTransport::over(comm, rank, members, self.timeout, self.traffic.clone())
+                .with_piece(self.piece),
+        )))
     }
 
     fn group(&self, members: &[usize]) -> Result<Arc<dyn Transport>> {
@@ -481,13 +475,10 @@ impl Transport for MpiTransport {
                 "MPI_Comm_create_group gave rank {rank} of {size} for members {members:?}"
             )));
         }
-        Ok(Arc::new(MpiTransport::over(
-            comm,
-            rank,
-            world,
-            self.timeout,
-            self.traffic.clone(),
-        )))
+        Ok(Arc::new(
+            MpiTransport::over(comm, rank, world, self.timeout, self.traffic.clone())
+                .with_piece(self.piece),
+        ))
     }
 
     fn send(&self, peer: usize, data: &[u8]) -> Result<()> {
