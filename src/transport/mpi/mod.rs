@@ -74,6 +74,8 @@ mod send;
 mod tags;
 #[cfg(feature = "mpi")]
 mod transport;
+#[cfg(all(test, feature = "mpi"))]
+mod tests;
 
 #[cfg(feature = "mpi")]
 pub use init::{finalize, peer_failure};
