@@ -20,7 +20,9 @@ Timing: before each iteration (or step) a barrier on the default (gloo) group; e
 times its call (until it has returned complete); the iteration's time is the max over
 ranks (an all-reduce MAX of the per-rank times); a row reports the median of those over
 ``STRATA_BENCH_ITERS`` iterations (``STRATA_BENCH_STEPS`` steps) after
-``STRATA_BENCH_WARMUP`` (3 steps) of warm-up. Rank 0 prints markdown tables.
+``STRATA_BENCH_WARMUP`` (3 steps) of warm-up. Rank 0 prints markdown tables. With
+``STRATA_BENCH_NET_IF`` set (the emulated cluster's ``eth0``, docs/cluster.md), part (b)
+also reports the bytes all nodes sent on that interface per step.
 """
 
 import os
@@ -133,9 +135,22 @@ def fsdp_step_time(variant):
         opt.zero_grad()
         last.copy_(loss.detach())
 
+    sent0 = node_sent()
     secs = timed(step, STEPS, STEP_WARMUP)
+    sent = torch.tensor([float(node_sent() - sent0)], dtype=torch.float64)
+    dist.all_reduce(sent)
     dist.all_reduce(last)
-    return secs, last.item() / dist.get_world_size(), nparams
+    return secs, last.item() / dist.get_world_size(), nparams, sent.item() / (STEPS + STEP_WARMUP)
+
+
+def node_sent():
+    """Bytes this node has sent on ``STRATA_BENCH_NET_IF`` (the emulated cluster's inter-node
+    link, docs/cluster.md), read by the node's first rank; 0 elsewhere or when unset."""
+    nic = os.environ.get("STRATA_BENCH_NET_IF")
+    if not nic or os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", "0") != "0":
+        return 0
+    with open(f"/sys/class/net/{nic}/statistics/tx_bytes") as f:
+        return int(f.read())
 
 
 def header():
@@ -161,14 +176,20 @@ def print_tables(coll, fsdp, nparams):
     print(f"\n(b) FSDP2 step, 1-D mesh, transformer d={D_MODEL}, {LAYERS} layers, ffn {FFN}, "
           f"vocab {VOCAB}, {nparams / 1e6:.2f} M params (fp32), batch {BATCH}x{SEQ} per rank: "
           f"{STEPS} steps after {STEP_WARMUP} warm-up\n")
-    print("| variant | groups | FSDP comms | step ms | step/gloo | last loss |")
-    print("|---|---|---|---:|---:|---:|")
+    net = os.environ.get("STRATA_BENCH_NET_IF")
+    print("| variant | groups | FSDP comms | step ms | step/gloo | last loss |"
+          + (" inter-node MB/step |" if net else ""))
+    print("|---|---|---|---:|---:|---:|" + ("---:|" if net else ""))
     base = fsdp[0][1]
-    for name, secs, loss in fsdp:
+    for name, secs, loss, sent in fsdp:
         groups, comms = {"gloo": ("gloo", "gloo"), "strata": ("strata", "strata (auto)"),
                          "hier": ("gloo", "strata hier AG + RS"),
                          "quant": ("gloo", "strata qwz int8 AG + qgz int4 RS")}[name]
-        print(f"| {name} | {groups} | {comms} | {secs * 1e3:.1f} | {secs / base:.2f} | {loss:.4f} |")
+        print(f"| {name} | {groups} | {comms} | {secs * 1e3:.1f} | {secs / base:.2f} | {loss:.4f} |"
+              + (f" {sent / 1e6:.2f} |" if net else ""))
+    if net:
+        print(f"\ninter-node MB/step: bytes all nodes sent on {net} during the warm-up and timed "
+              "steps (with their barriers), per step")
 
 
 def main():
@@ -182,9 +203,9 @@ def main():
     log("(b) FSDP2 steps")
     fsdp, nparams = [], 0
     for variant in ("gloo", "strata", "hier", "quant"):
-        secs, loss, nparams = fsdp_step_time(variant)
+        secs, loss, nparams, sent = fsdp_step_time(variant)
         log(f"  {variant}: {secs * 1e3:.1f} ms/step")
-        fsdp.append((variant, secs, loss))
+        fsdp.append((variant, secs, loss, sent))
     if dist.get_rank() == 0:
         print_tables(coll, fsdp, nparams)
         print(f"\nbench wall time {time.perf_counter() - t0:.0f} s (after init)", flush=True)
