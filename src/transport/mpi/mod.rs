@@ -30,10 +30,11 @@
 //!   header followed by pieces; shorter ones as one message. Counts therefore always fit
 //!   MPI's `int`.
 //! - MPI never writes the caller's receive buffer: every message lands in memory of the
-//!   transport (a small one in its landing buffer, a larger one piece by piece in one of
-//!   two staging buffers of a piece each, so the copy of one piece into the caller's
-//!   buffer overlaps the transfer of the next), reused between calls. The cost is that
-//!   copy: one pass over the received bytes, from cache.
+//!   transport (a small one in its landing buffer, a larger one piece by piece in two
+//!   staging buffers of a piece each, so one piece is in flight while the other is
+//!   copied into the caller's buffer), kept per communicator between calls (at most two
+//!   pieces per receive in flight). The cost is that copy: one more pass over the
+//!   received bytes, read from cache.
 //! - Waiting polls with `MPI_Test`: spinning briefly (unless the host runs more ranks than
 //!   it has cores), then yielding (while a transfer is posted, every 32 polls: MPI's
 //!   progress moves its fragments), then, while only waiting for a message to arrive,
@@ -56,7 +57,8 @@
 //! handles, MPI error codes), `tags` (message classes, tags, sequence numbers),
 //! `request` (the request wrapper, retire and cancel), `send` and `recv` (one transfer's
 //! state machine each), `progress` (driving transfers, backoff, timeouts), `transport`
-//! ([`MpiTransport`]); `stub` stands in for all of them in a build without MPI.
+//! ([`MpiTransport`]); `stub` stands in for all of them in a build without MPI; `tests`
+//! drive the receive state machine over real MPI (see there for the commands).
 
 #[cfg(feature = "mpi")]
 mod comm;
@@ -72,10 +74,10 @@ mod request;
 mod send;
 #[cfg(feature = "mpi")]
 mod tags;
-#[cfg(feature = "mpi")]
-mod transport;
 #[cfg(all(test, feature = "mpi"))]
 mod tests;
+#[cfg(feature = "mpi")]
+mod transport;
 
 #[cfg(feature = "mpi")]
 pub use init::{finalize, peer_failure};

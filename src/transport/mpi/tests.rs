@@ -135,7 +135,7 @@ fn long_message_travels_as_header_and_pieces() {
 fn long_message_never_lands_in_place() {
     // Whatever state a receive is in, MPI writes only transport memory: a receive
     // retired mid-transfer leaves the caller's buffer as it was. (With pieces, the later
-    // ones stay unreceived: the send then times out, released to MPI.)
+    // ones stay unreceived: the send may then time out, released to MPI.)
     let piece = 64 << 10;
     for (len, timeout) in [(piece, LONG), (3 * piece + 7, SHORT)] {
         let t = world(piece, timeout);
@@ -168,8 +168,6 @@ fn long_message_never_lands_in_place() {
             sent.unwrap();
             t.received.set(me, r.seq);
             roundtrip(&t, len, 5);
-        } else {
-            assert!(sent.is_err());
         }
     }
 }
