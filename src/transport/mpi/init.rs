@@ -28,7 +28,7 @@ pub(super) fn note_peer_failure(msg: &str) {
 pub(super) const ABORT_GRACE: Duration = Duration::from_secs(2);
 
 /// The first failure of a collective on an MPI communicator of this process, if any
-/// ([`Transport::failed`]: a peer that did not answer within the timeout, dead,
+/// ([`Transport::failed`](crate::transport::Transport::failed): a peer that did not answer within the timeout, dead,
 /// stalled or calling another collective; or a communicator aborted mid-collective).
 pub fn peer_failure() -> Option<String> {
     PEER_FAILURE

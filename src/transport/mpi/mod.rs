@@ -3,7 +3,7 @@
 //! - One MPI communicator per transport: the world transport owns a duplicate of
 //!   `MPI_COMM_WORLD`, [`Transport::split`](super::Transport::split) makes children with `MPI_Comm_split`, so the
 //!   messages of different strata communicators never meet. Every communicator has
-//!   `MPI_ERRORS_RETURN`, so MPI failures become [`Error::System`] rather than aborts.
+//!   `MPI_ERRORS_RETURN`, so MPI failures become [`Error::System`](crate::error::Error::System) rather than aborts.
 //! - MPI is initialised once per process with `MPI_THREAD_MULTIPLE` (the stream threads
 //!   of several communicators call MPI at once) and finalised by [`finalize`]. When the
 //!   host program initialised MPI itself, strata uses it (if it is multi-threaded) and
@@ -23,7 +23,7 @@
 //!   (`MPI_Iprobe` while waiting): the receive is withdrawn and that message drained.
 //!   A larger receive first matches the incoming message (`MPI_Improbe`) and compares its
 //!   length (a truncating receive is not safe: OpenMPI's single-copy path ignores the
-//!   receive count). A mismatch is [`Error::InvalidUsage`] (the message is consumed and
+//!   receive count). A mismatch is [`Error::InvalidUsage`](crate::error::Error::InvalidUsage) (the message is consumed and
 //!   dropped), worded as the local transport words it.
 //! - Messages longer than the piece limit (512 KiB; the hidden knob
 //!   `STRATA_MPI_MAX_MESSAGE` sets it, the same on every rank) travel as an 8-byte length
