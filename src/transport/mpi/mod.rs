@@ -25,7 +25,7 @@
 //!   length (a truncating receive is not safe: OpenMPI's single-copy path ignores the
 //!   receive count). A mismatch is [`Error::InvalidUsage`](crate::error::Error::InvalidUsage) (the message is consumed and
 //!   dropped), worded as the local transport words it.
-//! - Messages longer than the piece limit (512 KiB; the hidden knob
+//! - Messages longer than the piece limit (1 MiB; the hidden knob
 //!   `STRATA_MPI_MAX_MESSAGE` sets it, the same on every rank) travel as an 8-byte length
 //!   header followed by pieces; shorter ones as one message. Counts therefore always fit
 //!   MPI's `int`.
