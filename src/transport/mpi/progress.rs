@@ -1,5 +1,7 @@
 //! Driving transfers to completion: polling, backoff, the timeout.
 
+#![forbid(unsafe_code)]
+
 use super::recv::RecvOp;
 use super::request::{request_null, Poll, Req};
 use super::send::SendOp;

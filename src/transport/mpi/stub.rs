@@ -1,5 +1,7 @@
 //! Stand-in for the MPI transport in a build without the `mpi` feature.
 
+#![forbid(unsafe_code)]
+
 use crate::error::{Error, Result};
 use crate::topology::Topology;
 use crate::traffic::{Traffic, TrafficMatrix};
