@@ -68,6 +68,7 @@ deepspeed.utils.logger.setLevel(logging.ERROR)
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 from torch_fsdp_check import Net as _Net  # noqa: E402  (the FSDP check's small transformer)
+from netbytes import node_sent  # noqa: E402
 
 STEPS = int(os.environ.get("STRATA_BENCH_STEPS", "5"))
 WARMUP = int(os.environ.get("STRATA_BENCH_WARMUP", "2"))
@@ -90,16 +91,6 @@ def config():
     return {"train_micro_batch_size_per_gpu": BATCH, "gradient_accumulation_steps": 1,
             "zero_allow_untested_optimizer": True, "steps_per_print": 10**9,
             "wall_clock_breakdown": False, "zero_optimization": dict(ZERO)}
-
-
-def node_sent():
-    """Bytes this node has sent on ``STRATA_BENCH_NET_IF`` (the emulated cluster's inter-node
-    link, docs/cluster.md), read by the node's first rank; 0 elsewhere or when unset."""
-    nic = os.environ.get("STRATA_BENCH_NET_IF")
-    if not nic or os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", "0") != "0":
-        return 0
-    with open(f"/sys/class/net/{nic}/statistics/tx_bytes") as f:
-        return int(f.read())
 
 
 def train():

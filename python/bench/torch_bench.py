@@ -44,6 +44,7 @@ import strata.torch as st  # noqa: E402  (joins the MPI world: every rank, now)
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 import torch_fsdp_check as _fsdp_check  # noqa: E402
+from netbytes import node_sent  # noqa: E402
 
 SIZES_MIB = [int(s) for s in os.environ.get("STRATA_BENCH_SIZES", "1,4,16,64").split(",")]
 ITERS = int(os.environ.get("STRATA_BENCH_ITERS", "20"))
@@ -141,16 +142,6 @@ def fsdp_step_time(variant):
     dist.all_reduce(sent)
     dist.all_reduce(last)
     return secs, last.item() / dist.get_world_size(), nparams, sent.item() / (STEPS + STEP_WARMUP)
-
-
-def node_sent():
-    """Bytes this node has sent on ``STRATA_BENCH_NET_IF`` (the emulated cluster's inter-node
-    link, docs/cluster.md), read by the node's first rank; 0 elsewhere or when unset."""
-    nic = os.environ.get("STRATA_BENCH_NET_IF")
-    if not nic or os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", "0") != "0":
-        return 0
-    with open(f"/sys/class/net/{nic}/statistics/tx_bytes") as f:
-        return int(f.read())
 
 
 def header():
