@@ -7,7 +7,7 @@
 //! to MPI), never the caller's buffer.
 
 use super::comm::{byte_type, check, RawComm};
-use super::request::{empty_status, request_null, retire, Poll, Req};
+use super::request::{byte_count, empty_status, request_null, retire, Poll, Req};
 use super::tags::{
     pieces, seq_mask, tag, untag, CLASS_HEADER, CLASS_PIECE, CLASS_SMALL, CLASS_WHOLE, SMALL,
 };
@@ -257,18 +257,13 @@ impl RecvOp {
         if flag == 0 {
             return Ok(None);
         }
-        let mut count: c_int = 0;
-        // SAFETY: status filled by MPI_Improbe.
-        check(
-            unsafe { ffi::MPI_Get_count(&st, byte_type(), &mut count) },
-            "MPI_Get_count",
-        )?;
+        let count = byte_count(&st)?;
         let (class, seq) = untag(st.MPI_TAG);
         // An out-of-sequence message (only after an earlier failure) is a mismatch like
         // one of another length.
         let in_seq = seq == seq_mask(self.seq);
         self.seq = self.seq.wrapping_add(1);
-        Ok(Some((msg, count.max(0) as usize, class, in_seq)))
+        Ok(Some((msg, count, class, in_seq)))
     }
 
     /// Receive the matched data message `msg` of `count` bytes into the free slot `i`:

@@ -60,14 +60,20 @@ impl Req {
         if flag == 0 {
             return Ok(None);
         }
-        let mut count: c_int = 0;
-        // SAFETY: status filled by MPI_Test for a completed receive.
-        check(
-            unsafe { ffi::MPI_Get_count(&st, byte_type(), &mut count) },
-            "MPI_Get_count",
-        )?;
-        Ok(Some(count.max(0) as usize))
+        byte_count(&st).map(Some)
     }
+}
+
+/// Bytes of the message a status describes (filled by MPI for a completed receive or a
+/// matched probe).
+pub(super) fn byte_count(st: &ffi::MPI_Status) -> Result<usize> {
+    let mut count: c_int = 0;
+    // SAFETY: `st` was filled by MPI (the callers' contract); out-pointer to a local.
+    check(
+        unsafe { ffi::MPI_Get_count(st, byte_type(), &mut count) },
+        "MPI_Get_count",
+    )?;
+    Ok(count.max(0) as usize)
 }
 
 /// Best-effort retire of `reqs`: MPI_Cancel each, then test them for one short grace
