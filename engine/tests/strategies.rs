@@ -70,14 +70,15 @@ fn check(topo: &str, accum: usize, strategies: &[&str]) {
     }
 }
 
+/// Every topology's strategies. ZeRO++'s quantizer settings (`qblock`, `qgz` bits) do not
+/// depend on the topology: they run on nodes:2x4 only (CI time: each 16-rank run costs
+/// about 10 s of a 2-core machine).
 const COMMON: &[&str] = &[
     "zero1",
     "zero2",
     "zero3",
     "zeropp,qwz=off,qgz=off",
     "zeropp",
-    "zeropp,qblock=32",
-    "zeropp,qgz=8",
     "paro-igg",
     "paro-iig",
     "paro-nig",
@@ -88,6 +89,8 @@ const COMMON: &[&str] = &[
 fn two_nodes_of_four_with_accumulation() {
     let mut v = COMMON.to_vec();
     v.extend([
+        "zeropp,qblock=32",
+        "zeropp,qgz=8",
         "mics:4",
         "mics:2",
         "amsp:p=2x1,g=4x1,os=4x2",
