@@ -112,7 +112,10 @@ def _redop(op: Any, method: str):
     if kind == R.PREMUL_SUM:
         f = getattr(op, "factor", None)
         if f is None:
-            raise _unsupported(method, "PREMUL_SUM without a factor")
+            # torch hands a Python backend the factor as ReduceOp.factor only from some
+            # version on; before, it stays inside the C++ op, out of reach.
+            raise _unsupported(method, f"PREMUL_SUM: this torch ({torch.__version__}) does not give a "
+                               "Python backend its factor (ReduceOp.factor); use SUM and scale, or AVG")
         return "sum", f
     raise _unsupported(method, f"reduce op {kind} (supported: SUM, AVG, MAX, MIN, PRODUCT, PREMUL_SUM)")
 

@@ -34,6 +34,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from torch_fsdp_check import Net  # noqa: E402
 
 R = dist.ReduceOp
+# Whether this torch gives a Python backend PREMUL_SUM's factor.
+PREMUL_FACTOR = hasattr(dist._make_nccl_premul_sum(0.5), "factor")
 FLOATS = [torch.float32, torch.float16, torch.bfloat16]
 calls = 0
 
@@ -59,6 +61,15 @@ def calls_equal(sg, ng, tag):
         for name, op in (("sum", R.SUM), ("max", R.MAX), ("min", R.MIN), ("avg", R.AVG),
                          ("premul", dist._make_nccl_premul_sum(0.5))):
             a, b = data(n, dtype, 1), data(n, dtype, 1)
+            if name == "premul" and not PREMUL_FACTOR:
+                # This torch keeps the factor from Python backends: a clear error.
+                try:
+                    dist.all_reduce(a, op=op, group=sg)
+                except RuntimeError as e:
+                    if "ReduceOp.factor" not in str(e):
+                        raise
+                    continue
+                raise AssertionError("PREMUL_SUM without ReduceOp.factor did not fail")
             dist.all_reduce(a, op=op, group=sg)
             dist.all_reduce(b, op=op, group=ng)
             same(a, b, f"{tag} all_reduce {dtype} {name}")
@@ -173,6 +184,8 @@ def main():
         print(f"{'fsdp variant':12} {'nccl20':>9} {'this20':>9} {'worst rel':>10}")
         for v, a, b, w in rows:
             print(f"{v:12} {a:9.5f} {b:9.5f} {w:10.2e}")
+        if not PREMUL_FACTOR:
+            print(f"PREMUL_SUM: torch {torch.__version__} has no ReduceOp.factor: refused with a clear error")
         print(f"torch gpu check OK (world {p}, {calls} calls equal to nccl's)")
     dist.destroy_process_group()
 

@@ -683,6 +683,9 @@ impl Device for CpuDevice {
         if bytes == 0 {
             return Ok(0);
         }
+        // As the CUDA device, which zeroes a new block on its private stream and waits
+        // for it: a host wait (refused inside a launch when strict).
+        waits::host_wait("cpu device: a new allocation, zeroed on the private stream")?;
         let p = self.host_alloc(bytes)?;
         self.state()?.live.insert(p, bytes);
         Ok(p)

@@ -18,7 +18,9 @@ use crate::dtype::{DataType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::kernels_gpu::call;
 use crate::kernels_gpu::GpuQuant;
-use cudarc::driver::{result, sys, CudaContext, CudaStream, DriverError, PushKernelArg};
+use cudarc::driver::{
+    result, sys, CudaContext, CudaFunction, CudaModule, CudaStream, DriverError, PushKernelArg,
+};
 use std::ffi::c_void;
 use std::mem::ManuallyDrop;
 use std::sync::{Arc, OnceLock};
@@ -42,6 +44,8 @@ pub struct CudaDevice {
     aux: OnceLock<Arc<CudaStream>>,
     /// The device has memory pools: allocations are stream-ordered on `aux`.
     pools: OnceLock<bool>,
+    /// `strata_spin` ([`SPIN_PTX`]) and its module, loaded on first use.
+    spin: OnceLock<std::result::Result<(Arc<CudaModule>, CudaFunction), String>>,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -73,6 +77,7 @@ impl CudaDevice {
             pool: Pool::default(),
             aux: OnceLock::new(),
             pools: OnceLock::new(),
+            spin: OnceLock::new(),
         });
         open.retain(|(_, w)| w.strong_count() > 0);
         open.push((ordinal, Arc::downgrade(&d)));
@@ -146,6 +151,24 @@ impl CudaDevice {
                 sys::cuStreamSynchronize(aux.cu_stream()),
             )
         }
+    }
+
+    /// The delay kernel `strata_spin` (loaded from [`SPIN_PTX`] on first use).
+    fn spin(&self) -> Result<&CudaFunction> {
+        let r = self.spin.get_or_init(|| {
+            let _bound = self.bind().map_err(|e| e.to_string())?;
+            let m = self
+                .ctx
+                .load_module(cudarc::nvrtc::Ptx::from_src(SPIN_PTX))
+                .map_err(|e| format!("loading strata_spin's PTX: {e:?}"))?;
+            let f = m
+                .load_function("strata_spin")
+                .map_err(|e| format!("strata_spin missing from its module: {e:?}"))?;
+            Ok((m, f))
+        });
+        r.as_ref()
+            .map(|(_, f)| f)
+            .map_err(|e| Error::Device(e.clone()))
     }
 
     /// strata's kernels in this device's context (compiled by NVRTC on first use).
@@ -416,7 +439,7 @@ impl CudaDevice {
                     communicator's device; host data goes through the local or mpi transport";
         if let Err(e) = r1.result() {
             return Err(Error::InvalidArgument(format!(
-                "{what} is not memory known to CUDA ({e:?}): {hint}"
+                "{what} is not CUDA device memory (unknown to the driver: {e:?}): {hint}"
             )));
         }
         if kind != sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 {
@@ -535,11 +558,32 @@ impl DevGraph for CudaGraph {
     }
 }
 
-/// The host function of [`DevStream::delay`]: sleeps the microseconds packed into
-/// `user` (a value, never dereferenced).
-unsafe extern "C" fn sleep_host_fn(user: *mut c_void) {
-    std::thread::sleep(std::time::Duration::from_micros(user as usize as u64));
+/// `strata_spin(ns)`: one thread that sleeps in 1 us steps until the device's global
+/// timer has advanced `ns` nanoseconds ([`DevStream::delay`]). PTX by hand, JIT-compiled
+/// by the driver when first used (no NVRTC): `nanosleep` needs sm_70.
+const SPIN_PTX: &str = r#"
+.version 7.0
+.target sm_70
+.address_size 64
+
+.visible .entry strata_spin(
+    .param .u64 strata_spin_ns
+)
+{
+    .reg .pred %p<2>;
+    .reg .b64 %rd<5>;
+
+    ld.param.u64 %rd1, [strata_spin_ns];
+    mov.u64 %rd2, %globaltimer;
+$L_spin:
+    nanosleep.u32 1000;
+    mov.u64 %rd3, %globaltimer;
+    sub.s64 %rd4, %rd3, %rd2;
+    setp.lt.u64 %p1, %rd4, %rd1;
+    @%p1 bra $L_spin;
+    ret;
 }
+"#;
 
 /// A CUDA stream of a [`CudaDevice`].
 pub struct CudaDevStream {
@@ -659,17 +703,19 @@ impl DevStream for CudaDevStream {
     }
     fn delay(&self, d: std::time::Duration) -> Result<()> {
         let _bound = self.dev.bind()?;
-        let us = d.as_micros().min(usize::MAX as u128) as usize;
-        // SAFETY: FFI on this live stream; the host function only sleeps and reads its
-        // argument as an integer.
-        let r = unsafe {
-            sys::cuLaunchHostFunc(
-                self.stream.cu_stream(),
-                Some(sleep_host_fn),
-                us as *mut c_void,
-            )
+        let ns = d.as_nanos().min(u64::MAX as u128) as u64;
+        let f = self.dev.spin()?;
+        let cfg = cudarc::driver::LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1, 1, 1),
+            shared_mem_bytes: 0,
         };
-        check("cuLaunchHostFunc", r)
+        let mut b = self.stream.launch_builder(f);
+        b.arg(&ns);
+        // SAFETY: launch of `strata_spin(u64)` with one u64 by value; it touches no
+        // memory.
+        unsafe { b.launch(cfg) }.map_err(|e| dev_err("launching strata_spin", e))?;
+        Ok(())
     }
     fn record(&self) -> Result<Arc<dyn DevEvent>> {
         let _bound = self.dev.bind()?;

@@ -481,7 +481,7 @@ impl HipDevice {
             // SAFETY: FFI without arguments.
             let _ = unsafe { sys::hipGetLastError() };
             return Err(Error::InvalidArgument(format!(
-                "{what} is not memory known to HIP ({}): {hint}",
+                "{what} is not HIP device memory (unknown to HIP: {}): {hint}",
                 error_string(r)
             )));
         }

@@ -204,9 +204,11 @@ pub trait DevStream: Send + Sync {
     /// # Safety
     /// `other` is null or a live stream of this device's context.
     unsafe fn wait_foreign(&self, other: *mut c_void) -> Result<()>;
-    /// Occupy the stream for `d` (a host callback that sleeps on CUDA and HIP, a sleep
-    /// on the CPU device): work enqueued after it starts no earlier than `d` later. For
-    /// tests of ordering and overlap.
+    /// Occupy the stream for `d`: work enqueued after it starts no earlier than `d`
+    /// later. On CUDA a one-thread kernel that waits on the device's global timer (the
+    /// host callbacks of a context all run on one driver thread, so eight in-process
+    /// ranks' sleeping callbacks would queue behind each other); a host callback that
+    /// sleeps on HIP; a sleep on the CPU device. For tests of ordering and overlap.
     fn delay(&self, d: Duration) -> Result<()>;
     /// An event after the work enqueued on this stream so far.
     fn record(&self) -> Result<Arc<dyn DevEvent>>;

@@ -2,8 +2,8 @@
 //! world (`host-local` on the CPU device, `cuda-local` on one GPU). Per algorithm:
 //!
 //! - `return`: the median time one call takes to return (`Comm::enqueue`) while its
-//!   stream is held by a `--delay-ms` delay queued ahead of it (a host callback on a GPU,
-//!   a sleep on the CPU device), over `--calls` back-to-back calls, and whether all of
+//!   stream is held by a `--delay-ms` delay queued ahead of it (a kernel that waits on the
+//!   GPU's timer on CUDA, a host callback on HIP, a sleep on the CPU device), over `--calls` back-to-back calls, and whether all of
 //!   them returned before the first completed (`ahead`: yes means no call waited for
 //!   the device);
 //! - `floor`: the median round trip of one call with nothing ahead of it (enqueue, then

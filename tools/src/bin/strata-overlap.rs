@@ -1,7 +1,8 @@
 //! `strata-overlap`: does a stream-ordered collective overlap with work on another
 //! stream? Every rank of an in-process device world (`cuda-local` on one GPU,
-//! `host-local` on the CPU device) keeps one stream busy for `--busy-ms` (a host
-//! callback that sleeps, standing in for a compute kernel) and runs the collective,
+//! `host-local` on the CPU device) keeps one stream busy for `--busy-ms` (on CUDA a
+//! one-thread kernel waiting on the GPU's timer, standing in for a compute kernel; a
+//! sleep on the CPU device) and runs the collective,
 //! stream-ordered (`Comm::enqueue`), on a second stream. Per size: the median solo time
 //! of each (measured on the caller's streams, synchronized), the median joint time, and
 //! the overlap `(busy + comm - joint) / min(busy, comm)`: 1 when the shorter one hid
