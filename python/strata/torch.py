@@ -534,11 +534,25 @@ class ProcessGroupStrata(dist.ProcessGroup):
 
     # -- barrier --
     def barrier(self, opts: Any = None) -> dist.Work:
-        t = torch.zeros(1, dtype=torch.int32)
+        # On the GPU of `device_ids`, else of this group's CUDA communicator when it has
+        # one (a process under torchrun has no MPI for CPU tensors), else on the CPU.
+        ids = list(getattr(opts, "device_ids", None) or [])
+        if ids:
+            dev = torch.device("cuda", ids[0])
+        elif self._cuda is not None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        else:
+            dev = torch.device("cpu")
+        t = torch.zeros(1, dtype=torch.int32, device=dev)
 
         def run(comm, a):
             return comm.all_reduce(t, async_op=a)
-        return self._issue("barrier", [t], run, None)
+
+        def post():
+            # A barrier holds the host until every rank reached it, as NCCL's does.
+            if dev.type == "cuda":
+                torch.cuda.current_stream(dev).synchronize()
+        return self._issue("barrier", [t], run, None, post)
 
     # -- coalescing --
     def _start_coalescing(self, device: Any = None) -> None:

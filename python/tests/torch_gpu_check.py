@@ -47,6 +47,10 @@ def data(n, dtype, salt):
 
 def same(a, b, what):
     global calls
+    if isinstance(a, (list, tuple)):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            same(x, y, f"{what} [{i}]")
+        return
     calls += 1
     torch.cuda.synchronize()
     if not torch.equal(a, b) and not (what.endswith("avg") and torch.allclose(a.float(), b.float(), 1e-2, 1e-2)):

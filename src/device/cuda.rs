@@ -33,6 +33,24 @@ fn check(what: &str, r: sys::CUresult) -> Result<()> {
     r.result().map_err(|e| dev_err(what, e))
 }
 
+/// Run `f` with the calling thread's stream-capture mode relaxed (restored after):
+/// strata's own waits and queries on streams and events outside a capture (the private
+/// stream, a watched call's end event) then do not invalidate a capture another thread
+/// began in global mode, as PyTorch's `capture_error_mode="thread_local"` avoids for
+/// its own threads. A wait on a captured stream or event is still an error.
+fn relaxed<T>(f: impl FnOnce() -> T) -> T {
+    let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+    // SAFETY: FFI exchanging this thread's capture mode through a local.
+    let swapped =
+        unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) } == sys::CUresult::CUDA_SUCCESS;
+    let r = f();
+    if swapped {
+        // SAFETY: as above, putting back the mode the first exchange returned.
+        let _ = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
+    }
+    r
+}
+
 /// One CUDA GPU: its primary context and, once compiled, strata's kernels.
 pub struct CudaDevice {
     /// Dropped in `Drop` under a bind guard (cudarc binds it to release it).
@@ -141,7 +159,7 @@ impl CudaDevice {
         let aux = self.aux()?;
         // SAFETY: FFI memset of a range inside one allocation of this context (the
         // caller's contract), on the private stream, then that stream is waited for.
-        unsafe {
+        relaxed(|| unsafe {
             check(
                 "cuMemsetD8Async",
                 sys::cuMemsetD8Async(p, 0, bytes, aux.cu_stream()),
@@ -150,7 +168,7 @@ impl CudaDevice {
                 "cuStreamSynchronize",
                 sys::cuStreamSynchronize(aux.cu_stream()),
             )
-        }
+        })
     }
 
     /// The delay kernel `strata_spin` (loaded from [`SPIN_PTX`] on first use).
@@ -217,7 +235,7 @@ impl Device for CudaDevice {
             let aux = self.aux()?;
             // SAFETY: FFI allocation on the private stream, waited for in `zero_on_aux`
             // below before anyone sees the address.
-            unsafe { result::malloc_async(aux.cu_stream(), bytes) }
+            relaxed(|| unsafe { result::malloc_async(aux.cu_stream(), bytes) })
                 .map_err(|e| dev_err(&format!("cuMemAllocAsync of {bytes} bytes"), e))?
         } else {
             // SAFETY: FFI allocation of `bytes` bytes in the bound context.
@@ -247,10 +265,10 @@ impl Device for CudaDevice {
                 // SAFETY: the caller's contract: `addr` came from `alloc_zeroed` (the
                 // stream-ordered allocator on this device), is freed once, and its work
                 // has run; the private stream is then waited for.
-                let _ = unsafe {
+                let _ = relaxed(|| unsafe {
                     result::free_async(addr, aux.cu_stream())
                         .and_then(|_| result::stream::synchronize(aux.cu_stream()))
-                };
+                });
                 return;
             }
         }
@@ -270,7 +288,7 @@ impl Device for CudaDevice {
         // of it (a Buffer's DevGuard), which strata's work releases only when finished.
         // SAFETY: FFI copy of `src.len()` bytes into a range inside one allocation, and
         // `src` outlives it (the stream is synchronized before returning).
-        unsafe {
+        relaxed(|| unsafe {
             check(
                 "cuMemcpyHtoDAsync",
                 sys::cuMemcpyHtoDAsync_v2(
@@ -284,7 +302,7 @@ impl Device for CudaDevice {
                 "cuStreamSynchronize",
                 sys::cuStreamSynchronize(aux.cu_stream()),
             )
-        }
+        })
     }
     fn dtoh(&self, dst: &mut [u8], src: DevAddr) -> Result<()> {
         if dst.is_empty() {
@@ -295,7 +313,7 @@ impl Device for CudaDevice {
         let aux = self.aux()?;
         // SAFETY: as `htod`, in the other direction; `dst` is exclusively borrowed for
         // the whole (waited-for) copy.
-        unsafe {
+        relaxed(|| unsafe {
             check(
                 "cuMemcpyDtoHAsync",
                 sys::cuMemcpyDtoHAsync_v2(
@@ -309,7 +327,7 @@ impl Device for CudaDevice {
                 "cuStreamSynchronize",
                 sys::cuStreamSynchronize(aux.cu_stream()),
             )
-        }
+        })
     }
     fn check_pointer(&self, addr: DevAddr, len: usize) -> Result<()> {
         // The first and the last byte, as NCCL checks a buffer: a tensor may span several
@@ -501,7 +519,7 @@ impl Drop for CudaEvent {
 impl DevEvent for CudaEvent {
     fn query(&self) -> Result<bool> {
         // SAFETY: FFI query of a live event.
-        match unsafe { sys::cuEventQuery(self.ev) } {
+        match relaxed(|| unsafe { sys::cuEventQuery(self.ev) }) {
             sys::CUresult::CUDA_SUCCESS => Ok(true),
             sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
             other => check("cuEventQuery", other).map(|_| false),
@@ -694,7 +712,7 @@ impl DevStream for CudaDevStream {
     }
     fn query(&self) -> Result<bool> {
         // SAFETY: FFI query of a live stream.
-        let r = unsafe { sys::cuStreamQuery(self.stream.cu_stream()) };
+        let r = relaxed(|| unsafe { sys::cuStreamQuery(self.stream.cu_stream()) });
         match r {
             sys::CUresult::CUDA_SUCCESS => Ok(true),
             sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),

@@ -71,6 +71,13 @@ pub fn host_wait(what: &str) -> Result<()> {
         *l = Some(what.to_string());
     }
     if strict() {
+        if std::env::var("STRATA_WAIT_BACKTRACE").is_ok_and(|v| v.trim() == "1") {
+            // Where the refused wait came from (a diagnosis aid of the GPU checks).
+            eprintln!(
+                "strata: refused host wait ({what}) at:\n{}",
+                std::backtrace::Backtrace::force_capture()
+            );
+        }
         return Err(Error::Internal(format!(
             "a host wait for the device inside a stream-ordered call ({what}): the launch \
              path must only enqueue"
@@ -100,7 +107,8 @@ pub fn set_strict(on: bool) {
     STRICT.store(on, Ordering::SeqCst)
 }
 
-/// True when host waits inside launches are refused (also `STRATA_STRICT_LAUNCH=1`).
+/// True when host waits inside launches are refused (also `STRATA_STRICT_LAUNCH=1`;
+/// `STRATA_WAIT_BACKTRACE=1` prints where each refused one came from).
 pub fn strict() -> bool {
     STRICT.load(Ordering::SeqCst)
         || std::env::var("STRATA_STRICT_LAUNCH").is_ok_and(|v| v.trim() == "1")

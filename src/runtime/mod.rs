@@ -289,9 +289,15 @@ impl CommCore {
     /// `InvalidUsage` once the communicator was destroyed or aborted.
     pub fn alive(&self) -> Result<()> {
         if self.0.destroyed.load(Ordering::SeqCst) {
-            return Err(Error::InvalidUsage(
-                "communicator used after destroy or abort".into(),
-            ));
+            // Name the failure that aborted it, when one did (it may have reached only a
+            // Work nobody waited for).
+            let why = self.0.failure.lock().ok().and_then(|f| f.clone());
+            return Err(Error::InvalidUsage(match why {
+                Some(why) => {
+                    format!("communicator used after destroy or abort (aborted by: {why})")
+                }
+                None => "communicator used after destroy or abort".into(),
+            }));
         }
         Ok(())
     }
@@ -523,10 +529,10 @@ impl CommCore {
         if let Some(c) = lock()?.get(key) {
             return Ok(c.clone());
         }
-        let t = self
-            .0
-            .transport
-            .split(Some(color), k)?
+        // A split is set-up on first use (a host exchange, on a vendor transport the new
+        // communicator's unique id staged through the parent's own stream): outside the
+        // launch contract, like a first allocation; no steady-state call splits.
+        let t = crate::device::waits::outside(|| self.0.transport.split(Some(color), k))?
             .ok_or_else(|| Error::Internal(format!("{key} split returned no communicator")))?;
         let c = self.inherit(CommCore::new(
             t,

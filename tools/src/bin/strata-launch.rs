@@ -3,9 +3,10 @@
 //!
 //! - `return`: the median time one call takes to return (`Comm::enqueue`) while its
 //!   stream is held by a `--delay-ms` delay queued ahead of it (a kernel that waits on the
-//!   GPU's timer on CUDA, a host callback on HIP, a sleep on the CPU device), over `--calls` back-to-back calls, and whether all of
-//!   them returned before the first completed (`ahead`: yes means no call waited for
-//!   the device);
+//!   GPU's timer on CUDA, a host callback on HIP, a sleep on the CPU device), over
+//!   `--calls` back-to-back calls, and whether all of them returned before the first
+//!   completed (`ahead`: yes means no call waited for the device); `all`: the time all
+//!   of them took to return (slowest rank), which must stay under the delay;
 //! - `floor`: the median round trip of one call with nothing ahead of it (enqueue, then
 //!   synchronize the caller's stream) after warm-up: the latency floor of the launch
 //!   path for a `-b`-byte all-gather.
@@ -57,8 +58,9 @@ struct Cli {
     iters: usize,
 }
 
-/// One rank's figures for one algorithm: median return (s), all ahead, floor (s), wrong.
-type Row = (f64, bool, f64, usize);
+/// One rank's figures for one algorithm: median return (s), all ahead, floor (s), wrong,
+/// the time all calls took to return (s).
+type Row = (f64, bool, f64, usize, f64);
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
@@ -121,12 +123,14 @@ fn rank(c: &Comm, cli: &Cli) -> Result<Vec<Row>> {
         s.delay(Duration::from_millis(cli.delay_ms))?;
         let mut ret = Vec::new();
         let mut works = Vec::new();
+        let t_all = Instant::now();
         for i in 0..cli.calls {
             let t = Instant::now();
             works.push(c.enqueue(gather(c, &sends[i], &recvs[i], count, algo), &s)?);
             ret.push(t.elapsed().as_secs_f64());
         }
         let ahead = !works[0].is_done();
+        let all_returned = t_all.elapsed().as_secs_f64();
         sync(s.as_ref())?;
         for w in &works {
             w.wait()?;
@@ -143,7 +147,7 @@ fn rank(c: &Comm, cli: &Cli) -> Result<Vec<Row>> {
                 .filter(|(a, b)| a != b)
                 .count();
         }
-        rows.push((median(ret), ahead, median(floor), wrong));
+        rows.push((median(ret), ahead, median(floor), wrong, all_returned));
         c.barrier()?;
     }
     Ok(rows)
@@ -200,8 +204,8 @@ fn main() -> ExitCode {
         cli.iters
     );
     println!(
-        "{:>8} {:>12} {:>7} {:>12} {:>7}",
-        "algo", "return(us)", "ahead", "floor(us)", "#wrong"
+        "{:>8} {:>12} {:>7} {:>12} {:>7} {:>10}",
+        "algo", "return(us)", "ahead", "floor(us)", "#wrong", "all(ms)"
     );
     let mut bad = false;
     for (i, algo) in cli.algo.iter().enumerate() {
@@ -209,14 +213,16 @@ fn main() -> ExitCode {
         let ahead = all.iter().all(|r| r[i].1);
         let floor = all.iter().map(|r| r[i].2).fold(0.0, f64::max);
         let wrong: usize = all.iter().map(|r| r[i].3).sum();
+        let every = all.iter().map(|r| r[i].4).fold(0.0, f64::max);
         bad |= wrong > 0;
         println!(
-            "{:>8} {:>12.1} {:>7} {:>12.1} {:>7}",
+            "{:>8} {:>12.1} {:>7} {:>12.1} {:>7} {:>10.1}",
             algo.name(),
             ret * 1e6,
             if ahead { "yes" } else { "no" },
             floor * 1e6,
-            wrong
+            wrong,
+            every * 1e3
         );
     }
     if bad {
