@@ -14,7 +14,9 @@
 (b) FSDP2 (``fully_shard`` on a 1-D mesh of all ranks) step time of a small transformer
     with gloo groups, strata groups, gloo groups with strata's ``hier`` custom comms, and
     gloo groups with strata's quantized custom comms (qwz int8 all-gather, qgz int4
-    reduce-scatter).
+    reduce-scatter), and gloo groups with ``hier`` all-gather + qgz int4 reduce-scatter
+    (the hierarchy for the weights, ZeRO++'s quantized 2-hop reduce-scatter for the
+    gradients).
 
 Timing: before each iteration (or step) a barrier on the default (gloo) group; each rank
 times its call (until it has returned complete); the iteration's time is the max over
@@ -110,7 +112,7 @@ def Net():
 
 def fsdp_step_time(variant):
     """Part (b): (median step seconds, last step's mean loss, parameter count) of FSDP2
-    training with ``variant``: gloo, strata, hier or quant."""
+    training with ``variant``: gloo, strata, hier, quant or hier-qgz."""
     backend = "strata" if variant == "strata" else "gloo"
     mesh = DeviceMesh.from_group(dist.new_group(backend=backend), "cpu")
     torch.manual_seed(0)
@@ -123,6 +125,8 @@ def fsdp_step_time(variant):
         st.set_custom_comms(model, st.AllGather("hier"), st.ReduceScatter("hier"))
     elif variant == "quant":
         st.set_custom_comms(model, st.AllGather("qwz", bits=8), st.ReduceScatter("qgz", bits=4))
+    elif variant == "hier-qgz":
+        st.set_custom_comms(model, st.AllGather("hier"), st.ReduceScatter("qgz", bits=4))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     g = torch.Generator().manual_seed(100 + dist.get_rank())
     last = torch.zeros(1)
@@ -175,7 +179,8 @@ def print_tables(coll, fsdp, nparams):
     for name, secs, loss, sent in fsdp:
         groups, comms = {"gloo": ("gloo", "gloo"), "strata": ("strata", "strata (auto)"),
                          "hier": ("gloo", "strata hier AG + RS"),
-                         "quant": ("gloo", "strata qwz int8 AG + qgz int4 RS")}[name]
+                         "quant": ("gloo", "strata qwz int8 AG + qgz int4 RS"),
+                         "hier-qgz": ("gloo", "strata hier AG + qgz int4 RS")}[name]
         print(f"| {name} | {groups} | {comms} | {secs * 1e3:.1f} | {secs / base:.2f} | {loss:.4f} |"
               + (f" {sent / 1e6:.2f} |" if net else ""))
     if net:
@@ -193,7 +198,7 @@ def main():
     coll = collective_rows(gloo, strata)
     log("(b) FSDP2 steps")
     fsdp, nparams = [], 0
-    for variant in ("gloo", "strata", "hier", "quant"):
+    for variant in ("gloo", "strata", "hier", "quant", "hier-qgz"):
         secs, loss, nparams, sent = fsdp_step_time(variant)
         log(f"  {variant}: {secs * 1e3:.1f} ms/step")
         fsdp.append((variant, secs, loss, sent))

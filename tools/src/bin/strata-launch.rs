@@ -6,7 +6,8 @@
 //!   GPU's timer on CUDA, a host callback on HIP, a sleep on the CPU device), over
 //!   `--calls` back-to-back calls, and whether all of them returned before the first
 //!   completed (`ahead`: yes means no call waited for the device); `all`: the time all
-//!   of them took to return (slowest rank), which must stay under the delay;
+//!   of them took to return (slowest rank), which must stay under the delay; `max`: the
+//!   slowest single return;
 //! - `floor`: the median round trip of one call with nothing ahead of it (enqueue, then
 //!   synchronize the caller's stream) after warm-up: the latency floor of the launch
 //!   path for a `-b`-byte all-gather.
@@ -59,8 +60,8 @@ struct Cli {
 }
 
 /// One rank's figures for one algorithm: median return (s), all ahead, floor (s), wrong,
-/// the time all calls took to return (s).
-type Row = (f64, bool, f64, usize, f64);
+/// the time all calls took to return (s), the slowest return (s).
+type Row = (f64, bool, f64, usize, f64, f64);
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
@@ -147,7 +148,15 @@ fn rank(c: &Comm, cli: &Cli) -> Result<Vec<Row>> {
                 .filter(|(a, b)| a != b)
                 .count();
         }
-        rows.push((median(ret), ahead, median(floor), wrong, all_returned));
+        let slowest = ret.iter().copied().fold(0.0, f64::max);
+        rows.push((
+            median(ret),
+            ahead,
+            median(floor),
+            wrong,
+            all_returned,
+            slowest,
+        ));
         c.barrier()?;
     }
     Ok(rows)
@@ -204,8 +213,8 @@ fn main() -> ExitCode {
         cli.iters
     );
     println!(
-        "{:>8} {:>12} {:>7} {:>12} {:>7} {:>10}",
-        "algo", "return(us)", "ahead", "floor(us)", "#wrong", "all(ms)"
+        "{:>8} {:>12} {:>7} {:>12} {:>7} {:>10} {:>10}",
+        "algo", "return(us)", "ahead", "floor(us)", "#wrong", "all(ms)", "max(ms)"
     );
     let mut bad = false;
     for (i, algo) in cli.algo.iter().enumerate() {
@@ -214,15 +223,17 @@ fn main() -> ExitCode {
         let floor = all.iter().map(|r| r[i].2).fold(0.0, f64::max);
         let wrong: usize = all.iter().map(|r| r[i].3).sum();
         let every = all.iter().map(|r| r[i].4).fold(0.0, f64::max);
+        let slowest = all.iter().map(|r| r[i].5).fold(0.0, f64::max);
         bad |= wrong > 0;
         println!(
-            "{:>8} {:>12.1} {:>7} {:>12.1} {:>7} {:>10.1}",
+            "{:>8} {:>12.1} {:>7} {:>12.1} {:>7} {:>10.1} {:>10.2}",
             algo.name(),
             ret * 1e6,
             if ahead { "yes" } else { "no" },
             floor * 1e6,
             wrong,
-            every * 1e3
+            every * 1e3,
+            slowest * 1e3
         );
     }
     if bad {
