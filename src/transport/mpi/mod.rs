@@ -25,10 +25,15 @@
 //!   length (a truncating receive is not safe: OpenMPI's single-copy path ignores the
 //!   receive count). A mismatch is [`Error::InvalidUsage`](crate::error::Error::InvalidUsage) (the message is consumed and
 //!   dropped), worded as the local transport words it.
-//! - Messages longer than the piece limit (1 MiB; the hidden knob
+//! - Messages longer than the piece limit (256 KiB; the hidden knob
 //!   `STRATA_MPI_MAX_MESSAGE` sets it, the same on every rank) travel as an 8-byte length
 //!   header followed by pieces; shorter ones as one message. Counts therefore always fit
-//!   MPI's `int`.
+//!   MPI's `int`. A `sendrecv`'s pieces go as synchronous sends (`MPI_Issend`, complete
+//!   once the peer matched them), at most two unmatched at a time, so the two
+//!   directions of an exchange move in step and no more than two pieces wait in
+//!   queues: posted all at once, one direction of a shaped TCP link ran ahead of the
+//!   other and the exchange waited for the slow one (docs/cluster.md, "One link").
+//!   Plain sends and `exchange` post every piece at once.
 //! - MPI never writes the caller's receive buffer: every message lands in memory of the
 //!   transport (a small one in its landing buffer, a larger one piece by piece in two
 //!   staging buffers of a piece each, so one piece is in flight while the other is

@@ -27,7 +27,9 @@ impl Op {
     /// True while a request of this op is posted (not merely waiting to match).
     pub(super) fn transferring(&self) -> bool {
         match self {
-            Op::Send(s) => !s.first.is_null() || s.more.iter().any(|r| !r.is_null()),
+            Op::Send(s) => {
+                !s.first.is_null() || s.more.iter().any(|r| !r.is_null()) || s.unposted()
+            }
             Op::Recv(r) => r.transferring(),
         }
     }
@@ -65,7 +67,12 @@ impl MpiTransport {
                     continue;
                 }
                 let p = match op {
-                    Op::Send(s) => s.poll(),
+                    Op::Send(s) => s.feed(&self.comm).and_then(|fed| {
+                        s.poll().map(|p| match p {
+                            Poll::Idle if fed => Poll::Progress,
+                            p => p,
+                        })
+                    }),
                     Op::Recv(r) => r.poll(&self.comm),
                 };
                 match p {

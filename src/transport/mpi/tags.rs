@@ -14,13 +14,15 @@ pub(super) const CLASS_SMALL: u32 = 0;
 pub(super) const CLASS_WHOLE: u32 = 1;
 pub(super) const CLASS_HEADER: u32 = 2;
 pub(super) const CLASS_PIECE: u32 = 3;
-/// Default piece limit: 1 MiB. A receive stages at most [`super::recv::SLOTS`] pieces
-/// at once: big enough that a piece's match and rendezvous round trip cost little beside
-/// its bytes on a slow, queued link, small enough that its copy-out runs from cache.
-/// Measured on the emulated cluster (docs/cluster.md), nodes:2x4 at 100 Mbit/s, 16 MiB,
-/// medians of 6: `hier` 1049 ms at 512 KiB, 926 at 1 MiB, 904 at 2 MiB, 896 at 4 MiB;
-/// `ring` 1436-1459 at 512 KiB-2 MiB, 1521 with outliers to 3.9 s at 4 MiB.
-pub(super) const DEFAULT_PIECE: usize = 1 << 20;
+/// Default piece limit: 256 KiB. A receive stages at most [`super::recv::SLOTS`] pieces
+/// at once, and a `sendrecv`'s send keeps at most [`super::send::SEND_WINDOW`] pieces
+/// unmatched by its peer. Measured on the emulated cluster (docs/cluster.md), nodes:2x1
+/// at 100 Mbit/s, 16 MiB, against the goodput bound: pieces of 1 MiB all posted at once
+/// reached 0.81-0.93 of the link (the two directions drifted apart), 1 MiB pieces in a
+/// window of two 0.86-0.88, 256 KiB pieces in a window of two 0.98 (all-gather 715 ms,
+/// all-reduce 1428 ms; Open MPI's own 710 and 1431). Before the window, nodes:2x4,
+/// 16 MiB, medians of 6: `hier` 1049 ms at 512 KiB, 926 at 1 MiB, 896 at 4 MiB.
+pub(super) const DEFAULT_PIECE: usize = 256 << 10;
 
 /// Largest message sent as one MPI message, and the staging size of a receive
 /// (`STRATA_MPI_MAX_MESSAGE`, read once; at most `i32::MAX`, MPI's count type).

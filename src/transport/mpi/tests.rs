@@ -11,6 +11,7 @@
 use super::progress::Op;
 use super::recv::Stage;
 use super::request::{empty_status, Poll};
+use super::send::SEND_WINDOW;
 use super::tags::{seq_bits, tag, untag, CLASS_HEADER, CLASS_PIECE, CLASS_WHOLE, SMALL};
 use super::transport::MpiTransport;
 use crate::error::Error;
@@ -81,6 +82,36 @@ fn seqs(t: &MpiTransport) -> (u32, u32) {
 }
 
 #[test]
+fn windowed_send_keeps_two_pieces_in_flight() {
+    // A sendrecv's send posts the header and SEND_WINDOW pieces, the next piece only
+    // once one is matched (MPI_Issend), and still delivers every byte in order; the
+    // sequence numbers account for every piece at once.
+    let piece = 4 << 10;
+    let t = world(piece, LONG);
+    let me = t.rank();
+    let len = 10 * piece + 3;
+    let data = pattern(len, 9);
+    let mut got = vec![0u8; len];
+    let before = seqs(&t);
+    let mut bufs = t.busy.lock().unwrap();
+    let recv = t.post_recv(&mut bufs, me, &mut got).unwrap();
+    let send = t.post_send(me, &data, Some(SEND_WINDOW)).unwrap();
+    let Op::Send(s) = &send else { unreachable!() };
+    assert_eq!(s.posted, 1 + SEND_WINDOW, "header and a window of pieces");
+    assert!(s.unposted(), "the other pieces wait");
+    assert_eq!(t.sent.get(me), before.0 + 1 + 11, "every piece numbered");
+    let mut ops = [recv, send];
+    t.drive(&mut ops).unwrap();
+    t.settle(&mut bufs, &mut ops);
+    let Op::Send(s) = &ops[1] else { unreachable!() };
+    assert_eq!(s.posted, 1 + 11, "every piece posted in the end");
+    drop(bufs);
+    assert!(got == data, "a windowed send arrived changed");
+    assert_eq!(seqs(&t), (before.0 + 12, before.1 + 12));
+    roundtrip(&t, len, 10);
+}
+
+#[test]
 fn small_messages_land_whole() {
     let t = world(1 << 20, LONG);
     for len in [0, 1, 100, SMALL - 1, SMALL] {
@@ -144,7 +175,7 @@ fn long_message_never_lands_in_place() {
         let mut got = vec![0xA5u8; len];
         let mut bufs = t.busy.lock().unwrap();
         let mut recv = t.post_recv(&mut bufs, me, &mut got).unwrap();
-        let mut send = [t.post_send(me, data).unwrap()];
+        let mut send = [t.post_send(me, data, None).unwrap()];
         let Op::Recv(r) = &mut recv else {
             unreachable!()
         };
@@ -327,7 +358,7 @@ fn timed_out_receive_is_never_written_when_the_message_arrives_later() {
             let mut pid = [0u8; 4];
             ctl.recv(0, &mut pid).unwrap();
             let data: &'static [u8] = Box::leak(vec![0x5Cu8; len].into_boxed_slice());
-            let mut send = [t.post_send(0, data).unwrap()];
+            let mut send = [t.post_send(0, data, None).unwrap()];
             let end = Instant::now() + LONG;
             while !flag(u32::from_le_bytes(pid)).exists() {
                 assert!(Instant::now() < end, "rank 0 never timed out");

@@ -6,7 +6,7 @@ use super::init::{ensure_init, note_peer_failure};
 use super::progress::{wait_collective, Op};
 use super::recv::{Buffers, RecvOp};
 use super::request::{request_null, Req};
-use super::send::SendOp;
+use super::send::{SendOp, SEND_WINDOW};
 use super::tags::{max_piece, Seqs};
 use crate::error::{Error, Result};
 use crate::topology::Topology;
@@ -245,9 +245,18 @@ impl MpiTransport {
     }
 
     /// Post a send to `peer` (the next sequence numbers to it) and record its traffic.
-    pub(super) fn post_send(&self, peer: usize, data: &[u8]) -> Result<Op> {
-        let op = SendOp::post(&self.comm, peer, data, self.sent.get(peer), self.piece)?;
-        self.sent.set(peer, op.next_seq);
+    /// `window`: pieces in flight at most, as synchronous sends, the rest posted as
+    /// [`Self::drive`] sees them matched (a `sendrecv`'s send); `None` posts every piece.
+    pub(super) fn post_send(&self, peer: usize, data: &[u8], window: Option<usize>) -> Result<Op> {
+        let op = SendOp::post(
+            &self.comm,
+            peer,
+            data,
+            self.sent.get(peer),
+            self.piece,
+            window,
+        )?;
+        self.sent.set(peer, op.end_seq);
         self.record(peer, data.len());
         Ok(Op::Send(op))
     }
@@ -407,7 +416,7 @@ impl Transport for MpiTransport {
         }
         if posted.is_ok() {
             for p in &peers {
-                match self.post_send(*p, &token) {
+                match self.post_send(*p, &token, None) {
                     Ok(op) => ops.push(op),
                     Err(e) => {
                         posted = Err(e);
@@ -484,7 +493,7 @@ impl Transport for MpiTransport {
     fn send(&self, peer: usize, data: &[u8]) -> Result<()> {
         self.check_peer(peer)?;
         let _g = self.enter()?;
-        let mut ops = [self.post_send(peer, data)?];
+        let mut ops = [self.post_send(peer, data, None)?];
         self.drive(&mut ops)
     }
 
@@ -503,7 +512,8 @@ impl Transport for MpiTransport {
         let mut g = self.enter()?;
         // The receive first: a small one is posted before the peer's message comes.
         let recv_op = self.post_recv(&mut g, src, recv)?;
-        let send_op = match self.post_send(dst, send) {
+        // Its send moves in step with it (send.rs, SEND_WINDOW).
+        let send_op = match self.post_send(dst, send, Some(SEND_WINDOW)) {
             Ok(op) => op,
             Err(e) => {
                 let mut ops = [recv_op];
@@ -554,7 +564,7 @@ impl Transport for MpiTransport {
                     if res.is_err() {
                         break;
                     }
-                    match self.post_send(*p, d) {
+                    match self.post_send(*p, d, None) {
                         Ok(op) => sent.push(op),
                         Err(e) => res = Err(e),
                     }
