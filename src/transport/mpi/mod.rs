@@ -33,7 +33,8 @@
 //!   directions of an exchange move in step and no more than two pieces wait in
 //!   queues: posted all at once, one direction of a shaped TCP link ran ahead of the
 //!   other and the exchange waited for the slow one (docs/cluster.md, "One link").
-//!   Plain sends and `exchange` post every piece at once.
+//!   Plain sends and `exchange` post every piece at once. The hidden knob
+//!   `STRATA_MPI_SEND_WINDOW` sets the window (0: none, every piece at once).
 //! - MPI never writes the caller's receive buffer: every message lands in memory of the
 //!   transport (a small one in its landing buffer, a larger one piece by piece in two
 //!   staging buffers of a piece each, so one piece is in flight while the other is

@@ -18,6 +18,20 @@ use std::os::raw::{c_int, c_void};
 /// (docs/cluster.md, "One link").
 pub(super) const SEND_WINDOW: usize = 2;
 
+/// The window of a `sendrecv`'s send: [`SEND_WINDOW`] unless the hidden knob
+/// `STRATA_MPI_SEND_WINDOW` sets another (read once; 0: no window, every piece posted at
+/// once as a plain send, as before the window).
+pub(super) fn send_window() -> Option<usize> {
+    static W: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let w = *W.get_or_init(|| {
+        std::env::var("STRATA_MPI_SEND_WINDOW")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .unwrap_or(SEND_WINDOW)
+    });
+    (w > 0).then_some(w)
+}
+
 /// Pieces of a long message not yet posted (their bytes are the caller's, borrowed for
 /// the op's life like the posted ones).
 struct Rest {

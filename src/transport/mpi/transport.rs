@@ -6,7 +6,7 @@ use super::init::{ensure_init, note_peer_failure};
 use super::progress::{wait_collective, Op};
 use super::recv::{Buffers, RecvOp};
 use super::request::{request_null, Req};
-use super::send::{SendOp, SEND_WINDOW};
+use super::send::{send_window, SendOp};
 use super::tags::{max_piece, Seqs};
 use crate::error::{Error, Result};
 use crate::topology::Topology;
@@ -513,7 +513,7 @@ impl Transport for MpiTransport {
         // The receive first: a small one is posted before the peer's message comes.
         let recv_op = self.post_recv(&mut g, src, recv)?;
         // Its send moves in step with it (send.rs, SEND_WINDOW).
-        let send_op = match self.post_send(dst, send, Some(SEND_WINDOW)) {
+        let send_op = match self.post_send(dst, send, send_window()) {
             Ok(op) => op,
             Err(e) => {
                 let mut ops = [recv_op];
