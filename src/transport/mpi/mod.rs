@@ -57,7 +57,8 @@
 //!   released to MPI may still read the caller's buffer until the peer takes the message
 //!   (never writes it), so after such an error keep send buffers alive or end the job.
 //!   A timeout while waiting for a message to arrive leaves nothing in flight and the
-//!   communicator usable.
+//!   communicator usable, unless a `sendrecv`'s synchronous pieces are still unmatched
+//!   by the stalled peer: those cannot be cancelled, and the communicator is broken.
 //!
 //! Modules: `init` (initialisation, finalize, peer failures), `comm` (communicator
 //! handles, MPI error codes), `tags` (message classes, tags, sequence numbers),
