@@ -32,6 +32,17 @@ pub(super) fn send_window() -> Option<usize> {
     (w > 0).then_some(w)
 }
 
+/// `MPI_Isend` and `MPI_Issend` share this signature.
+type SendFn = unsafe extern "C" fn(
+    *const c_void,
+    c_int,
+    ffi::MPI_Datatype,
+    c_int,
+    c_int,
+    ffi::MPI_Comm,
+    *mut ffi::MPI_Request,
+) -> c_int;
+
 /// Pieces of a long message not yet posted (their bytes are the caller's, borrowed for
 /// the op's life like the posted ones).
 struct Rest {
@@ -120,16 +131,15 @@ impl SendOp {
     /// `MPI_Isend` of `len` bytes at `ptr` as the next message.
     fn isend(&mut self, comm: &RawComm, ptr: *const u8, len: usize, class: u32) -> Result<()> {
         let mut r = request_null();
-        // SAFETY: `ptr..ptr+len` is valid for reads and outlives the request: it is the
-        // caller's data (or the boxed header), and the caller drives this op to
-        // completion (or retires it) before returning.
-        let sync = self.window.is_some() && class == CLASS_PIECE;
-        let send = if sync {
-            ffi::MPI_Issend
+        let (send, name) = if self.window.is_some() && class == CLASS_PIECE {
+            (ffi::MPI_Issend as SendFn, "MPI_Issend")
         } else {
-            ffi::MPI_Isend
+            (ffi::MPI_Isend as SendFn, "MPI_Isend")
         };
         check(
+            // SAFETY: `ptr..ptr+len` is valid for reads and outlives the request: it is
+            // the caller's data (or the boxed header), and the caller drives this op to
+            // completion (or retires it) before returning.
             unsafe {
                 send(
                     ptr as *const c_void,
@@ -141,7 +151,7 @@ impl SendOp {
                     &mut r,
                 )
             },
-            "MPI_Isend",
+            name,
         )?;
         self.next_seq = self.next_seq.wrapping_add(1);
         if self.posted == 0 {

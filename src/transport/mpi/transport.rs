@@ -540,7 +540,9 @@ impl Transport for MpiTransport {
         // the order of messages between two ranks. The first phase's receives are
         // posted, then every send, before anything waits, so no rank waits for a
         // receive that is not yet posted. The sends are waited for last: a later one
-        // may need the peer's later phase (MPI progresses them meanwhile).
+        // may need the peer's later phase (MPI progresses them meanwhile). They post every
+        // piece at once (no window): a windowed send needs feeding, and the phases drive
+        // only their receives.
         let mut left: Vec<(usize, &mut [u8])> =
             recvs.iter_mut().map(|(p, d)| (*p, &mut **d)).collect();
         let mut sent: Vec<Op> = Vec::with_capacity(sends.len());
