@@ -19,6 +19,13 @@
 //! return ([`Device::bind`]). Host buffers are staged through scratch allocated once per
 //! communicator ([`super::gpu::staged`]).
 //!
+//! A send to itself outside a group is held by strata, as MPI holds a message to self:
+//! NCCL refuses one that is not grouped with its receive ("Trying to send to self
+//! without a matching recv", `ncclInvalidUsage`, which would abort the communicator).
+//! Its bytes are copied on the call's stream into a block of their own, and the next
+//! receive from itself outside a group copies them out (in send order; the lengths must
+//! match). Inside a group both go to NCCL, which pairs them.
+//!
 //! NCCL's data types and reduction ops have strata's numbers ([`DataType`] and
 //! [`ReduceOp`] are `#[repr]`ed on them); `Avg` is sent as `Sum` (the caller divides).
 
@@ -29,10 +36,12 @@ use super::vendor::{
     InUse, Reduction, Vendor, VendorComm, VendorLib, VendorUniqueId, VENDOR_UNIQUE_ID_BYTES,
 };
 use super::{Transport, TransportKind};
-use crate::device::{finish, DevStream, Device, Region};
+use crate::device::{finish, DevEvent, DevStream, Device, Region};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::{Error, Result};
+use crate::memory::Buffer;
 use crate::traffic::Traffic;
+use std::collections::VecDeque;
 use std::ffi::c_int;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -59,6 +68,9 @@ pub struct NcclTransport {
     dev: Arc<dyn Device>,
     stream: Arc<dyn DevStream>,
     stage: Scratch,
+    /// Sends to itself outside a group, oldest first: the staged bytes and, on the
+    /// launch path, the event after their copy (see the module comment).
+    to_self: Mutex<VecDeque<(Buffer, Option<Arc<dyn DevEvent>>)>>,
     traffic: Option<Arc<Traffic>>,
     timeout: Duration,
 }
@@ -120,6 +132,7 @@ impl NcclTransport {
             dev: dev.clone(),
             stream: dev.new_stream()?,
             stage: Scratch::new(dev),
+            to_self: Mutex::new(VecDeque::new()),
             traffic,
             timeout,
         })
@@ -156,6 +169,74 @@ impl NcclTransport {
             return Ok(());
         }
         self.finish(what)
+    }
+
+    /// A send to itself outside a group: staged in a block of its own on the call's
+    /// stream (on the launch path nothing waits: the event after the copy goes with it).
+    fn send_to_self(&self, data: Region) -> Result<()> {
+        let _bound = self.dev.bind()?;
+        let s = super::gpu::work_stream(self);
+        let launched = super::gpu::direct();
+        let msg = if launched {
+            Buffer::on_device_uninit(&self.dev, data.len)?
+        } else {
+            crate::device::direct::scope(None, || Buffer::on_device_uninit(&self.dev, data.len))?
+        };
+        {
+            let g = msg.dev_write_timeout(self.timeout)?;
+            s.copy(g.addr(), data.addr, data.len)?;
+        }
+        let ev = if launched { Some(s.record()?) } else { None };
+        self.finish("ncclSend (to itself)")?;
+        self.to_self
+            .lock()
+            .map_err(|_| Error::Internal("self-message queue poisoned".into()))?
+            .push_back((msg, ev));
+        Ok(())
+    }
+
+    /// A receive from itself outside a group: the oldest staged send to itself, copied
+    /// out on the call's stream. None pending, or another length: `InvalidUsage`, and
+    /// the message stays queued.
+    fn recv_from_self(&self, data: Region) -> Result<()> {
+        let _bound = self.dev.bind()?;
+        let mut q = self
+            .to_self
+            .lock()
+            .map_err(|_| Error::Internal("self-message queue poisoned".into()))?;
+        let Some((msg, ev)) = q.pop_front() else {
+            return Err(Error::InvalidUsage(format!(
+                "{}: rank {} receives from itself outside a group with no send to itself \
+                 before it (NCCL would wait forever): send first, or put both in one group",
+                self.vendor.name(),
+                self.rank
+            )));
+        };
+        if msg.len() != data.len {
+            let sent = msg.len();
+            q.push_front((msg, ev));
+            return Err(Error::InvalidUsage(format!(
+                "{}: rank {} sent itself {sent} bytes, its receive expects {}",
+                self.vendor.name(),
+                self.rank,
+                data.len
+            )));
+        }
+        drop(q);
+        let s = super::gpu::work_stream(self);
+        {
+            let g = msg.dev_read_timeout(self.timeout)?;
+            if let Some(ev) = &ev {
+                s.wait_event(ev.as_ref())?;
+            }
+            s.copy(data.addr, g.addr(), data.len)?;
+        }
+        if super::gpu::direct() {
+            // Launched: the block goes back to the cache once the copy has run, as the
+            // watcher sees it (nothing waits here).
+            crate::device::watch::keep_until(s.record()?, msg);
+        }
+        self.finish("ncclRecv (from itself)")
     }
 
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, ()>> {
@@ -300,10 +381,16 @@ impl GpuTransport for NcclTransport {
         })
     }
     fn send(&self, peer: usize, data: Region) -> Result<()> {
+        if peer == self.rank && !DEFER.with(|d| d.get()) {
+            return self.send_to_self(data);
+        }
         let peer = int(peer, "peer")?;
         self.run("ncclSend", |c, s| c.send(data.addr, data.len, peer, s))
     }
     fn recv(&self, peer: usize, data: Region) -> Result<()> {
+        if peer == self.rank && !DEFER.with(|d| d.get()) {
+            return self.recv_from_self(data);
+        }
         let peer = int(peer, "peer")?;
         self.run("ncclRecv", |c, s| c.recv(data.addr, data.len, peer, s))
     }
