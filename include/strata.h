@@ -483,8 +483,9 @@ strataResult_t strataBcast(void *buff, size_t count, strataDataType_t datatype, 
  * received it. Put matching sends and receives of several peers in one group (as with
  * NCCL): they are then in flight together, so any exchange pattern of any size
  * completes. `sendbuff` is read during the call. GPU transports: stream-ordered, as
- * the collectives (pair sends and receives in a group, as with NCCL). Memory, streams,
- * ownership and thread-safety as `strataAllGather`.
+ * the collectives (pair sends and receives in a group, as with NCCL; a send to itself
+ * outside a group, which NCCL refuses, strata holds until the receive from itself).
+ * Memory, streams, ownership and thread-safety as `strataAllGather`.
  *
  * Errors: `strataInvalidArgument` for a NULL/foreign comm, a NULL buffer with a nonzero
  * count, overflow, an unknown datatype, `peer` outside `0..nranks`; `strataInvalidUsage`
