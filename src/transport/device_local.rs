@@ -446,23 +446,9 @@ impl DeviceLocalTransport {
         match self.next_msg(peer)? {
             Msg::Staged(msg, ev) => {
                 self.check_msg_len(peer, msg.len(), data.len)?;
-                let s = self.s();
-                {
-                    let g = msg.dev_read_timeout(self.timeout)?;
-                    if let Some(ev) = &ev {
-                        s.wait_event(ev.as_ref())?;
-                    }
-                    s.copy(data.addr, g.addr(), data.len)?;
-                }
+                gpu::unstage(self, self.timeout, (msg, ev), data, "receive")?;
                 self.count(peer, data.len);
-                if gpu::direct() {
-                    // Launched: the buffer goes back to the cache once the copy has run,
-                    // as the watcher sees it (nothing waits here).
-                    crate::device::watch::keep_until(s.record()?, msg);
-                    return self.finish("receive");
-                }
-                // The buffer goes back to the cache once the copy has run.
-                self.finish("receive")
+                Ok(())
             }
             Msg::InPlace(msg) => self.copy_in_place(peer, msg, data),
         }
@@ -710,27 +696,9 @@ impl GpuTransport for DeviceLocalTransport {
             }
             return Ok(());
         }
-        // Eager: staged through a buffer of its own, handed to the receiver (never a
-        // call's arena block). Launched, nothing waits: the message carries the event
-        // after the staging copy, and its buffer is not zeroed first.
-        let s = self.s();
-        let (msg, ev) = if gpu::direct() {
-            let msg = Buffer::on_device_uninit(&self.dev, data.len)?;
-            {
-                let g = msg.dev_write_timeout(self.timeout)?;
-                s.copy(g.addr(), data.addr, data.len)?;
-            }
-            (msg, Some(s.record()?))
-        } else {
-            let msg =
-                crate::device::direct::scope(None, || Buffer::on_device(&self.dev, data.len))?;
-            {
-                let g = msg.dev_write_timeout(self.timeout)?;
-                s.copy(g.addr(), data.addr, data.len)?;
-                self.finish("send")?;
-            }
-            (msg, None)
-        };
+        // Eager: staged through a buffer of its own (never a call's arena block),
+        // handed to the receiver.
+        let (msg, ev) = gpu::stage(self, self.timeout, data, "send")?;
         let mut b = self.group.lock()?;
         b.mail
             .entry((self.rank, peer))

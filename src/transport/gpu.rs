@@ -11,7 +11,7 @@
 
 #![forbid(unsafe_code)]
 
-use crate::device::{DevStream, Device, Region};
+use crate::device::{DevEvent, DevStream, Device, Region};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::memory::Buffer;
@@ -78,6 +78,57 @@ pub fn work_stream(g: &dyn GpuTransport) -> Arc<dyn DevStream> {
 /// (a transport's `finish` returns at once; the stream orders the work).
 pub fn direct() -> bool {
     crate::device::direct::stream().is_some()
+}
+
+/// An eager message: its bytes in a device block of its own and, launched ([`direct`]),
+/// the event after the staging copy (nothing waited for it).
+pub type Eager = (Buffer, Option<Arc<dyn DevEvent>>);
+
+/// Stage `data` for an eager send on `g`'s work stream: copied into a block of its own
+/// (not zeroed first), so the sender's region is free once this returns. Launched, the
+/// event after the copy goes with the message; otherwise the stream is finished here.
+pub fn stage(g: &dyn GpuTransport, timeout: Duration, data: Region, what: &str) -> Result<Eager> {
+    let s = work_stream(g);
+    let launched = direct();
+    let msg = if launched {
+        Buffer::on_device_uninit(g.device(), data.len)?
+    } else {
+        crate::device::direct::scope(None, || Buffer::on_device_uninit(g.device(), data.len))?
+    };
+    {
+        let w = msg.dev_write_timeout(timeout)?;
+        s.copy(w.addr(), data.addr, data.len)?;
+    }
+    let ev = if launched { Some(s.record()?) } else { None };
+    g.finish(what)?;
+    Ok((msg, ev))
+}
+
+/// Copy an eager message into `data` on `g`'s work stream, after its event. Launched,
+/// the block goes back to the cache once the copy has run, as the watcher sees it
+/// (nothing waits here); otherwise it is dropped after the stream is finished.
+pub fn unstage(
+    g: &dyn GpuTransport,
+    timeout: Duration,
+    (msg, ev): Eager,
+    data: Region,
+    what: &str,
+) -> Result<()> {
+    let s = work_stream(g);
+    {
+        let r = msg.dev_read_timeout(timeout)?;
+        if let Some(ev) = &ev {
+            s.wait_event(ev.as_ref())?;
+        }
+        s.copy(data.addr, r.addr(), data.len)?;
+    }
+    if direct() {
+        crate::device::watch::keep_until(s.record()?, msg);
+        return g.finish(what);
+    }
+    let r = g.finish(what);
+    drop(msg);
+    r
 }
 
 /// Device scratch of one communicator: allocated on first use, grown to the largest

@@ -70,7 +70,7 @@ pub struct NcclTransport {
     stage: Scratch,
     /// Sends to itself outside a group, oldest first: the staged bytes and, on the
     /// launch path, the event after their copy (see the module comment).
-    to_self: Mutex<VecDeque<(Buffer, Option<Arc<dyn DevEvent>>)>>,
+    to_self: Mutex<VecDeque<super::gpu::Eager>>,
     traffic: Option<Arc<Traffic>>,
     timeout: Duration,
 }
@@ -172,26 +172,14 @@ impl NcclTransport {
     }
 
     /// A send to itself outside a group: staged in a block of its own on the call's
-    /// stream (on the launch path nothing waits: the event after the copy goes with it).
+    /// stream ([`super::gpu::stage`]), queued for the receive.
     fn send_to_self(&self, data: Region) -> Result<()> {
         let _bound = self.dev.bind()?;
-        let s = super::gpu::work_stream(self);
-        let launched = super::gpu::direct();
-        let msg = if launched {
-            Buffer::on_device_uninit(&self.dev, data.len)?
-        } else {
-            crate::device::direct::scope(None, || Buffer::on_device_uninit(&self.dev, data.len))?
-        };
-        {
-            let g = msg.dev_write_timeout(self.timeout)?;
-            s.copy(g.addr(), data.addr, data.len)?;
-        }
-        let ev = if launched { Some(s.record()?) } else { None };
-        self.finish("ncclSend (to itself)")?;
+        let msg = super::gpu::stage(self, self.timeout, data, "ncclSend (to itself)")?;
         self.to_self
             .lock()
             .map_err(|_| Error::Internal("self-message queue poisoned".into()))?
-            .push_back((msg, ev));
+            .push_back(msg);
         Ok(())
     }
 
@@ -223,20 +211,13 @@ impl NcclTransport {
             )));
         }
         drop(q);
-        let s = super::gpu::work_stream(self);
-        {
-            let g = msg.dev_read_timeout(self.timeout)?;
-            if let Some(ev) = &ev {
-                s.wait_event(ev.as_ref())?;
-            }
-            s.copy(data.addr, g.addr(), data.len)?;
-        }
-        if super::gpu::direct() {
-            // Launched: the block goes back to the cache once the copy has run, as the
-            // watcher sees it (nothing waits here).
-            crate::device::watch::keep_until(s.record()?, msg);
-        }
-        self.finish("ncclRecv (from itself)")
+        super::gpu::unstage(
+            self,
+            self.timeout,
+            (msg, ev),
+            data,
+            "ncclRecv (from itself)",
+        )
     }
 
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, ()>> {
