@@ -73,3 +73,38 @@ fn one_level_falls_back_to_ring() {
     .sum();
     assert_eq!(wrong, 0);
 }
+
+/// All-reduce whose count the ranks divide runs in `recv` itself (`hier` and `ho-ring`:
+/// no padded scratch); the counts around it take the padded path. Both in place and
+/// not, every reduction, on 2 and 3 levels.
+#[test]
+fn all_reduce_exact_split_runs_in_recv() {
+    for topo in ["nodes:2x4", "nodes:3x2x2"] {
+        let wrong: usize = common::all_ok(topo, |c| {
+            let p = c.size();
+            let mut w = 0;
+            for algo in [Algo::Hier, Algo::HoRing] {
+                for op in [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max] {
+                    for count in [p, 8 * p, 8 * p + 1] {
+                        for in_place in [false, true] {
+                            w += run_checked(
+                                &c,
+                                Kind::AllReduce,
+                                DataType::BF16,
+                                op,
+                                count,
+                                algo,
+                                in_place,
+                                count as u64,
+                            )?;
+                        }
+                    }
+                }
+            }
+            Ok(w)
+        })
+        .into_iter()
+        .sum();
+        assert_eq!(wrong, 0, "{topo}");
+    }
+}

@@ -21,7 +21,8 @@
 //! For frontier:N (g = N, 4, 2): inter_node `(N-1)·M`, intra_node `3N·M`, intra_package
 //! `p·M/2` (each rank's half of the result crosses only its package link), and the same
 //! node egress `(p-8)/p·M`. Reduce-scatter sends the same bytes per class (mirror).
-//! All-reduce is reduce-scatter then all-gather over the count padded to a multiple of p.
+//! All-reduce is reduce-scatter then all-gather: in `recv` itself when p divides the
+//! count, else over the count padded to a multiple of p (a scratch copy each way).
 
 use super::select::Shape;
 use super::{Algo, Algorithm};
@@ -94,9 +95,17 @@ fn hier_run(comm: &CommCore, req: &Request) -> Result<()> {
             count,
             op,
         } => {
-            let p = comm.size();
+            let (p, r) = (comm.size(), comm.rank());
             let s = dt.size();
             let q = count.div_ceil(p);
+            if q * p == *count {
+                // An exact split: reduce-scatter into this rank's chunk of `recv`, then
+                // all-gather in place. No padding, no copies: the first stage reads
+                // `send` into scratch and only the last writes `recv`, so in place works.
+                let mine = recv.slice(r * q * s..(r + 1) * q * s)?;
+                reduce_scatter(comm, send, &mine, q, dt, *op)?;
+                return all_gather(comm, &mine, recv, q * s);
+            }
             let ops = comm.ops();
             let padded = send.alloc_like(q * p * s)?;
             ops.copy(&padded.slice(0..count * s)?, &send.slice(0..count * s)?)?;

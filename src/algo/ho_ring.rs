@@ -17,8 +17,9 @@
 //!
 //! All-reduce is the 2-D algorithm (intra reduce-scatter, inter all-reduce, intra
 //! all-gather: Horovod hierarchical / 2D-torus) made of the same rings: the HO-Ring
-//! reduce-scatter then the HO-Ring all-gather over the padded buffer, each piece of the
-//! all-gather starting as soon as the same piece of the reduce-scatter is final.
+//! reduce-scatter then the HO-Ring all-gather, in `recv` itself when p divides the count
+//! (else in a padded scratch copy), each piece of the all-gather starting as soon as the
+//! same piece of the reduce-scatter is final.
 //!
 //! Traffic equals `hier`'s per link class (same stages, same bytes); what changes is
 //! that the stages overlap in time (see `sim/` and the modeled table of docs/simulator.md).
@@ -86,9 +87,17 @@ impl Algorithm for HoRing {
                 op,
             } => {
                 let q = count.div_ceil(p);
+                let pl = all_reduce(h, r, q, s, chunks(q));
+                if q * p == *count {
+                    // An exact split: `recv` is the work buffer (no scratch, no copy out).
+                    let n = count * s;
+                    if send.offset_in(recv) != Some(0) {
+                        ops.copy(&recv.slice(0..n)?, &send.slice(0..n)?)?;
+                    }
+                    return plan::execute(comm, &pl, recv, Some(recv), dt, *op);
+                }
                 let work = send.alloc_like(q * p * s)?;
                 ops.copy(&work.slice(0..count * s)?, &send.slice(0..count * s)?)?;
-                let pl = all_reduce(h, r, q, s, chunks(q));
                 plan::execute(comm, &pl, recv, Some(&work), dt, *op)?;
                 ops.copy(&recv.slice(0..count * s)?, &work.slice(0..count * s)?)
             }
