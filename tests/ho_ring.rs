@@ -75,8 +75,8 @@ fn one_level_falls_back_to_ring() {
 }
 
 /// All-reduce whose count the ranks divide runs in `recv` itself (`hier` and `ho-ring`:
-/// no padded scratch); the counts around it take the padded path. Both in place and
-/// not, every reduction, on 2 and 3 levels.
+/// no padded scratch); a count they do not divide takes the padded path. In place and
+/// not, Sum, Avg (divided after the collective) and Max, on 2 and 3 levels.
 #[test]
 fn all_reduce_exact_split_runs_in_recv() {
     for topo in ["nodes:2x4", "nodes:3x2x2"] {

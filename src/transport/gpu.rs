@@ -106,7 +106,7 @@ pub fn stage(g: &dyn GpuTransport, timeout: Duration, data: Region, what: &str) 
 
 /// Copy an eager message into `data` on `g`'s work stream, after its event. Launched,
 /// the block goes back to the cache once the copy has run, as the watcher sees it
-/// (nothing waits here); otherwise it is dropped after the stream is finished.
+/// (nothing waits here); otherwise it is dropped on return, after the stream is finished.
 pub fn unstage(
     g: &dyn GpuTransport,
     timeout: Duration,
@@ -126,9 +126,7 @@ pub fn unstage(
         crate::device::watch::keep_until(s.record()?, msg);
         return g.finish(what);
     }
-    let r = g.finish(what);
-    drop(msg);
-    r
+    g.finish(what)
 }
 
 /// Device scratch of one communicator: allocated on first use, grown to the largest
