@@ -778,6 +778,18 @@ impl Device for CpuDevice {
     fn allocations(&self) -> u64 {
         CpuDevice::allocations(self)
     }
+    unsafe fn alloc_in_order(&self, raw: *mut c_void, bytes: usize) -> Result<Option<DevAddr>> {
+        // As the CUDA device's cuMemAllocAsync on `raw`: no host wait. None while a
+        // stream of the device is being captured (where this device refuses
+        // allocations), so the caller's fallback behaves as before.
+        let _ = raw;
+        if bytes == 0 || !self.state()?.captures.is_empty() {
+            return Ok(None);
+        }
+        let p = self.host_alloc(bytes)?;
+        self.state()?.live.insert(p, bytes);
+        Ok(Some(p))
+    }
     fn zero(&self, addr: DevAddr, bytes: usize) -> Result<()> {
         waits::host_wait("cpu device: zeroing on the private stream (a synchronous memset)")?;
         self.unsafe_call("zeroing on the private stream (a synchronous memset)")?;

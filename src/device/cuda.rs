@@ -375,6 +375,25 @@ impl Device for CudaDevice {
         }
         self.zero_on_aux(addr, bytes)
     }
+    unsafe fn alloc_in_order(&self, raw: *mut c_void, bytes: usize) -> Result<Option<DevAddr>> {
+        if bytes == 0 || !self.has_pools() {
+            return Ok(None);
+        }
+        // In a capture the allocation would be the graph's own (freed with it).
+        // SAFETY: the caller's contract: `raw` is null or a live stream of this device.
+        if unsafe { self.is_capturing(raw) }? {
+            return Ok(None);
+        }
+        let _bound = self.bind()?;
+        // SAFETY: FFI stream-ordered allocation on the caller's stream (its contract),
+        // freed by `free` (cuMemFreeAsync), in relaxed capture mode as strata's other
+        // calls beside a caller's capture.
+        let p = relaxed(|| unsafe { result::malloc_async(raw as sys::CUstream, bytes) })
+            .map_err(|e| dev_err(&format!("cuMemAllocAsync of {bytes} bytes"), e))?;
+        self.allocations
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(Some(p))
+    }
     fn pool(&self) -> &Pool {
         &self.pool
     }

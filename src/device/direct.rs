@@ -63,14 +63,14 @@ impl Arena {
             blk.lease = lease;
             return Ok(blk.mem.addr());
         }
-        // Outside any scope: a plain (cached) allocation owned by the arena, not zeroed
-        // here (the caller clears what it takes in its stream's order), so even a
-        // call's first allocation waits for no work of the caller's. A new block of a
-        // GPU is allocated and cleared on the device's private stream, which is waited
-        // for: a host wait outside the launch contract, as the contract allows for a
-        // block's first allocation, which no steady-state call makes (`waits::outside`).
-        let mem =
-            super::waits::outside(|| scope(None, || DeviceMem::alloc_uninit(&self.dev, class)))?;
+        // A plain (cached) allocation owned by the arena, not zeroed here (the caller
+        // clears what it takes in its stream's order), so even a call's first
+        // allocation waits for no work of the caller's. A new block of a GPU is
+        // allocated in the order of the stream that clears it ([`stream`]); where it
+        // cannot be (HIP, a capture) it is cleared on the device's private stream, which
+        // is waited for: a host wait outside the launch contract, as the contract allows
+        // for a block's first allocation, which no steady-state call makes.
+        let mem = super::waits::outside(|| DeviceMem::alloc_uninit(&self.dev, class))?;
         let addr = mem.addr();
         b.push(Block { class, mem, lease });
         Ok(addr)

@@ -119,6 +119,19 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     /// Zero `bytes` at `addr` and return once done, without waiting for any stream (a
     /// private stream of the device): how a cached block is handed out again.
     fn zero(&self, addr: DevAddr, bytes: usize) -> Result<()>;
+    /// `bytes` of new device memory allocated in the order of the runtime stream `raw`
+    /// (`cuMemAllocAsync` on it), contents unspecified, with no host wait: usable by
+    /// work enqueued on `raw` after this and on streams ordered after that work; freed by
+    /// [`Device::free`], counted in [`Device::allocations`]. `Ok(None)` where the device
+    /// cannot (no memory pools, `raw` being captured, HIP): the caller then allocates
+    /// with [`Device::alloc_zeroed`], which waits for the device's private stream.
+    ///
+    /// # Safety
+    /// As [`Device::record_on`].
+    unsafe fn alloc_in_order(&self, raw: *mut c_void, bytes: usize) -> Result<Option<DevAddr>> {
+        let _ = (raw, bytes);
+        Ok(None)
+    }
     /// The cache of freed blocks ([`pool`]).
     fn pool(&self) -> &pool::Pool;
     /// An event after the work enqueued so far on the runtime stream `raw` (a caller's
@@ -221,6 +234,11 @@ pub trait DevStream: Send + Sync {
     }
     /// Zero `bytes` at `addr` in stream order (`cuMemsetD8Async`).
     fn clear(&self, addr: DevAddr, bytes: usize) -> Result<()>;
+    /// [`Device::alloc_in_order`] on this stream.
+    fn alloc_in_order(&self, bytes: usize) -> Result<Option<DevAddr>> {
+        // SAFETY: `raw` is this live stream's handle, of `device()`.
+        unsafe { self.device().alloc_in_order(self.raw(), bytes) }
+    }
     /// Start capturing this stream into a graph (`cuStreamBeginCapture`, global mode):
     /// work enqueued on it, and on every stream that joins it by waiting for an event
     /// recorded on it, is recorded instead of run; allocations, synchronous copies and
@@ -356,15 +374,34 @@ impl DeviceMem {
     }
 
     /// `bytes` bytes on `dev` whose contents are unspecified: a cached block of the size
-    /// class (not zeroed, so nothing waits for the device) or a new allocation. For
-    /// buffers fully written in stream order before they are read (an eager message).
-    /// Never an arena block.
+    /// class (not zeroed, so nothing waits for the device) or a new allocation, made in
+    /// the order of the launch's stream when this thread works in a launch on `dev`
+    /// ([`direct::stream`], [`Device::alloc_in_order`]: no host wait), else zeroed on
+    /// the private stream. For buffers fully written in stream order before they are
+    /// read (an eager message, a scratch or arena block cleared by its user). Never an
+    /// arena block.
     pub fn alloc_uninit(dev: &Arc<dyn Device>, bytes: usize) -> Result<DeviceMem> {
         DeviceMem::cached(dev, bytes, false)
     }
 
+    /// A new block of `bytes` in the order of the launch's current stream when this
+    /// thread works in a launch on `dev`: no host wait, not even on the private stream,
+    /// whose work can queue behind other streams' on the device (an H200, driver 580: a
+    /// first launched call's `cuStreamSynchronize` of the private stream waited 500 ms
+    /// for a delay kernel on another rank's stream, in 3 of 10 runs).
+    fn in_launch_order(dev: &Arc<dyn Device>, bytes: usize) -> Result<Option<DevAddr>> {
+        let Some(st) = direct::stream() else {
+            return Ok(None);
+        };
+        let d = st.device();
+        if d.api() != dev.api() || d.ordinal() != dev.ordinal() {
+            return Ok(None);
+        }
+        st.alloc_in_order(bytes)
+    }
+
     /// A cached block of `bytes`' size class (zeroed on the private stream when `zero`),
-    /// else a new zeroed allocation.
+    /// else a new allocation (zeroed, or in the launch's order when not `zero`).
     fn cached(dev: &Arc<dyn Device>, bytes: usize, zero: bool) -> Result<DeviceMem> {
         let addr = if bytes == 0 {
             0
@@ -380,6 +417,10 @@ impl DeviceMem {
                     }
                     a
                 }
+                None if !zero => match DeviceMem::in_launch_order(dev, class)? {
+                    Some(a) => a,
+                    None => dev.alloc_zeroed(class)?,
+                },
                 None => dev.alloc_zeroed(class)?,
             }
         };

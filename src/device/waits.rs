@@ -18,6 +18,9 @@ use std::sync::Mutex;
 thread_local! {
     static DEPTH: Cell<u32> = const { Cell::new(0) };
     static MINE: Cell<u64> = const { Cell::new(0) };
+    /// Inside [`outside`] within a launch.
+    static OUT: Cell<bool> = const { Cell::new(false) };
+    static MINE_OUTSIDE: Cell<u64> = const { Cell::new(0) };
 }
 
 static COUNT: AtomicU64 = AtomicU64::new(0);
@@ -46,16 +49,19 @@ pub fn in_launch() -> bool {
 
 /// Run `f` outside the launch marking (what runs on behalf of nothing in the call:
 /// the first allocation of an arena block, which no steady-state call makes).
+/// Host waits made there are not refused; [`thread_outside_count`] counts them.
 pub fn outside<T>(f: impl FnOnce() -> T) -> T {
     let d = DEPTH.with(|d| d.replace(0));
-    struct Back(u32);
+    let o = OUT.with(|o| o.replace(d > 0 || o.get()));
+    struct Back(u32, bool);
     impl Drop for Back {
         fn drop(&mut self) {
-            let d = self.0;
+            let (d, o) = (self.0, self.1);
             DEPTH.with(|x| x.set(d));
+            OUT.with(|x| x.set(o));
         }
     }
-    let _back = Back(d);
+    let _back = Back(d, o);
     f()
 }
 
@@ -63,6 +69,12 @@ pub fn outside<T>(f: impl FnOnce() -> T) -> T {
 /// launch it is counted (and refused when strict).
 pub fn host_wait(what: &str) -> Result<()> {
     if !in_launch() {
+        if OUT.with(|o| o.get()) {
+            MINE_OUTSIDE.with(|m| m.set(m.get() + 1));
+            if let Ok(mut l) = LAST.lock() {
+                *l = Some(what.to_string());
+            }
+        }
         return Ok(());
     }
     COUNT.fetch_add(1, Ordering::SeqCst);
@@ -97,7 +109,13 @@ pub fn thread_count() -> u64 {
     MINE.with(|m| m.get())
 }
 
-/// What the last counted host wait waited for.
+/// Host waits made by this thread inside launches but [`outside`] the contract (a
+/// first call's set-up where it cannot avoid one) so far.
+pub fn thread_outside_count() -> u64 {
+    MINE_OUTSIDE.with(|m| m.get())
+}
+
+/// What the last counted host wait (inside a launch or [`outside`] it) waited for.
 pub fn last() -> Option<String> {
     LAST.lock().ok().and_then(|l| l.clone())
 }

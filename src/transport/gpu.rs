@@ -155,14 +155,13 @@ impl Scratch {
             .map_err(|_| Error::Internal("scratch lock poisoned".into()))?;
         if g.as_ref().is_none_or(|b| b.len() < bytes) {
             // Kept across calls: never a call's arena block; not zeroed (its contents
-            // are unspecified), so growing it waits for no work of the caller's. A new
-            // GPU block is cleared on the device's private stream, which is waited for:
-            // outside the launch contract, as a first allocation (no steady-state call
-            // grows it).
+            // are unspecified), so growing it waits for no work of the caller's. In a
+            // launch a new GPU block is allocated in the work stream's order; otherwise
+            // (or where it cannot be) it is cleared on the device's private stream, which
+            // is waited for: outside the launch contract, as a first allocation (no
+            // steady-state call grows it).
             let b = crate::device::waits::outside(|| {
-                crate::device::direct::scope(None, || {
-                    Buffer::on_device_uninit(&self.dev, bytes.max(4096))
-                })
+                Buffer::on_device_uninit(&self.dev, bytes.max(4096))
             })?;
             if let Some(old) = g.replace(b) {
                 // Work already enqueued may still use the old block: on a launch, keep it

@@ -36,10 +36,9 @@ use super::vendor::{
     InUse, Reduction, Vendor, VendorComm, VendorLib, VendorUniqueId, VENDOR_UNIQUE_ID_BYTES,
 };
 use super::{Transport, TransportKind};
-use crate::device::{finish, DevEvent, DevStream, Device, Region};
+use crate::device::{finish, DevStream, Device, Region};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::{Error, Result};
-use crate::memory::Buffer;
 use crate::traffic::Traffic;
 use std::collections::VecDeque;
 use std::ffi::c_int;
