@@ -1,7 +1,8 @@
 //! The launch-only contract (architecture: "Launch-only"), on `host-local` worlds where the
 //! CPU device is a stricter CUDA: for every algorithm x op x group form, a stream-ordered
 //! call makes no host wait for the device between its entry and its return (strict mode
-//! refuses one, and the count stays 0), no two threads are inside calls on one rank's
+//! refuses one, and the count stays 0), not even a first call for its set-up (new blocks
+//! are allocated in stream order; `waits::thread_outside_count` stays 0), no two threads are inside calls on one rank's
 //! communicators at once (the device-local transport refuses it), the caller's current
 //! device is the same after the call, and the results equal the plain reference. Then
 //! each check is shown to fire when its property is broken on purpose, and a call with a
@@ -212,6 +213,7 @@ fn launch_matrix(ordinal: usize, topo: &str) {
         let mut checked = 0;
         // Launches run on their calling thread: this rank's host waits are this thread's.
         let before = waits::thread_count();
+        let set_up_before = waits::thread_outside_count();
         let mut seed = 100;
         for case in cases() {
             for form in [Form::Alone, Form::Grouped, Form::Pair, Form::Submit] {
@@ -252,16 +254,22 @@ fn launch_matrix(ordinal: usize, topo: &str) {
             }
         }
         let waited = waits::thread_count() - before;
-        Ok((bad, checked, waited))
+        let set_up = waits::thread_outside_count() - set_up_before;
+        Ok((bad, checked, waited, set_up, waits::last()))
     });
     let calls = cases().len() * 5;
     for (r, o) in out.into_iter().enumerate() {
-        let (bad, checked, waited) = o.unwrap_or_else(|e| panic!("{topo} rank {r}: {e}"));
+        let (bad, checked, waited, set_up, last) =
+            o.unwrap_or_else(|e| panic!("{topo} rank {r}: {e}"));
         assert!(bad.is_empty(), "{topo} rank {r}: {bad:#?}");
         assert_eq!(checked, calls, "{topo} rank {r}: calls checked");
         assert_eq!(
             waited, 0,
             "{topo} rank {r}: host waits inside launched calls"
+        );
+        assert_eq!(
+            set_up, 0,
+            "{topo} rank {r}: host waits for the first calls' set-up (last: {last:?})"
         );
     }
 }
