@@ -2,12 +2,12 @@
 //! CPU device is a stricter CUDA: for every algorithm x op x group form, a stream-ordered
 //! call makes no host wait for the device between its entry and its return (strict mode
 //! refuses one, and the count stays 0), not even a first call for its set-up (new blocks
-//! are allocated in stream order; `waits::thread_outside_count` stays 0), no two threads are inside calls on one rank's
-//! communicators at once (the device-local transport refuses it), the caller's current
-//! device is the same after the call, and the results equal the plain reference. Then
-//! each check is shown to fire when its property is broken on purpose, and a call with a
-//! 500 ms delay queued ahead on its stream returns at once: 100 back-to-back calls all
-//! return before the first completes.
+//! are allocated in stream order; `waits::thread_outside_count` stays 0), no two threads
+//! are inside calls on one rank's communicators at once (the device-local transport
+//! refuses it), the caller's current device is the same after the call, and the results
+//! equal the plain reference. Then each check is shown to fire when its property is
+//! broken on purpose, and a call with a 500 ms delay queued ahead on its stream returns at
+//! once: 100 back-to-back calls all return before the first completes.
 #[path = "../../tests/common/mod.rs"]
 mod common;
 
