@@ -85,16 +85,13 @@ pub fn direct() -> bool {
 pub type Eager = (Buffer, Option<Arc<dyn DevEvent>>);
 
 /// Stage `data` for an eager send on `g`'s work stream: copied into a block of its own
-/// (not zeroed first), so the sender's region is free once this returns. Launched, the
-/// event after the copy goes with the message; otherwise the stream is finished here.
+/// (not zeroed first; launched, a new block is allocated in the stream's order), so the
+/// sender's region is free once this returns. Launched, the event after the copy goes
+/// with the message; otherwise the stream is finished here.
 pub fn stage(g: &dyn GpuTransport, timeout: Duration, data: Region, what: &str) -> Result<Eager> {
     let s = work_stream(g);
     let launched = direct();
-    let msg = if launched {
-        Buffer::on_device_uninit(g.device(), data.len)?
-    } else {
-        crate::device::direct::scope(None, || Buffer::on_device_uninit(g.device(), data.len))?
-    };
+    let msg = Buffer::on_device_uninit(g.device(), data.len)?;
     {
         let w = msg.dev_write_timeout(timeout)?;
         s.copy(w.addr(), data.addr, data.len)?;
@@ -124,7 +121,6 @@ pub fn unstage(
     }
     if direct() {
         crate::device::watch::keep_until(s.record()?, msg);
-        return g.finish(what);
     }
     g.finish(what)
 }
