@@ -1439,11 +1439,12 @@ mod tests {
         let b = d.alloc_zeroed(MB).unwrap();
         // s1 writes `a` over and over; s2 reads it with no wait between them. The check
         // sees accesses that overlap in time, so a loaded machine may miss one round:
-        // a few rounds, each with long windows, must catch it.
+        // rounds with long windows (s1's copies outlast s2's delay by tens of ms) must
+        // catch it; the first caught round ends the loop.
         let mut caught = None;
-        for _ in 0..5 {
+        for _ in 0..20 {
             let (s1, s2) = (d.new_stream().unwrap(), d.new_stream().unwrap());
-            for _ in 0..128 {
+            for _ in 0..512 {
                 s1.copy(a, b, MB).unwrap();
             }
             s2.delay(Duration::from_millis(2)).unwrap();
@@ -1457,7 +1458,7 @@ mod tests {
                 break;
             }
         }
-        let e = caught.expect("five rounds of unordered streams, no race caught");
+        let e = caught.expect("twenty rounds of unordered streams, no race caught");
         assert!(e.to_string().contains("race between streams"), "{e}");
         // Ordered by a wait: never an error.
         let (s1, s2) = (d.new_stream().unwrap(), d.new_stream().unwrap());
