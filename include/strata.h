@@ -76,8 +76,9 @@ typedef struct strataEvent strataEvent;
 typedef int strataResult_t;
 
 /**
- * Element type; the values are `ncclDataType_t`'s. Other NCCL values (uint32, int64,
- * uint64, float64) are rejected with `strataInvalidArgument`.
+ * Element type; the values are `ncclDataType_t`'s, every NCCL type but the fp8 ones
+ * (rejected with `strataInvalidArgument`). Integers wrap; 64-bit integers reduce and
+ * average exactly (no trip through double); f16/bf16 reduce in f32.
  */
 typedef int strataDataType_t;
 
@@ -260,6 +261,12 @@ typedef struct strataTraffic_t {
 
 #define strataInt 2
 
+#define strataUint32 3
+
+#define strataInt64 4
+
+#define strataUint64 5
+
 #define strataFloat16 6
 
 #define strataHalf 6
@@ -267,6 +274,10 @@ typedef struct strataTraffic_t {
 #define strataFloat32 7
 
 #define strataFloat 7
+
+#define strataFloat64 8
+
+#define strataDouble 8
 
 #define strataBfloat16 9
 

@@ -6,7 +6,8 @@
 //   - f16/bf16: each step in f32, rounded to nearest even; integers wrap;
 //   - max/min: `if (a < b) a = b` (a NaN accumulator stays, a NaN input never enters);
 //   - Avg division in f64, rounded once (f32: to f32; f16/bf16: from f64 directly);
-//     integers round half away from zero and saturate.
+//     integers round half away from zero and saturate; 64-bit integers divide exactly
+//     in integer arithmetic, with the same rounding.
 // Elements are naturally aligned (the host checks before launching).
 #ifndef STRATA_REDUCE_CUH
 #define STRATA_REDUCE_CUH
@@ -25,10 +26,21 @@
 STRATA_INT_OPS(signed char)
 STRATA_INT_OPS(unsigned char)
 STRATA_INT_OPS(int)
+STRATA_INT_OPS(unsigned int)
+// 64-bit integers wrap on the unsigned 64-bit value.
+#define STRATA_INT64_OPS(T)                                                                 \
+  STRATA_DEV T strata_add(T a, T b) { return (T)((strata_u64)a + (strata_u64)b); }           \
+  STRATA_DEV T strata_mul(T a, T b) { return (T)((strata_u64)a * (strata_u64)b); }           \
+  STRATA_DEV bool strata_lt(T a, T b) { return a < b; }
+STRATA_INT64_OPS(long long)
+STRATA_INT64_OPS(unsigned long long)
 
 STRATA_DEV float strata_add(float a, float b) { return __fadd_rn(a, b); }
 STRATA_DEV float strata_mul(float a, float b) { return __fmul_rn(a, b); }
 STRATA_DEV bool strata_lt(float a, float b) { return a < b; }
+STRATA_DEV double strata_add(double a, double b) { return __dadd_rn(a, b); }
+STRATA_DEV double strata_mul(double a, double b) { return __dmul_rn(a, b); }
+STRATA_DEV bool strata_lt(double a, double b) { return a < b; }
 
 // f16 / bf16 travel as their bit patterns (unsigned short) wrapped in distinct types.
 struct StrataF16 { unsigned short v; };
@@ -78,7 +90,11 @@ STRATA_DEV unsigned char strata_from_f64(double v, unsigned char) {
 STRATA_DEV int strata_from_f64(double v, int) {
   return (int)strata_clamp(round(v), -2147483648.0, 2147483647.0);
 }
+STRATA_DEV unsigned int strata_from_f64(double v, unsigned int) {
+  return (unsigned int)strata_clamp(round(v), 0.0, 4294967295.0);
+}
 STRATA_DEV float strata_from_f64(double v, float) { return __double2float_rn(v); }
+STRATA_DEV double strata_from_f64(double v, double) { return v; }
 // f64 -> f16/bf16 rounded once: f64 to f32 rounding to odd (exact where f32 holds the
 // value, else truncated with the last bit set), then f32 -> 16 bits to nearest even;
 // f32 keeps >= 2 more bits than either, so the two steps equal one correct rounding.
@@ -100,15 +116,32 @@ STRATA_DEV StrataBF16 strata_from_f64(double v, StrataBF16) {
 STRATA_DEV double strata_to_f64(signed char x) { return (double)x; }
 STRATA_DEV double strata_to_f64(unsigned char x) { return (double)x; }
 STRATA_DEV double strata_to_f64(int x) { return (double)x; }
+STRATA_DEV double strata_to_f64(unsigned int x) { return (double)x; }
 STRATA_DEV double strata_to_f64(float x) { return (double)x; }
+STRATA_DEV double strata_to_f64(double x) { return x; }
 STRATA_DEV double strata_to_f64(StrataF16 x) { return (double)strata_f(x); }
 STRATA_DEV double strata_to_f64(StrataBF16 x) { return (double)strata_f(x); }
+
+// x / n rounded once: through f64 for the types it holds exactly; 64-bit integers in
+// integer arithmetic, rounded half away from zero (src/dtype.rs int_avg).
+template <typename T> STRATA_DEV T strata_divide_one(T x, double n) {
+  return strata_from_f64(strata_to_f64(x) / n, T());
+}
+STRATA_DEV long long strata_divide_one(long long x, double n) {
+  long long d = (long long)n, q = x / d, r = x % d;
+  strata_u64 twice = 2 * (strata_u64)(r < 0 ? -r : r);
+  return twice >= (strata_u64)d ? q + (x < 0 ? -1 : 1) : q;
+}
+STRATA_DEV unsigned long long strata_divide_one(unsigned long long x, double n) {
+  unsigned long long d = (unsigned long long)n, q = x / d, r = x % d;
+  return r >= d - r ? q + 1 : q;
+}
 
 // buf[i] = buf[i] / n, rounded once (the exact mean of Avg).
 template <typename T> STRATA_DEV void strata_divide_body(T* buf, strata_u64 count, double n) {
   strata_u64 step = (strata_u64)gridDim.x * blockDim.x;
   for (strata_u64 i = (strata_u64)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += step)
-    buf[i] = strata_from_f64(strata_to_f64(buf[i]) / n, T());
+    buf[i] = strata_divide_one(buf[i], n);
 }
 
 #define STRATA_REDUCE_KERNEL(DTN, T, OPN, OP)                                               \
@@ -130,6 +163,10 @@ template <typename T> STRATA_DEV void strata_divide_body(T* buf, strata_u64 coun
   STRATA_REDUCE_TYPE(bf16, StrataBF16)                                                      \
   STRATA_REDUCE_TYPE(i8, signed char)                                                       \
   STRATA_REDUCE_TYPE(u8, unsigned char)                                                     \
-  STRATA_REDUCE_TYPE(i32, int)
+  STRATA_REDUCE_TYPE(i32, int)                                                              \
+  STRATA_REDUCE_TYPE(u32, unsigned int)                                                     \
+  STRATA_REDUCE_TYPE(i64, long long)                                                        \
+  STRATA_REDUCE_TYPE(u64, unsigned long long)                                               \
+  STRATA_REDUCE_TYPE(f64, double)
 
 #endif  // STRATA_REDUCE_CUH

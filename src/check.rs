@@ -16,7 +16,8 @@ use crate::error::{Error, Result};
 use crate::memory::Buffer;
 use crate::Algo;
 
-/// The input value of element `i` of `rank`'s send buffer.
+/// The input value of element `i` of `rank`'s send buffer: a small integer, -3 to 3
+/// (0 to 6 for the unsigned types), exact in every type and every reduction order.
 pub fn value(dtype: DataType, rank: usize, i: usize, seed: u64) -> f64 {
     let h = (rank as u64)
         .wrapping_mul(0x9E37_79B9)
@@ -24,7 +25,7 @@ pub fn value(dtype: DataType, rank: usize, i: usize, seed: u64) -> f64 {
         .wrapping_add(seed.wrapping_mul(0xC2B2_AE35));
     let h = (h ^ (h >> 13)).wrapping_mul(0x2545_F491);
     let v = ((h >> 7) % 7) as f64;
-    if dtype == DataType::U8 {
+    if matches!(dtype, DataType::U8 | DataType::U32 | DataType::U64) {
         v
     } else {
         v - 3.0
@@ -394,7 +395,11 @@ pub fn check_quant(
         Some((crate::topology::Level::Network, n)) => n,
         _ => 1,
     };
-    let a = if dtype == DataType::U8 { 6.0 } else { 3.0 };
+    let a = if matches!(dtype, DataType::U8 | DataType::U32 | DataType::U64) {
+        6.0
+    } else {
+        3.0
+    };
     let bound = quant_bound(algo, q, a, nodes, p / nodes, dtype, redop);
     if got.len() < exact.len() * dtype.size() {
         return Err(Error::InvalidArgument(format!(

@@ -21,20 +21,28 @@ pub enum DataType {
     I8 = 0,
     U8 = 1,
     I32 = 2,
+    U32 = 3,
+    I64 = 4,
+    U64 = 5,
     F16 = 6,
     F32 = 7,
+    F64 = 8,
     BF16 = 9,
 }
 
 impl DataType {
     /// Every supported type.
-    pub const ALL: [DataType; 6] = [
+    pub const ALL: [DataType; 10] = [
         DataType::F32,
         DataType::F16,
         DataType::BF16,
         DataType::I8,
         DataType::U8,
         DataType::I32,
+        DataType::U32,
+        DataType::I64,
+        DataType::U64,
+        DataType::F64,
     ];
 
     /// Bytes per element.
@@ -42,11 +50,13 @@ impl DataType {
         match self {
             DataType::I8 | DataType::U8 => 1,
             DataType::F16 | DataType::BF16 => 2,
-            DataType::F32 | DataType::I32 => 4,
+            DataType::F32 | DataType::I32 | DataType::U32 => 4,
+            DataType::F64 | DataType::I64 | DataType::U64 => 8,
         }
     }
 
-    /// Short name as used on the command line (`f32`, `f16`, `bf16`, `i8`, `u8`, `i32`).
+    /// Short name as used on the command line (`f32`, `f16`, `bf16`, `i8`, `u8`, `i32`,
+    /// `u32`, `i64`, `u64`, `f64`).
     pub fn name(self) -> &'static str {
         match self {
             DataType::I8 => "i8",
@@ -55,6 +65,10 @@ impl DataType {
             DataType::F16 => "f16",
             DataType::F32 => "f32",
             DataType::BF16 => "bf16",
+            DataType::U32 => "u32",
+            DataType::I64 => "i64",
+            DataType::U64 => "u64",
+            DataType::F64 => "f64",
         }
     }
 
@@ -68,10 +82,14 @@ impl DataType {
 
     /// True for floating-point types.
     pub fn is_float(self) -> bool {
-        matches!(self, DataType::F16 | DataType::F32 | DataType::BF16)
+        matches!(
+            self,
+            DataType::F16 | DataType::F32 | DataType::BF16 | DataType::F64
+        )
     }
 
-    /// Read element `i` of `bytes` as f64 (for references and checks).
+    /// Read element `i` of `bytes` as f64 (for references and checks; 64-bit integers
+    /// beyond 2^53 in magnitude come back rounded).
     pub fn get(self, bytes: &[u8], i: usize) -> f64 {
         let s = self.size();
         let b = &bytes[i * s..(i + 1) * s];
@@ -82,6 +100,10 @@ impl DataType {
             DataType::F16 => f16::from_le_bytes([b[0], b[1]]).to_f64(),
             DataType::BF16 => bf16::from_le_bytes([b[0], b[1]]).to_f64(),
             DataType::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64,
+            DataType::U32 => u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64,
+            DataType::I64 => i64::from_le_bytes(le8(b)) as f64,
+            DataType::U64 => u64::from_le_bytes(le8(b)) as f64,
+            DataType::F64 => f64::from_le_bytes(le8(b)),
         }
     }
 
@@ -96,6 +118,11 @@ impl DataType {
             DataType::F16 => b.copy_from_slice(&f16::from_f32(f64_to_f32_odd(v)).to_le_bytes()),
             DataType::BF16 => b.copy_from_slice(&bf16::from_f32(f64_to_f32_odd(v)).to_le_bytes()),
             DataType::F32 => b.copy_from_slice(&(v as f32).to_le_bytes()),
+            // `as` saturates (and maps NaN to 0), as the 8-bit types clamp.
+            DataType::U32 => b.copy_from_slice(&(v.round() as u32).to_le_bytes()),
+            DataType::I64 => b.copy_from_slice(&(v.round() as i64).to_le_bytes()),
+            DataType::U64 => b.copy_from_slice(&(v.round() as u64).to_le_bytes()),
+            DataType::F64 => b.copy_from_slice(&v.to_le_bytes()),
         }
     }
 
@@ -106,6 +133,7 @@ impl DataType {
             DataType::F32 => f32::EPSILON as f64,
             DataType::F16 => 9.77e-4,
             DataType::BF16 => 7.82e-3,
+            DataType::F64 => f64::EPSILON,
             _ => return 0.5,
         };
         eps * mag.max(1.0) * (terms.max(1) as f64).log2().ceil().max(1.0) * 2.0
@@ -128,9 +156,13 @@ impl FromStr for DataType {
             "i8" | "int8" => DataType::I8,
             "u8" | "uint8" => DataType::U8,
             "i32" | "int32" => DataType::I32,
+            "u32" | "uint32" => DataType::U32,
+            "i64" | "int64" => DataType::I64,
+            "u64" | "uint64" => DataType::U64,
+            "f64" | "double" | "float64" => DataType::F64,
             other => {
                 return Err(Error::InvalidArgument(format!(
-                    "unknown dtype '{other}' (f32, f16, bf16, i8, u8, i32)"
+                    "unknown dtype '{other}' (f32, f16, bf16, f64, i8, u8, i32, u32, i64, u64)"
                 )))
             }
         })
@@ -244,23 +276,20 @@ pub fn f64_to_f32_odd(v: f64) -> f32 {
 pub trait Element: bytemuck::Pod + Send + Sync + 'static {
     const DTYPE: DataType;
 }
-impl Element for f32 {
-    const DTYPE: DataType = DataType::F32;
+macro_rules! element {
+    ($($t:ty => $d:ident),* $(,)?) => {
+        $(impl Element for $t {
+            const DTYPE: DataType = DataType::$d;
+        })*
+    };
 }
-impl Element for f16 {
-    const DTYPE: DataType = DataType::F16;
-}
-impl Element for bf16 {
-    const DTYPE: DataType = DataType::BF16;
-}
-impl Element for i8 {
-    const DTYPE: DataType = DataType::I8;
-}
-impl Element for u8 {
-    const DTYPE: DataType = DataType::U8;
-}
-impl Element for i32 {
-    const DTYPE: DataType = DataType::I32;
+element!(f32 => F32, f16 => F16, bf16 => BF16, f64 => F64, i8 => I8, u8 => U8, i32 => I32,
+         u32 => U32, i64 => I64, u64 => U64);
+
+/// The first 8 bytes of `b` (a 64-bit element).
+#[inline(always)]
+fn le8(b: &[u8]) -> [u8; 8] {
+    b[..8].try_into().unwrap_or([0; 8])
 }
 
 // ---------------------------------------------------------------- host reductions
@@ -278,7 +307,7 @@ impl Element for i32 {
 /// Bytes per chunk of the vectorized loops.
 const CHUNK: usize = 64;
 
-/// A lane word: u8, u16 or u32, little-endian in memory.
+/// A lane word: u8, u16, u32 or u64, little-endian in memory.
 trait Word: Copy {
     const SIZE: usize;
     fn get(b: &[u8; CHUNK], i: usize) -> Self;
@@ -302,6 +331,7 @@ macro_rules! word {
 word!(u8, 1);
 word!(u16, 2);
 word!(u32, 4);
+word!(u64, 8);
 
 /// The chunk of `s` at `c` (always `CHUNK` bytes: callers index whole chunks).
 #[inline(always)]
@@ -511,6 +541,7 @@ fn f16_select(out: &mut [u8], a: Option<&[u8]>, b: &[u8], take: impl Fn(f32, f32
 fn reduce(out: &mut [u8], a: Option<&[u8]>, b: &[u8], dtype: DataType, op: ReduceOp) {
     use ReduceOp::*;
     let (o, f32w, f32n) = (out, f32::from_bits, f32::to_bits);
+    let (f64w, f64n) = (f64::from_bits, f64::to_bits);
     match (dtype, op.partial()) {
         (DataType::F32, Sum) => arith::<u32>(o, a, b, f32w, f32n, add),
         (DataType::F32, Prod) => arith::<u32>(o, a, b, f32w, f32n, mul),
@@ -528,6 +559,20 @@ fn reduce(out: &mut [u8], a: Option<&[u8]>, b: &[u8], dtype: DataType, op: Reduc
         (DataType::I32, Prod) => drive::<u32>(o, a, b, u32::wrapping_mul),
         (DataType::I32, Max) => drive::<u32>(o, a, b, |x, y| (x as i32).max(y as i32) as u32),
         (DataType::I32, Min) => drive::<u32>(o, a, b, |x, y| (x as i32).min(y as i32) as u32),
+        (DataType::U32, Sum) => drive::<u32>(o, a, b, u32::wrapping_add),
+        (DataType::U32, Prod) => drive::<u32>(o, a, b, u32::wrapping_mul),
+        (DataType::U32, Max) => drive::<u32>(o, a, b, u32::max),
+        (DataType::U32, Min) => drive::<u32>(o, a, b, u32::min),
+        (DataType::I64 | DataType::U64, Sum) => drive::<u64>(o, a, b, u64::wrapping_add),
+        (DataType::I64 | DataType::U64, Prod) => drive::<u64>(o, a, b, u64::wrapping_mul),
+        (DataType::I64, Max) => drive::<u64>(o, a, b, |x, y| (x as i64).max(y as i64) as u64),
+        (DataType::I64, Min) => drive::<u64>(o, a, b, |x, y| (x as i64).min(y as i64) as u64),
+        (DataType::U64, Max) => drive::<u64>(o, a, b, u64::max),
+        (DataType::U64, Min) => drive::<u64>(o, a, b, u64::min),
+        (DataType::F64, Sum) => drive::<u64>(o, a, b, |x, y| f64n(f64w(x) + f64w(y))),
+        (DataType::F64, Prod) => drive::<u64>(o, a, b, |x, y| f64n(f64w(x) * f64w(y))),
+        (DataType::F64, Max) => drive::<u64>(o, a, b, |x, y| if f64w(x) < f64w(y) { y } else { x }),
+        (DataType::F64, Min) => drive::<u64>(o, a, b, |x, y| if f64w(y) < f64w(x) { y } else { x }),
         (DataType::U8 | DataType::I8, Sum) => drive::<u8>(o, a, b, u8::wrapping_add),
         (DataType::U8 | DataType::I8, Prod) => drive::<u8>(o, a, b, u8::wrapping_mul),
         (DataType::U8, Max) => drive::<u8>(o, a, b, u8::max),
@@ -562,6 +607,8 @@ pub fn reduce_pair(out: &mut [u8], a: &[u8], b: &[u8], dtype: DataType, op: Redu
 /// Divide every element of a summed buffer by `n` (the exact mean of `Avg`), rounding
 /// once: in f64, then to the type (f16/bf16 through [`f64_to_f32_odd`]; integers
 /// rounded half away from zero, saturating for i8/u8), as [`DataType::set`] does.
+/// 64-bit integers divide exactly in integer arithmetic ([`int_avg`]), the same
+/// rounding without f64's 53-bit limit.
 pub fn finish_avg(buf: &mut [u8], dtype: DataType, n: usize) {
     let d = n as f64;
     match dtype {
@@ -597,6 +644,23 @@ pub fn finish_avg(buf: &mut [u8], dtype: DataType, n: usize) {
             ((w as i8 as f64 / d).round().clamp(-128.0, 127.0) as i8) as u8
         }),
         DataType::U8 => map_words::<u8>(buf, |w| (w as f64 / d).round().clamp(0.0, 255.0) as u8),
+        DataType::U32 => map_words::<u32>(buf, |w| (w as f64 / d).round() as u32),
+        DataType::F64 => map_words::<u64>(buf, |w| (f64::from_bits(w) / d).to_bits()),
+        DataType::I64 => map_words::<u64>(buf, |w| int_avg(w as i64 as i128, n) as i64 as u64),
+        DataType::U64 => map_words::<u64>(buf, |w| int_avg(w as i128, n) as u64),
+    }
+}
+
+/// `s / n` rounded half away from zero, exactly (the 64-bit integers' `Avg`; the
+/// result of a 64-bit sum always fits its type again).
+#[inline(always)]
+pub fn int_avg(s: i128, n: usize) -> i128 {
+    let n = n.max(1) as i128;
+    let (q, r) = (s / n, s % n);
+    if 2 * r.abs() >= n {
+        q + s.signum()
+    } else {
+        q
     }
 }
 
@@ -642,6 +706,19 @@ mod tests {
                 a.copy_from_slice(bytemuck::bytes_of(&r));
             }
         }
+        // Integers wrap.
+        macro_rules! int {
+            ($t:ty) => {
+                one::<$t>(
+                    acc,
+                    src,
+                    op,
+                    <$t>::wrapping_add,
+                    <$t>::wrapping_mul,
+                    |a, b| a < b,
+                )
+            };
+        }
         match dt {
             DataType::F32 => one::<f32>(acc, src, op, |a, b| a + b, |a, b| a * b, |a, b| a < b),
             DataType::F16 => one::<f16>(
@@ -660,25 +737,35 @@ mod tests {
                 |a, b| bf16::from_f32(a.to_f32() * b.to_f32()),
                 |a, b| a < b,
             ),
-            DataType::I32 => one::<i32>(
-                acc,
-                src,
-                op,
-                i32::wrapping_add,
-                i32::wrapping_mul,
-                |a, b| a < b,
-            ),
-            DataType::I8 => one::<i8>(acc, src, op, i8::wrapping_add, i8::wrapping_mul, |a, b| {
-                a < b
-            }),
-            DataType::U8 => one::<u8>(acc, src, op, u8::wrapping_add, u8::wrapping_mul, |a, b| {
-                a < b
-            }),
+            DataType::I8 => int!(i8),
+            DataType::U8 => int!(u8),
+            DataType::I32 => int!(i32),
+            DataType::U32 => int!(u32),
+            DataType::I64 => int!(i64),
+            DataType::U64 => int!(u64),
+            DataType::F64 => one::<f64>(acc, src, op, |a, b| a + b, |a, b| a * b, |a, b| a < b),
         }
     }
 
-    /// The element-by-element `finish_avg` (through `get`/`set`).
+    /// The element-by-element `finish_avg` (through `get`/`set`; 64-bit integers by the
+    /// definition of rounding half away from zero, on i128).
     fn scalar_avg(buf: &mut [u8], dt: DataType, n: usize) {
+        if matches!(dt, DataType::I64 | DataType::U64) {
+            for c in buf.chunks_exact_mut(8) {
+                let v = u64::from_le_bytes(c.try_into().unwrap());
+                let s = if dt == DataType::I64 {
+                    v as i64 as i128
+                } else {
+                    v as i128
+                };
+                let (q, twice_r) = (s.div_euclid(n as i128), 2 * s.rem_euclid(n as i128));
+                // floor, then up where the remainder is over half, or half and positive
+                let up = twice_r > n as i128 || (twice_r == n as i128 && s >= 0);
+                let r = q + i128::from(up);
+                c.copy_from_slice(&(r as u64).to_le_bytes());
+            }
+            return;
+        }
         for i in 0..buf.len() / dt.size() {
             let v = dt.get(buf, i) / n as f64;
             dt.set(buf, i, v);
@@ -690,6 +777,16 @@ mod tests {
         *s ^= *s >> 7;
         *s ^= *s << 17;
         *s
+    }
+
+    /// Every pair of the elements `sp` (little-endian bytes), appended to `a` and `b`.
+    fn every_pair<const N: usize>(sp: &[[u8; N]], a: &mut Vec<u8>, b: &mut Vec<u8>) {
+        for p in sp {
+            for q in sp {
+                a.extend(p);
+                b.extend(q);
+            }
+        }
     }
 
     /// Operand pairs as bytes: for 16-bit types every pattern against specials (zeros,
@@ -736,6 +833,39 @@ mod tests {
                     }
                 }
             }
+            8 => {
+                // f64 specials (zeros, one, infinities, NaNs, extremes, subnormals) that
+                // are also i64/u64 extremes and signs.
+                let sp: [u64; 12] = [
+                    0,
+                    1 << 63,
+                    0x3FF0_0000_0000_0000,
+                    0x7FF0_0000_0000_0000,
+                    0xFFF0_0000_0000_0000,
+                    0x7FF8_0000_0000_0000,
+                    0x7FF0_0000_0000_0001,
+                    0xFFF8_0000_0000_1234,
+                    0x7FEF_FFFF_FFFF_FFFF,
+                    1,
+                    u64::MAX,
+                    0x7FFF_FFFF_FFFF_FFFF,
+                ];
+                let n = if cfg!(miri) { 50 } else { 20_000 };
+                for _ in 0..n {
+                    let (x, y) = (xorshift(&mut s), xorshift(&mut s));
+                    for (p, q) in [
+                        (x, y),
+                        (x, sp[(y % 12) as usize]),
+                        (sp[(x >> 8) as usize % 12], y),
+                        // small integers (products and sums that do not wrap)
+                        (x % 1000, (y % 2001).wrapping_sub(1000)),
+                    ] {
+                        a.extend(p.to_le_bytes());
+                        b.extend(q.to_le_bytes());
+                    }
+                }
+                every_pair(&sp.map(|x| x.to_le_bytes()), &mut a, &mut b);
+            }
             _ => {
                 let sp: [u32; 14] = [
                     0,
@@ -767,12 +897,7 @@ mod tests {
                         b.extend(q.to_le_bytes());
                     }
                 }
-                for &p in &sp {
-                    for &q in &sp {
-                        a.extend(p.to_le_bytes());
-                        b.extend(q.to_le_bytes());
-                    }
-                }
+                every_pair(&sp.map(|x| x.to_le_bytes()), &mut a, &mut b);
             }
         }
         (a, b)
@@ -937,7 +1062,10 @@ mod tests {
     #[test]
     fn parse_names() {
         assert_eq!("bf16".parse::<DataType>().unwrap(), DataType::BF16);
-        assert!("f64".parse::<DataType>().is_err());
+        assert_eq!("f64".parse::<DataType>().unwrap(), DataType::F64);
+        assert_eq!("int64".parse::<DataType>().unwrap(), DataType::I64);
+        assert!("f8".parse::<DataType>().is_err());
+        assert_eq!(DataType::from_raw(4).unwrap(), DataType::I64);
         assert_eq!(DataType::from_raw(9).unwrap(), DataType::BF16);
         assert!(DataType::from_raw(42).is_err());
         assert_eq!("avg".parse::<ReduceOp>().unwrap(), ReduceOp::Avg);

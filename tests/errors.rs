@@ -47,8 +47,8 @@ fn bad_specs_and_dtypes() {
         let e = Topology::parse(s).unwrap_err();
         assert_eq!(e.code(), 4, "{s}: {e}");
     }
-    assert!("f64".parse::<DataType>().is_err());
-    assert!(DataType::from_raw(3).is_err());
+    assert!("f8".parse::<DataType>().is_err());
+    assert!(DataType::from_raw(10).is_err());
     assert!(ReduceOp::from_raw(17).is_err());
     assert!("bogus".parse::<strata::Algo>().is_err());
 }

@@ -629,7 +629,7 @@ use strata::dtype::{finish_avg, reduce_into};
 /// Bit patterns worth combining, per element type: NaNs (quiet, signalling, negative,
 /// with payloads), infinities, signed zeros, subnormals, the extremes, values whose sum or
 /// product overflows (f16: 65504, 32768, 255.9), ones; the integer extremes.
-fn special_bits(dt: DataType) -> &'static [u32] {
+fn special_bits(dt: DataType) -> &'static [u64] {
     match dt {
         DataType::F32 => &[
             0x7fc0_0000,
@@ -663,7 +663,7 @@ fn special_bits(dt: DataType) -> &'static [u32] {
             0x7f7f, 0xff7f, 0x3f80, 0xbf80, 0x5f80, 0x1f80, 0x3eab,
         ],
         DataType::I8 | DataType::U8 => &[0, 1, 0xff, 0x7f, 0x80, 0x81, 2, 0x10],
-        DataType::I32 => &[
+        DataType::I32 | DataType::U32 => &[
             0,
             1,
             0xffff_ffff,
@@ -672,6 +672,36 @@ fn special_bits(dt: DataType) -> &'static [u32] {
             0x8000_0001,
             0x0001_0000,
             0xffff_0000,
+        ],
+        DataType::I64 | DataType::U64 => &[
+            0,
+            1,
+            u64::MAX,
+            0x7fff_ffff_ffff_ffff,
+            1 << 63,
+            (1 << 63) + 1,
+            0x0000_0001_0000_0000,
+            0xffff_ffff_0000_0000,
+            0x0020_0000_0000_0001,
+        ],
+        DataType::F64 => &[
+            0x7ff8_0000_0000_0000,
+            0x7ff0_0000_0000_0001,
+            0xfff8_0000_1234_5678,
+            0x7fff_ffff_ffff_ffff,
+            0x7ff0_0000_0000_0000,
+            0xfff0_0000_0000_0000,
+            0,
+            1 << 63,
+            1,
+            (1 << 63) + 1,
+            0x000f_ffff_ffff_ffff,
+            0x0010_0000_0000_0000,
+            0x7fef_ffff_ffff_ffff,
+            0xffef_ffff_ffff_ffff,
+            0x3ff0_0000_0000_0000,
+            0xbff0_0000_0000_0000,
+            0x3ca0_0000_0000_0000,
         ],
     }
 }
@@ -686,7 +716,7 @@ fn operands(rng: &mut Rng, n: usize, dt: DataType) -> Vec<u8> {
     for e in out.chunks_mut(s) {
         let bits = match rng.below(8) {
             0 | 1 => specials[rng.below(specials.len() as u64) as usize],
-            2 => rng.next() as u32,
+            2 => rng.next(),
             _ => continue,
         };
         e.copy_from_slice(&bits.to_le_bytes()[..s]);
@@ -699,6 +729,7 @@ fn is_nan(dt: DataType, e: &[u8]) -> bool {
         DataType::F32 => f32::from_le_bytes([e[0], e[1], e[2], e[3]]).is_nan(),
         DataType::F16 => u16::from_le_bytes([e[0], e[1]]) & 0x7fff > 0x7c00,
         DataType::BF16 => u16::from_le_bytes([e[0], e[1]]) & 0x7fff > 0x7f80,
+        DataType::F64 => f64::from_le_bytes(e[..8].try_into().unwrap()).is_nan(),
         _ => false,
     }
 }

@@ -6,12 +6,9 @@ use proptest::prelude::*;
 use strata::check::{run_checked, run_checked_coalesced, Kind};
 use strata::{Algo, DataType, ReduceOp};
 
+/// Every element type (NCCL's, fp8 aside).
 fn dtype() -> impl Strategy<Value = DataType> {
-    prop_oneof![
-        Just(DataType::F32),
-        Just(DataType::F16),
-        Just(DataType::BF16)
-    ]
+    prop::sample::select(DataType::ALL.to_vec())
 }
 
 fn redop() -> impl Strategy<Value = ReduceOp> {

@@ -8,21 +8,28 @@ use half::{bf16, f16};
 use std::ffi::c_int;
 use strata::capi::*;
 
-pub const DTYPES: [c_int; 6] = [
+pub const DTYPES: [c_int; 10] = [
     strataInt8,
     strataUint8,
     strataInt32,
+    strataUint32,
+    strataInt64,
+    strataUint64,
     strataFloat16,
     strataFloat32,
+    strataFloat64,
     strataBfloat16,
 ];
 pub const OPS: [c_int; 5] = [strataSum, strataProd, strataMax, strataMin, strataAvg];
-pub const FLOATS: [c_int; 3] = [strataFloat16, strataFloat32, strataBfloat16];
+pub const FLOATS: [c_int; 4] = [strataFloat16, strataFloat32, strataFloat64, strataBfloat16];
+/// The element types of the quantized collectives.
+pub const QUANT_FLOATS: [c_int; 3] = [strataFloat16, strataFloat32, strataBfloat16];
 
 pub fn size(dt: c_int) -> usize {
     match dt {
         strataInt8 | strataUint8 => 1,
         strataFloat16 | strataBfloat16 => 2,
+        strataInt64 | strataUint64 | strataFloat64 => 8,
         _ => 4,
     }
 }
@@ -54,7 +61,7 @@ impl Values {
         if self.quant {
             return ((h % 17) as f64 - 8.0) / 2.0;
         }
-        let unsigned = self.dt == strataUint8;
+        let unsigned = matches!(self.dt, strataUint8 | strataUint32 | strataUint64);
         if self.op == strataProd {
             // At most three factors of 2 (|product| <= 8): exact in every dtype.
             return if rank < 3 && h % 3 == 0 {
@@ -110,6 +117,7 @@ impl Values {
             strataFloat16 => 1e-3,
             strataBfloat16 => 8e-3,
             strataFloat32 => 1e-6,
+            strataFloat64 => 1e-15,
             _ => 0.0,
         } * want.abs().max(1.0);
         if !self.quant {
@@ -132,6 +140,10 @@ pub fn encode(dt: c_int, v: f64, b: &mut [u8]) {
         strataInt8 => b[0] = v as i8 as u8,
         strataUint8 => b[0] = v as u8,
         strataInt32 => b.copy_from_slice(&(v as i32).to_le_bytes()),
+        strataUint32 => b.copy_from_slice(&(v as u32).to_le_bytes()),
+        strataInt64 => b.copy_from_slice(&(v as i64).to_le_bytes()),
+        strataUint64 => b.copy_from_slice(&(v as u64).to_le_bytes()),
+        strataFloat64 => b.copy_from_slice(&v.to_le_bytes()),
         strataFloat16 => b.copy_from_slice(&f16::from_f64(v).to_le_bytes()),
         strataBfloat16 => b.copy_from_slice(&bf16::from_f64(v).to_le_bytes()),
         _ => b.copy_from_slice(&(v as f32).to_le_bytes()),
@@ -143,6 +155,10 @@ pub fn decode(dt: c_int, b: &[u8]) -> f64 {
         strataInt8 => b[0] as i8 as f64,
         strataUint8 => b[0] as f64,
         strataInt32 => i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64,
+        strataUint32 => u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64,
+        strataInt64 => i64::from_le_bytes(b[..8].try_into().unwrap_or([0; 8])) as f64,
+        strataUint64 => u64::from_le_bytes(b[..8].try_into().unwrap_or([0; 8])) as f64,
+        strataFloat64 => f64::from_le_bytes(b[..8].try_into().unwrap_or([0; 8])),
         strataFloat16 => f16::from_le_bytes([b[0], b[1]]).to_f64(),
         strataBfloat16 => bf16::from_le_bytes([b[0], b[1]]).to_f64(),
         _ => f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64,
@@ -150,7 +166,7 @@ pub fn decode(dt: c_int, b: &[u8]) -> f64 {
 }
 
 fn round_to(dt: c_int, v: f64) -> f64 {
-    let mut b = [0u8; 4];
+    let mut b = [0u8; 8];
     let s = size(dt);
     encode(dt, v, &mut b[..s]);
     decode(dt, &b[..s])

@@ -4,7 +4,7 @@
 
 use crate::bad::{Bad, COLLS};
 use crate::coll::{Coll, Kind};
-use crate::data::{DTYPES, FLOATS, OPS};
+use crate::data::{DTYPES, OPS, QUANT_FLOATS};
 use arbitrary::Unstructured;
 use std::ffi::c_int;
 use strata::capi::*;
@@ -115,14 +115,14 @@ pub fn coll(d: &mut Dec, n: usize, p2p: bool) -> Coll {
             root: d.int(0, n - 1),
         },
         7 => {
-            dt = d.pick(&FLOATS);
+            dt = d.pick(&QUANT_FLOATS);
             Kind::AllGatherQ {
                 bits: d.pick(&[4, 8]),
                 block: block(d),
             }
         }
         8 => {
-            dt = d.pick(&FLOATS);
+            dt = d.pick(&QUANT_FLOATS);
             op = d.pick(&[strataSum, strataAvg]);
             Kind::ReduceScatterQ {
                 bits: d.pick(&[4, 8]),
@@ -162,7 +162,7 @@ pub fn bad(d: &mut Dec, grouped: bool) -> Bad {
         2 => Bad::Dead(w, v),
         3 => Bad::Dtype(
             w,
-            d.pick(&[3, 4, 5, 8, 10, -1, c_int::MIN, c_int::MAX, 255]),
+            d.pick(&[10, 11, 12, 42, -1, c_int::MIN, c_int::MAX, 255]),
         ),
         4 => Bad::Op(w, d.pick(&[5, 6, -1, 99, c_int::MAX, c_int::MIN])),
         5 => Bad::Root(d.chance(1, 2), root_bad(d)),

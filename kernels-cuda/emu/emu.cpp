@@ -126,6 +126,8 @@ int main(int argc, char** argv) {
   }
   EMU_RED(f32, float) EMU_RED(f16, StrataF16) EMU_RED(bf16, StrataBF16)
   EMU_RED(i8, signed char) EMU_RED(u8, unsigned char) EMU_RED(i32, int)
+  EMU_RED(u32, unsigned int) EMU_RED(i64, long long) EMU_RED(u64, unsigned long long)
+  EMU_RED(f64, double)
   if (!found) { std::fprintf(stderr, "unknown kernel %s\n", name.c_str()); return 2; }
 
   FILE* o = std::fopen(argv[6], "wb");

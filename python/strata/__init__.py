@@ -35,9 +35,10 @@ Semantics are the C ABI's (NCCL's):
   Stream-ordered, as NCCL: the collective runs after the work queued on that stream
   before the call and before the work queued on it after, and the call returns without
   waiting for the device.
-- The dtype is taken from the array (float32, float16, int8, uint8, int32, and bfloat16
-  from ml_dtypes or torch); pass ``dtype="bf16"`` to reinterpret, e.g., a uint16 array
-  as bfloat16.
+- The dtype is taken from the array (float32, float64, float16, int8, uint8, int32,
+  uint32, int64, uint64, and bfloat16 from ml_dtypes or torch: NCCL's types but fp8);
+  pass ``dtype="bf16"`` to reinterpret, e.g., a uint16 array as bfloat16. Integers
+  wrap; 64-bit integers reduce and average exactly.
 - Counts are inferred from the arrays (``count=`` overrides); in-place calls are NCCL's
   layouts, recognised from the pointers: ``all_gather(recv[r*n:(r+1)*n], recv)``,
   ``reduce_scatter(send, send[r*n:(r+1)*n])``, ``all_reduce(x)`` / ``broadcast(x)``.
@@ -110,18 +111,21 @@ RESULT_NAMES = {
     7: "strataInProgress",
 }
 
-INT8, UINT8, INT32, FLOAT16, FLOAT32, BFLOAT16 = 0, 1, 2, 6, 7, 9
+INT8, UINT8, INT32, UINT32, INT64, UINT64, FLOAT16, FLOAT32, FLOAT64, BFLOAT16 = range(10)
 DTYPES = {
     "i8": INT8, "int8": INT8,
     "u8": UINT8, "uint8": UINT8,
     "i32": INT32, "int32": INT32,
+    "u32": UINT32, "uint32": UINT32,
+    "i64": INT64, "int64": INT64,
+    "u64": UINT64, "uint64": UINT64,
     "f16": FLOAT16, "float16": FLOAT16, "half": FLOAT16,
     "f32": FLOAT32, "float32": FLOAT32, "float": FLOAT32,
+    "f64": FLOAT64, "float64": FLOAT64, "double": FLOAT64,
     "bf16": BFLOAT16, "bfloat16": BFLOAT16,
 }  # fmt: skip
-DTYPE_SIZES = {INT8: 1, UINT8: 1, INT32: 4, FLOAT16: 2, FLOAT32: 4, BFLOAT16: 2}
-# NCCL values strata does not support: passed through so the library reports them.
-_NCCL_ONLY = {"uint32": 3, "int64": 4, "uint64": 5, "float64": 8}
+DTYPE_SIZES = {INT8: 1, UINT8: 1, INT32: 4, UINT32: 4, INT64: 8, UINT64: 8, FLOAT16: 2,
+               FLOAT32: 4, FLOAT64: 8, BFLOAT16: 2}  # fmt: skip
 
 SUM, PROD, MAX, MIN, AVG = 0, 1, 2, 3, 4
 OPS = {"sum": SUM, "prod": PROD, "max": MAX, "min": MIN, "avg": AVG, "mean": AVG}
@@ -401,10 +405,11 @@ def _config(transport=None, topology=None, algo=None, timeout=None) -> Config:
 # ---- buffers ----
 
 _TYPESTR = {"f4": FLOAT32, "f2": FLOAT16, "i1": INT8, "u1": UINT8, "i4": INT32,
-            "u4": 3, "i8": 4, "u8": 5, "f8": 8}  # fmt: skip
+            "u4": UINT32, "i8": INT64, "u8": UINT64, "f8": FLOAT64}  # fmt: skip
 _TORCH = {"torch.float32": FLOAT32, "torch.float16": FLOAT16, "torch.bfloat16": BFLOAT16,
           "torch.int8": INT8, "torch.uint8": UINT8, "torch.int32": INT32,
-          "torch.float64": 8, "torch.int64": 4}  # fmt: skip
+          "torch.uint32": UINT32, "torch.int64": INT64, "torch.uint64": UINT64,
+          "torch.float64": FLOAT64}  # fmt: skip
 
 
 class _Buf:
@@ -424,9 +429,8 @@ def _dtype_code(d: Any) -> int:
     s = str(d).lower()
     if s in DTYPES:
         return DTYPES[s]
-    if s in _NCCL_ONLY:
-        return _NCCL_ONLY[s]
-    raise StrataError(INVALID_ARGUMENT, f"unknown dtype {d!r} (f32, f16, bf16, i8, u8, i32)")
+    raise StrataError(INVALID_ARGUMENT, f"unknown dtype {d!r} (f32, f16, bf16, f64, i8, u8, i32, u32, "
+                      "i64, u64)")
 
 
 def _interface(obj: Any, ai: dict, writable: bool, what: str, torch_device: Any = None) -> _Buf:
@@ -518,7 +522,7 @@ def _resolve_dtype(dtype: Any, *bufs: Optional[_Buf]) -> int:
 
 
 def _size_of(code: int) -> int:
-    # Unsupported NCCL codes: any size; the library rejects the dtype itself.
+    # Unknown codes (NCCL's fp8): any size; the library rejects the dtype itself.
     return DTYPE_SIZES.get(code, 1)
 
 

@@ -26,10 +26,10 @@
   ``send``, ``recv``, ``reduce`` (an all-reduce; the non-root tensors are left as they
   were), and coalescing (``_start_coalescing`` / ``_end_coalescing``).
   Reduce ops SUM, AVG (the exact mean), MAX, MIN, PRODUCT and PREMUL_SUM; reductions on
-  float32, float16, bfloat16, int8, uint8, int32, and all-reduce on float64 (an all-gather,
-  then a local reduction in rank order: DeepSpeed's ZeRO all-reduces its gradient norms in
-  float64); data movement on any dtype. Anything else raises a ``RuntimeError`` naming the
-  method.
+  float32, float64, float16, bfloat16, int8, uint8, int32, int64 (exact: token and sample
+  counts), uint32 and uint64 where torch has them, and bool as ProcessGroupNCCL does it
+  (SUM and MAX are a logical or, PRODUCT and MIN a logical and, AVG refused); data
+  movement on any dtype. Anything else raises a ``RuntimeError`` naming the method.
 - Every call returns a ``Work`` at once (CPU: strata's nonblocking calls on the
   communicator's host stream, completed by a waiter thread; CUDA: complete, the call
   being ordered on the stream). Until it completes the tensors are strata's. A CPU
@@ -55,7 +55,8 @@ __all__ = ["ProcessGroupStrata", "BACKEND", "AllGather", "ReduceScatter", "set_c
 
 BACKEND = "strata"
 
-_REDUCE_DTYPES = {torch.float32, torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.int32}
+_REDUCE_DTYPES = {torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
+                  torch.int32, torch.int64} | {getattr(torch, n) for n in ("uint32", "uint64") if hasattr(torch, n)}
 _WORLD: dict = {}
 _LOCK = threading.Lock()
 
@@ -121,9 +122,24 @@ def _redop(op: Any, method: str):
 
 
 def _check_reduce_dtype(t: torch.Tensor, method: str) -> None:
-    if t.dtype not in _REDUCE_DTYPES:
-        raise _unsupported(method, f"reductions on {t.dtype} (strata reduces float32, float16, "
-                           "bfloat16, int8, uint8, int32)")
+    if t.dtype not in _REDUCE_DTYPES and t.dtype != torch.bool:
+        raise _unsupported(method, f"reductions on {t.dtype} (strata reduces float32, float64, "
+                           "float16, bfloat16, int8, uint8, int32, int64, uint32, uint64, bool)")
+
+
+def _bool_op(name: str, tensors: Sequence[torch.Tensor], method: str) -> str:
+    """The op on bool tensors (their bytes, 0 or 1, as uint8), as ProcessGroupNCCL maps it:
+    SUM and MAX are a logical or, PRODUCT and MIN a logical and; AVG has no meaning."""
+    if not any(t.dtype == torch.bool for t in tensors):
+        return name
+    if name == "avg":
+        raise _unsupported(method, "AVG on bool tensors")
+    return {"sum": "max", "prod": "min"}.get(name, name)
+
+
+def _reducible(t: torch.Tensor) -> torch.Tensor:
+    """What strata reduces for ``t``: itself, or a bool tensor's bytes as uint8."""
+    return t.view(torch.uint8) if t.dtype == torch.bool else t
 
 
 def _movable(t: torch.Tensor) -> torch.Tensor:
@@ -257,11 +273,12 @@ class ProcessGroupStrata(dist.ProcessGroup):
 
     def _allreduce(self, method: str, tensors: List[torch.Tensor], op: Any) -> dist.Work:
         name, factor = _redop(op, method)
-        if any(t.dtype == torch.float64 for t in tensors):
-            return self._allreduce_gathered(method, tensors, name, factor)
+        name = _bool_op(name, tensors, method)
         work_ts, posts = [], []
         for t in tensors:
             _check_reduce_dtype(t, method)
+            if factor is not None and t.dtype == torch.bool:
+                raise _unsupported(method, "PREMUL_SUM on bool tensors")
             w = t if t.is_contiguous() else t.contiguous()
             if factor is not None:
                 w = w * factor if w is t else w.mul_(factor)
@@ -270,7 +287,8 @@ class ProcessGroupStrata(dist.ProcessGroup):
             work_ts.append(w)
 
         def run(comm, a):
-            return self._grouped([lambda w=w: comm.all_reduce(w, op=name, async_op=a) for w in work_ts])
+            return self._grouped([lambda w=w: comm.all_reduce(_reducible(w), op=name, async_op=a)
+                                  for w in work_ts])
 
         def post():
             for t, w in posts:
@@ -286,40 +304,6 @@ class ProcessGroupStrata(dist.ProcessGroup):
         if self.rank() != root:
             tensors = [t.clone(memory_format=torch.contiguous_format) for t in tensors]
         return self._allreduce("reduce", tensors, op)
-
-    def _allreduce_gathered(self, method: str, tensors: List[torch.Tensor], name: str,
-                            factor: Any) -> dist.Work:
-        """float64, which strata does not reduce (DeepSpeed's ZeRO all-reduces its gradient
-        norms in float64): all-gather every rank's tensor, then reduce locally in rank
-        order, the same result on every rank."""
-        n = self.size()
-        items = []
-        for t in tensors:
-            src = t.detach().contiguous().reshape(-1)
-            if factor is not None:
-                src = src * factor
-            items.append((t, src, torch.empty((n, src.numel()), dtype=t.dtype, device=t.device)))
-
-        def run(comm, a):
-            return self._grouped([lambda s=s, g=g: comm.all_gather(_movable(s), _movable(g), async_op=a)
-                                  for _, s, g in items])
-
-        def post():
-            for t, _, g in items:
-                acc = g[0].clone()
-                for k in range(1, n):
-                    if name in ("sum", "avg"):
-                        acc.add_(g[k])
-                    elif name == "max":
-                        acc = torch.maximum(acc, g[k])
-                    elif name == "min":
-                        acc = torch.minimum(acc, g[k])
-                    else:
-                        acc.mul_(g[k])
-                if name == "avg":
-                    acc.div_(n)
-                t.copy_(acc.reshape(t.shape))
-        return self._issue(method, tensors, run, tensors, post)
 
     # -- all-gather --
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
@@ -391,10 +375,13 @@ class ProcessGroupStrata(dist.ProcessGroup):
     def _rs_pairs(self, method: str, outputs: List[torch.Tensor], inputs: List[torch.Tensor],
                   op: Any) -> dist.Work:
         name, factor = _redop(op, method)
+        name = _bool_op(name, inputs, method)
         n = self.size()
         pairs, posts = [], []
         for o, i in zip(outputs, inputs):
             _check_reduce_dtype(i, method)
+            if factor is not None and i.dtype == torch.bool:
+                raise _unsupported(method, "PREMUL_SUM on bool tensors")
             if i.numel() != n * o.numel() or o.dtype != i.dtype:
                 raise _unsupported(method, f"input of {i.numel()} {i.dtype} for output of "
                                    f"{o.numel()} {o.dtype} over {n} ranks")
@@ -407,7 +394,8 @@ class ProcessGroupStrata(dist.ProcessGroup):
             pairs.append((ic, oc))
 
         def run(comm, a):
-            return self._grouped([lambda s=s, r=r: comm.reduce_scatter(s, r, op=name, async_op=a)
+            return self._grouped([lambda s=s, r=r: comm.reduce_scatter(_reducible(s), _reducible(r), op=name,
+                                                                       async_op=a)
                                   for s, r in pairs])
 
         def post():

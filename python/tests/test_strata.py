@@ -60,7 +60,7 @@ def test_rank_and_size(comms):
     assert all(c.size == N for c in comms)
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32, np.int8])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.int32, np.int8, np.int64, np.float64])
 def test_all_gather(comms, dtype):
     def body(c, r):
         send = val(r, 5, dtype)
@@ -161,6 +161,55 @@ def test_all_reduce_f16(comms):
     want = reference("sum", [val(p, 6) for p in range(N)])
     for x in on_ranks(comms, body):
         np.testing.assert_array_equal(x.astype(np.float64), want)
+
+
+@pytest.mark.parametrize("op", ["sum", "avg", "max", "min"])
+def test_all_reduce_64_bit_integers_are_exact(comms, op):
+    # Values past 2^53, where a trip through float64 would round; avg rounds half away
+    # from zero; uint64 sums wrap.
+    big = np.int64(1) << 58
+
+    def body(c, r):
+        x = np.array([big + r, -big - 3 * r, r - 4, 7], np.int64)
+        u = np.array([np.uint64(2**63) + np.uint64(r), r], np.uint64)
+        c.all_reduce(x, op=op)
+        c.all_reduce(u, op=op)
+        return x, u
+
+    xs = [[int(big) + r, -int(big) - 3 * r, r - 4, 7] for r in range(N)]
+    us = [[2**63 + r, r] for r in range(N)]
+
+    def ref(rows, wrap):
+        out = []
+        for col in zip(*rows):
+            if op == "sum":
+                v = sum(col)
+            elif op == "max":
+                v = max(col)
+            elif op == "min":
+                v = min(col)
+            else:
+                s = sum(col) % 2**64 if wrap else sum(col)
+                s = s if wrap or s < 2**63 else s - 2**64
+                q, rem = divmod(abs(s), N)
+                v = (q + (2 * rem >= N)) * (1 if s >= 0 else -1)
+            out.append(v % 2**64 if wrap else v)
+        return out
+
+    for x, u in on_ranks(comms, body):
+        assert [int(v) for v in x] == ref(xs, False)
+        assert [int(v) for v in u] == ref(us, True)
+
+
+def test_all_reduce_f64(comms):
+    def body(c, r):
+        x = np.array([0.1 * r, 1e308, -2.5, r], np.float64)
+        c.all_reduce(x, op="sum")
+        return x
+
+    for x in on_ranks(comms, body):
+        assert x[2] == -2.5 * N and x[3] == sum(range(N)) and np.isinf(x[1])
+        np.testing.assert_allclose(x[0], 0.1 * sum(range(N)), rtol=1e-15)
 
 
 def test_all_to_all(comms):
@@ -388,10 +437,10 @@ def test_objects_with_a_data_pointer(comms):
 def test_errors_carry_code_and_last_error(comms):
     c = comms[0]
     x = np.zeros(4, np.float32)
-    # Unknown dtype: passed to the library, which names it.
+    # Unknown dtype (NCCL's fp8 e4m3): passed to the library, which names it.
     with pytest.raises(strata.StrataError) as e:
-        c.all_reduce(np.zeros(4, np.float64))
-    assert e.value.code == 4 and "strataAllReduce" in e.value.message and "datatype 8" in e.value.message
+        c.all_reduce(x, dtype=10)
+    assert e.value.code == 4 and "strataAllReduce" in e.value.message and "datatype 10" in e.value.message
     assert c.last_error == e.value.message
     with pytest.raises(strata.StrataError) as e:
         c.all_reduce(x, op=17)

@@ -26,8 +26,9 @@ import torch.distributed as dist  # noqa: E402
 import strata.torch  # noqa: E402,F401  (registers the backend)
 
 R = dist.ReduceOp
-DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int8, torch.uint8]
-FLOATS = {torch.float32, torch.float16, torch.bfloat16}
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.int8,
+          torch.uint8, torch.bool]
+FLOATS = {torch.float32, torch.float64, torch.float16, torch.bfloat16}
 calls = 0
 
 
@@ -36,8 +37,13 @@ def data(n, dtype, rank, salt):
     if dtype in FLOATS:
         # Small integers in float: sums are exact in every order, so gloo == strata bitwise.
         return torch.randint(-4, 5, (n,), generator=g).to(dtype)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, (n,), generator=g).to(dtype)
     hi = 3 if dtype in (torch.int8, torch.uint8) else 50
     lo = 0 if dtype == torch.uint8 else -hi
+    if dtype == torch.int64:
+        # past 2^53 (float64 would round) and small enough that 8 ranks' sums fit
+        return torch.randint(lo, hi, (n,), generator=g).to(dtype) + (1 << 58)
     return torch.randint(lo, hi, (n,), generator=g).to(dtype)
 
 
@@ -61,7 +67,7 @@ def ops_for(dtype):
     ops = [("sum", R.SUM), ("max", R.MAX), ("min", R.MIN)]
     if dtype in FLOATS:
         ops += [("avg", R.AVG), ("premul", dist._make_nccl_premul_sum(0.5))]
-    if dtype == torch.float32:
+    if dtype in (torch.float32, torch.float64, torch.bool):
         ops += [("prod", R.PRODUCT)]
     return ops
 
@@ -73,7 +79,7 @@ def gloo_op(name, op):
 
 def fix(name, t, p):
     if name == "avg":
-        return (t.float() / p).to(t.dtype) if t.dtype in FLOATS else t
+        return (t.double() / p).to(t.dtype) if t.dtype in FLOATS else t
     if name == "premul":
         return t * 0.5
     return t
@@ -188,12 +194,12 @@ def check_group(sg, gg, tag, salt):
         same(got, torch.full((6,), float(prv)), f"{tag} send/recv ring")
     dist.barrier(group=sg)
     try:
-        dist.all_reduce(torch.zeros(3, dtype=torch.int64), group=sg)
+        dist.all_reduce(torch.ones(3, dtype=torch.bool), op=R.AVG, group=sg)
     except RuntimeError as e:
-        if "strata backend: allreduce" not in str(e):
+        if "strata backend: allreduce: AVG on bool" not in str(e):
             raise
     else:
-        raise AssertionError("int64 all_reduce was accepted")
+        raise AssertionError("AVG on bool was accepted")
 
 
 def main():

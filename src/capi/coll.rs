@@ -31,7 +31,7 @@ use crate::memory::Buffer;
 fn dtype(v: strataDataType_t) -> Result<DataType> {
     DataType::from_raw(v).map_err(|_| {
         Error::InvalidArgument(format!(
-            "datatype {v} is not supported (strataInt8 0, strataUint8 1, strataInt32 2, strataFloat16 6, strataFloat32 7, strataBfloat16 9)"
+            "datatype {v} is not supported (strataInt8 0 to strataBfloat16 9: int8, uint8, int32, uint32, int64, uint64, float16, float32, float64, bfloat16)"
         ))
     })
 }

@@ -98,18 +98,24 @@ pub const strataInProgress: strataResult_t = 7;
 /// Number of result codes.
 pub const strataNumResults: strataResult_t = 8;
 
-/// Element type; the values are `ncclDataType_t`'s. Other NCCL values (uint32, int64,
-/// uint64, float64) are rejected with `strataInvalidArgument`.
+/// Element type; the values are `ncclDataType_t`'s, every NCCL type but the fp8 ones
+/// (rejected with `strataInvalidArgument`). Integers wrap; 64-bit integers reduce and
+/// average exactly (no trip through double); f16/bf16 reduce in f32.
 pub type strataDataType_t = c_int;
 pub const strataInt8: strataDataType_t = 0;
 pub const strataChar: strataDataType_t = 0;
 pub const strataUint8: strataDataType_t = 1;
 pub const strataInt32: strataDataType_t = 2;
 pub const strataInt: strataDataType_t = 2;
+pub const strataUint32: strataDataType_t = 3;
+pub const strataInt64: strataDataType_t = 4;
+pub const strataUint64: strataDataType_t = 5;
 pub const strataFloat16: strataDataType_t = 6;
 pub const strataHalf: strataDataType_t = 6;
 pub const strataFloat32: strataDataType_t = 7;
 pub const strataFloat: strataDataType_t = 7;
+pub const strataFloat64: strataDataType_t = 8;
+pub const strataDouble: strataDataType_t = 8;
 pub const strataBfloat16: strataDataType_t = 9;
 
 /// Reduction operator; the values are `ncclRedOp_t`'s. f16/bf16 reduce in f32 and round
@@ -530,6 +536,10 @@ mod tests {
             (strataInt8, DataType::I8),
             (strataUint8, DataType::U8),
             (strataInt32, DataType::I32),
+            (strataUint32, DataType::U32),
+            (strataInt64, DataType::I64),
+            (strataUint64, DataType::U64),
+            (strataFloat64, DataType::F64),
             (strataFloat16, DataType::F16),
             (strataFloat32, DataType::F32),
             (strataBfloat16, DataType::BF16),

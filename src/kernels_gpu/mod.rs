@@ -125,7 +125,7 @@ pub fn reduce_kernel_name(dtype: crate::DataType, op: Option<crate::ReduceOp>) -
     }
 }
 
-/// Every reduction kernel symbol (6 element types x (4 ops + divide)).
+/// Every reduction kernel symbol (10 element types x (4 ops + divide)).
 pub fn reduce_kernel_names() -> Vec<String> {
     use crate::ReduceOp::*;
     crate::DataType::ALL
@@ -261,7 +261,7 @@ mod tests {
         assert!(CUDA_ENTRY.contains("STRATA_QUANT_KERNELS()"));
         assert!(CUDA_ENTRY.contains("STRATA_REDUCE_KERNELS()"));
         let reduce = reduce_kernel_names();
-        assert_eq!(reduce.len(), 30);
+        assert_eq!(reduce.len(), 50);
         assert!(REDUCE_HEADER.contains("strata_reduce_##DTN##_##OPN"));
         assert!(REDUCE_HEADER.contains("strata_divide_##DTN"));
     }

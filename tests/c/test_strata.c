@@ -225,6 +225,26 @@ static void test_all_reduce(strataComm_t c, int r, int n) {
     }
     CHECK(r32[i] == want, "i32 max all-reduce %d vs %d", r32[i], want);
   }
+  /* i64 sum and avg past 2^53 (exact, no trip through double), f64 sum */
+  int64_t s64[C], a64[C];
+  double d64[C];
+  const int64_t big = (int64_t)1 << 58;
+  for (size_t i = 0; i < C; i++) {
+    s64[i] = a64[i] = big + (int64_t)val(r, i);
+    d64[i] = (double)val(r, i) / 4;
+  }
+  OK(strataAllReduce(s64, s64, C, strataInt64, strataSum, c, NULL));
+  OK(strataAllReduce(a64, a64, C, strataInt64, strataAvg, c, NULL));
+  OK(strataAllReduce(d64, d64, C, strataFloat64, strataSum, c, NULL));
+  for (size_t i = 0; i < C; i++) {
+    int64_t sum = 0;
+    for (int p = 0; p < n; p++) sum += big + (int64_t)val(p, i);
+    int64_t q = sum / n, rem = sum % n; /* sum > 0: round half up */
+    int64_t avg = 2 * rem >= n ? q + 1 : q;
+    CHECK(s64[i] == sum, "i64 sum all-reduce %lld vs %lld", (long long)s64[i], (long long)sum);
+    CHECK(a64[i] == avg, "i64 avg all-reduce %lld vs %lld", (long long)a64[i], (long long)avg);
+    CHECK(d64[i] == (double)reduce_ref(strataSum, n, i) / 4, "f64 sum all-reduce");
+  }
 }
 
 static void test_all_to_all(strataComm_t c, int r, int n) {
@@ -412,9 +432,9 @@ static void test_errors(strataComm_t c, int r, int n) {
   size_t huge[1] = {SIZE_MAX / 2};
   EXPECT(strataInvalidArgument, c, strataAllGatherCoalesced(sp, rp, huge, 1, strataFloat32, c, NULL));
   EXPECT(strataInvalidArgument, c, strataAllGatherCoalesced(NULL, rp, huge, 1, strataFloat32, c, NULL));
-  /* Unknown dtype and op (NCCL's uint32, int64, float64 and garbage). */
-  EXPECT(strataInvalidArgument, c, strataAllReduce(buf, out, 1, 3, strataSum, c, NULL));
-  EXPECT(strataInvalidArgument, c, strataAllReduce(buf, out, 1, 8, strataSum, c, NULL));
+  /* Unknown dtype and op (NCCL's fp8 e4m3 and e5m2, and garbage). */
+  EXPECT(strataInvalidArgument, c, strataAllReduce(buf, out, 1, 10, strataSum, c, NULL));
+  EXPECT(strataInvalidArgument, c, strataAllReduce(buf, out, 1, 11, strataSum, c, NULL));
   EXPECT(strataInvalidArgument, c, strataAllGather(buf, out, 1, 42, c, NULL));
   EXPECT(strataInvalidArgument, c, strataAllGather(buf, out, 1, -1, c, NULL));
   EXPECT(strataInvalidArgument, c, strataAllReduce(buf, out, 1, strataFloat32, 5, c, NULL));
@@ -439,9 +459,9 @@ static void test_errors(strataComm_t c, int r, int n) {
   size_t c2[2] = {2, 2};
   EXPECT(strataInvalidArgument, c, strataAllGatherCoalesced(sp2, rp2, c2, 2, strataFloat32, c, NULL));
   /* The messages name the function. */
-  EXPECT(strataInvalidArgument, c, strataAllReduce(buf, out, 1, 3, strataSum, c, NULL));
+  EXPECT(strataInvalidArgument, c, strataAllReduce(buf, out, 1, 10, strataSum, c, NULL));
   CHECK(strstr(strataGetLastError(c), "strataAllReduce") != NULL, "message names the function: %s", strataGetLastError(c));
-  CHECK(strstr(strataGetLastError(NULL), "datatype 3") != NULL, "thread message: %s", strataGetLastError(NULL));
+  CHECK(strstr(strataGetLastError(NULL), "datatype 10") != NULL, "thread message: %s", strataGetLastError(NULL));
   /* Group end without start. */
   EXPECT(strataInvalidUsage, NULL, strataGroupEnd());
   /* Configs. */

@@ -446,7 +446,7 @@ fn fails(args: &[&str], code: i32, needle: &str) {
 fn bad_input_fails_cleanly() {
     fails(&["--algo", "bogus"], 2, "unknown algorithm 'bogus'");
     fails(&["--op", "all-gather,bogus"], 2, "unknown op 'bogus'");
-    fails(&["-d", "f64"], 2, "unknown dtype");
+    fails(&["-d", "f8"], 2, "unknown dtype");
     fails(&["--redop", "prod"], 2, "prod");
     fails(&["-b", "1Q"], 2, "not a size");
     fails(&["-b", "2K", "-e", "1K"], 2, "larger than");

@@ -59,6 +59,16 @@ inline unsigned int __float_as_uint(float f) {
 inline float strata_emu_ptx_nan(float r) { return r != r ? __uint_as_float(0x7fffffffu) : r; }
 inline float __fadd_rn(float a, float b) { return strata_emu_ptx_nan(a + b); }
 inline float __fmul_rn(float a, float b) { return strata_emu_ptx_nan(a * b); }
+// add.rn.f64 / mul.rn.f64 likewise, their NaN the canonical 0x7FFFFFFFFFFFFFFF.
+inline double strata_emu_ptx_nan(double r) {
+  if (r == r) return r;
+  unsigned long long u = 0x7fffffffffffffffull;
+  double d;
+  std::memcpy(&d, &u, 8);
+  return d;
+}
+inline double __dadd_rn(double a, double b) { return strata_emu_ptx_nan(a + b); }
+inline double __dmul_rn(double a, double b) { return strata_emu_ptx_nan(a * b); }
 // cvt.rn.f32.f64: round to nearest even, subnormals kept, overflow to infinity.
 inline float __double2float_rn(double v) { return (float)v; }
 // CUDA's math functions live in the global namespace, for float and double.

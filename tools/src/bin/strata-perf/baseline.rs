@@ -97,6 +97,12 @@ mod imp {
     elem!(i8, true, |x, p| (x as f64 / p as f64).round() as i8);
     elem!(u8, true, |x, p| (x as f64 / p as f64).round() as u8);
     elem!(u16, false, |x, p| (x as f64 / p as f64).round() as u16);
+    elem!(u32, true, |x, p| (x as f64 / p as f64).round() as u32);
+    elem!(f64, true, |x, p| x / p as f64);
+    elem!(i64, true, |x, p| strata::dtype::int_avg(x as i128, p)
+        as i64);
+    elem!(u64, true, |x, p| strata::dtype::int_avg(x as i128, p)
+        as u64);
 
     fn typed<T: Elem>(bytes: &[u8]) -> Vec<T> {
         bytes
@@ -225,6 +231,10 @@ mod imp {
                 DataType::I32 => self.row::<i32>(plan, row),
                 DataType::I8 => self.row::<i8>(plan, row),
                 DataType::U8 => self.row::<u8>(plan, row),
+                DataType::U32 => self.row::<u32>(plan, row),
+                DataType::I64 => self.row::<i64>(plan, row),
+                DataType::U64 => self.row::<u64>(plan, row),
+                DataType::F64 => self.row::<f64>(plan, row),
                 DataType::F16 | DataType::BF16 => self.row::<u16>(plan, row),
             }
         }

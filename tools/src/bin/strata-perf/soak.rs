@@ -332,14 +332,8 @@ fn grid_ok(comms: &[(&'static str, Option<Comm>)], g: &Grid) -> bool {
 
 // ---- the schedule (the same on every rank: draws depend only on shared facts) ----
 
-const DTYPES: [DataType; 6] = [
-    DataType::F32,
-    DataType::F16,
-    DataType::BF16,
-    DataType::I32,
-    DataType::I8,
-    DataType::U8,
-];
+/// Every element type.
+const DTYPES: [DataType; 10] = DataType::ALL;
 const REDOPS: [ReduceOp; 4] = [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min];
 
 /// A count: 0, small (odd half the time), medium or large, at most `max`.
