@@ -46,12 +46,13 @@ from typing import Any, Callable, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
+import torch._C._distributed_c10d as _c10d
 from torch._C._distributed_c10d import _create_work_from_future
 from torch.distributed import ReduceOp
 
 import strata as _s
 
-__all__ = ["ProcessGroupStrata", "BACKEND", "AllGather", "ReduceScatter", "set_custom_comms", "traffic", "group_topology"]
+__all__ = ["BackendStrata", "ProcessGroupStrata", "FORM", "served", "BACKEND", "AllGather", "ReduceScatter", "set_custom_comms", "traffic", "group_topology"]
 
 BACKEND = "strata"
 
@@ -149,12 +150,14 @@ def _movable(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
 
 
-class ProcessGroupStrata(dist.ProcessGroup):
-    """A ``torch.distributed`` process group over strata communicators (see the module)."""
+class _Ops:
+    """The collectives of a group over strata communicators, shared by the two forms
+    torch can hold: a per-device ``Backend`` ([`BackendStrata`]) and, where torch has no
+    Python ``Backend`` subclasses, a whole ``ProcessGroup`` ([`ProcessGroupStrata`])."""
 
     def __init__(self, store: Any, rank: int, size: int, timeout: timedelta,
                  global_ranks: Optional[Sequence[int]] = None, name: str = "") -> None:
-        super().__init__(rank, size)
+        super().__init__(rank, size)  # type: ignore[call-arg]
         self._store = store
         self._timeout = timeout
         self._global = list(global_ranks) if global_ranks else None
@@ -165,26 +168,11 @@ class ProcessGroupStrata(dist.ProcessGroup):
         self._coalescing = 0
         self._coalesced: List[Any] = []
 
-    # -- identity (a Python group has no C++ backend to hold its name) --
-    @property
-    def group_name(self) -> str:
-        return self._name
-
-    def _set_group_name(self, name: str) -> None:
-        self._name = name
-
-    # torch asks a group for the backend of a device: init_process_group(device_id=...)
-    # (DeepSpeed passes its CUDA device), new_group's split check, batch_isend_irecv. This
-    # group serves every device itself and does not split.
+    # torch asks whether a group splits (new_group's split path): communicators of a
+    # group are made by its members alone (`Comm.create_group`), never split.
     supports_splitting = False
 
-    def _get_backend(self, device: Any) -> "ProcessGroupStrata":
-        return self
-
     def getBackendName(self) -> str:
-        return BACKEND
-
-    def name(self) -> str:
         return BACKEND
 
     # -- communicators --
@@ -234,6 +222,7 @@ class ProcessGroupStrata(dist.ProcessGroup):
         waiter when strata's last work completes; CUDA: stream-ordered, complete)."""
         first = tensors[0]
         comm = self._comm(first, method)
+        _SERVED[first.device.type] = _SERVED.get(first.device.type, 0) + 1
         for t in tensors:
             if t.device != first.device:
                 raise _unsupported(method, "tensors on different devices")
@@ -296,14 +285,118 @@ class ProcessGroupStrata(dist.ProcessGroup):
         return self._issue(method, tensors, run, tensors, post if posts else None)
 
     def reduce(self, tensors: List[torch.Tensor], opts: Any = None) -> dist.Work:
-        """``dist.reduce`` (DeepSpeed's ZeRO-1/2 with ``use_multi_rank_bucket_allreduce:
-        false``): an all-reduce, in place on the root, into scratch copies elsewhere (the
-        other ranks' tensors are left as they were)."""
+        """``dist.reduce``: the result on the root only, as a reduce-scatter then a gather
+        of the reduced chunks to the root (each rank sends (p-1)/p of the tensor into the
+        reduce-scatter and its 1/p chunk to the root: half an all-reduce's traffic). Other
+        ranks' tensors are left as they were."""
+        method = "reduce"
         op = opts.reduceOp if opts is not None else ReduceOp.SUM
         root = opts.rootRank if opts is not None else 0
-        if self.rank() != root:
-            tensors = [t.clone(memory_format=torch.contiguous_format) for t in tensors]
-        return self._allreduce("reduce", tensors, op)
+        name, factor = _redop(op, method)
+        name = _bool_op(name, tensors, method)
+        n, me = self.size(), self.rank()
+        items = []
+        for t in tensors:
+            _check_reduce_dtype(t, method)
+            if factor is not None and t.dtype == torch.bool:
+                raise _unsupported(method, "PREMUL_SUM on bool tensors")
+            flat = t.detach().reshape(-1)
+            q = -(-flat.numel() // n)
+            # A padded copy: the reduce-scatter's input, whose own chunk is its output.
+            pad = torch.zeros(q * n, dtype=t.dtype, device=t.device)
+            pad[:flat.numel()].copy_(flat)
+            if factor is not None:
+                pad.mul_(factor)
+            items.append((t, pad, q))
+
+        def run(comm, a):
+            calls = []
+            for _, pad, q in items:
+                calls.append(lambda pad=pad, q=q: comm.reduce_scatter(
+                    _reducible(pad), _reducible(pad[me * q:(me + 1) * q]), op=name, async_op=a))
+            last = self._grouped(calls)
+            gather = []
+            for _, pad, q in items:
+                if me == root:
+                    gather += [lambda pad=pad, q=q, p=p: comm.recv(_movable(pad[p * q:(p + 1) * q]), p, async_op=a)
+                               for p in range(n) if p != root]
+                else:
+                    gather.append(lambda pad=pad, q=q: comm.send(_movable(pad[me * q:(me + 1) * q]), root,
+                                                                 async_op=a))
+            w = self._grouped(gather)
+            return w if w is not None else last
+
+        def post():
+            if me == root:
+                for t, pad, _ in items:
+                    t.copy_(pad[:t.numel()].reshape(t.shape))
+        return self._issue(method, tensors, run, tensors, post)
+
+    # -- gather / scatter --
+    def gather(self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor],
+               opts: Any = None) -> dist.Work:
+        """``dist.gather``: the root receives every rank's tensor (its own copied)."""
+        method = "gather"
+        root = opts.rootRank if opts is not None else 0
+        n, me = self.size(), self.rank()
+        if len(input_tensors) != 1:
+            raise _unsupported(method, "one input tensor per rank")
+        x = input_tensors[0].contiguous()
+        outs: List[torch.Tensor] = []
+        if me == root:
+            if len(output_tensors) != 1 or len(output_tensors[0]) != n:
+                raise _unsupported(method, f"the root needs one list of {n} output tensors")
+            outs = [o if o.is_contiguous() else torch.empty_like(o, memory_format=torch.contiguous_format)
+                    for o in output_tensors[0]]
+            for o in outs:
+                if o.numel() != x.numel() or o.dtype != x.dtype:
+                    raise _unsupported(method, f"outputs of {x.numel()} {x.dtype} elements")
+
+        def run(comm, a):
+            if me != root:
+                return comm.send(_movable(x), root, async_op=a)
+            return self._grouped([lambda o=o, p=p: comm.recv(_movable(o), p, async_op=a)
+                                  for p, o in enumerate(outs) if p != root])
+
+        def post():
+            if me == root:
+                outs[root].copy_(x.reshape(outs[root].shape))
+                for o, w in zip(output_tensors[0], outs):
+                    if w is not o:
+                        o.copy_(w)
+        return self._issue(method, [x] + outs, run, output_tensors, post)
+
+    def scatter(self, output_tensors: List[torch.Tensor], input_tensors: List[List[torch.Tensor]],
+                opts: Any = None) -> dist.Work:
+        """``dist.scatter``: rank ``p`` receives the root's ``p``-th tensor."""
+        method = "scatter"
+        root = opts.rootRank if opts is not None else 0
+        n, me = self.size(), self.rank()
+        if len(output_tensors) != 1:
+            raise _unsupported(method, "one output tensor per rank")
+        o = output_tensors[0]
+        w = o if o.is_contiguous() else torch.empty_like(o, memory_format=torch.contiguous_format)
+        ins: List[torch.Tensor] = []
+        if me == root:
+            if len(input_tensors) != 1 or len(input_tensors[0]) != n:
+                raise _unsupported(method, f"the root needs one list of {n} input tensors")
+            ins = [i.contiguous() for i in input_tensors[0]]
+            for i in ins:
+                if i.numel() != o.numel() or i.dtype != o.dtype:
+                    raise _unsupported(method, f"inputs of {o.numel()} {o.dtype} elements")
+
+        def run(comm, a):
+            if me != root:
+                return comm.recv(_movable(w), root, async_op=a)
+            return self._grouped([lambda i=i, p=p: comm.send(_movable(i), p, async_op=a)
+                                  for p, i in enumerate(ins) if p != root])
+
+        def post():
+            if me == root:
+                w.copy_(ins[root].reshape(w.shape))
+            if w is not o:
+                o.copy_(w)
+        return self._issue(method, [w] + ins, run, output_tensors, post)
 
     # -- all-gather --
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
@@ -571,12 +664,9 @@ class ProcessGroupStrata(dist.ProcessGroup):
                 p()
         return _done_work(None)
 
-    def __getattr__(self, item: str) -> Any:
-        if item in ("gather", "scatter", "gather_single", "recv_anysource", "allgather_coalesced"):
-            def refuse(*args: Any, **kwargs: Any) -> Any:
-                raise _unsupported(item, "not implemented by the strata backend")
-            return refuse
-        raise AttributeError(item)
+    # The per-device Backend's names of the same two (PyBackend).
+    start_coalescing = _start_coalescing
+    end_coalescing = _end_coalescing
 
     def shutdown(self) -> None:
         """Release this group's communicators (the MPI world's stays: other groups and
@@ -587,6 +677,67 @@ class ProcessGroupStrata(dist.ProcessGroup):
             if c is not None and c is not world:
                 c.destroy()
         self._cuda = self._cpu = None
+
+
+class BackendStrata(_Ops, _c10d.Backend):
+    """strata as torch's per-device ``Backend`` (torch with Python ``Backend`` subclasses,
+    ``PyBackend``: 2.15 here): torch wraps it in the ``ProcessGroup`` of each device it
+    serves, so ``"cpu:gloo,cuda:strata"`` keeps gloo for CPU tensors, and C++ lookups by
+    device (DTensor, functional collectives, ``_resolve_process_group``) find it."""
+
+    supports_coalescing = True
+
+
+class ProcessGroupStrata(_Ops, dist.ProcessGroup):
+    """strata as a whole ``ProcessGroup`` serving every device, for torch without Python
+    ``Backend`` subclasses (``STRATA_TORCH_BACKEND=group`` forces it): torch's legacy
+    branch for such a creator replaces the whole group, so a mixed backend string loses
+    its other backend, and C++ lookups by device fail."""
+
+    # -- identity (a Python group has no C++ backend to hold its name) --
+    @property
+    def group_name(self) -> str:
+        return self._name
+
+    def _set_group_name(self, name: str) -> None:
+        self._name = name
+
+    # torch asks a group for the backend of a device: init_process_group(device_id=...)
+    # (DeepSpeed passes its CUDA device), batch_isend_irecv. This group serves every
+    # device itself.
+    def _get_backend(self, device: Any) -> "ProcessGroupStrata":
+        return self
+
+    def name(self) -> str:
+        return BACKEND
+
+
+def _python_backends() -> bool:
+    """True when torch's ``Backend`` takes Python subclasses whose overrides C++ calls
+    (PyBackend): probed by calling the base binding of ``allreduce`` on a subclass."""
+    if os.environ.get("STRATA_TORCH_BACKEND", "").strip().lower() == "group":
+        return False
+
+    class Probe(_c10d.Backend):
+        def allreduce(self, tensors: Any, opts: Any = None) -> Any:
+            return _done_work(tensors)
+    try:
+        _c10d.Backend.allreduce(Probe(0, 1), [torch.zeros(1)], dist.AllreduceOptions())
+        return True
+    except Exception:
+        return False
+
+
+#: Which form torch holds strata in: ``"backend"`` (per device) or ``"group"``.
+FORM = "backend" if _python_backends() else "group"
+_SERVED: dict = {}
+
+
+def served() -> dict:
+    """How many calls strata's backend has served in this process, by device type
+    (``{"cpu": n, "cuda": m}``): what shows which backend a mixed backend string routed
+    a call to."""
+    return dict(_SERVED)
 
 
 # ---- FSDP2 custom collectives ----
@@ -811,10 +962,11 @@ def _world_cpu(size: Optional[int] = None) -> _s.Comm:
         return _WORLD["cpu"]
 
 
-def _create(opts: Any, backend_options: Any) -> ProcessGroupStrata:
+def _create(opts: Any, backend_options: Any) -> _Ops:
     ranks = list(opts.global_ranks_in_group or [])
-    return ProcessGroupStrata(opts.store, opts.group_rank, opts.group_size, opts.timeout,
-                              ranks if ranks else None, str(opts.group_id))
+    cls = BackendStrata if FORM == "backend" else ProcessGroupStrata
+    return cls(opts.store, opts.group_rank, opts.group_size, opts.timeout, ranks if ranks else None,
+               str(opts.group_id))
 
 
 dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu", "cuda"])

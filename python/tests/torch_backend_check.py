@@ -192,6 +192,46 @@ def check_group(sg, gg, tag, salt):
         for q in reqs:
             q.wait()
         same(got, torch.full((6,), float(prv)), f"{tag} send/recv ring")
+    # gather / scatter / reduce to and from the last rank, every dtype for gather
+    root = p - 1
+    for dt in DTYPES:
+        x = data(5, dt, r, salt + 8)
+        g1 = [torch.empty(5, dtype=dt) for _ in range(p)] if r == root else None
+        g2 = [torch.empty(5, dtype=dt) for _ in range(p)] if r == root else None
+        dist.gather(x, g1, group_dst=root, group=sg)
+        dist.gather(x, g2, group_dst=root, group=gg)
+        if r == root:
+            same(g1, g2, f"{tag} gather {dt}")
+        src = [data(4, dt, r, salt + 9 + j) for j in range(p)] if r == root else None
+        s1, s2 = torch.empty(4, dtype=dt), torch.empty(4, dtype=dt)
+        dist.scatter(s1, src, group_src=root, group=sg)
+        dist.scatter(s2, [t.clone() for t in src] if src else None, group_src=root, group=gg)
+        same(s1, s2, f"{tag} scatter {dt}")
+        for name, op in ops_for(dt):
+            if name in ("avg", "premul"):
+                continue
+            x1, x2 = data(11, dt, r, salt + 10), data(11, dt, r, salt + 10)
+            before = x1.clone()
+            dist.reduce(x1, dst=dist.get_global_rank(sg, root) if sg != dist.group.WORLD else root,
+                        op=op, group=sg)
+            dist.reduce(x2, dst=dist.get_global_rank(gg, root) if gg != dist.group.WORLD else root,
+                        op=op, group=gg)
+            same(x1, x2 if r == root else before, f"{tag} reduce {dt} {name}")
+    # object collectives, batch_isend_irecv
+    objs = [None] * p
+    dist.all_gather_object(objs, {"rank": r, "tag": tag}, group=sg)
+    same(torch.tensor([o["rank"] for o in objs]), torch.arange(p), f"{tag} all_gather_object")
+    lst = [f"from {r}", r * 10] if r == 0 else [None, None]
+    dist.broadcast_object_list(lst, group_src=0, group=sg)
+    same(torch.tensor([lst[1]]), torch.tensor([0]), f"{tag} broadcast_object_list")
+    if p > 1:
+        nxt, prv = (r + 1) % p, (r - 1) % p
+        got = torch.empty(3, dtype=torch.int64)
+        ops = [dist.P2POp(dist.isend, torch.full((3,), r, dtype=torch.int64), group=sg, group_peer=nxt),
+               dist.P2POp(dist.irecv, got, group=sg, group_peer=prv)]
+        for q in dist.batch_isend_irecv(ops):
+            q.wait()
+        same(got, torch.full((3,), prv, dtype=torch.int64), f"{tag} batch_isend_irecv")
     dist.barrier(group=sg)
     try:
         dist.all_reduce(torch.ones(3, dtype=torch.bool), op=R.AVG, group=sg)
@@ -221,7 +261,7 @@ def main():
             check_group(mine_s, mine_g, name, 2 if name == "row" else 3)
     dist.barrier()
     if r == 0:
-        print(f"torch backend check: {calls} calls equal (np={p})")
+        print(f"torch backend check: {calls} calls equal (np={p}, strata as torch's {strata.torch.FORM})")
     dist.destroy_process_group()
 
 
