@@ -5,35 +5,49 @@
     import torch.distributed as dist, strata.torch
     dist.init_process_group("strata")            # or "cpu:strata,cuda:nccl", ...
 
+- Two forms: where torch's ``c10d.Backend`` takes Python subclasses (``PyBackend``,
+  torch 2.15 here; probed at import, ``FORM``), a per-device backend (``BackendStrata``):
+  ``"cpu:gloo,cuda:strata"`` keeps gloo for CPU tensors, and lookups by device (gather,
+  DTensor, functional collectives) find it. Elsewhere a whole ``ProcessGroup``
+  (``ProcessGroupStrata``; ``STRATA_TORCH_BACKEND=group`` forces it).
 - CPU tensors run on strata's ``mpi`` transport: launch with ``mpirun`` (the library
   built with ``--features mpi``); torch's rank must be the MPI world rank (set ``RANK``
   from ``OMPI_COMM_WORLD_RANK``). Importing this module under ``mpirun`` joins the MPI
-  world (collective: import it on every rank, e.g. at the top of the program). The world's topology is ``STRATA_TOPOLOGY`` (or
-  detected from the hosts), so ``auto`` picks the hierarchical algorithms where a group
-  spans nodes.
+  world (collective: import it on every rank, e.g. at the top of the program). The
+  world's topology is ``STRATA_TOPOLOGY`` (or detected from the hosts), so ``auto``
+  picks the hierarchical algorithms where a group spans nodes.
 - CUDA tensors run on strata's ``nccl`` transport (library built with ``--features
   cuda``), bootstrapped through the store torch hands the backend (the group's rank 0
-  publishes the unique id), so ``torchrun`` works; calls are ordered on the tensor's
-  current CUDA stream, as NCCL's.
+  publishes the unique id), so ``torchrun`` works; the communicator is made under a
+  scoped device guard, never a global ``set_device``.
 - ``new_group`` / ``DeviceMesh`` sub-groups are strata communicators made by their
   members alone (``Comm.create_group``), keeping the world topology.
-- Implemented (old and new names of torch's ``ProcessGroup``): ``allreduce``,
-  ``allreduce_coalesced``, ``allgather``, ``_allgather_base`` / ``all_gather_single``,
-  ``allgather_into_tensor_coalesced`` / ``all_gather_single_coalesced``,
-  ``reduce_scatter``, ``_reduce_scatter_base`` / ``reduce_scatter_single``,
-  ``reduce_scatter_tensor_coalesced`` / ``reduce_scatter_single_coalesced``,
-  ``broadcast``, ``alltoall``, ``alltoall_base`` / ``all_to_all_single``, ``barrier``,
-  ``send``, ``recv``, ``reduce`` (an all-reduce; the non-root tensors are left as they
-  were), and coalescing (``_start_coalescing`` / ``_end_coalescing``).
+- Implemented (old and new names of torch's ``ProcessGroup`` and ``Backend``):
+  ``allreduce``, ``allreduce_coalesced``, ``allgather``, ``_allgather_base`` /
+  ``all_gather_single``, ``allgather_into_tensor_coalesced`` /
+  ``all_gather_single_coalesced``, ``reduce_scatter``, ``_reduce_scatter_base`` /
+  ``reduce_scatter_single``, ``reduce_scatter_tensor_coalesced`` /
+  ``reduce_scatter_single_coalesced``, ``broadcast``, ``alltoall``, ``alltoall_base`` /
+  ``all_to_all_single``, ``gather``, ``scatter``, ``reduce`` (a reduce-scatter, then the
+  reduced chunks to the root; the non-root tensors are left as they were), ``barrier``,
+  ``send``, ``recv``, and coalescing.
   Reduce ops SUM, AVG (the exact mean), MAX, MIN, PRODUCT and PREMUL_SUM; reductions on
   float32, float64, float16, bfloat16, int8, uint8, int32, int64 (exact: token and sample
   counts), uint32 and uint64 where torch has them, and bool as ProcessGroupNCCL does it
   (SUM and MAX are a logical or, PRODUCT and MIN a logical and, AVG refused); data
   movement on any dtype. Anything else raises a ``RuntimeError`` naming the method.
-- Every call returns a ``Work`` at once (CPU: strata's nonblocking calls on the
-  communicator's host stream, completed by a waiter thread; CUDA: complete, the call
-  being ordered on the stream). Until it completes the tensors are strata's. A CPU
-  coalesced block (``_coalescing_manager``) is complete when ``_end_coalescing`` returns.
+- Every call returns a ``Work`` at once. CPU: strata's nonblocking calls on the
+  communicator's host stream, completed by a waiter thread; until it completes the
+  tensors are strata's; a coalesced block is complete when ``_end_coalescing`` returns.
+  CUDA, NCCL's semantics: ``async_op=False`` enqueues on the current stream,
+  ``async_op=True`` (and send / recv) on the group's internal stream of the device,
+  which first waits for the current one; the Work is the call's end event: ``wait()``
+  makes the current stream wait on it (the host blocks only for a finite timeout or a
+  barrier), ``is_completed()`` queries it (on the object this module returns: torch's
+  wrapper of a per-device backend's Work does not forward it), ``get_future()`` is a
+  ``Future(devices=[...])``; the tensors (and the call's scratch) are recorded on the
+  internal stream and held by the Work. ``barrier`` runs on ``device_ids``' GPU, else
+  the device torch chose, else the group's GPU (the current one under torchrun).
 """
 
 from __future__ import annotations
@@ -150,6 +164,74 @@ def _movable(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
 
 
+class _Blocking:
+    """Options of a call the backend itself waits for (barrier)."""
+
+    asyncOp = False
+
+
+_BLOCKING = _Blocking()
+
+
+def _closure_tensors(*fns: Optional[Callable[..., Any]]) -> List[torch.Tensor]:
+    """The tensors a call's closures hold (its scratch and padded copies), one list or
+    tuple deep: what must live, and be recorded on the call's stream, until it ends."""
+    out: List[torch.Tensor] = []
+    for f in fns:
+        for cell in getattr(f, "__closure__", None) or ():
+            try:
+                v = cell.cell_contents
+            except ValueError:
+                continue
+            for x in (v if isinstance(v, (list, tuple)) else (v,)):
+                if isinstance(x, torch.Tensor):
+                    out.append(x)
+                elif isinstance(x, tuple):
+                    out.extend(y for y in x if isinstance(y, torch.Tensor))
+    return out
+
+
+class _CudaWork(dist.Work):
+    """A CUDA call's handle, as ProcessGroupNCCL's: ``wait()`` makes the current stream
+    wait for the call's end event (the host blocks only for a finite ``timeout``, or in
+    a barrier); ``is_completed()`` queries the event; ``get_future()`` is a
+    ``Future(devices=[...])`` completed on the call's stream, so callbacks and waiters
+    on other streams are ordered after it. It holds the call's tensors until dropped."""
+
+    def __init__(self, stream: Any, result: Any, hold: Any) -> None:
+        super().__init__()
+        self._stream, self._hold = stream, hold
+        self._end = torch.cuda.Event()
+        self._end.record(stream)
+        self._fut: torch.futures.Future = torch.futures.Future(devices=[stream.device])
+        with torch.cuda.stream(stream):
+            self._fut.set_result(result)
+
+    def wait(self, timeout: Any = None) -> bool:
+        secs = timeout.total_seconds() if isinstance(timeout, timedelta) else (timeout or 0)
+        if secs > 0:
+            import time
+            deadline = time.monotonic() + secs
+            while not self._end.query():
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"strata backend: the CUDA call did not finish within {secs} s")
+                time.sleep(1e-4)
+        torch.cuda.current_stream(self._stream.device).wait_event(self._end)
+        return True
+
+    def is_completed(self) -> bool:
+        return self._end.query()
+
+    def is_success(self) -> bool:
+        return self._end.query()
+
+    def get_future(self) -> torch.futures.Future:
+        return self._fut
+
+    def synchronize(self) -> None:
+        self.wait()
+
+
 class _Ops:
     """The collectives of a group over strata communicators, shared by the two forms
     torch can hold: a per-device ``Backend`` ([`BackendStrata`]) and, where torch has no
@@ -167,6 +249,9 @@ class _Ops:
         self._waiter = _Waiter()
         self._coalescing = 0
         self._coalesced: List[Any] = []
+        self._coalesced_device: Optional[torch.device] = None
+        self._coalesced_hold: List[torch.Tensor] = []
+        self._side_streams: dict = {}
 
     # torch asks whether a group splits (new_group's split path): communicators of a
     # group are made by its members alone (`Comm.create_group`), never split.
@@ -200,7 +285,6 @@ class _Ops:
         return comm
 
     def _make_cuda(self, t: torch.Tensor, method: str) -> _s.Comm:
-        torch.cuda.set_device(t.device)
         key = "strata/nccl_uid"
         if self.rank() == 0:
             uid = _s.get_unique_id("nccl")
@@ -211,27 +295,30 @@ class _Ops:
         topo = None
         if self._global is not None and dist.is_initialized():
             topo = group_topology(os.environ.get("STRATA_TOPOLOGY"), dist.get_world_size(), self._global)
-        return _s.init_rank(self.size(), uid, self.rank(), transport="nccl", topology=topo,
-                            timeout=self._timeout.total_seconds())
+        # The communicator's GPU is the device current on this thread: set for the call
+        # only (a scoped guard), never the process's default device.
+        with torch.cuda.device(t.device):
+            return _s.init_rank(self.size(), uid, self.rank(), transport="nccl", topology=topo,
+                                timeout=self._timeout.total_seconds())
 
     # -- issuing --
     def _issue(self, method: str, tensors: Sequence[torch.Tensor],
                run: Callable[[_s.Comm, bool], Any], result: Any,
-               post: Optional[Callable[[], None]] = None) -> dist.Work:
-        """Run ``run(comm, async_op)``; returns the torch Work (CPU: completed by the
-        waiter when strata's last work completes; CUDA: stream-ordered, complete)."""
+               post: Optional[Callable[[], None]] = None, opts: Any = None) -> dist.Work:
+        """Run ``run(comm, async_op)``; returns the torch Work. CPU: completed by the
+        waiter when strata's last work completes. CUDA, as ProcessGroupNCCL: with
+        ``opts.asyncOp`` false on the current stream, else (and for send / recv) on this
+        group's internal stream of the device, which first waits for the current one;
+        the Work is the call's end event ([`_CudaWork`])."""
         first = tensors[0]
         comm = self._comm(first, method)
         _SERVED[first.device.type] = _SERVED.get(first.device.type, 0) + 1
         for t in tensors:
             if t.device != first.device:
                 raise _unsupported(method, "tensors on different devices")
-        gpu = first.device.type == "cuda"
-        if gpu:
-            run(comm, False)
-            if post is not None:
-                post()
-            return _done_work(result)
+        if first.device.type == "cuda":
+            return self._issue_cuda(method, first.device, comm, tensors, run, result, post,
+                                    bool(getattr(opts, "asyncOp", True)))
         try:
             last = run(comm, True)
         except _s.StrataError as e:
@@ -240,6 +327,42 @@ class _Ops:
             self._coalesced.append((last, post))
             return _done_work(result)
         return self._waiter.submit(last, result, post)
+
+    def _issue_cuda(self, method: str, dev: torch.device, comm: _s.Comm, tensors: Sequence[torch.Tensor],
+                    run: Callable[[_s.Comm, bool], Any], result: Any,
+                    post: Optional[Callable[[], None]], async_op: bool) -> dist.Work:
+        current = torch.cuda.current_stream(dev)
+        if self._coalescing:
+            # A coalesced block runs on the current stream; its end event is recorded by
+            # end_coalescing, after the group launched.
+            stream = current
+            self._coalesced_device = dev
+        elif async_op:
+            stream = self._side_streams.get(dev.index)
+            if stream is None:
+                stream = self._side_streams[dev.index] = torch.cuda.Stream(dev)
+            stream.wait_stream(current)
+        else:
+            stream = current
+        try:
+            with torch.cuda.device(dev), torch.cuda.stream(stream):
+                run(comm, False)
+                if post is not None and not self._coalescing:
+                    post()
+        except _s.StrataError as e:
+            raise _unsupported(method, str(e)) from e
+        hold = list(tensors) + _closure_tensors(run, post)
+        if stream is not current:
+            # The caching allocator must not hand these blocks to the current stream
+            # before the collective on the internal stream is done with them.
+            for t in hold:
+                if t.is_cuda:
+                    t.record_stream(stream)
+        if self._coalescing:
+            self._coalesced.append((None, post))
+            self._coalesced_hold.extend(hold)
+            return _done_work(result)
+        return _CudaWork(stream, result, (hold, run, post))
 
     @staticmethod
     def _grouped(calls: List[Callable[[], Any]]) -> Any:
@@ -254,13 +377,13 @@ class _Ops:
     # -- all-reduce --
     def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> dist.Work:
         op = opts.reduceOp if opts is not None else ReduceOp.SUM
-        return self._allreduce("allreduce", tensors, op)
+        return self._allreduce("allreduce", tensors, op, opts)
 
     def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> dist.Work:
         op = opts.reduceOp if opts is not None else ReduceOp.SUM
-        return self._allreduce("allreduce_coalesced", tensors, op)
+        return self._allreduce("allreduce_coalesced", tensors, op, opts)
 
-    def _allreduce(self, method: str, tensors: List[torch.Tensor], op: Any) -> dist.Work:
+    def _allreduce(self, method: str, tensors: List[torch.Tensor], op: Any, opts: Any = None) -> dist.Work:
         name, factor = _redop(op, method)
         name = _bool_op(name, tensors, method)
         work_ts, posts = [], []
@@ -282,7 +405,7 @@ class _Ops:
         def post():
             for t, w in posts:
                 t.copy_(w)
-        return self._issue(method, tensors, run, tensors, post if posts else None)
+        return self._issue(method, tensors, run, tensors, post if posts else None, opts=opts)
 
     def reduce(self, tensors: List[torch.Tensor], opts: Any = None) -> dist.Work:
         """``dist.reduce``: the result on the root only, as a reduce-scatter then a gather
@@ -330,7 +453,7 @@ class _Ops:
             if me == root:
                 for t, pad, _ in items:
                     t.copy_(pad[:t.numel()].reshape(t.shape))
-        return self._issue(method, tensors, run, tensors, post)
+        return self._issue(method, tensors, run, tensors, post, opts=opts)
 
     # -- gather / scatter --
     def gather(self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor],
@@ -364,7 +487,7 @@ class _Ops:
                 for o, w in zip(output_tensors[0], outs):
                     if w is not o:
                         o.copy_(w)
-        return self._issue(method, [x] + outs, run, output_tensors, post)
+        return self._issue(method, [x] + outs, run, output_tensors, post, opts=opts)
 
     def scatter(self, output_tensors: List[torch.Tensor], input_tensors: List[List[torch.Tensor]],
                 opts: Any = None) -> dist.Work:
@@ -396,22 +519,22 @@ class _Ops:
                 w.copy_(ins[root].reshape(w.shape))
             if w is not o:
                 o.copy_(w)
-        return self._issue(method, [w] + ins, run, output_tensors, post)
+        return self._issue(method, [w] + ins, run, output_tensors, post, opts=opts)
 
     # -- all-gather --
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
-        return self._allgather_pairs("all_gather_single", [output], [input])
+        return self._allgather_pairs("all_gather_single", [output], [input], opts)
 
     _allgather_base = all_gather_single
 
     def all_gather_single_coalesced(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor],
                                     opts: Any = None) -> dist.Work:
-        return self._allgather_pairs("all_gather_single_coalesced", outputs, inputs)
+        return self._allgather_pairs("all_gather_single_coalesced", outputs, inputs, opts)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
     def _allgather_pairs(self, method: str, outputs: List[torch.Tensor],
-                         inputs: List[torch.Tensor]) -> dist.Work:
+                         inputs: List[torch.Tensor], opts: Any = None) -> dist.Work:
         n = self.size()
         pairs, posts = [], []
         for o, i in zip(outputs, inputs):
@@ -430,7 +553,7 @@ class _Ops:
         def post():
             for o, oc in posts:
                 o.copy_(oc)
-        return self._issue(method, list(outputs) + list(inputs), run, outputs, post if posts else None)
+        return self._issue(method, list(outputs) + list(inputs), run, outputs, post if posts else None, opts=opts)
 
     def allgather(self, output_tensors: List[List[torch.Tensor]], input_tensors: List[torch.Tensor],
                   opts: Any = None) -> dist.Work:
@@ -449,24 +572,24 @@ class _Ops:
         def post():
             for k, o in enumerate(outs):
                 o.copy_(flat[k])
-        return self._issue(method, [i] + list(outs), run, output_tensors, post)
+        return self._issue(method, [i] + list(outs), run, output_tensors, post, opts=opts)
 
     # -- reduce-scatter --
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
         op = opts.reduceOp if opts is not None else ReduceOp.SUM
-        return self._rs_pairs("reduce_scatter_single", [output], [input], op)
+        return self._rs_pairs("reduce_scatter_single", [output], [input], op, opts)
 
     _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter_single_coalesced(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor],
                                         opts: Any = None) -> dist.Work:
         op = opts.reduceOp if opts is not None else ReduceOp.SUM
-        return self._rs_pairs("reduce_scatter_single_coalesced", outputs, inputs, op)
+        return self._rs_pairs("reduce_scatter_single_coalesced", outputs, inputs, op, opts)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
     def _rs_pairs(self, method: str, outputs: List[torch.Tensor], inputs: List[torch.Tensor],
-                  op: Any) -> dist.Work:
+                  op: Any, opts: Any = None) -> dist.Work:
         name, factor = _redop(op, method)
         name = _bool_op(name, inputs, method)
         n = self.size()
@@ -494,7 +617,7 @@ class _Ops:
         def post():
             for o, oc in posts:
                 o.copy_(oc)
-        return self._issue(method, list(outputs) + list(inputs), run, outputs, post if posts else None)
+        return self._issue(method, list(outputs) + list(inputs), run, outputs, post if posts else None, opts=opts)
 
     def reduce_scatter(self, output_tensors: List[torch.Tensor], input_tensors: List[List[torch.Tensor]],
                        opts: Any = None) -> dist.Work:
@@ -506,7 +629,7 @@ class _Ops:
             raise _unsupported(method, f"{len(ins)} inputs for {self.size()} ranks")
         flat = torch.cat([t.reshape(-1) for t in ins])
         op = opts.reduceOp if opts is not None else ReduceOp.SUM
-        return self._rs_pairs(method, [o], [flat], op)
+        return self._rs_pairs(method, [o], [flat], op, opts)
 
     # -- broadcast --
     def broadcast(self, tensors: List[torch.Tensor], opts: Any = None) -> dist.Work:
@@ -525,7 +648,7 @@ class _Ops:
         def post():
             for t, w in posts:
                 t.copy_(w)
-        return self._issue(method, tensors, run, tensors, post if posts else None)
+        return self._issue(method, tensors, run, tensors, post if posts else None, opts=opts)
 
     # -- all-to-all --
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor,
@@ -565,7 +688,7 @@ class _Ops:
         def post():
             if oc is not output:
                 output.copy_(oc)
-        return self._issue(method, [output, input], run, [output], post)
+        return self._issue(method, [output, input], run, [output], post, opts=opts)
 
     alltoall_base = all_to_all_single
 
@@ -590,7 +713,7 @@ class _Ops:
         def post():
             for t, o in zip(output_tensors, outs):
                 t.copy_(o.view(t.dtype).reshape(t.shape) if t.dtype not in _REDUCE_DTYPES else o.reshape(t.shape))
-        return self._issue(method, list(output_tensors) + list(input_tensors), run, output_tensors, post)
+        return self._issue(method, list(output_tensors) + list(input_tensors), run, output_tensors, post, opts=opts)
 
     # -- point-to-point --
     def send(self, tensors: List[torch.Tensor], dstRank: int, tag: int = 0) -> dist.Work:
@@ -615,12 +738,19 @@ class _Ops:
 
     # -- barrier --
     def barrier(self, opts: Any = None) -> dist.Work:
-        # On the GPU of `device_ids`, else of this group's CUDA communicator when it has
-        # one (a process under torchrun has no MPI for CPU tensors), else on the CPU.
+        # On the GPU of `device_ids`, else the device torch chose (`opts.device`: the
+        # group's bound device, or the current one), else of this group's CUDA
+        # communicator, else the current GPU when there is no MPI world for CPU tensors
+        # (torchrun), else on the CPU.
         ids = list(getattr(opts, "device_ids", None) or [])
+        chosen = getattr(opts, "device", None)
         if ids:
             dev = torch.device("cuda", ids[0])
-        elif self._cuda is not None:
+        elif chosen is not None and torch.device(chosen).type in ("cpu", "cuda"):
+            dev = torch.device(chosen)
+            if dev.type == "cuda" and dev.index is None:
+                dev = torch.device("cuda", torch.cuda.current_device())
+        elif self._cuda is not None or (_mpi_env() is None and torch.cuda.is_available()):
             dev = torch.device("cuda", torch.cuda.current_device())
         else:
             dev = torch.device("cpu")
@@ -629,11 +759,11 @@ class _Ops:
         def run(comm, a):
             return comm.all_reduce(t, async_op=a)
 
-        def post():
+        work = self._issue("barrier", [t], run, None, None, opts=_BLOCKING)
+        if dev.type == "cuda":
             # A barrier holds the host until every rank reached it, as NCCL's does.
-            if dev.type == "cuda":
-                torch.cuda.current_stream(dev).synchronize()
-        return self._issue("barrier", [t], run, None, post)
+            torch.cuda.current_stream(dev).synchronize()
+        return work
 
     # -- coalescing --
     def _start_coalescing(self, device: Any = None) -> None:
@@ -650,6 +780,16 @@ class _Ops:
             return _done_work(None)
         _s.group_end()
         items, self._coalesced = self._coalesced, []
+        dev, self._coalesced_device = self._coalesced_device, None
+        hold, self._coalesced_hold = self._coalesced_hold, []
+        if dev is not None:
+            # CUDA: the block ran on the current stream; its copies-out follow there.
+            stream = torch.cuda.current_stream(dev)
+            with torch.cuda.device(dev), torch.cuda.stream(stream):
+                for _, p in items:
+                    if p is not None:
+                        p()
+            return _CudaWork(stream, None, (hold, items))
         works = [w for w, _ in items if w is not None]
         # Complete the block before returning: code written for NCCL's stream order reads a
         # coalesced block's outputs without waiting on its work (DeepSpeed's MiCS waits on
@@ -752,6 +892,17 @@ _CUSTOM: dict = {}
 _CUSTOM_WAITER: Optional[_Waiter] = None
 
 
+def _default_timeout() -> timedelta:
+    """``STRATA_TIMEOUT`` seconds, else torch's default process-group timeout."""
+    v = os.environ.get("STRATA_TIMEOUT", "").strip()
+    try:
+        if v and float(v) > 0:
+            return timedelta(seconds=float(v))
+    except ValueError:
+        pass
+    return dist.default_pg_timeout
+
+
 def _custom_comm(group: Any, device: torch.device, algo: str) -> _s.Comm:
     """The strata communicator of ``group``'s ranks with default algorithm ``algo``
     (made on first use by the group's members, then cached)."""
@@ -770,10 +921,12 @@ def _custom_comm(group: Any, device: torch.device, algo: str) -> _s.Comm:
         me = ranks.index(dist.get_rank())
         if me == 0:
             store.set(name, bytes(_s.get_unique_id("nccl")))
-        store.wait([name])
+        # A member that never comes is an error after the timeout, not a hang.
+        store.wait([name], _default_timeout())
         uid = _s.UniqueId.from_bytes(store.get(name))
         topo = group_topology(os.environ.get("STRATA_TOPOLOGY"), dist.get_world_size(), ranks)
-        comm = _s.init_rank(len(ranks), uid, me, transport="nccl", topology=topo, algo=algo)
+        with torch.cuda.device(device):
+            comm = _s.init_rank(len(ranks), uid, me, transport="nccl", topology=topo, algo=algo)
     else:
         raise RuntimeError(f"strata custom comm: tensors on {device}")
     with _LOCK:

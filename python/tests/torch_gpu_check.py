@@ -11,6 +11,12 @@ under torchrun (one process per GPU; scripts/gpu-transports-check runs it)::
 - Stream order: the input is written by kernels queued behind a long sleep on the
   current stream, and the result is read by the next kernel, without any synchronize;
   the same on a side stream made current.
+- NCCL's stream semantics: ``async_op=False`` and ``async_op=True`` both return to the
+  host while the GPU is still busy behind a long sleep; an async call's ``wait()`` on a
+  side stream orders that stream's consumer after the collective (checked with only that
+  stream synchronized); ``get_future()`` yields the result on the device; in the group
+  form ``is_completed()`` is False while the GPU sleeps and True after; ``barrier()``
+  (no MPI under torchrun) and ``barrier(device_ids=[local])`` run on the GPU.
 - FSDP2 on GPU: the small transformer of torch_fsdp_check.py, 20 steps, fp32, with
   strata groups and with nccl groups plus strata's ``hier`` custom comms, against nccl
   groups: losses within 1e-5 relative.
@@ -135,6 +141,50 @@ def stream_order(sg):
         calls += 1
 
 
+def cuda_semantics(sg):
+    """NCCL's stream semantics of the CUDA path (see the module)."""
+    import time
+    global calls
+    p = dist.get_world_size(sg)
+    want = float(p * (p + 1) // 2)
+    for async_op in (False, True):
+        x = torch.empty(1 << 20, device="cuda")
+        torch.cuda._sleep(400_000_000)  # ~0.2 s of GPU time on the current stream
+        x.fill_(dist.get_rank() + 1)
+        t0 = time.monotonic()
+        w = dist.all_reduce(x, group=sg, async_op=async_op)
+        host = time.monotonic() - t0
+        if host > 0.1:
+            raise AssertionError(f"all_reduce(async_op={async_op}) held the host {host:.3f} s behind the GPU")
+        if async_op:
+            if st.FORM == "group" and w.is_completed():
+                raise AssertionError("is_completed() is True while the GPU still sleeps before the call")
+            side = torch.cuda.Stream()
+            with torch.cuda.stream(side):
+                w.wait()
+                y = x * 2
+            side.synchronize()  # that stream only: its wait() ordered it after the call
+            if not torch.all(y == 2 * want):
+                raise AssertionError(f"consumer on a side stream after wait(): {y[:4]} != {2 * want}")
+            fut = w.get_future()
+            got = fut.wait()
+            t = got[0] if isinstance(got, (list, tuple)) else got
+            torch.cuda.synchronize()
+            if not torch.all(t == want):
+                raise AssertionError(f"get_future(): {t[:4]} != {want}")
+            if st.FORM == "group" and not w.is_completed():
+                raise AssertionError("is_completed() is False after the device synchronized")
+        else:
+            y = x * 2  # the current stream: ordered after the call without any wait
+            torch.cuda.synchronize()
+            if not torch.all(y == 2 * want):
+                raise AssertionError(f"async_op=False result on the current stream: {y[:4]} != {2 * want}")
+        calls += 1
+    dist.barrier(group=sg)
+    dist.barrier(group=sg, device_ids=[torch.cuda.current_device()])
+    calls += 2
+
+
 def fsdp(variant, loss_group):
     """20 FSDP2 steps on GPU; the mean loss per step (averaged over ``loss_group``)."""
     group = dist.new_group(backend="strata" if variant == "strata" else "nccl")
@@ -175,6 +225,7 @@ def main():
         if r in evens:
             calls_equal(sg, ng, "evens")
     stream_order(None)
+    cuda_semantics(None)
     ref = fsdp("nccl", nccl_world)
     rows = []
     for variant in ("strata", "hier"):
@@ -190,7 +241,7 @@ def main():
             print(f"{v:12} {a:9.5f} {b:9.5f} {w:10.2e}")
         if not PREMUL_FACTOR:
             print(f"PREMUL_SUM: torch {torch.__version__} has no ReduceOp.factor: refused with a clear error")
-        print(f"torch gpu check OK (world {p}, {calls} calls equal to nccl's)")
+        print(f"torch gpu check OK (world {p}, {calls} calls equal to nccl's, strata as torch's {st.FORM})")
     dist.destroy_process_group()
 
 
