@@ -3,7 +3,7 @@
 ``import strata.torch`` registers the backend ``"strata"``::
 
     import torch.distributed as dist, strata.torch
-    dist.init_process_group("strata")            # or "cpu:strata,cuda:nccl", ...
+    dist.init_process_group("strata")            # or "cpu:gloo,cuda:strata", ...
 
 - Two forms: where torch's ``c10d.Backend`` takes Python subclasses (``PyBackend``,
   torch 2.15 here; probed at import, ``FORM``), a per-device backend (``BackendStrata``):
@@ -829,10 +829,18 @@ class BackendStrata(_Ops, _c10d.Backend):
 
 
 class ProcessGroupStrata(_Ops, dist.ProcessGroup):
-    """strata as a whole ``ProcessGroup`` serving every device, for torch without Python
-    ``Backend`` subclasses (``STRATA_TORCH_BACKEND=group`` forces it): torch's legacy
-    branch for such a creator replaces the whole group, so a mixed backend string loses
-    its other backend, and C++ lookups by device fail."""
+    """strata as a whole ``ProcessGroup``, for torch without Python ``Backend``
+    subclasses (``STRATA_TORCH_BACKEND=group`` forces it). torch's branch for such a
+    creator replaces the whole group, so this group composes the other backends of a
+    mixed string itself: ``"cpu:gloo,cuda:strata"`` gives it a real gloo backend over the
+    same ranks, and every call on CPU tensors goes to it (``others``). C++ lookups by
+    device (DTensor, functional collectives) do not find a group of this form."""
+
+    def __init__(self, *args: Any, others: Optional[dict] = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: device type -> the torch ``Backend`` serving it (another backend of the string)
+        self._others: dict = dict(others or {})
+        self._other_works: List[Any] = []
 
     # -- identity (a Python group has no C++ backend to hold its name) --
     @property
@@ -850,6 +858,109 @@ class ProcessGroupStrata(_Ops, dist.ProcessGroup):
 
     def name(self) -> str:
         return BACKEND
+
+    def _other(self, device_type: str) -> Any:
+        return self._others.get(device_type)
+
+    def _start_coalescing(self, device: Any = None) -> None:
+        other = self._other(torch.device(device).type) if device is not None else None
+        if other is not None:
+            other._start_coalescing()
+            return
+        _Ops._start_coalescing(self, device)
+
+    def _end_coalescing(self, device: Any = None) -> dist.Work:
+        other = self._other(torch.device(device).type) if device is not None else None
+        if other is not None:
+            return other._end_coalescing()
+        return _Ops._end_coalescing(self, device)
+
+    start_coalescing = _start_coalescing
+    end_coalescing = _end_coalescing
+
+    def barrier(self, opts: Any = None) -> dist.Work:
+        dev = getattr(opts, "device", None)
+        other = self._other(torch.device(dev).type) if dev is not None else None
+        if other is not None and not list(getattr(opts, "device_ids", None) or []):
+            return other.barrier(opts) if opts is not None else other.barrier()
+        return _Ops.barrier(self, opts)
+
+
+# The group form's methods and the name of each on a torch Backend (a composed gloo).
+_DELEGATED = {
+    "allreduce": "allreduce", "allreduce_coalesced": "allreduce_coalesced", "reduce": "reduce",
+    "gather": "gather", "scatter": "scatter", "all_gather_single": "_allgather_base",
+    "_allgather_base": "_allgather_base", "all_gather_single_coalesced": "all_gather_single_coalesced",
+    "allgather_into_tensor_coalesced": "all_gather_single_coalesced", "allgather": "allgather",
+    "reduce_scatter_single": "_reduce_scatter_base", "_reduce_scatter_base": "_reduce_scatter_base",
+    "reduce_scatter_single_coalesced": "reduce_scatter_single_coalesced",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter_single_coalesced", "reduce_scatter": "reduce_scatter",
+    "broadcast": "broadcast", "all_to_all_single": "alltoall_base", "alltoall_base": "alltoall_base",
+    "alltoall": "alltoall", "send": "send", "recv": "recv",
+}  # fmt: skip
+
+
+def _first_tensor(x: Any) -> Optional[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        return x
+    if isinstance(x, (list, tuple)):
+        for y in x:
+            t = _first_tensor(y)
+            if t is not None:
+                return t
+    return None
+
+
+def _delegating(name: str, target: str) -> Callable[..., Any]:
+    own = getattr(_Ops, name)
+
+    def method(self: ProcessGroupStrata, *args: Any, **kwargs: Any) -> Any:
+        t = _first_tensor(list(args))
+        other = self._other(t.device.type) if t is not None else None
+        if other is not None:
+            return getattr(other, target)(*args, **kwargs)
+        return own(self, *args, **kwargs)
+    method.__name__ = name
+    method.__doc__ = own.__doc__
+    return method
+
+
+for _name, _target in _DELEGATED.items():
+    setattr(ProcessGroupStrata, _name, _delegating(_name, _target))
+
+
+def _device_backends() -> dict:
+    """The device -> backend name map of the group torch is making now (its helper's
+    ``backend_config``), or {} where this torch does not show it: what the group form
+    composes. Read from the caller frames, as no creator argument carries it."""
+    import inspect
+    frame = inspect.currentframe()
+    try:
+        while frame is not None:
+            cfg = frame.f_locals.get("backend_config")
+            if cfg is not None and hasattr(cfg, "get_device_backend_map"):
+                return {str(k): str(v) for k, v in cfg.get_device_backend_map().items()}
+            frame = frame.f_back
+    finally:
+        del frame
+    return {}
+
+
+def _compose(opts: Any) -> dict:
+    """The other backends of a mixed string for the group form: a gloo backend over the
+    same ranks for each device the string gives gloo (its own store prefix). Other
+    backends (nccl for CUDA beside strata for CPU) cannot be composed and are refused."""
+    others = {}
+    for device, name in _device_backends().items():
+        if name.lower() == BACKEND:
+            continue
+        if name.lower() != "gloo":
+            raise RuntimeError(f"strata backend: {device}:{name} beside strata needs torch with Python Backend "
+                               f"subclasses (this torch {torch.__version__}: strata takes the whole group, "
+                               "and composes only gloo)")
+        store = dist.PrefixStore(f"strata-compose/{device}/", opts.store)
+        others[device] = _c10d.ProcessGroupGloo(store, opts.group_rank, opts.group_size, opts.timeout)
+    return others
 
 
 def _python_backends() -> bool:
@@ -1117,9 +1228,11 @@ def _world_cpu(size: Optional[int] = None) -> _s.Comm:
 
 def _create(opts: Any, backend_options: Any) -> _Ops:
     ranks = list(opts.global_ranks_in_group or [])
-    cls = BackendStrata if FORM == "backend" else ProcessGroupStrata
-    return cls(opts.store, opts.group_rank, opts.group_size, opts.timeout, ranks if ranks else None,
-               str(opts.group_id))
+    args = (opts.store, opts.group_rank, opts.group_size, opts.timeout, ranks if ranks else None,
+            str(opts.group_id))
+    if FORM == "backend":
+        return BackendStrata(*args)
+    return ProcessGroupStrata(*args, others=_compose(opts))
 
 
 dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu", "cuda"])

@@ -7,9 +7,10 @@
 1. ``init_process_group("cpu:gloo,cuda:strata")``: CPU calls are gloo's (strata serves
    none, ``strata.torch.served()``), then ``"cpu:strata,cuda:gloo"``: strata serves them.
    In the whole-group form (torch without Python ``Backend`` subclasses, or
-   ``STRATA_TORCH_BACKEND=group``) torch replaces the whole group with strata's, so only
-   the second string is checked there, and the meshes are skipped (DTensor looks its
-   backend up by device).
+   ``STRATA_TORCH_BACKEND=group``) torch replaces the whole group with strata's, which
+   composes a real gloo backend for the CPU itself: the same checks hold, and the
+   meshes are skipped (DTensor looks its backend up by device, which that form cannot
+   serve).
 2. With ``init_process_group("strata")``, on every mesh the world size allows (``(p)``,
    ``(2, p/2)``, ``(2, 2, p/4)``): ``distribute_tensor`` on every placement combination
    of Replicate / Shard(0) / Shard(1), ``full_tensor``, ``redistribute`` from Partial
@@ -63,16 +64,23 @@ def mixed_strings():
     r = int(os.environ["RANK"])
     p = int(os.environ["WORLD_SIZE"])
     want = float(sum(range(p)))
+    dist.init_process_group("cpu:gloo,cuda:strata")
+    before = cpu_served()
+    t = torch.full((4,), float(r))
+    dist.all_reduce(t)
+    ok(torch.equal(t, torch.full((4,), want)), "all_reduce under cpu:gloo,cuda:strata")
+    xs = [torch.empty(2) for _ in range(p)]
+    dist.all_gather(xs, torch.full((2,), float(r)))
+    ok(torch.equal(torch.stack(xs)[:, 0], torch.arange(p, dtype=torch.float32)), "all_gather under cpu:gloo")
+    dist.barrier()
+    ok(cpu_served() == before, "cpu:gloo,cuda:strata: strata served a CPU call")
     if st.FORM == "backend":
-        dist.init_process_group("cpu:gloo,cuda:strata")
-        before = cpu_served()
-        t = torch.full((4,), float(r))
-        dist.all_reduce(t)
-        ok(torch.equal(t, torch.full((4,), want)), "all_reduce under cpu:gloo,cuda:strata")
-        ok(cpu_served() == before, "cpu:gloo,cuda:strata: strata served a CPU call")
-        ok("gloo" in type(dist.group.WORLD._get_backend(torch.device("cpu"))).__name__.lower(),
-           "cpu:gloo,cuda:strata: the CPU backend is not gloo")
-        dist.destroy_process_group()
+        cpu = dist.group.WORLD._get_backend(torch.device("cpu"))
+    else:
+        cpu = dist.group.WORLD._others.get("cpu")
+    ok(cpu is not None and "gloo" in type(cpu).__name__.lower(),
+       f"cpu:gloo,cuda:strata: the CPU backend is {type(cpu).__name__}, not gloo")
+    dist.destroy_process_group()
     dist.init_process_group("cpu:strata,cuda:gloo")
     before = cpu_served()
     t = torch.full((4,), float(r))
@@ -145,7 +153,7 @@ def main():
             mesh_checks(shape)
     dist.barrier()
     if dist.get_rank() == 0:
-        note = "" if st.FORM == "backend" else " (whole-group form: no DTensor, no mixed strings)"
+        note = "" if st.FORM == "backend" else " (whole-group form: mixed strings only, no DTensor)"
         print(f"torch mesh check: {checks} checks OK on meshes {shapes}, strata as torch's {st.FORM}{note}")
     dist.destroy_process_group()
 
