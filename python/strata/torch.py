@@ -118,22 +118,41 @@ class _Waiter:
         self._q.put(None)
 
 
+#: torch's bitwise reductions (gloo has them, NCCL does not): integer and bool tensors,
+#: an all-gather and the reduction in rank order on every rank (p times the traffic).
+_BITWISE = {"band": torch.bitwise_and, "bor": torch.bitwise_or, "bxor": torch.bitwise_xor}
+
+
+def _premul_factor(op: Any) -> Any:
+    """PREMUL_SUM's factor (a number or a tensor): ``ReduceOp.factor`` where torch
+    exposes it (2.15), else from the op's pickled state ``(PREMUL_SUM, factor)`` (2.11)."""
+    f = getattr(op, "factor", None)
+    if f is None:
+        try:
+            state = op.__getstate__()
+        except Exception:
+            return None
+        if isinstance(state, tuple) and len(state) == 2:
+            f = state[1]
+    return f
+
+
 def _redop(op: Any, method: str):
     """(strata op name, premultiply factor or None) of a torch ReduceOp."""
     kind = getattr(op, "op", op)
     R = ReduceOp.RedOpType
-    table = {R.SUM: "sum", R.AVG: "avg", R.MAX: "max", R.MIN: "min", R.PRODUCT: "prod"}
+    table = {R.SUM: "sum", R.AVG: "avg", R.MAX: "max", R.MIN: "min", R.PRODUCT: "prod",
+             R.BAND: "band", R.BOR: "bor", R.BXOR: "bxor"}
     if kind in table:
         return table[kind], None
     if kind == R.PREMUL_SUM:
-        f = getattr(op, "factor", None)
+        f = _premul_factor(op)
         if f is None:
-            # torch hands a Python backend the factor as ReduceOp.factor only from some
-            # version on; before, it stays inside the C++ op, out of reach.
-            raise _unsupported(method, f"PREMUL_SUM: this torch ({torch.__version__}) does not give a "
-                               "Python backend its factor (ReduceOp.factor); use SUM and scale, or AVG")
+            raise _unsupported(method, f"PREMUL_SUM: this torch ({torch.__version__}) gives a Python backend "
+                               "no factor; use SUM and scale, or AVG")
         return "sum", f
-    raise _unsupported(method, f"reduce op {kind} (supported: SUM, AVG, MAX, MIN, PRODUCT, PREMUL_SUM)")
+    raise _unsupported(method, f"reduce op {kind} (supported: SUM, AVG, MAX, MIN, PRODUCT, PREMUL_SUM, BAND, "
+                       "BOR, BXOR)")
 
 
 def _check_reduce_dtype(t: torch.Tensor, method: str) -> None:
@@ -385,6 +404,10 @@ class _Ops:
 
     def _allreduce(self, method: str, tensors: List[torch.Tensor], op: Any, opts: Any = None) -> dist.Work:
         name, factor = _redop(op, method)
+        if name in _BITWISE:
+            def into(t: torch.Tensor, acc: torch.Tensor) -> None:
+                t.copy_(acc.reshape(t.shape))
+            return self._bitwise(method, tensors, name, [into] * len(tensors), opts)
         name = _bool_op(name, tensors, method)
         work_ts, posts = [], []
         for t in tensors:
@@ -407,6 +430,32 @@ class _Ops:
                 t.copy_(w)
         return self._issue(method, tensors, run, tensors, post if posts else None, opts=opts)
 
+    def _bitwise(self, method: str, tensors: List[torch.Tensor], name: str,
+                 finish: List[Callable[[torch.Tensor, torch.Tensor], None]], opts: Any,
+                 result: Any = None) -> dist.Work:
+        """BAND / BOR / BXOR: all-gather every rank's tensor, then reduce in rank order;
+        ``finish[i](tensor, result)`` puts tensor i's flat result where it belongs."""
+        n = self.size()
+        items = []
+        for t in tensors:
+            if t.is_floating_point() or t.is_complex():
+                raise _unsupported(method, f"{name.upper()} on {t.dtype} (integer and bool tensors)")
+            src = t.detach().contiguous().reshape(-1)
+            items.append((t, src, torch.empty((n, src.numel()), dtype=t.dtype, device=t.device)))
+
+        def run(comm, a):
+            return self._grouped([lambda s=s, g=g: comm.all_gather(_movable(s), _movable(g), async_op=a)
+                                  for _, s, g in items])
+
+        def post():
+            f = _BITWISE[name]
+            for (t, _, g), fin in zip(items, finish):
+                acc = g[0].clone()
+                for k in range(1, n):
+                    acc = f(acc, g[k])
+                fin(t, acc)
+        return self._issue(method, tensors, run, tensors if result is None else result, post, opts=opts)
+
     def reduce(self, tensors: List[torch.Tensor], opts: Any = None) -> dist.Work:
         """``dist.reduce``: the result on the root only, as a reduce-scatter then a gather
         of the reduced chunks to the root (each rank sends (p-1)/p of the tensor into the
@@ -416,8 +465,13 @@ class _Ops:
         op = opts.reduceOp if opts is not None else ReduceOp.SUM
         root = opts.rootRank if opts is not None else 0
         name, factor = _redop(op, method)
-        name = _bool_op(name, tensors, method)
         n, me = self.size(), self.rank()
+        if name in _BITWISE:
+            def on_root(t: torch.Tensor, acc: torch.Tensor) -> None:
+                if me == root:
+                    t.copy_(acc.reshape(t.shape))
+            return self._bitwise(method, tensors, name, [on_root] * len(tensors), opts)
+        name = _bool_op(name, tensors, method)
         items = []
         for t in tensors:
             _check_reduce_dtype(t, method)
@@ -591,8 +645,14 @@ class _Ops:
     def _rs_pairs(self, method: str, outputs: List[torch.Tensor], inputs: List[torch.Tensor],
                   op: Any, opts: Any = None) -> dist.Work:
         name, factor = _redop(op, method)
-        name = _bool_op(name, inputs, method)
         n = self.size()
+        if name in _BITWISE:
+            me = self.rank()
+
+            def chunk(o: torch.Tensor) -> Callable[[torch.Tensor, torch.Tensor], None]:
+                return lambda _, acc: o.copy_(acc[me * o.numel():(me + 1) * o.numel()].reshape(o.shape))
+            return self._bitwise(method, list(inputs), name, [chunk(o) for o in outputs], opts, outputs)
+        name = _bool_op(name, inputs, method)
         pairs, posts = [], []
         for o, i in zip(outputs, inputs):
             _check_reduce_dtype(i, method)
