@@ -34,8 +34,10 @@
   Reduce ops SUM, AVG (the exact mean), MAX, MIN, PRODUCT and PREMUL_SUM; reductions on
   float32, float64, float16, bfloat16, int8, uint8, int32, int64 (exact: token and sample
   counts), uint32 and uint64 where torch has them, and bool as ProcessGroupNCCL does it
-  (SUM and MAX are a logical or, PRODUCT and MIN a logical and, AVG refused); data
-  movement on any dtype. Anything else raises a ``RuntimeError`` naming the method.
+  (SUM and MAX are a logical or, PRODUCT and MIN a logical and, AVG refused), complex
+  as real and imaginary parts (SUM, AVG, PREMUL_SUM); BAND / BOR / BXOR on integers and
+  bool (an all-gather, then the reduction in rank order); data movement on any dtype.
+  Anything else raises a ``RuntimeError`` naming the method.
 - Every call returns a ``Work`` at once. CPU: strata's nonblocking calls on the
   communicator's host stream, completed by a waiter thread; until it completes the
   tensors are strata's; a coalesced block is complete when ``_end_coalescing`` returns.
@@ -156,14 +158,19 @@ def _redop(op: Any, method: str):
 
 
 def _check_reduce_dtype(t: torch.Tensor, method: str) -> None:
-    if t.dtype not in _REDUCE_DTYPES and t.dtype != torch.bool:
+    if t.dtype not in _REDUCE_DTYPES and t.dtype not in (torch.bool, torch.complex64, torch.complex128):
         raise _unsupported(method, f"reductions on {t.dtype} (strata reduces float32, float64, "
-                           "float16, bfloat16, int8, uint8, int32, int64, uint32, uint64, bool)")
+                           "float16, bfloat16, int8, uint8, int32, int64, uint32, uint64, bool, complex64, "
+                           "complex128)")
 
 
 def _bool_op(name: str, tensors: Sequence[torch.Tensor], method: str) -> str:
     """The op on bool tensors (their bytes, 0 or 1, as uint8), as ProcessGroupNCCL maps it:
-    SUM and MAX are a logical or, PRODUCT and MIN a logical and; AVG has no meaning."""
+    SUM and MAX are a logical or, PRODUCT and MIN a logical and; AVG has no meaning.
+    Complex tensors reduce as their real and imaginary parts (SUM, AVG, PREMUL_SUM only,
+    as NCCL's)."""
+    if any(t.is_complex() for t in tensors) and name not in ("sum", "avg"):
+        raise _unsupported(method, f"{name.upper()} on complex tensors (SUM, AVG and PREMUL_SUM only)")
     if not any(t.dtype == torch.bool for t in tensors):
         return name
     if name == "avg":
@@ -172,8 +179,13 @@ def _bool_op(name: str, tensors: Sequence[torch.Tensor], method: str) -> str:
 
 
 def _reducible(t: torch.Tensor) -> torch.Tensor:
-    """What strata reduces for ``t``: itself, or a bool tensor's bytes as uint8."""
-    return t.view(torch.uint8) if t.dtype == torch.bool else t
+    """What strata reduces for ``t``: itself, a bool tensor's bytes as uint8, a complex
+    tensor's real and imaginary parts as floats (interleaved, so chunks stay whole)."""
+    if t.dtype == torch.bool:
+        return t.view(torch.uint8)
+    if t.is_complex():
+        return torch.view_as_real(t).reshape(-1)
+    return t
 
 
 def _movable(t: torch.Tensor) -> torch.Tensor:
