@@ -249,8 +249,6 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except BaseException as e:
-        print(f"FAILED: {e!r}", file=sys.stderr)
-        raise
+    from check_main import run
+
+    run(main)

@@ -13,7 +13,6 @@ raises.
 """
 
 import os
-import sys
 
 os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
 os.environ.setdefault("MASTER_PORT", "29533")
@@ -272,8 +271,6 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except BaseException as e:
-        import traceback; traceback.print_exc(); print(f"FAILED: {e!r}", file=sys.stderr)
-        raise
+    from check_main import run
+
+    run(main)

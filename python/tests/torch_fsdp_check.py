@@ -30,7 +30,6 @@ block's largest magnitude and int4 blocks a gradient within 1/14 of its block's 
 """
 
 import os
-import sys
 
 os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
 os.environ.setdefault("MASTER_PORT", "29571")
@@ -185,8 +184,6 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except BaseException as e:
-        print(f"FAILED: {e!r}", file=sys.stderr)
-        raise
+    from check_main import run
+
+    run(main)

@@ -25,7 +25,6 @@ Rank 0 prints ``torch mesh check: N checks OK``; any difference raises.
 import itertools
 import logging
 import os
-import sys
 
 os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
 os.environ.setdefault("MASTER_PORT", "29564")
@@ -44,6 +43,7 @@ import strata.torch as st  # noqa: E402
 # dimension: what this check does on purpose.
 logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
 checks = 0
+BASE_PORT = int(os.environ["MASTER_PORT"])
 # The names of torch 2.15 (the older ones are deprecated there).
 ALL_GATHER = getattr(fc, "all_gather_single", None) or fc.all_gather_tensor
 REDUCE_SCATTER = getattr(fc, "reduce_scatter_single", None) or fc.reduce_scatter_tensor
@@ -56,6 +56,13 @@ def ok(cond, what):
         raise AssertionError(f"rank {dist.get_rank()}: {what}")
 
 
+def init(backend, k):
+    """``init_process_group`` number ``k`` of this process, on its own store port: a
+    store made again on the port just closed can refuse the ranks still leaving it."""
+    os.environ["MASTER_PORT"] = str(BASE_PORT + k)
+    dist.init_process_group(backend)
+
+
 def cpu_served():
     return st.served().get("cpu", 0)
 
@@ -64,7 +71,7 @@ def mixed_strings():
     r = int(os.environ["RANK"])
     p = int(os.environ["WORLD_SIZE"])
     want = float(sum(range(p)))
-    dist.init_process_group("cpu:gloo,cuda:strata")
+    init("cpu:gloo,cuda:strata", 0)
     before = cpu_served()
     t = torch.full((4,), float(r))
     dist.all_reduce(t)
@@ -81,7 +88,7 @@ def mixed_strings():
     ok(cpu is not None and "gloo" in type(cpu).__name__.lower(),
        f"cpu:gloo,cuda:strata: the CPU backend is {type(cpu).__name__}, not gloo")
     dist.destroy_process_group()
-    dist.init_process_group("cpu:strata,cuda:gloo")
+    init("cpu:strata,cuda:gloo", 1)
     before = cpu_served()
     t = torch.full((4,), float(r))
     dist.all_reduce(t)
@@ -141,7 +148,7 @@ def mesh_checks(shape):
 
 def main():
     mixed_strings()
-    dist.init_process_group("strata")
+    init("strata", 2)
     p = dist.get_world_size()
     shapes = [(p,)]
     if p % 2 == 0 and p >= 4:
@@ -159,8 +166,6 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except BaseException as e:
-        print(f"FAILED: {e!r}", file=sys.stderr)
-        raise
+    from check_main import run
+
+    run(main)
