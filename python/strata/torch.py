@@ -157,18 +157,19 @@ def _redop(op: Any, method: str):
                        "BOR, BXOR)")
 
 
-def _check_reduce_dtype(t: torch.Tensor, method: str) -> None:
-    if t.dtype not in _REDUCE_DTYPES and t.dtype not in (torch.bool, torch.complex64, torch.complex128):
-        raise _unsupported(method, f"reductions on {t.dtype} (strata reduces float32, float64, "
-                           "float16, bfloat16, int8, uint8, int32, int64, uint32, uint64, bool, complex64, "
-                           "complex128)")
-
-
-def _bool_op(name: str, tensors: Sequence[torch.Tensor], method: str) -> str:
-    """The op on bool tensors (their bytes, 0 or 1, as uint8), as ProcessGroupNCCL maps it:
-    SUM and MAX are a logical or, PRODUCT and MIN a logical and; AVG has no meaning.
-    Complex tensors reduce as their real and imaginary parts (SUM, AVG, PREMUL_SUM only,
-    as NCCL's)."""
+def _reduction_op(name: str, factor: Any, tensors: Sequence[torch.Tensor], method: str) -> str:
+    """The strata op reducing ``tensors`` with torch's op ``name`` (``factor``: PREMUL_SUM's),
+    after checking their dtypes. bool tensors (their bytes, 0 or 1, as uint8) as
+    ProcessGroupNCCL maps them: SUM and MAX are a logical or, PRODUCT and MIN a logical
+    and; AVG and PREMUL_SUM have no meaning. Complex tensors reduce as their real and
+    imaginary parts (SUM, AVG, PREMUL_SUM only, as NCCL's)."""
+    for t in tensors:
+        if t.dtype not in _REDUCE_DTYPES and t.dtype not in (torch.bool, torch.complex64, torch.complex128):
+            raise _unsupported(method, f"reductions on {t.dtype} (strata reduces float32, float64, "
+                               "float16, bfloat16, int8, uint8, int32, int64, uint32, uint64, bool, complex64, "
+                               "complex128)")
+        if factor is not None and t.dtype == torch.bool:
+            raise _unsupported(method, "PREMUL_SUM on bool tensors")
     if any(t.is_complex() for t in tensors) and name not in ("sum", "avg"):
         raise _unsupported(method, f"{name.upper()} on complex tensors (SUM, AVG and PREMUL_SUM only)")
     if not any(t.dtype == torch.bool for t in tensors):
@@ -420,12 +421,9 @@ class _Ops:
             def into(t: torch.Tensor, acc: torch.Tensor) -> None:
                 t.copy_(acc.reshape(t.shape))
             return self._bitwise(method, tensors, name, [into] * len(tensors), opts)
-        name = _bool_op(name, tensors, method)
+        name = _reduction_op(name, factor, tensors, method)
         work_ts, posts = [], []
         for t in tensors:
-            _check_reduce_dtype(t, method)
-            if factor is not None and t.dtype == torch.bool:
-                raise _unsupported(method, "PREMUL_SUM on bool tensors")
             w = t if t.is_contiguous() else t.contiguous()
             if factor is not None:
                 w = w * factor if w is t else w.mul_(factor)
@@ -483,12 +481,9 @@ class _Ops:
                 if me == root:
                     t.copy_(acc.reshape(t.shape))
             return self._bitwise(method, tensors, name, [on_root] * len(tensors), opts)
-        name = _bool_op(name, tensors, method)
+        name = _reduction_op(name, factor, tensors, method)
         items = []
         for t in tensors:
-            _check_reduce_dtype(t, method)
-            if factor is not None and t.dtype == torch.bool:
-                raise _unsupported(method, "PREMUL_SUM on bool tensors")
             flat = t.detach().reshape(-1)
             q = -(-flat.numel() // n)
             # A padded copy: the reduce-scatter's input, whose own chunk is its output.
@@ -664,12 +659,9 @@ class _Ops:
             def chunk(o: torch.Tensor) -> Callable[[torch.Tensor, torch.Tensor], None]:
                 return lambda _, acc: o.copy_(acc[me * o.numel():(me + 1) * o.numel()].reshape(o.shape))
             return self._bitwise(method, list(inputs), name, [chunk(o) for o in outputs], opts, outputs)
-        name = _bool_op(name, inputs, method)
+        name = _reduction_op(name, factor, inputs, method)
         pairs, posts = [], []
         for o, i in zip(outputs, inputs):
-            _check_reduce_dtype(i, method)
-            if factor is not None and i.dtype == torch.bool:
-                raise _unsupported(method, "PREMUL_SUM on bool tensors")
             if i.numel() != n * o.numel() or o.dtype != i.dtype:
                 raise _unsupported(method, f"input of {i.numel()} {i.dtype} for output of "
                                    f"{o.numel()} {o.dtype} over {n} ranks")
