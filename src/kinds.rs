@@ -14,8 +14,15 @@ use std::str::FromStr;
 pub enum Algo {
     /// The flat ring over the whole communicator (the transport's native collective).
     Ring,
-    /// MiCS hierarchical all-gather / reduce-scatter over the topology's levels.
+    /// MiCS hierarchical all-gather / reduce-scatter over the topology's levels, its
+    /// inter-node stage a ring or log-step, whichever the model says is faster.
     Hier,
+    /// `hier` with rings at every stage (MiCS as published).
+    HierRing,
+    /// `hier` with the log-step inter-node stage.
+    HierLog,
+    /// Log-step (Bruck) all-gather / reduce-scatter over the whole communicator.
+    LogStep,
     /// PaRO hierarchical overlapping rings (levels' rings run at once, pipelined).
     HoRing,
     /// ZeRO++ qgZ: quantized 2-hop all-to-all reduce-scatter.
@@ -30,9 +37,12 @@ pub enum Algo {
 
 impl Algo {
     /// Every selectable name.
-    pub const ALL: [Algo; 7] = [
+    pub const ALL: [Algo; 10] = [
         Algo::Ring,
         Algo::Hier,
+        Algo::HierRing,
+        Algo::HierLog,
+        Algo::LogStep,
         Algo::HoRing,
         Algo::Qgz,
         Algo::Qgz1,
@@ -45,6 +55,9 @@ impl Algo {
         match self {
             Algo::Ring => "ring",
             Algo::Hier => "hier",
+            Algo::HierRing => "hier-ring",
+            Algo::HierLog => "hier-log",
+            Algo::LogStep => "log-step",
             Algo::HoRing => "ho-ring",
             Algo::Qgz => "qgz",
             Algo::Qgz1 => "qgz-1hop",
@@ -67,13 +80,16 @@ impl FromStr for Algo {
         match s.as_str() {
             "ring" | "native" | "flat" => Ok(Algo::Ring),
             "hier" | "hierarchical" | "mics" => Ok(Algo::Hier),
+            "hier-ring" => Ok(Algo::HierRing),
+            "hier-log" => Ok(Algo::HierLog),
+            "log-step" | "log" | "bruck" => Ok(Algo::LogStep),
             "ho-ring" | "horing" | "ho_ring" => Ok(Algo::HoRing),
             "qgz" => Ok(Algo::Qgz),
             "qgz-1hop" | "qgz1" => Ok(Algo::Qgz1),
             "qwz" => Ok(Algo::Qwz),
             "auto" => Ok(Algo::Auto),
             _ => Err(Error::InvalidArgument(format!(
-                "unknown algorithm '{s}' (ring, hier, ho-ring, qgz, qgz-1hop, qwz, auto)"
+                "unknown algorithm '{s}' (ring, hier, hier-ring, hier-log, log-step, ho-ring, qgz, qgz-1hop, qwz, auto)"
             ))),
         }
     }

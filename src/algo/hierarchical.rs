@@ -32,20 +32,50 @@ use crate::kinds::Kind;
 use crate::memory::Buffer;
 use crate::runtime::{CommCore, Op, Request};
 
-/// The hierarchical algorithm.
-pub struct Hier;
+/// How `hier` runs its inter-node stage (level 0, one rank per node in each group).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Inter {
+    /// Rings (`hier-ring`: MiCS as published).
+    Ring,
+    /// The log-step algorithm of [`super::log_step`] (`hier-log`).
+    LogStep,
+    /// Whichever the model says is faster for the call ([`super::select::stage_log_step`]).
+    Auto,
+}
+
+/// The hierarchical algorithm, with its inter-node stage's form.
+pub struct Hier(pub Inter);
 
 impl Algorithm for Hier {
     fn algo(&self) -> Algo {
-        Algo::Hier
+        match self.0 {
+            Inter::Ring => Algo::HierRing,
+            Inter::LogStep => Algo::HierLog,
+            Inter::Auto => Algo::Hier,
+        }
     }
 
     fn unsupported(&self, s: &Shape) -> Option<String> {
-        levels_unsupported(s, "hier")
+        levels_unsupported(s, self.algo().name())
     }
 
     fn run(&self, comm: &CommCore, req: &Request) -> Result<()> {
-        hier_run(comm, req)
+        hier_run(comm, req, self.0)
+    }
+}
+
+/// True when the level-0 stage of `g` ranks moving `c` bytes per rank runs log-step.
+fn stage_log(comm: &CommCore, inter: Inter, g: usize, c: usize) -> bool {
+    match inter {
+        Inter::Ring => false,
+        Inter::LogStep => true,
+        Inter::Auto => {
+            let class = comm
+                .hierarchy()
+                .map(|h| h.levels[0].0.link_class())
+                .unwrap_or(crate::topology::LinkClass::InterNode);
+            super::select::stage_log_step(comm.topology(), class, g, c)
+        }
     }
 }
 
@@ -79,45 +109,62 @@ pub(crate) fn levels_unsupported(s: &Shape, what: &str) -> Option<String> {
     }
 }
 
-fn hier_run(comm: &CommCore, req: &Request) -> Result<()> {
+fn hier_run(comm: &CommCore, req: &Request, inter: Inter) -> Result<()> {
     let dt = req.dtype;
+    let ag = |comm: &CommCore, send: &Buffer, recv: &Buffer, c: usize| {
+        all_gather_with(comm, send, recv, c, inter)
+    };
+    let rs = |comm: &CommCore, send: &Buffer, recv: &Buffer, n: usize, dt, op| {
+        reduce_scatter_with(comm, send, recv, n, dt, op, inter)
+    };
     match &req.op {
-        Op::AllGather { send, recv, count } => all_gather(comm, send, recv, count * dt.size()),
+        Op::AllGather { send, recv, count } => ag(comm, send, recv, count * dt.size()),
         Op::ReduceScatter {
             send,
             recv,
             count,
             op,
-        } => reduce_scatter(comm, send, recv, *count, dt, *op),
+        } => rs(comm, send, recv, *count, dt, *op),
         Op::AllReduce {
             send,
             recv,
             count,
             op,
-        } => {
-            let (p, r) = (comm.size(), comm.rank());
-            let s = dt.size();
-            let q = count.div_ceil(p);
-            if q * p == *count {
-                // An exact split: reduce-scatter into this rank's chunk of `recv`, then
-                // all-gather in place. No padding, no copies: the first stage reads
-                // `send` into scratch and only the last writes `recv`, so in place works.
-                let mine = recv.slice(r * q * s..(r + 1) * q * s)?;
-                reduce_scatter(comm, send, &mine, q, dt, *op)?;
-                return all_gather(comm, &mine, recv, q * s);
-            }
-            let ops = comm.ops();
-            let padded = send.alloc_like(q * p * s)?;
-            ops.copy(&padded.slice(0..count * s)?, &send.slice(0..count * s)?)?;
-            let chunk = send.alloc_like(q * s)?;
-            reduce_scatter(comm, &padded, &chunk, q, dt, *op)?;
-            all_gather(comm, &chunk, &padded, q * s)?;
-            ops.copy(&recv.slice(0..count * s)?, &padded.slice(0..count * s)?)
-        }
+        } => split_all_reduce(comm, (send, recv, *count), dt, *op, rs, ag),
         _ => Err(crate::error::Error::Internal(
             "hier dispatched an unsupported op".into(),
         )),
     }
+}
+
+/// All-reduce of `(send, recv, count)` as `rs` (reduce-scatter, `Avg` summing) then `ag`
+/// (all-gather of bytes per rank) on `comm`: in `recv` itself when the ranks divide the
+/// count (the first stage reads `send` into scratch and only the last writes `recv`, so
+/// in place works), else over the count padded to a multiple of p (a scratch copy each
+/// way).
+pub(crate) fn split_all_reduce(
+    comm: &CommCore,
+    (send, recv, count): (&Buffer, &Buffer, usize),
+    dt: DataType,
+    op: ReduceOp,
+    rs: impl Fn(&CommCore, &Buffer, &Buffer, usize, DataType, ReduceOp) -> Result<()>,
+    ag: impl Fn(&CommCore, &Buffer, &Buffer, usize) -> Result<()>,
+) -> Result<()> {
+    let (p, r) = (comm.size(), comm.rank());
+    let s = dt.size();
+    let q = count.div_ceil(p);
+    if q * p == count {
+        let mine = recv.slice(r * q * s..(r + 1) * q * s)?;
+        rs(comm, send, &mine, q, dt, op)?;
+        return ag(comm, &mine, recv, q * s);
+    }
+    let ops = comm.ops();
+    let padded = send.alloc_like(q * p * s)?;
+    ops.copy(&padded.slice(0..count * s)?, &send.slice(0..count * s)?)?;
+    let chunk = send.alloc_like(q * s)?;
+    rs(comm, &padded, &chunk, q, dt, op)?;
+    ag(comm, &chunk, &padded, q * s)?;
+    ops.copy(&recv.slice(0..count * s)?, &padded.slice(0..count * s)?)
 }
 
 /// Run `ops` on `sub` as one batch (one vendor group on GPUs) and wait for them.
@@ -125,8 +172,20 @@ fn batch(sub: &CommCore, ops: Vec<Op>, dt: DataType) -> Result<()> {
     sub.enqueue_batch(ops, dt, Vec::new()).wait()
 }
 
-/// Hierarchical all-gather of `c` bytes per rank from `send` into `recv` (p·c bytes).
+/// Hierarchical all-gather of `c` bytes per rank from `send` into `recv` (p·c bytes),
+/// rings at every stage (MiCS as published).
 pub fn all_gather(comm: &CommCore, send: &Buffer, recv: &Buffer, c: usize) -> Result<()> {
+    all_gather_with(comm, send, recv, c, Inter::Ring)
+}
+
+/// [`all_gather`] with the inter-node stage as `inter` says.
+pub fn all_gather_with(
+    comm: &CommCore,
+    send: &Buffer,
+    recv: &Buffer,
+    c: usize,
+    inter: Inter,
+) -> Result<()> {
     let sizes = comm.hierarchy().map(|h| h.sizes()).unwrap_or_default();
     let m = sizes.len();
     let mut cur = send.clone();
@@ -138,6 +197,12 @@ pub fn all_gather(comm: &CommCore, send: &Buffer, recv: &Buffer, c: usize) -> Re
         } else {
             recv.alloc_like(b * g * c)?
         };
+        if i == 0 && stage_log(comm, inter, g, c) {
+            super::log_step::all_gather(&sub, &cur.slice(0..c)?, &out, c)?;
+            cur = out;
+            b *= g;
+            continue;
+        }
         let ops = (0..b)
             .map(|j| {
                 Ok(Op::AllGather {
@@ -155,6 +220,7 @@ pub fn all_gather(comm: &CommCore, send: &Buffer, recv: &Buffer, c: usize) -> Re
 }
 
 /// Hierarchical reduce-scatter: `recv` (count elements) from `send` (p·count); `Avg` sums.
+/// Rings at every stage.
 pub fn reduce_scatter(
     comm: &CommCore,
     send: &Buffer,
@@ -162,6 +228,19 @@ pub fn reduce_scatter(
     count: usize,
     dt: DataType,
     op: ReduceOp,
+) -> Result<()> {
+    reduce_scatter_with(comm, send, recv, count, dt, op, Inter::Ring)
+}
+
+/// [`reduce_scatter`] with the inter-node stage as `inter` says.
+pub fn reduce_scatter_with(
+    comm: &CommCore,
+    send: &Buffer,
+    recv: &Buffer,
+    count: usize,
+    dt: DataType,
+    op: ReduceOp,
+    inter: Inter,
 ) -> Result<()> {
     let sizes = comm.hierarchy().map(|h| h.sizes()).unwrap_or_default();
     let c = count * dt.size();
@@ -176,6 +255,10 @@ pub fn reduce_scatter(
         } else {
             recv.alloc_like(b * c)?
         };
+        if i == 0 && stage_log(comm, inter, g, c) {
+            super::log_step::reduce_scatter(&sub, &cur.slice(0..g * c)?, &out, count, dt, op)?;
+            break;
+        }
         let ops = (0..b)
             .map(|j| {
                 Ok(Op::ReduceScatter {

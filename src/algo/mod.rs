@@ -7,7 +7,9 @@
 //!
 //! - [`Native`]: the flat baselines (the transport's native collectives; on host
 //!   transports the rings of [`crate::transport::ring`]);
-//! - [`hierarchical`]: MiCS §3.3 hierarchical all-gather / reduce-scatter, 2 and 3 levels;
+//! - [`hierarchical`]: MiCS §3.3 hierarchical all-gather / reduce-scatter, 2 and 3 levels,
+//!   its inter-node stage a ring or log-step;
+//! - [`log_step`]: Bruck's log-step all-gather and its reduce-scatter dual, any rank count;
 //! - [`ho_ring`]: PaRO §3.3 hierarchical overlapping rings, and the pipelined 2-D all-reduce;
 //! - [`plan`]: algorithms as per-rank step lists, executed or turned into schedules;
 //! - [`qgz`], [`qwz`]: ZeRO++ §4.2-4.3 quantized reduce-scatter (2-hop, 1-hop) and all-gather;
@@ -19,6 +21,7 @@
 pub mod coalesced;
 pub mod hierarchical;
 pub mod ho_ring;
+pub mod log_step;
 pub mod plan;
 pub mod qgz;
 pub mod qwz;

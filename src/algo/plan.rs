@@ -238,19 +238,21 @@ pub fn ring_all_reduce(p: usize, rank: usize, count: usize, s: usize) -> Plan {
 
 /// `hier` all-gather as executed by `algo::hierarchical`: levels outermost first, at
 /// level i a batch of `B_i` rings of `g_i - 1` steps run one after another on the level
-/// stream; each level waits for the previous one to finish.
-pub fn hier_all_gather(h: &Hierarchy, rank: usize, c: usize) -> Plan {
-    hier_stages(h, rank, c, false)
+/// stream; each level waits for the previous one to finish. With `log0` the inter-node
+/// stage (level 0, `B_0 = 1`) is the log-step all-gather instead of a ring.
+pub fn hier_all_gather(h: &Hierarchy, rank: usize, c: usize, log0: bool) -> Plan {
+    hier_stages(h, rank, c, false, log0)
 }
 
-/// `hier` reduce-scatter as executed: levels innermost first, batches of rings.
-pub fn hier_reduce_scatter(h: &Hierarchy, rank: usize, c: usize) -> Plan {
-    hier_stages(h, rank, c, true)
+/// `hier` reduce-scatter as executed: levels innermost first, batches of rings (the
+/// last, inter-node stage log-step with `log0`).
+pub fn hier_reduce_scatter(h: &Hierarchy, rank: usize, c: usize, log0: bool) -> Plan {
+    hier_stages(h, rank, c, true, log0)
 }
 
 /// The stages of `hier`: all-gather rings (outermost level first) or reduce-scatter
 /// rings (innermost first, each step one chunk further back and reducing).
-fn hier_stages(h: &Hierarchy, rank: usize, c: usize, reduce: bool) -> Plan {
+fn hier_stages(h: &Hierarchy, rank: usize, c: usize, reduce: bool, log0: bool) -> Plan {
     let sizes = h.sizes();
     let x = h.coords(rank);
     let order: Vec<usize> = if reduce {
@@ -267,6 +269,24 @@ fn hier_stages(h: &Hierarchy, rank: usize, c: usize, reduce: bool) -> Plan {
     let mut last: Option<usize> = None;
     for i in order {
         let g = sizes[i];
+        if i == 0 && log0 {
+            let stage = if reduce {
+                crate::algo::log_step::reduce_scatter_plan(Ring::Level(0), g, x[0], c)
+            } else {
+                crate::algo::log_step::all_gather_plan(Ring::Level(0), g, x[0], c)
+            };
+            let n = stage.steps.len();
+            for (k, mut st) in stage.steps.into_iter().enumerate() {
+                if k == 0 {
+                    st.deps = last.into_iter().collect();
+                }
+                plan.steps.push(st);
+            }
+            if n > 0 {
+                last = Some(plan.steps.len() - 1);
+            }
+            continue;
+        }
         let b: usize = sizes[..i].iter().product();
         let (dst, src) = nbrs(x[i], g);
         let mut this_last = last;
@@ -305,19 +325,36 @@ fn hier_stages(h: &Hierarchy, rank: usize, c: usize, reduce: bool) -> Plan {
     plan
 }
 
+/// `a` then `b`: `b`'s first step also waits for `a`'s last (they may run on other
+/// rings), `b`'s own dependencies shifted past `a`'s steps.
+pub fn then(mut a: Plan, b: Plan) -> Plan {
+    let n = a.steps.len();
+    for (k, mut st) in b.steps.into_iter().enumerate() {
+        st.deps = st.deps.iter().map(|d| d + n).collect();
+        if k == 0 && n > 0 {
+            st.deps.push(n - 1);
+        }
+        a.steps.push(st);
+    }
+    a
+}
+
 /// `hier` all-reduce: reduce-scatter then all-gather of `ceil(count/p)` elements each.
-pub fn hier_all_reduce(h: &Hierarchy, rank: usize, count: usize, s: usize) -> Plan {
+pub fn hier_all_reduce(h: &Hierarchy, rank: usize, count: usize, s: usize, log0: bool) -> Plan {
     let p: usize = h.sizes().iter().product();
     let c = count.div_ceil(p.max(1)) * s;
-    let mut plan = hier_reduce_scatter(h, rank, c);
-    let n = plan.steps.len();
-    let mut ag = hier_all_gather(h, rank, c);
-    for st in &mut ag.steps {
-        st.deps = st.deps.iter().map(|d| d + n).collect();
-    }
-    if let (Some(first), true) = (ag.steps.first_mut(), n > 0) {
-        first.deps.push(n - 1);
-    }
-    plan.steps.extend(ag.steps);
-    plan
+    then(
+        hier_reduce_scatter(h, rank, c, log0),
+        hier_all_gather(h, rank, c, log0),
+    )
+}
+
+/// The flat log-step all-reduce: its reduce-scatter then its all-gather of
+/// `ceil(count/p)` elements each, on [`Ring::Flat`].
+pub fn log_all_reduce(p: usize, rank: usize, count: usize, s: usize) -> Plan {
+    let c = count.div_ceil(p.max(1)) * s;
+    then(
+        crate::algo::log_step::reduce_scatter_plan(Ring::Flat, p, rank, c),
+        crate::algo::log_step::all_gather_plan(Ring::Flat, p, rank, c),
+    )
 }

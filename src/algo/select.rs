@@ -7,24 +7,30 @@
 //! configured algorithm, then `auto`. A chosen algorithm whose constraints do not hold
 //! falls back to the native collective (`ring`), with the reason logged at INFO.
 //! `auto` never picks a quantized (lossy) algorithm: `qgz`, `qgz-1hop` and `qwz` run only
-//! when named. `auto` picks the cheapest of `ring`, `hier` and `ho-ring` by these estimates:
+//! when named. `auto` picks the cheapest of `ring`, `log-step`, `hier` and `ho-ring` by
+//! these estimates (all-gather, reduce-scatter, all-reduce; other ops run natively):
 //!
 //! alpha-beta figures from the topology's link table ([`crate::topology::presets`]):
 //! - ring over p ranks: `(p-1) · (α_s + c/β_s)`, where s is the slowest link class the
 //!   ring crosses and c the per-rank chunk (all-gather, reduce-scatter; twice that for
 //!   all-reduce);
+//! - log-step: `Σ_steps (α_s + m·c/(0.75·β_s))` over its ⌈log₂ p⌉ steps of m chunks, s
+//!   the slowest class the step's pairs cross ([`LOG_STEP_BW`]: NCCL's PAT factor);
 //! - hier: `Σ_levels B_l·(g_l - 1)·(α_l + c/β_l)` with g_l the level's group size and
 //!   B_l the batched rings of that stage (run one after another on the level stream);
+//!   the inter-node stage (B_0 = 1) costs the cheaper of its ring and log-step forms
+//!   ([`stage_times`]), the form `hier` then runs;
 //! - ho-ring: every level busy at once: `max_l B_l(g_l-1)(q·α_l + c/β_l)` plus a
 //!   pipeline fill of one piece (c/q) per level step, q the pieces per chunk.
 //!
 //! So `hier` wins on multi-node communicators whenever inter-node links are slower than
-//! intra-node ones and messages are not latency-bound; one-node or one-rank-per-node
-//! communicators always get `ring`.
+//! intra-node ones and messages are not latency-bound; log-step wins where every step's
+//! latency outweighs its bytes (small messages over many ranks).
 
+use super::hierarchical::{Hier, Inter};
 use super::qgz::{Qgz, Qgz1};
 use super::qwz::Qwz;
-use super::{hierarchical::Hier, ho_ring::HoRing, Algo, Algorithm, Native};
+use super::{ho_ring::HoRing, log_step::LogStep, Algo, Algorithm, Native};
 use crate::dtype::{DataType, ReduceOp};
 use crate::kinds::Kind;
 use crate::runtime::{CommCore, Op, Request};
@@ -32,7 +38,10 @@ use crate::topology::{Hierarchy, LinkClass, Topology};
 use std::borrow::Cow;
 
 static NATIVE: Native = Native;
-static HIER: Hier = Hier;
+static HIER: Hier = Hier(Inter::Auto);
+static HIER_RING: Hier = Hier(Inter::Ring);
+static HIER_LOG: Hier = Hier(Inter::LogStep);
+static LOG_STEP: LogStep = LogStep;
 static HO_RING: HoRing = HoRing;
 static QGZ: Qgz = Qgz;
 static QGZ1: Qgz1 = Qgz1;
@@ -118,6 +127,9 @@ pub fn algorithm(a: Algo) -> &'static dyn Algorithm {
     match a {
         Algo::Ring | Algo::Auto => &NATIVE,
         Algo::Hier => &HIER,
+        Algo::HierRing => &HIER_RING,
+        Algo::HierLog => &HIER_LOG,
+        Algo::LogStep => &LOG_STEP,
         Algo::HoRing => &HO_RING,
         Algo::Qgz => &QGZ,
         Algo::Qgz1 => &QGZ1,
@@ -147,20 +159,23 @@ pub fn select(wanted: Algo, s: &Shape) -> Choice {
             }
         }
     }
-    if !super::hierarchical::levels_apply(s) {
+    if !matches!(
+        s.kind,
+        Some(Kind::AllGather | Kind::ReduceScatter | Kind::AllReduce)
+    ) {
         return choice(
             Algo::Ring,
             None,
-            Cow::Borrowed("auto: hierarchical algorithms not applicable"),
+            Cow::Borrowed("auto: ring (no other form)"),
         );
     }
-    let (ring, hier, ho) = estimates(s);
-    let reason = match auto_pick((ring, hier, ho)) {
-        Algo::HoRing => format!("auto: ho-ring {ho:.1}us < hier {hier:.1}us, ring {ring:.1}us"),
-        Algo::Hier => format!("auto: hier {hier:.1}us < ring {ring:.1}us"),
-        _ => format!("auto: ring {ring:.1}us <= hier {hier:.1}us"),
-    };
-    choice(auto_pick((ring, hier, ho)), None, reason.into())
+    let e = estimates(s);
+    let pick = e.pick();
+    let reason = format!(
+        "auto: {pick} (ring {:.1}us, log-step {:.1}us, hier {:.1}us, ho-ring {:.1}us)",
+        e.ring, e.log_step, e.hier, e.ho_ring
+    );
+    choice(pick, None, reason.into())
 }
 
 /// [`select`] for a checked request on `core`: the request's hint, else the
@@ -182,18 +197,75 @@ pub fn choose(core: &CommCore, req: &Request) -> Choice {
     c
 }
 
-/// Modeled (ring, hier, ho-ring) times in microseconds for a call of shape `s`.
-pub fn estimates(s: &Shape) -> (f64, f64, f64) {
+/// Modeled times in microseconds of the lossless algorithms for one call
+/// ([`estimates`]); `INFINITY` where one does not apply.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Estimates {
+    pub ring: f64,
+    pub log_step: f64,
+    /// `hier` with its inter-node stage in the cheaper form ([`stage_log_step`]).
+    pub hier: f64,
+    pub ho_ring: f64,
+}
+
+impl Estimates {
+    /// The `auto` pick: the cheapest; on a tie the earlier of ring, hier, ho-ring,
+    /// log-step.
+    pub fn pick(&self) -> Algo {
+        let mut best = (self.ring, Algo::Ring);
+        for (t, a) in [
+            (self.hier, Algo::Hier),
+            (self.ho_ring, Algo::HoRing),
+            (self.log_step, Algo::LogStep),
+        ] {
+            if t < best.0 {
+                best = (t, a);
+            }
+        }
+        best.1
+    }
+}
+
+/// The fraction of a link's bandwidth the log-step algorithm is modeled to reach: 0.75,
+/// the factor NCCL's tuning model applies to PAT's bus bandwidth
+/// (`src/graph/tuning.cc`, NCCL 2.23 and later). Its steps are store-and-forward
+/// messages of growing size between changing peers, where a ring streams to one
+/// neighbour; the factor is what makes rings win for large messages.
+pub const LOG_STEP_BW: f64 = 0.75;
+
+/// Modeled time (µs) of one stage of `g` ranks on links of `class`, `c` bytes per rank,
+/// as (ring, log-step): `(g−1)(α + c/β)` against `⌈log₂g⌉·α + (g−1)·c/(0.75·β)`.
+pub fn stage_times(topo: &Topology, class: LinkClass, g: usize, c: usize) -> (f64, f64) {
+    let l = topo.links.get(class);
+    let bw = l.bandwidth_gbs * 1e3;
+    let n = g.saturating_sub(1) as f64;
+    let steps = super::log_step::steps(g).len() as f64;
+    (
+        n * (l.latency_us + c as f64 / bw),
+        steps * l.latency_us + n * c as f64 / (LOG_STEP_BW * bw),
+    )
+}
+
+/// True when `hier`'s inter-node stage (`g` ranks, one per node, on `class` links, `c`
+/// bytes per rank) is modeled faster as log-step than as a ring.
+pub fn stage_log_step(topo: &Topology, class: LinkClass, g: usize, c: usize) -> bool {
+    let (ring, log) = stage_times(topo, class, g, c);
+    log < ring
+}
+
+/// The modeled times of a call of shape `s`.
+pub fn estimates(s: &Shape) -> Estimates {
     let p = s.size();
     let (count, factor) = match s.kind {
         Some(Kind::AllGather) | Some(Kind::ReduceScatter) => (s.count, 1.0),
         Some(Kind::AllReduce) => (s.count.div_ceil(p.max(1)), 2.0),
         _ => (0, 1.0),
     };
+    let h = s.hierarchy.filter(|h| h.levels.len() >= 2);
     estimate(
         s.topo,
         s.members,
-        s.hierarchy,
+        h,
         count,
         factor,
         s.dtype.size(),
@@ -201,10 +273,10 @@ pub fn estimates(s: &Shape) -> (f64, f64, f64) {
     )
 }
 
-/// The alpha-beta figures behind [`estimates`]: `members`
-/// are the world ranks in communicator order, `h` their hierarchy, `count` elements of
-/// `elem` bytes per rank chunk, `factor` 1 (all-gather, reduce-scatter) or 2
-/// (all-reduce), `chunks` the configured ho-ring pieces.
+/// The alpha-beta figures behind [`estimates`]: `members` are the world ranks in
+/// communicator order, `h` their hierarchy (2 or 3 levels, else `None`), `count`
+/// elements of `elem` bytes per rank chunk, `factor` 1 (all-gather, reduce-scatter) or
+/// 2 (all-reduce), `chunks` the configured ho-ring pieces.
 pub fn estimate(
     topo: &Topology,
     members: &[usize],
@@ -213,36 +285,54 @@ pub fn estimate(
     factor: f64,
     elem: usize,
     chunks: Option<usize>,
-) -> (f64, f64, f64) {
+) -> Estimates {
     let p = members.len();
     let c = (count * elem) as f64;
     let step = |class: LinkClass, bytes: f64| {
         let l = topo.links.get(class);
         l.latency_us + bytes / (l.bandwidth_gbs * 1e3)
     };
-    let slowest = (0..p)
-        .map(|r| topo.link_class(members[r], members[(r + 1) % p]))
-        .max()
-        .unwrap_or(LinkClass::IntraPackage);
+    // The slowest class between each rank and the one `d` places on.
+    let slowest = |d: usize| {
+        (0..p)
+            .map(|r| topo.link_class(members[r], members[(r + d) % p]))
+            .max()
+            .unwrap_or(LinkClass::IntraPackage)
+    };
     // A ring over the whole topology in rank order runs as NCCL's channel rings
     // (topology::channels); a sub-communicator keeps one ring over its slowest link.
     let whole = p == topo.world_size() && members.iter().enumerate().all(|(i, &m)| i == m);
     let ring_step = if whole {
         crate::topology::channels::ring_step_us(topo, c)
     } else {
-        step(slowest, c)
+        step(slowest(1), c)
     };
     let ring = factor * (p.saturating_sub(1)) as f64 * ring_step;
+    // Log-step: each step over the slowest link its pairs cross.
+    let log_step = factor
+        * super::log_step::steps(p)
+            .into_iter()
+            .map(|(d, m)| {
+                let l = topo.links.get(slowest(d));
+                l.latency_us + m as f64 * c / (LOG_STEP_BW * l.bandwidth_gbs * 1e3)
+            })
+            .sum::<f64>();
     let (mut hier, mut ho) = (f64::INFINITY, f64::INFINITY);
     if let Some(h) = h {
         let q = chunks.unwrap_or_else(|| super::plan::default_chunks(c as usize)) as f64;
         let (mut batch, mut sum, mut busiest, mut fill) = (1usize, 0.0, 0.0f64, 0.0);
-        for (level, g) in &h.levels {
+        for (i, (level, g)) in h.levels.iter().enumerate() {
             let l = topo.links.get(level.link_class());
             let steps = (batch * (g - 1)) as f64;
-            // hier: the stage's rings one after another; ho-ring: every level busy at
-            // once (in pieces of c/q), plus the pipeline's fill of one piece per level.
-            sum += steps * (l.latency_us + c / (l.bandwidth_gbs * 1e3));
+            // hier: the stage's rings one after another (the inter-node stage in its
+            // cheaper form); ho-ring: every level busy at once (in pieces of c/q), plus
+            // the pipeline's fill of one piece per level.
+            sum += if i == 0 {
+                let (r, lg) = stage_times(topo, level.link_class(), *g, c as usize);
+                r.min(lg)
+            } else {
+                steps * (l.latency_us + c / (l.bandwidth_gbs * 1e3))
+            };
             busiest = busiest.max(steps * (q * l.latency_us + c / (l.bandwidth_gbs * 1e3)));
             fill += (g - 1) as f64 * (l.latency_us + c / q / (l.bandwidth_gbs * 1e3));
             batch *= g;
@@ -250,17 +340,10 @@ pub fn estimate(
         hier = factor * sum;
         ho = factor * (busiest + fill);
     }
-    (ring, hier, ho)
-}
-
-/// The `auto` pick among (ring, hier, ho-ring) estimates: ho-ring when strictly
-/// cheapest, else hier when cheaper than ring, else ring.
-pub fn auto_pick((ring, hier, ho): (f64, f64, f64)) -> Algo {
-    if ho < hier && ho < ring {
-        Algo::HoRing
-    } else if hier < ring {
-        Algo::Hier
-    } else {
-        Algo::Ring
+    Estimates {
+        ring,
+        log_step,
+        hier,
+        ho_ring: ho,
     }
 }

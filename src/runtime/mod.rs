@@ -463,6 +463,15 @@ impl CommCore {
                 })?;
                 first
             }
+            // Host sends and receives of one batch (an algorithm's exchange step) are
+            // in flight together, so no order of them can deadlock.
+            None if ops.len() > 1
+                && ops.iter().all(|o| {
+                    matches!(o, Op::Send { .. } | Op::Recv { .. }) && o.device().is_none()
+                }) =>
+            {
+                native::exchange(t, ops, to)
+            }
             _ => ops.iter().try_for_each(|op| native::run(t, op, dtype, to)),
         }
     }

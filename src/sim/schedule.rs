@@ -23,7 +23,7 @@
 //! transfers cost tens of bytes each.
 
 use crate::algo::plan::{self, Plan, Ring};
-use crate::algo::{ho_ring, select, Algo};
+use crate::algo::{ho_ring, log_step, select, Algo};
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
 use crate::kinds::Kind;
@@ -621,9 +621,9 @@ pub fn resolve(
     dtype: DataType,
     chunks: Option<usize>,
 ) -> Result<Algo> {
-    if !matches!(algo, Algo::Ring | Algo::Hier | Algo::HoRing | Algo::Auto) {
+    if !modeled(algo) {
         return Err(Error::InvalidArgument(format!(
-            "the simulator models ring, hier, ho-ring and auto, not {algo}"
+            "the simulator models {MODELED}, not {algo}"
         )));
     }
     let members: Vec<usize> = (0..topo.world_size()).collect();
@@ -640,11 +640,27 @@ pub fn resolve(
         chunks,
     };
     match select::select(algo, &shape).algo {
-        a @ (Algo::Ring | Algo::Hier | Algo::HoRing) => Ok(a),
+        a if modeled(a) && a != Algo::Auto => Ok(a),
         other => Err(Error::InvalidArgument(format!(
-            "the simulator models ring, hier, ho-ring and auto, not {other}"
+            "the simulator models {MODELED}, not {other}"
         ))),
     }
+}
+
+/// The algorithms the simulator models (the lossless ones).
+const MODELED: &str = "ring, log-step, hier, hier-ring, hier-log, ho-ring and auto";
+
+fn modeled(a: Algo) -> bool {
+    matches!(
+        a,
+        Algo::Ring
+            | Algo::LogStep
+            | Algo::Hier
+            | Algo::HierRing
+            | Algo::HierLog
+            | Algo::HoRing
+            | Algo::Auto
+    )
 }
 
 /// [`resolve`] after checking that the simulator models `kind` and that `topo` is valid.
@@ -691,10 +707,26 @@ pub(crate) fn plan_of(
             .max(1)
     };
     match (algo, h) {
-        (Algo::Hier, Some(h)) => match kind {
-            Kind::AllGather => plan::hier_all_gather(h, r, c),
-            Kind::ReduceScatter => plan::hier_reduce_scatter(h, r, c),
-            _ => plan::hier_all_reduce(h, r, count, s),
+        (Algo::Hier | Algo::HierRing | Algo::HierLog, Some(h)) => {
+            let chunk = match kind {
+                Kind::AllReduce => count.div_ceil(p.max(1)) * s,
+                _ => c,
+            };
+            let log0 = match algo {
+                Algo::HierLog => true,
+                Algo::HierRing => false,
+                _ => select::stage_log_step(topo, h.levels[0].0.link_class(), h.levels[0].1, chunk),
+            };
+            match kind {
+                Kind::AllGather => plan::hier_all_gather(h, r, c, log0),
+                Kind::ReduceScatter => plan::hier_reduce_scatter(h, r, c, log0),
+                _ => plan::hier_all_reduce(h, r, count, s, log0),
+            }
+        }
+        (Algo::LogStep, _) => match kind {
+            Kind::AllGather => log_step::all_gather_plan(Ring::Flat, p, r, c),
+            Kind::ReduceScatter => log_step::reduce_scatter_plan(Ring::Flat, p, r, c),
+            _ => plan::log_all_reduce(p, r, count, s),
         },
         (Algo::HoRing, Some(h)) => match kind {
             Kind::AllGather => ho_ring::all_gather(h, r, count, s, pieces(count)),

@@ -1,0 +1,258 @@
+//! `log-step`: Bruck's all-gather (Bruck et al., "Efficient algorithms for all-to-all
+//! communications in multiport message-passing systems", IEEE TPDS 1997, the
+//! concatenation algorithm) and its time-reversed dual for reduce-scatter, for any rank
+//! count, in ⌈log₂ p⌉ steps instead of a ring's p − 1. The same shape as NCCL's PAT
+//! and MPI's Bruck / recursive-halving collectives: the right algorithm when a step's
+//! latency, not its bytes, is the cost (small messages, many nodes).
+//!
+//! Steps (p ranks, this rank x, all indices mod p): the step sizes are d = 1, 2, 4, …
+//! with `m = min(d, p − d)` chunks moved at each (`steps`), Σ m = p − 1.
+//! - All-gather: before the step of size d, x holds chunks [x, x+d); it sends the first
+//!   m of them to x − d and receives [x+d, x+d+m) from x + d, straight into their
+//!   places in `recv` (a run that wraps past chunk p − 1 is two messages, both sides
+//!   split it the same way; a group's sends and receives are in flight together). No
+//!   rotation copy; in place when `send` is `recv[x·c..]`.
+//! - Reduce-scatter: the steps in reverse order (d = D … 1, D the largest power of two
+//!   below p) over a work copy of `send` rotated so position i is chunk x+i: x sends
+//!   positions [d, d+m) to x + d and receives from x − d, reducing into positions
+//!   [0, m). After the last step position 0 is x's fully reduced chunk (each chunk's
+//!   all-gather broadcast tree, reversed, is a reduction tree to its owner; `Avg` sums,
+//!   [`super::run`] divides once). One work buffer of p·c bytes, one copy in, one out.
+//! - All-reduce: reduce-scatter then all-gather, as `hier` does (in `recv` when p divides
+//!   the count, else through a padded scratch copy).
+//!
+//! Traffic: every rank sends Σ m·c = (p − 1)·c bytes, a ring's. Between nodes of k ranks
+//! (rank-major `nodes:n×k`) the step of size d crosses a node boundary from every rank
+//! but the n·(k − d)⁺ whose peer x − d (x + d for reduce-scatter) shares their node, so
+//! `inter_node = c·Σ_steps m·(p − n·(k − d)⁺)`, `intra_node = c·Σ_steps m·n·(k − d)⁺`,
+//! `max_node_egress = c·Σ_steps m·min(d, k)` (asserted by `tests/traffic.rs`). With one
+//! rank per node (`hier`'s inter-node stage, `nodes:n×1`) that is the ring's
+//! `p·(p − 1)·c` and `(p − 1)·c`: the log-step algorithm saves steps, not bytes.
+//!
+//! As `hier`'s inter-node stage ([`super::hierarchical`]) it runs on the level-0
+//! communicator of each rail; [`super::select::stage_log_step`] picks it per call where
+//! the model says the stage is latency-bound.
+
+use super::plan::{BufId, Plan, Ring, Span, Step};
+use super::select::Shape;
+use super::{Algo, Algorithm};
+use crate::dtype::{DataType, ReduceOp};
+use crate::error::{Error, Result};
+use crate::kinds::Kind;
+use crate::memory::Buffer;
+use crate::runtime::{CommCore, Op, Request};
+
+/// The flat log-step algorithm.
+pub struct LogStep;
+
+impl Algorithm for LogStep {
+    fn algo(&self) -> Algo {
+        Algo::LogStep
+    }
+
+    fn unsupported(&self, s: &Shape) -> Option<String> {
+        match s.kind {
+            Some(Kind::AllGather | Kind::ReduceScatter | Kind::AllReduce) => None,
+            _ => Some(format!("log-step has no {}", s.name())),
+        }
+    }
+
+    fn run(&self, comm: &CommCore, req: &Request) -> Result<()> {
+        let dt = req.dtype;
+        match &req.op {
+            Op::AllGather { send, recv, count } => all_gather(comm, send, recv, count * dt.size()),
+            Op::ReduceScatter {
+                send,
+                recv,
+                count,
+                op,
+            } => reduce_scatter(comm, send, recv, *count, dt, *op),
+            Op::AllReduce {
+                send,
+                recv,
+                count,
+                op,
+            } => super::hierarchical::split_all_reduce(
+                comm,
+                (send, recv, *count),
+                dt,
+                *op,
+                reduce_scatter,
+                all_gather,
+            ),
+            _ => Err(Error::Internal(
+                "log-step dispatched an unsupported op".into(),
+            )),
+        }
+    }
+}
+
+/// The steps of the log-step all-gather over `p` ranks, in order: (d, m) = (step size,
+/// chunks moved). Reduce-scatter runs them in reverse.
+pub fn steps(p: usize) -> Vec<(usize, usize)> {
+    let mut v = Vec::new();
+    let mut d = 1;
+    while d < p {
+        v.push((d, d.min(p - d)));
+        d *= 2;
+    }
+    v
+}
+
+/// The chunk run [a, a+m) of a ring of p chunks as at most two contiguous (start, len)
+/// runs, split where it wraps past chunk p − 1.
+fn runs(a: usize, m: usize, p: usize) -> impl Iterator<Item = (usize, usize)> {
+    let first = m.min(p - a);
+    [(a, first), (0, m - first)].into_iter().filter(|r| r.1 > 0)
+}
+
+/// Log-step all-gather of `c` bytes per rank from `send` into `recv` (p·c bytes, rank
+/// major) on `comm`, blocking (on its stream, as every algorithm runs).
+pub fn all_gather(comm: &CommCore, send: &Buffer, recv: &Buffer, c: usize) -> Result<()> {
+    let (p, x) = (comm.size(), comm.rank());
+    if send.offset_in(recv) != Some(x * c) {
+        comm.ops()
+            .copy(&recv.slice(x * c..(x + 1) * c)?, &send.slice(0..c)?)?;
+    }
+    if c == 0 {
+        return Ok(());
+    }
+    let chunk = |(a, m): (usize, usize)| recv.slice(a * c..(a + m) * c);
+    for (d, m) in steps(p) {
+        let (to, from) = ((x + p - d) % p, (x + d) % p);
+        let mut ops = Vec::with_capacity(4);
+        for r in runs(x, m, p) {
+            ops.push(Op::Send {
+                buf: chunk(r)?,
+                count: r.1 * c,
+                peer: to,
+            });
+        }
+        for r in runs((x + d) % p, m, p) {
+            ops.push(Op::Recv {
+                buf: chunk(r)?,
+                count: r.1 * c,
+                peer: from,
+            });
+        }
+        comm.enqueue_batch(ops, DataType::U8, Vec::new()).wait()?;
+    }
+    Ok(())
+}
+
+/// Log-step reduce-scatter on `comm`: `recv` (`count` elements) = reduction over ranks of
+/// `send[x·count..]` (`send`: p·count). `Avg` leaves the sum.
+pub fn reduce_scatter(
+    comm: &CommCore,
+    send: &Buffer,
+    recv: &Buffer,
+    count: usize,
+    dt: DataType,
+    op: ReduceOp,
+) -> Result<()> {
+    let (p, x) = (comm.size(), comm.rank());
+    let c = count * dt.size();
+    let ops = comm.ops();
+    if p == 1 || c == 0 {
+        return ops.copy(&recv.slice(0..c)?, &send.slice(x * c..(x + 1) * c)?);
+    }
+    // Rotated work copy: position i holds chunk x + i.
+    let work = send.alloc_like(p * c)?;
+    let mut at = 0;
+    for (a, m) in runs(x, p, p) {
+        ops.copy(
+            &work.slice(at..at + m * c)?,
+            &send.slice(a * c..(a + m) * c)?,
+        )?;
+        at += m * c;
+    }
+    let op = op.partial();
+    for (d, m) in steps(p).into_iter().rev() {
+        let step = Op::SendRecv {
+            send: work.slice(d * c..(d + m) * c)?,
+            recv: work.slice(0..m * c)?,
+            count: m * count,
+            dst: (x + d) % p,
+            src: (x + p - d) % p,
+            reduce: Some(op),
+        };
+        comm.enqueue(step, dt, Vec::new()).wait()?;
+    }
+    ops.copy(&recv.slice(0..c)?, &work.slice(0..c)?)
+}
+
+/// The log-step all-gather's transfers as a plan on `ring` (`Ring::Flat`, or a level):
+/// `p` ranks, this rank `x`, `c` bytes per chunk; a wrapping run is one step here (the
+/// model costs a step by its peer and bytes).
+pub fn all_gather_plan(ring: Ring, p: usize, x: usize, c: usize) -> Plan {
+    let steps = steps(p)
+        .into_iter()
+        .map(|(d, m)| Step {
+            ring,
+            dst: (x + p - d) % p,
+            src: (x + d) % p,
+            send: Span {
+                buf: BufId::Recv,
+                off: x * c,
+                len: m * c,
+            },
+            recv: Span {
+                buf: BufId::Recv,
+                off: ((x + d) % p) * c,
+                len: m * c,
+            },
+            reduce: false,
+            deps: vec![],
+        })
+        .collect();
+    Plan { steps }
+}
+
+/// The log-step reduce-scatter's transfers as a plan on `ring` (positions in the rotated
+/// work buffer).
+pub fn reduce_scatter_plan(ring: Ring, p: usize, x: usize, c: usize) -> Plan {
+    let steps = steps(p)
+        .into_iter()
+        .rev()
+        .map(|(d, m)| Step {
+            ring,
+            dst: (x + d) % p,
+            src: (x + p - d) % p,
+            send: Span {
+                buf: BufId::Work,
+                off: d * c,
+                len: m * c,
+            },
+            recv: Span {
+                buf: BufId::Work,
+                off: 0,
+                len: m * c,
+            },
+            reduce: true,
+            deps: vec![],
+        })
+        .collect();
+    Plan { steps }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn steps_move_every_chunk_once() {
+        for p in 1..=70 {
+            let s = steps(p);
+            assert_eq!(s.iter().map(|&(_, m)| m).sum::<usize>(), p - 1, "p={p}");
+            assert_eq!(s.len(), (p as f64).log2().ceil() as usize, "p={p}");
+        }
+        assert_eq!(steps(6), vec![(1, 1), (2, 2), (4, 2)]);
+    }
+
+    #[test]
+    fn runs_split_at_the_wrap() {
+        assert_eq!(runs(2, 3, 5).collect::<Vec<_>>(), vec![(2, 3)]);
+        assert_eq!(runs(4, 3, 5).collect::<Vec<_>>(), vec![(4, 1), (0, 2)]);
+        assert_eq!(runs(0, 5, 5).collect::<Vec<_>>(), vec![(0, 5)]);
+    }
+}
