@@ -4,7 +4,8 @@
 //!   a comma list may add `check`: every collective first verifies that all ranks call
 //!   the same one ([`crate::runtime::mismatch`]), e.g. `STRATA_DEBUG=check` or
 //!   `STRATA_DEBUG=INFO,check`; other names are ignored, as NCCL_DEBUG does;
-//! - `STRATA_ALGO=ring|hier|ho-ring|auto`: force an algorithm (a per-call hint still wins);
+//! - `STRATA_ALGO=ring|log-step|hier|hier-ring|hier-log|ho-ring|auto` (or a quantized
+//!   name): force an algorithm (a per-call hint still wins);
 //! - `STRATA_TOPOLOGY=SPEC|FILE`: the topology when the caller gives none;
 //! - `STRATA_HORING_CHUNKS=N`: pieces per chunk for `ho-ring` (default by size);
 //! - `STRATA_TIMEOUT=SECONDS`: how long to wait for a peer before reporting an error

@@ -33,7 +33,7 @@ proptest! {
         let topo = format!("nodes:{n}x{p}x{d}");
         let wrong: usize = common::all_ok(&topo, move |c| {
             let mut w = 0;
-            for algo in [Algo::Ring, Algo::Hier, Algo::HoRing, Algo::Auto] {
+            for algo in [Algo::Ring, Algo::Hier, Algo::HierLog, Algo::HoRing, Algo::LogStep, Algo::Auto] {
                 w += run_checked(&c, kind, dt, op, count, algo, in_place, seed)?;
             }
             Ok(w)
@@ -50,11 +50,31 @@ proptest! {
         let kind = if rs { Kind::ReduceScatter } else { Kind::AllGather };
         let wrong: usize = common::all_ok(&topo, move |c| {
             let mut w = 0;
-            for algo in [Algo::Ring, Algo::Hier, Algo::HoRing] {
+            for algo in [Algo::Ring, Algo::Hier, Algo::HoRing, Algo::LogStep] {
                 w += run_checked_coalesced(&c, kind, dt, op, &counts, algo, seed)?;
             }
             Ok(w)
         }).into_iter().sum();
         prop_assert_eq!(wrong, 0);
+    }
+
+    /// The log-step algorithms at every rank count from 1 to 33 (any count, not only
+    /// powers of two), flat and as hier's inter-node stage, on node meshes of every shape.
+    #[test]
+    fn log_step_any_rank_count(
+        n in 1usize..12, k in 1usize..4, count in 0usize..30,
+        dt in dtype(), op in redop(), seed in 0u64..1000,
+        kind in prop_oneof![Just(Kind::AllGather), Just(Kind::ReduceScatter), Just(Kind::AllReduce)],
+        in_place in any::<bool>(),
+    ) {
+        let topo = format!("nodes:{n}x{k}");
+        let wrong: usize = common::all_ok(&topo, move |c| {
+            let mut w = 0;
+            for algo in [Algo::LogStep, Algo::HierLog] {
+                w += run_checked(&c, kind, dt, op, count, algo, in_place, seed)?;
+            }
+            Ok(w)
+        }).into_iter().sum();
+        prop_assert_eq!(wrong, 0, "{} {:?} {} {} count {}", topo, kind, dt, op, count);
     }
 }

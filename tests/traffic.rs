@@ -81,6 +81,26 @@ fn hier_2level(n: u64, k: u64, c: u64) -> TrafficReport {
     rep(0, p * (k - 1) * n * c, p * (n - 1) * c, k * (n - 1) * c)
 }
 
+/// log-step on nodes:NxR (src/algo/log_step.rs): the step of size d moves m chunks from
+/// every rank to the one d before it (reduce-scatter: after it); the pair shares a node
+/// for n·(k-d)⁺ ranks. inter = c·Σ m(p - n(k-d)⁺), intra_node = c·Σ m·n(k-d)⁺, node
+/// egress = c·Σ m·min(d, k). One rank per node: the ring's p(p-1)c and (p-1)c.
+fn log_step_2level(n: u64, k: u64, c: u64) -> TrafficReport {
+    let p = (n * k) as usize;
+    let (mut inter, mut intra, mut egress) = (0, 0, 0);
+    for (d, m) in strata::algo::log_step::steps(p) {
+        let (d, m) = (d as u64, m as u64);
+        let same = n * k.saturating_sub(d);
+        inter += m * (n * k - same) * c;
+        intra += m * same * c;
+        egress += m * d.min(k) * c;
+    }
+    if n == 1 {
+        return rep(0, intra + inter, 0, 0);
+    }
+    rep(0, intra, inter, egress)
+}
+
 /// frontier:N (4 packages x 2 dies per node), p = 8N.
 /// ring: p/2 edges inside packages, p/2 - N between packages, N between nodes.
 fn ring_frontier(n: u64, c: u64) -> TrafficReport {
@@ -130,6 +150,40 @@ fn all_gather_and_reduce_scatter_match_closed_forms_2_levels() {
             }
         }
     }
+}
+
+#[test]
+fn log_step_matches_its_closed_form() {
+    for (topo, n, k) in [
+        ("nodes:4x8", 4u64, 8u64),
+        ("nodes:3x2", 3, 2),
+        ("nodes:5x1", 5, 1),
+        ("nodes:2x4", 2, 4),
+        ("nodes:1x7", 1, 7),
+    ] {
+        for (count, dt) in [(250usize, DataType::F32), (333, DataType::BF16)] {
+            let c = (count * dt.size()) as u64;
+            for kind in [Kind::AllGather, Kind::ReduceScatter] {
+                assert_eq!(
+                    measure(topo, kind, count, dt, Algo::LogStep),
+                    log_step_2level(n, k, c),
+                    "{topo} log-step {kind:?}"
+                );
+                if n > 1 && k > 1 {
+                    // The log-step inter-node stage moves hier's bytes: it saves steps.
+                    for algo in [Algo::HierLog, Algo::HierRing] {
+                        assert_eq!(
+                            measure(topo, kind, count, dt, algo),
+                            hier_2level(n, k, c),
+                            "{topo} {algo} {kind:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    // One rank per node: exactly the ring's bytes.
+    assert_eq!(log_step_2level(6, 1, 10), ring_2level(6, 1, 10));
 }
 
 #[test]
@@ -244,8 +298,9 @@ fn coalesced_moves_the_same_bytes_as_one_flat_call() {
             .wait()
             .unwrap();
     });
-    // auto picks hier on nodes:2x4 (inter-node links are the slow ones).
-    assert_eq!(got, hier_2level(2, 4, c));
+    // auto picks log-step for 100 bytes per rank on nodes:2x4 (three latency-bound
+    // steps instead of hier's four).
+    assert_eq!(got, log_step_2level(2, 4, c));
 }
 
 #[test]

@@ -58,6 +58,8 @@ impl Algorithm for LogStep {
     }
 
     fn run(&self, comm: &CommCore, req: &Request) -> Result<()> {
+        // Steps on a private copy: never matched with the user's own point-to-point.
+        let comm = &comm.private()?;
         let dt = req.dtype;
         match &req.op {
             Op::AllGather { send, recv, count } => all_gather(comm, send, recv, count * dt.size()),

@@ -308,13 +308,28 @@ pub fn estimate(
         step(slowest(1), c)
     };
     let ring = factor * (p.saturating_sub(1)) as f64 * ring_step;
-    // Log-step: each step over the slowest link its pairs cross.
+    // Log-step: each step over the slowest link its pairs cross; where they leave their
+    // node, the node's ranks that do share its NICs.
     let log_step = factor
         * super::log_step::steps(p)
             .into_iter()
             .map(|(d, m)| {
-                let l = topo.links.get(slowest(d));
-                l.latency_us + m as f64 * c / (LOG_STEP_BW * l.bandwidth_gbs * 1e3)
+                let class = slowest(d);
+                let l = topo.links.get(class);
+                let bytes = m as f64 * c;
+                let mut t = bytes / (l.bandwidth_gbs * 1e3);
+                if class == LinkClass::InterNode {
+                    let mut out = vec![0usize; topo.nodes.max(1)];
+                    for r in 0..p {
+                        let (a, b) = (members[r], members[(r + p - d) % p]);
+                        if topo.node_of(a) != topo.node_of(b) {
+                            out[topo.node_of(a)] += 1;
+                        }
+                    }
+                    let busiest = out.into_iter().max().unwrap_or(0) as f64;
+                    t = t.max(busiest * bytes / (topo.links.node_egress_gbs() * 1e3));
+                }
+                l.latency_us + t / LOG_STEP_BW
             })
             .sum::<f64>();
     let (mut hier, mut ho) = (f64::INFINITY, f64::INFINITY);

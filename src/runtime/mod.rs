@@ -561,6 +561,16 @@ impl CommCore {
         self.level_for(i, "")
     }
 
+    /// A private copy of this communicator (all its ranks, same order), split on first
+    /// use and cached, collective like [`CommCore::level`]: the flat algorithms that
+    /// step through point-to-point messages (`log-step`) send them there, so they never
+    /// match the user's own sends and receives on this communicator (a group may have
+    /// both in flight at once).
+    pub fn private(&self) -> Result<CommCore> {
+        self.split_point()?;
+        self.cached("private", 0, self.rank() as i32)
+    }
+
     /// [`CommCore::level`] for the user (`Comm::level_comm`): its own cached
     /// communicator, never the one the algorithms run their steps on, so user work on
     /// it cannot be interleaved with (or wait on) a parent collective's steps.

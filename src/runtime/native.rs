@@ -22,7 +22,9 @@ use std::time::Duration;
 pub fn exchange(t: &dyn Transport, ops: &[Op], timeout: Duration) -> Result<()> {
     let mut reads = Vec::new();
     let mut writes = Vec::new();
-    for op in ops {
+    // Empty messages are left out on both sides (their counts agree), so empty device
+    // buffers, which have no host view, never reach the host path.
+    for op in ops.iter().filter(|o| o.has_bytes()) {
         match op {
             Op::Send { buf, peer, .. } => reads.push((*peer, buf.read_timeout(timeout)?)),
             Op::Recv { buf, peer, .. } => writes.push((*peer, buf.write_timeout(timeout)?)),
@@ -41,6 +43,11 @@ pub fn exchange(t: &dyn Transport, ops: &[Op], timeout: Duration) -> Result<()> 
 pub fn run(t: &dyn Transport, op: &Op, dtype: DataType, timeout: Duration) -> Result<()> {
     if let Some(place) = placement(op)? {
         return device::run(t, op, dtype, timeout, place);
+    }
+    if !op.has_bytes() {
+        // Nothing to move on any rank (counts agree): NCCL returns at once too. Empty
+        // device buffers have no host view, so the host path below must not see them.
+        return Ok(());
     }
     let (rank, size) = (t.rank(), t.size());
     let in_place = layout(op, rank, dtype).is_some();

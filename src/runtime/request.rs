@@ -141,6 +141,13 @@ impl Op {
         }
     }
 
+    /// True when any of the op's buffers has a byte (a count-0 call moves nothing).
+    pub fn has_bytes(&self) -> bool {
+        let mut any = false;
+        self.for_each_buffer(&mut |b| any |= !b.is_empty());
+        any
+    }
+
     /// The device of the op's buffers (`None`: host memory). Empty buffers do not count
     /// (a non-root's broadcast input may be anything).
     pub fn device(&self) -> Option<std::sync::Arc<dyn crate::device::Device>> {

@@ -74,7 +74,14 @@ fn every_algorithm_matches_the_reference(kind: TransportKind, topos: &[&str], co
         let counts = counts.to_vec();
         let wrong: Vec<usize> = on_device_local(kind, topo, move |c| {
             let mut wrong = 0;
-            for algo in [Algo::Ring, Algo::Hier, Algo::HoRing, Algo::Auto] {
+            for algo in [
+                Algo::Ring,
+                Algo::Hier,
+                Algo::HierLog,
+                Algo::HoRing,
+                Algo::LogStep,
+                Algo::Auto,
+            ] {
                 for kind in [Kind::AllGather, Kind::ReduceScatter, Kind::AllReduce] {
                     for dt in DataType::ALL {
                         for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Avg] {
@@ -138,6 +145,52 @@ fn every_algorithm_matches_the_reference(kind: TransportKind, topos: &[&str], co
             kind.name()
         );
     }
+}
+
+/// The log-step algorithms (flat and as hier's inter-node stage) at every rank count from
+/// 1 to 33 on device buffers: per count a node mesh of it and a seeded random draw of
+/// collective, dtype, reduction, element count and in-place form (ChaCha8, reproducible).
+fn log_step_every_rank_count(kind: TransportKind) {
+    use rand::{Rng, SeedableRng};
+    for p in 1usize..=33 {
+        let k = [3, 2, 1].into_iter().find(|k| p % k == 0).unwrap_or(1);
+        let topo = format!("nodes:{}x{k}", p / k);
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(p as u64);
+        let coll = [Kind::AllGather, Kind::ReduceScatter, Kind::AllReduce][rng.random_range(0..3)];
+        let dt = DataType::ALL[rng.random_range(0..DataType::ALL.len())];
+        let op =
+            [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min][rng.random_range(0..4)];
+        let count = rng.random_range(0..40usize);
+        let in_place = rng.random_bool(0.5);
+        let what = format!(
+            "{topo} {} {dt} {op} count {count} in place {in_place}",
+            coll.name()
+        );
+        let wrong: usize = on_device_local(kind, &topo, move |c| {
+            let mut w = 0;
+            for algo in [Algo::LogStep, Algo::HierLog] {
+                w += check::run_checked(&c, coll, dt, op, count, algo, in_place, p as u64)?;
+            }
+            Ok(w)
+        })
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|e| panic!("{what}: {e:?}")))
+        .sum();
+        assert_eq!(wrong, 0, "{what}");
+    }
+}
+
+#[test]
+fn host_local_log_step_every_rank_count() {
+    log_step_every_rank_count(TransportKind::HostLocal);
+}
+
+#[test]
+fn cuda_local_log_step_every_rank_count() {
+    if !gpu() {
+        return;
+    }
+    log_step_every_rank_count(TransportKind::CudaLocal);
 }
 
 #[test]

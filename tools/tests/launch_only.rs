@@ -60,7 +60,14 @@ fn cases() -> Vec<Case> {
         quant: None,
         coalesced: false,
     };
-    for algo in [Algo::Ring, Algo::Hier, Algo::HoRing, Algo::Auto] {
+    for algo in [
+        Algo::Ring,
+        Algo::Hier,
+        Algo::HierLog,
+        Algo::HoRing,
+        Algo::LogStep,
+        Algo::Auto,
+    ] {
         v.push(plain(algo, Kind::AllGather, ReduceOp::Sum));
         v.push(plain(algo, Kind::ReduceScatter, ReduceOp::Avg));
         v.push(plain(algo, Kind::AllReduce, ReduceOp::Sum));

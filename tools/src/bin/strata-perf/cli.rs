@@ -42,7 +42,8 @@ pub(crate) struct Cli {
     #[arg(long, default_value = "all-gather", value_delimiter = ',', value_parser = parse_kind)]
     pub(crate) op: Vec<Kind>,
 
-    /// Algorithm(s), comma-separated: ring, hier, ho-ring, auto, and the quantized (lossy)
+    /// Algorithm(s), comma-separated: ring, log-step, hier (its inter-node stage by the
+    /// model), hier-ring, hier-log, ho-ring, auto, and the quantized (lossy)
     /// qgz, qgz-1hop (reduce-scatter) and qwz (all-gather) (default: STRATA_ALGO, else auto);
     /// `mpi` (with --transport mpi): the MPI library's own collective, the baseline.
     #[arg(long, value_delimiter = ',', value_parser = parse_row_algo)]
@@ -298,7 +299,7 @@ pub(crate) fn quant_conflict(cli: &Cli, algos: &[Algo]) -> Option<(ErrorKind, St
             return Some((
                 ErrorKind::ArgumentConflict,
                 format!(
-                    "--dry-run models ring, hier, ho-ring and auto, not the quantized {algo} (drop --dry-run to measure it; --model shows '-' for its modeled columns)"
+                    "--dry-run models the lossless algorithms, not the quantized {algo} (drop --dry-run to measure it; --model shows '-' for its modeled columns)"
                 ),
             ));
         }
