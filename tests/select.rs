@@ -227,3 +227,25 @@ fn a_fallback_really_runs_the_ring() {
     assert_eq!((c.algo, c.fallback), (Algo::Qgz, None));
     assert!(q.iter().sum::<u64>() < ring.iter().sum::<u64>());
 }
+
+#[test]
+fn hier_inter_node_stage_crossover_at_1024_nodes() {
+    // dgx-h100:1024: the inter-node stage is 1024 ranks (one per node) on 4 us, 47 GB/s
+    // links. Ring (g-1)(α + c/β) against log-step ⌈log₂g⌉α + (g-1)c/(0.75β): log-step
+    // until c = 3αβ(g-1-10)/(g-1), about 545 KiB per rank (a 4.3 GiB all-gather over
+    // the 8192 ranks). Quoted in docs/algorithms.md.
+    use strata::algo::select::{stage_log_step, stage_times};
+    use strata::topology::LinkClass::InterNode;
+    let t = Topology::parse("dgx-h100:1024").unwrap();
+    let l = t.links.inter_node;
+    let want = 3.0 * l.latency_us * l.bandwidth_gbs * 1e3 * 1013.0 / 1023.0;
+    assert!(stage_log_step(&t, InterNode, 1024, want as usize - 1));
+    assert!(!stage_log_step(&t, InterNode, 1024, want as usize + 1));
+    assert!((540 << 10..550 << 10).contains(&(want as usize)), "{want}");
+    // 64 MiB over 8192 ranks: 8 KiB per rank, 10 latency-bound steps instead of 1023.
+    let (ring, log) = stage_times(&t, InterNode, 1024, 8192);
+    assert!(ring / log > 90.0, "{ring} {log}");
+    // Two or three ranks: as many steps either way, so the ring (full bandwidth) wins.
+    assert!(!stage_log_step(&t, InterNode, 2, 8));
+    assert!(!stage_log_step(&t, InterNode, 3, 8));
+}

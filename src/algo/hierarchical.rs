@@ -169,7 +169,7 @@ pub(crate) fn split_all_reduce(
 
 /// Run `ops` on `sub` as one batch (one vendor group on GPUs) and wait for them.
 fn batch(sub: &CommCore, ops: Vec<Op>, dt: DataType) -> Result<()> {
-    sub.enqueue_batch(ops, dt, Vec::new()).wait()
+    sub.run_batch(ops, dt)
 }
 
 /// Hierarchical all-gather of `c` bytes per rank from `send` into `recv` (p·c bytes),
@@ -190,6 +190,9 @@ pub fn all_gather_with(
     let m = sizes.len();
     let mut cur = send.clone();
     let mut b = 1;
+    // A log-step inter-node stage leaves its chunks rotated by this rank's level-0 index
+    // (chunk j at position j - x0 mod g0); the next stage reads them where they lie.
+    let mut rotated = 0;
     for (i, &g) in sizes.iter().enumerate() {
         let sub = comm.level(i)?;
         let out = if i + 1 == m {
@@ -197,16 +200,18 @@ pub fn all_gather_with(
         } else {
             recv.alloc_like(b * g * c)?
         };
-        if i == 0 && stage_log(comm, inter, g, c) {
-            super::log_step::all_gather(&sub, &cur.slice(0..c)?, &out, c)?;
+        if i == 0 && m > 1 && stage_log(comm, inter, g, c) {
+            super::log_step::all_gather_rotated(&sub, &cur.slice(0..c)?, &out, c)?;
+            rotated = sub.rank();
             cur = out;
             b *= g;
             continue;
         }
+        let at = |j: usize| (j + b - rotated) % b;
         let ops = (0..b)
             .map(|j| {
                 Ok(Op::AllGather {
-                    send: cur.slice(j * c..(j + 1) * c)?,
+                    send: cur.slice(at(j) * c..(at(j) + 1) * c)?,
                     recv: out.slice(j * g * c..(j + 1) * g * c)?,
                     count: c,
                 })
@@ -215,6 +220,7 @@ pub fn all_gather_with(
         batch(&sub, ops, DataType::U8)?;
         cur = out;
         b *= g;
+        rotated = 0;
     }
     Ok(())
 }

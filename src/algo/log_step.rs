@@ -108,13 +108,27 @@ fn runs(a: usize, m: usize, p: usize) -> impl Iterator<Item = (usize, usize)> {
     [(a, first), (0, m - first)].into_iter().filter(|r| r.1 > 0)
 }
 
+/// Below this many bytes of result the flat all-gather runs rotated (one message per
+/// step, then one rotation copy); above it, in place with split runs (no copy). A
+/// wrapping run costs a second message per step, which the MPI transport receives in a
+/// second phase; the rotation copies the whole result once.
+pub const ROTATE_BELOW: usize = 1 << 20;
+
 /// Log-step all-gather of `c` bytes per rank from `send` into `recv` (p·c bytes, rank
 /// major) on `comm`, blocking (on its stream, as every algorithm runs).
 pub fn all_gather(comm: &CommCore, send: &Buffer, recv: &Buffer, c: usize) -> Result<()> {
     let (p, x) = (comm.size(), comm.rank());
+    let ops = comm.ops();
+    if p * c < ROTATE_BELOW && p > 1 && c > 0 {
+        let rot = recv.alloc_like(p * c)?;
+        all_gather_rotated(comm, send, &rot, c)?;
+        // Position i holds chunk x + i: two copies put it in rank order.
+        let head = (p - x) * c;
+        ops.copy(&recv.slice(x * c..p * c)?, &rot.slice(0..head)?)?;
+        return ops.copy(&recv.slice(0..x * c)?, &rot.slice(head..p * c)?);
+    }
     if send.offset_in(recv) != Some(x * c) {
-        comm.ops()
-            .copy(&recv.slice(x * c..(x + 1) * c)?, &send.slice(0..c)?)?;
+        ops.copy(&recv.slice(x * c..(x + 1) * c)?, &send.slice(0..c)?)?;
     }
     if c == 0 {
         return Ok(());
@@ -137,7 +151,36 @@ pub fn all_gather(comm: &CommCore, send: &Buffer, recv: &Buffer, c: usize) -> Re
                 peer: from,
             });
         }
-        comm.enqueue_batch(ops, DataType::U8, Vec::new()).wait()?;
+        comm.run_batch(ops, DataType::U8)?;
+    }
+    Ok(())
+}
+
+/// Log-step all-gather into `rot` (p·c bytes) in rotated order: position i holds the
+/// chunk of rank x + i (mod p). Every step is one message each way. `hier` runs its
+/// inter-node stage this way and reads the chunks where they lie.
+pub fn all_gather_rotated(comm: &CommCore, send: &Buffer, rot: &Buffer, c: usize) -> Result<()> {
+    let (p, x) = (comm.size(), comm.rank());
+    if send.offset_in(rot) != Some(0) {
+        comm.ops().copy(&rot.slice(0..c)?, &send.slice(0..c)?)?;
+    }
+    if c == 0 {
+        return Ok(());
+    }
+    for (d, m) in steps(p) {
+        let ops = vec![
+            Op::Send {
+                buf: rot.slice(0..m * c)?,
+                count: m * c,
+                peer: (x + p - d) % p,
+            },
+            Op::Recv {
+                buf: rot.slice(d * c..(d + m) * c)?,
+                count: m * c,
+                peer: (x + d) % p,
+            },
+        ];
+        comm.run_batch(ops, DataType::U8)?;
     }
     Ok(())
 }
@@ -178,7 +221,7 @@ pub fn reduce_scatter(
             src: (x + p - d) % p,
             reduce: Some(op),
         };
-        comm.enqueue(step, dt, Vec::new()).wait()?;
+        comm.run_batch(vec![step], dt)?;
     }
     ops.copy(&recv.slice(0..c)?, &work.slice(0..c)?)
 }

@@ -369,6 +369,22 @@ impl CommCore {
         work
     }
 
+    /// [`CommCore::enqueue_batch`] and wait for it: an algorithm's blocking step on a
+    /// communicator of its own (a level, its private copy). When that communicator's
+    /// stream is idle the ops run on the calling thread, so a step costs no hand-off to
+    /// the stream thread and back (a log-step collective makes ⌈log₂ p⌉ of them);
+    /// inside a launched call and on device transports, as `enqueue_batch`.
+    pub fn run_batch(&self, ops: Vec<Op>, dtype: DataType) -> Result<()> {
+        let launched = crate::device::direct::current().is_some_and(|s| s.stream.is_some());
+        if launched || self.on_stream() || self.has_device() {
+            return self.enqueue_batch(ops, dtype, Vec::new()).wait();
+        }
+        match self.run_now(&[], || self.run_ops(&ops, dtype)) {
+            Ok(r) => r,
+            Err(_) => self.enqueue_batch(ops, dtype, Vec::new()).wait(),
+        }
+    }
+
     /// [`CommCore::enqueue_batch`] inside a launched call (scope `sc`): on this thread,
     /// nothing waited for on the host. The launched communicator's own ops go on the
     /// launch stream; another communicator's (a level, the node, the rail) on its own
