@@ -32,13 +32,25 @@
 //! Options follow a preset after commas: `hpz=AxB|off`, `qwz=4|8|off`, `qgz=4|8|off`,
 //! `qblock=K` (elements per quantization scale, default 256),
 //! `algo=A` (every phase), `fwd=A`, `bwd=A`, `grad=A`, `boundary=A`, `spread=A`
-//! (A: ring, hier, ho-ring, auto; fwd also qwz, grad also qgz), `sync=rs|ar`,
+//! (A: ring, log-step, hier, hier-ring, hier-log, ho-ring, auto; fwd also qwz, grad
+//! also qgz), `sync=rs|ar`,
 //! `accum=K`. Example: `zeropp,qgz=8,hpz=4x1`, `zero3,algo=hier`.
 
 use crate::error::{config_err, Result};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use strata::{Algo, Topology};
+
+/// The lossless algorithms every phase takes.
+const EXACT: &[Algo] = &[
+    Algo::Ring,
+    Algo::LogStep,
+    Algo::Hier,
+    Algo::HierRing,
+    Algo::HierLog,
+    Algo::HoRing,
+    Algo::Auto,
+];
 
 /// A sharding factor `intra x inter`: shard over `intra` ranks of a node times `inter`
 /// nodes (AMSP's `s⁰ × s¹`); 1x1 is full replication.
@@ -456,35 +468,20 @@ impl Strategy {
             (
                 "fwd",
                 self.algos.fwd_gather,
-                &[Algo::Ring, Algo::Hier, Algo::HoRing, Algo::Auto, Algo::Qwz][..],
+                &[EXACT, &[Algo::Qwz]].concat()[..],
             ),
             (
                 "bwd",
                 self.algos.bwd_gather,
-                &[Algo::Ring, Algo::Hier, Algo::HoRing, Algo::Auto, Algo::Qwz][..],
+                &[EXACT, &[Algo::Qwz]].concat()[..],
             ),
             (
                 "grad",
                 self.algos.grad_reduce,
-                &[
-                    Algo::Ring,
-                    Algo::Hier,
-                    Algo::HoRing,
-                    Algo::Auto,
-                    Algo::Qgz,
-                    Algo::Qgz1,
-                ][..],
+                &[EXACT, &[Algo::Qgz, Algo::Qgz1]].concat()[..],
             ),
-            (
-                "boundary",
-                self.algos.boundary,
-                &[Algo::Ring, Algo::Hier, Algo::HoRing, Algo::Auto][..],
-            ),
-            (
-                "spread",
-                self.algos.spread,
-                &[Algo::Ring, Algo::Hier, Algo::HoRing, Algo::Auto][..],
-            ),
+            ("boundary", self.algos.boundary, EXACT),
+            ("spread", self.algos.spread, EXACT),
         ] {
             if !ok.contains(&a) {
                 return config_err!(

@@ -8,10 +8,14 @@
 //! Steps (p ranks, this rank x, all indices mod p): the step sizes are d = 1, 2, 4, …
 //! with `m = min(d, p − d)` chunks moved at each (`steps`), Σ m = p − 1.
 //! - All-gather: before the step of size d, x holds chunks [x, x+d); it sends the first
-//!   m of them to x − d and receives [x+d, x+d+m) from x + d, straight into their
-//!   places in `recv` (a run that wraps past chunk p − 1 is two messages, both sides
-//!   split it the same way; a group's sends and receives are in flight together). No
-//!   rotation copy; in place when `send` is `recv[x·c..]`.
+//!   m of them to x − d and receives [x+d, x+d+m) from x + d. Rotated
+//!   ([`all_gather_rotated`]: position i holds chunk x+i) every step is one contiguous
+//!   message each way; `hier`'s inter-node stage runs so and the next stage reads the
+//!   chunks where they lie, and the flat call runs so below [`ROTATE_BELOW`] bytes, then
+//!   copies the result into rank order (two copies). Above it, the runs go straight to
+//!   their places in `recv` (a run that wraps past chunk p − 1 is two messages, both
+//!   sides split it alike; a step's sends and receives are in flight together): no copy.
+//!   In place when `send` is `recv[x·c..]`.
 //! - Reduce-scatter: the steps in reverse order (d = D … 1, D the largest power of two
 //!   below p) over a work copy of `send` rotated so position i is chunk x+i: x sends
 //!   positions [d, d+m) to x + d and receives from x − d, reducing into positions
