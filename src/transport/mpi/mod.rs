@@ -16,9 +16,10 @@
 //! - Every message between two ranks of a communicator is numbered in order, and its tag
 //!   carries that sequence number and its class (small, whole, length header, piece),
 //!   so a receive posted for a tag matches exactly the one message it expects.
-//! - A small message (up to 4 KiB) has its receive posted before the peer's message comes
-//!   (in `sendrecv` before the send), into a reused 4 KiB landing buffer that holds any
-//!   small message whole: the length comes from the status, the bytes are copied out.
+//! - A small message (up to 16 KiB, at most a piece) has its receive posted before the
+//!   peer's message comes (in `sendrecv` before the send), into a reused 16 KiB landing
+//!   buffer that holds any small message whole: the length comes from the status, the
+//!   bytes are copied out.
 //!   Were the peer's message of our number longer (another class), it shows up unmatched
 //!   (`MPI_Iprobe` while waiting): the receive is withdrawn and that message drained.
 //!   A larger receive first matches the incoming message (`MPI_Improbe`) and compares its

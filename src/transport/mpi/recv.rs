@@ -9,7 +9,8 @@
 use super::comm::{byte_type, check, RawComm};
 use super::request::{byte_count, empty_status, request_null, retire, Poll, Req};
 use super::tags::{
-    pieces, seq_mask, tag, untag, CLASS_HEADER, CLASS_PIECE, CLASS_SMALL, CLASS_WHOLE, SMALL,
+    is_small, pieces, seq_mask, tag, untag, CLASS_HEADER, CLASS_PIECE, CLASS_SMALL, CLASS_WHOLE,
+    SMALL,
 };
 use crate::error::{Error, Result};
 use mpi::ffi;
@@ -101,7 +102,7 @@ impl RecvOp {
         piece: usize,
         bufs: &mut Buffers,
     ) -> Result<RecvOp> {
-        let small = buf.len() <= SMALL;
+        let small = is_small(buf.len(), piece);
         let landing = if small {
             bufs.landing.pop().unwrap_or_default()
         } else {
@@ -413,7 +414,7 @@ impl RecvOp {
                     }
                     let sent =
                         self.header.as_deref().map_or(0, |h| u64::from_le_bytes(*h)) as usize;
-                    if sent != self.len || self.len <= SMALL {
+                    if sent != self.len || is_small(self.len, self.piece) {
                         // Drain the announced pieces.
                         self.mismatch = Some(sent);
                         self.msgs = pieces(sent, self.piece);

@@ -3,7 +3,7 @@
 
 use super::comm::{byte_type, check, RawComm};
 use super::request::{request_null, retire, Poll, Req};
-use super::tags::{pieces, tag, CLASS_HEADER, CLASS_PIECE, CLASS_SMALL, CLASS_WHOLE, SMALL};
+use super::tags::{is_small, pieces, tag, CLASS_HEADER, CLASS_PIECE, CLASS_SMALL, CLASS_WHOLE};
 use crate::error::Result;
 use mpi::ffi;
 use std::os::raw::{c_int, c_void};
@@ -100,7 +100,7 @@ impl SendOp {
             window,
             completed: 0,
         };
-        let posted = if data.len() <= SMALL {
+        let posted = if is_small(data.len(), piece) {
             op.isend(comm, data.as_ptr(), data.len(), CLASS_SMALL)
         } else if data.len() <= piece {
             op.isend(comm, data.as_ptr(), data.len(), CLASS_WHOLE)

@@ -5,9 +5,18 @@ use std::os::raw::c_int;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
 
-/// Messages up to this many bytes are small: their receive is posted before they
-/// arrive, into a landing buffer of this size that holds any small message whole.
-pub(super) const SMALL: usize = 4096;
+/// Messages up to this many bytes (and no longer than a piece) are small: their
+/// receive is posted before they arrive, into a landing buffer of this size that holds
+/// any small message whole. 16 KiB: the chunks of latency-bound collectives (a log-step
+/// all-gather's last step moves half the result) match at once instead of through a
+/// probe; a landing buffer per receive in flight stays small.
+pub(super) const SMALL: usize = 16 << 10;
+
+/// True when a message of `len` bytes travels as a small one with pieces of `piece`
+/// bytes (the same on every rank, so both sides agree).
+pub(super) fn is_small(len: usize, piece: usize) -> bool {
+    len <= SMALL.min(piece)
+}
 /// Message classes, the top two bits of the tag: a small message, a larger whole
 /// one, the 8-byte length header of a long message, a piece of a long message.
 pub(super) const CLASS_SMALL: u32 = 0;

@@ -129,7 +129,7 @@ fn small_messages_land_whole() {
 fn whole_message_lands_through_staging() {
     let piece = 64 << 10;
     let t = world(piece, LONG);
-    for len in [SMALL + 1, 10_000, piece] {
+    for len in [SMALL + 1, 40_000, piece] {
         let before = seqs(&t);
         roundtrip(&t, len, 2);
         assert_eq!(
