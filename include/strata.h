@@ -157,7 +157,8 @@ typedef struct strataConfig_t {
    */
   const char *topology;
   /**
-   * Algorithm used when a call carries no hint: `ring`, `hier` or `auto`; NULL or ""
+   * Algorithm used when a call carries no hint: `ring`, `log-step`, `hier`,
+   * `hier-ring`, `hier-log`, `ho-ring` or `auto` (or a quantized one); NULL or ""
    * for `STRATA_ALGO`, else `auto`.
    */
   const char *algo;

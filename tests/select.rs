@@ -245,7 +245,10 @@ fn hier_inter_node_stage_crossover_at_1024_nodes() {
     // 64 MiB over 8192 ranks: 8 KiB per rank, 10 latency-bound steps instead of 1023:
     // 4.27 ms against 0.28 ms.
     let (ring, log) = stage_times(&t, InterNode, 1024, 8192);
-    assert!((ring - 4270.3).abs() < 0.1 && (log - 277.7).abs() < 0.1, "{ring} {log}");
+    assert!(
+        (ring - 4270.3).abs() < 0.1 && (log - 277.7).abs() < 0.1,
+        "{ring} {log}"
+    );
     // Two or three ranks: as many steps either way, so the ring (full bandwidth) wins.
     assert!(!stage_log_step(&t, InterNode, 2, 8));
     assert!(!stage_log_step(&t, InterNode, 3, 8));

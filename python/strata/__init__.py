@@ -978,7 +978,8 @@ def init_local(nranks: int, topology: Optional[str] = None, algo: Optional[str] 
     """``strataCommInitLocal``: an in-process world of ``nranks`` ranks; returns one
     ``Comm`` per rank, rank i at index i, to drive from threads (or from one thread
     inside ``group()``). ``topology`` is a SPEC such as ``"nodes:2x4"`` (default:
-    ``STRATA_TOPOLOGY``, else one node); ``algo`` ``ring|hier|auto``; ``timeout`` seconds.
+    ``STRATA_TOPOLOGY``, else one node); ``algo`` an algorithm name (``ring``, ``log-step``,
+    ``hier``, ``ho-ring``, ``auto``, ...); ``timeout`` seconds.
     ``transport``: ``"local"`` (host memory) or ``"cuda-local"`` (every rank on one CUDA
     device, ``STRATA_DEVICE`` or 0, taking device tensors; needs ``--features cuda``)."""
     out = (_vp * max(nranks, 1))()

@@ -225,7 +225,8 @@ pub struct strataConfig_t {
     /// Topology SPEC (`nodes:2x4`, `frontier:2`, `dgx-h100:4`, ... or a JSON file path);
     /// NULL or "" for `STRATA_TOPOLOGY`, else one flat node. Its size must be the world's.
     pub topology: *const c_char,
-    /// Algorithm used when a call carries no hint: `ring`, `hier` or `auto`; NULL or ""
+    /// Algorithm used when a call carries no hint: `ring`, `log-step`, `hier`,
+    /// `hier-ring`, `hier-log`, `ho-ring` or `auto` (or a quantized one); NULL or ""
     /// for `STRATA_ALGO`, else `auto`.
     pub algo: *const c_char,
     /// How long to wait for a peer (rendezvous included) before `strataRemoteError`, in
