@@ -78,3 +78,59 @@ proptest! {
         prop_assert_eq!(wrong, 0, "{} {:?} {} {} count {}", topo, kind, dt, op, count);
     }
 }
+
+/// The log-step forms above `log_step::ROTATE_BELOW` bytes (the all-gather's split runs,
+/// the reduce-scatter's first step straight from the input) on odd and even rank
+/// counts and as hier's inter-node stage, in place and not: the proptests above stay
+/// below it.
+#[test]
+fn log_step_large_forms_match_the_reference() {
+    use Kind::*;
+    let big = strata::algo::log_step::ROTATE_BELOW;
+    for (topo, g, cases) in [
+        (
+            "nodes:5x1",
+            5,
+            vec![
+                (AllGather, DataType::F32, ReduceOp::Sum, Algo::LogStep),
+                (ReduceScatter, DataType::BF16, ReduceOp::Avg, Algo::LogStep),
+                (AllReduce, DataType::I64, ReduceOp::Max, Algo::LogStep),
+            ],
+        ),
+        (
+            "nodes:8x1",
+            8,
+            vec![
+                (AllGather, DataType::BF16, ReduceOp::Sum, Algo::LogStep),
+                (ReduceScatter, DataType::F32, ReduceOp::Sum, Algo::LogStep),
+            ],
+        ),
+        (
+            "nodes:3x2",
+            3,
+            vec![(ReduceScatter, DataType::F32, ReduceOp::Min, Algo::HierLog)],
+        ),
+    ] {
+        let wrong: usize = common::all_ok(topo, move |c| {
+            let p = c.size();
+            let mut w = 0;
+            for &(kind, dt, op, algo) in &cases {
+                // Past the threshold where the log-step runs: the whole communicator
+                // (flat), the g ranks of the inter-node stage (hier-log).
+                let per_rank = big / (dt.size() * g) + 3;
+                let count = if kind == AllReduce {
+                    per_rank * p + 1
+                } else {
+                    per_rank
+                };
+                for in_place in [false, true] {
+                    w += run_checked(&c, kind, dt, op, count, algo, in_place, 5)?;
+                }
+            }
+            Ok(w)
+        })
+        .into_iter()
+        .sum();
+        assert_eq!(wrong, 0, "{topo}");
+    }
+}

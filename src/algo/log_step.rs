@@ -205,6 +205,10 @@ pub fn reduce_scatter(
     if p == 1 || c == 0 {
         return ops.copy(&recv.slice(0..c)?, &send.slice(x * c..(x + 1) * c)?);
     }
+    let op = op.partial();
+    if p * c >= ROTATE_BELOW {
+        return reduce_scatter_direct(comm, send, recv, count, dt, op);
+    }
     // Rotated work copy: position i holds chunk x + i.
     let work = send.alloc_like(p * c)?;
     let mut at = 0;
@@ -215,8 +219,71 @@ pub fn reduce_scatter(
         )?;
         at += m * c;
     }
-    let op = op.partial();
     for (d, m) in steps(p).into_iter().rev() {
+        let step = Op::SendRecv {
+            send: work.slice(d * c..(d + m) * c)?,
+            recv: work.slice(0..m * c)?,
+            count: m * count,
+            dst: (x + d) % p,
+            src: (x + p - d) % p,
+            reduce: Some(op),
+        };
+        comm.run_batch(vec![step], dt)?;
+    }
+    ops.copy(&recv.slice(0..c)?, &work.slice(0..c)?)
+}
+
+/// [`reduce_scatter`] from [`ROTATE_BELOW`] bytes of input up: no full work copy. The
+/// first (largest) step sends chunks [x+D, x+p) straight from `send` (runs split where
+/// they wrap, as the receiver splits them) and receives into work positions [0, p−D),
+/// which then take this rank's own chunks by a reduction instead of a copy; only
+/// positions [p−D, D) are copied in (none when p is a power of two). The work buffer is
+/// D chunks, the later steps stay inside it.
+fn reduce_scatter_direct(
+    comm: &CommCore,
+    send: &Buffer,
+    recv: &Buffer,
+    count: usize,
+    dt: DataType,
+    op: ReduceOp,
+) -> Result<()> {
+    let (p, x) = (comm.size(), comm.rank());
+    let c = count * dt.size();
+    let ops = comm.ops();
+    let all = steps(p);
+    let Some(&(big, first)) = all.last() else {
+        return ops.copy(&recv.slice(0..c)?, &send.slice(x * c..(x + 1) * c)?);
+    };
+    let chunks = |(a, m): (usize, usize)| send.slice(a * c..(a + m) * c);
+    let work = send.alloc_like(big * c)?;
+    let mut batch = Vec::with_capacity(4);
+    for r in runs((x + big) % p, first, p) {
+        batch.push(Op::Send {
+            buf: chunks(r)?,
+            count: r.1 * c,
+            peer: (x + big) % p,
+        });
+    }
+    let mut at = 0;
+    for r in runs(x, first, p) {
+        batch.push(Op::Recv {
+            buf: work.slice(at..at + r.1 * c)?,
+            count: r.1 * c,
+            peer: (x + p - big) % p,
+        });
+        at += r.1 * c;
+    }
+    comm.run_batch(batch, DataType::U8)?;
+    let mut at = 0;
+    for r in runs(x, first, p) {
+        ops.reduce(&work.slice(at..at + r.1 * c)?, &chunks(r)?, dt, op)?;
+        at += r.1 * c;
+    }
+    for r in runs((x + first) % p, big - first, p) {
+        ops.copy(&work.slice(at..at + r.1 * c)?, &chunks(r)?)?;
+        at += r.1 * c;
+    }
+    for &(d, m) in all.iter().rev().skip(1) {
         let step = Op::SendRecv {
             send: work.slice(d * c..(d + m) * c)?,
             recv: work.slice(0..m * c)?,
