@@ -21,7 +21,10 @@
 //!   positions [d, d+m) to x + d and receives from x − d, reducing into positions
 //!   [0, m). After the last step position 0 is x's fully reduced chunk (each chunk's
 //!   all-gather broadcast tree, reversed, is a reduction tree to its owner; `Avg` sums,
-//!   [`super::run`] divides once). One work buffer of p·c bytes, one copy in, one out.
+//!   [`super::run`] divides once). Below [`ROTATE_BELOW`] bytes of input the work buffer
+//!   is a rotated copy of all of `send`; from it up, the first step sends straight from
+//!   `send` and the positions it receives take this rank's chunks by a reduction, so
+//!   only 2D − p chunks are copied (none for a power of two).
 //! - All-reduce: reduce-scatter then all-gather, as `hier` does (in `recv` when p divides
 //!   the count, else through a padded scratch copy).
 //!
@@ -112,11 +115,13 @@ fn runs(a: usize, m: usize, p: usize) -> impl Iterator<Item = (usize, usize)> {
     [(a, first), (0, m - first)].into_iter().filter(|r| r.1 > 0)
 }
 
-/// Below this many bytes of result the flat all-gather runs rotated (one message per
-/// step, then one rotation copy); above it, in place with split runs (no copy). A
-/// wrapping run costs a second message per step, which the MPI transport receives in a
-/// second phase; the rotation copies the whole result once.
-pub const ROTATE_BELOW: usize = 1 << 20;
+/// Below this many bytes of result (of input, for reduce-scatter) the flat log-step
+/// collectives work in a rotated buffer (one message each way per step, a copy of the
+/// whole); from it up, without that copy (a run that wraps costs a second message,
+/// which the MPI transport receives in a second phase). 64 KiB: at 256 KiB the copy
+/// already cost 15-20% on 8 ranks sharing a host's memory, and at 64 KiB the two forms
+/// measured alike (2026-11-27).
+pub const ROTATE_BELOW: usize = 64 << 10;
 
 /// Log-step all-gather of `c` bytes per rank from `send` into `recv` (p·c bytes, rank
 /// major) on `comm`, blocking (on its stream, as every algorithm runs).

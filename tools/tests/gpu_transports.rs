@@ -160,7 +160,13 @@ fn log_step_every_rank_count(kind: TransportKind, counts: impl IntoIterator<Item
         let dt = DataType::ALL[rng.random_range(0..DataType::ALL.len())];
         let op =
             [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min][rng.random_range(0..4)];
-        let count = rng.random_range(0..40usize);
+        // Every fourth world also past `ROTATE_BELOW` (the forms without the rotation
+        // copy: split all-gather runs, the reduce-scatter's first step from the input).
+        let count = if p % 4 == 1 {
+            strata::algo::log_step::ROTATE_BELOW / (dt.size() * p) + rng.random_range(1..9usize)
+        } else {
+            rng.random_range(0..40usize)
+        };
         let in_place = rng.random_bool(0.5);
         let what = format!(
             "{topo} {} {dt} {op} count {count} in place {in_place}",
