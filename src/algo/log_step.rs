@@ -224,7 +224,23 @@ pub fn reduce_scatter(
         )?;
         at += m * c;
     }
-    for (d, m) in steps(p).into_iter().rev() {
+    reduce_steps(comm, &work, recv, steps(p).into_iter().rev(), count, dt, op)
+}
+
+/// The reduce-scatter's steps `rev` (largest first) over the rotated partials in `work`
+/// (position i: chunk x + i), then position 0, this rank's reduced chunk, into `recv`.
+fn reduce_steps(
+    comm: &CommCore,
+    work: &Buffer,
+    recv: &Buffer,
+    rev: impl Iterator<Item = (usize, usize)>,
+    count: usize,
+    dt: DataType,
+    op: ReduceOp,
+) -> Result<()> {
+    let (p, x) = (comm.size(), comm.rank());
+    let c = count * dt.size();
+    for (d, m) in rev {
         let step = Op::SendRecv {
             send: work.slice(d * c..(d + m) * c)?,
             recv: work.slice(0..m * c)?,
@@ -235,7 +251,7 @@ pub fn reduce_scatter(
         };
         comm.run_batch(vec![step], dt)?;
     }
-    ops.copy(&recv.slice(0..c)?, &work.slice(0..c)?)
+    comm.ops().copy(&recv.slice(0..c)?, &work.slice(0..c)?)
 }
 
 /// [`reduce_scatter`] from [`ROTATE_BELOW`] bytes of input up: no full work copy. The
@@ -288,18 +304,15 @@ fn reduce_scatter_direct(
         ops.copy(&work.slice(at..at + r.1 * c)?, &chunks(r)?)?;
         at += r.1 * c;
     }
-    for &(d, m) in all.iter().rev().skip(1) {
-        let step = Op::SendRecv {
-            send: work.slice(d * c..(d + m) * c)?,
-            recv: work.slice(0..m * c)?,
-            count: m * count,
-            dst: (x + d) % p,
-            src: (x + p - d) % p,
-            reduce: Some(op),
-        };
-        comm.run_batch(vec![step], dt)?;
-    }
-    ops.copy(&recv.slice(0..c)?, &work.slice(0..c)?)
+    reduce_steps(
+        comm,
+        &work,
+        recv,
+        all.into_iter().rev().skip(1),
+        count,
+        dt,
+        op,
+    )
 }
 
 /// The log-step all-gather's transfers as a plan on `ring` (`Ring::Flat`, or a level):
