@@ -13,6 +13,13 @@
 //! the same stages innermost first, each a batch of reduce-scatters over contiguous runs
 //! of `g_i` chunks, so its largest stage stays on the fastest links.
 //!
+//! Stage 0 (`B_0 = 1`: one rank per node in each group) runs as a ring or as the
+//! log-step algorithm of [`super::log_step`] ([`Inter`]): `hier` asks the model per call
+//! ([`super::select::stage_log_step`]: log-step while the stage is latency-bound),
+//! `hier-ring` and `hier-log` force a form. The log-step all-gather leaves stage 0's
+//! chunks rotated by this rank's level-0 index, and stage 1 reads each where it lies.
+//! Both forms move the same bytes.
+//!
 //! Traffic (closed forms asserted by `tests/traffic.rs`): with per-rank chunk c bytes,
 //! p ranks, M = p·c, level sizes g_0..g_{m-1} (outermost first), stage i sends
 //! `(g_i - 1)·B_i·c` bytes per rank, all on level i's link class, so the class total is
