@@ -50,6 +50,18 @@ impl Algo {
         Algo::Auto,
     ];
 
+    /// The lossless algorithms (every one `auto` may pick, the forced forms of `hier`,
+    /// and `auto` itself): what every test body and every engine phase takes.
+    pub const LOSSLESS: [Algo; 7] = [
+        Algo::Ring,
+        Algo::LogStep,
+        Algo::Hier,
+        Algo::HierRing,
+        Algo::HierLog,
+        Algo::HoRing,
+        Algo::Auto,
+    ];
+
     /// Name as on the command line.
     pub fn name(self) -> &'static str {
         match self {

@@ -33,7 +33,7 @@ proptest! {
         let topo = format!("nodes:{n}x{p}x{d}");
         let wrong: usize = common::all_ok(&topo, move |c| {
             let mut w = 0;
-            for algo in [Algo::Ring, Algo::Hier, Algo::HierLog, Algo::HoRing, Algo::LogStep, Algo::Auto] {
+            for algo in Algo::LOSSLESS {
                 w += run_checked(&c, kind, dt, op, count, algo, in_place, seed)?;
             }
             Ok(w)

@@ -322,14 +322,7 @@ fn symmetric_replay_equals_full_replay() {
         let t = Topology::parse(spec).unwrap();
         let p = t.world_size();
         for kind in [Kind::AllGather, Kind::ReduceScatter, Kind::AllReduce] {
-            for algo in [
-                Algo::Ring,
-                Algo::Hier,
-                Algo::HierLog,
-                Algo::HoRing,
-                Algo::LogStep,
-                Algo::Auto,
-            ] {
+            for algo in Algo::LOSSLESS {
                 for chunks in [None, Some(3)] {
                     let count = if kind == Kind::AllReduce {
                         count.div_ceil(p) * p

@@ -42,15 +42,7 @@ use std::fmt;
 use strata::{Algo, Topology};
 
 /// The lossless algorithms every phase takes.
-const EXACT: &[Algo] = &[
-    Algo::Ring,
-    Algo::LogStep,
-    Algo::Hier,
-    Algo::HierRing,
-    Algo::HierLog,
-    Algo::HoRing,
-    Algo::Auto,
-];
+const EXACT: &[Algo] = &Algo::LOSSLESS;
 
 /// A sharding factor `intra x inter`: shard over `intra` ranks of a node times `inter`
 /// nodes (AMSP's `s⁰ × s¹`); 1x1 is full replication.

@@ -232,20 +232,8 @@ pub fn all_gather_with(
     Ok(())
 }
 
-/// Hierarchical reduce-scatter: `recv` (count elements) from `send` (p·count); `Avg` sums.
-/// Rings at every stage.
-pub fn reduce_scatter(
-    comm: &CommCore,
-    send: &Buffer,
-    recv: &Buffer,
-    count: usize,
-    dt: DataType,
-    op: ReduceOp,
-) -> Result<()> {
-    reduce_scatter_with(comm, send, recv, count, dt, op, Inter::Ring)
-}
-
-/// [`reduce_scatter`] with the inter-node stage as `inter` says.
+/// Hierarchical reduce-scatter: `recv` (count elements) from `send` (p·count), the
+/// inter-node stage as `inter` says; `Avg` sums.
 pub fn reduce_scatter_with(
     comm: &CommCore,
     send: &Buffer,

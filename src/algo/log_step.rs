@@ -211,20 +211,36 @@ pub fn reduce_scatter(
         return ops.copy(&recv.slice(0..c)?, &send.slice(x * c..(x + 1) * c)?);
     }
     let op = op.partial();
-    if p * c >= ROTATE_BELOW {
-        return reduce_scatter_direct(comm, send, recv, count, dt, op);
-    }
-    // Rotated work copy: position i holds chunk x + i.
+    let all = steps(p);
+    let (work, first) = if p * c >= ROTATE_BELOW {
+        (first_step_direct(comm, send, count, dt, op, &all)?, 1)
+    } else {
+        (rotated_copy(comm, send, c)?, 0)
+    };
+    reduce_steps(
+        comm,
+        &work,
+        recv,
+        all.into_iter().rev().skip(first),
+        count,
+        dt,
+        op,
+    )
+}
+
+/// The rotated work copy of `send` (position i holds chunk x + i).
+fn rotated_copy(comm: &CommCore, send: &Buffer, c: usize) -> Result<Buffer> {
+    let (p, x) = (comm.size(), comm.rank());
     let work = send.alloc_like(p * c)?;
     let mut at = 0;
     for (a, m) in runs(x, p, p) {
-        ops.copy(
+        comm.ops().copy(
             &work.slice(at..at + m * c)?,
             &send.slice(a * c..(a + m) * c)?,
         )?;
         at += m * c;
     }
-    reduce_steps(comm, &work, recv, steps(p).into_iter().rev(), count, dt, op)
+    Ok(work)
 }
 
 /// The reduce-scatter's steps `rev` (largest first) over the rotated partials in `work`
@@ -254,27 +270,26 @@ fn reduce_steps(
     comm.ops().copy(&recv.slice(0..c)?, &work.slice(0..c)?)
 }
 
-/// [`reduce_scatter`] from [`ROTATE_BELOW`] bytes of input up: no full work copy. The
-/// first (largest) step sends chunks [x+D, x+p) straight from `send` (runs split where
+/// [`reduce_scatter`]'s largest step from [`ROTATE_BELOW`] bytes of input up, with no
+/// full work copy: it sends chunks [x+D, x+p) straight from `send` (runs split where
 /// they wrap, as the receiver splits them) and receives into work positions [0, p−D),
 /// which then take this rank's own chunks by a reduction instead of a copy; only
-/// positions [p−D, D) are copied in (none when p is a power of two). The work buffer is
-/// D chunks, the later steps stay inside it.
-fn reduce_scatter_direct(
+/// positions [p−D, D) are copied in (none when p is a power of two). Returns the work
+/// buffer of D chunks (position i: chunk x + i); the later steps stay inside it.
+fn first_step_direct(
     comm: &CommCore,
     send: &Buffer,
-    recv: &Buffer,
     count: usize,
     dt: DataType,
     op: ReduceOp,
-) -> Result<()> {
+    all: &[(usize, usize)],
+) -> Result<Buffer> {
     let (p, x) = (comm.size(), comm.rank());
     let c = count * dt.size();
     let ops = comm.ops();
-    let all = steps(p);
-    let Some(&(big, first)) = all.last() else {
-        return ops.copy(&recv.slice(0..c)?, &send.slice(x * c..(x + 1) * c)?);
-    };
+    let &(big, first) = all
+        .last()
+        .ok_or_else(|| Error::Internal("log-step reduce-scatter of one rank".into()))?;
     let chunks = |(a, m): (usize, usize)| send.slice(a * c..(a + m) * c);
     let work = send.alloc_like(big * c)?;
     let mut batch = Vec::with_capacity(4);
@@ -304,15 +319,7 @@ fn reduce_scatter_direct(
         ops.copy(&work.slice(at..at + r.1 * c)?, &chunks(r)?)?;
         at += r.1 * c;
     }
-    reduce_steps(
-        comm,
-        &work,
-        recv,
-        all.into_iter().rev().skip(1),
-        count,
-        dt,
-        op,
-    )
+    Ok(work)
 }
 
 /// The log-step all-gather's transfers as a plan on `ring` (`Ring::Flat`, or a level):

@@ -293,11 +293,17 @@ pub fn estimate(
         l.latency_us + bytes / (l.bandwidth_gbs * 1e3)
     };
     // The slowest class between each rank and the one `d` places on.
+    // The slowest class between each rank and the one `d` places on (every call asks:
+    // stop at the slowest class there is).
     let slowest = |d: usize| {
-        (0..p)
-            .map(|r| topo.link_class(members[r], members[(r + d) % p]))
-            .max()
-            .unwrap_or(LinkClass::IntraPackage)
+        let mut worst = LinkClass::IntraPackage;
+        for r in 0..p {
+            worst = worst.max(topo.link_class(members[r], members[(r + d) % p]));
+            if worst == LinkClass::InterNode {
+                break;
+            }
+        }
+        worst
     };
     // A ring over the whole topology in rank order runs as NCCL's channel rings
     // (topology::channels); a sub-communicator keeps one ring over its slowest link.
@@ -319,14 +325,22 @@ pub fn estimate(
                 let bytes = m as f64 * c;
                 let mut t = bytes / (l.bandwidth_gbs * 1e3);
                 if class == LinkClass::InterNode {
-                    let mut out = vec![0usize; topo.nodes.max(1)];
-                    for r in 0..p {
-                        let (a, b) = (members[r], members[(r + p - d) % p]);
-                        if topo.node_of(a) != topo.node_of(b) {
-                            out[topo.node_of(a)] += 1;
+                    let leaves = |r: usize| {
+                        topo.node_of(members[r]) != topo.node_of(members[(r + p - d) % p])
+                    };
+                    // The whole topology in rank order is the same seen from every node
+                    // (one node further is d places further): count node 0's ranks.
+                    let busiest = if whole {
+                        (0..topo.ranks_per_node().min(p))
+                            .filter(|&r| leaves(r))
+                            .count()
+                    } else {
+                        let mut out = vec![0usize; topo.nodes.max(1)];
+                        for r in (0..p).filter(|&r| leaves(r)) {
+                            out[topo.node_of(members[r])] += 1;
                         }
-                    }
-                    let busiest = out.into_iter().max().unwrap_or(0) as f64;
+                        out.into_iter().max().unwrap_or(0)
+                    } as f64;
                     t = t.max(busiest * bytes / (topo.links.node_egress_gbs() * 1e3));
                 }
                 l.latency_us + t / LOG_STEP_BW

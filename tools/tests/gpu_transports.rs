@@ -74,14 +74,7 @@ fn every_algorithm_matches_the_reference(kind: TransportKind, topos: &[&str], co
         let counts = counts.to_vec();
         let wrong: Vec<usize> = on_device_local(kind, topo, move |c| {
             let mut wrong = 0;
-            for algo in [
-                Algo::Ring,
-                Algo::Hier,
-                Algo::HierLog,
-                Algo::HoRing,
-                Algo::LogStep,
-                Algo::Auto,
-            ] {
+            for algo in Algo::LOSSLESS {
                 for kind in [Kind::AllGather, Kind::ReduceScatter, Kind::AllReduce] {
                     for dt in DataType::ALL {
                         for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Avg] {

@@ -60,14 +60,7 @@ fn cases() -> Vec<Case> {
         quant: None,
         coalesced: false,
     };
-    for algo in [
-        Algo::Ring,
-        Algo::Hier,
-        Algo::HierLog,
-        Algo::HoRing,
-        Algo::LogStep,
-        Algo::Auto,
-    ] {
+    for algo in Algo::LOSSLESS {
         v.push(plain(algo, Kind::AllGather, ReduceOp::Sum));
         v.push(plain(algo, Kind::ReduceScatter, ReduceOp::Avg));
         v.push(plain(algo, Kind::AllReduce, ReduceOp::Sum));
