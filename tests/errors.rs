@@ -12,6 +12,7 @@ fn world(n: usize, secs: u64) -> Vec<Comm> {
             algo: strata::Algo::Auto,
             timeout: Duration::from_secs(secs),
             ho_ring_chunks: None,
+            links: strata::config::LinkSource::Preset,
         },
     )
     .unwrap()

@@ -130,10 +130,11 @@ impl Comm {
         config: CommConfig,
     ) -> Result<Vec<Comm>> {
         let topo = Arc::new(Comm::world_topology(nranks, topo)?);
-        LocalTransport::world(&topo, config.timeout)
+        let world = LocalTransport::world(&topo, config.timeout)
             .into_iter()
             .map(|t| Comm::from_transport(Arc::new(t), topo.clone(), config.clone()))
-            .collect()
+            .collect::<Result<Vec<_>>>()?;
+        super::probe::world_with_links(world, config.links)
     }
 
     /// The topology of an in-process world of `nranks`: `topo`, else `STRATA_TOPOLOGY`,
@@ -177,7 +178,8 @@ impl Comm {
         };
         topo.check_world(n)?;
         let t = crate::transport::mpi::MpiTransport::world(Some(topo.clone()), config.timeout)?;
-        Comm::from_transport(Arc::new(t), Arc::new(topo), config)
+        let links = config.links;
+        Comm::from_transport(Arc::new(t), Arc::new(topo), config)?.with_links(links)
     }
 
     /// The node layout of an MPI world from its ranks' hosts

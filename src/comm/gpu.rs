@@ -143,7 +143,8 @@ impl Comm {
             )?
             .into_iter()
             .map(|t| Comm::from_transport(Arc::new(t), topo.clone(), config.clone()))
-            .collect()
+            .collect::<Result<Vec<_>>>()
+            .and_then(|w| super::probe::world_with_links(w, config.links))
         }
     }
 
@@ -174,7 +175,8 @@ impl Comm {
         crate::transport::device_local::DeviceLocalTransport::world(&dev, &topo, config.timeout)?
             .into_iter()
             .map(|t| Comm::from_transport(Arc::new(t), topo.clone(), config.clone()))
-            .collect()
+            .collect::<Result<Vec<_>>>()
+            .and_then(|w| super::probe::world_with_links(w, config.links))
     }
 
     /// An NCCL (`TransportKind::Nccl`, feature `cuda`) or RCCL (`Rccl`, feature `rocm`)
@@ -257,7 +259,8 @@ impl Comm {
             },
         };
         topo.check_world(nranks)?;
-        let comm = Comm::from_transport(Arc::new(t), Arc::new(topo), config)?;
+        let links = config.links;
+        let comm = Comm::from_transport(Arc::new(t), Arc::new(topo), config)?.with_links(links)?;
         comm.prepare_subcomms()?;
         Ok(comm)
     }

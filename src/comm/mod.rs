@@ -20,6 +20,7 @@
 pub mod bootstrap;
 pub mod gpu;
 pub mod ordered;
+pub mod probe;
 
 pub use crate::runtime::group::{self, group_end, group_start, in_group};
 pub use crate::runtime::request::{self, Op, Request};

@@ -38,6 +38,7 @@ pub use stream::Work;
 
 use crate::bufops::Ops;
 use crate::config;
+pub use crate::config::LinkSource;
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
 use crate::kinds::Algo;
@@ -59,6 +60,10 @@ pub struct CommConfig {
     /// Pieces per chunk for the pipelined algorithms (`ho-ring`); `None`:
     /// round(sqrt(chunk / 128 KiB)) in 1..=16 (`STRATA_HORING_CHUNKS` overrides it).
     pub ho_ring_chunks: Option<usize>,
+    /// Where a new world's link figures come from (`STRATA_LINKS`): the topology's own,
+    /// or measured by the link probe at creation (`crate::comm::probe`). Only world
+    /// constructors read it; communicators split from a world keep its figures.
+    pub links: LinkSource,
 }
 
 impl CommConfig {
@@ -69,6 +74,7 @@ impl CommConfig {
             algo: e.algo.unwrap_or(Algo::Auto),
             timeout: e.timeout,
             ho_ring_chunks: e.ho_ring_chunks,
+            links: e.links,
         })
     }
 }
@@ -79,6 +85,7 @@ impl Default for CommConfig {
             algo: Algo::Auto,
             timeout: config::DEFAULT_TIMEOUT,
             ho_ring_chunks: None,
+            links: LinkSource::Preset,
         })
     }
 }

@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 pub const ENV_HOST_ID: &str = "STRATA_HOST_ID";
 
 /// FNV-1a, stable across processes and builds (std's hasher is seeded per process).
-fn fnv1a(bytes: &[u8]) -> u64 {
+pub fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
         (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
     })

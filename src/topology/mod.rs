@@ -178,6 +178,36 @@ pub struct Links {
     pub nics_per_node: usize,
     /// Per-NIC bandwidth, GB/s per direction.
     pub nic_bandwidth_gbs: f64,
+    /// The host path's own copy and reduction speed (measured by the link probe on host
+    /// transports; `None` in presets: the model then counts no local work).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<HostSpec>,
+}
+
+/// One rank's local work on the host path while every rank of its node does the same
+/// (the link probe's measurement): GB/s of a copy (bytes copied) and of an f32 sum
+/// reduction (bytes of the accumulator).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostSpec {
+    pub copy_gbs: f64,
+    pub reduce_gbs: f64,
+}
+
+/// Where a topology's link figures were measured (the link probe, `crate::comm::probe`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Measured {
+    /// The transport the probe ran over (`mpi`, `local`, ...).
+    pub transport: String,
+    /// The cache key: a hash of the transport, the layout and every rank's host.
+    pub host_key: String,
+    /// The link classes measured (the others keep the preset's figures).
+    pub classes: Vec<LinkClass>,
+    /// Wall time of the probe, seconds.
+    pub seconds: f64,
+    /// Seconds since the Unix epoch when it ran.
+    pub unix_time: u64,
 }
 
 impl Links {
@@ -223,6 +253,13 @@ impl Links {
                 self.nic_bandwidth_gbs
             );
         }
+        if let Some(h) = self.host {
+            for (what, v) in [("copy_gbs", h.copy_gbs), ("reduce_gbs", h.reduce_gbs)] {
+                if !(v.is_finite() && v > 0.0) {
+                    return invalid_arg!("topology links: host {what} must be > 0, got {v}");
+                }
+            }
+        }
         Ok(())
     }
 }
@@ -247,6 +284,9 @@ pub struct Topology {
     #[serde(default)]
     pub switch_of_node: Option<Vec<usize>>,
     pub links: Links,
+    /// Set when the link figures were measured (the link probe) rather than a preset's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measured: Option<Measured>,
 }
 
 /// `"1 die"`, `"2 dies"`.
@@ -340,6 +380,7 @@ impl Topology {
             dies_per_package: dies,
             switch_of_node: None,
             links,
+            measured: None,
         }
     }
 

@@ -111,6 +111,7 @@ impl Preset {
             dies_per_package: self.dies_per_package,
             switch_of_node: None,
             links: self.links.clone(),
+            measured: None,
         }
     }
 
@@ -155,6 +156,7 @@ pub const DGX_A100: Preset = Preset {
         inter_node: spec(25.0 * EFF_HDR, LAT_IB),
         nics_per_node: 8,
         nic_bandwidth_gbs: 25.0 * EFF_HDR,
+        host: None,
     },
 };
 
@@ -172,6 +174,7 @@ pub const DGX_H100: Preset = Preset {
         inter_node: spec(50.0 * EFF_NDR, LAT_IB),
         nics_per_node: 8,
         nic_bandwidth_gbs: 50.0 * EFF_NDR,
+        host: None,
     },
 };
 
@@ -189,6 +192,7 @@ pub const FRONTIER: Preset = Preset {
         inter_node: spec(12.5, LAT_SLINGSHOT),
         nics_per_node: 4,
         nic_bandwidth_gbs: 25.0,
+        host: None,
     },
 };
 
@@ -205,6 +209,7 @@ pub const P3DN: Preset = Preset {
         inter_node: spec(12.5 / 8.0, LAT_EFA),
         nics_per_node: 1,
         nic_bandwidth_gbs: 12.5,
+        host: None,
     },
 };
 
@@ -221,6 +226,7 @@ pub const P4D: Preset = Preset {
         inter_node: spec(4.0 * 12.5 / 8.0, LAT_EFA),
         nics_per_node: 4,
         nic_bandwidth_gbs: 12.5,
+        host: None,
     },
 };
 
@@ -237,6 +243,7 @@ pub const P5: Preset = Preset {
         inter_node: spec(32.0 * 12.5 / 8.0, LAT_EFA),
         nics_per_node: 32,
         nic_bandwidth_gbs: 12.5,
+        host: None,
     },
 };
 
@@ -263,6 +270,7 @@ pub fn generic_links(ranks_per_node: usize) -> Links {
         inter_node: spec(25.0, LAT_IB),
         nics_per_node: ranks_per_node.max(1),
         nic_bandwidth_gbs: 25.0,
+        host: None,
     }
 }
 

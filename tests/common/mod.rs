@@ -10,6 +10,7 @@ pub fn config() -> CommConfig {
         algo: strata::Algo::Auto,
         timeout: Duration::from_secs(20),
         ho_ring_chunks: None,
+        links: strata::config::LinkSource::Preset,
     }
 }
 

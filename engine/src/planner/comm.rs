@@ -184,6 +184,7 @@ pub fn group_topology(cluster: &Topology, g: GroupShape) -> Result<Topology> {
         dies_per_package: dies,
         switch_of_node: None,
         links,
+        measured: cluster.measured.clone(),
     };
     t.validate()?;
     Ok(t)

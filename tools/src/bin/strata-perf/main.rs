@@ -129,6 +129,7 @@ fn run(cli: &Cli) -> ExitCode {
             .map(Duration::from_secs_f64)
             .unwrap_or(env.timeout),
         ho_ring_chunks: cli.chunks.or(env.ho_ring_chunks),
+        links: env.links,
     };
     let algos = if cli.algo.is_empty() {
         vec![RowAlgo::Strata(config.algo)]

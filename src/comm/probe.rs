@@ -1,0 +1,521 @@
+//! The link probe: the link figures of a world measured on the world itself, so that
+//! `auto`, the model, the simulator and the planner decide from the machine rather than
+//! from a preset (`STRATA_LINKS=probe`, the C config's `links`, `strata-perf --probe`).
+//!
+//! What it measures, for each link class the world spans (within a package, a node,
+//! between nodes), with every rank busy at once as in a collective's step: each rank
+//! sends to the next rank of its ring at that level and receives from the previous one
+//! (same package, die and node but the next node for `inter_node`, and so on), `small`
+//! bytes for the latency, then messages growing by 4x from 64 KiB until one step takes
+//! [`TARGET_STEP_US`] (or reaches [`MAX_BYTES`]) for the bandwidth: `α = t(small)`,
+//! `β = s / (t(s) − α)`, one rank's share (for `inter_node`, the node's ranks share its
+//! links: `nic_bandwidth_gbs = β · ranks_per_node` on one NIC). On host transports it
+//! also times the host path's copy and f32 sum reduction with every rank at work
+//! ([`crate::topology::HostSpec`]). A class the world does not span keeps the preset's
+//! figures; the result is the world's topology with the measured figures and a
+//! [`Measured`] record, valid for every consumer of a topology file.
+//!
+//! Agreement: every decision (the next message size) and every figure comes from values
+//! all-gathered from every rank and combined the same way (the median over ranks), so
+//! every rank builds the same topology bit for bit and `auto` picks the same algorithm
+//! on every rank, whatever each rank measured. `STRATA_PROBE_NOISE=F` scales each rank's
+//! timings by its own random factor in [1−F, 1+F] to test exactly that.
+//!
+//! Cache: rank 0 keeps the result in `STRATA_LINKS_CACHE` (default
+//! `$XDG_CACHE_HOME/strata`, else `~/.cache/strata`, else the temp dir) under a key
+//! hashing the transport, the layout and every rank's host ([`crate::topology::detect`]);
+//! rank 0 reads it back and broadcasts its bytes, so a second run of the same host set
+//! measures nothing and still agrees. `reprobe` ignores the cache and rewrites it. A
+//! cache that cannot be written costs a warning, never the communicator.
+//!
+//! Runs over every transport (host buffers on host transports, device buffers of the
+//! communicator's device on GPU ones) with the communicator's own send/receive and
+//! all-gather, forced to `ring`; the world must be the whole topology in rank order.
+
+#![forbid(unsafe_code)]
+
+use super::{Comm, Op, Request};
+use crate::algo::Algo;
+use crate::config::LinkSource;
+use crate::dtype::{DataType, ReduceOp};
+use crate::error::{Error, Result};
+use crate::memory::Buffer;
+use crate::topology::{Coord, HostSpec, LinkClass, LinkSpec, Measured, Topology};
+use crate::transport::TransportKind;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// Bytes of the latency exchange.
+pub const SMALL_BYTES: usize = 8;
+/// First bandwidth message, bytes.
+pub const FIRST_BYTES: usize = 64 << 10;
+/// Largest bandwidth message, bytes.
+pub const MAX_BYTES: usize = 4 << 20;
+/// A bandwidth step at least this long (µs, agreed over ranks) ends the growth.
+pub const TARGET_STEP_US: f64 = 8_000.0;
+/// Bytes of the host copy / reduction timing.
+pub const HOST_BYTES: usize = 4 << 20;
+
+/// How to run the probe ([`ProbeOptions::from_env`] reads the environment).
+#[derive(Debug, Clone)]
+pub struct ProbeOptions {
+    /// Measure even when the cache has this host set.
+    pub fresh: bool,
+    /// Where the cache lives; `None`: no cache.
+    pub cache: Option<PathBuf>,
+    /// Testing aid: each rank scales its timings by a factor in [1−noise, 1+noise].
+    pub noise: f64,
+    /// Seed of the injected noise.
+    pub seed: u64,
+}
+
+impl ProbeOptions {
+    /// `fresh` for `reprobe`; the cache directory and noise from the environment.
+    pub fn from_env(source: LinkSource) -> Result<ProbeOptions> {
+        let e = crate::config::env()?;
+        Ok(ProbeOptions {
+            fresh: source == LinkSource::Reprobe,
+            cache: Some(e.links_cache.unwrap_or_else(default_cache_dir)),
+            noise: e.probe_noise,
+            seed: 0x5eed,
+        })
+    }
+}
+
+/// `$XDG_CACHE_HOME/strata`, else `$HOME/.cache/strata`, else `<temp>/strata-cache`.
+pub fn default_cache_dir() -> PathBuf {
+    let var = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    var("XDG_CACHE_HOME")
+        .map(|d| d.join("strata"))
+        .or_else(|| var("HOME").map(|h| h.join(".cache").join("strata")))
+        .unwrap_or_else(|| std::env::temp_dir().join("strata-cache"))
+}
+
+/// The cache file of `key` in `dir`.
+pub fn cache_file(dir: &Path, key: &str) -> PathBuf {
+    dir.join(format!("links-{key}.json"))
+}
+
+/// The world's topology with measured link figures (module doc). Collective: every rank
+/// of `comm` calls it with the same options.
+pub fn probe(comm: &Comm, opts: &ProbeOptions) -> Result<Topology> {
+    let started = Instant::now();
+    let topo = comm.topology().as_ref().clone();
+    let p = comm.size();
+    if p != topo.world_size() || comm.members().iter().enumerate().any(|(i, &m)| i != m) {
+        return Err(Error::InvalidUsage(format!(
+            "the link probe runs on a whole world in rank order ({} ranks of {})",
+            p,
+            topo.summary()
+        )));
+    }
+    let key = host_key(comm)?;
+    if !opts.fresh {
+        if let Some(t) = cached(comm, opts.cache.as_deref(), &key, &topo)? {
+            tracing::info!(
+                rank = comm.rank(),
+                key,
+                "link figures from the probe's cache"
+            );
+            return Ok(t);
+        }
+    }
+    let mut prober = Prober {
+        comm,
+        opts,
+        index: 0,
+    };
+    let mut out = topo.clone();
+    let mut classes = Vec::new();
+    for class in spanned(&topo) {
+        let spec = prober.link(class)?;
+        classes.push(class);
+        match class {
+            LinkClass::InterNode => {
+                out.links.inter_node = spec;
+                out.links.nics_per_node = 1;
+                out.links.nic_bandwidth_gbs = spec.bandwidth_gbs * topo.ranks_per_node() as f64;
+            }
+            LinkClass::IntraNode => {
+                out.links.intra_node = spec;
+                // Dies of one package are at least as close as packages of one node.
+                if topo.dies_per_package == 1 {
+                    out.links.intra_package = spec;
+                }
+            }
+            LinkClass::IntraPackage => out.links.intra_package = spec,
+        }
+    }
+    // The host path's own work, where the host does it (host-local's device is the CPU).
+    out.links.host = match comm.transport_kind() {
+        TransportKind::Nccl | TransportKind::Rccl | TransportKind::CudaLocal => None,
+        _ => Some(prober.host()?),
+    };
+    out.measured = Some(Measured {
+        transport: comm.transport_kind().name().to_string(),
+        host_key: key.clone(),
+        classes,
+        seconds: prober.agree_one(started.elapsed().as_secs_f64(), Agree::Max)?,
+        unix_time: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    });
+    out.validate()?;
+    if comm.rank() == 0 {
+        if let Some(dir) = &opts.cache {
+            if let Err(e) = store(dir, &key, &out) {
+                tracing::warn!(
+                    "link probe: cannot keep its figures in {}: {e}",
+                    dir.display()
+                );
+            }
+        }
+    }
+    tracing::info!(
+        rank = comm.rank(),
+        seconds = out.measured.as_ref().map(|m| m.seconds),
+        links = ?out.links,
+        "link probe"
+    );
+    Ok(out)
+}
+
+/// The link classes `topo` spans, fastest first.
+pub fn spanned(topo: &Topology) -> Vec<LinkClass> {
+    let mut v = Vec::new();
+    if topo.dies_per_package > 1 {
+        v.push(LinkClass::IntraPackage);
+    }
+    if topo.packages_per_node > 1 {
+        v.push(LinkClass::IntraNode);
+    }
+    if topo.nodes > 1 {
+        v.push(LinkClass::InterNode);
+    }
+    v
+}
+
+/// The ranks `rank` sends to and receives from in the ring of `class`: the next and
+/// previous node (package, die) with the rest of its coordinates unchanged.
+pub fn ring_peers(topo: &Topology, class: LinkClass, rank: usize) -> (usize, usize) {
+    let c = topo.coord(rank);
+    let shift = |d: isize| {
+        let wrap = |x: usize, n: usize| (x as isize + d).rem_euclid(n.max(1) as isize) as usize;
+        let to = match class {
+            LinkClass::InterNode => Coord {
+                node: wrap(c.node, topo.nodes),
+                ..c
+            },
+            LinkClass::IntraNode => Coord {
+                package: wrap(c.package, topo.packages_per_node),
+                ..c
+            },
+            LinkClass::IntraPackage => Coord {
+                die: wrap(c.die, topo.dies_per_package),
+                ..c
+            },
+        };
+        topo.rank_of(to)
+    };
+    (shift(1), shift(-1))
+}
+
+/// How [`Prober::agree`] combines one value over ranks.
+#[derive(Clone, Copy)]
+enum Agree {
+    Median,
+    Max,
+}
+
+struct Prober<'a> {
+    comm: &'a Comm,
+    opts: &'a ProbeOptions,
+    /// Values agreed so far (the noise of each is its own draw).
+    index: u64,
+}
+
+impl Prober<'_> {
+    /// `α` and `β` of `class`.
+    fn link(&mut self, class: LinkClass) -> Result<LinkSpec> {
+        let alpha = self.step_us(class, SMALL_BYTES, 20)?;
+        let mut bytes = FIRST_BYTES;
+        let t = loop {
+            let t = self.step_us(class, bytes, 3)?;
+            if t >= TARGET_STEP_US || bytes >= MAX_BYTES {
+                break t;
+            }
+            bytes *= 4;
+        };
+        // The bytes' own time; a step no longer than the latency one (noise) counts
+        // half of it.
+        let moving = (t - alpha).max(t / 2.0);
+        Ok(LinkSpec {
+            bandwidth_gbs: bytes as f64 / moving / 1e3,
+            latency_us: alpha,
+        })
+    }
+
+    /// Agreed time (µs) of one ring step of `bytes` on `class`: one warm-up step, then
+    /// `iters` steps, each waited; the median over ranks.
+    fn step_us(&mut self, class: LinkClass, bytes: usize, iters: usize) -> Result<f64> {
+        let c = self.comm;
+        let (to, from) = ring_peers(c.topology(), class, c.rank());
+        let send = c.alloc_native(bytes)?;
+        let recv = c.alloc_native(bytes)?;
+        let step = || -> Result<()> {
+            c.submit(Request::new(
+                Op::SendRecv {
+                    send: send.clone(),
+                    recv: recv.clone(),
+                    count: bytes,
+                    dst: to,
+                    src: from,
+                    reduce: None,
+                },
+                DataType::U8,
+            ))?
+            .wait()
+        };
+        step()?;
+        c.barrier()?;
+        let t0 = Instant::now();
+        for _ in 0..iters {
+            step()?;
+        }
+        let us = t0.elapsed().as_secs_f64() * 1e6 / iters as f64;
+        self.agree_one(us, Agree::Median)
+    }
+
+    /// The host path's copy and reduction GB/s, every rank at once: each rank grows its
+    /// own buffers from 256 KiB until one pass takes a millisecond (or [`HOST_BYTES`]);
+    /// only the agreed figures are shared.
+    fn host(&mut self) -> Result<HostSpec> {
+        let ops = self.comm.core().ops();
+        let gbs = |f: &dyn Fn(&Buffer, &Buffer) -> Result<()>| -> Result<f64> {
+            let mut bytes = 256 << 10;
+            loop {
+                let (a, b) = (Buffer::zeroed(bytes), Buffer::zeroed(bytes));
+                f(&a, &b)?;
+                let t0 = Instant::now();
+                for _ in 0..3 {
+                    f(&a, &b)?;
+                }
+                let us = t0.elapsed().as_secs_f64() * 1e6 / 3.0;
+                if us >= 1_000.0 || bytes >= HOST_BYTES {
+                    return Ok(bytes as f64 / us.max(1e-3) / 1e3);
+                }
+                bytes *= 4;
+            }
+        };
+        self.comm.barrier()?;
+        let copy = gbs(&|a, b| ops.copy(a, b))?;
+        self.comm.barrier()?;
+        let reduce = gbs(&|a, b| ops.reduce(a, b, DataType::F32, ReduceOp::Sum))?;
+        Ok(HostSpec {
+            copy_gbs: self.agree_one(copy, Agree::Median)?,
+            reduce_gbs: self.agree_one(reduce, Agree::Median)?,
+        })
+    }
+
+    /// `mine` (with this rank's injected noise) all-gathered and combined the same way on
+    /// every rank.
+    fn agree_one(&mut self, mine: f64, how: Agree) -> Result<f64> {
+        self.index += 1;
+        let noisy = mine * noise_factor(self.opts, self.comm.rank(), self.index);
+        let mut all: Vec<f64> = all_gather_u64(self.comm, noisy.to_bits())?
+            .into_iter()
+            .map(f64::from_bits)
+            .collect();
+        all.sort_by(f64::total_cmp);
+        Ok(match how {
+            Agree::Max => all[all.len() - 1],
+            Agree::Median => {
+                let n = all.len();
+                if n % 2 == 1 {
+                    all[n / 2]
+                } else {
+                    (all[n / 2 - 1] + all[n / 2]) / 2.0
+                }
+            }
+        })
+    }
+}
+
+/// This rank's noise factor for agreed value `index`: 1 without noise, else uniform in
+/// [1−noise, 1+noise] from a hash of (seed, rank, index).
+fn noise_factor(opts: &ProbeOptions, rank: usize, index: u64) -> f64 {
+    if opts.noise <= 0.0 {
+        return 1.0;
+    }
+    let mut x = opts.seed ^ (rank as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ index << 32;
+    // splitmix64
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^= x >> 31;
+    let u = (x >> 11) as f64 / (1u64 << 53) as f64; // [0, 1)
+    1.0 + opts.noise * (2.0 * u - 1.0)
+}
+
+/// Every rank's `v`, in rank order (a ring all-gather of 8 bytes).
+fn all_gather_u64(comm: &Comm, v: u64) -> Result<Vec<u64>> {
+    let p = comm.size();
+    let send = comm.native_from(&v.to_le_bytes())?;
+    let recv = comm.alloc_native(8 * p)?;
+    comm.submit(
+        Request::new(
+            Op::AllGather {
+                send,
+                recv: recv.clone(),
+                count: 1,
+            },
+            DataType::U64,
+        )
+        .with_algo(Algo::Ring),
+    )?
+    .wait()?;
+    Ok(recv
+        .to_bytes()?
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+        .collect())
+}
+
+/// `bytes` of rank 0 on every rank (its length first).
+fn broadcast_bytes(comm: &Comm, bytes: Option<Vec<u8>>) -> Result<Vec<u8>> {
+    let mine = bytes.unwrap_or_default();
+    let len = all_gather_u64(comm, mine.len() as u64)?[0] as usize;
+    if len == 0 {
+        return Ok(Vec::new());
+    }
+    let buf = comm.alloc_native(len)?;
+    if comm.rank() == 0 {
+        buf.write_bytes(&mine)?;
+    }
+    comm.submit(
+        Request::new(
+            Op::Broadcast {
+                send: buf.clone(),
+                recv: buf.clone(),
+                count: len,
+                root: 0,
+            },
+            DataType::U8,
+        )
+        .with_algo(Algo::Ring),
+    )?
+    .wait()?;
+    buf.to_bytes()
+}
+
+/// The cache key of this world: FNV-1a of the transport, the layout and every rank's
+/// host id, in rank order (the same on every rank).
+pub fn host_key(comm: &Comm) -> Result<String> {
+    let ids = all_gather_u64(comm, crate::topology::detect::host_id())?;
+    let t = comm.topology();
+    let mut text = format!(
+        "{}|{}x{}x{}|",
+        comm.transport_kind().name(),
+        t.nodes,
+        t.packages_per_node,
+        t.dies_per_package
+    );
+    for id in ids {
+        text.push_str(&format!("{id:016x},"));
+    }
+    Ok(format!(
+        "{:016x}",
+        crate::topology::detect::fnv1a(text.as_bytes())
+    ))
+}
+
+/// Rank 0's cached topology for `key`, on every rank, when it has one of this layout.
+fn cached(comm: &Comm, dir: Option<&Path>, key: &str, topo: &Topology) -> Result<Option<Topology>> {
+    let mine = match (comm.rank(), dir) {
+        (0, Some(d)) => std::fs::read(cache_file(d, key)).ok(),
+        _ => None,
+    };
+    let bytes = broadcast_bytes(comm, mine)?;
+    if bytes.is_empty() {
+        return Ok(None);
+    }
+    // Every rank parses the same bytes: the same outcome everywhere.
+    let t = match std::str::from_utf8(&bytes)
+        .ok()
+        .and_then(|s| Topology::from_json(s).ok())
+    {
+        Some(t) => t,
+        None => return Ok(None),
+    };
+    let same = t.nodes == topo.nodes
+        && t.packages_per_node == topo.packages_per_node
+        && t.dies_per_package == topo.dies_per_package
+        && t.measured.as_ref().is_some_and(|m| m.host_key == key);
+    Ok(same.then(|| Topology {
+        name: topo.name.clone(),
+        switch_of_node: topo.switch_of_node.clone(),
+        ..t
+    }))
+}
+
+/// Write `t` as the cache of `key` (a temporary file renamed into place).
+fn store(dir: &Path, key: &str, t: &Topology) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::System(e.to_string()))?;
+    let path = cache_file(dir, key);
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    t.save(&tmp)?;
+    std::fs::rename(&tmp, &path).map_err(|e| Error::System(e.to_string()))
+}
+
+impl Comm {
+    /// This world with the link figures `links` asks for: itself for `preset`, else a
+    /// communicator over the same transport bound to the probed topology (collective).
+    pub fn with_links(self, links: LinkSource) -> Result<Comm> {
+        if !links.probes() {
+            return Ok(self);
+        }
+        let t = probe(&self, &ProbeOptions::from_env(links)?)?;
+        self.rebind(t)
+    }
+
+    /// This communicator over the same transport, bound to `topo` (the same layout, other
+    /// link figures); this handle's queued work is waited first.
+    pub fn rebind(self, topo: Topology) -> Result<Comm> {
+        let old = self.topology();
+        if (old.nodes, old.packages_per_node, old.dies_per_package)
+            != (topo.nodes, topo.packages_per_node, topo.dies_per_package)
+        {
+            return Err(Error::InvalidUsage(format!(
+                "rebind to {} needs the layout of {}",
+                topo.summary(),
+                old.summary()
+            )));
+        }
+        self.sync()?;
+        let (t, cfg) = (self.transport().clone(), self.config().clone());
+        Comm::from_transport(t, std::sync::Arc::new(topo), cfg)
+    }
+}
+
+/// [`Comm::with_links`] for a whole in-process world: every rank probes on its own
+/// thread (the probe is collective).
+pub fn world_with_links(comms: Vec<Comm>, links: LinkSource) -> Result<Vec<Comm>> {
+    if !links.probes() {
+        return Ok(comms);
+    }
+    let handles: Vec<_> = comms
+        .into_iter()
+        .map(|c| std::thread::spawn(move || c.with_links(links)))
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| {
+            h.join()
+                .unwrap_or_else(|_| Err(Error::Internal("link probe thread panicked".into())))
+        })
+        .collect()
+}
