@@ -290,12 +290,14 @@ impl Prober<'_> {
         self.agree_one(us, Agree::Median)
     }
 
-    /// The host path's copy and reduction GB/s, every rank at once: each rank grows its
-    /// own buffers from 256 KiB until one pass takes a millisecond (or [`HOST_BYTES`]);
-    /// only the agreed figures are shared.
+    /// The host path's copy and reduction GB/s, every rank at once: each rank first
+    /// finds its own speed alone (buffers grown from 256 KiB until a pass takes a
+    /// millisecond); then, on a size agreed from the median of those, every rank makes
+    /// two passes between two barriers, and the time between the barriers (the slowest
+    /// rank's, with its node's ranks sharing the cores) gives one rank's share.
     fn host(&mut self) -> Result<HostSpec> {
         let ops = self.comm.core().ops();
-        let gbs = |f: &dyn Fn(&Buffer, &Buffer) -> Result<()>| -> Result<f64> {
+        let alone = |f: &dyn Fn(&Buffer, &Buffer) -> Result<()>| -> Result<f64> {
             let mut bytes = 256 << 10;
             loop {
                 let (a, b) = (Buffer::zeroed(bytes), Buffer::zeroed(bytes));
@@ -311,13 +313,28 @@ impl Prober<'_> {
                 bytes *= 4;
             }
         };
-        self.comm.barrier()?;
-        let copy = gbs(&|a, b| ops.copy(a, b))?;
-        self.comm.barrier()?;
-        let reduce = gbs(&|a, b| ops.reduce(a, b, DataType::F32, ReduceOp::Sum))?;
+        let per_node = self.comm.topology().ranks_per_node().max(1) as f64;
+        let mut shared = |f: &dyn Fn(&Buffer, &Buffer) -> Result<()>| -> Result<f64> {
+            let solo = alone(f)?;
+            let solo = self.agree_one(solo, Agree::Median)?;
+            // A pass of about 2 ms with the node's ranks sharing.
+            let want = solo * 1e3 * 2_000.0 / per_node;
+            let bytes = (want as usize).clamp(64 << 10, HOST_BYTES).next_power_of_two();
+            let (a, b) = (Buffer::zeroed(bytes), Buffer::zeroed(bytes));
+            f(&a, &b)?;
+            self.comm.barrier()?;
+            let t0 = Instant::now();
+            f(&a, &b)?;
+            f(&a, &b)?;
+            self.comm.barrier()?;
+            let us = t0.elapsed().as_secs_f64() * 1e6;
+            self.agree_one(2.0 * bytes as f64 / us.max(1e-3) / 1e3, Agree::Median)
+        };
+        let copy = shared(&|a, b| ops.copy(a, b))?;
+        let reduce = shared(&|a, b| ops.reduce(a, b, DataType::F32, ReduceOp::Sum))?;
         Ok(HostSpec {
-            copy_gbs: self.agree_one(copy, Agree::Median)?,
-            reduce_gbs: self.agree_one(reduce, Agree::Median)?,
+            copy_gbs: copy,
+            reduce_gbs: reduce,
         })
     }
 

@@ -7,6 +7,7 @@ use clap::error::ErrorKind;
 use clap::{CommandFactory, Parser};
 use std::path::PathBuf;
 use strata::check::Kind;
+use strata::config::LinkSource;
 use strata::kernels::{QuantSpec, MAX_BLOCK};
 use strata::transport::TransportKind;
 use strata::{Algo, DataType, ReduceOp};
@@ -156,6 +157,29 @@ pub(crate) struct Cli {
     /// Seed of the soak's schedule (default: random, printed in the header).
     #[arg(long, requires = "soak", value_parser = clap::value_parser!(u64).range(0..1u64 << 48))]
     pub(crate) seed: Option<u64>,
+
+    /// Where the run's link figures come from: `preset` (the topology's), `probe`
+    /// (measured when the world is created, or read from the probe's cache) or
+    /// `reprobe` (measured afresh); default STRATA_LINKS, else preset. `auto` and
+    /// `--model` without a SPEC then use them.
+    #[arg(long, value_parser = parse_links)]
+    pub(crate) links: Option<LinkSource>,
+
+    /// Measure this world's links (the link probe, afresh), write its topology with the
+    /// measured figures to FILE (for STRATA_TOPOLOGY, --model, strata-sim, the planner),
+    /// print them, and run no sweep.
+    #[arg(long, value_name = "FILE", conflicts_with_all = [
+        "soak", "dry_run", "model", "trace", "plot", "json", "coalesce", "links",
+    ])]
+    pub(crate) probe: Option<PathBuf>,
+}
+
+fn parse_links(s: &str) -> std::result::Result<LinkSource, String> {
+    match LinkSource::parse(s) {
+        Ok(Some(l)) => Ok(l),
+        Ok(None) => Err("empty: preset, probe or reprobe".into()),
+        Err(e) => Err(bare(e)),
+    }
 }
 
 fn parse_row_algo(s: &str) -> std::result::Result<RowAlgo, String> {

@@ -30,6 +30,15 @@ pub(crate) fn run_local(
 
 /// Ranks as threads of this process: the `local` transport, `cuda-local` (every rank on
 /// the GPU of `STRATA_DEVICE`, default 0) or `host-local` (every rank on the CPU device).
+/// Ranks of an in-process world: `--ranks`, else the topology's, else 8.
+pub(crate) fn thread_ranks(cli: &Cli, topo: Option<&Topology>) -> usize {
+    match (cli.ranks, topo) {
+        (Some(n), _) => n as usize,
+        (None, Some(t)) => t.world_size(),
+        (None, None) => 8,
+    }
+}
+
 pub(crate) fn run_threads(
     cli: &Cli,
     config: CommConfig,
@@ -38,11 +47,7 @@ pub(crate) fn run_threads(
     kind: TransportKind,
 ) -> Result<u64> {
     let gpu = kind != TransportKind::Local;
-    let ranks = match (cli.ranks, &topo) {
-        (Some(n), _) => n as usize,
-        (None, Some(t)) => t.world_size(),
-        (None, None) => 8,
-    };
+    let ranks = thread_ranks(cli, topo.as_ref());
     let topo = topo.unwrap_or_else(|| Topology::flat(ranks));
     let timeout = config.timeout;
     let comms = Comm::in_process_world(kind, ranks, Some(topo), config)?;
@@ -294,19 +299,7 @@ pub(crate) fn run_vendor(
     topo: Option<Topology>,
     algos: &[RowAlgo],
 ) -> Result<u64> {
-    let boot = if under_mpi() {
-        Comm::mpi_world(topo, config.clone())?
-    } else {
-        let topo = topo.unwrap_or_else(|| Topology::flat(1));
-        if topo.world_size() != 1 {
-            return Err(Error::InvalidUsage(format!(
-                "--transport {} runs one rank per process: launch {} processes with mpirun",
-                cli.transport.name(),
-                topo.world_size()
-            )));
-        }
-        Comm::local_world(1, Some(topo), config.clone())?.remove(0)
-    };
+    let boot = vendor_boot(cli, &config, topo)?;
     let comm = Comm::vendor_world(&boot, cli.transport, config)?;
     let r = run_mpi_on(cli, &comm, algos);
     if r.is_err() {
@@ -314,4 +307,25 @@ pub(crate) fn run_vendor(
         boot.abort();
     }
     r
+}
+
+/// The host world that carries a vendor unique id: the MPI world under mpirun, else a
+/// one-rank local world. Its links are never probed (the vendor world's are).
+pub(crate) fn vendor_boot(cli: &Cli, config: &CommConfig, topo: Option<Topology>) -> Result<Comm> {
+    let config = CommConfig {
+        links: strata::config::LinkSource::Preset,
+        ..config.clone()
+    };
+    if under_mpi() {
+        return Comm::mpi_world(topo, config);
+    }
+    let topo = topo.unwrap_or_else(|| Topology::flat(1));
+    if topo.world_size() != 1 {
+        return Err(Error::InvalidUsage(format!(
+            "--transport {} runs one rank per process: launch {} processes with mpirun",
+            cli.transport.name(),
+            topo.world_size()
+        )));
+    }
+    Ok(Comm::local_world(1, Some(topo), config)?.remove(0))
 }

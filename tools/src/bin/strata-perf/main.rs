@@ -73,11 +73,13 @@
 //! table and JSON), [`launch`] (the transports), [`soak`] (soak runs).
 #![forbid(unsafe_code)]
 
+mod autocheck;
 mod baseline;
 mod cli;
 mod launch;
 mod membw;
 mod model;
+mod probe;
 mod rank;
 mod report;
 mod soak;
@@ -129,8 +131,13 @@ fn run(cli: &Cli) -> ExitCode {
             .map(Duration::from_secs_f64)
             .unwrap_or(env.timeout),
         ho_ring_chunks: cli.chunks.or(env.ho_ring_chunks),
-        links: env.links,
+        links: cli.links.unwrap_or(env.links),
     };
+    if let Some(path) = &cli.probe {
+        let code = conclude(probe::run_probe(cli, config, topo, path));
+        strata::transport::mpi::finalize();
+        return code;
+    }
     let algos = if cli.algo.is_empty() {
         vec![RowAlgo::Strata(config.algo)]
     } else {

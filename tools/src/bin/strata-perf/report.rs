@@ -69,6 +69,10 @@ struct Record {
     /// With --model: the lower bound of the modeled schedule (us).
     #[serde(skip_serializing_if = "Option::is_none")]
     lower_bound_us: Option<f64>,
+    /// `auto` rows beside other algorithms: the pick against the fastest measured
+    /// (`crate::autocheck`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    auto_check: Option<crate::autocheck::Checked>,
 }
 
 /// One column of the table: (name, unit, width).
@@ -539,6 +543,7 @@ impl<'a> Reporter<'a> {
             model_time_us: modeled.as_ref().map(|m| m.time_us),
             model_busbw: modeled.as_ref().map(|m| m.busbw),
             lower_bound_us: modeled.as_ref().map(|m| m.lower_bound_us),
+            auto_check: None,
         });
         self.next = i + 1;
         if let Some(pb) = &self.pb {
@@ -548,7 +553,7 @@ impl<'a> Reporter<'a> {
     }
 
     /// Footer lines and the JSON file; the number of wrong elements over the sweep.
-    pub(crate) fn finish(self) -> Result<u64> {
+    pub(crate) fn finish(mut self) -> Result<u64> {
         if let Some(pb) = &self.pb {
             pb.finish_and_clear();
         }
@@ -566,6 +571,29 @@ impl<'a> Reporter<'a> {
             "# Avg bus bandwidth    : {:.4}",
             self.busbw_sum / n as f64
         ));
+        let timed: Vec<crate::autocheck::Timed> = self
+            .records
+            .iter()
+            .map(|r| crate::autocheck::Timed {
+                op: r.op,
+                dtype: r.dtype,
+                redop: r.redop,
+                size: r.size,
+                coalesce: r.coalesce,
+                algo: r.algo,
+                algo_used: r.algo_used,
+                time_us: r.time_us,
+            })
+            .collect();
+        let checks = crate::autocheck::check(&timed);
+        for l in crate::autocheck::lines(&timed, &checks) {
+            out(&l);
+        }
+        drop(timed);
+        for c in checks {
+            let row = c.auto_row;
+            self.records[row].auto_check = Some(c);
+        }
         out("#");
         if let Some((path, mut f)) = self.json {
             let text = serde_json::to_string_pretty(&self.records)
