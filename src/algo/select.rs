@@ -262,7 +262,7 @@ pub fn estimates(s: &Shape) -> Estimates {
         _ => (0, 1.0),
     };
     let h = s.hierarchy.filter(|h| h.levels.len() >= 2);
-    estimate(
+    let mut e = estimate(
         s.topo,
         s.members,
         h,
@@ -270,7 +270,49 @@ pub fn estimates(s: &Shape) -> Estimates {
         factor,
         s.dtype.size(),
         s.chunks,
-    )
+    );
+    if let Some(host) = s.topo.links.host {
+        let reduces = matches!(s.kind, Some(Kind::ReduceScatter | Kind::AllReduce));
+        let w = host_work(host, p, count * s.dtype.size(), reduces);
+        e.ring += w.every;
+        e.hier += w.every;
+        e.ho_ring += w.every;
+        e.log_step += w.every + w.log_step;
+    }
+    e
+}
+
+/// The host path's own work in a call (µs), where the topology has measured it
+/// ([`crate::topology::HostSpec`], the link probe's): `every` algorithm reduces
+/// `(p−1)·c` bytes per rank in a reduce-scatter; `log_step` adds its work buffers (a
+/// reduce-scatter receives each step's `m` chunks into fresh scratch, `(p−1)·c`, into a
+/// work buffer of `p/2` chunks) and, below [`super::log_step::ROTATE_BELOW`], its
+/// rotation copy of `p·c`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HostWork {
+    pub every: f64,
+    pub log_step: f64,
+}
+
+/// [`HostWork`] of a call of `c` bytes per rank chunk over `p` ranks on `host`.
+pub fn host_work(host: crate::topology::HostSpec, p: usize, c: usize, reduces: bool) -> HostWork {
+    let (c, n) = (c as f64, p.saturating_sub(1) as f64);
+    let copy = |b: f64| b / (host.copy_gbs * 1e3);
+    let mut log_step = 0.0;
+    if reduces {
+        log_step += copy(n * c) + copy(p as f64 / 2.0 * c);
+    }
+    if p > 1 && (p as f64 * c) < super::log_step::ROTATE_BELOW as f64 {
+        log_step += copy(p as f64 * c);
+    }
+    HostWork {
+        every: if reduces {
+            n * c / (host.reduce_gbs * 1e3)
+        } else {
+            0.0
+        },
+        log_step,
+    }
 }
 
 /// The alpha-beta figures behind [`estimates`]: `members` are the world ranks in

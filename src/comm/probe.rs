@@ -319,7 +319,9 @@ impl Prober<'_> {
             let solo = self.agree_one(solo, Agree::Median)?;
             // A pass of about 2 ms with the node's ranks sharing.
             let want = solo * 1e3 * 2_000.0 / per_node;
-            let bytes = (want as usize).clamp(64 << 10, HOST_BYTES).next_power_of_two();
+            let bytes = (want as usize)
+                .clamp(64 << 10, HOST_BYTES)
+                .next_power_of_two();
             let (a, b) = (Buffer::zeroed(bytes), Buffer::zeroed(bytes));
             f(&a, &b)?;
             self.comm.barrier()?;

@@ -45,9 +45,14 @@ pub(crate) fn check(rows: &[Timed]) -> Vec<Checked> {
     let mut out = Vec::new();
     for (i, a) in rows.iter().enumerate().filter(|(_, r)| r.algo == "auto") {
         let same = |r: &&Timed| {
-            (r.op, r.dtype, r.redop, r.size, r.coalesce) == (a.op, a.dtype, a.redop, a.size, a.coalesce)
+            (r.op, r.dtype, r.redop, r.size, r.coalesce)
+                == (a.op, a.dtype, a.redop, a.size, a.coalesce)
         };
-        let peers: Vec<&Timed> = rows.iter().filter(same).filter(|r| candidate(r.algo)).collect();
+        let peers: Vec<&Timed> = rows
+            .iter()
+            .filter(same)
+            .filter(|r| candidate(r.algo))
+            .collect();
         let Some(fastest) = peers.iter().min_by(|x, y| x.time_us.total_cmp(&y.time_us)) else {
             continue;
         };
@@ -129,7 +134,10 @@ mod tests {
         ];
         let c = check(&rows);
         assert_eq!(c.len(), 2, "the 256-byte row has no candidate");
-        assert_eq!((c[0].pick.as_str(), c[0].fastest.as_str()), ("ring", "log-step"));
+        assert_eq!(
+            (c[0].pick.as_str(), c[0].fastest.as_str()),
+            ("ring", "log-step")
+        );
         assert_eq!(c[0].ratio, 2.0);
         // hier was not measured: the auto row's own time stands for it.
         assert_eq!(c[1].ratio, 1.2);

@@ -33,11 +33,17 @@ pub(crate) fn run_probe(
             if comms.iter().any(|c| c.topology() != comms[0].topology()) {
                 return Err(Error::Internal("ranks disagree on the probed links".into()));
             }
-            comms.into_iter().next().ok_or_else(|| Error::Internal("no ranks".into()))?
+            comms
+                .into_iter()
+                .next()
+                .ok_or_else(|| Error::Internal("no ranks".into()))?
         }
     };
     let t = comm.topology().clone();
-    if !matches!(cli.transport, TransportKind::Local | TransportKind::CudaLocal | TransportKind::HostLocal) {
+    if !matches!(
+        cli.transport,
+        TransportKind::Local | TransportKind::CudaLocal | TransportKind::HostLocal
+    ) {
         agree(&comm, &t)?;
     }
     if comm.rank() == 0 {
@@ -73,10 +79,18 @@ fn print(t: &Topology, kind: TransportKind, path: &Path) {
         t.world_size(),
         m.map_or(0.0, |m| m.seconds)
     );
-    println!("# {:>13}  {:>11}  {:>13}", "class", "latency_us", "bandwidth_GBs");
+    println!(
+        "# {:>13}  {:>11}  {:>13}",
+        "class", "latency_us", "bandwidth_GBs"
+    );
     for c in m.map(|m| m.classes.clone()).unwrap_or_default() {
         let l = t.links.get(c);
-        println!("  {:>13}  {:>11.2}  {:>13.4}", c.name(), l.latency_us, l.bandwidth_gbs);
+        println!(
+            "  {:>13}  {:>11.2}  {:>13.4}",
+            c.name(),
+            l.latency_us,
+            l.bandwidth_gbs
+        );
         if c == LinkClass::InterNode {
             println!(
                 "# a node's egress: {:.4} GB/s ({} ranks per node share it; {:.1} Mbit/s)",
