@@ -19,11 +19,11 @@
 #include <stddef.h>
 #include <stdint.h>
 /**
- * Initial value of a strataConfig_t: default transport, topology, algorithm and timeout.
+ * Initial value of a strataConfig_t: default transport, topology, algorithm, timeout and links.
  *   strataConfig_t config = STRATA_CONFIG_INITIALIZER;
  *   config.topology = "nodes:2x4";
  */
-#define STRATA_CONFIG_INITIALIZER { sizeof(strataConfig_t), STRATA_CONFIG_MAGIC, STRATA_VERSION_CODE, strataTransportDefault, NULL, NULL, 0 }
+#define STRATA_CONFIG_INITIALIZER { sizeof(strataConfig_t), STRATA_CONFIG_MAGIC, STRATA_VERSION_CODE, strataTransportDefault, NULL, NULL, 0, NULL }
 
 /**
  * `color` of `strataCommSplit` for ranks that join no new communicator (written here
@@ -167,6 +167,16 @@ typedef struct strataConfig_t {
    * milliseconds; 0 for `STRATA_TIMEOUT` (default 120 s). Negative is invalid.
    */
   int timeout_ms;
+  /**
+   * Where the world's link figures come from (`auto` and the model decide from them):
+   * `preset` (the topology's), `probe` (measured at creation by a short collective
+   * exchange, or read from the cache of an earlier probe of the same hosts) or
+   * `reprobe` (measured afresh); NULL or "" for `STRATA_LINKS`, else `preset`. Read
+   * when a world is made (`strataCommInitRankConfig`, `strataCommInitLocal`), ignored
+   * by splits. Added in 0.1 after `timeout_ms`: a config of the older, smaller
+   * `size` is read without it.
+   */
+  const char *links;
 } strataConfig_t;
 
 /**

@@ -136,6 +136,7 @@ fn unique_id_rendezvous_and_timeout() {
         topology: null(),
         algo: null(),
         timeout_ms: 100,
+        links: null(),
     };
     let mut c = null_mut();
     // SAFETY: valid pointers; a fresh id nobody else joins.
@@ -519,6 +520,7 @@ fn traffic_counters_show_the_hierarchical_egress() {
             topology: t.as_ptr(),
             algo: a.as_ptr(),
             timeout_ms: 20_000,
+            links: null(),
         };
         let mut comms = [null_mut(); P];
         // SAFETY: room for P handles; a valid config.

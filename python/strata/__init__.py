@@ -202,6 +202,7 @@ class Config(ctypes.Structure):
         ("topology", ctypes.c_char_p),
         ("algo", ctypes.c_char_p),
         ("timeout_ms", ctypes.c_int),
+        ("links", ctypes.c_char_p),
     ]
 
 
@@ -389,7 +390,7 @@ def _transport_code(transport: Any) -> int:
     return TRANSPORTS[key]
 
 
-def _config(transport=None, topology=None, algo=None, timeout=None) -> Config:
+def _config(transport=None, topology=None, algo=None, timeout=None, links=None) -> Config:
     code = _transport_code(transport)
     cfg = Config()
     cfg.size = ctypes.sizeof(Config)
@@ -399,6 +400,7 @@ def _config(transport=None, topology=None, algo=None, timeout=None) -> Config:
     cfg.topology = topology.encode() if topology else None
     cfg.algo = algo.encode() if algo else None
     cfg.timeout_ms = 0 if timeout is None else max(1, int(round(timeout * 1000)))
+    cfg.links = links.encode() if links else None
     return cfg
 
 
@@ -974,30 +976,35 @@ class Work:
 
 
 def init_local(nranks: int, topology: Optional[str] = None, algo: Optional[str] = None,
-               timeout: Optional[float] = None, transport: str = "local") -> List[Comm]:
+               timeout: Optional[float] = None, transport: str = "local",
+               links: Optional[str] = None) -> List[Comm]:
     """``strataCommInitLocal``: an in-process world of ``nranks`` ranks; returns one
     ``Comm`` per rank, rank i at index i, to drive from threads (or from one thread
     inside ``group()``). ``topology`` is a SPEC such as ``"nodes:2x4"`` (default:
     ``STRATA_TOPOLOGY``, else one node); ``algo`` an algorithm name (``ring``, ``log-step``,
     ``hier``, ``ho-ring``, ``auto``, ...); ``timeout`` seconds.
     ``transport``: ``"local"`` (host memory) or ``"cuda-local"`` (every rank on one CUDA
-    device, ``STRATA_DEVICE`` or 0, taking device tensors; needs ``--features cuda``)."""
+    device, ``STRATA_DEVICE`` or 0, taking device tensors; needs ``--features cuda``).
+    ``links``: ``"preset"``, ``"probe"`` or ``"reprobe"`` (default ``STRATA_LINKS``, else
+    preset): ``"probe"`` measures the world's links at creation, or reads them from the
+    cache of an earlier probe of the same hosts, and ``auto`` decides from them."""
     out = (_vp * max(nranks, 1))()
-    cfg = _config(transport, None, algo, timeout)
+    cfg = _config(transport, None, algo, timeout, links)
     _check(_load().strataCommInitLocal(out, nranks, topology.encode() if topology else None, ctypes.byref(cfg)))
     return [Comm(out[i]) for i in range(nranks)]
 
 
 def init_rank(nranks: int, uid: UniqueId, rank: int, transport: Optional[str] = None,
               topology: Optional[str] = None, algo: Optional[str] = None,
-              timeout: Optional[float] = None) -> Comm:
+              timeout: Optional[float] = None, links: Optional[str] = None) -> Comm:
     """``strataCommInitRankConfig``: this rank's communicator of a world of ``nranks``,
     blocking until all ranks joined with the same ``uid`` (local and cuda-local: threads
     of this process; nccl/rccl: any processes and threads, one per GPU, on the current
     device, with a ``uid`` from ``get_unique_id("nccl")``) or the MPI world formed
-    (``transport="mpi"``). ``transport`` None: ``STRATA_TRANSPORT``, else local."""
+    (``transport="mpi"``). ``transport`` None: ``STRATA_TRANSPORT``, else local.
+    ``links`` as in ``init_local``."""
     out = _vp()
-    cfg = _config(transport, topology, algo, timeout)
+    cfg = _config(transport, topology, algo, timeout, links)
     _check(_load().strataCommInitRankConfig(ctypes.byref(out), nranks, uid, rank, ctypes.byref(cfg)))
     comm = Comm(out.value)
     if comm._transport == "mpi":

@@ -496,8 +496,25 @@ def test_missing_library_names_the_candidates():
 def test_config_layout():
     import ctypes
 
-    assert ctypes.sizeof(strata.Config) == (48 if ctypes.sizeof(ctypes.c_void_p) == 8 else 28)
+    assert ctypes.sizeof(strata.Config) == (56 if ctypes.sizeof(ctypes.c_void_p) == 8 else 32)
     assert ctypes.sizeof(strata.UniqueId) == 256 == strata.UNIQUE_ID_BYTES
+
+
+def test_links_probe_at_creation():
+    # Measured at creation (every rank agrees, or the collectives below could not match),
+    # then the world works as any other; a bad name is refused.
+    cs = strata.init_local(4, "nodes:2x2", timeout=20, links="reprobe")
+
+    def body(c, r):
+        out = np.zeros(4 * 33, dtype=np.float32)
+        c.all_gather(val(r, 33), out)
+        assert np.array_equal(out, np.concatenate([val(q, 33) for q in range(4)]))
+
+    on_ranks(cs, body)
+    strata.destroy_all(cs)
+    with pytest.raises(strata.StrataError) as e:
+        strata.init_local(2, timeout=20, links="measured")
+    assert e.value.code == strata.INVALID_ARGUMENT
 
 
 @pytest.mark.parametrize("bits", [4, 8])

@@ -3,6 +3,7 @@
 use super::*;
 use crate::comm::bootstrap::{self, env_transport, require_compiled, TransportKind};
 use crate::comm::CommConfig;
+use crate::config::LinkSource;
 use crate::kinds::Algo;
 use crate::topology::Topology;
 use std::collections::hash_map::RandomState;
@@ -295,6 +296,18 @@ unsafe fn opt_str(p: *const c_char, what: &str) -> Result<Option<String>> {
     Ok((!s.trim().is_empty()).then(|| s.to_string()))
 }
 
+/// The fields of `strataConfig_t` before `links` (a config of an older header).
+#[repr(C)]
+struct ConfigBeforeLinks {
+    size: usize,
+    magic: c_uint,
+    version: c_uint,
+    transport: strataTransport_t,
+    topology: *const c_char,
+    algo: *const c_char,
+    timeout_ms: c_int,
+}
+
 /// Validate a config (NULL: the environment's defaults).
 ///
 /// # Safety
@@ -311,14 +324,15 @@ unsafe fn settings(cfg: *const strataConfig_t) -> Result<Settings> {
     }
     // SAFETY: non-NULL; `size` is the first field of every version of the struct.
     let size = unsafe { std::ptr::addr_of!((*cfg).size).read_unaligned() };
-    if size < std::mem::size_of::<strataConfig_t>() {
+    if size < super::CONFIG_SIZE_BEFORE_LINKS {
         return Err(Error::InvalidArgument(format!(
-            "config size is {size}, this library needs {} (initialise it with STRATA_CONFIG_INITIALIZER)",
-            std::mem::size_of::<strataConfig_t>()
+            "config size is {size}, this library needs at least {} (initialise it with STRATA_CONFIG_INITIALIZER)",
+            super::CONFIG_SIZE_BEFORE_LINKS
         )));
     }
-    // SAFETY: the caller's struct holds at least our layout (checked just above).
-    let c = unsafe { &*cfg };
+    // SAFETY: the caller's struct holds at least the fields before `links` (checked just
+    // above); `links` is read below only when `size` covers it.
+    let c = unsafe { &*cfg.cast::<ConfigBeforeLinks>() };
     if c.magic != STRATA_CONFIG_MAGIC {
         return Err(Error::InvalidArgument(format!(
             "config magic is {:#x}, expected {STRATA_CONFIG_MAGIC:#x} (initialise it with STRATA_CONFIG_INITIALIZER)",
@@ -358,6 +372,15 @@ unsafe fn settings(cfg: *const strataConfig_t) -> Result<Settings> {
     }
     if let Some(s) = &topo_spec {
         Topology::parse(s)?;
+    }
+    if size >= std::mem::size_of::<strataConfig_t>() {
+        // SAFETY: `size` covers the whole current layout; the string per the contract.
+        let links = unsafe { opt_str((*cfg).links, "config links") }?;
+        if let Some(l) = links {
+            config.links = LinkSource::parse(&l)
+                .map_err(|e| Error::InvalidArgument(format!("config {e}")))?
+                .unwrap_or_default();
+        }
     }
     Ok(Settings {
         transport: c.transport,
@@ -908,6 +931,7 @@ mod tests {
             topology: null(),
             algo: null(),
             timeout_ms,
+            links: null(),
         }
     }
 
@@ -1014,6 +1038,48 @@ mod tests {
             assert_eq!(parse_transport(k.name()).unwrap(), Some(k));
         }
         assert_eq!(kind_of(strataTransportDefault).unwrap_err().code(), 4);
+    }
+
+    #[test]
+    fn capi_config_links() {
+        std::env::set_var(
+            "STRATA_LINKS_CACHE",
+            std::env::temp_dir().join("strata-capi-links"),
+        );
+        let mut comms = [null_mut(); 2];
+        let topo = CString::new("nodes:2x1").unwrap();
+        let bad = CString::new("measured").unwrap();
+        let mut cfg = config(strataTransportLocal, 20_000);
+        cfg.topology = topo.as_ptr();
+        cfg.links = bad.as_ptr();
+        // SAFETY: room for 2 handles, a valid config.
+        let rc = unsafe { strataCommInitLocal(comms.as_mut_ptr(), 2, null(), &cfg) };
+        assert_eq!(rc, strataInvalidArgument);
+        assert!(last().contains("preset, probe, reprobe"), "{}", last());
+        // A config of the size before `links` is read without it.
+        cfg.size = super::super::CONFIG_SIZE_BEFORE_LINKS;
+        // SAFETY: as above; `links` lies beyond `size` and is not read.
+        let rc = unsafe { strataCommInitLocal(comms.as_mut_ptr(), 2, null(), &cfg) };
+        assert_eq!(rc, strataSuccess, "{}", last());
+        for c in comms {
+            assert!(lookup(c).unwrap().comm.topology().measured.is_none());
+            // SAFETY: live handle, destroyed once.
+            assert_eq!(unsafe { strataCommDestroy(c) }, strataSuccess);
+        }
+        cfg.size = std::mem::size_of::<strataConfig_t>();
+        let probe = CString::new("reprobe").unwrap();
+        cfg.links = probe.as_ptr();
+        // SAFETY: as above.
+        let rc = unsafe { strataCommInitLocal(comms.as_mut_ptr(), 2, null(), &cfg) };
+        assert_eq!(rc, strataSuccess, "{}", last());
+        let t0 = lookup(comms[0]).unwrap().comm.topology().clone();
+        let m = t0.measured.as_ref().expect("probed");
+        assert_eq!(m.classes, vec![crate::topology::LinkClass::InterNode]);
+        for c in comms {
+            assert_eq!(*lookup(c).unwrap().comm.topology(), t0);
+            // SAFETY: live handle, destroyed once.
+            assert_eq!(unsafe { strataCommDestroy(c) }, strataSuccess);
+        }
     }
 
     #[test]

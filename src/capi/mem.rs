@@ -97,6 +97,7 @@ mod tests {
             topology: std::ptr::null(),
             algo: std::ptr::null(),
             timeout_ms: 5000,
+            links: std::ptr::null(),
         }
     }
 

@@ -232,7 +232,18 @@ pub struct strataConfig_t {
     /// How long to wait for a peer (rendezvous included) before `strataRemoteError`, in
     /// milliseconds; 0 for `STRATA_TIMEOUT` (default 120 s). Negative is invalid.
     pub timeout_ms: c_int,
+    /// Where the world's link figures come from (`auto` and the model decide from them):
+    /// `preset` (the topology's), `probe` (measured at creation by a short collective
+    /// exchange, or read from the cache of an earlier probe of the same hosts) or
+    /// `reprobe` (measured afresh); NULL or "" for `STRATA_LINKS`, else `preset`. Read
+    /// when a world is made (`strataCommInitRankConfig`, `strataCommInitLocal`), ignored
+    /// by splits. Added in 0.1 after `timeout_ms`: a config of the older, smaller
+    /// `size` is read without it.
+    pub links: *const c_char,
 }
+
+/// `size` of a `strataConfig_t` made before `links` was added: still accepted.
+pub const CONFIG_SIZE_BEFORE_LINKS: usize = std::mem::offset_of!(strataConfig_t, links);
 
 // ---- handle registry ----
 
@@ -566,7 +577,7 @@ mod tests {
         )));
         assert!(h.contains(
             "#define STRATA_CONFIG_INITIALIZER { sizeof(strataConfig_t), STRATA_CONFIG_MAGIC, \
-             STRATA_VERSION_CODE, strataTransportDefault, NULL, NULL, 0 }"
+             STRATA_VERSION_CODE, strataTransportDefault, NULL, NULL, 0, NULL }"
         ));
     }
 
