@@ -273,46 +273,78 @@ pub fn estimates(s: &Shape) -> Estimates {
     );
     if let Some(host) = s.topo.links.host {
         let reduces = matches!(s.kind, Some(Kind::ReduceScatter | Kind::AllReduce));
-        let w = host_work(host, p, count * s.dtype.size(), reduces);
-        e.ring += w.every;
-        e.hier += w.every;
-        e.ho_ring += w.every;
+        let gathers = matches!(s.kind, Some(Kind::AllGather | Kind::AllReduce));
+        let levels = h.map(|h| h.sizes()).unwrap_or_default();
+        let w = host_work(host, p, count * s.dtype.size(), reduces, gathers, &levels);
+        e.ring += w.every + w.ring;
+        e.hier += w.every + w.hier;
+        e.ho_ring += w.every + w.hier;
         e.log_step += w.every + w.log_step;
     }
     e
 }
 
 /// The host path's own work in a call (µs), where the topology has measured it
-/// ([`crate::topology::HostSpec`], the link probe's): `every` algorithm reduces
-/// `(p−1)·c` bytes per rank in a reduce-scatter; `log_step` adds its work buffers (a
-/// reduce-scatter receives each step's `m` chunks into fresh scratch, `(p−1)·c`, into a
-/// work buffer of `p/2` chunks) and, below [`super::log_step::ROTATE_BELOW`], its
-/// rotation copy of `p·c`.
+/// ([`crate::topology::HostSpec`], the link probe's), `c` bytes per rank chunk:
+/// - `every` algorithm reduces `(p−1)·c` bytes per rank in a reduce-scatter;
+/// - an all-gather copies this rank's chunk into place: `ring` once; `hier` once per
+///   batched ring of each stage (`b·c`), and zeroes each stage's scratch but the last
+///   (`b·g·c`, `levels` the stage sizes); `log_step` copies `p·c` (its rotation) below
+///   [`super::log_step::ROTATE_BELOW`], else once;
+/// - `log_step`'s reduce-scatter receives each step's `m` chunks into fresh scratch,
+///   `(p−1)·c` in all, inside a work buffer of `p/2` chunks.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct HostWork {
     pub every: f64,
+    pub ring: f64,
+    pub hier: f64,
     pub log_step: f64,
 }
 
-/// [`HostWork`] of a call of `c` bytes per rank chunk over `p` ranks on `host`.
-pub fn host_work(host: crate::topology::HostSpec, p: usize, c: usize, reduces: bool) -> HostWork {
+/// [`HostWork`] of a call over `p` ranks (module doc of the fields).
+pub fn host_work(
+    host: crate::topology::HostSpec,
+    p: usize,
+    c: usize,
+    reduces: bool,
+    gathers: bool,
+    levels: &[usize],
+) -> HostWork {
     let (c, n) = (c as f64, p.saturating_sub(1) as f64);
     let copy = |b: f64| b / (host.copy_gbs * 1e3);
-    let mut log_step = 0.0;
-    if reduces {
-        log_step += copy(n * c) + copy(p as f64 / 2.0 * c);
-    }
-    if p > 1 && (p as f64 * c) < super::log_step::ROTATE_BELOW as f64 {
-        log_step += copy(p as f64 * c);
-    }
-    HostWork {
+    let rotated = p > 1 && (p as f64 * c) < super::log_step::ROTATE_BELOW as f64;
+    let mut w = HostWork {
         every: if reduces {
             n * c / (host.reduce_gbs * 1e3)
         } else {
             0.0
         },
-        log_step,
+        ring: 0.0,
+        hier: 0.0,
+        log_step: 0.0,
+    };
+    if reduces {
+        w.log_step += copy(n * c) + copy(p as f64 / 2.0 * c);
+        if rotated {
+            w.log_step += copy(p as f64 * c);
+        }
     }
+    if gathers {
+        w.ring += copy(c);
+        w.log_step += copy(if rotated { p as f64 * c } else { c });
+        let mut b = 1usize;
+        for (i, &g) in levels.iter().enumerate() {
+            w.hier += copy(b as f64 * c);
+            if i + 1 < levels.len() {
+                w.hier += copy((b * g) as f64 * c);
+            }
+            b *= g;
+        }
+        if levels.is_empty() {
+            w.hier = w.ring;
+        }
+    }
+    w
 }
 
 /// The alpha-beta figures behind [`estimates`]: `members` are the world ranks in
@@ -392,6 +424,7 @@ pub fn estimate(
     if let Some(h) = h {
         let q = chunks.unwrap_or_else(|| super::plan::default_chunks(c as usize)) as f64;
         let (mut batch, mut sum, mut busiest, mut fill) = (1usize, 0.0, 0.0f64, 0.0);
+        let mut in_turn = 0.0;
         for (i, (level, g)) in h.levels.iter().enumerate() {
             let l = topo.links.get(level.link_class());
             let steps = (batch * (g - 1)) as f64;
@@ -404,12 +437,16 @@ pub fn estimate(
             } else {
                 steps * (l.latency_us + c / (l.bandwidth_gbs * 1e3))
             };
-            busiest = busiest.max(steps * (q * l.latency_us + c / (l.bandwidth_gbs * 1e3)));
+            let level = steps * (q * l.latency_us + c / (l.bandwidth_gbs * 1e3));
+            busiest = busiest.max(level);
+            in_turn += level;
             fill += (g - 1) as f64 * (l.latency_us + c / q / (l.bandwidth_gbs * 1e3));
             batch *= g;
         }
         hier = factor * sum;
-        ho = factor * (busiest + fill);
+        // Levels that cannot carry traffic at once (the probe's `overlap` < 1) serialise.
+        let o = topo.links.overlap.unwrap_or(1.0);
+        ho = factor * (o * busiest + (1.0 - o) * in_turn + fill);
     }
     Estimates {
         ring,

@@ -150,6 +150,11 @@ pub fn probe(comm: &Comm, opts: &ProbeOptions) -> Result<Topology> {
             LinkClass::IntraPackage => out.links.intra_package = spec,
         }
     }
+    out.links.overlap = if classes.len() >= 2 {
+        Some(prober.overlap(&classes, &out)?)
+    } else {
+        None
+    };
     // The host path's own work, where the host does it (host-local's device is the CPU).
     out.links.host = match comm.transport_kind() {
         TransportKind::Nccl | TransportKind::Rccl | TransportKind::CudaLocal => None,
@@ -262,23 +267,40 @@ impl Prober<'_> {
     /// Agreed time (µs) of one ring step of `bytes` on `class`: one warm-up step, then
     /// `iters` steps, each waited; the median over ranks.
     fn step_us(&mut self, class: LinkClass, bytes: usize, iters: usize) -> Result<f64> {
+        self.steps_us(&[class], bytes, iters)
+    }
+
+    /// [`Prober::step_us`] with a step on every class of `classes` at once (one group).
+    fn steps_us(&mut self, classes: &[LinkClass], bytes: usize, iters: usize) -> Result<f64> {
         let c = self.comm;
-        let (to, from) = ring_peers(c.topology(), class, c.rank());
-        let send = c.alloc_native(bytes)?;
-        let recv = c.alloc_native(bytes)?;
+        let mut ops = Vec::new();
+        for &class in classes {
+            let (to, from) = ring_peers(c.topology(), class, c.rank());
+            ops.push((to, from, c.alloc_native(bytes)?, c.alloc_native(bytes)?));
+        }
         let step = || -> Result<()> {
-            c.submit(Request::new(
-                Op::SendRecv {
-                    send: send.clone(),
-                    recv: recv.clone(),
-                    count: bytes,
-                    dst: to,
-                    src: from,
-                    reduce: None,
-                },
-                DataType::U8,
-            ))?
-            .wait()
+            super::group_start();
+            let works: Vec<Result<super::Work>> = ops
+                .iter()
+                .map(|(to, from, send, recv)| {
+                    c.submit(Request::new(
+                        Op::SendRecv {
+                            send: send.clone(),
+                            recv: recv.clone(),
+                            count: bytes,
+                            dst: *to,
+                            src: *from,
+                            reduce: None,
+                        },
+                        DataType::U8,
+                    ))
+                })
+                .collect();
+            super::group_end()?;
+            for w in works {
+                w?.wait()?;
+            }
+            Ok(())
         };
         step()?;
         c.barrier()?;
@@ -288,6 +310,41 @@ impl Prober<'_> {
         }
         let us = t0.elapsed().as_secs_f64() * 1e6 / iters as f64;
         self.agree_one(us, Agree::Median)
+    }
+
+    /// How far the link classes run at the same time (1: a step on all of them takes as
+    /// long as the slowest alone, as NVLink beside a NIC; 0: as long as all of them one
+    /// after another, as ranks of one host sharing its cores): a step on every class at
+    /// once, against the figures just measured for each, at a size where every class
+    /// moves bytes for at least [`TARGET_STEP_US`] / 4.
+    fn overlap(&mut self, classes: &[LinkClass], t: &Topology) -> Result<f64> {
+        let alone = |bytes: usize| -> Vec<f64> {
+            classes
+                .iter()
+                .map(|&c| {
+                    let l = t.links.get(c);
+                    l.latency_us + bytes as f64 / (l.bandwidth_gbs * 1e3)
+                })
+                .collect()
+        };
+        let mut bytes = FIRST_BYTES;
+        while bytes < MAX_BYTES
+            && alone(bytes).iter().cloned().fold(f64::INFINITY, f64::min) < TARGET_STEP_US / 4.0
+        {
+            bytes *= 4;
+        }
+        let both = self.steps_us(classes, bytes, 3)?;
+        let each = alone(bytes);
+        let (sum, max) = (
+            each.iter().sum::<f64>(),
+            each.iter().cloned().fold(0.0, f64::max),
+        );
+        // both = max + (1 − overlap)·(sum − max).
+        Ok(if sum > max {
+            (1.0 - (both - max) / (sum - max)).clamp(0.0, 1.0)
+        } else {
+            1.0
+        })
     }
 
     /// The host path's copy and reduction GB/s, every rank at once: each rank first

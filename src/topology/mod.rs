@@ -182,6 +182,12 @@ pub struct Links {
     /// transports; `None` in presets: the model then counts no local work).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<HostSpec>,
+    /// How far the link classes carry traffic at the same time, measured by the link
+    /// probe: 1 (or `None`, the presets) when a step on every class takes as long as the
+    /// slowest alone (separate links), 0 when as long as all of them in turn (one host's
+    /// cores moving every byte); `ho-ring`'s overlapped levels are costed with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overlap: Option<f64>,
 }
 
 /// One rank's local work on the host path while every rank of its node does the same
@@ -252,6 +258,11 @@ impl Links {
                 "topology links: nic_bandwidth_gbs must be > 0, got {}",
                 self.nic_bandwidth_gbs
             );
+        }
+        if let Some(o) = self.overlap {
+            if !(0.0..=1.0).contains(&o) {
+                return invalid_arg!("topology links: overlap must be in [0, 1], got {o}");
+            }
         }
         if let Some(h) = self.host {
             for (what, v) in [("copy_gbs", h.copy_gbs), ("reduce_gbs", h.reduce_gbs)] {

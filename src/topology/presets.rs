@@ -157,6 +157,7 @@ pub const DGX_A100: Preset = Preset {
         nics_per_node: 8,
         nic_bandwidth_gbs: 25.0 * EFF_HDR,
         host: None,
+        overlap: None,
     },
 };
 
@@ -175,6 +176,7 @@ pub const DGX_H100: Preset = Preset {
         nics_per_node: 8,
         nic_bandwidth_gbs: 50.0 * EFF_NDR,
         host: None,
+        overlap: None,
     },
 };
 
@@ -193,6 +195,7 @@ pub const FRONTIER: Preset = Preset {
         nics_per_node: 4,
         nic_bandwidth_gbs: 25.0,
         host: None,
+        overlap: None,
     },
 };
 
@@ -210,6 +213,7 @@ pub const P3DN: Preset = Preset {
         nics_per_node: 1,
         nic_bandwidth_gbs: 12.5,
         host: None,
+        overlap: None,
     },
 };
 
@@ -227,6 +231,7 @@ pub const P4D: Preset = Preset {
         nics_per_node: 4,
         nic_bandwidth_gbs: 12.5,
         host: None,
+        overlap: None,
     },
 };
 
@@ -244,6 +249,7 @@ pub const P5: Preset = Preset {
         nics_per_node: 32,
         nic_bandwidth_gbs: 12.5,
         host: None,
+        overlap: None,
     },
 };
 
@@ -271,6 +277,7 @@ pub fn generic_links(ranks_per_node: usize) -> Links {
         nics_per_node: ranks_per_node.max(1),
         nic_bandwidth_gbs: 25.0,
         host: None,
+        overlap: None,
     }
 }
 

@@ -89,6 +89,7 @@ pub fn testbed(nodes: usize) -> Topology {
             nics_per_node: NICS_PER_NODE,
             nic_bandwidth_gbs: HDR_NIC_GBS,
             host: None,
+            overlap: None,
         },
         measured: None,
     }
