@@ -267,27 +267,28 @@ impl Prober<'_> {
     /// Agreed time (µs) of one ring step of `bytes` on `class`: one warm-up step, then
     /// `iters` steps, each waited; the median over ranks.
     fn step_us(&mut self, class: LinkClass, bytes: usize, iters: usize) -> Result<f64> {
-        self.steps_us(&[class], bytes, iters)
+        self.steps_us(&[(class, bytes)], iters)
     }
 
-    /// [`Prober::step_us`] with a step on every class of `classes` at once (one group).
-    fn steps_us(&mut self, classes: &[LinkClass], bytes: usize, iters: usize) -> Result<f64> {
+    /// [`Prober::step_us`] with a step on every class of `classes` at once (one group),
+    /// each with its own message size.
+    fn steps_us(&mut self, classes: &[(LinkClass, usize)], iters: usize) -> Result<f64> {
         let c = self.comm;
         let mut ops = Vec::new();
-        for &class in classes {
+        for &(class, bytes) in classes {
             let (to, from) = ring_peers(c.topology(), class, c.rank());
-            ops.push((to, from, c.alloc_native(bytes)?, c.alloc_native(bytes)?));
+            ops.push((to, from, bytes, c.alloc_native(bytes)?, c.alloc_native(bytes)?));
         }
         let step = || -> Result<()> {
             super::group_start();
             let works: Vec<Result<super::Work>> = ops
                 .iter()
-                .map(|(to, from, send, recv)| {
+                .map(|(to, from, bytes, send, recv)| {
                     c.submit(Request::new(
                         Op::SendRecv {
                             send: send.clone(),
                             recv: recv.clone(),
-                            count: bytes,
+                            count: *bytes,
                             dst: *to,
                             src: *from,
                             reduce: None,
@@ -315,30 +316,23 @@ impl Prober<'_> {
     /// How far the link classes run at the same time (1: a step on all of them takes as
     /// long as the slowest alone, as NVLink beside a NIC; 0: as long as all of them one
     /// after another, as ranks of one host sharing its cores): a step on every class at
-    /// once, against the figures just measured for each, at a size where every class
-    /// moves bytes for at least [`TARGET_STEP_US`] / 4.
+    /// once, each class sized by its figures just measured to take about
+    /// [`TARGET_STEP_US`] / 2 alone.
     fn overlap(&mut self, classes: &[LinkClass], t: &Topology) -> Result<f64> {
-        let alone = |bytes: usize| -> Vec<f64> {
-            classes
-                .iter()
-                .map(|&c| {
-                    let l = t.links.get(c);
-                    l.latency_us + bytes as f64 / (l.bandwidth_gbs * 1e3)
-                })
-                .collect()
-        };
-        let mut bytes = FIRST_BYTES;
-        while bytes < MAX_BYTES
-            && alone(bytes).iter().cloned().fold(f64::INFINITY, f64::min) < TARGET_STEP_US / 4.0
-        {
-            bytes *= 4;
-        }
-        let both = self.steps_us(classes, bytes, 3)?;
-        let each = alone(bytes);
-        let (sum, max) = (
-            each.iter().sum::<f64>(),
-            each.iter().cloned().fold(0.0, f64::max),
-        );
+        let want = TARGET_STEP_US / 2.0;
+        let sized: Vec<(LinkClass, usize, f64)> = classes
+            .iter()
+            .map(|&c| {
+                let l = t.links.get(c);
+                let bytes = ((want - l.latency_us).max(want / 2.0) * l.bandwidth_gbs * 1e3)
+                    .clamp(SMALL_BYTES as f64, MAX_BYTES as f64) as usize;
+                (c, bytes, l.latency_us + bytes as f64 / (l.bandwidth_gbs * 1e3))
+            })
+            .collect();
+        let pairs: Vec<(LinkClass, usize)> = sized.iter().map(|&(c, b, _)| (c, b)).collect();
+        let both = self.steps_us(&pairs, 3)?;
+        let sum: f64 = sized.iter().map(|x| x.2).sum();
+        let max = sized.iter().map(|x| x.2).fold(0.0, f64::max);
         // both = max + (1 − overlap)·(sum − max).
         Ok(if sum > max {
             (1.0 - (both - max) / (sum - max)).clamp(0.0, 1.0)
