@@ -253,3 +253,51 @@ fn hier_inter_node_stage_crossover_at_1024_nodes() {
     assert!(!stage_log_step(&t, InterNode, 2, 8));
     assert!(!stage_log_step(&t, InterNode, 3, 8));
 }
+
+/// The estimates of a call on `t` (whole world, its hierarchy).
+fn estimates_on(t: &Topology, kind: Kind, bytes: usize) -> strata::algo::select::Estimates {
+    let members: Vec<usize> = (0..t.world_size()).collect();
+    let h = Hierarchy::detect(t, &members);
+    strata::algo::select::estimates(&Shape {
+        kind: Some(kind),
+        redop: Some(ReduceOp::Sum),
+        count: bytes / 4,
+        dtype: DataType::F32,
+        topo: t,
+        members: &members,
+        hierarchy: h.as_ref(),
+        chunks: None,
+    })
+}
+
+#[test]
+fn measured_overlap_and_host_work_enter_the_estimates() {
+    use strata::topology::{HostSpec, LinkSpec};
+    // One host's figures, as the probe measures them: every class alike, nothing at once.
+    let mut t = Topology::parse("nodes:2x2").unwrap();
+    let l = LinkSpec {
+        bandwidth_gbs: 2.0,
+        latency_us: 30.0,
+    };
+    (t.links.intra_package, t.links.intra_node, t.links.inter_node) = (l, l, l);
+    (t.links.nics_per_node, t.links.nic_bandwidth_gbs) = (1, 4.0);
+    let preset_like = estimates_on(&t, Kind::ReduceScatter, 64 << 20);
+    t.links.overlap = Some(0.0);
+    let serial = estimates_on(&t, Kind::ReduceScatter, 64 << 20);
+    // ho-ring's levels in turn cost more than at once; the others do not move.
+    assert!(serial.ho_ring > preset_like.ho_ring);
+    assert!(serial.ho_ring > serial.hier, "{serial:?}");
+    assert_eq!((serial.ring, serial.hier), (preset_like.ring, preset_like.hier));
+    // Host work: every reduce-scatter pays its reductions, log-step its scratch too.
+    t.links.host = Some(HostSpec {
+        copy_gbs: 4.0,
+        reduce_gbs: 4.0,
+    });
+    let host = estimates_on(&t, Kind::ReduceScatter, 64 << 20);
+    assert!(host.ring > serial.ring && host.hier > serial.hier);
+    assert!(host.log_step - serial.log_step > host.ring - serial.ring);
+    assert_eq!(host.pick(), Algo::Ring, "{host:?}");
+    // Presets have neither: their pinned picks above are untouched.
+    let p = Topology::parse("dgx-h100:2").unwrap();
+    assert!(p.links.host.is_none() && p.links.overlap.is_none() && p.measured.is_none());
+}
