@@ -279,7 +279,11 @@ fn measured_overlap_and_host_work_enter_the_estimates() {
         bandwidth_gbs: 2.0,
         latency_us: 30.0,
     };
-    (t.links.intra_package, t.links.intra_node, t.links.inter_node) = (l, l, l);
+    (
+        t.links.intra_package,
+        t.links.intra_node,
+        t.links.inter_node,
+    ) = (l, l, l);
     (t.links.nics_per_node, t.links.nic_bandwidth_gbs) = (1, 4.0);
     let preset_like = estimates_on(&t, Kind::ReduceScatter, 64 << 20);
     t.links.overlap = Some(0.0);
@@ -287,7 +291,10 @@ fn measured_overlap_and_host_work_enter_the_estimates() {
     // ho-ring's levels in turn cost more than at once; the others do not move.
     assert!(serial.ho_ring > preset_like.ho_ring);
     assert!(serial.ho_ring > serial.hier, "{serial:?}");
-    assert_eq!((serial.ring, serial.hier), (preset_like.ring, preset_like.hier));
+    assert_eq!(
+        (serial.ring, serial.hier),
+        (preset_like.ring, preset_like.hier)
+    );
     // Host work: every reduce-scatter pays its reductions, log-step its scratch too.
     t.links.host = Some(HostSpec {
         copy_gbs: 4.0,

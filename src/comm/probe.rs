@@ -52,7 +52,7 @@ pub const FIRST_BYTES: usize = 64 << 10;
 /// Largest bandwidth message, bytes.
 pub const MAX_BYTES: usize = 4 << 20;
 /// A bandwidth step at least this long (µs, agreed over ranks) ends the growth.
-pub const TARGET_STEP_US: f64 = 8_000.0;
+pub const TARGET_STEP_US: f64 = 20_000.0;
 /// Bytes of the host copy / reduction timing.
 pub const HOST_BYTES: usize = 4 << 20;
 
@@ -255,11 +255,11 @@ impl Prober<'_> {
             }
             bytes *= 4;
         };
-        // The bytes' own time; a step no longer than the latency one (noise) counts
-        // half of it.
-        let moving = (t - alpha).max(t / 2.0);
+        // The bytes' own time: a step of at least TARGET_STEP_US less the latency, which
+        // counts for at most a quarter of it (8-byte steps can wait on the host's
+        // scheduler for longer than a full step's bytes take).
         Ok(LinkSpec {
-            bandwidth_gbs: bytes as f64 / moving / 1e3,
+            bandwidth_gbs: bytes as f64 / (t - alpha.min(t / 4.0)) / 1e3,
             latency_us: alpha,
         })
     }
@@ -267,17 +267,28 @@ impl Prober<'_> {
     /// Agreed time (µs) of one ring step of `bytes` on `class`: one warm-up step, then
     /// `iters` steps, each waited; the median over ranks.
     fn step_us(&mut self, class: LinkClass, bytes: usize, iters: usize) -> Result<f64> {
-        self.steps_us(&[(class, bytes)], iters)
+        self.steps_us(&[(class, bytes)], iters, Agree::Median)
     }
 
     /// [`Prober::step_us`] with a step on every class of `classes` at once (one group),
     /// each with its own message size.
-    fn steps_us(&mut self, classes: &[(LinkClass, usize)], iters: usize) -> Result<f64> {
+    fn steps_us(
+        &mut self,
+        classes: &[(LinkClass, usize)],
+        iters: usize,
+        how: Agree,
+    ) -> Result<f64> {
         let c = self.comm;
         let mut ops = Vec::new();
         for &(class, bytes) in classes {
             let (to, from) = ring_peers(c.topology(), class, c.rank());
-            ops.push((to, from, bytes, c.alloc_native(bytes)?, c.alloc_native(bytes)?));
+            ops.push((
+                to,
+                from,
+                bytes,
+                c.alloc_native(bytes)?,
+                c.alloc_native(bytes)?,
+            ));
         }
         let step = || -> Result<()> {
             super::group_start();
@@ -305,12 +316,15 @@ impl Prober<'_> {
         };
         step()?;
         c.barrier()?;
-        let t0 = Instant::now();
+        // The median step of this rank: a transport's rare stall (a TCP retransmission)
+        // must not become the link's figure.
+        let mut each = Vec::with_capacity(iters);
         for _ in 0..iters {
+            let t0 = Instant::now();
             step()?;
+            each.push(t0.elapsed().as_secs_f64() * 1e6);
         }
-        let us = t0.elapsed().as_secs_f64() * 1e6 / iters as f64;
-        self.agree_one(us, Agree::Median)
+        self.agree_one(median(&mut each), how)
     }
 
     /// How far the link classes run at the same time (1: a step on all of them takes as
@@ -325,12 +339,17 @@ impl Prober<'_> {
             .map(|&c| {
                 let l = t.links.get(c);
                 let bytes = ((want - l.latency_us).max(want / 2.0) * l.bandwidth_gbs * 1e3)
-                    .clamp(SMALL_BYTES as f64, MAX_BYTES as f64) as usize;
-                (c, bytes, l.latency_us + bytes as f64 / (l.bandwidth_gbs * 1e3))
+                    .clamp(SMALL_BYTES as f64, MAX_BYTES as f64)
+                    as usize;
+                (
+                    c,
+                    bytes,
+                    l.latency_us + bytes as f64 / (l.bandwidth_gbs * 1e3),
+                )
             })
             .collect();
         let pairs: Vec<(LinkClass, usize)> = sized.iter().map(|&(c, b, _)| (c, b)).collect();
-        let both = self.steps_us(&pairs, 3)?;
+        let both = self.steps_us(&pairs, 3, Agree::Median)?;
         let sum: f64 = sized.iter().map(|x| x.2).sum();
         let max = sized.iter().map(|x| x.2).fold(0.0, f64::max);
         // both = max + (1 − overlap)·(sum − max).
@@ -400,18 +419,20 @@ impl Prober<'_> {
             .into_iter()
             .map(f64::from_bits)
             .collect();
-        all.sort_by(f64::total_cmp);
         Ok(match how {
-            Agree::Max => all[all.len() - 1],
-            Agree::Median => {
-                let n = all.len();
-                if n % 2 == 1 {
-                    all[n / 2]
-                } else {
-                    (all[n / 2 - 1] + all[n / 2]) / 2.0
-                }
-            }
+            Agree::Max => all.iter().cloned().fold(f64::NEG_INFINITY, f64::max),
+            Agree::Median => median(&mut all),
         })
+    }
+}
+
+/// The median of `v` (the mean of the middle two for an even length; 0 when empty).
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
     }
 }
 
