@@ -288,9 +288,10 @@ pub fn estimates(s: &Shape) -> Estimates {
 /// ([`crate::topology::HostSpec`], the link probe's), `c` bytes per rank chunk:
 /// - `every` algorithm reduces `(p−1)·c` bytes per rank in a reduce-scatter;
 /// - an all-gather copies this rank's chunk into place: `ring` once; `hier` once per
-///   batched ring of each stage (`b·c`), and zeroes each stage's scratch but the last
-///   (`b·g·c`, `levels` the stage sizes); `log_step` copies `p·c` (its rotation) below
-///   [`super::log_step::ROTATE_BELOW`], else once;
+///   batched ring of each stage (`b·c`, `levels` the stage sizes; its stages' scratch is
+///   fresh zeroed memory, paid in page faults as it is received into, not in a pass);
+///   `log_step` copies `p·c` (its rotation) below [`super::log_step::ROTATE_BELOW`],
+///   else once;
 /// - `log_step`'s reduce-scatter receives each step's `m` chunks into fresh scratch,
 ///   `(p−1)·c` in all, inside a work buffer of `p/2` chunks.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -333,11 +334,8 @@ pub fn host_work(
         w.ring += copy(c);
         w.log_step += copy(if rotated { p as f64 * c } else { c });
         let mut b = 1usize;
-        for (i, &g) in levels.iter().enumerate() {
+        for &g in levels {
             w.hier += copy(b as f64 * c);
-            if i + 1 < levels.len() {
-                w.hier += copy((b * g) as f64 * c);
-            }
             b *= g;
         }
         if levels.is_empty() {

@@ -5,12 +5,14 @@
 //! What it measures, for each link class the world spans (within a package, a node,
 //! between nodes), with every rank busy at once as in a collective's step: each rank
 //! sends to the next rank of its ring at that level and receives from the previous one
-//! (same package, die and node but the next node for `inter_node`, and so on), `small`
-//! bytes for the latency, then messages growing by 4x from 64 KiB until one step takes
-//! [`TARGET_STEP_US`] (or reaches [`MAX_BYTES`]) for the bandwidth: `α = t(small)`,
-//! `β = s / (t(s) − α)`, one rank's share (for `inter_node`, the node's ranks share its
-//! links: `nic_bandwidth_gbs = β · ranks_per_node` on one NIC). On host transports it
-//! also times the host path's copy and f32 sum reduction with every rank at work
+//! (same package, die and node but the next node for `inter_node`, and so on), each
+//! rank's median step, [`SMALL_BYTES`] for the latency, then messages growing by 4x from
+//! 64 KiB until one step takes [`TARGET_STEP_US`] (or reaches [`MAX_BYTES`]) for the
+//! bandwidth: `α = t(small)`, `β = s / (t(s) − min(α, t(s)/4))`, one rank's share (for
+//! `inter_node`, the node's ranks share its links: `nic_bandwidth_gbs = β ·
+//! ranks_per_node` on one NIC). With two classes or more, a step on all at once gives
+//! their overlap ([`crate::topology::Links::overlap`]). On host transports it also
+//! times the host path's copy and f32 sum reduction with every rank at work
 //! ([`crate::topology::HostSpec`]). A class the world does not span keeps the preset's
 //! figures; the result is the world's topology with the measured figures and a
 //! [`Measured`] record, valid for every consumer of a topology file.
