@@ -294,22 +294,40 @@ impl Prober<'_> {
         }
         let step = || -> Result<()> {
             super::group_start();
-            let works: Vec<Result<super::Work>> = ops
-                .iter()
-                .map(|(to, from, bytes, send, recv)| {
-                    c.submit(Request::new(
-                        Op::SendRecv {
-                            send: send.clone(),
-                            recv: recv.clone(),
-                            count: *bytes,
-                            dst: *to,
-                            src: *from,
-                            reduce: None,
-                        },
-                        DataType::U8,
-                    ))
-                })
-                .collect();
+            // One class: a send-recv step, the rings' own primitive. Several: sends and
+            // receives, a group's point-to-point ops being in flight together.
+            let works: Vec<Result<super::Work>> = if ops.len() == 1 {
+                let (to, from, bytes, send, recv) = &ops[0];
+                vec![c.submit(Request::new(
+                    Op::SendRecv {
+                        send: send.clone(),
+                        recv: recv.clone(),
+                        count: *bytes,
+                        dst: *to,
+                        src: *from,
+                        reduce: None,
+                    },
+                    DataType::U8,
+                ))]
+            } else {
+                ops.iter()
+                    .flat_map(|(to, from, bytes, send, recv)| {
+                        [
+                            Op::Send {
+                                buf: send.clone(),
+                                count: *bytes,
+                                peer: *to,
+                            },
+                            Op::Recv {
+                                buf: recv.clone(),
+                                count: *bytes,
+                                peer: *from,
+                            },
+                        ]
+                    })
+                    .map(|op| c.submit(Request::new(op, DataType::U8)))
+                    .collect()
+            };
             super::group_end()?;
             for w in works {
                 w?.wait()?;
@@ -332,28 +350,42 @@ impl Prober<'_> {
     /// How far the link classes run at the same time (1: a step on all of them takes as
     /// long as the slowest alone, as NVLink beside a NIC; 0: as long as all of them one
     /// after another, as ranks of one host sharing its cores): a step on every class at
-    /// once, each class sized by its figures just measured to take about
-    /// [`TARGET_STEP_US`] / 2 alone.
+    /// once, the slowest class sized by its figures just measured to take
+    /// [`TARGET_STEP_US`] / 2 alone and the others a quarter of that, the load of a
+    /// pipelined hierarchical algorithm whose slow level paces the fast ones.
     fn overlap(&mut self, classes: &[LinkClass], t: &Topology) -> Result<f64> {
-        let want = TARGET_STEP_US / 2.0;
-        let sized: Vec<(LinkClass, usize, f64)> = classes
+        let slowest = classes
+            .iter()
+            .copied()
+            .min_by(|a, b| {
+                t.links
+                    .get(*a)
+                    .bandwidth_gbs
+                    .total_cmp(&t.links.get(*b).bandwidth_gbs)
+            })
+            .unwrap_or(LinkClass::InterNode);
+        let sized: Vec<(LinkClass, usize)> = classes
             .iter()
             .map(|&c| {
+                let want = TARGET_STEP_US / if c == slowest { 2.0 } else { 8.0 };
                 let l = t.links.get(c);
                 let bytes = ((want - l.latency_us).max(want / 2.0) * l.bandwidth_gbs * 1e3)
                     .clamp(SMALL_BYTES as f64, MAX_BYTES as f64)
                     as usize;
-                (
-                    c,
-                    bytes,
-                    l.latency_us + bytes as f64 / (l.bandwidth_gbs * 1e3),
-                )
+                (c, bytes)
             })
             .collect();
-        let pairs: Vec<(LinkClass, usize)> = sized.iter().map(|&(c, b, _)| (c, b)).collect();
+        let pairs = sized;
         let both = self.steps_us(&pairs, 3, Agree::Median)?;
-        let sum: f64 = sized.iter().map(|x| x.2).sum();
-        let max = sized.iter().map(|x| x.2).fold(0.0, f64::max);
+        // Each class alone the same way (its sends and receives as a group of one class,
+        // with a zero-byte partner class keeping the path the same).
+        let mut alone = Vec::new();
+        for &(c, b) in &pairs {
+            let other = pairs.iter().find(|p| p.0 != c).map_or(c, |p| p.0);
+            alone.push(self.steps_us(&[(c, b), (other, 0)], 3, Agree::Median)?);
+        }
+        let sum: f64 = alone.iter().sum();
+        let max = alone.iter().cloned().fold(0.0, f64::max);
         // both = max + (1 − overlap)·(sum − max).
         Ok(if sum > max {
             (1.0 - (both - max) / (sum - max)).clamp(0.0, 1.0)
