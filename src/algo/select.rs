@@ -275,7 +275,15 @@ pub fn estimates(s: &Shape) -> Estimates {
         let reduces = matches!(s.kind, Some(Kind::ReduceScatter | Kind::AllReduce));
         let gathers = matches!(s.kind, Some(Kind::AllGather | Kind::AllReduce));
         let levels = h.map(|h| h.sizes()).unwrap_or_default();
-        let w = host_work(host, p, count * s.dtype.size(), reduces, gathers, &levels);
+        let mut w = host_work(host, p, count * s.dtype.size(), reduces, gathers, &levels);
+        // The host figures are a rank's share with every rank at work. Where the links
+        // carry traffic apart from the cores (the probe's overlap), ranks waiting on the
+        // network leave the cores to the others: host work is on the critical path only
+        // as far as links and cores are one resource (one host: overlap 0).
+        let shared = 1.0 - s.topo.links.overlap.unwrap_or(0.0);
+        for x in [&mut w.every, &mut w.ring, &mut w.hier, &mut w.log_step] {
+            *x *= shared;
+        }
         e.ring += w.every + w.ring;
         e.hier += w.every + w.hier;
         e.ho_ring += w.every + w.hier;
@@ -288,12 +296,13 @@ pub fn estimates(s: &Shape) -> Estimates {
 /// ([`crate::topology::HostSpec`], the link probe's), `c` bytes per rank chunk:
 /// - `every` algorithm reduces `(p−1)·c` bytes per rank in a reduce-scatter;
 /// - an all-gather copies this rank's chunk into place: `ring` once; `hier` once per
-///   batched ring of each stage (`b·c`, `levels` the stage sizes; its stages' scratch is
-///   fresh zeroed memory, paid in page faults as it is received into, not in a pass);
-///   `log_step` copies `p·c` (its rotation) below [`super::log_step::ROTATE_BELOW`],
-///   else once;
+///   batched ring of each stage (`b·c`), and each stage's scratch but the last is fresh
+///   memory the kernel zeroes as it is received into (`b·g·c`, `levels` the stage
+///   sizes); `log_step` copies `p·c` (its rotation) below
+///   [`super::log_step::ROTATE_BELOW`], else once;
 /// - `log_step`'s reduce-scatter receives each step's `m` chunks into fresh scratch,
-///   `(p−1)·c` in all, inside a work buffer of `p/2` chunks.
+///   `(p−1)·c` in all, inside a work buffer of `p/2` chunks; `hier`'s writes each
+///   stage's result but the network's into fresh scratch (`b·c`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct HostWork {
     pub every: f64,
@@ -329,13 +338,24 @@ pub fn host_work(
         if rotated {
             w.log_step += copy(p as f64 * c);
         }
+        // hier's reduce-scatter: every stage but the network's writes fresh scratch.
+        let mut b = 1usize;
+        for (i, &g) in levels.iter().enumerate() {
+            if i > 0 {
+                w.hier += copy(b as f64 * c);
+            }
+            b *= g;
+        }
     }
     if gathers {
         w.ring += copy(c);
         w.log_step += copy(if rotated { p as f64 * c } else { c });
         let mut b = 1usize;
-        for &g in levels {
+        for (i, &g) in levels.iter().enumerate() {
             w.hier += copy(b as f64 * c);
+            if i + 1 < levels.len() {
+                w.hier += copy((b * g) as f64 * c);
+            }
             b *= g;
         }
         if levels.is_empty() {
