@@ -69,12 +69,13 @@ fn cfg() -> strataConfig_t {
         topology: null(),
         algo: null(),
         timeout_ms: 0,
+        links: null(),
     }
 }
 
 /// A bad config: which field is wrong; the code it must get.
 fn bad_cfg(which: usize, c: &mut strataConfig_t, strs: &[CString; 2]) -> Expect<'static> {
-    match which % 8 {
+    match which % 9 {
         0 => c.size = 0,
         1 => c.magic ^= 1,
         2 => c.version = 0,
@@ -82,6 +83,7 @@ fn bad_cfg(which: usize, c: &mut strataConfig_t, strs: &[CString; 2]) -> Expect<
         4 => c.timeout_ms = -5,
         5 => c.topology = strs[0].as_ptr(),
         6 => c.algo = strs[1].as_ptr(),
+        7 => c.links = strs[1].as_ptr(),
         _ => {
             c.transport = strataTransportNccl;
             return USAGE;

@@ -71,6 +71,7 @@ fn config(w: &World, strs: &[Option<CString>; 2]) -> strataConfig_t {
         topology: strs[0].as_ref().map_or(null(), |s| s.as_ptr()),
         algo: strs[1].as_ref().map_or(null(), |s| s.as_ptr()),
         timeout_ms: w.timeout_ms as c_int,
+        links: null(),
     }
 }
 
