@@ -84,6 +84,11 @@ fn every_rank_agrees_even_with_noise() {
         }
         let h = t.links.host.expect("host figures on a host transport");
         assert!(h.copy_gbs > 0.0 && h.reduce_gbs > 0.0);
+        // ho-ring's handoff where the world has the two levels ho-ring needs.
+        let members: Vec<usize> = (0..t.world_size()).collect();
+        let levels = strata::topology::Hierarchy::detect(t, &members).map_or(0, |h| h.levels.len());
+        assert_eq!(t.links.handoff_us.is_some(), levels >= 2, "{spec}");
+        assert!(t.links.handoff_us.is_none_or(|h| h.is_finite() && h >= 0.0));
         // A probed topology is a topology file like any other.
         assert_eq!(Topology::from_json(&t.to_json()).unwrap(), *t);
     }

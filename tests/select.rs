@@ -308,3 +308,64 @@ fn measured_overlap_and_host_work_enter_the_estimates() {
     let p = Topology::parse("dgx-h100:2").unwrap();
     assert!(p.links.host.is_none() && p.links.overlap.is_none() && p.measured.is_none());
 }
+
+#[test]
+fn a_measured_handoff_counts_ho_rings_pipeline_as_it_runs() {
+    use strata::topology::LinkSpec;
+    // Two nodes of four ranks, the network 30x slower than the node and fully apart
+    // from it (as the 1 Gbit/s emulated cluster measures).
+    let mut t = Topology::parse("nodes:2x4").unwrap();
+    let node = LinkSpec {
+        bandwidth_gbs: 1.0,
+        latency_us: 30.0,
+    };
+    (t.links.intra_package, t.links.intra_node) = (node, node);
+    t.links.inter_node = LinkSpec {
+        bandwidth_gbs: 0.03,
+        latency_us: 100.0,
+    };
+    (t.links.nics_per_node, t.links.nic_bandwidth_gbs) = (1, 0.12);
+    t.links.overlap = Some(1.0);
+    let big = 4 << 20;
+    let preset_like = estimates_on(&t, Kind::AllGather, big);
+    // A measured handoff of nothing: the network paces the pipeline and its own fill
+    // is no longer counted; the other algorithms do not move.
+    t.links.handoff_us = Some(0.0);
+    let exact = estimates_on(&t, Kind::AllGather, big);
+    assert!(
+        exact.ho_ring < preset_like.ho_ring,
+        "{exact:?} {preset_like:?}"
+    );
+    assert_eq!(
+        (exact.ring, exact.log_step, exact.hier),
+        (preset_like.ring, preset_like.log_step, preset_like.hier)
+    );
+    // The handoff is paid per piece step of the busiest level (the network: one step
+    // of 6 pieces at 4 MiB per rank).
+    let q = strata::algo::plan::default_chunks(big) as f64;
+    assert_eq!(q, 6.0);
+    t.links.handoff_us = Some(300.0);
+    let slow = estimates_on(&t, Kind::AllGather, big);
+    assert!(
+        (slow.ho_ring - exact.ho_ring - 300.0 * q).abs() < 1e-6,
+        "{slow:?}"
+    );
+    // So a costly handoff keeps ho-ring off small calls and leaves it the large ones.
+    assert_eq!(
+        estimates_on(&t, Kind::AllGather, 8 << 10).pick(),
+        Algo::Hier
+    );
+    assert_eq!(slow.pick(), Algo::HoRing, "{slow:?}");
+    // The probe calibrates all-gathers; a reduce-scatter keeps the preset form.
+    let rs = estimates_on(&t, Kind::ReduceScatter, big);
+    t.links.handoff_us = None;
+    assert_eq!(estimates_on(&t, Kind::ReduceScatter, big), rs);
+    // A figure that is not a cost is refused.
+    t.links.handoff_us = Some(-1.0);
+    assert!(t.validate().is_err());
+    assert!(Topology::parse("dgx-h100:2")
+        .unwrap()
+        .links
+        .handoff_us
+        .is_none());
+}

@@ -21,7 +21,11 @@
 //!   the inter-node stage (B_0 = 1) costs the cheaper of its ring and log-step forms
 //!   ([`stage_times`]), the form `hier` then runs;
 //! - ho-ring: every level busy at once: `max_l B_l(g_l-1)(q·α_l + c/β_l)` plus a
-//!   pipeline fill of one piece (c/q) per level step, q the pieces per chunk.
+//!   pipeline fill of one piece (c/q) per level step, q the pieces per chunk; with a
+//!   measured topology, levels that do not overlap (1 − overlap) add in turn, and for
+//!   an all-gather where the probe measured ho-ring's `handoff_us`, the busiest
+//!   level's own fill is left out (it paces the pipeline) and each of its piece steps
+//!   costs the handoff.
 //!
 //! So `hier` wins on multi-node communicators whenever inter-node links are slower than
 //! intra-node ones and messages are not latency-bound; log-step wins where every step's
@@ -262,6 +266,13 @@ pub fn estimates(s: &Shape) -> Estimates {
         _ => (0, 1.0),
     };
     let h = s.hierarchy.filter(|h| h.levels.len() >= 2);
+    // The probe calibrates ho-ring's handoff on all-gathers; a reduce-scatter's pieces
+    // also wait on their reductions before moving on, which it does not measure.
+    let handoff = s
+        .topo
+        .links
+        .handoff_us
+        .filter(|_| s.kind == Some(Kind::AllGather));
     let mut e = estimate(
         s.topo,
         s.members,
@@ -270,6 +281,7 @@ pub fn estimates(s: &Shape) -> Estimates {
         factor,
         s.dtype.size(),
         s.chunks,
+        handoff,
     );
     if let Some(host) = s.topo.links.host {
         let reduces = matches!(s.kind, Some(Kind::ReduceScatter | Kind::AllReduce));
@@ -368,7 +380,9 @@ pub fn host_work(
 /// The alpha-beta figures behind [`estimates`]: `members` are the world ranks in
 /// communicator order, `h` their hierarchy (2 or 3 levels, else `None`), `count`
 /// elements of `elem` bytes per rank chunk, `factor` 1 (all-gather, reduce-scatter) or
-/// 2 (all-reduce), `chunks` the configured ho-ring pieces.
+/// 2 (all-reduce), `chunks` the configured ho-ring pieces, `handoff` ho-ring's measured
+/// cost per piece step where it applies (`None`: the preset form of its pipeline).
+#[allow(clippy::too_many_arguments)]
 pub fn estimate(
     topo: &Topology,
     members: &[usize],
@@ -377,6 +391,7 @@ pub fn estimate(
     factor: f64,
     elem: usize,
     chunks: Option<usize>,
+    handoff: Option<f64>,
 ) -> Estimates {
     let p = members.len();
     let c = (count * elem) as f64;
@@ -384,7 +399,6 @@ pub fn estimate(
         let l = topo.links.get(class);
         l.latency_us + bytes / (l.bandwidth_gbs * 1e3)
     };
-    // The slowest class between each rank and the one `d` places on.
     // The slowest class between each rank and the one `d` places on (every call asks:
     // stop at the slowest class there is).
     let slowest = |d: usize| {
@@ -441,14 +455,16 @@ pub fn estimate(
     let (mut hier, mut ho) = (f64::INFINITY, f64::INFINITY);
     if let Some(h) = h {
         let q = chunks.unwrap_or_else(|| super::plan::default_chunks(c as usize)) as f64;
-        let (mut batch, mut sum, mut busiest, mut fill) = (1usize, 0.0, 0.0f64, 0.0);
+        let (mut batch, mut sum, mut fill) = (1usize, 0.0, 0.0);
+        // The busiest level: its time, its pipeline fill and its steps.
+        let (mut busiest, mut busiest_fill, mut busiest_steps) = (0.0f64, 0.0, 0.0);
         let mut in_turn = 0.0;
         for (i, (level, g)) in h.levels.iter().enumerate() {
             let l = topo.links.get(level.link_class());
             let steps = (batch * (g - 1)) as f64;
             // hier: the stage's rings one after another (the inter-node stage in its
             // cheaper form); ho-ring: every level busy at once (in pieces of c/q), plus
-            // the pipeline's fill of one piece per level.
+            // the pipeline's fill of one piece per step of every other level.
             sum += if i == 0 {
                 let (r, lg) = stage_times(topo, level.link_class(), *g, c as usize);
                 r.min(lg)
@@ -456,15 +472,26 @@ pub fn estimate(
                 steps * (l.latency_us + c / (l.bandwidth_gbs * 1e3))
             };
             let level = steps * (q * l.latency_us + c / (l.bandwidth_gbs * 1e3));
-            busiest = busiest.max(level);
+            let level_fill = (g - 1) as f64 * (l.latency_us + c / q / (l.bandwidth_gbs * 1e3));
+            if level > busiest {
+                (busiest, busiest_fill, busiest_steps) = (level, level_fill, steps);
+            }
             in_turn += level;
-            fill += (g - 1) as f64 * (l.latency_us + c / q / (l.bandwidth_gbs * 1e3));
+            fill += level_fill;
             batch *= g;
         }
         hier = factor * sum;
         // Levels that cannot carry traffic at once (the probe's `overlap` < 1) serialise.
+        // With a measured handoff cost, the pipeline is counted as it runs: the busiest
+        // level paces it, only the other levels' fill adds, and every piece step of the
+        // busiest level pays the handoff. Without (presets; reduce-scatters), the
+        // busiest level's fill stays, standing in for it.
         let o = topo.links.overlap.unwrap_or(1.0);
-        ho = factor * (o * busiest + (1.0 - o) * in_turn + fill);
+        let paced = match handoff {
+            Some(k) => k * q * busiest_steps - o * busiest_fill,
+            None => 0.0,
+        };
+        ho = factor * (o * busiest + (1.0 - o) * in_turn + fill + paced);
     }
     Estimates {
         ring,

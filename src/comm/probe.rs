@@ -6,12 +6,15 @@
 //! between nodes), with every rank busy at once as in a collective's step: each rank
 //! sends to the next rank of its ring at that level and receives from the previous one
 //! (same package, die and node but the next node for `inter_node`, and so on), each
-//! rank's median step, [`SMALL_BYTES`] for the latency, then messages growing by 4x from
+//! rank's median step, [`SMALL_BYTES`] for the latency (the median of [`ALPHA_ROUNDS`]
+//! rounds), then messages growing by 4x from
 //! 64 KiB until one step takes [`TARGET_STEP_US`] (or reaches [`MAX_BYTES`]) for the
 //! bandwidth: `α = t(small)`, `β = s / (t(s) − min(α, t(s)/4))`, one rank's share (for
 //! `inter_node`, the node's ranks share its links: `nic_bandwidth_gbs = β ·
 //! ranks_per_node` on one NIC). With two classes or more, a step on all at once gives
-//! their overlap ([`crate::topology::Links::overlap`]). On host transports it also
+//! their overlap ([`crate::topology::Links::overlap`]); with the two levels `ho-ring`
+//! needs, small `hier` and `ho-ring` all-gathers give `ho-ring`'s handoff cost
+//! ([`crate::topology::Links::handoff_us`]). On host transports it also
 //! times the host path's copy and f32 sum reduction with every rank at work
 //! ([`crate::topology::HostSpec`]). A class the world does not span keeps the preset's
 //! figures; the result is the world's topology with the measured figures and a
@@ -49,12 +52,20 @@ use std::time::Instant;
 
 /// Bytes of the latency exchange.
 pub const SMALL_BYTES: usize = 8;
+/// Rounds of latency steps (their median is the latency).
+pub const ALPHA_ROUNDS: usize = 3;
+/// Latency steps per round.
+pub const ALPHA_STEPS: usize = 10;
 /// First bandwidth message, bytes.
 pub const FIRST_BYTES: usize = 64 << 10;
 /// Largest bandwidth message, bytes.
 pub const MAX_BYTES: usize = 4 << 20;
 /// A bandwidth step at least this long (µs, agreed over ranks) ends the growth.
 pub const TARGET_STEP_US: f64 = 20_000.0;
+/// Bytes per rank of the handoff calls.
+pub const HANDOFF_BYTES: usize = 8 << 10;
+/// Calls of each algorithm timed for the handoff.
+pub const HANDOFF_CALLS: usize = 10;
 /// Bytes of the host copy / reduction timing.
 pub const HOST_BYTES: usize = 4 << 20;
 
@@ -162,6 +173,11 @@ pub fn probe(comm: &Comm, opts: &ProbeOptions) -> Result<Topology> {
         TransportKind::Nccl | TransportKind::Rccl | TransportKind::CudaLocal => None,
         _ => Some(prober.host()?),
     };
+    // What a pipelined hierarchical algorithm pays beyond its links, on the figures above.
+    out.links.handoff_us = match comm.hierarchy() {
+        Some(h) if h.levels.len() >= 2 => Some(prober.handoff(&out)?),
+        _ => None,
+    };
     out.measured = Some(Measured {
         transport: comm.transport_kind().name().to_string(),
         host_key: key.clone(),
@@ -231,7 +247,7 @@ pub fn ring_peers(topo: &Topology, class: LinkClass, rank: usize) -> (usize, usi
     (shift(1), shift(-1))
 }
 
-/// How [`Prober::agree`] combines one value over ranks.
+/// How [`Prober::agree_one`] combines one value over ranks.
 #[derive(Clone, Copy)]
 enum Agree {
     Median,
@@ -248,7 +264,13 @@ struct Prober<'a> {
 impl Prober<'_> {
     /// `α` and `β` of `class`.
     fn link(&mut self, class: LinkClass) -> Result<LinkSpec> {
-        let alpha = self.step_us(class, SMALL_BYTES, 20)?;
+        // The median of three rounds (each already agreed): a scheduler's slow spell
+        // over one round's steps must not become the link's latency.
+        let mut rounds = Vec::with_capacity(ALPHA_ROUNDS);
+        for _ in 0..ALPHA_ROUNDS {
+            rounds.push(self.step_us(class, SMALL_BYTES, ALPHA_STEPS)?);
+        }
+        let alpha = median(&mut rounds);
         let mut bytes = FIRST_BYTES;
         let t = loop {
             let t = self.step_us(class, bytes, 3)?;
@@ -269,17 +291,12 @@ impl Prober<'_> {
     /// Agreed time (µs) of one ring step of `bytes` on `class`: one warm-up step, then
     /// `iters` steps, each waited; the median over ranks.
     fn step_us(&mut self, class: LinkClass, bytes: usize, iters: usize) -> Result<f64> {
-        self.steps_us(&[(class, bytes)], iters, Agree::Median)
+        self.steps_us(&[(class, bytes)], iters)
     }
 
     /// [`Prober::step_us`] with a step on every class of `classes` at once (one group),
     /// each with its own message size.
-    fn steps_us(
-        &mut self,
-        classes: &[(LinkClass, usize)],
-        iters: usize,
-        how: Agree,
-    ) -> Result<f64> {
+    fn steps_us(&mut self, classes: &[(LinkClass, usize)], iters: usize) -> Result<f64> {
         let c = self.comm;
         let mut ops = Vec::new();
         for &(class, bytes) in classes {
@@ -344,7 +361,7 @@ impl Prober<'_> {
             step()?;
             each.push(t0.elapsed().as_secs_f64() * 1e6);
         }
-        self.agree_one(median(&mut each), how)
+        self.agree_one(median(&mut each), Agree::Median)
     }
 
     /// How far the link classes run at the same time (1: a step on all of them takes as
@@ -376,13 +393,13 @@ impl Prober<'_> {
             })
             .collect();
         let pairs = sized;
-        let both = self.steps_us(&pairs, 3, Agree::Median)?;
+        let both = self.steps_us(&pairs, 3)?;
         // Each class alone the same way (its sends and receives as a group of one class,
         // with a zero-byte partner class keeping the path the same).
         let mut alone = Vec::new();
         for &(c, b) in &pairs {
             let other = pairs.iter().find(|p| p.0 != c).map_or(c, |p| p.0);
-            alone.push(self.steps_us(&[(c, b), (other, 0)], 3, Agree::Median)?);
+            alone.push(self.steps_us(&[(c, b), (other, 0)], 3)?);
         }
         let sum: f64 = alone.iter().sum();
         let max = alone.iter().cloned().fold(0.0, f64::max);
@@ -391,6 +408,67 @@ impl Prober<'_> {
             (1.0 - (both - max) / (sum - max)).clamp(0.0, 1.0)
         } else {
             1.0
+        })
+    }
+
+    /// [`crate::topology::Links::handoff_us`] on `t` (the figures measured so far): small
+    /// `hier` and `ho-ring` all-gathers ([`HANDOFF_BYTES`] per rank), taken in turn
+    /// [`HANDOFF_CALLS`] times each after a warm-up, each rank's median (a stall of the
+    /// host is not a property of the algorithm), agreed; what `ho-ring` took beyond
+    /// `hier` and beyond the model's own difference of the two, per unit of the model's
+    /// handoff term, so that the model reproduces the measured difference at that size.
+    fn handoff(&mut self, t: &Topology) -> Result<f64> {
+        let c = self.comm;
+        let (send, recv) = (
+            c.alloc_native(HANDOFF_BYTES)?,
+            c.alloc_native(HANDOFF_BYTES * c.size())?,
+        );
+        let call = |algo: Algo| -> Result<f64> {
+            let t0 = Instant::now();
+            c.submit(
+                Request::new(
+                    Op::AllGather {
+                        send: send.clone(),
+                        recv: recv.clone(),
+                        count: HANDOFF_BYTES,
+                    },
+                    DataType::U8,
+                )
+                .with_algo(algo),
+            )?
+            .wait()?;
+            Ok(t0.elapsed().as_secs_f64() * 1e6)
+        };
+        call(Algo::Hier)?;
+        call(Algo::HoRing)?;
+        c.barrier()?;
+        let (mut hier, mut ho) = (Vec::new(), Vec::new());
+        for _ in 0..HANDOFF_CALLS {
+            hier.push(call(Algo::Hier)?);
+            ho.push(call(Algo::HoRing)?);
+        }
+        let measured = self.agree_one(median(&mut ho), Agree::Median)?
+            - self.agree_one(median(&mut hier), Agree::Median)?;
+        let modeled = |handoff: f64| {
+            let mut t = t.clone();
+            t.links.handoff_us = Some(handoff);
+            let e = crate::algo::select::estimates(&crate::algo::select::Shape {
+                kind: Some(crate::kinds::Kind::AllGather),
+                redop: None,
+                count: HANDOFF_BYTES,
+                dtype: DataType::U8,
+                topo: &t,
+                members: c.members(),
+                hierarchy: c.hierarchy(),
+                chunks: c.config().ho_ring_chunks,
+            });
+            e.ho_ring - e.hier
+        };
+        let (base, per_us) = (modeled(0.0), modeled(1.0) - modeled(0.0));
+        Ok(if per_us > 0.0 {
+            ((measured - base) / per_us).max(0.0)
+        } else {
+            0.0
         })
     }
 

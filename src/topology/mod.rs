@@ -188,6 +188,13 @@ pub struct Links {
     /// cores moving every byte); `ho-ring`'s overlapped levels are costed with it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub overlap: Option<f64>,
+    /// µs a pipelined hierarchical algorithm (`ho-ring`) pays per piece step beyond its
+    /// links: its levels' streams handing each piece to one another, a thread waking on
+    /// another's work, which costs most where cores are few and shared. Measured by the
+    /// link probe (a small `ho-ring` all-gather against a small `hier` one, per step of
+    /// its busiest level) and costed on all-gathers; `None` in presets: no such cost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handoff_us: Option<f64>,
 }
 
 /// One rank's local work on the host path while every rank of its node does the same
@@ -258,6 +265,11 @@ impl Links {
                 "topology links: nic_bandwidth_gbs must be > 0, got {}",
                 self.nic_bandwidth_gbs
             );
+        }
+        if let Some(h) = self.handoff_us {
+            if !(h.is_finite() && h >= 0.0) {
+                return invalid_arg!("topology links: handoff_us must be >= 0, got {h}");
+            }
         }
         if let Some(o) = self.overlap {
             if !(0.0..=1.0).contains(&o) {

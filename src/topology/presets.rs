@@ -158,6 +158,7 @@ pub const DGX_A100: Preset = Preset {
         nic_bandwidth_gbs: 25.0 * EFF_HDR,
         host: None,
         overlap: None,
+        handoff_us: None,
     },
 };
 
@@ -177,6 +178,7 @@ pub const DGX_H100: Preset = Preset {
         nic_bandwidth_gbs: 50.0 * EFF_NDR,
         host: None,
         overlap: None,
+        handoff_us: None,
     },
 };
 
@@ -196,6 +198,7 @@ pub const FRONTIER: Preset = Preset {
         nic_bandwidth_gbs: 25.0,
         host: None,
         overlap: None,
+        handoff_us: None,
     },
 };
 
@@ -214,6 +217,7 @@ pub const P3DN: Preset = Preset {
         nic_bandwidth_gbs: 12.5,
         host: None,
         overlap: None,
+        handoff_us: None,
     },
 };
 
@@ -232,6 +236,7 @@ pub const P4D: Preset = Preset {
         nic_bandwidth_gbs: 12.5,
         host: None,
         overlap: None,
+        handoff_us: None,
     },
 };
 
@@ -250,6 +255,7 @@ pub const P5: Preset = Preset {
         nic_bandwidth_gbs: 12.5,
         host: None,
         overlap: None,
+        handoff_us: None,
     },
 };
 
@@ -278,6 +284,7 @@ pub fn generic_links(ranks_per_node: usize) -> Links {
         nic_bandwidth_gbs: 25.0,
         host: None,
         overlap: None,
+        handoff_us: None,
     }
 }
 

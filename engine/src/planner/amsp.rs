@@ -90,6 +90,7 @@ pub fn testbed(nodes: usize) -> Topology {
             nic_bandwidth_gbs: HDR_NIC_GBS,
             host: None,
             overlap: None,
+            handoff_us: None,
         },
         measured: None,
     }

@@ -103,6 +103,11 @@ fn print(t: &Topology, kind: TransportKind, path: &Path) {
     if let Some(o) = t.links.overlap {
         println!("# link classes at once: overlap {o:.2} (1: as the slowest alone, 0: one after another)");
     }
+    if let Some(h) = t.links.handoff_us {
+        println!(
+            "# ho-ring's handoff: {h:.1} us per piece step of its busiest level, beyond its links"
+        );
+    }
     if let Some(h) = t.links.host {
         println!(
             "# host path: copy {:.3} GB/s, f32 sum reduction {:.3} GB/s per rank",
