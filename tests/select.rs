@@ -270,15 +270,20 @@ fn estimates_on(t: &Topology, kind: Kind, bytes: usize) -> strata::algo::select:
     })
 }
 
+/// A link of `bandwidth_gbs` and `latency_us`.
+fn link(bandwidth_gbs: f64, latency_us: f64) -> strata::topology::LinkSpec {
+    strata::topology::LinkSpec {
+        bandwidth_gbs,
+        latency_us,
+    }
+}
+
 #[test]
 fn measured_overlap_and_host_work_enter_the_estimates() {
-    use strata::topology::{HostSpec, LinkSpec};
+    use strata::topology::HostSpec;
     // One host's figures, as the probe measures them: every class alike, nothing at once.
     let mut t = Topology::parse("nodes:2x2").unwrap();
-    let l = LinkSpec {
-        bandwidth_gbs: 2.0,
-        latency_us: 30.0,
-    };
+    let l = link(2.0, 30.0);
     (
         t.links.intra_package,
         t.links.intra_node,
@@ -311,19 +316,12 @@ fn measured_overlap_and_host_work_enter_the_estimates() {
 
 #[test]
 fn a_measured_handoff_counts_ho_rings_pipeline_as_it_runs() {
-    use strata::topology::LinkSpec;
     // Two nodes of four ranks, the network 30x slower than the node and fully apart
     // from it (as the 1 Gbit/s emulated cluster measures).
     let mut t = Topology::parse("nodes:2x4").unwrap();
-    let node = LinkSpec {
-        bandwidth_gbs: 1.0,
-        latency_us: 30.0,
-    };
+    let node = link(1.0, 30.0);
     (t.links.intra_package, t.links.intra_node) = (node, node);
-    t.links.inter_node = LinkSpec {
-        bandwidth_gbs: 0.03,
-        latency_us: 100.0,
-    };
+    t.links.inter_node = link(0.03, 100.0);
     (t.links.nics_per_node, t.links.nic_bandwidth_gbs) = (1, 0.12);
     t.links.overlap = Some(1.0);
     let big = 4 << 20;

@@ -464,7 +464,7 @@ pub fn estimate(
             let steps = (batch * (g - 1)) as f64;
             // hier: the stage's rings one after another (the inter-node stage in its
             // cheaper form); ho-ring: every level busy at once (in pieces of c/q), plus
-            // the pipeline's fill of one piece per step of every other level.
+            // the pipeline's fill of one piece per level step.
             sum += if i == 0 {
                 let (r, lg) = stage_times(topo, level.link_class(), *g, c as usize);
                 r.min(lg)

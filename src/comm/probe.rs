@@ -464,7 +464,9 @@ impl Prober<'_> {
             });
             e.ho_ring - e.hier
         };
-        let (base, per_us) = (modeled(0.0), modeled(1.0) - modeled(0.0));
+        // The model is linear in the handoff: its slope per µs from two points.
+        let base = modeled(0.0);
+        let per_us = modeled(1.0) - base;
         Ok(if per_us > 0.0 {
             ((measured - base) / per_us).max(0.0)
         } else {
