@@ -89,6 +89,13 @@ fn every_rank_agrees_even_with_noise() {
         let levels = strata::topology::Hierarchy::detect(t, &members).map_or(0, |h| h.levels.len());
         assert_eq!(t.links.handoff_us.is_some(), levels >= 2, "{spec}");
         assert!(t.links.handoff_us.is_none_or(|h| h.is_finite() && h >= 0.0));
+        // The lone crossing's latency where a node has ranks that can wait.
+        let lone = t.nodes > 1 && t.ranks_per_node() > 1;
+        assert_eq!(t.links.lone_latency_us.is_some(), lone, "{spec}");
+        assert!(t
+            .links
+            .lone_latency_us
+            .is_none_or(|l| l.is_finite() && l > 0.0));
         // A probed topology is a topology file like any other.
         assert_eq!(Topology::from_json(&t.to_json()).unwrap(), *t);
     }

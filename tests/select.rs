@@ -309,6 +309,30 @@ fn measured_overlap_and_host_work_enter_the_estimates() {
     assert!(host.ring > serial.ring && host.hier > serial.hier);
     assert!(host.log_step - serial.log_step > host.ring - serial.ring);
     assert_eq!(host.pick(), Algo::Ring, "{host:?}");
+    // ho-ring's reduce-scatter also copies the whole send buffer in (and its chunk out)
+    // before and after its transfers: counted in full even where the links run apart
+    // from the cores, unlike the work a transfer can hide.
+    let prologue = |t: &Topology| {
+        let e = estimates_on(t, Kind::ReduceScatter, 64 << 20);
+        (e.ho_ring - e.hier, e)
+    };
+    t.links.overlap = Some(1.0);
+    let (gap_apart, apart) = prologue(&t);
+    let copy_us = 5.0 * (64 << 20) as f64 / 4.0e3;
+    let model_gap = {
+        let mut bare = t.clone();
+        bare.links.host = None;
+        prologue(&bare).0
+    };
+    assert!((gap_apart - model_gap - copy_us).abs() < 1e-6, "{apart:?}");
+    // Not on all-gathers (no such copy) nor on presets (no host figures).
+    let ag = |t: &Topology| {
+        let e = estimates_on(t, Kind::AllGather, 64 << 20);
+        e.ho_ring - e.hier
+    };
+    let mut bare = t.clone();
+    bare.links.host = None;
+    assert!((ag(&t) - ag(&bare)).abs() < 1e-6);
     // Presets have neither: their pinned picks above are untouched.
     let p = Topology::parse("dgx-h100:2").unwrap();
     assert!(p.links.host.is_none() && p.links.overlap.is_none() && p.measured.is_none());
@@ -365,5 +389,39 @@ fn a_measured_handoff_counts_ho_rings_pipeline_as_it_runs() {
         .unwrap()
         .links
         .handoff_us
+        .is_none());
+}
+
+#[test]
+fn a_lone_crossing_latency_prices_the_flat_rings_steps_only() {
+    // Two nodes of four, one NIC: the flat ring is one ring, whose inter-node steps
+    // have one rank per node crossing; hier, ho-ring and log-step cross all at once.
+    let mut t = Topology::parse("nodes:2x4").unwrap();
+    let node = link(1.0, 30.0);
+    (t.links.intra_package, t.links.intra_node) = (node, node);
+    t.links.inter_node = link(0.03, 100.0);
+    (t.links.nics_per_node, t.links.nic_bandwidth_gbs) = (1, 0.12);
+    let small = 8 << 10;
+    let all = estimates_on(&t, Kind::AllGather, small);
+    t.links.lone_latency_us = Some(40.0);
+    t.validate().unwrap();
+    let lone = estimates_on(&t, Kind::AllGather, small);
+    // Seven steps, each 60 us sooner.
+    assert!(
+        (all.ring - lone.ring - 7.0 * 60.0).abs() < 1e-6,
+        "{all:?} {lone:?}"
+    );
+    assert_eq!(
+        (lone.log_step, lone.hier, lone.ho_ring),
+        (all.log_step, all.hier, all.ho_ring)
+    );
+    // A topology file keeps it; a figure that is not a latency is refused.
+    assert_eq!(Topology::from_json(&t.to_json()).unwrap(), t);
+    t.links.lone_latency_us = Some(f64::NAN);
+    assert!(t.validate().is_err());
+    assert!(Topology::parse("p4d:2")
+        .unwrap()
+        .links
+        .lone_latency_us
         .is_none());
 }

@@ -300,6 +300,13 @@ pub fn estimates(s: &Shape) -> Estimates {
         e.hier += w.every + w.hier;
         e.ho_ring += w.every + w.hier;
         e.log_step += w.every + w.log_step;
+        // ho-ring's reduce-scatter copies the whole send buffer into fresh scratch
+        // before its first transfer and its chunk out after its last, every rank at
+        // once: no link time hides that, whatever the overlap.
+        if s.kind == Some(Kind::ReduceScatter) && h.is_some() {
+            let c = (count * s.dtype.size()) as f64;
+            e.ho_ring += (p as f64 + 1.0) * c / (host.copy_gbs * 1e3);
+        }
     }
     e
 }

@@ -149,6 +149,7 @@ pub fn probe(comm: &Comm, opts: &ProbeOptions) -> Result<Topology> {
         classes.push(class);
         match class {
             LinkClass::InterNode => {
+                out.links.lone_latency_us = prober.lone_latency()?;
                 out.links.inter_node = spec;
                 out.links.nics_per_node = 1;
                 out.links.nic_bandwidth_gbs = spec.bandwidth_gbs * topo.ranks_per_node() as f64;
@@ -286,6 +287,53 @@ impl Prober<'_> {
             bandwidth_gbs: bytes as f64 / (t - alpha.min(t / 4.0)) / 1e3,
             latency_us: alpha,
         })
+    }
+
+    /// [`crate::topology::Links::lone_latency_us`]: the inter-node latency step with
+    /// only each node's first rank crossing (to the next node's first rank) while the
+    /// others wait, [`ALPHA_ROUNDS`] rounds of [`ALPHA_STEPS`], each the median over the
+    /// crossing ranks of their median step; the median round. `None` with one rank per
+    /// node (every step is a lone one: `inter_node`'s latency already).
+    fn lone_latency(&mut self) -> Result<Option<f64>> {
+        let c = self.comm;
+        let t = c.topology();
+        if t.ranks_per_node() <= 1 {
+            return Ok(None);
+        }
+        let lead = t.local_rank(c.rank()) == 0;
+        let (to, from) = ring_peers(t, LinkClass::InterNode, c.rank());
+        let (send, recv) = (c.alloc_native(SMALL_BYTES)?, c.alloc_native(SMALL_BYTES)?);
+        let step = || -> Result<f64> {
+            let t0 = Instant::now();
+            c.submit(Request::new(
+                Op::SendRecv {
+                    send: send.clone(),
+                    recv: recv.clone(),
+                    count: SMALL_BYTES,
+                    dst: to,
+                    src: from,
+                    reduce: None,
+                },
+                DataType::U8,
+            ))?
+            .wait()?;
+            Ok(t0.elapsed().as_secs_f64() * 1e6)
+        };
+        let mut rounds = Vec::with_capacity(ALPHA_ROUNDS);
+        for _ in 0..ALPHA_ROUNDS {
+            c.barrier()?;
+            let mine = if lead {
+                step()?;
+                let mut each = (0..ALPHA_STEPS)
+                    .map(|_| step())
+                    .collect::<Result<Vec<_>>>()?;
+                median(&mut each)
+            } else {
+                f64::NAN
+            };
+            rounds.push(self.agree_over(mine)?);
+        }
+        Ok(Some(median(&mut rounds)))
     }
 
     /// Agreed time (µs) of one ring step of `bytes` on `class`: one warm-up step, then
@@ -522,6 +570,19 @@ impl Prober<'_> {
             copy_gbs: copy,
             reduce_gbs: reduce,
         })
+    }
+
+    /// The median of the ranks' `mine` that are numbers (the ranks that measured; NaN
+    /// from the others), agreed as [`Prober::agree_one`].
+    fn agree_over(&mut self, mine: f64) -> Result<f64> {
+        self.index += 1;
+        let noisy = mine * noise_factor(self.opts, self.comm.rank(), self.index);
+        let mut all: Vec<f64> = all_gather_u64(self.comm, noisy.to_bits())?
+            .into_iter()
+            .map(f64::from_bits)
+            .filter(|v| !v.is_nan())
+            .collect();
+        Ok(median(&mut all))
     }
 
     /// `mine` (with this rank's injected noise) all-gathered and combined the same way on

@@ -60,7 +60,8 @@ pub fn channel_pos(topo: &Topology, c: usize, rings: usize, rank: usize) -> usiz
 /// moving `bytes` per rank: the rings of [`ring_channels`] each carry `bytes / rings`;
 /// an exit rank sends its share through its NIC port and the rest over its intra-node
 /// port (a rank that exits no ring sends everything there), so the step takes the longer of the two, each with its
-/// latency. One node (or one rank per node): the classic `α + bytes / β` of the
+/// latency (with one ring, the inter-node one of a lone crossing,
+/// [`super::Links::lone_latency_us`], where measured). One node (or one rank per node): the classic `α + bytes / β` of the
 /// slowest link class.
 pub fn ring_step_us(topo: &Topology, bytes: f64) -> f64 {
     let links = &topo.links;
@@ -81,7 +82,13 @@ pub fn ring_step_us(topo: &Topology, bytes: f64) -> f64 {
     }
     let rings = ring_channels(topo) as f64;
     let port = (links.nics_per_node / k).max(1) as f64 * links.nic_bandwidth_gbs * 1e3;
-    let inter = links.inter_node.latency_us + bytes / rings / port;
+    // One ring: one rank per node crosses at a time (the probe's lone latency, where
+    // it measured one).
+    let latency = match links.lone_latency_us {
+        Some(l) if rings == 1.0 => l,
+        _ => links.inter_node.latency_us,
+    };
+    let inter = latency + bytes / rings / port;
     let intra_class = if topo.packages_per_node > 1 {
         super::LinkClass::IntraNode
     } else {

@@ -195,6 +195,13 @@ pub struct Links {
     /// its busiest level) and costed on all-gathers; `None` in presets: no such cost.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub handoff_us: Option<f64>,
+    /// One-way latency (µs) of an inter-node step that one rank per node takes while
+    /// the node's other ranks wait, as a flat ring's exit rank does; `inter_node`'s
+    /// latency is that of every rank crossing at once (a hierarchical stage). Measured by
+    /// the link probe, where hosts and their network stack are shared by a node's ranks;
+    /// `None` (presets): the same as `inter_node`'s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lone_latency_us: Option<f64>,
 }
 
 /// One rank's local work on the host path while every rank of its node does the same
@@ -265,6 +272,11 @@ impl Links {
                 "topology links: nic_bandwidth_gbs must be > 0, got {}",
                 self.nic_bandwidth_gbs
             );
+        }
+        if let Some(l) = self.lone_latency_us {
+            if !(l.is_finite() && l >= 0.0) {
+                return invalid_arg!("topology links: lone_latency_us must be >= 0, got {l}");
+            }
         }
         if let Some(h) = self.handoff_us {
             if !(h.is_finite() && h >= 0.0) {

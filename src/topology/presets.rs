@@ -159,6 +159,7 @@ pub const DGX_A100: Preset = Preset {
         host: None,
         overlap: None,
         handoff_us: None,
+        lone_latency_us: None,
     },
 };
 
@@ -179,6 +180,7 @@ pub const DGX_H100: Preset = Preset {
         host: None,
         overlap: None,
         handoff_us: None,
+        lone_latency_us: None,
     },
 };
 
@@ -199,6 +201,7 @@ pub const FRONTIER: Preset = Preset {
         host: None,
         overlap: None,
         handoff_us: None,
+        lone_latency_us: None,
     },
 };
 
@@ -218,6 +221,7 @@ pub const P3DN: Preset = Preset {
         host: None,
         overlap: None,
         handoff_us: None,
+        lone_latency_us: None,
     },
 };
 
@@ -237,6 +241,7 @@ pub const P4D: Preset = Preset {
         host: None,
         overlap: None,
         handoff_us: None,
+        lone_latency_us: None,
     },
 };
 
@@ -256,6 +261,7 @@ pub const P5: Preset = Preset {
         host: None,
         overlap: None,
         handoff_us: None,
+        lone_latency_us: None,
     },
 };
 
@@ -285,6 +291,7 @@ pub fn generic_links(ranks_per_node: usize) -> Links {
         host: None,
         overlap: None,
         handoff_us: None,
+        lone_latency_us: None,
     }
 }
 

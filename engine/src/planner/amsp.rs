@@ -91,6 +91,7 @@ pub fn testbed(nodes: usize) -> Topology {
             host: None,
             overlap: None,
             handoff_us: None,
+            lone_latency_us: None,
         },
         measured: None,
     }

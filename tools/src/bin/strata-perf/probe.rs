@@ -91,6 +91,9 @@ fn print(t: &Topology, kind: TransportKind, path: &Path) {
             l.latency_us,
             l.bandwidth_gbs
         );
+        if let (LinkClass::InterNode, Some(l)) = (c, t.links.lone_latency_us) {
+            println!("# inter_node latency with one rank per node crossing: {l:.2} us");
+        }
         if c == LinkClass::InterNode {
             println!(
                 "# a node's egress: {:.4} GB/s ({} ranks per node share it; {:.1} Mbit/s)",
