@@ -54,6 +54,8 @@ use std::time::Instant;
 pub const SMALL_BYTES: usize = 8;
 /// Rounds of latency steps (their median is the latency).
 pub const ALPHA_ROUNDS: usize = 3;
+/// Rounds of the overlap measurement (its figure is their median).
+pub const OVERLAP_ROUNDS: usize = 3;
 /// Latency steps per round.
 pub const ALPHA_STEPS: usize = 10;
 /// First bandwidth message, bytes.
@@ -417,7 +419,8 @@ impl Prober<'_> {
     /// after another, as ranks of one host sharing its cores): a step on every class at
     /// once, the slowest class sized by its figures just measured to take
     /// [`TARGET_STEP_US`] / 2 alone and the others a quarter of that, the load of a
-    /// pipelined hierarchical algorithm whose slow level paces the fast ones.
+    /// pipelined hierarchical algorithm whose slow level paces the fast ones; the median
+    /// of [`OVERLAP_ROUNDS`] rounds.
     fn overlap(&mut self, classes: &[LinkClass], t: &Topology) -> Result<f64> {
         let slowest = classes
             .iter()
@@ -441,22 +444,28 @@ impl Prober<'_> {
             })
             .collect();
         let pairs = sized;
-        let both = self.steps_us(&pairs, 3)?;
-        // Each class alone the same way (its sends and receives as a group of one class,
-        // with a zero-byte partner class keeping the path the same).
-        let mut alone = Vec::new();
-        for &(c, b) in &pairs {
-            let other = pairs.iter().find(|p| p.0 != c).map_or(c, |p| p.0);
-            alone.push(self.steps_us(&[(c, b), (other, 0)], 3)?);
+        // The median of rounds: one round's slow spell (a stall in its step on all
+        // classes, or in one class alone) reads as no overlap, or as full overlap.
+        let mut rounds = Vec::with_capacity(OVERLAP_ROUNDS);
+        for _ in 0..OVERLAP_ROUNDS {
+            let both = self.steps_us(&pairs, 3)?;
+            // Each class alone the same way (its sends and receives as a group of one
+            // class, with a zero-byte partner class keeping the path the same).
+            let mut alone = Vec::new();
+            for &(c, b) in &pairs {
+                let other = pairs.iter().find(|p| p.0 != c).map_or(c, |p| p.0);
+                alone.push(self.steps_us(&[(c, b), (other, 0)], 3)?);
+            }
+            let sum: f64 = alone.iter().sum();
+            let max = alone.iter().cloned().fold(0.0, f64::max);
+            // both = max + (1 − overlap)·(sum − max).
+            rounds.push(if sum > max {
+                (1.0 - (both - max) / (sum - max)).clamp(0.0, 1.0)
+            } else {
+                1.0
+            });
         }
-        let sum: f64 = alone.iter().sum();
-        let max = alone.iter().cloned().fold(0.0, f64::max);
-        // both = max + (1 − overlap)·(sum − max).
-        Ok(if sum > max {
-            (1.0 - (both - max) / (sum - max)).clamp(0.0, 1.0)
-        } else {
-            1.0
-        })
+        Ok(median(&mut rounds))
     }
 
     /// [`crate::topology::Links::handoff_us`] on `t` (the figures measured so far): small
