@@ -278,6 +278,16 @@ fn link(bandwidth_gbs: f64, latency_us: f64) -> strata::topology::LinkSpec {
     }
 }
 
+/// Two nodes of four ranks on one NIC each, the network 30x slower than the node.
+fn two_by_four_on_a_slow_network() -> Topology {
+    let mut t = Topology::parse("nodes:2x4").unwrap();
+    let node = link(1.0, 30.0);
+    (t.links.intra_package, t.links.intra_node) = (node, node);
+    t.links.inter_node = link(0.03, 100.0);
+    (t.links.nics_per_node, t.links.nic_bandwidth_gbs) = (1, 0.12);
+    t
+}
+
 #[test]
 fn measured_overlap_and_host_work_enter_the_estimates() {
     use strata::topology::HostSpec;
@@ -340,13 +350,8 @@ fn measured_overlap_and_host_work_enter_the_estimates() {
 
 #[test]
 fn a_measured_handoff_counts_ho_rings_pipeline_as_it_runs() {
-    // Two nodes of four ranks, the network 30x slower than the node and fully apart
-    // from it (as the 1 Gbit/s emulated cluster measures).
-    let mut t = Topology::parse("nodes:2x4").unwrap();
-    let node = link(1.0, 30.0);
-    (t.links.intra_package, t.links.intra_node) = (node, node);
-    t.links.inter_node = link(0.03, 100.0);
-    (t.links.nics_per_node, t.links.nic_bandwidth_gbs) = (1, 0.12);
+    // Fully apart from the node (as the 1 Gbit/s emulated cluster measures).
+    let mut t = two_by_four_on_a_slow_network();
     t.links.overlap = Some(1.0);
     let big = 4 << 20;
     let preset_like = estimates_on(&t, Kind::AllGather, big);
@@ -394,13 +399,9 @@ fn a_measured_handoff_counts_ho_rings_pipeline_as_it_runs() {
 
 #[test]
 fn a_lone_crossing_latency_prices_the_flat_rings_steps_only() {
-    // Two nodes of four, one NIC: the flat ring is one ring, whose inter-node steps
-    // have one rank per node crossing; hier, ho-ring and log-step cross all at once.
-    let mut t = Topology::parse("nodes:2x4").unwrap();
-    let node = link(1.0, 30.0);
-    (t.links.intra_package, t.links.intra_node) = (node, node);
-    t.links.inter_node = link(0.03, 100.0);
-    (t.links.nics_per_node, t.links.nic_bandwidth_gbs) = (1, 0.12);
+    // One NIC: the flat ring is one ring, whose inter-node steps have one rank per
+    // node crossing; hier, ho-ring and log-step cross all at once.
+    let mut t = two_by_four_on_a_slow_network();
     let small = 8 << 10;
     let all = estimates_on(&t, Kind::AllGather, small);
     t.links.lone_latency_us = Some(40.0);
