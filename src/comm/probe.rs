@@ -307,18 +307,7 @@ impl Prober<'_> {
         let (send, recv) = (c.alloc_native(SMALL_BYTES)?, c.alloc_native(SMALL_BYTES)?);
         let step = || -> Result<f64> {
             let t0 = Instant::now();
-            c.submit(Request::new(
-                Op::SendRecv {
-                    send: send.clone(),
-                    recv: recv.clone(),
-                    count: SMALL_BYTES,
-                    dst: to,
-                    src: from,
-                    reduce: None,
-                },
-                DataType::U8,
-            ))?
-            .wait()?;
+            send_recv(c, &send, &recv, SMALL_BYTES, to, from)?.wait()?;
             Ok(t0.elapsed().as_secs_f64() * 1e6)
         };
         let mut rounds = Vec::with_capacity(ALPHA_ROUNDS);
@@ -333,7 +322,7 @@ impl Prober<'_> {
             } else {
                 f64::NAN
             };
-            rounds.push(self.agree_over(mine)?);
+            rounds.push(self.agree_one(mine, Agree::Median)?);
         }
         Ok(Some(median(&mut rounds)))
     }
@@ -365,17 +354,7 @@ impl Prober<'_> {
             // receives, a group's point-to-point ops being in flight together.
             let works: Vec<Result<super::Work>> = if ops.len() == 1 {
                 let (to, from, bytes, send, recv) = &ops[0];
-                vec![c.submit(Request::new(
-                    Op::SendRecv {
-                        send: send.clone(),
-                        recv: recv.clone(),
-                        count: *bytes,
-                        dst: *to,
-                        src: *from,
-                        reduce: None,
-                    },
-                    DataType::U8,
-                ))]
+                vec![send_recv(c, send, recv, *bytes, *to, *from)]
             } else {
                 ops.iter()
                     .flat_map(|(to, from, bytes, send, recv)| {
@@ -581,9 +560,9 @@ impl Prober<'_> {
         })
     }
 
-    /// The median of the ranks' `mine` that are numbers (the ranks that measured; NaN
-    /// from the others), agreed as [`Prober::agree_one`].
-    fn agree_over(&mut self, mine: f64) -> Result<f64> {
+    /// `mine` (with this rank's injected noise) all-gathered and combined the same way on
+    /// every rank; a rank that measured nothing passes NaN and is left out.
+    fn agree_one(&mut self, mine: f64, how: Agree) -> Result<f64> {
         self.index += 1;
         let noisy = mine * noise_factor(self.opts, self.comm.rank(), self.index);
         let mut all: Vec<f64> = all_gather_u64(self.comm, noisy.to_bits())?
@@ -591,23 +570,33 @@ impl Prober<'_> {
             .map(f64::from_bits)
             .filter(|v| !v.is_nan())
             .collect();
-        Ok(median(&mut all))
-    }
-
-    /// `mine` (with this rank's injected noise) all-gathered and combined the same way on
-    /// every rank.
-    fn agree_one(&mut self, mine: f64, how: Agree) -> Result<f64> {
-        self.index += 1;
-        let noisy = mine * noise_factor(self.opts, self.comm.rank(), self.index);
-        let mut all: Vec<f64> = all_gather_u64(self.comm, noisy.to_bits())?
-            .into_iter()
-            .map(f64::from_bits)
-            .collect();
         Ok(match how {
             Agree::Max => all.iter().cloned().fold(f64::NEG_INFINITY, f64::max),
             Agree::Median => median(&mut all),
         })
     }
+}
+
+/// One ring step: `bytes` of `send` to `to`, as many from `from` into `recv`.
+fn send_recv(
+    c: &Comm,
+    send: &Buffer,
+    recv: &Buffer,
+    bytes: usize,
+    to: usize,
+    from: usize,
+) -> Result<super::Work> {
+    c.submit(Request::new(
+        Op::SendRecv {
+            send: send.clone(),
+            recv: recv.clone(),
+            count: bytes,
+            dst: to,
+            src: from,
+            reduce: None,
+        },
+        DataType::U8,
+    ))
 }
 
 /// The median of `v` (the mean of the middle two for an even length; 0 when empty).
