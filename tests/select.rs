@@ -416,6 +416,18 @@ fn a_lone_crossing_latency_prices_the_flat_rings_steps_only() {
         (lone.log_step, lone.hier, lone.ho_ring),
         (all.log_step, all.hier, all.ho_ring)
     );
+    // The probe times that crossing with the node's other ranks idle: where links and
+    // cores are one resource (overlap 0) a ring's step pays the latency of every rank
+    // at work, and half the difference at overlap 0.5.
+    t.links.overlap = Some(0.0);
+    assert_eq!(estimates_on(&t, Kind::AllGather, small).ring, all.ring);
+    t.links.overlap = Some(0.5);
+    let half = estimates_on(&t, Kind::AllGather, small).ring;
+    assert!(
+        (all.ring - half - 7.0 * 30.0).abs() < 1e-6,
+        "{half} {all:?}"
+    );
+    t.links.overlap = None;
     // A topology file keeps it; a figure that is not a latency is refused.
     assert_eq!(Topology::from_json(&t.to_json()).unwrap(), t);
     t.links.lone_latency_us = Some(f64::NAN);

@@ -61,8 +61,9 @@ pub fn channel_pos(topo: &Topology, c: usize, rings: usize, rank: usize) -> usiz
 /// an exit rank sends its share through its NIC port and the rest over its intra-node
 /// port (a rank that exits no ring sends everything there), so the step takes the longer of the two, each with its
 /// latency (with one ring, the inter-node one of a lone crossing,
-/// [`super::Links::lone_latency_us`], where measured). One node (or one rank per node): the classic `α + bytes / β` of the
-/// slowest link class.
+/// [`super::Links::lone_latency_us`], where measured, as far as the links run apart
+/// from the cores: [`super::Links::overlap`]). One node (or one rank per node): the
+/// classic `α + bytes / β` of the slowest link class.
 pub fn ring_step_us(topo: &Topology, bytes: f64) -> f64 {
     let links = &topo.links;
     let k = topo.ranks_per_node().max(1);
@@ -83,9 +84,16 @@ pub fn ring_step_us(topo: &Topology, bytes: f64) -> f64 {
     let rings = ring_channels(topo) as f64;
     let port = (links.nics_per_node / k).max(1) as f64 * links.nic_bandwidth_gbs * 1e3;
     // One ring: one rank per node crosses at a time (the probe's lone latency, where
-    // it measured one).
+    // it measured one). The probe times that crossing with the node's other ranks
+    // idle; in a ring they are at work too, which costs the crossing nothing only as
+    // far as links run apart from the cores (the probe's overlap): where links and
+    // cores are one resource (overlap 0: one host, an unshaped cluster), a step pays
+    // the latency of every rank at work.
     let latency = match links.lone_latency_us {
-        Some(l) if rings == 1.0 => l,
+        Some(l) if rings == 1.0 => {
+            let o = links.overlap.unwrap_or(1.0);
+            o * l + (1.0 - o) * links.inter_node.latency_us
+        }
         _ => links.inter_node.latency_us,
     };
     let inter = latency + bytes / rings / port;
