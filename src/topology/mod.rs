@@ -199,7 +199,9 @@ pub struct Links {
     /// the node's other ranks wait, as a flat ring's exit rank does; `inter_node`'s
     /// latency is that of every rank crossing at once (a hierarchical stage). Measured by
     /// the link probe, where hosts and their network stack are shared by a node's ranks;
-    /// `None` (presets): the same as `inter_node`'s.
+    /// the model uses it as far as the links run apart from the cores ([`Links::overlap`]:
+    /// a ring's other ranks are at work, not waiting). `None` (presets): the same as
+    /// `inter_node`'s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lone_latency_us: Option<f64>,
 }
