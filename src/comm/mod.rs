@@ -318,6 +318,7 @@ impl Comm {
             tracing::debug!(rank = core.rank(), op = req.op.name(), algo = choice.algo.name(), reason = %choice.reason, "dispatch");
             let deps = req.deps.clone();
             let is_send = matches!(req.op, Op::Send { .. });
+            let empty = !req.op.has_bytes();
             // A grouped send/recv on host memory joins the group's one exchange.
             let p2p = (matches!(req.op, Op::Send { .. } | Op::Recv { .. })
                 && req.op.device().is_none())
@@ -412,6 +413,7 @@ impl Comm {
                     call,
                     p2p,
                     is_launch,
+                    empty,
                 );
             } else {
                 core.push(deps, job, work.clone())?;

@@ -5,7 +5,10 @@
 //! collectives run in submission order, then the group's host sends and receives all
 //! together, as one exchange ([`super::native::exchange`]): like NCCL's, a group's
 //! point-to-point calls may form any pattern (rings, all-to-all, both directions) of
-//! any size without deadlock, and never cross the messages of its collectives.
+//! any size without deadlock, and never cross the messages of its collectives. An empty
+//! call (no byte on any buffer) beside launched calls of its communicator is completed
+//! by the group itself, once, so the share stays launched (the link probe's zero-byte
+//! partner class on a device transport).
 
 #![forbid(unsafe_code)]
 
@@ -30,6 +33,10 @@ struct Pending {
     /// A launched device call ([`crate::comm::ordered`]): run on the thread that ends
     /// the group, never queued on a stream thread.
     launch: bool,
+    /// A call with no byte on any buffer (count 0 on every rank, as its peers'): nothing
+    /// to move. Beside launched calls of its communicator it is completed by the group
+    /// ([`empties_done`]) and leaves the share launched.
+    empty: bool,
 }
 
 thread_local! {
@@ -123,7 +130,17 @@ fn group_end_jobs() -> Result<()> {
     let mut inline: Vec<(CommCore, Job, Vec<Work>)> = Vec::new();
     let mut outer: Option<CommCore> = None;
     for (comm, items) in per_comm {
-        let launch = items.iter().all(|p| p.launch);
+        // Empty calls (no byte anywhere: nothing to move, nothing to stage) beside
+        // launched ones, e.g. a zero-byte partner of a launched send, are completed here,
+        // once for every caller, instead of making the share a host one that only a
+        // stream thread would run after the group's end.
+        let launched = items.iter().any(|p| p.launch);
+        let (empties, items): (Vec<Pending>, Vec<Pending>) = if launched {
+            items.into_iter().partition(|p| p.empty && !p.launch)
+        } else {
+            (Vec::new(), items)
+        };
+        let launch = launched && items.iter().all(|p| p.launch);
         let share = Share {
             deps: items.iter().flat_map(|p| p.deps.iter().cloned()).collect(),
             works: items.iter().map(|p| p.work.clone()).collect(),
@@ -136,6 +153,7 @@ fn group_end_jobs() -> Result<()> {
         } else {
             host_group(comm.clone(), items, &share)
         };
+        let job = empties_done(&comm, job, empties);
         if launch {
             if outer.is_none() {
                 outer = Some(comm.clone());
@@ -187,6 +205,34 @@ fn group_end_jobs() -> Result<()> {
         None => run()?,
     }
     first
+}
+
+/// `job` (a communicator's share of a group), then the share's empty calls completed
+/// with its outcome: each once its own dependencies are (at once when they are done, so
+/// the share stays launch-only; otherwise on the communicator's stream, which waits for
+/// them there, never on the launching thread).
+fn empties_done(c: &CommCore, job: Job, empties: Vec<Pending>) -> Job {
+    if empties.is_empty() {
+        return job;
+    }
+    let c = c.clone();
+    Box::new(move || {
+        let r = job();
+        for p in empties {
+            match &r {
+                Err(e) => p.work.complete(Err(e.clone())),
+                Ok(()) if p.deps.iter().all(Work::is_done) => {
+                    let timeout = c.timeout();
+                    p.work.complete(super::stream::wait_deps(&p.deps, timeout));
+                }
+                Ok(()) => {
+                    // A failed push completes the work with its error.
+                    let _ = c.push(p.deps, Box::new(|| Ok(())), p.work);
+                }
+            }
+        }
+        r
+    })
 }
 
 /// What one communicator's share of a group waits for and checks first.
@@ -314,7 +360,8 @@ pub fn in_group() -> bool {
 
 /// Hold a submission until the group ends.
 /// `fusable`: a native call on device buffers (may run inside a vendor group);
-/// `call`: its description for mismatch detection ([`super::mismatch`]), when on.
+/// `call`: its description for mismatch detection ([`super::mismatch`]), when on;
+/// `empty`: no buffer of the call has a byte.
 pub(crate) fn hold(
     comm: CommCore,
     deps: Vec<Work>,
@@ -325,6 +372,7 @@ pub(crate) fn hold(
     call: Option<String>,
     p2p: Option<Op>,
     launch: bool,
+    empty: bool,
 ) {
     GROUP.with(|g| {
         g.borrow_mut().1.push(Pending {
@@ -337,6 +385,7 @@ pub(crate) fn hold(
             call,
             p2p,
             launch,
+            empty,
         })
     });
 }
