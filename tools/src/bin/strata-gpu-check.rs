@@ -7,9 +7,15 @@
 //! into poisoned buffers with guard bytes, at misaligned offsets too, and must equal the
 //! CPU bytes exactly (docs/quantization.md lists no exception); guards must stay intact.
 //!
-//! Timing: CUDA events around each launch after warm-up, the median of `-n` runs, beside
-//! the median of a device-to-device copy of the kernel's input bytes in the same run;
-//! GB/s count bytes read + written. The table comes last.
+//! Timing: CUDA events around each launch after warm-up, the median of `-n` runs (the
+//! launches queued behind large copies, so the host's launch time is not counted), beside
+//! a device-to-device copy of the kernel's input bytes in the same run; GB/s count bytes
+//! read + written. Per kernel: the roofline (its bytes at the copy's rate) and, where
+//! `python3` imports torch with CUDA, the same kernel in PyTorch under `torch.compile`
+//! (scripts/kernels-compiled.py, same run), then a summary line `worst: R of roofline
+//! (KERNEL); slowest vs torch.compile: C (KERNEL)`; then the launch-bound end, 64 Ki to
+//! 4 Mi elements. `--tune` re-runs this executable with `--bench-only` once per
+//! `STRATA_KERNEL_GEOMETRY=E,T` and prints the best geometry (docs/gpu.md).
 //!
 //! Run by `scripts/gpu-check` on a GPU machine (prebuilt: `cargo build --release
 //! -p strata-tools --features cuda --bin strata-gpu-check`). Exit status 1 when any
@@ -639,12 +645,34 @@ fn check_errors(ck: &mut Checker) -> Result<()> {
     Ok(())
 }
 
+/// One timed kernel beside a device-to-device copy timed in the same run.
 struct Row {
     name: String,
     read: usize,
     written: usize,
     kernel_us: f64,
+    /// Bytes of the copy timed beside the kernel (its input; a dequantizer's output).
+    copy_bytes: usize,
     copy_us: f64,
+}
+
+impl Row {
+    /// The kernel's GB/s: (read + written) / time.
+    fn gbs(&self) -> f64 {
+        (self.read + self.written) as f64 / self.kernel_us / 1e3
+    }
+    /// The copy's GB/s: it reads and writes `copy_bytes`.
+    fn copy_gbs(&self) -> f64 {
+        2.0 * self.copy_bytes as f64 / self.copy_us / 1e3
+    }
+    /// The kernel's bytes at the copy's rate: the time of a kernel at the memory bound.
+    fn roofline_us(&self) -> f64 {
+        (self.read + self.written) as f64 * self.copy_us / (2.0 * self.copy_bytes as f64)
+    }
+    /// roofline / time: 1 at the copy's rate.
+    fn of_roofline(&self) -> f64 {
+        self.roofline_us() / self.kernel_us
+    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -652,153 +680,740 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// Median over `iters` launches (after `warm` warm-up launches) of `f`, in microseconds,
-/// each timed with its own pair of CUDA events.
-fn time(
-    stream: &Arc<CudaStream>,
+/// Bytes of each copy that keeps the GPU busy while a timed batch is queued.
+const FILL_BYTES: usize = 256 << 20;
+
+/// Times launches on the default stream: `warm` warm-up launches, then `iters` launches
+/// each between its own pair of CUDA events, all queued behind a few large copies (so the
+/// host's launch time never leaves the GPU idle between the events), the median in
+/// microseconds. Copies of a given size are timed once (cached).
+struct Timer {
+    st: Arc<CudaStream>,
     warm: usize,
     iters: usize,
-    mut f: impl FnMut() -> Result<()>,
-) -> Result<f64> {
-    for _ in 0..warm {
-        f()?;
-    }
-    stream.synchronize().map_err(dev)?;
-    let mut t = Vec::with_capacity(iters);
-    for _ in 0..iters {
-        let a = stream
-            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-            .map_err(dev)?;
-        f()?;
-        let b = stream
-            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
-            .map_err(dev)?;
-        t.push(a.elapsed_ms(&b).map_err(dev)? as f64 * 1000.0);
-    }
-    Ok(median(t))
+    fill: (CudaSlice<u8>, CudaSlice<u8>),
+    copies: std::collections::HashMap<usize, f64>,
 }
 
+impl Timer {
+    fn new(ctx: &Arc<CudaContext>, warm: usize, iters: usize) -> Result<Timer> {
+        let st = ctx.default_stream();
+        let fill = (
+            st.alloc_zeros::<u8>(FILL_BYTES).map_err(dev)?,
+            st.alloc_zeros::<u8>(FILL_BYTES).map_err(dev)?,
+        );
+        Ok(Timer {
+            st,
+            warm,
+            iters,
+            fill,
+            copies: Default::default(),
+        })
+    }
+
+    fn time(&mut self, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
+        let st = self.st.clone();
+        for _ in 0..self.warm {
+            f()?;
+        }
+        st.synchronize().map_err(dev)?;
+        let ctx = st.context();
+        let mut ev = Vec::with_capacity(self.iters);
+        for _ in 0..self.iters {
+            ev.push((
+                ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+                    .map_err(dev)?,
+                ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+                    .map_err(dev)?,
+            ));
+        }
+        // About 0.1 ms each on an H100/H200: covers ~12 us of host time per launch.
+        for _ in 0..self.iters / 8 + 1 {
+            let (a, b) = &mut self.fill;
+            st.memcpy_dtod(&*a, b).map_err(dev)?;
+        }
+        for (a, b) in &ev {
+            a.record(&st).map_err(dev)?;
+            f()?;
+            b.record(&st).map_err(dev)?;
+        }
+        st.synchronize().map_err(dev)?;
+        let mut t = Vec::with_capacity(self.iters);
+        for (a, b) in &ev {
+            t.push(a.elapsed_ms(b).map_err(dev)? as f64 * 1000.0);
+        }
+        Ok(median(t))
+    }
+
+    /// The time of a device-to-device copy of `bytes`.
+    fn copy(&mut self, bytes: usize) -> Result<f64> {
+        if let Some(t) = self.copies.get(&bytes) {
+            return Ok(*t);
+        }
+        let st = self.st.clone();
+        let a = st.alloc_zeros::<u8>(bytes.max(1)).map_err(dev)?;
+        let mut b = st.alloc_zeros::<u8>(bytes.max(1)).map_err(dev)?;
+        let t = self.time(|| st.memcpy_dtod(&a, &mut b).map_err(dev))?;
+        self.copies.insert(bytes, t);
+        Ok(t)
+    }
+}
+
+/// The f32 values `host` (at least n) converted to `dt`, as bytes.
+fn typed(host: &[u8], n: usize, dt: DataType) -> Vec<u8> {
+    if dt == DataType::F32 {
+        return host[..n * 4].to_vec();
+    }
+    let mut v = vec![0u8; n * dt.size()];
+    for i in 0..n {
+        dt.set(&mut v, i, DataType::F32.get(host, i));
+    }
+    v
+}
+
+/// qgZ's middle hop as benched: k = 8 local senders, each 4 slices (one per node) of
+/// n/32 elements, real packed data. Returns the row (timed).
+fn bench_drq(
+    st: &Arc<CudaStream>,
+    gpu: &GpuQuant,
+    tm: &mut Timer,
+    s: QuantSpec,
+    host: &[u8],
+    n: usize,
+) -> Result<Row> {
+    let m = n / 32;
+    let per = s.packed_len(m) * 4;
+    let mut q = vec![0u8; s.packed_len(m)];
+    cpu::quantize(s, DataType::F32, &host[..m * 4], &mut q)?;
+    let rep: Vec<u8> = q.iter().copied().cycle().take(8 * per).collect();
+    let ins = st.clone_htod(&rep).map_err(dev)?;
+    let mut out = st.alloc_zeros::<u8>(per).map_err(dev)?;
+    let t = tm.time(|| gpu.dequant_reduce_quant(st, s, &ins, 8, m, 4, &mut out))?;
+    Ok(Row {
+        name: format!("dequant_reduce_quant k8 x4 q{} b{}", s.bits, s.block),
+        read: 8 * per,
+        written: per,
+        kernel_us: t,
+        copy_bytes: 8 * per,
+        copy_us: tm.copy(8 * per)?,
+    })
+}
+
+/// The main rows: every kernel at n elements. Names are what scripts/kernels-compiled.py
+/// prints (keep them in step).
 fn bench(
     ctx: &Arc<CudaContext>,
     gpu: &GpuQuant,
     rng: &mut Rng,
     n: usize,
-    warm: usize,
-    iters: usize,
+    tm: &mut Timer,
 ) -> Result<Vec<Row>> {
     let st = ctx.default_stream();
     let mut rows = Vec::new();
     // Random f32 values, then the other types and the packed inputs from them.
     let host = values(rng, n, DataType::F32, false);
-    let mut copy_cache: std::collections::HashMap<usize, f64> = std::collections::HashMap::new();
-    let mut copy_time = |bytes: usize| -> Result<f64> {
-        if let Some(t) = copy_cache.get(&bytes) {
-            return Ok(*t);
-        }
-        let a = st.alloc_zeros::<u8>(bytes).map_err(dev)?;
-        let mut b = st.alloc_zeros::<u8>(bytes).map_err(dev)?;
-        let t = time(&st, warm, iters, || st.memcpy_dtod(&a, &mut b).map_err(dev))?;
-        copy_cache.insert(bytes, t);
-        Ok(t)
-    };
+    let srcs: Vec<(DataType, Vec<u8>)> = [DataType::F32, DataType::BF16, DataType::F16]
+        .into_iter()
+        .map(|dt| (dt, typed(&host, n, dt)))
+        .collect();
     for &(bits, block) in &[(8u32, 2048usize), (4, 2048), (8, 256)] {
         let s = spec(bits, block);
         let pl = s.packed_len(n);
-        for dt in [DataType::F32, DataType::BF16, DataType::F16] {
-            let mut src = vec![0u8; n * dt.size()];
-            for i in 0..n {
-                dt.set(&mut src, i, DataType::F32.get(&host, i));
-            }
-            let d_src = st.clone_htod(&src).map_err(dev)?;
+        for (dt, src) in &srcs {
+            let dt = *dt;
+            let d_src = st.clone_htod(src).map_err(dev)?;
             let mut d_q = st.alloc_zeros::<u8>(pl).map_err(dev)?;
             let mut d_out = st.alloc_zeros::<u8>(n * dt.size()).map_err(dev)?;
-            let t = time(&st, warm, iters, || {
-                gpu.quantize(&st, s, dt, &d_src, &mut d_q)
-            })?;
+            let t = tm.time(|| gpu.quantize(&st, s, dt, &d_src, &mut d_q))?;
             rows.push(Row {
                 name: format!("quantize {dt} q{bits} b{block}"),
                 read: src.len(),
                 written: pl,
                 kernel_us: t,
-                copy_us: copy_time(src.len())?,
+                copy_bytes: src.len(),
+                copy_us: tm.copy(src.len())?,
             });
             // qgZ first hop on nodes:4x8 with 2 pipeline stages.
             let sw = cpu::swizzled_len(s, n / 32, 4, 8, 2);
             let mut d_sw = st.alloc_zeros::<u8>(sw).map_err(dev)?;
             let sub = d_src.slice(0..32 * (n / 32) * dt.size());
-            let t = time(&st, warm, iters, || {
-                gpu.swizzled_quantize(&st, s, dt, &sub, n / 32, 4, 8, 2, &mut d_sw)
-            })?;
+            let t =
+                tm.time(|| gpu.swizzled_quantize(&st, s, dt, &sub, n / 32, 4, 8, 2, &mut d_sw))?;
+            let bytes = 32 * (n / 32) * dt.size();
             rows.push(Row {
                 name: format!("swizzled_quantize 4x8x2 {dt} q{bits} b{block}"),
-                read: 32 * (n / 32) * dt.size(),
+                read: bytes,
                 written: sw,
                 kernel_us: t,
-                copy_us: copy_time(32 * (n / 32) * dt.size())?,
+                copy_bytes: bytes,
+                copy_us: tm.copy(bytes)?,
             });
-            let t = time(&st, warm, iters, || {
-                gpu.dequantize(&st, s, &d_q, n, dt, &mut d_out)
-            })?;
+            let t = tm.time(|| gpu.dequantize(&st, s, &d_q, n, dt, &mut d_out))?;
             rows.push(Row {
                 name: format!("dequantize {dt} q{bits} b{block}"),
                 read: pl,
                 written: n * dt.size(),
                 kernel_us: t,
-                copy_us: copy_time(n * dt.size())?,
+                copy_bytes: n * dt.size(),
+                copy_us: tm.copy(n * dt.size())?,
             });
             // qgZ last step: k = 4 nodes' slices of n/4 elements, avg.
             let m = n / 4;
             let one = s.packed_len(m);
             let mut ins = st.alloc_zeros::<u8>(4 * one).map_err(dev)?;
             let mut d_red = st.alloc_zeros::<u8>(m * dt.size()).map_err(dev)?;
-            {
-                // Fill the inputs with real packed data (quantized copies of the source).
-                let mut q = vec![0u8; one];
-                cpu::quantize(s, dt, &src[..m * dt.size()], &mut q)?;
-                let rep: Vec<u8> = q.iter().copied().cycle().take(4 * one).collect();
-                st.memcpy_htod(&rep, &mut ins).map_err(dev)?;
-                let t = time(&st, warm, iters, || {
-                    gpu.dequant_reduce(&st, s, &ins, 4, m, ReduceOp::Avg, 32, dt, &mut d_red)
-                })?;
-                rows.push(Row {
-                    name: format!("dequant_reduce k4 avg {dt} q{bits} b{block}"),
-                    read: 4 * one,
-                    written: m * dt.size(),
-                    kernel_us: t,
-                    copy_us: copy_time(4 * one)?,
-                });
-            }
+            // Fill the inputs with real packed data (quantized copies of the source).
+            let mut q = vec![0u8; one];
+            cpu::quantize(s, dt, &src[..m * dt.size()], &mut q)?;
+            let rep: Vec<u8> = q.iter().copied().cycle().take(4 * one).collect();
+            st.memcpy_htod(&rep, &mut ins).map_err(dev)?;
+            let t = tm.time(|| {
+                gpu.dequant_reduce(&st, s, &ins, 4, m, ReduceOp::Avg, 32, dt, &mut d_red)
+            })?;
+            rows.push(Row {
+                name: format!("dequant_reduce k4 avg {dt} q{bits} b{block}"),
+                read: 4 * one,
+                written: m * dt.size(),
+                kernel_us: t,
+                copy_bytes: 4 * one,
+                copy_us: tm.copy(4 * one)?,
+            });
         }
-        // qgZ middle hop: k = 8 local senders, each 4 slices (one per node) of n/32.
-        let m = n / 32;
-        let per = s.packed_len(m) * 4;
-        let mut q = vec![0u8; s.packed_len(m)];
-        cpu::quantize(s, DataType::F32, &host[..m * 4], &mut q)?;
-        let rep: Vec<u8> = q.iter().copied().cycle().take(8 * per).collect();
-        let ins = st.clone_htod(&rep).map_err(dev)?;
-        let mut out = st.alloc_zeros::<u8>(per).map_err(dev)?;
-        let t = time(&st, warm, iters, || {
-            gpu.dequant_reduce_quant(&st, s, &ins, 8, m, 4, &mut out)
-        })?;
-        rows.push(Row {
-            name: format!("dequant_reduce_quant k8 x4 q{bits} b{block}"),
-            read: 8 * per,
-            written: per,
-            kernel_us: t,
-            copy_us: copy_time(8 * per)?,
-        });
+        rows.push(bench_drq(&st, gpu, tm, s, &host, n)?);
     }
     Ok(rows)
 }
 
+/// The launch-bound end: element counts of the small-size table.
+const SMALL: [usize; 4] = [1 << 16, 1 << 18, 1 << 20, 1 << 22];
+
+/// quantize f32 and bf16, dequantize bf16 and dequant_reduce_quant k8 x4, int8 block
+/// 2048, at each of `SMALL`: (elements, row).
+fn bench_small(
+    ctx: &Arc<CudaContext>,
+    gpu: &GpuQuant,
+    rng: &mut Rng,
+    tm: &mut Timer,
+) -> Result<Vec<(usize, Row)>> {
+    let st = ctx.default_stream();
+    let s = spec(8, 2048);
+    let mut rows = Vec::new();
+    for n in SMALL {
+        let host = values(rng, n, DataType::F32, false);
+        let pl = s.packed_len(n);
+        for dt in [DataType::F32, DataType::BF16] {
+            let src = typed(&host, n, dt);
+            let d_src = st.clone_htod(&src).map_err(dev)?;
+            let mut d_q = st.alloc_zeros::<u8>(pl).map_err(dev)?;
+            let t = tm.time(|| gpu.quantize(&st, s, dt, &d_src, &mut d_q))?;
+            rows.push((
+                n,
+                Row {
+                    name: format!("quantize {dt} q8 b2048"),
+                    read: src.len(),
+                    written: pl,
+                    kernel_us: t,
+                    copy_bytes: src.len(),
+                    copy_us: tm.copy(src.len())?,
+                },
+            ));
+            if dt == DataType::BF16 {
+                let mut d_out = st.alloc_zeros::<u8>(n * dt.size()).map_err(dev)?;
+                let t = tm.time(|| gpu.dequantize(&st, s, &d_q, n, dt, &mut d_out))?;
+                rows.push((
+                    n,
+                    Row {
+                        name: format!("dequantize {dt} q8 b2048"),
+                        read: pl,
+                        written: n * dt.size(),
+                        kernel_us: t,
+                        copy_bytes: n * dt.size(),
+                        copy_us: tm.copy(n * dt.size())?,
+                    },
+                ));
+            }
+        }
+        rows.push((n, bench_drq(&st, gpu, tm, s, &host, n)?));
+    }
+    Ok(rows)
+}
+
+// ------------------------------------------------------------------ child processes
+
+/// What a child process did: its exit status (None: killed at the timeout), its stdout,
+/// its stderr when captured, and its seconds.
+struct Ran {
+    status: Option<std::process::ExitStatus>,
+    stdout: String,
+    stderr: String,
+    secs: f64,
+}
+
+impl Ran {
+    fn ok(&self) -> bool {
+        self.status.is_some_and(|s| s.success())
+    }
+    /// Why it failed, in one line: the exit status or the timeout, and stderr's last line.
+    fn why(&self) -> String {
+        let how = match self.status {
+            None => format!("timed out after {:.0} s", self.secs),
+            Some(s) => format!("{s}"),
+        };
+        match self.stderr.lines().rev().find(|l| !l.trim().is_empty()) {
+            Some(l) => format!("{how}: {}", l.trim().chars().take(160).collect::<String>()),
+            None => how,
+        }
+    }
+}
+
+/// Reads a child's pipe on a thread of its own, chunk by chunk (a grandchild that keeps
+/// the pipe open must not hang the check: the caller takes what came by a deadline).
+fn drain<R: std::io::Read + Send + 'static>(
+    r: Option<R>,
+) -> Option<std::sync::mpsc::Receiver<Vec<u8>>> {
+    let mut r = r?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut b = vec![0u8; 1 << 16];
+        while let Ok(k) = r.read(&mut b) {
+            if k == 0 || tx.send(b[..k].to_vec()).is_err() {
+                break;
+            }
+        }
+    });
+    Some(rx)
+}
+
+/// What came through a pipe until it closed or until `deadline`.
+fn collect(rx: Option<std::sync::mpsc::Receiver<Vec<u8>>>, deadline: std::time::Instant) -> String {
+    let mut b = Vec::new();
+    if let Some(rx) = rx {
+        while let Ok(c) =
+            rx.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now()))
+        {
+            b.extend(c);
+        }
+    }
+    String::from_utf8_lossy(&b).into_owned()
+}
+
+/// Runs `cmd` (stdin closed, stdout captured, stderr captured or passed through), killing
+/// it after `timeout`.
+fn run_child(
+    mut cmd: std::process::Command,
+    timeout: std::time::Duration,
+    capture_stderr: bool,
+) -> std::io::Result<Ran> {
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped());
+    cmd.stderr(if capture_stderr {
+        Stdio::piped()
+    } else {
+        Stdio::inherit()
+    });
+    let t0 = Instant::now();
+    let mut child = cmd.spawn()?;
+    let (out, err) = (drain(child.stdout.take()), drain(child.stderr.take()));
+    let status = loop {
+        if let Some(s) = child.try_wait()? {
+            break Some(s);
+        }
+        if t0.elapsed() >= timeout {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let secs = t0.elapsed().as_secs_f64();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    Ok(Ran {
+        status,
+        stdout: collect(out, deadline),
+        stderr: collect(err, deadline),
+        secs,
+    })
+}
+
+// ------------------------------------------------------------------ torch.compile
+
+/// The script that writes the kernels in PyTorch and times them compiled: the path in
+/// `STRATA_KERNELS_COMPILED`, else `scripts/kernels-compiled.py` under the working
+/// directory or under a folder above this executable (target/release/, gpu-bundle/).
+fn compiled_script() -> Option<std::path::PathBuf> {
+    if let Some(p) = std::env::var_os("STRATA_KERNELS_COMPILED") {
+        return Some(p.into());
+    }
+    let rel = std::path::Path::new("scripts/kernels-compiled.py");
+    let mut dirs: Vec<std::path::PathBuf> = std::env::current_dir().into_iter().collect();
+    if let Ok(exe) = std::env::current_exe() {
+        dirs.extend(exe.ancestors().skip(1).map(|d| d.to_path_buf()));
+    }
+    dirs.into_iter().map(|d| d.join(rel)).find(|p| p.is_file())
+}
+
+/// The compiled figures, {row name, or "ROW @N" for the small sizes: us}, and a line
+/// saying where they came from or why there are none.
+fn compiled(o: &Opts) -> (std::collections::HashMap<String, f64>, String) {
+    use std::process::Command;
+    use std::time::Duration;
+    let none = std::collections::HashMap::new();
+    if o.no_compiled {
+        return (none, "not run (--no-compiled)".into());
+    }
+    let mut probe = Command::new("python3");
+    probe.args(["-c", "import torch; assert torch.cuda.is_available()"]);
+    match run_child(probe, Duration::from_secs(120), true) {
+        Ok(r) if r.ok() => {}
+        Ok(r) => {
+            return (
+                none,
+                format!("skipped: torch with CUDA is not importable ({})", r.why()),
+            )
+        }
+        Err(e) => return (none, format!("skipped: no python3 ({e})")),
+    }
+    let Some(script) = compiled_script() else {
+        return (
+            none,
+            "skipped: scripts/kernels-compiled.py not found (STRATA_KERNELS_COMPILED=path)".into(),
+        );
+    };
+    let small: Vec<String> = SMALL.iter().map(|n| n.to_string()).collect();
+    let mut cmd = Command::new("python3");
+    cmd.arg(&script).args([
+        "--elems",
+        &o.bench_n.to_string(),
+        "--small",
+        &small.join(","),
+        "--iters",
+        &o.iters.to_string(),
+        "--warmup",
+        &o.warm.to_string(),
+        "--budget",
+        &o.compiled_timeout.saturating_sub(30).max(10).to_string(),
+    ]);
+    println!(
+        "\ntorch.compile: {} (timeout {} s; its diagnostics on stderr) ...",
+        script.display(),
+        o.compiled_timeout
+    );
+    let r = match run_child(cmd, Duration::from_secs(o.compiled_timeout), false) {
+        Ok(r) => r,
+        Err(e) => {
+            return (
+                none,
+                format!("skipped: {} did not start ({e})", script.display()),
+            )
+        }
+    };
+    if !r.ok() {
+        return (none, format!("failed: {}", r.why()));
+    }
+    let last = r.stdout.lines().rev().find(|l| !l.trim().is_empty());
+    let map: serde_json::Map<String, serde_json::Value> = match last.map(serde_json::from_str) {
+        Some(Ok(m)) => m,
+        _ => return (none, "failed: its output was not one JSON object".into()),
+    };
+    let figures: std::collections::HashMap<String, f64> = map
+        .into_iter()
+        .filter_map(|(k, v)| Some((k, v.as_f64()?)))
+        .collect();
+    let why = format!(
+        "{} rows from torch.compile in {:.0} s",
+        figures.len(),
+        r.secs
+    );
+    (figures, why)
+}
+
+fn opt_us(v: Option<f64>) -> String {
+    v.map_or("-".into(), |v| format!("{v:.1}"))
+}
+
+fn opt_ratio(v: Option<f64>) -> String {
+    v.map_or("-".into(), |v| format!("{v:.2}"))
+}
+
+/// The main table, then the summary line (its format is what scripts/gpu-all reads):
+/// `worst: R of roofline (KERNEL); slowest vs torch.compile: C (KERNEL)`, C = compiled /
+/// strata, `-` and the reason in parentheses where there are no compiled figures.
+fn print_main(rows: &[Row], comp: &std::collections::HashMap<String, f64>, note: &str) {
+    println!(
+        "{:<44} {:>8} {:>8} {:>9} {:>6} {:>9} {:>11} {:>11} {:>11} {:>15}",
+        "kernel",
+        "read MB",
+        "write MB",
+        "strata us",
+        "GB/s",
+        "copy GB/s",
+        "roofline us",
+        "of roofline",
+        "compiled us",
+        "compiled/strata"
+    );
+    for r in rows {
+        let c = comp.get(&r.name).copied();
+        println!(
+            "{:<44} {:>8.1} {:>8.1} {:>9.1} {:>6.0} {:>9.0} {:>11.1} {:>11.2} {:>11} {:>15}",
+            r.name,
+            r.read as f64 / 1e6,
+            r.written as f64 / 1e6,
+            r.kernel_us,
+            r.gbs(),
+            r.copy_gbs(),
+            r.roofline_us(),
+            r.of_roofline(),
+            opt_us(c),
+            opt_ratio(c.map(|c| c / r.kernel_us)),
+        );
+    }
+    let worst = rows
+        .iter()
+        .min_by(|a, b| a.of_roofline().total_cmp(&b.of_roofline()));
+    let slowest = rows
+        .iter()
+        .filter_map(|r| Some((comp.get(&r.name)? / r.kernel_us, &r.name)))
+        .min_by(|a, b| a.0.total_cmp(&b.0));
+    if let Some(w) = worst {
+        println!(
+            "worst: {:.2} of roofline ({}); slowest vs torch.compile: {}",
+            w.of_roofline(),
+            w.name,
+            match slowest {
+                Some((c, name)) => format!("{c:.2} ({name})"),
+                None => format!("- ({note})"),
+            }
+        );
+    }
+}
+
+fn print_small(rows: &[(usize, Row)], comp: &std::collections::HashMap<String, f64>) {
+    println!(
+        "{:>9} {:<36} {:>9} {:>8} {:>11} {:>11} {:>11} {:>15}",
+        "elements",
+        "kernel",
+        "strata us",
+        "copy us",
+        "roofline us",
+        "of roofline",
+        "compiled us",
+        "compiled/strata"
+    );
+    for (n, r) in rows {
+        let c = comp.get(&format!("{} @{n}", r.name)).copied();
+        println!(
+            "{:>9} {:<36} {:>9.2} {:>8.2} {:>11.2} {:>11.2} {:>11} {:>15}",
+            n,
+            r.name,
+            r.kernel_us,
+            r.copy_us,
+            r.roofline_us(),
+            r.of_roofline(),
+            c.map_or("-".into(), |v| format!("{v:.2}")),
+            opt_ratio(c.map(|c| c / r.kernel_us)),
+        );
+    }
+}
+
+// ------------------------------------------------------------------ --tune
+
+/// The variable the library reads once per process: "E,T", E elements per lane and T
+/// threads per thread block of its kernels.
+const GEOMETRY_VAR: &str = "STRATA_KERNEL_GEOMETRY";
+
+/// (name, strata us) of the main table in a `--bench-only` child's output: the name is
+/// the words before the first number, the time the third number.
+fn parse_rows(out: &str) -> Vec<(String, f64)> {
+    let mut rows = Vec::new();
+    let mut table = false;
+    for line in out.lines() {
+        if line.starts_with("bandwidth (") {
+            table = true;
+            continue;
+        }
+        if !table {
+            continue;
+        }
+        if line.trim().is_empty() || line.starts_with("worst:") {
+            break;
+        }
+        let tok: Vec<&str> = line.split_whitespace().collect();
+        let Some(i) = tok.iter().position(|t| t.parse::<f64>().is_ok()) else {
+            continue; // the header
+        };
+        if let (true, Some(Ok(us))) = (i > 0, tok.get(i + 2).map(|t| t.parse::<f64>())) {
+            rows.push((tok[..i].join(" "), us));
+        }
+    }
+    rows
+}
+
+/// Re-runs this executable with `--bench-only` once with the library's own geometry and
+/// once per geometry E x T, prints kernel x geometry -> us, the best geometry per kernel,
+/// and `best geometry: E,T: X us over K kernels (default Y us)` (the smallest sum of the
+/// kernels' times among the geometries that ran every kernel). True when every child ran.
+fn tune(o: &Opts) -> bool {
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("strata-gpu-check --tune: no path to this executable: {e}");
+            return false;
+        }
+    };
+    let mut geoms: Vec<Option<(u32, u32)>> = vec![None];
+    for e in [16, 32, 64] {
+        for t in [128, 256, 512] {
+            geoms.push(Some((e, t)));
+        }
+    }
+    let mut all_ok = true;
+    let mut names: Vec<String> = Vec::new();
+    let mut cols: Vec<(String, std::collections::HashMap<String, f64>)> = Vec::new();
+    let mut device = None;
+    for g in geoms {
+        let label = g.map_or("default".to_string(), |(e, t)| format!("{e},{t}"));
+        let mut cmd = std::process::Command::new(&exe);
+        cmd.args([
+            "--bench-only",
+            "-n",
+            &o.iters.to_string(),
+            "-w",
+            &o.warm.to_string(),
+        ])
+        .args([
+            "--seed",
+            &o.seed.to_string(),
+            "--bench-elems",
+            &o.bench_n.to_string(),
+        ]);
+        match g {
+            None => cmd.env_remove(GEOMETRY_VAR),
+            Some(_) => cmd.env(GEOMETRY_VAR, &label),
+        };
+        let rows = match run_child(cmd, std::time::Duration::from_secs(90), true) {
+            Ok(r) if r.ok() => {
+                let rows = parse_rows(&r.stdout);
+                if device.is_none() {
+                    device = r
+                        .stdout
+                        .lines()
+                        .find(|l| l.starts_with("device:"))
+                        .map(String::from);
+                }
+                eprintln!(
+                    "tune: geometry {label}: {} rows in {:.1} s",
+                    rows.len(),
+                    r.secs
+                );
+                rows
+            }
+            Ok(r) => {
+                eprintln!("tune: geometry {label}: FAILED, {}", r.why());
+                Vec::new()
+            }
+            Err(e) => {
+                eprintln!("tune: geometry {label}: did not start: {e}");
+                Vec::new()
+            }
+        };
+        all_ok &= !rows.is_empty();
+        for (n, _) in &rows {
+            if !names.contains(n) {
+                names.push(n.clone());
+            }
+        }
+        cols.push((label, rows.into_iter().collect()));
+    }
+    if let Some(d) = device {
+        println!("{d}");
+    }
+    println!(
+        "\ntune ({GEOMETRY_VAR}=E,T: E elements per lane, T threads per block; {} elements; strata us, median of {} runs; default: the variable unset):",
+        o.bench_n, o.iters
+    );
+    print!("{:<44}", "kernel");
+    for (l, _) in &cols {
+        print!(" {l:>8}");
+    }
+    println!("  best");
+    for n in &names {
+        print!("{n:<44}");
+        for (_, c) in &cols {
+            print!(" {:>8}", opt_us(c.get(n).copied()));
+        }
+        let best = cols[1..]
+            .iter()
+            .filter_map(|(l, c)| Some((l, *c.get(n)?)))
+            .min_by(|a, b| a.1.total_cmp(&b.1));
+        match best {
+            Some((l, us)) => println!("  {l} {us:.1}"),
+            None => println!("  -"),
+        }
+    }
+    let total = |c: &std::collections::HashMap<String, f64>| -> Option<f64> {
+        names.iter().map(|n| c.get(n)).sum::<Option<f64>>()
+    };
+    let default = cols.first().and_then(|(_, c)| total(c));
+    let best = cols[1..]
+        .iter()
+        .filter_map(|(l, c)| Some((l, total(c)?)))
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+        .filter(|_| !names.is_empty());
+    match best {
+        Some((l, t)) => println!(
+            "best geometry: {l}: {t:.1} us over {} kernels (default {} us)",
+            names.len(),
+            opt_us(default)
+        ),
+        None => println!("best geometry: none (no geometry ran every kernel)"),
+    }
+    all_ok
+}
+
+// ------------------------------------------------------------------ main
+
+struct Opts {
+    quick: bool,
+    no_bench: bool,
+    bench_only: bool,
+    tune: bool,
+    no_compiled: bool,
+    compiled_timeout: u64,
+    verbose: bool,
+    iters: usize,
+    warm: usize,
+    seed: u64,
+    bench_n: usize,
+}
+
+const HELP: &str = "strata-gpu-check [--quick] [--no-bench] [--bench-only] [--tune] [--no-compiled]
+                 [--compiled-timeout S] [-v] [-n ITERS] [-w WARMUP] [--seed S] [--bench-elems N]
+  (none)         every kernel against the CPU reference, then the bandwidth table (strata,
+                 torch.compile where torch with CUDA imports, the roofline of a copy) and
+                 the small sizes
+  --quick        a shorter correctness sweep, no bench; --no-bench: no bench
+  --bench-only   the main bandwidth table only (no correctness, small sizes, compiled)
+  --tune         the main table once per STRATA_KERNEL_GEOMETRY=E,T (E 16/32/64, T
+                 128/256/512; child processes of this executable), the best geometry
+  --no-compiled  no torch.compile column; --compiled-timeout S (default 180) for it
+  STRATA_KERNELS_COMPILED=path: the script (default scripts/kernels-compiled.py)";
+
 fn main() {
-    let mut quick = false;
-    let mut no_bench = false;
-    let mut verbose = false;
-    let mut iters = 50usize;
-    let mut warm = 5usize;
-    let mut seed = 0x5EED_u64;
-    let mut bench_n = 1usize << 26;
+    let mut o = Opts {
+        quick: false,
+        no_bench: false,
+        bench_only: false,
+        tune: false,
+        no_compiled: false,
+        compiled_timeout: 180,
+        verbose: false,
+        iters: 50,
+        warm: 5,
+        seed: 0x5EED,
+        bench_n: 1 << 26,
+    };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut num = |what: &str| -> usize {
@@ -807,15 +1422,19 @@ fn main() {
                 .unwrap_or_else(|| panic!("{what} needs a number"))
         };
         match a.as_str() {
-            "--quick" => quick = true,
-            "--no-bench" => no_bench = true,
-            "-v" | "--verbose" => verbose = true,
-            "-n" => iters = num("-n").max(1),
-            "-w" => warm = num("-w"),
-            "--seed" => seed = num("--seed") as u64,
-            "--bench-elems" => bench_n = num("--bench-elems").max(1024),
+            "--quick" => o.quick = true,
+            "--no-bench" => o.no_bench = true,
+            "--bench-only" => o.bench_only = true,
+            "--tune" => o.tune = true,
+            "--no-compiled" => o.no_compiled = true,
+            "--compiled-timeout" => o.compiled_timeout = num("--compiled-timeout").max(1) as u64,
+            "-v" | "--verbose" => o.verbose = true,
+            "-n" => o.iters = num("-n").max(1),
+            "-w" => o.warm = num("-w"),
+            "--seed" => o.seed = num("--seed") as u64,
+            "--bench-elems" => o.bench_n = num("--bench-elems").max(1024),
             "-h" | "--help" => {
-                println!("strata-gpu-check [--quick] [--no-bench] [-v] [-n ITERS] [-w WARMUP] [--seed S] [--bench-elems N]");
+                println!("{HELP}");
                 return;
             }
             other => {
@@ -824,7 +1443,10 @@ fn main() {
             }
         }
     }
-    match run(quick, no_bench, verbose, iters, warm, seed, bench_n) {
+    if o.tune {
+        std::process::exit(if tune(&o) { 0 } else { 1 });
+    }
+    match run(&o) {
         Ok(true) => {}
         Ok(false) => std::process::exit(1),
         Err(e) => {
@@ -834,15 +1456,7 @@ fn main() {
     }
 }
 
-fn run(
-    quick: bool,
-    no_bench: bool,
-    verbose: bool,
-    iters: usize,
-    warm: usize,
-    seed: u64,
-    bench_n: usize,
-) -> Result<bool> {
+fn run(o: &Opts) -> Result<bool> {
     let ctx = open_device(0)?;
     let name = ctx.name().unwrap_or_else(|_| "?".into());
     let t0 = std::time::Instant::now();
@@ -853,65 +1467,67 @@ fn run(
         t0.elapsed().as_secs_f64(),
         kernels_gpu::kernel_names().len()
     );
+    let seed = o.seed;
     let mut rng = Rng(seed);
     let mut ck = Checker {
         stream: ctx.default_stream(),
         gpu,
         tally: Default::default(),
-        verbose,
+        verbose: o.verbose,
     };
-    let t0 = std::time::Instant::now();
-    correctness(&mut ck, &mut rng, quick)?;
-    println!(
-        "\ncorrectness against the CPU reference ({:.1} s, seed {seed:#x}):",
-        t0.elapsed().as_secs_f64()
-    );
-    println!(
-        "{:<24} {:>7} {:>7} {:>14}",
-        "kernel", "cases", "failed", "max |diff|"
-    );
     let mut ok = true;
-    for (k, t) in &ck.tally {
+    if !o.bench_only {
+        let t0 = std::time::Instant::now();
+        correctness(&mut ck, &mut rng, o.quick)?;
         println!(
-            "{:<24} {:>7} {:>7} {:>14e}",
-            k, t.cases, t.failed, t.max_diff
+            "\ncorrectness against the CPU reference ({:.1} s, seed {seed:#x}):",
+            t0.elapsed().as_secs_f64()
         );
-        ok &= t.failed == 0;
-    }
-    println!(
-        "{}",
-        if ok {
-            "all outputs bitwise equal to the CPU reference"
-        } else {
-            "MISMATCHES: see above"
+        println!(
+            "{:<24} {:>7} {:>7} {:>14}",
+            "kernel", "cases", "failed", "max |diff|"
+        );
+        for (k, t) in &ck.tally {
+            println!(
+                "{:<24} {:>7} {:>7} {:>14e}",
+                k, t.cases, t.failed, t.max_diff
+            );
+            ok &= t.failed == 0;
         }
-    );
-    if no_bench || quick {
-        return Ok(ok);
-    }
-    let rows = bench(&ctx, &ck.gpu, &mut rng, bench_n, warm, iters)?;
-    println!(
-        "\nbandwidth ({} elements; median of {iters} runs after {warm} warm-up, CUDA events; GB/s = (read + written) / time; copy = device-to-device copy of the kernel's input bytes):",
-        bench_n
-    );
-    println!(
-        "{:<44} {:>9} {:>9} {:>10} {:>8} {:>10} {:>9} {:>6}",
-        "kernel", "read MB", "write MB", "time us", "GB/s", "copy us", "copy GB/s", "ratio"
-    );
-    for r in rows {
-        let gbs = (r.read + r.written) as f64 / r.kernel_us / 1e3;
-        let copy = 2.0 * r.read as f64 / r.copy_us / 1e3;
         println!(
-            "{:<44} {:>9.1} {:>9.1} {:>10.1} {:>8.0} {:>10.1} {:>9.0} {:>6.2}",
-            r.name,
-            r.read as f64 / 1e6,
-            r.written as f64 / 1e6,
-            r.kernel_us,
-            gbs,
-            r.copy_us,
-            copy,
-            gbs / copy
+            "{}",
+            if ok {
+                "all outputs bitwise equal to the CPU reference"
+            } else {
+                "MISMATCHES: see above"
+            }
         );
+        if o.no_bench || o.quick {
+            return Ok(ok);
+        }
+    }
+    let (iters, warm) = (o.iters, o.warm);
+    let mut tm = Timer::new(&ctx, warm, iters)?;
+    let rows = bench(&ctx, &ck.gpu, &mut rng, o.bench_n, &mut tm)?;
+    let small = if o.bench_only {
+        Vec::new()
+    } else {
+        bench_small(&ctx, &ck.gpu, &mut rng, &mut tm)?
+    };
+    drop(tm); // its buffers: torch.compile's process has the GPU next
+    let (comp, note) = if o.bench_only {
+        (Default::default(), "not run (--bench-only)".to_string())
+    } else {
+        compiled(o)
+    };
+    println!(
+        "\nbandwidth ({} elements; median of {iters} runs after {warm} warm-up, CUDA events, queued; GB/s = (read + written) / time; copy GB/s: a device-to-device copy of the kernel's input (a dequantizer's output) in the same run; roofline us = (read + written) / copy GB/s; compiled: the kernel in PyTorch under torch.compile, same bytes, same run ({note}); compiled/strata > 1: strata faster):",
+        o.bench_n
+    );
+    print_main(&rows, &comp, &note);
+    if !small.is_empty() {
+        println!("\nsmall sizes (int8, block 2048; us; the same timing and copy):");
+        print_small(&small, &comp);
     }
     Ok(ok)
 }
