@@ -22,13 +22,16 @@
 //   * one *group* of `gs` threads (a power of two, 1..512, chosen by the host from the
 //     block size) quantizes one quantization block; groups of <= one warp reduce amax
 //     with xor shuffles, larger groups add one shared-memory step;
-//   * each thread handles *chunks* of CH elements whose codes fill 16 bytes
-//     (CH = 16 for int8, 32 for int4): one 16-byte code load/store per chunk and 16-byte
-//     element loads/stores, when the block's addresses are 16-byte aligned and the chunk
-//     is full; otherwise the same arithmetic element by element;
-//   * the first K = 32/CH chunks of a thread stay in registers between the amax pass and
-//     the quantize pass, so blocks of up to 32*gs elements (16384 with gs = 512) are
-//     read from memory once; larger blocks re-read their tail (from L2, usually);
+//   * the group's lanes take *vectors* of EPV elements whose input is 16 bytes (f32: 4,
+//     f16/bf16: 8, packed int8 codes: 16, int4: 32); lane t holds vectors t, t + gs,
+//     t + 2gs, ... (V = STRATA_LANE_ELEMS / EPV of them, 64 elements by default) in
+//     registers, so each load instruction of a warp reads one contiguous run of 16-byte
+//     vectors and all of a lane's loads are issued before the block's amax reduction;
+//     codes go out as one 2/4/8/16-byte store per vector, contiguous across the warp;
+//   * blocks of up to gs * V * EPV elements (the host sizes gs for it: 2048 elements
+//     take one warp) are read from memory once; larger blocks re-read what does not fit
+//     (from L2, usually); a vector that is partial or not 16-byte aligned takes the same
+//     arithmetic element by element;
 //   * a grid-stride loop over groups bounds the grid; the host never launches an empty
 //     grid for a non-empty problem, and rejects invalid specs before launching.
 //
@@ -255,27 +258,30 @@ STRATA_DEV void strata_store_scale(strata_u8* p, float s) {
 // Codes.
 // ---------------------------------------------------------------------------------
 template <int BITS> struct StrataCodes {
-  // Elements per chunk: the codes of one chunk fill 16 bytes.
-  static const int CH = BITS == 8 ? 16 : 32;
-  // Chunks per thread kept in registers between the amax and the quantize passes.
-  static const int K = 32 / CH;
   static const int QMAX = BITS == 8 ? 127 : 7;
 
   // Byte offset of element e's code (e even when BITS == 4).
   STRATA_DEV static strata_u64 offset(strata_u64 e) { return BITS == 8 ? e : e / 2; }
   STRATA_DEV static strata_u64 bytes(strata_u64 n) { return BITS == 8 ? n : (n + 1) / 2; }
 
-  // A chunk's codes travel as four 32-bit words (16 bytes, little-endian): element j's
-  // code is byte j (int8) or nibble j (int4) of them. Working on words, not on CH ints,
-  // keeps register pressure low.
+  // The codes of one vector (EPV elements, NB = EPV * BITS / 8 bytes: 2, 4, 8 or 16)
+  // travel as up to four 32-bit words, little-endian: element j's code is byte j (int8)
+  // or nibble j (int4) of them. Working on words, not on EPV ints, keeps register
+  // pressure low.
 
-  // Code j of a chunk, sign-extended.
-  STRATA_DEV static int code(const unsigned int (&w)[4], int j) {
-    if (BITS == 8) return ((int)(w[j >> 2] << (24 - 8 * (j & 3)))) >> 24;
-    return ((int)(w[j >> 3] << (28 - 4 * (j & 7)))) >> 28;
+  // Code j as an f32, exactly, from words whose codes had their sign bit flipped
+  // (flip(w)): code + 2^(BITS-1) is then an unsigned field, placed under the exponent of
+  // 1.5 * 2^23 and subtracted back (two full-rate operations instead of a conversion).
+  STRATA_DEV static unsigned int flip(unsigned int w) {
+    return w ^ (BITS == 8 ? 0x80808080u : 0x88888888u);
+  }
+  STRATA_DEV static float value(const unsigned int (&wx)[4], int j) {
+    const unsigned int f = BITS == 8 ? (wx[j >> 2] >> (8 * (j & 3))) & 0xffu
+                                     : (wx[j >> 3] >> (4 * (j & 7))) & 0xfu;
+    return __uint_as_float(0x4b400000u | f) - (BITS == 8 ? 12583040.0f : 12582920.0f);
   }
 
-  // Adds code q (already clamped) of element j into the words.
+  // Adds code q (already clamped; only its low BITS bits are used) of element j.
   STRATA_DEV static void put(unsigned int (&w)[4], int j, int q) {
     if (BITS == 8)
       w[j >> 2] |= ((unsigned int)q & 0xffu) << (8 * (j & 3));
@@ -283,53 +289,105 @@ template <int BITS> struct StrataCodes {
       w[j >> 3] |= ((unsigned int)q & 0xfu) << (4 * (j & 7));
   }
 
-  // The code words of a chunk of cnt elements at c: one 16-byte load when `vec` (c
-  // 16-byte aligned, full chunk), else byte loads of the chunk's code bytes (a padding
-  // nibble is read as stored and ignored by the caller, as the CPU does).
-  STRATA_DEV static void load(const strata_u8* c, strata_u32 cnt, bool vec, unsigned int (&w)[4]) {
-    if (vec && cnt == (strata_u32)CH) {
-      const uint4 u = *reinterpret_cast<const uint4*>(c);
-      w[0] = u.x;
-      w[1] = u.y;
-      w[2] = u.z;
-      w[3] = u.w;
+  // The code words of a vector of cnt elements at c: one NB-byte load when `full` (c
+  // aligned to 16 bytes' worth of the vector's offset, cnt == EPV), else byte loads of
+  // its code bytes (a padding nibble is read as stored and ignored by the caller, as the
+  // CPU does); words past the codes are 0.
+  template <int NB>
+  STRATA_DEV static void load(const strata_u8* c, strata_u32 cnt, bool full, unsigned int (&w)[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w[i] = 0;
+    if (full) {
+      if (NB == 16) {
+        const uint4 u = *reinterpret_cast<const uint4*>(c);
+        w[0] = u.x;
+        w[1] = u.y;
+        w[2] = u.z;
+        w[3] = u.w;
+      } else if (NB == 8) {
+        const uint2 u = *reinterpret_cast<const uint2*>(c);
+        w[0] = u.x;
+        w[1] = u.y;
+      } else if (NB == 4) {
+        w[0] = *reinterpret_cast<const unsigned int*>(c);
+      } else {
+        w[0] = *reinterpret_cast<const unsigned short*>(c);
+      }
       return;
     }
     const strata_u32 nbytes = (strata_u32)bytes(cnt);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) w[i] = 0;
-#pragma unroll
-    for (int j = 0; j < 16; ++j)
+    for (int j = 0; j < NB; ++j)
       if ((strata_u32)j < nbytes) w[j >> 2] |= (unsigned int)c[j] << (8 * (j & 3));
   }
 
-  // Stores the code words of a chunk of cnt elements at c: one 16-byte store when `vec`,
-  // else the chunk's code bytes one by one (codes of elements >= cnt must be 0 in w, so
-  // an odd slice's last high nibble is 0).
-  STRATA_DEV static void store(strata_u8* c, strata_u32 cnt, bool vec, const unsigned int (&w)[4]) {
-    if (vec && cnt == (strata_u32)CH) {
-      uint4 u;
-      u.x = w[0];
-      u.y = w[1];
-      u.z = w[2];
-      u.w = w[3];
-      *reinterpret_cast<uint4*>(c) = u;
+  // Stores the code words of a vector of cnt elements at c: one NB-byte store when
+  // `full`, else the vector's code bytes one by one (codes of elements >= cnt must be 0
+  // in w, so an odd slice's last high nibble is 0).
+  template <int NB>
+  STRATA_DEV static void store(strata_u8* c, strata_u32 cnt, bool full, const unsigned int (&w)[4]) {
+    if (full) {
+      if (NB == 16) {
+        uint4 u;
+        u.x = w[0];
+        u.y = w[1];
+        u.z = w[2];
+        u.w = w[3];
+        *reinterpret_cast<uint4*>(c) = u;
+      } else if (NB == 8) {
+        uint2 u;
+        u.x = w[0];
+        u.y = w[1];
+        *reinterpret_cast<uint2*>(c) = u;
+      } else if (NB == 4) {
+        *reinterpret_cast<unsigned int*>(c) = w[0];
+      } else {
+        *reinterpret_cast<unsigned short*>(c) = (unsigned short)w[0];
+      }
       return;
     }
     const strata_u32 nbytes = (strata_u32)bytes(cnt);
 #pragma unroll
-    for (int j = 0; j < 16; ++j)
+    for (int j = 0; j < NB; ++j)
       if ((strata_u32)j < nbytes) c[j] = (strata_u8)((w[j >> 2] >> (8 * (j & 3))) & 0xffu);
   }
+};
+
+// ---------------------------------------------------------------------------------
+// Lane geometry. A *vector* is the EPV elements whose input fits 16 bytes (f32: 4;
+// f16/bf16: 8; packed int8 codes: 16; int4: 32). Each lane of a group holds V vectors
+// of its block in registers, vectors i * gs + lane (i < V), so every load instruction
+// of a warp reads one contiguous run of 16-byte vectors, all V loads are issued before
+// the first use, and the block is read from memory once when gs * V * EPV >= block.
+// STRATA_LANE_ELEMS (elements per lane, V * EPV; a compile-time choice the host's
+// plan::Geometry mirrors) sets how many bytes each lane keeps in flight.
+// ---------------------------------------------------------------------------------
+#ifndef STRATA_LANE_ELEMS
+#define STRATA_LANE_ELEMS 64
+#endif
+
+template <int EPV> struct StrataLane {
+  static const int V = STRATA_LANE_ELEMS / EPV > 0 ? STRATA_LANE_ELEMS / EPV : 1;
+};
+
+// Dequantize-reduce holds no block in registers (no amax): a lane keeps fewer output
+// elements, a quarter of STRATA_LANE_ELEMS (plan::Geometry::deq_lane_elems), which
+// leaves room for the IEEE division of Avg without spilling.
+#define STRATA_DEQ_LANE_ELEMS (STRATA_LANE_ELEMS / 4)
+template <int EPV> struct StrataDeqLane {
+  static const int V = STRATA_DEQ_LANE_ELEMS / EPV > 0 ? STRATA_DEQ_LANE_ELEMS / EPV : 1;
 };
 
 // ---------------------------------------------------------------------------------
 // Group reduction (amax). Called by every thread of the thread block the same number of
 // times (gs is uniform over the launch), so shuffles and barriers never diverge.
 // ---------------------------------------------------------------------------------
-STRATA_DEV float strata_group_max(float v, strata_u32 gs, float* smem) {
+STRATA_DEV strata_u32 strata_group_max(strata_u32 v, strata_u32 gs, strata_u32* smem) {
   const strata_u32 lim = gs < (strata_u32)STRATA_WARP ? gs : (strata_u32)STRATA_WARP;
-  for (strata_u32 o = 1; o < lim; o <<= 1) v = fmaxf(v, STRATA_SHFL_XOR(v, o));
+  for (strata_u32 o = 1; o < lim; o <<= 1) {
+    const strata_u32 u = STRATA_SHFL_XOR(v, o);
+    v = u > v ? u : v;
+  }
   if (gs > (strata_u32)STRATA_WARP) {
     const strata_u32 warp = threadIdx.x / STRATA_WARP;
     const strata_u32 lane = threadIdx.x % STRATA_WARP;
@@ -339,16 +397,16 @@ STRATA_DEV float strata_group_max(float v, strata_u32 gs, float* smem) {
     const strata_u32 wpg = gs / STRATA_WARP;
     const strata_u32 first = (warp / wpg) * wpg;
     v = smem[first];
-    for (strata_u32 i = 1; i < wpg; ++i) v = fmaxf(v, smem[first + i]);
+    for (strata_u32 i = 1; i < wpg; ++i) v = smem[first + i] > v ? smem[first + i] : v;
   }
   return v;
 }
 
-// |x| for amax, with +inf standing for "the block holds a NaN or an infinity".
-STRATA_DEV float strata_abs_or_inf(float x) {
-  float a = fabsf(x);
-  return a <= 3.402823466e+38f ? a : __uint_as_float(0x7f800000u);
-}
+// |x| as its bits, for amax: on magnitudes (sign cleared) f32 order is unsigned integer
+// order, and every NaN and infinity is >= 0x7F800000, so the block's largest value says
+// at once whether it holds one (mode 2) and otherwise is amax itself.
+STRATA_DEV strata_u32 strata_abs_bits(float x) { return __float_as_uint(x) & 0x7fffffffu; }
+#define STRATA_INF_BITS 0x7f800000u
 
 // 2^-64 and 2^64: blocks with amax < 2^-64 are prescaled by 2^64 (exact) so that
 // qmax / amax stays finite (docs/quantization.md, "Tiny blocks").
@@ -357,12 +415,14 @@ STRATA_DEV float strata_abs_or_inf(float x) {
 
 // Quantization of one value of a finite block with amax > 0:
 // q = clamp(rint(x * inv), -qmax, qmax) (f32 multiply, round half to even), with x first
-// multiplied by 2^64 in a tiny block. |x * inv| <= qmax * (1 + 2^-22), never NaN.
-STRATA_DEV int strata_quant_one(float x, float inv, float qmax, bool tiny) {
-  const float xs = tiny ? x * STRATA_UP : x;
-  float r = rintf(xs * inv);
-  r = fminf(fmaxf(r, -qmax), qmax);
-  return (int)r;
+// multiplied by 2^64 in a tiny block (mul = 2^64, else 1: x * 1 is x exactly). Clamping
+// before rounding gives the same integer (qmax is one, rounding is monotonic); adding
+// 1.5 * 2^23 rounds |c| <= 127 to an integer half to even (the sum's ulp is 1), and the
+// low bits of the sum's encoding are the code in two's complement. Returns those bits.
+STRATA_DEV strata_u32 strata_quant_bits(float x, float mul, float inv, float qmax) {
+  const float v = (x * mul) * inv;  // |v| <= qmax * (1 + 2^-22), never NaN
+  const float c = fminf(fmaxf(v, -qmax), qmax);
+  return __float_as_uint(c + 12582912.0f);
 }
 
 // ---------------------------------------------------------------------------------
@@ -446,49 +506,130 @@ STRATA_DEV strata_u64 strata_packed_len(strata_u64 n, strata_u64 block) {
 }
 
 // ---------------------------------------------------------------------------------
-// Sources of f32 values for the shared quantize body.
+// Sources of f32 values for the shared quantize body. A source yields the vectors of
+// one block: vector q is elements [q * EPV, q * EPV + EPV) of it, zeros past m.
 // ---------------------------------------------------------------------------------
 
 // Elements of type DT of one block.
-template <int DT, int CH> struct StrataElemSource {
+template <int DT> struct StrataElemSource {
+  static const int EPV = 16 / StrataElem<DT>::size;
+  static const int V = StrataLane<EPV>::V;  // vectors a lane holds
   const strata_u8* p;  // first element of the block
   bool vec;            // p is 16-byte aligned
-  STRATA_DEV void load(strata_u32 first, strata_u32 cnt, float (&v)[CH]) const {
-    if (vec && cnt == (strata_u32)CH) {
-      strata_load_vec<DT, CH>(p + (strata_u64)first * StrataElem<DT>::size, v);
+  // One vector of cnt (1..EPV) elements starting at element `first`.
+  STRATA_DEV void load(strata_u32 first, strata_u32 cnt, float (&v)[EPV]) const {
+    if (vec && cnt == (strata_u32)EPV) {
+      strata_load_vec<DT, EPV>(p + (strata_u64)first * StrataElem<DT>::size, v);
     } else {
 #pragma unroll
-      for (int j = 0; j < CH; ++j)
+      for (int j = 0; j < EPV; ++j)
         v[j] = (strata_u32)j < cnt ? StrataElem<DT>::load(p, first + j) : 0.0f;
+    }
+  }
+  // A lane's V vectors q = q0 + i * gs (i < V) of a block of m elements. When the whole
+  // window of the group is inside the block, V unconditional 16-byte loads.
+  template <int V>
+  STRATA_DEV void load_lane(strata_u32 q0, strata_u32 window_end, strata_u32 gs, strata_u32 m,
+                            float (&v)[V][EPV]) const {
+    if (vec && window_end <= m) {
+#pragma unroll
+      for (int i = 0; i < V; ++i)
+        strata_load_vec<DT, EPV>(p + (strata_u64)(q0 + i * gs) * EPV * StrataElem<DT>::size, v[i]);
+      return;
+    }
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      const strata_u32 first = (q0 + i * gs) * EPV;
+      if (first < m) {
+        load(first, m - first < (strata_u32)EPV ? m - first : (strata_u32)EPV, v[i]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < EPV; ++j) v[i][j] = 0.0f;
+      }
     }
   }
 };
 
-// The sum over k senders, in sender order, of the dequantized values of one block.
+// The sum over k senders, in sender order, of the dequantized values of one block; a
+// vector is 16 codes.
 template <int BITS> struct StrataDeqSource {
-  static const int CH = StrataCodes<BITS>::CH;
+  static const int EPV = 16;              // 16 codes: 16 bytes (int8), 8 bytes (int4)
+  static const int NB = EPV * BITS / 8;
+  // Vectors a lane holds: half of STRATA_LANE_ELEMS (the k-sender sums and their codes
+  // share the registers; plan::Geometry::drq_lane_elems).
+  static const int V = STRATA_LANE_ELEMS / 2 / EPV > 0 ? STRATA_LANE_ELEMS / 2 / EPV : 1;
   const strata_u8* scales;  // sender 0's scale of this block
   const strata_u8* codes;   // sender 0's first code of this block
   strata_u64 stride;        // bytes between senders
   strata_u32 k;
   bool vec;                 // every sender's codes of this block are 16-byte aligned
-  STRATA_DEV void load(strata_u32 first, strata_u32 cnt, float (&v)[CH]) const {
+  STRATA_DEV void load(strata_u32 first, strata_u32 cnt, float (&v)[EPV]) const {
     const strata_u64 coff = StrataCodes<BITS>::offset(first);
+    const bool full = vec && cnt == (strata_u32)EPV;
+#pragma unroll 1
     for (strata_u32 s = 0; s < k; ++s) {
       const float scale = strata_load_scale(scales + s * stride);
-      const strata_u8* c = codes + s * stride;
       unsigned int w[4];
-      StrataCodes<BITS>::load(c + coff, cnt, vec, w);
+      StrataCodes<BITS>::template load<NB>(codes + s * stride + coff, cnt, full, w);
 #pragma unroll
-      for (int j = 0; j < CH; ++j) {
-        const float d = (float)StrataCodes<BITS>::code(w, j) * scale;  // one f32 multiply
+      for (int i = 0; i < 4; ++i) w[i] = StrataCodes<BITS>::flip(w[i]);
+#pragma unroll
+      for (int j = 0; j < EPV; ++j) {
+        const float d = StrataCodes<BITS>::value(w, j) * scale;  // one f32 multiply
         v[j] = s == 0 ? d : v[j] + d;                                   // sender order
       }
     }
-    if (cnt < (strata_u32)CH) {
+    if (cnt < (strata_u32)EPV) {
 #pragma unroll
-      for (int j = 0; j < CH; ++j)
+      for (int j = 0; j < EPV; ++j)
         if ((strata_u32)j >= cnt) v[j] = 0.0f;
+    }
+  }
+  // A lane's V vectors, as StrataElemSource::load_lane: per sender, the V code loads
+  // are issued together, then accumulated.
+  template <int V>
+  STRATA_DEV void load_lane(strata_u32 q0, strata_u32 window_end, strata_u32 gs, strata_u32 m,
+                            float (&v)[V][EPV]) const {
+    const bool all = vec && window_end <= m;
+    for (strata_u32 s = 0; s < k; ++s) {
+      const float scale = strata_load_scale(scales + s * stride);
+      const strata_u8* c = codes + s * stride;
+      unsigned int w[V][4];
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        const strata_u32 first = (q0 + i * gs) * EPV;
+        const strata_u32 cnt =
+            first < m ? (m - first < (strata_u32)EPV ? m - first : (strata_u32)EPV) : 0u;
+        if (all) {
+          StrataCodes<BITS>::template load<NB>(c + StrataCodes<BITS>::offset(first), EPV, true,
+                                               w[i]);
+        } else if (cnt > 0) {
+          StrataCodes<BITS>::template load<NB>(c + StrataCodes<BITS>::offset(first), cnt,
+                                               vec && cnt == (strata_u32)EPV, w[i]);
+        } else {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) w[i][j] = 0u;
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) w[i][j] = StrataCodes<BITS>::flip(w[i][j]);
+#pragma unroll
+        for (int j = 0; j < EPV; ++j) {
+          const float d = StrataCodes<BITS>::value(w[i], j) * scale;
+          v[i][j] = s == 0 ? d : v[i][j] + d;
+        }
+      }
+    }
+    if (!all) {  // elements past the block read as 0 (their codes may decode to NaN)
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        const strata_u32 first = (q0 + i * gs) * EPV;
+#pragma unroll
+        for (int j = 0; j < EPV; ++j)
+          if (first + (strata_u32)j >= m) v[i][j] = 0.0f;
+      }
     }
   }
 };
@@ -497,78 +638,83 @@ template <int BITS> struct StrataDeqSource {
 // The shared quantize body: one group quantizes the m values of one block from `src`
 // into a scale at `scale_out` and codes at `codes_out`. Every thread of the thread block
 // calls it (inactive groups with m = 0) so that the amax reduction stays uniform.
+// The block is read in windows of gs * V vectors, `nwin` of them (uniform over the
+// launch, from the spec's block size, so that every group reduces alike). A block of one
+// window (the host sizes gs for it) stays in registers between the amax and the quantize
+// passes: read once. Larger blocks read every window twice (the second time from L2,
+// usually).
 // ---------------------------------------------------------------------------------
 template <int BITS, class Src>
-STRATA_DEV void strata_quantize_block(const Src& src, strata_u32 m, strata_u8* scale_out,
-                                      strata_u8* codes_out, bool codes_vec, strata_u32 tig,
-                                      strata_u32 gs, float* smem) {
+STRATA_DEV void strata_quantize_block(const Src& src, strata_u32 m, strata_u32 nwin,
+                                      strata_u8* scale_out, strata_u8* codes_out,
+                                      bool codes_vec, strata_u32 tig, strata_u32 gs,
+                                      strata_u32* smem) {
   typedef StrataCodes<BITS> C;
-  const int CH = C::CH;
-  const int K = C::K;
-  const strata_u32 nchunks = (m + CH - 1) / CH;
-  float cache[K][CH];
-  float amax = 0.0f;
+  const int EPV = Src::EPV;
+  const int V = Src::V;
+  const int NB = EPV * BITS / 8;
+  const strata_u32 nvec = (m + EPV - 1) / EPV;
+  const strata_u32 wvec = (strata_u32)V * gs;  // vectors of one window
+  float cache[V][EPV];
+  strata_u32 amax = 0u;  // bits of the largest |x| (strata_abs_bits)
+  for (strata_u32 w = 0; w < nwin; ++w) {
+    src.template load_lane<V>(w * wvec + tig, (w + 1) * wvec * EPV, gs, m, cache);
 #pragma unroll
-  for (int j = 0; j < K; ++j) {
-    const strata_u32 c = tig + (strata_u32)j * gs;
-    if (c < nchunks) {
-      const strata_u32 first = c * CH;
-      const strata_u32 cnt = m - first < (strata_u32)CH ? m - first : (strata_u32)CH;
-      src.load(first, cnt, cache[j]);
+    for (int i = 0; i < V; ++i)
 #pragma unroll
-      for (int e = 0; e < CH; ++e) amax = fmaxf(amax, strata_abs_or_inf(cache[j][e]));
-    }
-  }
-  for (strata_u32 c = tig + (strata_u32)K * gs; c < nchunks; c += gs) {
-    const strata_u32 first = c * CH;
-    const strata_u32 cnt = m - first < (strata_u32)CH ? m - first : (strata_u32)CH;
-    float t[CH];
-    src.load(first, cnt, t);
-#pragma unroll
-    for (int e = 0; e < CH; ++e) amax = fmaxf(amax, strata_abs_or_inf(t[e]));
+      for (int e = 0; e < EPV; ++e) {
+        const strata_u32 b = strata_abs_bits(cache[i][e]);
+        amax = b > amax ? b : amax;
+      }
   }
   amax = strata_group_max(amax, gs, smem);
-  if (nchunks == 0) return;
+  if (nvec == 0) return;
 
   // mode 0: finite, amax > 0; 1: all zero; 2: a NaN or an infinity in the block.
   const float qmax = (float)C::QMAX;
-  const int mode = amax == 0.0f ? 1 : (amax <= 3.402823466e+38f ? 0 : 2);
-  const float scale = mode == 0 ? amax / qmax : (mode == 1 ? 0.0f : __uint_as_float(STRATA_NAN_F32));
-  const bool tiny = amax < STRATA_TINY;
-  const float inv = mode != 0 ? 0.0f : (tiny ? qmax / (amax * STRATA_UP) : qmax / amax);
+  const int mode = amax == 0u ? 1 : (amax < STRATA_INF_BITS ? 0 : 2);
+  const float am = __uint_as_float(amax);
+  const float scale = mode == 0 ? am / qmax : (mode == 1 ? 0.0f : __uint_as_float(STRATA_NAN_F32));
+  const bool tiny = am < STRATA_TINY;
+  const float mul = tiny ? STRATA_UP : 1.0f;
+  const float inv = mode != 0 ? 0.0f : (tiny ? qmax / (am * STRATA_UP) : qmax / am);
   if (tig == 0) strata_store_scale(scale_out, scale);
 
+  for (strata_u32 w = 0; w < nwin; ++w) {
+    if (nwin > 1) src.template load_lane<V>(w * wvec + tig, (w + 1) * wvec * EPV, gs, m, cache);
+    if (codes_vec && (w + 1) * wvec * EPV <= m) {  // every vector full and aligned
 #pragma unroll
-  for (int j = 0; j < K; ++j) {
-    const strata_u32 c = tig + (strata_u32)j * gs;
-    if (c < nchunks) {
-      const strata_u32 first = c * CH;
-      const strata_u32 cnt = m - first < (strata_u32)CH ? m - first : (strata_u32)CH;
-      unsigned int w[4] = {0u, 0u, 0u, 0u};
-      if (mode == 0) {
+      for (int i = 0; i < V; ++i) {
+        unsigned int c[4] = {0u, 0u, 0u, 0u};
+        if (mode == 0) {
 #pragma unroll
-        for (int e = 0; e < CH; ++e)
-          if ((strata_u32)e < cnt) C::put(w, e, strata_quant_one(cache[j][e], inv, qmax, tiny));
+          for (int e = 0; e < EPV; ++e) C::put(c, e, (int)strata_quant_bits(cache[i][e], mul, inv, qmax));
+        }
+        C::template store<NB>(codes_out + C::offset((w * wvec + tig + (strata_u32)i * gs) * EPV), EPV,
+                              true, c);
       }
-      C::store(codes_out + C::offset(first), cnt, codes_vec, w);
+      continue;
     }
-  }
-  for (strata_u32 c = tig + (strata_u32)K * gs; c < nchunks; c += gs) {
-    const strata_u32 first = c * CH;
-    const strata_u32 cnt = m - first < (strata_u32)CH ? m - first : (strata_u32)CH;
-    float t[CH];
-    src.load(first, cnt, t);
-    unsigned int w[4] = {0u, 0u, 0u, 0u};
-    if (mode == 0) {
 #pragma unroll
-      for (int e = 0; e < CH; ++e)
-        if ((strata_u32)e < cnt) C::put(w, e, strata_quant_one(t[e], inv, qmax, tiny));
+    for (int i = 0; i < V; ++i) {
+      const strata_u32 q = w * wvec + tig + (strata_u32)i * gs;
+      if (q < nvec) {
+        const strata_u32 first = q * EPV;
+        const strata_u32 cnt = m - first < (strata_u32)EPV ? m - first : (strata_u32)EPV;
+        unsigned int c[4] = {0u, 0u, 0u, 0u};
+        if (mode == 0) {
+#pragma unroll
+          for (int e = 0; e < EPV; ++e)
+            if ((strata_u32)e < cnt) C::put(c, e, (int)strata_quant_bits(cache[i][e], mul, inv, qmax));
+        }
+        C::template store<NB>(codes_out + C::offset(first), cnt,
+                              codes_vec && cnt == (strata_u32)EPV, c);
+      }
     }
-    C::store(codes_out + C::offset(first), cnt, codes_vec, w);
   }
 }
 
-// Group geometry of a launch: blockDim.x = max(gs, 256) threads, blockDim.x / gs groups.
+// Group geometry of a launch: blockDim.x = max(gs, CTA) threads, blockDim.x / gs groups.
 #define STRATA_GROUP_LOOP_BEGIN(total, gs_)                                               \
   const strata_u32 gs = (gs_);                                                            \
   const strata_u32 tig = threadIdx.x & (gs - 1);                                          \
@@ -585,7 +731,7 @@ STRATA_DEV void strata_quantize_block(const Src& src, strata_u32 m, strata_u8* s
 // ---------------------------------------------------------------------------------
 template <int DT, int BITS>
 STRATA_DEV void strata_quantize_body(const StrataQuantArgs& a) {
-  __shared__ float smem[STRATA_MAX_THREADS / STRATA_WARP];
+  __shared__ strata_u32 smem[STRATA_MAX_THREADS / STRATA_WARP];
   typedef StrataCodes<BITS> C;
   const strata_u64 p = a.nodes * a.devices;
   const strata_u64 S = a.stages;
@@ -634,19 +780,26 @@ STRATA_DEV void strata_quantize_body(const StrataQuantArgs& a) {
     in_vec = strata_aligned(in, 16);
     codes_vec = strata_aligned(codes_out, 16);
   }
-  StrataElemSource<DT, C::CH> src;
+  StrataElemSource<DT> src;
   src.p = in;
   src.vec = in_vec;
-  strata_quantize_block<BITS>(src, m, scale_out, codes_out, codes_vec, tig, gs, smem);
+  const strata_u64 window = (strata_u64)StrataElemSource<DT>::V * gs * StrataElemSource<DT>::EPV;
+  const strata_u32 nwin = (strata_u32)((a.block + window - 1) / window);
+  strata_quantize_block<BITS>(src, m, nwin, scale_out, codes_out, codes_vec, tig, gs, smem);
   STRATA_GROUP_LOOP_END
 }
 
+// Dequantize-reduce: a lane's V output vectors (16 bytes of DT each) of a block at a
+// time; per sender, the V code loads are issued together. No reduction across lanes.
 template <int DT, int BITS>
 STRATA_DEV void strata_dequant_reduce_body(const StrataDequantArgs& a) {
   typedef StrataCodes<BITS> C;
-  const int CH = C::CH;
+  const int EPV = 16 / StrataElem<DT>::size;
+  const int V = StrataDeqLane<EPV>::V;
+  const int NB = EPV * BITS / 8;
   const strata_u64 nb = strata_nblocks<BITS>(a.n, a.block);
   const strata_u64 pl = strata_packed_len<BITS>(a.n, a.block);
+  const strata_u32 k = (strata_u32)a.k;
   STRATA_GROUP_LOOP_BEGIN(a.total_blocks, a.gs)
   if (active) {
     strata_u64 i, blk;  // slice, block within the slice
@@ -654,30 +807,60 @@ STRATA_DEV void strata_dequant_reduce_body(const StrataDequantArgs& a) {
     const strata_u64 e0 = blk * a.block;
     const strata_u64 left = a.n - e0;
     const strata_u32 m = (strata_u32)(left < a.block ? left : a.block);
-    StrataDeqSource<BITS> src;
-    src.scales = a.in + i * pl + 4 * blk;
-    src.codes = a.in + i * pl + 4 * nb + C::offset(e0);
-    src.stride = a.in_stride;
-    src.k = (strata_u32)a.k;
-    src.vec = strata_aligned(src.codes, 16) && (a.k == 1 || a.in_stride % 16 == 0);
+    const strata_u8* scales = a.in + i * pl + 4 * blk;
+    const strata_u8* codes = a.in + i * pl + 4 * nb + C::offset(e0);
+    const bool vec = strata_aligned(codes, 16) && (a.k == 1 || a.in_stride % 16 == 0);
     strata_u8* out = a.out + (i * a.n + e0) * StrataElem<DT>::size;
     const bool out_vec = strata_aligned(out, 16);
-    const strata_u32 nchunks = (m + CH - 1) / CH;
-    for (strata_u32 c = tig; c < nchunks; c += gs) {
-      const strata_u32 first = c * CH;
-      const strata_u32 cnt = m - first < (strata_u32)CH ? m - first : (strata_u32)CH;
-      float v[CH];
-      src.load(first, cnt, v);
-      if (a.avg != 0) {
+    const strata_u32 nvec = (m + EPV - 1) / EPV;
+    for (strata_u32 q0 = tig; q0 < nvec; q0 += (strata_u32)V * gs) {
+      const bool all = vec && out_vec && (q0 - tig + (strata_u32)V * gs) * EPV <= m;
+      float v[V][EPV];
+      for (strata_u32 s = 0; s < k; ++s) {
+        const float scale = strata_load_scale(scales + s * a.in_stride);
+        const strata_u8* c = codes + s * a.in_stride;
+        unsigned int w[V][4];
 #pragma unroll
-        for (int e = 0; e < CH; ++e) v[e] = v[e] / a.divisor;  // one IEEE division
+        for (int u = 0; u < V; ++u) {
+          const strata_u32 first = (q0 + (strata_u32)u * gs) * EPV;
+          const strata_u32 cnt =
+              first < m ? (m - first < (strata_u32)EPV ? m - first : (strata_u32)EPV) : 0u;
+          if (all) {
+            C::template load<NB>(c + C::offset(first), EPV, true, w[u]);
+          } else if (cnt > 0) {
+            C::template load<NB>(c + C::offset(first), cnt, vec && cnt == (strata_u32)EPV, w[u]);
+          } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) w[u][j] = 0u;
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < V; ++u) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) w[u][j] = C::flip(w[u][j]);
+#pragma unroll
+          for (int j = 0; j < EPV; ++j) {
+            const float d = C::value(w[u], j) * scale;  // one f32 multiply
+            v[u][j] = s == 0 ? d : v[u][j] + d;               // sender order
+          }
+        }
       }
-      if (out_vec && cnt == (strata_u32)CH) {
-        strata_store_vec<DT, CH>(out + (strata_u64)first * StrataElem<DT>::size, v);
-      } else {
 #pragma unroll
-        for (int e = 0; e < CH; ++e)
-          if ((strata_u32)e < cnt) StrataElem<DT>::store(out, first + e, v[e]);
+      for (int u = 0; u < V; ++u) {
+        const strata_u32 first = (q0 + (strata_u32)u * gs) * EPV;
+        if (!all && first >= m) continue;
+        const strata_u32 cnt = m - first < (strata_u32)EPV ? m - first : (strata_u32)EPV;
+        if (a.avg != 0) {
+#pragma unroll
+          for (int e = 0; e < EPV; ++e) v[u][e] = v[u][e] / a.divisor;  // one IEEE division
+        }
+        if (all || (out_vec && cnt == (strata_u32)EPV)) {
+          strata_store_vec<DT, EPV>(out + (strata_u64)first * StrataElem<DT>::size, v[u]);
+        } else {
+#pragma unroll
+          for (int e = 0; e < EPV; ++e)
+            if ((strata_u32)e < cnt) StrataElem<DT>::store(out, first + e, v[u][e]);
+        }
       }
     }
   }
@@ -686,7 +869,7 @@ STRATA_DEV void strata_dequant_reduce_body(const StrataDequantArgs& a) {
 
 template <int BITS>
 STRATA_DEV void strata_dequant_reduce_quant_body(const StrataDrqArgs& a) {
-  __shared__ float smem[STRATA_MAX_THREADS / STRATA_WARP];
+  __shared__ strata_u32 smem[STRATA_MAX_THREADS / STRATA_WARP];
   typedef StrataCodes<BITS> C;
   const strata_u64 nb = strata_nblocks<BITS>(a.n, a.block);
   const strata_u64 pl = strata_packed_len<BITS>(a.n, a.block);
@@ -714,7 +897,9 @@ STRATA_DEV void strata_dequant_reduce_quant_body(const StrataDrqArgs& a) {
     codes_out = a.out + i * pl + 4 * nb + C::offset(e0);
     codes_vec = strata_aligned(codes_out, 16);
   }
-  strata_quantize_block<BITS>(src, m, scale_out, codes_out, codes_vec, tig, gs, smem);
+  const strata_u64 window = (strata_u64)StrataDeqSource<BITS>::V * gs * StrataDeqSource<BITS>::EPV;
+  const strata_u32 nwin = (strata_u32)((a.block + window - 1) / window);
+  strata_quantize_block<BITS>(src, m, nwin, scale_out, codes_out, codes_vec, tig, gs, smem);
   STRATA_GROUP_LOOP_END
 }
 

@@ -69,12 +69,55 @@ template <typename T, int OP> STRATA_DEV T strata_combine(T a, T b) {
   return strata_lt(b, a) ? b : a;
 }
 
-// acc[i] = op(acc[i], src[i]) for i < n (grid-stride).
+// 16 bytes of elements as one register vector (uint4) or as its N elements.
+template <typename T> union StrataVec16 {
+  uint4 u;
+  T t[16 / sizeof(T)];
+};
+#define STRATA_EW_UNROLL 4
+
+// acc[i] = op(acc[i], src[i]) for i < n (grid-stride). When both buffers are 16-byte
+// aligned, each thread takes 16-byte vectors, STRATA_EW_UNROLL of them per round with
+// every load issued before the first combine (NCCL's reduce loop does the same); the
+// last n % N elements, and misaligned buffers, go element by element.
 template <typename T, int OP>
 STRATA_DEV void strata_reduce_body(T* acc, const T* src, strata_u64 n) {
-  strata_u64 step = (strata_u64)gridDim.x * blockDim.x;
-  for (strata_u64 i = (strata_u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step)
-    acc[i] = strata_combine<T, OP>(acc[i], src[i]);
+  const strata_u64 step = (strata_u64)gridDim.x * blockDim.x;
+  const strata_u64 tid = (strata_u64)blockIdx.x * blockDim.x + threadIdx.x;
+  strata_u64 tail = 0;
+  if (strata_aligned(acc, 16) && strata_aligned(src, 16)) {
+    typedef StrataVec16<T> Vec;
+    const int N = (int)(16 / sizeof(T));
+    const int U = STRATA_EW_UNROLL;
+    const strata_u64 nv = n / N;
+    uint4* av = reinterpret_cast<uint4*>(acc);
+    const uint4* sv = reinterpret_cast<const uint4*>(src);
+    strata_u64 v = tid;
+    for (; v + (U - 1) * step < nv; v += U * step) {
+      Vec x[U], y[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        x[u].u = av[v + u * step];
+        y[u].u = sv[v + u * step];
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+#pragma unroll
+        for (int j = 0; j < N; ++j) x[u].t[j] = strata_combine<T, OP>(x[u].t[j], y[u].t[j]);
+        av[v + u * step] = x[u].u;
+      }
+    }
+    for (; v < nv; v += step) {
+      Vec x, y;
+      x.u = av[v];
+      y.u = sv[v];
+#pragma unroll
+      for (int j = 0; j < N; ++j) x.t[j] = strata_combine<T, OP>(x.t[j], y.t[j]);
+      av[v] = x.u;
+    }
+    tail = nv * N;
+  }
+  for (strata_u64 i = tail + tid; i < n; i += step) acc[i] = strata_combine<T, OP>(acc[i], src[i]);
 }
 
 // f64 -> element, as DataType::set.
@@ -137,11 +180,40 @@ STRATA_DEV unsigned long long strata_divide_one(unsigned long long x, double n) 
   return r >= d - r ? q + 1 : q;
 }
 
-// buf[i] = buf[i] / n, rounded once (the exact mean of Avg).
+// buf[i] = buf[i] / n, rounded once (the exact mean of Avg); 16-byte vectors as in
+// strata_reduce_body when buf is aligned.
 template <typename T> STRATA_DEV void strata_divide_body(T* buf, strata_u64 count, double n) {
-  strata_u64 step = (strata_u64)gridDim.x * blockDim.x;
-  for (strata_u64 i = (strata_u64)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += step)
-    buf[i] = strata_divide_one(buf[i], n);
+  const strata_u64 step = (strata_u64)gridDim.x * blockDim.x;
+  const strata_u64 tid = (strata_u64)blockIdx.x * blockDim.x + threadIdx.x;
+  strata_u64 tail = 0;
+  if (strata_aligned(buf, 16)) {
+    typedef StrataVec16<T> Vec;
+    const int N = (int)(16 / sizeof(T));
+    const int U = STRATA_EW_UNROLL;
+    const strata_u64 nv = count / N;
+    uint4* bv = reinterpret_cast<uint4*>(buf);
+    strata_u64 v = tid;
+    for (; v + (U - 1) * step < nv; v += U * step) {
+      Vec x[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) x[u].u = bv[v + u * step];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+#pragma unroll
+        for (int j = 0; j < N; ++j) x[u].t[j] = strata_divide_one(x[u].t[j], n);
+        bv[v + u * step] = x[u].u;
+      }
+    }
+    for (; v < nv; v += step) {
+      Vec x;
+      x.u = bv[v];
+#pragma unroll
+      for (int j = 0; j < N; ++j) x.t[j] = strata_divide_one(x.t[j], n);
+      bv[v] = x.u;
+    }
+    tail = nv * N;
+  }
+  for (strata_u64 i = tail + tid; i < count; i += step) buf[i] = strata_divide_one(buf[i], n);
 }
 
 #define STRATA_REDUCE_KERNEL(DTN, T, OPN, OP)                                               \

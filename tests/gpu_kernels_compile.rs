@@ -409,6 +409,17 @@ fn drq_fields(a: &plan::DrqArgs) -> Vec<u64> {
     ]
 }
 
+/// The launch geometry of one case: mostly the default (the kernels' own), sometimes
+/// fewer elements a lane than the emulator's kernels hold (larger groups than they need,
+/// so more lanes than vectors) or smaller thread blocks: any geometry gives the same bytes.
+fn geom(rng: &mut Rng) -> plan::Geometry {
+    match rng.below(4) {
+        0 => plan::Geometry::parse("16,128").unwrap(),
+        1 => plan::Geometry::parse("32,512").unwrap(),
+        _ => plan::Geometry::DEFAULT,
+    }
+}
+
 /// Compile kernels-cuda/emu/ into a directory of its own (`tag`: the tests run in
 /// parallel, in one process); None when the toolchain is missing (and allowed to be).
 fn build_emulator(what: &str, tag: &str) -> Option<Emu> {
@@ -476,7 +487,7 @@ fn emulated_kernels_match_the_cpu_reference() {
                 let src = values(&mut rng, n, dt);
                 let mut want = vec![0u8; s.packed_len(n)];
                 cpu::quantize(s, dt, &src, &mut want).unwrap();
-                let (l, a) = plan::quantize_plan(s, n, 1, 1, 1).unwrap();
+                let (l, a) = plan::quantize_plan(s, dt, n, 1, 1, 1, geom(&mut rng)).unwrap();
                 let in_off = [0, 16, dt.size(), 1][rng.below(4) as usize];
                 let out_off = [0, 16, 3][rng.below(3) as usize];
                 let what =
@@ -500,7 +511,7 @@ fn emulated_kernels_match_the_cpu_reference() {
                 };
                 let mut want = vec![0u8; n * dt.size()];
                 cpu::dequantize(s, &p, n, dt, &mut want).unwrap();
-                let (l, a) = plan::dequant_plan(s, n, 1, None).unwrap();
+                let (l, a) = plan::dequant_plan(s, dt, n, 1, None, geom(&mut rng)).unwrap();
                 let in_off = [0, 16, 5][rng.below(3) as usize];
                 let out_off = [0, 16, dt.size(), 1][rng.below(4) as usize];
                 let what = format!("dequantize {dt} q{bits} block {block} n {n} raw {raw} offsets {in_off}/{out_off}");
@@ -534,7 +545,7 @@ fn emulated_kernels_match_the_cpu_reference() {
         let mut want = vec![0u8; len];
         cpu::swizzled_quantize(s, dt, &src, c, nodes, devices, stages, &mut want).unwrap();
         let what = format!("swizzled {dt} q{bits} block {block} c {c} {nodes}x{devices}x{stages}");
-        match plan::quantize_plan(s, c, nodes, devices, stages) {
+        match plan::quantize_plan(s, dt, c, nodes, devices, stages, geom(&mut rng)) {
             Some((l, a)) => {
                 let off = [0, 16, 1][rng.below(3) as usize];
                 emu.check(
@@ -568,7 +579,7 @@ fn emulated_kernels_match_the_cpu_reference() {
                 let ins: Vec<&[u8]> = all.chunks(per).collect();
                 let mut want = vec![0u8; per];
                 cpu::dequant_reduce_quant(s, &ins, n, slices, &mut want).unwrap();
-                let (l, a) = plan::drq_plan(s, n, slices, k).unwrap();
+                let (l, a) = plan::drq_plan(s, n, slices, k, geom(&mut rng)).unwrap();
                 let (in_off, out_off) = (
                     [0, 16, 3][rng.below(3) as usize],
                     [0, 16, 1][rng.below(3) as usize],
@@ -596,7 +607,7 @@ fn emulated_kernels_match_the_cpu_reference() {
                 let mut want = vec![0u8; n * dt.size()];
                 cpu::dequant_reduce(s, &ins, n, op, div, dt, &mut want).unwrap();
                 let d = (op == ReduceOp::Avg).then_some(div as f32);
-                let (l, a) = plan::dequant_plan(s, n, k, d).unwrap();
+                let (l, a) = plan::dequant_plan(s, dt, n, k, d, geom(&mut rng)).unwrap();
                 let what = format!(
                     "dequant_reduce {dt} q{bits} block {block} n {n} k {k} {op}/{div} raw {raw}"
                 );
@@ -772,8 +783,8 @@ fn compare(what: &str, dt: DataType, got: &[u8], want: &[u8]) -> usize {
 /// The launch of the element-wise kernels (strata::device::elementwise_grid), with fewer
 /// threads per block where `threads` says so: the kernels are grid-stride loops, so any
 /// geometry covers the buffer, and the emulator runs one OS thread per CUDA thread.
-fn elementwise_launch(count: usize, threads: u32) -> (u32, u32) {
-    let (grid, full) = strata::device::elementwise_grid(count);
+fn elementwise_launch(count: usize, dt: DataType, threads: u32) -> (u32, u32) {
+    let (grid, full) = strata::device::elementwise_grid(count, dt);
     (grid, threads.min(full))
 }
 
@@ -804,7 +815,7 @@ fn emulated_reductions_match_the_cpu_reference() {
                 let src = operands(&mut rng, count, dt);
                 let mut want = acc.clone();
                 reduce_into(&mut want, &src, dt, op);
-                let l = elementwise_launch(count, threads);
+                let l = elementwise_launch(count, dt, threads);
                 let (in_off, out_off) = (
                     [0, 16, s][rng.below(3) as usize],
                     [0, 16, s][rng.below(3) as usize],
@@ -838,7 +849,7 @@ fn emulated_reductions_match_the_cpu_reference() {
                 let buf = operands(&mut rng, count, dt);
                 let mut want = buf.clone();
                 finish_avg(&mut want, dt, n);
-                let l = elementwise_launch(count, threads);
+                let l = elementwise_launch(count, dt, threads);
                 let out_off = [0, 16, s][rng.below(3) as usize];
                 let kernel = kernels_gpu::reduce_kernel_name(dt, None);
                 let what = format!("{kernel} n {n} count {count} launch {l:?} offset {out_off}");

@@ -23,6 +23,7 @@ thread_local strata_emu_dim3 threadIdx, blockIdx;
 strata_emu_dim3 blockDim, gridDim;
 std::barrier<>* strata_emu_barrier;
 float strata_emu_shfl[1024];
+unsigned int strata_emu_shfl_u[1024];
 
 static std::vector<unsigned char> slurp(const char* path) {
   std::vector<unsigned char> v;

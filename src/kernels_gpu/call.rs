@@ -7,7 +7,9 @@
 #![forbid(unsafe_code)]
 
 use super::launch::{DevAddr, QuantCall, Region};
-use super::plan::{dequant_plan, drq_plan, quantize_plan, DequantArgs, DrqArgs, QuantArgs};
+use super::plan::{
+    dequant_plan, drq_plan, quantize_plan, DequantArgs, DrqArgs, Geometry, QuantArgs,
+};
 use super::{kernel_name, reduce_kernel_name, KernelOp};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::{Error, Result};
@@ -152,16 +154,18 @@ pub fn prepare(call: &QuantCall) -> Result<Option<Prepared>> {
                 n.checked_mul(dtype.size()).ok_or_else(|| overflow(W))?,
                 dst,
             )?;
-            Ok(dequant_plan(spec, n, k, div).map(|(l, mut a)| {
-                a.input = inputs.addr;
-                a.out = dst.addr;
-                Prepared {
-                    name: kernel_name(KernelOp::DequantReduce, Some(dtype), spec.bits),
-                    grid: l.grid,
-                    threads: l.threads,
-                    args: ArgBlock::Dequant(a),
-                }
-            }))
+            Ok(
+                dequant_plan(spec, dtype, n, k, div, Geometry::current()).map(|(l, mut a)| {
+                    a.input = inputs.addr;
+                    a.out = dst.addr;
+                    Prepared {
+                        name: kernel_name(KernelOp::DequantReduce, Some(dtype), spec.bits),
+                        grid: l.grid,
+                        threads: l.threads,
+                        args: ArgBlock::Dequant(a),
+                    }
+                }),
+            )
         }
         QuantCall::DequantReduceQuant {
             spec,
@@ -185,16 +189,18 @@ pub fn prepare(call: &QuantCall) -> Result<Option<Prepared>> {
                 inputs,
             )?;
             check_len(W, "dst", per, dst)?;
-            Ok(drq_plan(spec, n, slices, k).map(|(l, mut a)| {
-                a.input = inputs.addr;
-                a.out = dst.addr;
-                Prepared {
-                    name: kernel_name(KernelOp::DequantReduceQuant, None, spec.bits),
-                    grid: l.grid,
-                    threads: l.threads,
-                    args: ArgBlock::Drq(a),
-                }
-            }))
+            Ok(
+                drq_plan(spec, n, slices, k, Geometry::current()).map(|(l, mut a)| {
+                    a.input = inputs.addr;
+                    a.out = dst.addr;
+                    Prepared {
+                        name: kernel_name(KernelOp::DequantReduceQuant, None, spec.bits),
+                        grid: l.grid,
+                        threads: l.threads,
+                        args: ArgBlock::Drq(a),
+                    }
+                }),
+            )
         }
     }
 }
@@ -217,16 +223,18 @@ fn swizzle(
     }
     check_len(what, "dst", total, dst)?;
     Ok(
-        quantize_plan(spec, c, nodes, devices, stages).map(|(l, mut a)| {
-            a.input = src.addr;
-            a.out = dst.addr;
-            Prepared {
-                name: kernel_name(KernelOp::Quantize, Some(dtype), spec.bits),
-                grid: l.grid,
-                threads: l.threads,
-                args: ArgBlock::Quant(a),
-            }
-        }),
+        quantize_plan(spec, dtype, c, nodes, devices, stages, Geometry::current()).map(
+            |(l, mut a)| {
+                a.input = src.addr;
+                a.out = dst.addr;
+                Prepared {
+                    name: kernel_name(KernelOp::Quantize, Some(dtype), spec.bits),
+                    grid: l.grid,
+                    threads: l.threads,
+                    args: ArgBlock::Quant(a),
+                }
+            },
+        ),
     )
 }
 
@@ -243,7 +251,7 @@ pub fn elementwise(
     if count == 0 {
         return Ok(None);
     }
-    let (grid, threads) = super::launch::elementwise_grid(count);
+    let (grid, threads) = super::launch::elementwise_grid(count, dtype);
     Ok(Some((reduce_kernel_name(dtype, op), grid, threads)))
 }
 
@@ -328,7 +336,7 @@ mod tests {
                 .unwrap();
         assert_eq!(
             (name.as_str(), grid, threads),
-            ("strata_reduce_f32_sum", 4, 256)
+            ("strata_reduce_f32_sum", 1, 256)
         );
         assert!(elementwise("t", &[2], 10, DataType::F32, None).is_err());
         assert!(elementwise("t", &[0], 0, DataType::I8, None)

@@ -64,12 +64,14 @@ pub enum QuantCall {
     },
 }
 
-/// Launch geometry of the element-wise kernels: 256 threads, grid-stride, at most
-/// 65535 blocks (one pass covers 16 M elements).
-pub fn elementwise_grid(count: usize) -> (u32, u32) {
-    let threads = 256u32;
-    let blocks = count.div_ceil(threads as usize).clamp(1, 65535) as u32;
-    (blocks, threads)
+/// Launch geometry of the element-wise kernels: 256 threads, one 16-byte vector of
+/// `dtype` a thread per pass (the kernels take 16-byte vectors when the buffers are
+/// aligned, element by element otherwise), grid-stride, at most 65535 blocks.
+pub fn elementwise_grid(count: usize, dtype: DataType) -> (u32, u32) {
+    let threads = 256usize;
+    let per_block = threads * (16 / dtype.size());
+    let blocks = count.div_ceil(per_block).clamp(1, 65535) as u32;
+    (blocks, threads as u32)
 }
 
 /// The alignment check of the element-wise kernels (they load whole elements).
@@ -89,9 +91,12 @@ mod tests {
 
     #[test]
     fn grid_covers_counts() {
-        assert_eq!(elementwise_grid(0), (1, 256));
-        assert_eq!(elementwise_grid(257), (2, 256));
-        assert_eq!(elementwise_grid(usize::MAX / 2).0, 65535);
+        assert_eq!(elementwise_grid(0, DataType::F32), (1, 256));
+        assert_eq!(elementwise_grid(1024, DataType::F32), (1, 256));
+        assert_eq!(elementwise_grid(1025, DataType::F32), (2, 256));
+        assert_eq!(elementwise_grid(2049, DataType::BF16), (2, 256));
+        assert_eq!(elementwise_grid(513, DataType::F64), (2, 256));
+        assert_eq!(elementwise_grid(usize::MAX / 2, DataType::U8).0, 65535);
     }
 
     #[test]

@@ -22,7 +22,7 @@ use crate::error::Result;
 pub mod call;
 pub mod launch;
 pub mod plan;
-pub use plan::{group_size, Launch};
+pub use plan::{group_size, Geometry, Launch};
 
 #[cfg(feature = "cuda")]
 mod cuda;

@@ -212,6 +212,11 @@ pub(crate) fn compile(arch: &str) -> Result<Output> {
         .map(|s| cstr(s.to_string()))
         .collect::<Result<_>>()?;
     options.push(cstr(format!("--gpu-architecture={arch}"))?);
+    // The register geometry the host plans launches with (plan::Geometry).
+    options.push(cstr(format!(
+        "-DSTRATA_LANE_ELEMS={}",
+        super::plan::Geometry::current().lane_elems
+    ))?);
     for d in &found {
         options.push(cstr(format!("--include-path={}", d.display()))?);
     }

@@ -1,32 +1,112 @@
 //! Launch geometry and the kernel argument blocks, in plain Rust (tested without a GPU).
 //!
-//! A *group* of `gs` threads quantizes one quantization block (kernels-cuda/
-//! strata_quant.cuh): each thread takes chunks of 16 (int8) or 32 (int4) elements, whose
-//! codes fill 16 bytes, and keeps 32 values in registers between the amax and the
-//! quantize passes, so `gs = next_pow2(ceil(block / 32))` (at most 512) reads each block
-//! once up to 16384 elements (larger blocks re-read their tail, usually from L2). A
-//! thread block runs `max(gs, 256)` threads, i.e.
-//! `max(1, 256 / gs)` groups, in a grid-stride loop over all quantization blocks.
+//! A *group* of `gs` threads quantizes (or dequantizes) one quantization block
+//! (kernels-cuda/strata_quant.cuh). Its lanes take *vectors*: the elements whose input is
+//! 16 bytes (f32: 4, f16/bf16: 8, packed int8 codes: 16, int4 codes: 32). Lane t holds
+//! vectors t, t + gs, t + 2·gs, … in registers, `V = lane_elems / EPV` of them
+//! ([`Geometry::lane_elems`], 64 elements by default), so
+//! `gs = next_pow2(ceil(block / (V·EPV)))` (at most 512) reads each block once: a
+//! 2048-element block is one warp, every lane issuing its 16 loads of 16 bytes before
+//! the block's amax reduction. A thread block runs `max(gs, cta_threads)` threads in a
+//! grid-stride loop over all quantization blocks.
 
 #![forbid(unsafe_code)]
 
 use crate::kernels::QuantSpec;
+use crate::DataType;
 
-/// Threads of a thread block when a group is smaller than that.
-pub const CTA_THREADS: u32 = 256;
 /// Largest group (threads per quantization block) and thread block: `STRATA_MAX_THREADS`
 /// of the header (512 keeps 128 registers per thread, so the cached values never spill).
 pub const MAX_GROUP: u32 = 512;
 /// Largest grid; the kernels' grid-stride loop covers the rest.
 pub const MAX_GRID: u32 = 1 << 16;
 
-/// Threads per quantization block for `spec`: a power of two in 1..=512.
-pub fn group_size(spec: QuantSpec) -> u32 {
-    let ch = if spec.bits == 8 { 16 } else { 32 };
-    let k = 32 / ch; // chunks a thread keeps in registers
-    let chunks = spec.block.max(1).div_ceil(ch);
-    let per_thread = chunks.div_ceil(k);
-    (per_thread.next_power_of_two() as u64).min(MAX_GROUP as u64) as u32
+/// The kernels' register geometry: elements each lane keeps in registers (compiled into
+/// the CUDA module as `STRATA_LANE_ELEMS`) and threads per thread block. Any geometry
+/// gives the same bytes (the kernels loop over what does not fit); it only sets speed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Geometry {
+    /// Elements per lane: 16, 32 or 64.
+    pub lane_elems: u32,
+    /// Threads per thread block when a group is smaller: 128, 256 or 512.
+    pub cta_threads: u32,
+}
+
+impl Geometry {
+    /// What the kernels are built and launched with unless `STRATA_KERNEL_GEOMETRY` says
+    /// otherwise (the HIP code objects are built with it).
+    pub const DEFAULT: Geometry = Geometry {
+        lane_elems: 64,
+        cta_threads: 256,
+    };
+
+    /// `"E,T"` (elements per lane, threads per thread block), e.g. `"32,512"`.
+    pub fn parse(s: &str) -> crate::Result<Geometry> {
+        let bad = || {
+            crate::Error::InvalidArgument(format!(
+                "kernel geometry {s:?}: expected \"E,T\" with E in 16, 32, 64 (elements per \
+                 lane) and T in 128, 256, 512 (threads per thread block)"
+            ))
+        };
+        let (e, t) = s.split_once(',').ok_or_else(bad)?;
+        let e: u32 = e.trim().parse().map_err(|_| bad())?;
+        let t: u32 = t.trim().parse().map_err(|_| bad())?;
+        if ![16, 32, 64].contains(&e) || ![128, 256, 512].contains(&t) {
+            return Err(bad());
+        }
+        Ok(Geometry {
+            lane_elems: e,
+            cta_threads: t,
+        })
+    }
+
+    /// The process's geometry: `STRATA_KERNEL_GEOMETRY` (read once; for measuring other
+    /// geometries, `strata-gpu-check --tune`), else [`Geometry::DEFAULT`]. A malformed
+    /// value is reported once and ignored.
+    pub fn current() -> Geometry {
+        static G: std::sync::OnceLock<Geometry> = std::sync::OnceLock::new();
+        *G.get_or_init(|| match std::env::var("STRATA_KERNEL_GEOMETRY") {
+            Ok(v) => Geometry::parse(&v).unwrap_or_else(|e| {
+                tracing::warn!("STRATA_KERNEL_GEOMETRY ignored: {e}");
+                Geometry::DEFAULT
+            }),
+            Err(_) => Geometry::DEFAULT,
+        })
+    }
+}
+
+impl Geometry {
+    /// Elements a lane of the fused dequantize-reduce-quantize holds: half of
+    /// `lane_elems` (its k-sender sums and their codes share the registers;
+    /// `StrataDeqSource::V` in the header).
+    pub fn drq_lane_elems(self) -> u32 {
+        self.lane_elems / 2
+    }
+
+    /// Output elements a lane of dequantize-reduce holds: a quarter of `lane_elems` (no
+    /// block stays in registers; `STRATA_DEQ_LANE_ELEMS` in the header).
+    pub fn deq_lane_elems(self) -> u32 {
+        self.lane_elems / 4
+    }
+}
+
+/// Elements per 16-byte vector of an element type (f32: 4; f16, bf16: 8).
+pub fn vec_elems(dtype: DataType) -> u32 {
+    (16 / dtype.size()) as u32
+}
+
+/// Elements per vector of packed codes in the fused dequantize-reduce-quantize: 16
+/// (16 bytes of int8 codes, 8 of int4).
+pub fn code_vec_elems(_bits: u32) -> u32 {
+    16
+}
+
+/// Threads per quantization block for `spec` with vectors of `epv` elements, a lane
+/// holding `lane_elems` of them (at least one vector): a power of two in 1..=512.
+pub fn group_size(spec: QuantSpec, epv: u32, lane_elems: u32) -> u32 {
+    let per_lane = (lane_elems / epv).max(1) as usize * epv as usize;
+    let lanes = spec.block.max(1).div_ceil(per_lane);
+    (lanes.next_power_of_two() as u64).min(MAX_GROUP as u64) as u32
 }
 
 /// One launch: `grid` thread blocks of `threads` threads, groups of `gs` threads, over
@@ -40,14 +120,21 @@ pub struct Launch {
 }
 
 impl Launch {
-    /// The launch for `total_blocks` quantization blocks of `spec`; `None` when there is
-    /// nothing to do (a valid empty problem: n = 0, c = 0 or no slices).
-    pub fn new(spec: QuantSpec, total_blocks: u64) -> Option<Launch> {
+    /// The launch for `total_blocks` quantization blocks of `spec` in vectors of `epv`
+    /// elements, `lane_elems` a lane, thread blocks of `g`; `None` when there is nothing to do (a valid empty problem: n = 0, c = 0
+    /// or no slices).
+    pub fn new(
+        spec: QuantSpec,
+        epv: u32,
+        lane_elems: u32,
+        total_blocks: u64,
+        g: Geometry,
+    ) -> Option<Launch> {
         if total_blocks == 0 {
             return None;
         }
-        let gs = group_size(spec);
-        let threads = gs.max(CTA_THREADS);
+        let gs = group_size(spec, epv, lane_elems);
+        let threads = gs.max(g.cta_threads);
         let groups = (threads / gs) as u64;
         let grid = total_blocks.div_ceil(groups).min(MAX_GRID as u64) as u32;
         Some(Launch {
@@ -135,14 +222,18 @@ pub struct DrqArgs {
 
 /// Launch and arguments (device pointers left 0) of a swizzled quantization whose sizes
 /// were validated; `None` for an empty problem.
+#[allow(clippy::too_many_arguments)]
 pub fn quantize_plan(
     spec: QuantSpec,
+    dtype: DataType,
     c: usize,
     nodes: usize,
     devices: usize,
     stages: usize,
+    g: Geometry,
 ) -> Option<(Launch, QuantArgs)> {
-    let l = Launch::new(spec, swizzle_blocks(spec, c, nodes, devices, stages)?)?;
+    let blocks = swizzle_blocks(spec, c, nodes, devices, stages)?;
+    let l = Launch::new(spec, vec_elems(dtype), g.lane_elems, blocks, g)?;
     let a = QuantArgs {
         input: 0,
         out: 0,
@@ -162,11 +253,19 @@ pub fn quantize_plan(
 /// (`div`: the avg divisor as f32); `None` for n = 0.
 pub fn dequant_plan(
     spec: QuantSpec,
+    dtype: DataType,
     n: usize,
     k: usize,
     div: Option<f32>,
+    g: Geometry,
 ) -> Option<(Launch, DequantArgs)> {
-    let l = Launch::new(spec, spec.blocks(n) as u64)?;
+    let l = Launch::new(
+        spec,
+        vec_elems(dtype),
+        g.deq_lane_elems(),
+        spec.blocks(n) as u64,
+        g,
+    )?;
     let a = DequantArgs {
         input: 0,
         out: 0,
@@ -186,9 +285,21 @@ pub fn dequant_plan(
 
 /// Launch and arguments of a fused dequantize-reduce-quantize of k senders, each `slices`
 /// slices of n elements; `None` when empty.
-pub fn drq_plan(spec: QuantSpec, n: usize, slices: usize, k: usize) -> Option<(Launch, DrqArgs)> {
+pub fn drq_plan(
+    spec: QuantSpec,
+    n: usize,
+    slices: usize,
+    k: usize,
+    g: Geometry,
+) -> Option<(Launch, DrqArgs)> {
     let blocks = (spec.blocks(n) as u64).checked_mul(slices as u64)?;
-    let l = Launch::new(spec, blocks)?;
+    let l = Launch::new(
+        spec,
+        code_vec_elems(spec.bits),
+        g.drq_lane_elems(),
+        blocks,
+        g,
+    )?;
     let a = DrqArgs {
         input: 0,
         out: 0,
@@ -213,33 +324,70 @@ mod tests {
         QuantSpec::new(bits, block).unwrap()
     }
 
+    const G: Geometry = Geometry::DEFAULT;
+
     #[test]
     fn group_sizes() {
-        assert_eq!(group_size(spec(8, 1)), 1);
-        assert_eq!(group_size(spec(8, 32)), 1);
-        assert_eq!(group_size(spec(8, 33)), 2);
-        assert_eq!(group_size(spec(4, 64)), 2);
-        assert_eq!(group_size(spec(8, 256)), 8);
-        assert_eq!(group_size(spec(8, 2048)), 64);
-        assert_eq!(group_size(spec(4, 2048)), 64);
-        assert_eq!(group_size(spec(8, 16384)), 512);
-        assert_eq!(group_size(spec(8, 32768)), 512);
-        assert_eq!(group_size(spec(8, 1 << 20)), 512);
+        let e = G.lane_elems;
+        // f32 (4 per vector, 16 vectors a lane: 64 elements a lane).
+        assert_eq!(group_size(spec(8, 1), 4, e), 1);
+        assert_eq!(group_size(spec(8, 64), 4, e), 1);
+        assert_eq!(group_size(spec(8, 65), 4, e), 2);
+        assert_eq!(group_size(spec(8, 256), 4, e), 4);
+        // 2048 elements: one warp for quantization of every element type.
+        assert_eq!(group_size(spec(8, 2048), 4, e), 32);
+        assert_eq!(group_size(spec(4, 2048), 8, e), 32);
+        // The fused kernel holds half as many a lane, dequantization a quarter.
+        assert_eq!(
+            group_size(spec(8, 2048), code_vec_elems(8), G.drq_lane_elems()),
+            64
+        );
+        assert_eq!(
+            group_size(spec(4, 2048), code_vec_elems(4), G.drq_lane_elems()),
+            64
+        );
+        assert_eq!(group_size(spec(8, 2048), 4, G.deq_lane_elems()), 128);
+        assert_eq!(group_size(spec(8, 2048), 8, G.deq_lane_elems()), 128);
+        assert_eq!(group_size(spec(8, 32768), 4, e), 512);
+        assert_eq!(group_size(spec(8, 1 << 20), 4, e), 512);
+        // A vector wider than the lane's share: one vector a lane.
+        let small = Geometry::parse("16,128").unwrap();
+        assert_eq!(group_size(spec(8, 2048), 8, small.deq_lane_elems()), 256);
         for b in [1, 2, 3, 100, 1000, 4097, 1 << 20] {
-            let g = group_size(spec(8, b));
-            assert!(g.is_power_of_two() && g <= MAX_GROUP);
+            for epv in [4, 8, 16] {
+                for l in [4, 8, 16, 32, 64] {
+                    let g = group_size(spec(8, b), epv, l);
+                    assert!(g.is_power_of_two() && g <= MAX_GROUP);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn geometry_parses_and_rejects() {
+        assert_eq!(Geometry::parse("64,256").unwrap(), Geometry::DEFAULT);
+        assert_eq!(
+            Geometry::parse(" 32 , 512 ").unwrap(),
+            Geometry {
+                lane_elems: 32,
+                cta_threads: 512
+            }
+        );
+        for bad in ["", "64", "64,", "48,256", "64,300", "x,256", "64,256,1"] {
+            assert!(Geometry::parse(bad).is_err(), "{bad:?}");
         }
     }
 
     #[test]
     fn launches_cover_every_block() {
-        assert_eq!(Launch::new(spec(8, 256), 0), None);
-        let l = Launch::new(spec(8, 256), 1000).unwrap();
-        assert_eq!((l.threads, l.gs), (256, 8));
-        assert_eq!(l.grid, 1000u64.div_ceil(32) as u32);
-        let l = Launch::new(spec(4, 1 << 20), 3).unwrap();
+        let e = G.lane_elems;
+        assert_eq!(Launch::new(spec(8, 256), 4, e, 0, G), None);
+        let l = Launch::new(spec(8, 256), 4, e, 1000, G).unwrap();
+        assert_eq!((l.threads, l.gs), (256, 4));
+        assert_eq!(l.grid, 1000u64.div_ceil(64) as u32);
+        let l = Launch::new(spec(4, 1 << 20), 8, e, 3, G).unwrap();
         assert_eq!((l.threads, l.gs, l.grid), (512, 512, 3));
-        let l = Launch::new(spec(8, 2), u64::MAX / 2).unwrap();
+        let l = Launch::new(spec(8, 2), 4, e, u64::MAX / 2, G).unwrap();
         assert_eq!(l.grid, MAX_GRID);
     }
 

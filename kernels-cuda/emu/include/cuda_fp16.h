@@ -21,9 +21,13 @@ extern thread_local strata_emu_dim3 threadIdx, blockIdx;
 extern strata_emu_dim3 blockDim, gridDim;
 extern std::barrier<>* strata_emu_barrier;
 extern float strata_emu_shfl[1024];
+extern unsigned int strata_emu_shfl_u[1024];
 
 struct alignas(16) uint4 {
   unsigned int x, y, z, w;
+};
+struct alignas(8) uint2 {
+  unsigned int x, y;
 };
 
 inline void __syncthreads() { strata_emu_barrier->arrive_and_wait(); }
@@ -35,6 +39,15 @@ inline float __shfl_xor_sync(unsigned int, float v, int m) {
   strata_emu_shfl[t] = v;
   strata_emu_barrier->arrive_and_wait();
   const float r = strata_emu_shfl[t ^ (unsigned int)m];
+  strata_emu_barrier->arrive_and_wait();
+  return r;
+}
+
+inline unsigned int __shfl_xor_sync(unsigned int, unsigned int v, int m) {
+  const unsigned int t = threadIdx.x;
+  strata_emu_shfl_u[t] = v;
+  strata_emu_barrier->arrive_and_wait();
+  const unsigned int r = strata_emu_shfl_u[t ^ (unsigned int)m];
   strata_emu_barrier->arrive_and_wait();
   return r;
 }
