@@ -316,4 +316,84 @@ impl GpuQuant {
             }
         })
     }
+
+    /// `acc = op(acc, src)` element-wise over `count` elements of `dtype` on the device,
+    /// the device transports' reduction (`strata_reduce_*`; bit for bit the CPU's
+    /// `reduce_into`; `Avg` sums, its division is [`GpuQuant::divide`]). Both buffers hold
+    /// at least `count` elements and are aligned to them; 16-byte aligned buffers take
+    /// the vectorized path.
+    pub fn reduce<S: DevicePtr<u8>, D: DevicePtrMut<u8>>(
+        &self,
+        stream: &Arc<CudaStream>,
+        acc: &mut D,
+        src: &S,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let need = count.checked_mul(dtype.size());
+        if need.is_none_or(|b| acc.len() < b || src.len() < b) {
+            return Err(Error::InvalidArgument(format!(
+                "reduce: {count} elements of {dtype} do not fit buffers of {} and {} bytes",
+                acc.len(),
+                src.len()
+            )));
+        }
+        let (s, _s_sync) = src.device_ptr(stream);
+        let (a, _a_sync) = acc.device_ptr_mut(stream);
+        let Some((name, grid, threads)) =
+            super::call::elementwise("reduce", &[a, s], count, dtype, Some(op))?
+        else {
+            return Ok(());
+        };
+        let n = count as u64;
+        // SAFETY: `strata_reduce_*(T* acc, const T* src, u64 n)` gets exactly these
+        // arguments; both ranges hold `count` aligned elements (checked above and by
+        // `elementwise`) and stay borrowed, with their stream guards, until enqueued.
+        unsafe {
+            self.launch(stream, &name, grid, threads, |l| {
+                l.arg(&a);
+                l.arg(&s);
+                l.arg(&n);
+            })
+        }
+    }
+
+    /// `buf = buf / n` element-wise over `count` elements (the one rounding of `Avg`,
+    /// `strata_divide_*`; bit for bit the CPU's `finish_avg`).
+    pub fn divide<D: DevicePtrMut<u8>>(
+        &self,
+        stream: &Arc<CudaStream>,
+        buf: &mut D,
+        count: usize,
+        dtype: DataType,
+        n: usize,
+    ) -> Result<()> {
+        if count
+            .checked_mul(dtype.size())
+            .is_none_or(|b| buf.len() < b)
+        {
+            return Err(Error::InvalidArgument(format!(
+                "divide: {count} elements of {dtype} do not fit a buffer of {} bytes",
+                buf.len()
+            )));
+        }
+        let (b, _b_sync) = buf.device_ptr_mut(stream);
+        let Some((name, grid, threads)) =
+            super::call::elementwise("divide", &[b], count, dtype, None)?
+        else {
+            return Ok(());
+        };
+        let (c, d) = (count as u64, n as f64);
+        // SAFETY: `strata_divide_*(T* buf, u64 count, double n)` gets exactly these
+        // arguments; the range holds `count` aligned elements and stays borrowed until
+        // enqueued.
+        unsafe {
+            self.launch(stream, &name, grid, threads, |l| {
+                l.arg(&b);
+                l.arg(&c);
+                l.arg(&d);
+            })
+        }
+    }
 }

@@ -500,6 +500,7 @@ fn correctness(ck: &mut Checker, rng: &mut Rng, quick: bool) -> Result<()> {
     }
     // Zero-length problems and the argument checks (never a silent no-op for bad specs).
     check_errors(ck)?;
+    elementwise(ck, rng, quick)?;
     let shapes: &[(usize, usize, usize)] = &[
         (1, 1, 1),
         (2, 4, 1),
@@ -556,6 +557,93 @@ fn correctness(ck: &mut Checker, rng: &mut Rng, quick: bool) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The element-wise kernels of the device transports (`strata_reduce_*`,
+/// `strata_divide_*`) against `reduce_into` / `finish_avg`: every type and op, odd counts
+/// and offsets (16-byte vectorized and element paths), random bits with specials.
+/// Equal bit for bit, except that two NaNs of other payloads count as equal (the GPU's
+/// arithmetic NaN is canonical, the CPU's carries an operand's payload).
+fn elementwise(ck: &mut Checker, rng: &mut Rng, quick: bool) -> Result<()> {
+    use strata::dtype::{finish_avg, reduce_into};
+    let st = ck.stream.clone();
+    let counts: &[usize] = if quick {
+        &[1, 37, 4099]
+    } else {
+        &[1, 7, 37, 1000, 4099, 100_003]
+    };
+    for dt in DataType::ALL {
+        let sz = dt.size();
+        for &count in counts {
+            let off = [0, 16, sz][rng.below(3) as usize];
+            let bits = |rng: &mut Rng| -> Vec<u8> {
+                let mut v = rng.bytes(count * sz);
+                if dt.is_float() {
+                    // Mostly ordinary values (random bits are mostly huge or NaN in f16).
+                    let ok = values(rng, count, dt, true);
+                    for (i, e) in v.chunks_mut(sz).enumerate() {
+                        if rng.below(8) != 0 {
+                            e.copy_from_slice(&ok[i * sz..(i + 1) * sz]);
+                        }
+                    }
+                }
+                v
+            };
+            for op in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min] {
+                let (acc, src) = (bits(rng), bits(rng));
+                let mut want = acc.clone();
+                reduce_into(&mut want, &src, dt, op);
+                let mut d_acc = upload(&st, &acc, off)?;
+                let d_src = upload(&st, &src, off)?;
+                {
+                    let mut a = d_acc.slice_mut(off..off + acc.len());
+                    ck.gpu.reduce(
+                        &st,
+                        &mut a,
+                        &d_src.slice(off..off + src.len()),
+                        count,
+                        dt,
+                        op,
+                    )?;
+                }
+                let got = st.clone_dtoh(&d_acc).map_err(dev)?;
+                ck.elementwise_result("reduce", dt, &got[off..off + acc.len()], &want);
+            }
+            let n = [1usize, 3, 8, 24][rng.below(4) as usize];
+            let buf = bits(rng);
+            let mut want = buf.clone();
+            finish_avg(&mut want, dt, n);
+            let mut d_buf = upload(&st, &buf, off)?;
+            {
+                let mut b = d_buf.slice_mut(off..off + buf.len());
+                ck.gpu.divide(&st, &mut b, count, dt, n)?;
+            }
+            let got = st.clone_dtoh(&d_buf).map_err(dev)?;
+            ck.elementwise_result("divide", dt, &got[off..off + buf.len()], &want);
+        }
+    }
+    Ok(())
+}
+
+impl Checker {
+    fn elementwise_result(&mut self, what: &'static str, dt: DataType, got: &[u8], want: &[u8]) {
+        let sz = dt.size();
+        let nan = |e: &[u8]| dt.is_float() && dt.get(e, 0).is_nan();
+        let bad = got
+            .chunks(sz)
+            .zip(want.chunks(sz))
+            .filter(|(g, w)| g != w && !(nan(g) && nan(w)))
+            .count();
+        let t = self.tally.entry(what).or_default();
+        t.cases += 1;
+        if bad > 0 {
+            t.failed += 1;
+            eprintln!(
+                "ERROR {what} {dt}: {bad} of {} elements differ",
+                want.len() / sz
+            );
+        }
+    }
 }
 
 /// Invalid specs and sizes are errors on the device path too (InvalidArgument), and
@@ -880,6 +968,33 @@ fn bench(
             });
         }
         rows.push(bench_drq(&st, gpu, tm, s, &host, n)?);
+    }
+    // The device transports' element-wise kernels: acc = acc + src, and Avg's division.
+    for (dt, src) in &srcs {
+        let (dt, bytes) = (*dt, src.len());
+        if dt == DataType::F16 {
+            continue; // costs what bf16 does
+        }
+        let mut acc = st.clone_htod(src).map_err(dev)?;
+        let other = st.clone_htod(src).map_err(dev)?;
+        let t = tm.time(|| gpu.reduce(&st, &mut acc, &other, n, dt, ReduceOp::Sum))?;
+        rows.push(Row {
+            name: format!("reduce sum {dt}"),
+            read: 2 * bytes,
+            written: bytes,
+            kernel_us: t,
+            copy_bytes: bytes,
+            copy_us: tm.copy(bytes)?,
+        });
+        let t = tm.time(|| gpu.divide(&st, &mut acc, n, dt, 24))?;
+        rows.push(Row {
+            name: format!("divide avg {dt}"),
+            read: bytes,
+            written: bytes,
+            kernel_us: t,
+            copy_bytes: bytes,
+            copy_us: tm.copy(bytes)?,
+        });
     }
     Ok(rows)
 }
