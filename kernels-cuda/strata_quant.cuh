@@ -657,6 +657,7 @@ STRATA_DEV void strata_quantize_block(const Src& src, strata_u32 m, strata_u32 n
   const strata_u32 wvec = (strata_u32)V * gs;  // vectors of one window
   float cache[V][EPV];
   strata_u32 amax = 0u;  // bits of the largest |x| (strata_abs_bits)
+#pragma unroll 1
   for (strata_u32 w = 0; w < nwin; ++w) {
     src.template load_lane<V>(w * wvec + tig, (w + 1) * wvec * EPV, gs, m, cache);
 #pragma unroll
@@ -680,6 +681,7 @@ STRATA_DEV void strata_quantize_block(const Src& src, strata_u32 m, strata_u32 n
   const float inv = mode != 0 ? 0.0f : (tiny ? qmax / (am * STRATA_UP) : qmax / am);
   if (tig == 0) strata_store_scale(scale_out, scale);
 
+#pragma unroll 1
   for (strata_u32 w = 0; w < nwin; ++w) {
     if (nwin > 1) src.template load_lane<V>(w * wvec + tig, (w + 1) * wvec * EPV, gs, m, cache);
     if (codes_vec && (w + 1) * wvec * EPV <= m) {  // every vector full and aligned
