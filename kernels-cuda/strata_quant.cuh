@@ -126,6 +126,17 @@ STRATA_DEV bool strata_aligned(const void* p, strata_u64 a) {
 // when the element is not naturally aligned.
 template <int DT> struct StrataElem {
   static const int size = DT == STRATA_F32 ? 4 : 2;
+  // The bits of element i (no conversion), at any alignment.
+  STRATA_DEV static unsigned int bits(const strata_u8* p, strata_u32 i) {
+    const strata_u8* e = p + (strata_u64)i * size;
+    if (DT == STRATA_F32) {
+      if (strata_aligned(e, 4)) return *reinterpret_cast<const unsigned int*>(e);
+      return (unsigned int)e[0] | ((unsigned int)e[1] << 8) | ((unsigned int)e[2] << 16) |
+             ((unsigned int)e[3] << 24);
+    }
+    if (strata_aligned(e, 2)) return *reinterpret_cast<const unsigned short*>(e);
+    return (unsigned int)e[0] | ((unsigned int)e[1] << 8);
+  }
   STRATA_DEV static float load(const strata_u8* p, strata_u32 i) {
     const strata_u8* e = p + (strata_u64)i * size;
     if (DT == STRATA_F32) {
@@ -354,29 +365,28 @@ template <int BITS> struct StrataCodes {
 };
 
 // ---------------------------------------------------------------------------------
-// Lane geometry. A *vector* is the EPV elements whose input fits 16 bytes (f32: 4;
-// f16/bf16: 8; packed int8 codes: 16; int4: 32). Each lane of a group holds V vectors
-// of its block in registers, vectors i * gs + lane (i < V), so every load instruction
-// of a warp reads one contiguous run of 16-byte vectors, all V loads are issued before
-// the first use, and the block is read from memory once when gs * V * EPV >= block.
-// STRATA_LANE_ELEMS (elements per lane, V * EPV; a compile-time choice the host's
-// plan::Geometry mirrors) sets how many bytes each lane keeps in flight.
+// Lane geometry. A *vector* is 16 bytes of a kernel's input: 4 f32 or 8 f16/bf16
+// elements (quantization), 16 codes (16 bytes of int8, 8 of int4: dequantization and
+// the fused kernel). Each lane of a group holds V vectors of its block in registers,
+// vectors i * gs + lane (i < V), so every load instruction of a warp reads one
+// contiguous run of vectors, all of a lane's loads are issued before the first use, and
+// a block of up to gs * V vectors is read from memory once. STRATA_LANE_ELEMS (a
+// compile-time choice the host's plan::Geometry mirrors) sets the bytes a lane keeps in
+// flight: quantization holds STRATA_LANE_ELEMS * 4 bytes of input as loaded (64 f32 or
+// 128 bf16 elements by default), the fused kernel half as many elements as f32 sums,
+// dequantization STRATA_LANE_ELEMS / 16 vectors of codes (of k > 1 senders, half as
+// many).
 // ---------------------------------------------------------------------------------
 #ifndef STRATA_LANE_ELEMS
 #define STRATA_LANE_ELEMS 64
 #endif
-
-template <int EPV> struct StrataLane {
-  static const int V = STRATA_LANE_ELEMS / EPV > 0 ? STRATA_LANE_ELEMS / EPV : 1;
-};
-
-// Dequantize-reduce holds no block in registers (no amax): a lane keeps fewer output
-// elements, a quarter of STRATA_LANE_ELEMS (plan::Geometry::deq_lane_elems), which
-// leaves room for the IEEE division of Avg without spilling.
-#define STRATA_DEQ_LANE_ELEMS (STRATA_LANE_ELEMS / 4)
-template <int EPV> struct StrataDeqLane {
-  static const int V = STRATA_DEQ_LANE_ELEMS / EPV > 0 ? STRATA_DEQ_LANE_ELEMS / EPV : 1;
-};
+#define STRATA_MAX1(x) ((x) > 0 ? (x) : 1)
+#define STRATA_QUANT_VECS STRATA_MAX1(STRATA_LANE_ELEMS / 4)
+#define STRATA_DRQ_VECS STRATA_MAX1(STRATA_LANE_ELEMS / 32)
+#define STRATA_DEQ_VECS STRATA_MAX1(STRATA_LANE_ELEMS / 16)
+#define STRATA_DEQK_VECS STRATA_MAX1(STRATA_LANE_ELEMS / 64)
+// Senders whose loads are issued together in the k-sender kernels (in sender order).
+#define STRATA_SENDERS_AT_ONCE 4
 
 // ---------------------------------------------------------------------------------
 // Group reduction (amax). Called by every thread of the thread block the same number of
@@ -506,131 +516,166 @@ STRATA_DEV strata_u64 strata_packed_len(strata_u64 n, strata_u64 block) {
 }
 
 // ---------------------------------------------------------------------------------
-// Sources of f32 values for the shared quantize body. A source yields the vectors of
-// one block: vector q is elements [q * EPV, q * EPV + EPV) of it, zeros past m.
+// Sources of values for the shared quantize body. A source yields the vectors of one
+// block (vector q: elements [q * EPV, q * EPV + EPV), zeros past m) as `Vec`s, what a
+// lane keeps in registers; lane_amax() gives the bits of their largest |x|
+// (strata_abs_bits) and value() element e as an f32.
 // ---------------------------------------------------------------------------------
 
-// Elements of type DT of one block.
+// Elements of type DT of one block, kept as loaded (16 bytes a vector: f16/bf16 are
+// widened only when used, so a lane holds twice as many of them as of f32).
 template <int DT> struct StrataElemSource {
   static const int EPV = 16 / StrataElem<DT>::size;
-  static const int V = StrataLane<EPV>::V;  // vectors a lane holds
+  static const int V = STRATA_QUANT_VECS;
+  struct Vec {
+    unsigned int w[4];
+  };
   const strata_u8* p;  // first element of the block
   bool vec;            // p is 16-byte aligned
-  // One vector of cnt (1..EPV) elements starting at element `first`.
-  STRATA_DEV void load(strata_u32 first, strata_u32 cnt, float (&v)[EPV]) const {
-    if (vec && cnt == (strata_u32)EPV) {
-      strata_load_vec<DT, EPV>(p + (strata_u64)first * StrataElem<DT>::size, v);
-    } else {
-#pragma unroll
-      for (int j = 0; j < EPV; ++j)
-        v[j] = (strata_u32)j < cnt ? StrataElem<DT>::load(p, first + j) : 0.0f;
-    }
-  }
-  // A lane's V vectors q = q0 + i * gs (i < V) of a block of m elements. When the whole
-  // window of the group is inside the block, V unconditional 16-byte loads.
-  template <int V>
-  STRATA_DEV void load_lane(strata_u32 q0, strata_u32 window_end, strata_u32 gs, strata_u32 m,
-                            float (&v)[V][EPV]) const {
-    if (vec && window_end <= m) {
-#pragma unroll
-      for (int i = 0; i < V; ++i)
-        strata_load_vec<DT, EPV>(p + (strata_u64)(q0 + i * gs) * EPV * StrataElem<DT>::size, v[i]);
+  // Vector q of a block of m elements: one 16-byte load when `full` (aligned, whole
+  // vector inside the block), else element by element.
+  STRATA_DEV void load(strata_u32 q, strata_u32 m, bool full, Vec& c) const {
+    const strata_u32 first = q * EPV;
+    if (full) {
+      const uint4 u = *reinterpret_cast<const uint4*>(p + (strata_u64)first * StrataElem<DT>::size);
+      c.w[0] = u.x;
+      c.w[1] = u.y;
+      c.w[2] = u.z;
+      c.w[3] = u.w;
       return;
     }
 #pragma unroll
-    for (int i = 0; i < V; ++i) {
-      const strata_u32 first = (q0 + i * gs) * EPV;
-      if (first < m) {
-        load(first, m - first < (strata_u32)EPV ? m - first : (strata_u32)EPV, v[i]);
-      } else {
+    for (int i = 0; i < 4; ++i) c.w[i] = 0u;
 #pragma unroll
-        for (int j = 0; j < EPV; ++j) v[i][j] = 0.0f;
+    for (int j = 0; j < EPV; ++j) {
+      if (first + (strata_u32)j < m) {
+        const unsigned int b = StrataElem<DT>::bits(p, first + j);
+        if (DT == STRATA_F32)
+          c.w[j] = b;
+        else
+          c.w[j >> 1] |= b << (16 * (j & 1));
       }
     }
   }
+  // A lane's V vectors q = q0 + i * gs (i < V). When the whole window of the group is
+  // inside the block and aligned, V unconditional 16-byte loads.
+  STRATA_DEV void load_lane(strata_u32 q0, strata_u32 window_end, strata_u32 gs, strata_u32 m,
+                            Vec (&c)[V]) const {
+    const bool all = vec && window_end <= m;
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      const strata_u32 q = q0 + (strata_u32)i * gs;
+      load(q, m, all || (vec && (q + 1) * EPV <= m), c[i]);
+    }
+  }
+  STRATA_DEV static float value(const Vec& c, int e) {
+    if (DT == STRATA_F32) return __uint_as_float(c.w[e]);
+    const unsigned int h = (c.w[e >> 1] >> (16 * (e & 1))) & 0xffffu;
+    return DT == STRATA_BF16 ? __uint_as_float(h << 16) : strata_f16_to_f32((unsigned short)h);
+  }
+  // On magnitude bits, f16 and bf16 order like f32 too: the largest is found on the
+  // 16-bit patterns and widened once (bf16: the high half of an f32; f16 exactly).
+  STRATA_DEV static strata_u32 lane_amax(const Vec (&c)[V]) {
+    strata_u32 m = 0u;
+#pragma unroll
+    for (int i = 0; i < V; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if (DT == STRATA_F32) {
+          const strata_u32 b = c[i].w[j] & 0x7fffffffu;
+          m = b > m ? b : m;
+        } else {
+          const strata_u32 lo = c[i].w[j] & 0x7fffu, hi = (c[i].w[j] >> 16) & 0x7fffu;
+          m = lo > m ? lo : m;
+          m = hi > m ? hi : m;
+        }
+      }
+    if (DT == STRATA_BF16) return m << 16;
+    if (DT == STRATA_F16) return m >= 0x7c00u ? STRATA_INF_BITS : __float_as_uint(strata_f16_to_f32((unsigned short)m));
+    return m;
+  }
 };
 
-// The sum over k senders, in sender order, of the dequantized values of one block; a
-// vector is 16 codes.
+// The sum over k senders, in sender order, of the dequantized values of one block: a
+// vector is 16 codes (16 bytes of int8, 8 of int4), kept as f32 sums.
 template <int BITS> struct StrataDeqSource {
-  static const int EPV = 16;              // 16 codes: 16 bytes (int8), 8 bytes (int4)
+  static const int EPV = 16;
   static const int NB = EPV * BITS / 8;
-  // Vectors a lane holds: half of STRATA_LANE_ELEMS (the k-sender sums and their codes
-  // share the registers; plan::Geometry::drq_lane_elems).
-  static const int V = STRATA_LANE_ELEMS / 2 / EPV > 0 ? STRATA_LANE_ELEMS / 2 / EPV : 1;
+  static const int V = STRATA_DRQ_VECS;
+  struct Vec {
+    float v[16];
+  };
   const strata_u8* scales;  // sender 0's scale of this block
   const strata_u8* codes;   // sender 0's first code of this block
   strata_u64 stride;        // bytes between senders
   strata_u32 k;
   bool vec;                 // every sender's codes of this block are 16-byte aligned
-  STRATA_DEV void load(strata_u32 first, strata_u32 cnt, float (&v)[EPV]) const {
-    const strata_u64 coff = StrataCodes<BITS>::offset(first);
-    const bool full = vec && cnt == (strata_u32)EPV;
-#pragma unroll 1
-    for (strata_u32 s = 0; s < k; ++s) {
-      const float scale = strata_load_scale(scales + s * stride);
-      unsigned int w[4];
-      StrataCodes<BITS>::template load<NB>(codes + s * stride + coff, cnt, full, w);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) w[i] = StrataCodes<BITS>::flip(w[i]);
-#pragma unroll
-      for (int j = 0; j < EPV; ++j) {
-        const float d = StrataCodes<BITS>::value(w, j) * scale;  // one f32 multiply
-        v[j] = s == 0 ? d : v[j] + d;                                   // sender order
-      }
-    }
-    if (cnt < (strata_u32)EPV) {
-#pragma unroll
-      for (int j = 0; j < EPV; ++j)
-        if ((strata_u32)j >= cnt) v[j] = 0.0f;
-    }
-  }
-  // A lane's V vectors, as StrataElemSource::load_lane: per sender, the V code loads
-  // are issued together, then accumulated.
-  template <int V>
+  // A lane's V vectors: senders in groups of STRATA_SENDERS_AT_ONCE, each group's code
+  // loads issued together, then added in sender order.
   STRATA_DEV void load_lane(strata_u32 q0, strata_u32 window_end, strata_u32 gs, strata_u32 m,
-                            float (&v)[V][EPV]) const {
+                            Vec (&c)[V]) const {
+    typedef StrataCodes<BITS> C;
+    const int KS = STRATA_SENDERS_AT_ONCE;
     const bool all = vec && window_end <= m;
-    for (strata_u32 s = 0; s < k; ++s) {
-      const float scale = strata_load_scale(scales + s * stride);
-      const strata_u8* c = codes + s * stride;
-      unsigned int w[V][4];
+    for (strata_u32 s0 = 0; s0 < k; s0 += KS) {
+      float scale[KS];
+      unsigned int w[KS][V][4];
 #pragma unroll
-      for (int i = 0; i < V; ++i) {
-        const strata_u32 first = (q0 + i * gs) * EPV;
-        const strata_u32 cnt =
-            first < m ? (m - first < (strata_u32)EPV ? m - first : (strata_u32)EPV) : 0u;
-        if (all) {
-          StrataCodes<BITS>::template load<NB>(c + StrataCodes<BITS>::offset(first), EPV, true,
-                                               w[i]);
-        } else if (cnt > 0) {
-          StrataCodes<BITS>::template load<NB>(c + StrataCodes<BITS>::offset(first), cnt,
-                                               vec && cnt == (strata_u32)EPV, w[i]);
-        } else {
+      for (int j = 0; j < KS; ++j) {
+        const strata_u32 s = s0 + (strata_u32)j;
+        scale[j] = s < k ? strata_load_scale(scales + s * stride) : 0.0f;
 #pragma unroll
-          for (int j = 0; j < 4; ++j) w[i][j] = 0u;
+        for (int i = 0; i < V; ++i) {
+          const strata_u32 first = (q0 + (strata_u32)i * gs) * EPV;
+          const strata_u32 cnt =
+              first < m ? (m - first < (strata_u32)EPV ? m - first : (strata_u32)EPV) : 0u;
+          if (s < k && (all || cnt > 0)) {
+            C::template load<NB>(codes + s * stride + C::offset(first), all ? EPV : cnt,
+                                 all || (vec && cnt == (strata_u32)EPV), w[j][i]);
+          } else {
+#pragma unroll
+            for (int t = 0; t < 4; ++t) w[j][i][t] = 0u;
+          }
         }
       }
 #pragma unroll
-      for (int i = 0; i < V; ++i) {
+      for (int j = 0; j < KS; ++j) {
+        const strata_u32 s = s0 + (strata_u32)j;
+        if (s < k) {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) w[i][j] = StrataCodes<BITS>::flip(w[i][j]);
+          for (int i = 0; i < V; ++i) {
 #pragma unroll
-        for (int j = 0; j < EPV; ++j) {
-          const float d = StrataCodes<BITS>::value(w[i], j) * scale;
-          v[i][j] = s == 0 ? d : v[i][j] + d;
+            for (int t = 0; t < 4; ++t) w[j][i][t] = C::flip(w[j][i][t]);
+#pragma unroll
+            for (int e = 0; e < EPV; ++e) {
+              const float d = C::value(w[j][i], e) * scale[j];  // one f32 multiply
+              c[i].v[e] = s == 0 ? d : c[i].v[e] + d;             // sender order
+            }
+          }
         }
       }
     }
     if (!all) {  // elements past the block read as 0 (their codes may decode to NaN)
 #pragma unroll
       for (int i = 0; i < V; ++i) {
-        const strata_u32 first = (q0 + i * gs) * EPV;
+        const strata_u32 first = (q0 + (strata_u32)i * gs) * EPV;
 #pragma unroll
-        for (int j = 0; j < EPV; ++j)
-          if (first + (strata_u32)j >= m) v[i][j] = 0.0f;
+        for (int e = 0; e < EPV; ++e)
+          if (first + (strata_u32)e >= m) c[i].v[e] = 0.0f;
       }
     }
+  }
+  STRATA_DEV static float value(const Vec& c, int e) { return c.v[e]; }
+  STRATA_DEV static strata_u32 lane_amax(const Vec (&c)[V]) {
+    strata_u32 m = 0u;
+#pragma unroll
+    for (int i = 0; i < V; ++i)
+#pragma unroll
+      for (int e = 0; e < EPV; ++e) {
+        const strata_u32 b = strata_abs_bits(c[i].v[e]);
+        m = b > m ? b : m;
+      }
+    return m;
   }
 };
 
@@ -655,18 +700,13 @@ STRATA_DEV void strata_quantize_block(const Src& src, strata_u32 m, strata_u32 n
   const int NB = EPV * BITS / 8;
   const strata_u32 nvec = (m + EPV - 1) / EPV;
   const strata_u32 wvec = (strata_u32)V * gs;  // vectors of one window
-  float cache[V][EPV];
+  typename Src::Vec cache[V];
   strata_u32 amax = 0u;  // bits of the largest |x| (strata_abs_bits)
 #pragma unroll 1
   for (strata_u32 w = 0; w < nwin; ++w) {
-    src.template load_lane<V>(w * wvec + tig, (w + 1) * wvec * EPV, gs, m, cache);
-#pragma unroll
-    for (int i = 0; i < V; ++i)
-#pragma unroll
-      for (int e = 0; e < EPV; ++e) {
-        const strata_u32 b = strata_abs_bits(cache[i][e]);
-        amax = b > amax ? b : amax;
-      }
+    src.load_lane(w * wvec + tig, (w + 1) * wvec * EPV, gs, m, cache);
+    const strata_u32 b = Src::lane_amax(cache);
+    amax = b > amax ? b : amax;
   }
   amax = strata_group_max(amax, gs, smem);
   if (nvec == 0) return;
@@ -683,14 +723,15 @@ STRATA_DEV void strata_quantize_block(const Src& src, strata_u32 m, strata_u32 n
 
 #pragma unroll 1
   for (strata_u32 w = 0; w < nwin; ++w) {
-    if (nwin > 1) src.template load_lane<V>(w * wvec + tig, (w + 1) * wvec * EPV, gs, m, cache);
+    if (nwin > 1) src.load_lane(w * wvec + tig, (w + 1) * wvec * EPV, gs, m, cache);
     if (codes_vec && (w + 1) * wvec * EPV <= m) {  // every vector full and aligned
 #pragma unroll
       for (int i = 0; i < V; ++i) {
         unsigned int c[4] = {0u, 0u, 0u, 0u};
         if (mode == 0) {
 #pragma unroll
-          for (int e = 0; e < EPV; ++e) C::put(c, e, (int)strata_quant_bits(cache[i][e], mul, inv, qmax));
+          for (int e = 0; e < EPV; ++e)
+            C::put(c, e, (int)strata_quant_bits(Src::value(cache[i], e), mul, inv, qmax));
         }
         C::template store<NB>(codes_out + C::offset((w * wvec + tig + (strata_u32)i * gs) * EPV), EPV,
                               true, c);
@@ -707,7 +748,8 @@ STRATA_DEV void strata_quantize_block(const Src& src, strata_u32 m, strata_u32 n
         if (mode == 0) {
 #pragma unroll
           for (int e = 0; e < EPV; ++e)
-            if ((strata_u32)e < cnt) C::put(c, e, (int)strata_quant_bits(cache[i][e], mul, inv, qmax));
+            if ((strata_u32)e < cnt)
+              C::put(c, e, (int)strata_quant_bits(Src::value(cache[i], e), mul, inv, qmax));
         }
         C::template store<NB>(codes_out + C::offset(first), cnt,
                               codes_vec && cnt == (strata_u32)EPV, c);
@@ -791,17 +833,96 @@ STRATA_DEV void strata_quantize_body(const StrataQuantArgs& a) {
   STRATA_GROUP_LOOP_END
 }
 
-// Dequantize-reduce: a lane's V output vectors (16 bytes of DT each) of a block at a
-// time; per sender, the V code loads are issued together. No reduction across lanes.
+// Dequantize-reduce of one block (m elements; codes of sender s at codes + s * stride):
+// a lane's V vectors of 16 codes at a time (16 output elements each, written as 16-byte
+// stores); senders in groups of KS whose code loads are issued together, added in
+// sender order. No reduction across lanes.
+template <int DT, int BITS, int V, int KS>
+STRATA_DEV void strata_dequant_block(const StrataDequantArgs& a, strata_u32 m,
+                                     const strata_u8* scales, const strata_u8* codes, bool vec,
+                                     strata_u8* out, bool out_vec, strata_u32 tig,
+                                     strata_u32 gs) {
+  typedef StrataCodes<BITS> C;
+  const int EPV = 16;                              // codes of a vector
+  const int NB = EPV * BITS / 8;                   // their bytes
+  const int OE = 16 / StrataElem<DT>::size;        // elements of one 16-byte store
+  const int OV = EPV / OE;                         // stores a vector
+  const strata_u32 k = (strata_u32)a.k;
+  const strata_u32 nvec = (m + EPV - 1) / EPV;
+  for (strata_u32 q0 = tig; q0 < nvec; q0 += (strata_u32)V * gs) {
+    const bool all = vec && out_vec && (q0 - tig + (strata_u32)V * gs) * EPV <= m;
+    float v[V][EPV];
+    for (strata_u32 s0 = 0; s0 < k; s0 += KS) {
+      float sc[KS];
+      unsigned int w[KS][V][4];
+#pragma unroll
+      for (int j = 0; j < KS; ++j) {
+        const strata_u32 s = s0 + (strata_u32)j;
+        sc[j] = s < k ? strata_load_scale(scales + s * a.in_stride) : 0.0f;
+#pragma unroll
+        for (int u = 0; u < V; ++u) {
+          const strata_u32 first = (q0 + (strata_u32)u * gs) * EPV;
+          const strata_u32 cnt =
+              first < m ? (m - first < (strata_u32)EPV ? m - first : (strata_u32)EPV) : 0u;
+          if (s < k && (all || cnt > 0)) {
+            C::template load<NB>(codes + s * a.in_stride + C::offset(first), all ? EPV : cnt,
+                                 all || (vec && cnt == (strata_u32)EPV), w[j][u]);
+          } else {
+#pragma unroll
+            for (int t = 0; t < 4; ++t) w[j][u][t] = 0u;
+          }
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < KS; ++j) {
+        const strata_u32 s = s0 + (strata_u32)j;
+        if (s < k) {
+#pragma unroll
+          for (int u = 0; u < V; ++u) {
+#pragma unroll
+            for (int t = 0; t < 4; ++t) w[j][u][t] = C::flip(w[j][u][t]);
+#pragma unroll
+            for (int e = 0; e < EPV; ++e) {
+              const float d = C::value(w[j][u], e) * sc[j];  // one f32 multiply
+              v[u][e] = s == 0 ? d : v[u][e] + d;             // sender order
+            }
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < V; ++u) {
+      const strata_u32 first = (q0 + (strata_u32)u * gs) * EPV;
+      if (!all && first >= m) continue;
+      const strata_u32 cnt = m - first < (strata_u32)EPV ? m - first : (strata_u32)EPV;
+      if (a.avg != 0) {
+#pragma unroll
+        for (int e = 0; e < EPV; ++e) v[u][e] = v[u][e] / a.divisor;  // one IEEE division
+      }
+      if (all || (out_vec && cnt == (strata_u32)EPV)) {
+#pragma unroll
+        for (int o = 0; o < OV; ++o) {
+          float t[OE];
+#pragma unroll
+          for (int e = 0; e < OE; ++e) t[e] = v[u][o * OE + e];
+          strata_store_vec<DT, OE>(out + ((strata_u64)first + o * OE) * StrataElem<DT>::size, t);
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < EPV; ++e)
+          if ((strata_u32)e < cnt) StrataElem<DT>::store(out, first + e, v[u][e]);
+      }
+    }
+  }
+}
+
+// Dequantize-reduce: one sender (dequantization) holds STRATA_DEQ_VECS vectors a lane;
+// k > 1 senders hold half as many, their loads STRATA_SENDERS_AT_ONCE senders at a time.
 template <int DT, int BITS>
 STRATA_DEV void strata_dequant_reduce_body(const StrataDequantArgs& a) {
   typedef StrataCodes<BITS> C;
-  const int EPV = 16 / StrataElem<DT>::size;
-  const int V = StrataDeqLane<EPV>::V;
-  const int NB = EPV * BITS / 8;
   const strata_u64 nb = strata_nblocks<BITS>(a.n, a.block);
   const strata_u64 pl = strata_packed_len<BITS>(a.n, a.block);
-  const strata_u32 k = (strata_u32)a.k;
   STRATA_GROUP_LOOP_BEGIN(a.total_blocks, a.gs)
   if (active) {
     strata_u64 i, blk;  // slice, block within the slice
@@ -814,57 +935,12 @@ STRATA_DEV void strata_dequant_reduce_body(const StrataDequantArgs& a) {
     const bool vec = strata_aligned(codes, 16) && (a.k == 1 || a.in_stride % 16 == 0);
     strata_u8* out = a.out + (i * a.n + e0) * StrataElem<DT>::size;
     const bool out_vec = strata_aligned(out, 16);
-    const strata_u32 nvec = (m + EPV - 1) / EPV;
-    for (strata_u32 q0 = tig; q0 < nvec; q0 += (strata_u32)V * gs) {
-      const bool all = vec && out_vec && (q0 - tig + (strata_u32)V * gs) * EPV <= m;
-      float v[V][EPV];
-      for (strata_u32 s = 0; s < k; ++s) {
-        const float scale = strata_load_scale(scales + s * a.in_stride);
-        const strata_u8* c = codes + s * a.in_stride;
-        unsigned int w[V][4];
-#pragma unroll
-        for (int u = 0; u < V; ++u) {
-          const strata_u32 first = (q0 + (strata_u32)u * gs) * EPV;
-          const strata_u32 cnt =
-              first < m ? (m - first < (strata_u32)EPV ? m - first : (strata_u32)EPV) : 0u;
-          if (all) {
-            C::template load<NB>(c + C::offset(first), EPV, true, w[u]);
-          } else if (cnt > 0) {
-            C::template load<NB>(c + C::offset(first), cnt, vec && cnt == (strata_u32)EPV, w[u]);
-          } else {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) w[u][j] = 0u;
-          }
-        }
-#pragma unroll
-        for (int u = 0; u < V; ++u) {
-#pragma unroll
-          for (int j = 0; j < 4; ++j) w[u][j] = C::flip(w[u][j]);
-#pragma unroll
-          for (int j = 0; j < EPV; ++j) {
-            const float d = C::value(w[u], j) * scale;  // one f32 multiply
-            v[u][j] = s == 0 ? d : v[u][j] + d;               // sender order
-          }
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < V; ++u) {
-        const strata_u32 first = (q0 + (strata_u32)u * gs) * EPV;
-        if (!all && first >= m) continue;
-        const strata_u32 cnt = m - first < (strata_u32)EPV ? m - first : (strata_u32)EPV;
-        if (a.avg != 0) {
-#pragma unroll
-          for (int e = 0; e < EPV; ++e) v[u][e] = v[u][e] / a.divisor;  // one IEEE division
-        }
-        if (all || (out_vec && cnt == (strata_u32)EPV)) {
-          strata_store_vec<DT, EPV>(out + (strata_u64)first * StrataElem<DT>::size, v[u]);
-        } else {
-#pragma unroll
-          for (int e = 0; e < EPV; ++e)
-            if ((strata_u32)e < cnt) StrataElem<DT>::store(out, first + e, v[u][e]);
-        }
-      }
-    }
+    if (a.k == 1)
+      strata_dequant_block<DT, BITS, STRATA_DEQ_VECS, 1>(a, m, scales, codes, vec, out, out_vec,
+                                                         tig, gs);
+    else
+      strata_dequant_block<DT, BITS, STRATA_DEQK_VECS, STRATA_SENDERS_AT_ONCE>(
+          a, m, scales, codes, vec, out, out_vec, tig, gs);
   }
   STRATA_GROUP_LOOP_END
 }

@@ -5,7 +5,8 @@
 // reference (src/dtype.rs reduce_into / finish_avg):
 //   - f16/bf16: each step in f32, rounded to nearest even; integers wrap;
 //   - max/min: `if (a < b) a = b` (a NaN accumulator stays, a NaN input never enters);
-//   - Avg division in f64, rounded once (f32: to f32; f16/bf16: from f64 directly);
+//   - Avg division rounded once: f32/f16/bf16 as one f32 division narrowed to nearest
+//     even (equal to the CPU's f64 path; see strata_divide_one), other types in f64;
 //     integers round half away from zero and saturate; 64-bit integers divide exactly
 //     in integer arithmetic, with the same rounding.
 // Elements are naturally aligned (the host checks before launching).
@@ -169,6 +170,36 @@ STRATA_DEV double strata_to_f64(StrataBF16 x) { return (double)strata_f(x); }
 // integer arithmetic, rounded half away from zero (src/dtype.rs int_avg).
 template <typename T> STRATA_DEV T strata_divide_one(T x, double n) {
   return strata_from_f64(strata_to_f64(x) / n, T());
+}
+// f32, f16 and bf16 when n is an f32 (n <= 2^24, the world size): the f32 quotient (one
+// IEEE division) narrowed to nearest even. Rounding twice is then the same as rounding
+// the exact quotient once: the first format keeps at least 2p + 2 bits of the p-bit
+// result (f32: 24 >= 2 * 11 + 2 for f16, 2 * 8 + 2 for bf16; the CPU's f64: 53 >= 2 * 24
+// + 2 for f32; Figueroa, "When is double rounding innocuous?", 1995), so this equals
+// the f64 path of DataType::set bit for bit at a fraction of its cost.
+STRATA_DEV float strata_f32_quotient(float x, double n, bool& ok) {
+  const float nf = (float)n;
+  ok = (double)nf == n;
+  return ok ? x / nf : 0.0f;
+}
+STRATA_DEV float strata_divide_one(float x, double n) {
+  bool ok;
+  const float q = strata_f32_quotient(x, n, ok);
+  return ok ? q : __double2float_rn((double)x / n);
+}
+STRATA_DEV StrataF16 strata_divide_one(StrataF16 x, double n) {
+  bool ok;
+  const float q = strata_f32_quotient(strata_f(x), n, ok);
+  if (!ok) return strata_from_f64(strata_to_f64(x) / n, StrataF16());
+  StrataF16 r = {strata_f32_to_f16(q)};
+  return r;
+}
+STRATA_DEV StrataBF16 strata_divide_one(StrataBF16 x, double n) {
+  bool ok;
+  const float q = strata_f32_quotient(strata_f(x), n, ok);
+  if (!ok) return strata_from_f64(strata_to_f64(x) / n, StrataBF16());
+  StrataBF16 r = {strata_f32_to_bf16(q)};
+  return r;
 }
 STRATA_DEV long long strata_divide_one(long long x, double n) {
   long long d = (long long)n, q = x / d, r = x % d;

@@ -155,7 +155,7 @@ pub fn prepare(call: &QuantCall) -> Result<Option<Prepared>> {
                 dst,
             )?;
             Ok(
-                dequant_plan(spec, dtype, n, k, div, Geometry::current()).map(|(l, mut a)| {
+                dequant_plan(spec, n, k, div, Geometry::current()).map(|(l, mut a)| {
                     a.input = inputs.addr;
                     a.out = dst.addr;
                     Prepared {

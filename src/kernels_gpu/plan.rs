@@ -20,6 +20,9 @@ use crate::DataType;
 pub const MAX_GROUP: u32 = 512;
 /// Largest grid; the kernels' grid-stride loop covers the rest.
 pub const MAX_GRID: u32 = 1 << 16;
+/// Threads below which a launch counts as small (about the resident threads of an
+/// H100/H200: 132 SMs x 1024): its groups get more lanes ([`Launch::new`]).
+pub const SMALL_LAUNCH: u64 = 1 << 17;
 
 /// The kernels' register geometry: elements each lane keeps in registers (compiled into
 /// the CUDA module as `STRATA_LANE_ELEMS`) and threads per thread block. Any geometry
@@ -30,6 +33,8 @@ pub struct Geometry {
     pub lane_elems: u32,
     /// Threads per thread block when a group is smaller: 128, 256 or 512.
     pub cta_threads: u32,
+    /// Whether small launches spread each block over more lanes ([`Launch::new`]).
+    pub spread_small: bool,
 }
 
 impl Geometry {
@@ -38,6 +43,7 @@ impl Geometry {
     pub const DEFAULT: Geometry = Geometry {
         lane_elems: 64,
         cta_threads: 256,
+        spread_small: true,
     };
 
     /// `"E,T"` (elements per lane, threads per thread block), e.g. `"32,512"`.
@@ -57,6 +63,7 @@ impl Geometry {
         Ok(Geometry {
             lane_elems: e,
             cta_threads: t,
+            spread_small: true,
         })
     }
 
@@ -76,17 +83,26 @@ impl Geometry {
 }
 
 impl Geometry {
-    /// Elements a lane of the fused dequantize-reduce-quantize holds: half of
-    /// `lane_elems` (its k-sender sums and their codes share the registers;
-    /// `StrataDeqSource::V` in the header).
-    pub fn drq_lane_elems(self) -> u32 {
-        self.lane_elems / 2
+    /// 16-byte vectors of input a lane of a quantizer holds (`STRATA_QUANT_VECS`): 64
+    /// f32 or 128 f16/bf16 elements by default.
+    pub fn quant_vecs(self) -> u32 {
+        (self.lane_elems / 4).max(1)
     }
 
-    /// Output elements a lane of dequantize-reduce holds: a quarter of `lane_elems` (no
-    /// block stays in registers; `STRATA_DEQ_LANE_ELEMS` in the header).
-    pub fn deq_lane_elems(self) -> u32 {
-        self.lane_elems / 4
+    /// Vectors of 16 codes a lane of the fused dequantize-reduce-quantize holds
+    /// (`STRATA_DRQ_VECS`): its f32 sums and the codes of 4 senders share the registers.
+    pub fn drq_vecs(self) -> u32 {
+        (self.lane_elems / 32).max(1)
+    }
+
+    /// Vectors of 16 codes a lane of dequantize-reduce holds: `STRATA_DEQ_VECS` for one
+    /// sender, `STRATA_DEQK_VECS` for several (their loads 4 senders at a time).
+    pub fn deq_vecs(self, k: usize) -> u32 {
+        if k == 1 {
+            (self.lane_elems / 16).max(1)
+        } else {
+            (self.lane_elems / 64).max(1)
+        }
     }
 }
 
@@ -95,16 +111,14 @@ pub fn vec_elems(dtype: DataType) -> u32 {
     (16 / dtype.size()) as u32
 }
 
-/// Elements per vector of packed codes in the fused dequantize-reduce-quantize: 16
-/// (16 bytes of int8 codes, 8 of int4).
-pub fn code_vec_elems(_bits: u32) -> u32 {
-    16
-}
+/// Elements per vector of packed codes (dequantization and the fused kernel): 16 (16
+/// bytes of int8 codes, 8 of int4).
+pub const CODE_VEC: u32 = 16;
 
 /// Threads per quantization block for `spec` with vectors of `epv` elements, a lane
-/// holding `lane_elems` of them (at least one vector): a power of two in 1..=512.
-pub fn group_size(spec: QuantSpec, epv: u32, lane_elems: u32) -> u32 {
-    let per_lane = (lane_elems / epv).max(1) as usize * epv as usize;
+/// holding `vecs` of them: a power of two in 1..=512.
+pub fn group_size(spec: QuantSpec, epv: u32, vecs: u32) -> u32 {
+    let per_lane = vecs.max(1) as usize * epv as usize;
     let lanes = spec.block.max(1).div_ceil(per_lane);
     (lanes.next_power_of_two() as u64).min(MAX_GROUP as u64) as u32
 }
@@ -121,19 +135,29 @@ pub struct Launch {
 
 impl Launch {
     /// The launch for `total_blocks` quantization blocks of `spec` in vectors of `epv`
-    /// elements, `lane_elems` a lane, thread blocks of `g`; `None` when there is nothing to do (a valid empty problem: n = 0, c = 0
+    /// elements, `vecs` a lane, thread blocks of `g`; `None` when there is nothing to do (a valid empty problem: n = 0, c = 0
     /// or no slices).
     pub fn new(
         spec: QuantSpec,
         epv: u32,
-        lane_elems: u32,
+        vecs: u32,
         total_blocks: u64,
         g: Geometry,
     ) -> Option<Launch> {
         if total_blocks == 0 {
             return None;
         }
-        let gs = group_size(spec, epv, lane_elems);
+        let mut gs = group_size(spec, epv, vecs);
+        // A small problem leaves most of the GPU idle and its time is one group's latency:
+        // spread each block over up to 4x the lanes (each holding fewer of its vectors)
+        // while the launch stays under SMALL_LAUNCH threads.
+        let base = gs;
+        while g.spread_small
+            && gs < MAX_GROUP.min(4 * base)
+            && total_blocks.saturating_mul(2 * gs as u64) <= SMALL_LAUNCH
+        {
+            gs *= 2;
+        }
         let threads = gs.max(g.cta_threads);
         let groups = (threads / gs) as u64;
         let grid = total_blocks.div_ceil(groups).min(MAX_GRID as u64) as u32;
@@ -233,7 +257,7 @@ pub fn quantize_plan(
     g: Geometry,
 ) -> Option<(Launch, QuantArgs)> {
     let blocks = swizzle_blocks(spec, c, nodes, devices, stages)?;
-    let l = Launch::new(spec, vec_elems(dtype), g.lane_elems, blocks, g)?;
+    let l = Launch::new(spec, vec_elems(dtype), g.quant_vecs(), blocks, g)?;
     let a = QuantArgs {
         input: 0,
         out: 0,
@@ -253,19 +277,12 @@ pub fn quantize_plan(
 /// (`div`: the avg divisor as f32); `None` for n = 0.
 pub fn dequant_plan(
     spec: QuantSpec,
-    dtype: DataType,
     n: usize,
     k: usize,
     div: Option<f32>,
     g: Geometry,
 ) -> Option<(Launch, DequantArgs)> {
-    let l = Launch::new(
-        spec,
-        vec_elems(dtype),
-        g.deq_lane_elems(),
-        spec.blocks(n) as u64,
-        g,
-    )?;
+    let l = Launch::new(spec, CODE_VEC, g.deq_vecs(k), spec.blocks(n) as u64, g)?;
     let a = DequantArgs {
         input: 0,
         out: 0,
@@ -293,13 +310,7 @@ pub fn drq_plan(
     g: Geometry,
 ) -> Option<(Launch, DrqArgs)> {
     let blocks = (spec.blocks(n) as u64).checked_mul(slices as u64)?;
-    let l = Launch::new(
-        spec,
-        code_vec_elems(spec.bits),
-        g.drq_lane_elems(),
-        blocks,
-        g,
-    )?;
+    let l = Launch::new(spec, CODE_VEC, g.drq_vecs(), blocks, g)?;
     let a = DrqArgs {
         input: 0,
         out: 0,
@@ -328,35 +339,30 @@ mod tests {
 
     #[test]
     fn group_sizes() {
-        let e = G.lane_elems;
+        let q = G.quant_vecs();
         // f32 (4 per vector, 16 vectors a lane: 64 elements a lane).
-        assert_eq!(group_size(spec(8, 1), 4, e), 1);
-        assert_eq!(group_size(spec(8, 64), 4, e), 1);
-        assert_eq!(group_size(spec(8, 65), 4, e), 2);
-        assert_eq!(group_size(spec(8, 256), 4, e), 4);
-        // 2048 elements: one warp for quantization of every element type.
-        assert_eq!(group_size(spec(8, 2048), 4, e), 32);
-        assert_eq!(group_size(spec(4, 2048), 8, e), 32);
-        // The fused kernel holds half as many a lane, dequantization a quarter.
-        assert_eq!(
-            group_size(spec(8, 2048), code_vec_elems(8), G.drq_lane_elems()),
-            64
-        );
-        assert_eq!(
-            group_size(spec(4, 2048), code_vec_elems(4), G.drq_lane_elems()),
-            64
-        );
-        assert_eq!(group_size(spec(8, 2048), 4, G.deq_lane_elems()), 128);
-        assert_eq!(group_size(spec(8, 2048), 8, G.deq_lane_elems()), 128);
-        assert_eq!(group_size(spec(8, 32768), 4, e), 512);
-        assert_eq!(group_size(spec(8, 1 << 20), 4, e), 512);
-        // A vector wider than the lane's share: one vector a lane.
+        assert_eq!(group_size(spec(8, 1), 4, q), 1);
+        assert_eq!(group_size(spec(8, 64), 4, q), 1);
+        assert_eq!(group_size(spec(8, 65), 4, q), 2);
+        assert_eq!(group_size(spec(8, 256), 4, q), 4);
+        // 2048 elements: one warp for f32, half a warp for bf16 (128 a lane).
+        assert_eq!(group_size(spec(8, 2048), 4, q), 32);
+        assert_eq!(group_size(spec(4, 2048), 8, q), 16);
+        // The fused kernel holds 32 a lane; dequantization 64 (one sender) or 16.
+        assert_eq!(group_size(spec(8, 2048), CODE_VEC, G.drq_vecs()), 64);
+        assert_eq!(group_size(spec(4, 2048), CODE_VEC, G.drq_vecs()), 64);
+        assert_eq!(group_size(spec(8, 2048), CODE_VEC, G.deq_vecs(1)), 32);
+        assert_eq!(group_size(spec(8, 2048), CODE_VEC, G.deq_vecs(4)), 128);
+        assert_eq!(group_size(spec(8, 32768), 4, q), 512);
+        assert_eq!(group_size(spec(8, 1 << 20), 4, q), 512);
+        // The smallest geometry: at least one vector a lane.
         let small = Geometry::parse("16,128").unwrap();
-        assert_eq!(group_size(spec(8, 2048), 8, small.deq_lane_elems()), 256);
+        assert_eq!(small.drq_vecs(), 1);
+        assert_eq!(group_size(spec(8, 2048), CODE_VEC, small.deq_vecs(8)), 128);
         for b in [1, 2, 3, 100, 1000, 4097, 1 << 20] {
             for epv in [4, 8, 16] {
-                for l in [4, 8, 16, 32, 64] {
-                    let g = group_size(spec(8, b), epv, l);
+                for v in [1, 2, 4, 16] {
+                    let g = group_size(spec(8, b), epv, v);
                     assert!(g.is_power_of_two() && g <= MAX_GROUP);
                 }
             }
@@ -370,7 +376,8 @@ mod tests {
             Geometry::parse(" 32 , 512 ").unwrap(),
             Geometry {
                 lane_elems: 32,
-                cta_threads: 512
+                cta_threads: 512,
+                spread_small: true,
             }
         );
         for bad in ["", "64", "64,", "48,256", "64,300", "x,256", "64,256,1"] {
@@ -380,11 +387,18 @@ mod tests {
 
     #[test]
     fn launches_cover_every_block() {
-        let e = G.lane_elems;
+        let e = G.quant_vecs();
         assert_eq!(Launch::new(spec(8, 256), 4, e, 0, G), None);
-        let l = Launch::new(spec(8, 256), 4, e, 1000, G).unwrap();
+        let l = Launch::new(spec(8, 256), 4, e, 100_000, G).unwrap();
         assert_eq!((l.threads, l.gs), (256, 4));
-        assert_eq!(l.grid, 1000u64.div_ceil(64) as u32);
+        assert_eq!(l.grid, 100_000u64.div_ceil(64) as u32);
+        // Small launches: up to 4x the lanes a block, within SMALL_LAUNCH threads.
+        let l = Launch::new(spec(8, 256), 4, e, 1000, G).unwrap();
+        assert_eq!((l.threads, l.gs), (256, 16));
+        let l = Launch::new(spec(8, 2048), 4, e, 32, G).unwrap();
+        assert_eq!((l.threads, l.gs, l.grid), (256, 128, 16));
+        let l = Launch::new(spec(8, 2048), 4, e, 3000, G).unwrap();
+        assert_eq!(l.gs, 32);
         let l = Launch::new(spec(4, 1 << 20), 8, e, 3, G).unwrap();
         assert_eq!((l.threads, l.gs, l.grid), (512, 512, 3));
         let l = Launch::new(spec(8, 2), 4, e, u64::MAX / 2, G).unwrap();
