@@ -986,11 +986,11 @@ STRATA_DEV void strata_dequant_reduce_quant_body(const StrataDrqArgs& a) {
 // kernels-hip/strata_quant.hip expand this macro once; nothing else is per-platform.
 // ---------------------------------------------------------------------------------
 #define STRATA_QUANT_KERNEL(DTN, DT, BITS)                                                  \
-  extern "C" __global__ void __launch_bounds__(STRATA_MAX_THREADS)                          \
+  extern "C" __global__ void __launch_bounds__(STRATA_MAX_THREADS, 1)                          \
       strata_quantize_##DTN##_q##BITS(StrataQuantArgs a) {                                  \
     strata_quantize_body<DT, BITS>(a);                                                      \
   }                                                                                         \
-  extern "C" __global__ void __launch_bounds__(STRATA_MAX_THREADS)                          \
+  extern "C" __global__ void __launch_bounds__(STRATA_MAX_THREADS, 1)                          \
       strata_dequant_reduce_##DTN##_q##BITS(StrataDequantArgs a) {                          \
     strata_dequant_reduce_body<DT, BITS>(a);                                                \
   }
@@ -1002,11 +1002,11 @@ STRATA_DEV void strata_dequant_reduce_quant_body(const StrataDrqArgs& a) {
   STRATA_QUANT_KERNEL(f16, STRATA_F16, 4)                                                   \
   STRATA_QUANT_KERNEL(bf16, STRATA_BF16, 8)                                                 \
   STRATA_QUANT_KERNEL(bf16, STRATA_BF16, 4)                                                 \
-  extern "C" __global__ void __launch_bounds__(STRATA_MAX_THREADS)                          \
+  extern "C" __global__ void __launch_bounds__(STRATA_MAX_THREADS, 1)                          \
       strata_dequant_reduce_quant_q8(StrataDrqArgs a) {                                     \
     strata_dequant_reduce_quant_body<8>(a);                                                 \
   }                                                                                         \
-  extern "C" __global__ void __launch_bounds__(STRATA_MAX_THREADS)                          \
+  extern "C" __global__ void __launch_bounds__(STRATA_MAX_THREADS, 1)                          \
       strata_dequant_reduce_quant_q4(StrataDrqArgs a) {                                     \
     strata_dequant_reduce_quant_body<4>(a);                                                 \
   }
