@@ -37,7 +37,8 @@
 //
 // Kernels (extern "C", one per element type and bit width):
 //   strata_quantize_{f32,f16,bf16}_{q8,q4}        swizzled (and plain) quantization
-//   strata_dequant_reduce_{f32,f16,bf16}_{q8,q4}  dequantize (k = 1) / dequantize-reduce
+//   strata_dequantize_{f32,f16,bf16}_{q8,q4}      dequantize (k = 1, Sum)
+//   strata_dequant_reduce_{f32,f16,bf16}_{q8,q4}  dequantize-reduce (any k, Sum or Avg)
 //   strata_dequant_reduce_quant_{q8,q4}           the fused qgZ middle hop
 
 #ifndef STRATA_QUANT_CUH
@@ -366,16 +367,15 @@ template <int BITS> struct StrataCodes {
 
 // ---------------------------------------------------------------------------------
 // Lane geometry. A *vector* is 16 bytes of a kernel's input: 4 f32 or 8 f16/bf16
-// elements (quantization), 16 codes (16 bytes of int8, 8 of int4: dequantization and
-// the fused kernel). Each lane of a group holds V vectors of its block in registers,
+// elements (quantization), 16 codes (16 bytes of int8, 8 of int4: the fused kernel);
+// in dequantization 16 bytes of its output. Each lane of a group holds V vectors of its block in registers,
 // vectors i * gs + lane (i < V), so every load instruction of a warp reads one
 // contiguous run of vectors, all of a lane's loads are issued before the first use, and
 // a block of up to gs * V vectors is read from memory once. STRATA_LANE_ELEMS (a
 // compile-time choice the host's plan::Geometry mirrors) sets the bytes a lane keeps in
 // flight: quantization holds STRATA_LANE_ELEMS * 4 bytes of input as loaded (64 f32 or
 // 128 bf16 elements by default), the fused kernel half as many elements as f32 sums,
-// dequantization STRATA_LANE_ELEMS / 16 vectors of codes (of k > 1 senders, half as
-// many).
+// dequantization half as many output elements (of k senders or with Avg: a quarter).
 // ---------------------------------------------------------------------------------
 #ifndef STRATA_LANE_ELEMS
 #define STRATA_LANE_ELEMS 64
@@ -383,8 +383,6 @@ template <int BITS> struct StrataCodes {
 #define STRATA_MAX1(x) ((x) > 0 ? (x) : 1)
 #define STRATA_QUANT_VECS STRATA_MAX1(STRATA_LANE_ELEMS / 4)
 #define STRATA_DRQ_VECS STRATA_MAX1(STRATA_LANE_ELEMS / 32)
-#define STRATA_DEQ_VECS STRATA_MAX1(STRATA_LANE_ELEMS / 16)
-#define STRATA_DEQK_VECS STRATA_MAX1(STRATA_LANE_ELEMS / 64)
 // Senders whose loads are issued together in the k-sender kernels (in sender order).
 #define STRATA_SENDERS_AT_ONCE 4
 
@@ -561,11 +559,15 @@ template <int DT> struct StrataElemSource {
   // inside the block and aligned, V unconditional 16-byte loads.
   STRATA_DEV void load_lane(strata_u32 q0, strata_u32 window_end, strata_u32 gs, strata_u32 m,
                             Vec (&c)[V]) const {
-    const bool all = vec && window_end <= m;
+    if (vec && window_end <= m) {  // straight-line: every load issued before any use
+#pragma unroll
+      for (int i = 0; i < V; ++i) load(q0 + (strata_u32)i * gs, m, true, c[i]);
+      return;
+    }
 #pragma unroll
     for (int i = 0; i < V; ++i) {
       const strata_u32 q = q0 + (strata_u32)i * gs;
-      load(q, m, all || (vec && (q + 1) * EPV <= m), c[i]);
+      load(q, m, vec && (q + 1) * EPV <= m, c[i]);
     }
   }
   STRATA_DEV static float value(const Vec& c, int e) {
@@ -834,19 +836,18 @@ STRATA_DEV void strata_quantize_body(const StrataQuantArgs& a) {
 }
 
 // Dequantize-reduce of one block (m elements; codes of sender s at codes + s * stride):
-// a lane's V vectors of 16 codes at a time (16 output elements each, written as 16-byte
-// stores); senders in groups of KS whose code loads are issued together, added in
-// sender order. No reduction across lanes.
-template <int DT, int BITS, int V, int KS>
+// a vector is the EPV output elements of one 16-byte store (f32: 4, f16/bf16: 8) and
+// their NB code bytes; a lane takes V vectors at a time, so the code loads and the
+// stores of a warp are contiguous runs. Senders go in groups of KS whose code loads are
+// issued together, added in sender order. No reduction across lanes.
+template <int DT, int BITS, int V, int KS, bool AVG>
 STRATA_DEV void strata_dequant_block(const StrataDequantArgs& a, strata_u32 m,
                                      const strata_u8* scales, const strata_u8* codes, bool vec,
                                      strata_u8* out, bool out_vec, strata_u32 tig,
                                      strata_u32 gs) {
   typedef StrataCodes<BITS> C;
-  const int EPV = 16;                              // codes of a vector
-  const int NB = EPV * BITS / 8;                   // their bytes
-  const int OE = 16 / StrataElem<DT>::size;        // elements of one 16-byte store
-  const int OV = EPV / OE;                         // stores a vector
+  const int EPV = 16 / StrataElem<DT>::size;  // output elements of a vector
+  const int NB = EPV * BITS / 8;              // their code bytes: 2, 4 or 8
   const strata_u32 k = (strata_u32)a.k;
   const strata_u32 nvec = (m + EPV - 1) / EPV;
   for (strata_u32 q0 = tig; q0 < nvec; q0 += (strata_u32)V * gs) {
@@ -859,14 +860,26 @@ STRATA_DEV void strata_dequant_block(const StrataDequantArgs& a, strata_u32 m,
       for (int j = 0; j < KS; ++j) {
         const strata_u32 s = s0 + (strata_u32)j;
         sc[j] = s < k ? strata_load_scale(scales + s * a.in_stride) : 0.0f;
+        const strata_u8* c = codes + s * a.in_stride;
+        if (all) {
+#pragma unroll
+          for (int u = 0; u < V; ++u) {
+            if (s < k) {
+              C::template load<NB>(c + C::offset((q0 + (strata_u32)u * gs) * EPV), EPV, true, w[j][u]);
+            } else {
+#pragma unroll
+              for (int t = 0; t < 4; ++t) w[j][u][t] = 0u;
+            }
+          }
+          continue;
+        }
 #pragma unroll
         for (int u = 0; u < V; ++u) {
           const strata_u32 first = (q0 + (strata_u32)u * gs) * EPV;
           const strata_u32 cnt =
               first < m ? (m - first < (strata_u32)EPV ? m - first : (strata_u32)EPV) : 0u;
-          if (s < k && (all || cnt > 0)) {
-            C::template load<NB>(codes + s * a.in_stride + C::offset(first), all ? EPV : cnt,
-                                 all || (vec && cnt == (strata_u32)EPV), w[j][u]);
+          if (s < k && cnt > 0) {
+            C::template load<NB>(c + C::offset(first), cnt, vec && cnt == (strata_u32)EPV, w[j][u]);
           } else {
 #pragma unroll
             for (int t = 0; t < 4; ++t) w[j][u][t] = 0u;
@@ -895,18 +908,12 @@ STRATA_DEV void strata_dequant_block(const StrataDequantArgs& a, strata_u32 m,
       const strata_u32 first = (q0 + (strata_u32)u * gs) * EPV;
       if (!all && first >= m) continue;
       const strata_u32 cnt = m - first < (strata_u32)EPV ? m - first : (strata_u32)EPV;
-      if (a.avg != 0) {
+      if (AVG && a.avg != 0) {
 #pragma unroll
         for (int e = 0; e < EPV; ++e) v[u][e] = v[u][e] / a.divisor;  // one IEEE division
       }
       if (all || (out_vec && cnt == (strata_u32)EPV)) {
-#pragma unroll
-        for (int o = 0; o < OV; ++o) {
-          float t[OE];
-#pragma unroll
-          for (int e = 0; e < OE; ++e) t[e] = v[u][o * OE + e];
-          strata_store_vec<DT, OE>(out + ((strata_u64)first + o * OE) * StrataElem<DT>::size, t);
-        }
+        strata_store_vec<DT, EPV>(out + (strata_u64)first * StrataElem<DT>::size, v[u]);
       } else {
 #pragma unroll
         for (int e = 0; e < EPV; ++e)
@@ -916,9 +923,11 @@ STRATA_DEV void strata_dequant_block(const StrataDequantArgs& a, strata_u32 m,
   }
 }
 
-// Dequantize-reduce: one sender (dequantization) holds STRATA_DEQ_VECS vectors a lane;
-// k > 1 senders hold half as many, their loads STRATA_SENDERS_AT_ONCE senders at a time.
-template <int DT, int BITS>
+// Dequantize-reduce over a launch, a lane holding V vectors, KS senders' loads at once:
+// strata_dequantize_* (one sender, Sum: half of STRATA_LANE_ELEMS elements a lane, no
+// division) and strata_dequant_reduce_* (any k and Avg: a quarter, so that the sums
+// and four senders' codes leave room for many resident warps).
+template <int DT, int BITS, int V, int KS, bool AVG>
 STRATA_DEV void strata_dequant_reduce_body(const StrataDequantArgs& a) {
   typedef StrataCodes<BITS> C;
   const strata_u64 nb = strata_nblocks<BITS>(a.n, a.block);
@@ -934,16 +943,13 @@ STRATA_DEV void strata_dequant_reduce_body(const StrataDequantArgs& a) {
     const strata_u8* codes = a.in + i * pl + 4 * nb + C::offset(e0);
     const bool vec = strata_aligned(codes, 16) && (a.k == 1 || a.in_stride % 16 == 0);
     strata_u8* out = a.out + (i * a.n + e0) * StrataElem<DT>::size;
-    const bool out_vec = strata_aligned(out, 16);
-    if (a.k == 1)
-      strata_dequant_block<DT, BITS, STRATA_DEQ_VECS, 1>(a, m, scales, codes, vec, out, out_vec,
-                                                         tig, gs);
-    else
-      strata_dequant_block<DT, BITS, STRATA_DEQK_VECS, STRATA_SENDERS_AT_ONCE>(
-          a, m, scales, codes, vec, out, out_vec, tig, gs);
+    strata_dequant_block<DT, BITS, V, KS, AVG>(a, m, scales, codes, vec, out, strata_aligned(out, 16),
+                                          tig, gs);
   }
   STRATA_GROUP_LOOP_END
 }
+#define STRATA_DEQ1_VECS(DT) STRATA_MAX1(STRATA_LANE_ELEMS / 2 / (16 / StrataElem<DT>::size))
+#define STRATA_DEQK_VECS(DT) STRATA_MAX1(STRATA_LANE_ELEMS / 4 / (16 / StrataElem<DT>::size))
 
 template <int BITS>
 STRATA_DEV void strata_dequant_reduce_quant_body(const StrataDrqArgs& a) {
@@ -990,9 +996,13 @@ STRATA_DEV void strata_dequant_reduce_quant_body(const StrataDrqArgs& a) {
       strata_quantize_##DTN##_q##BITS(StrataQuantArgs a) {                                  \
     strata_quantize_body<DT, BITS>(a);                                                      \
   }                                                                                         \
-  extern "C" __global__ void __launch_bounds__(STRATA_MAX_THREADS, 1)                          \
+  extern "C" __global__ void __launch_bounds__(STRATA_MAX_THREADS, 1)                       \
+      strata_dequantize_##DTN##_q##BITS(StrataDequantArgs a) {                              \
+    strata_dequant_reduce_body<DT, BITS, STRATA_DEQ1_VECS(DT), 1, false>(a);                \
+  }                                                                                         \
+  extern "C" __global__ void __launch_bounds__(STRATA_MAX_THREADS, 1)                       \
       strata_dequant_reduce_##DTN##_q##BITS(StrataDequantArgs a) {                          \
-    strata_dequant_reduce_body<DT, BITS>(a);                                                \
+    strata_dequant_reduce_body<DT, BITS, STRATA_DEQK_VECS(DT), STRATA_SENDERS_AT_ONCE, true>(a); \
   }
 
 #define STRATA_QUANT_KERNELS()                                                              \

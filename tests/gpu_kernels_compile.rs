@@ -413,16 +413,10 @@ fn drq_fields(a: &plan::DrqArgs) -> Vec<u64> {
 /// fewer elements a lane than the emulator's kernels hold (larger groups than they need,
 /// so more lanes than vectors) or other thread blocks: any geometry gives the same bytes.
 fn geom(rng: &mut Rng) -> plan::Geometry {
-    let g = match rng.below(4) {
+    match rng.below(4) {
         0 => plan::Geometry::parse("16,128").unwrap(),
         1 => plan::Geometry::parse("32,512").unwrap(),
         _ => plan::Geometry::DEFAULT,
-    };
-    // Every case here is a small launch: half of them as large ones run (groups of the
-    // size the kernels' register windows are made for), half spread over more lanes.
-    plan::Geometry {
-        spread_small: rng.below(2) == 0,
-        ..g
     }
 }
 
@@ -517,13 +511,18 @@ fn emulated_kernels_match_the_cpu_reference() {
                 };
                 let mut want = vec![0u8; n * dt.size()];
                 cpu::dequantize(s, &p, n, dt, &mut want).unwrap();
-                let (l, a) = plan::dequant_plan(s, n, 1, None, geom(&mut rng)).unwrap();
+                let (l, a) = plan::dequant_plan(s, dt, n, 1, None, geom(&mut rng)).unwrap();
                 let in_off = [0, 16, 5][rng.below(3) as usize];
                 let out_off = [0, 16, dt.size(), 1][rng.below(4) as usize];
                 let what = format!("dequantize {dt} q{bits} block {block} n {n} raw {raw} offsets {in_off}/{out_off}");
                 emu.check(
                     &what,
-                    &format!("strata_dequant_reduce_{dt}_q{bits}"),
+                    // One sender: its own kernel, or the k-sender one (same arguments).
+                    &if rng.below(4) == 0 {
+                        format!("strata_dequant_reduce_{dt}_q{bits}")
+                    } else {
+                        kernels_gpu::dequant_kernel_name(dt, bits, true)
+                    },
                     l,
                     &deq_fields(&a),
                     &p,
@@ -613,13 +612,13 @@ fn emulated_kernels_match_the_cpu_reference() {
                 let mut want = vec![0u8; n * dt.size()];
                 cpu::dequant_reduce(s, &ins, n, op, div, dt, &mut want).unwrap();
                 let d = (op == ReduceOp::Avg).then_some(div as f32);
-                let (l, a) = plan::dequant_plan(s, n, k, d, geom(&mut rng)).unwrap();
+                let (l, a) = plan::dequant_plan(s, dt, n, k, d, geom(&mut rng)).unwrap();
                 let what = format!(
                     "dequant_reduce {dt} q{bits} block {block} n {n} k {k} {op}/{div} raw {raw}"
                 );
                 emu.check(
                     &what,
-                    &format!("strata_dequant_reduce_{dt}_q{bits}"),
+                    &kernels_gpu::dequant_kernel_name(dt, bits, k == 1 && d.is_none()),
                     l,
                     &deq_fields(&a),
                     &all[..k * one],

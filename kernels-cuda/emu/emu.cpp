@@ -91,6 +91,12 @@ int main(int argc, char** argv) {
     launch(strata_quantize_##DTN##_q##BITS, a, grid, threads);                          \
     found = true;                                                                     \
   }                                                                                   \
+  if (name == "strata_dequantize_" #DTN "_q" #BITS) {                                \
+    StrataDequantArgs a{ip, op, f[0], f[1], f[2], f[3], f[4], f[5],                   \
+                        (strata_u32)f[6], (strata_u32)f[7], __uint_as_float((unsigned)f[8]), 0}; \
+    launch(strata_dequantize_##DTN##_q##BITS, a, grid, threads);                        \
+    found = true;                                                                     \
+  }                                                                                   \
   if (name == "strata_dequant_reduce_" #DTN "_q" #BITS) {                             \
     StrataDequantArgs a{ip, op, f[0], f[1], f[2], f[3], f[4], f[5],                   \
                         (strata_u32)f[6], (strata_u32)f[7], __uint_as_float((unsigned)f[8]), 0}; \

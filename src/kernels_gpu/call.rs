@@ -155,11 +155,11 @@ pub fn prepare(call: &QuantCall) -> Result<Option<Prepared>> {
                 dst,
             )?;
             Ok(
-                dequant_plan(spec, n, k, div, Geometry::current()).map(|(l, mut a)| {
+                dequant_plan(spec, dtype, n, k, div, Geometry::current()).map(|(l, mut a)| {
                     a.input = inputs.addr;
                     a.out = dst.addr;
                     Prepared {
-                        name: kernel_name(KernelOp::DequantReduce, Some(dtype), spec.bits),
+                        name: super::dequant_kernel_name(dtype, spec.bits, k == 1 && div.is_none()),
                         grid: l.grid,
                         threads: l.threads,
                         args: ArgBlock::Dequant(a),

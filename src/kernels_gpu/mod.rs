@@ -75,6 +75,9 @@ pub enum KernelOp {
     Quantize,
     /// Dequantization (k = 1) and dequantize-reduce: packed slices in, elements out.
     DequantReduce,
+    /// Dequantization of one sender without a division (k = 1, Sum; the arguments of
+    /// `DequantReduce`, more elements a lane).
+    Dequantize,
     /// Fused dequantize-reduce-quantize: packed slices in and out.
     DequantReduceQuant,
 }
@@ -87,6 +90,7 @@ pub fn kernels() -> Vec<(KernelOp, Option<crate::DataType>, u32)> {
     for dt in [F32, F16, BF16] {
         for bits in [8, 4] {
             v.push((KernelOp::Quantize, Some(dt), bits));
+            v.push((KernelOp::Dequantize, Some(dt), bits));
             v.push((KernelOp::DequantReduce, Some(dt), bits));
         }
     }
@@ -102,11 +106,23 @@ pub fn kernel_name(op: KernelOp, dtype: Option<crate::DataType>, bits: u32) -> S
     match op {
         KernelOp::Quantize => format!("strata_quantize_{dt}_q{bits}"),
         KernelOp::DequantReduce => format!("strata_dequant_reduce_{dt}_q{bits}"),
+        KernelOp::Dequantize => format!("strata_dequantize_{dt}_q{bits}"),
         KernelOp::DequantReduceQuant => format!("strata_dequant_reduce_quant_q{bits}"),
     }
 }
 
-/// Every kernel symbol (14: 3 element types x 2 widths x 2 ops, plus 2 fused).
+/// The dequantizing kernel: `strata_dequantize_*` for one sender without a division
+/// (`one`), `strata_dequant_reduce_*` otherwise (same arguments).
+pub fn dequant_kernel_name(dtype: crate::DataType, bits: u32, one: bool) -> String {
+    let op = if one {
+        KernelOp::Dequantize
+    } else {
+        KernelOp::DequantReduce
+    };
+    kernel_name(op, Some(dtype), bits)
+}
+
+/// Every kernel symbol (20: 3 element types x 2 widths x 3 ops, plus 2 fused).
 pub fn kernel_names() -> Vec<String> {
     kernels()
         .into_iter()
@@ -248,11 +264,19 @@ mod tests {
     #[test]
     fn sources_name_every_kernel_once() {
         let names = kernel_names();
-        assert_eq!(names.len(), 14);
+        assert_eq!(names.len(), 20);
         let mut sorted = names.clone();
         sorted.sort();
         sorted.dedup();
-        assert_eq!(sorted.len(), 14);
+        assert_eq!(sorted.len(), 20);
+        assert_eq!(
+            dequant_kernel_name(crate::DataType::BF16, 4, true),
+            "strata_dequantize_bf16_q4"
+        );
+        assert_eq!(
+            dequant_kernel_name(crate::DataType::F32, 8, false),
+            "strata_dequant_reduce_f32_q8"
+        );
         // The names are built by token pasting in the header's instantiation macro.
         assert!(CUDA_HEADER.contains("strata_quantize_##DTN##_q##BITS"));
         assert!(CUDA_HEADER.contains("strata_dequant_reduce_quant_q8"));

@@ -20,9 +20,6 @@ use crate::DataType;
 pub const MAX_GROUP: u32 = 512;
 /// Largest grid; the kernels' grid-stride loop covers the rest.
 pub const MAX_GRID: u32 = 1 << 16;
-/// Threads below which a launch counts as small (about the resident threads of an
-/// H100/H200: 132 SMs x 1024): its groups get more lanes ([`Launch::new`]).
-pub const SMALL_LAUNCH: u64 = 1 << 17;
 
 /// The kernels' register geometry: elements each lane keeps in registers (compiled into
 /// the CUDA module as `STRATA_LANE_ELEMS`) and threads per thread block. Any geometry
@@ -33,8 +30,6 @@ pub struct Geometry {
     pub lane_elems: u32,
     /// Threads per thread block when a group is smaller: 128, 256 or 512.
     pub cta_threads: u32,
-    /// Whether small launches spread each block over more lanes ([`Launch::new`]).
-    pub spread_small: bool,
 }
 
 impl Geometry {
@@ -43,7 +38,6 @@ impl Geometry {
     pub const DEFAULT: Geometry = Geometry {
         lane_elems: 64,
         cta_threads: 256,
-        spread_small: true,
     };
 
     /// `"E,T"` (elements per lane, threads per thread block), e.g. `"32,512"`.
@@ -63,7 +57,6 @@ impl Geometry {
         Ok(Geometry {
             lane_elems: e,
             cta_threads: t,
-            spread_small: true,
         })
     }
 
@@ -95,14 +88,17 @@ impl Geometry {
         (self.lane_elems / 32).max(1)
     }
 
-    /// Vectors of 16 codes a lane of dequantize-reduce holds: `STRATA_DEQ_VECS` for one
-    /// sender, `STRATA_DEQK_VECS` for several (their loads 4 senders at a time).
-    pub fn deq_vecs(self, k: usize) -> u32 {
-        if k == 1 {
-            (self.lane_elems / 16).max(1)
+    /// 16-byte output vectors of `dtype` a lane of a dequantizer holds: half of
+    /// `lane_elems` elements for one sender without a division (`one`:
+    /// `strata_dequantize_*`), a quarter otherwise (`strata_dequant_reduce_*`: its sums
+    /// and four senders' codes).
+    pub fn deq_vecs(self, dtype: DataType, one: bool) -> u32 {
+        let elems = if one {
+            self.lane_elems / 2
         } else {
-            (self.lane_elems / 64).max(1)
-        }
+            self.lane_elems / 4
+        };
+        (elems / vec_elems(dtype)).max(1)
     }
 }
 
@@ -147,17 +143,7 @@ impl Launch {
         if total_blocks == 0 {
             return None;
         }
-        let mut gs = group_size(spec, epv, vecs);
-        // A small problem leaves most of the GPU idle and its time is one group's latency:
-        // spread each block over up to 4x the lanes (each holding fewer of its vectors)
-        // while the launch stays under SMALL_LAUNCH threads.
-        let base = gs;
-        while g.spread_small
-            && gs < MAX_GROUP.min(4 * base)
-            && total_blocks.saturating_mul(2 * gs as u64) <= SMALL_LAUNCH
-        {
-            gs *= 2;
-        }
+        let gs = group_size(spec, epv, vecs);
         let threads = gs.max(g.cta_threads);
         let groups = (threads / gs) as u64;
         let grid = total_blocks.div_ceil(groups).min(MAX_GRID as u64) as u32;
@@ -277,12 +263,19 @@ pub fn quantize_plan(
 /// (`div`: the avg divisor as f32); `None` for n = 0.
 pub fn dequant_plan(
     spec: QuantSpec,
+    dtype: DataType,
     n: usize,
     k: usize,
     div: Option<f32>,
     g: Geometry,
 ) -> Option<(Launch, DequantArgs)> {
-    let l = Launch::new(spec, CODE_VEC, g.deq_vecs(k), spec.blocks(n) as u64, g)?;
+    let l = Launch::new(
+        spec,
+        vec_elems(dtype),
+        g.deq_vecs(dtype, k == 1 && div.is_none()),
+        spec.blocks(n) as u64,
+        g,
+    )?;
     let a = DequantArgs {
         input: 0,
         out: 0,
@@ -348,17 +341,30 @@ mod tests {
         // 2048 elements: one warp for f32, half a warp for bf16 (128 a lane).
         assert_eq!(group_size(spec(8, 2048), 4, q), 32);
         assert_eq!(group_size(spec(4, 2048), 8, q), 16);
-        // The fused kernel holds 32 a lane; dequantization 64 (one sender) or 16.
+        // The fused kernel holds 32 a lane; dequantization 32 (one sender, Sum) or 16.
         assert_eq!(group_size(spec(8, 2048), CODE_VEC, G.drq_vecs()), 64);
         assert_eq!(group_size(spec(4, 2048), CODE_VEC, G.drq_vecs()), 64);
-        assert_eq!(group_size(spec(8, 2048), CODE_VEC, G.deq_vecs(1)), 32);
-        assert_eq!(group_size(spec(8, 2048), CODE_VEC, G.deq_vecs(4)), 128);
+        assert_eq!(
+            group_size(spec(8, 2048), 4, G.deq_vecs(DataType::F32, true)),
+            64
+        );
+        assert_eq!(
+            group_size(spec(8, 2048), 8, G.deq_vecs(DataType::BF16, true)),
+            64
+        );
+        assert_eq!(
+            group_size(spec(8, 2048), 4, G.deq_vecs(DataType::F32, false)),
+            128
+        );
         assert_eq!(group_size(spec(8, 32768), 4, q), 512);
         assert_eq!(group_size(spec(8, 1 << 20), 4, q), 512);
         // The smallest geometry: at least one vector a lane.
         let small = Geometry::parse("16,128").unwrap();
         assert_eq!(small.drq_vecs(), 1);
-        assert_eq!(group_size(spec(8, 2048), CODE_VEC, small.deq_vecs(8)), 128);
+        assert_eq!(
+            group_size(spec(8, 2048), 8, small.deq_vecs(DataType::BF16, false)),
+            256
+        );
         for b in [1, 2, 3, 100, 1000, 4097, 1 << 20] {
             for epv in [4, 8, 16] {
                 for v in [1, 2, 4, 16] {
@@ -377,7 +383,6 @@ mod tests {
             Geometry {
                 lane_elems: 32,
                 cta_threads: 512,
-                spread_small: true,
             }
         );
         for bad in ["", "64", "64,", "48,256", "64,300", "x,256", "64,256,1"] {
@@ -389,16 +394,9 @@ mod tests {
     fn launches_cover_every_block() {
         let e = G.quant_vecs();
         assert_eq!(Launch::new(spec(8, 256), 4, e, 0, G), None);
-        let l = Launch::new(spec(8, 256), 4, e, 100_000, G).unwrap();
-        assert_eq!((l.threads, l.gs), (256, 4));
-        assert_eq!(l.grid, 100_000u64.div_ceil(64) as u32);
-        // Small launches: up to 4x the lanes a block, within SMALL_LAUNCH threads.
         let l = Launch::new(spec(8, 256), 4, e, 1000, G).unwrap();
-        assert_eq!((l.threads, l.gs), (256, 16));
-        let l = Launch::new(spec(8, 2048), 4, e, 32, G).unwrap();
-        assert_eq!((l.threads, l.gs, l.grid), (256, 128, 16));
-        let l = Launch::new(spec(8, 2048), 4, e, 3000, G).unwrap();
-        assert_eq!(l.gs, 32);
+        assert_eq!((l.threads, l.gs), (256, 4));
+        assert_eq!(l.grid, 1000u64.div_ceil(64) as u32);
         let l = Launch::new(spec(4, 1 << 20), 8, e, 3, G).unwrap();
         assert_eq!((l.threads, l.gs, l.grid), (512, 512, 3));
         let l = Launch::new(spec(8, 2), 4, e, u64::MAX / 2, G).unwrap();
