@@ -640,3 +640,55 @@ fn llama_13b_and_30b_tops_fit_with_overhead() {
         assert!(c0.feasible, "{name}: {gone} fits without overhead");
     }
 }
+
+#[test]
+fn quantized_phases_pay_their_kernels_at_the_measured_rates() {
+    use strata_engine::planner::KernelRates;
+    let t = Topology::parse("dgx-a100:2").unwrap();
+    let mesh = Mesh::of(&t);
+    let m = ModelShape::custom(2, 256, 4, 0, 512, false).unwrap();
+    let free = CommModel::new(&t)
+        .unwrap()
+        .with_kernel_rates(KernelRates::free())
+        .unwrap();
+    let h200 = CommModel::new(&t).unwrap();
+    let (mut free, mut h200) = (free, h200);
+    // zeropp: qwZ int8 all-gathers (fwd over P, bwd over hpZ) and qgZ int4 reduce-scatters.
+    let s = Strategy::parse("zeropp", mesh).unwrap();
+    let (a, _) = free.phase_times(&m, &s, 2, 1).unwrap();
+    let (b, _) = h200.phase_times(&m, &s, 2, 1).unwrap();
+    // The grad reduce of each unit adds exactly its kernels' bytes over their rates.
+    let r = KernelRates::h200();
+    let (p, nodes, local) = (16u64, 2u64, 8u64);
+    let extra: f64 = m
+        .unit_sizes()
+        .iter()
+        .map(|&(u, k)| {
+            let c = u.div_ceil(p);
+            let packed = strata::kernels::QuantSpec::new(4, 256)
+                .unwrap()
+                .packed_len(c as usize) as u64;
+            k as f64 * r.collective_us(false, false, c, packed, 2, 4, local, nodes)
+        })
+        .sum();
+    assert!(extra > 0.0);
+    assert!(
+        close(b.grad_reduce_us - a.grad_reduce_us, extra, 1e-9),
+        "{} - {} vs {extra}",
+        b.grad_reduce_us,
+        a.grad_reduce_us
+    );
+    // qwZ quantizes the forward gather; the backward one (hpZ's, in the node) is plain.
+    assert!(b.fwd_gather_us > a.fwd_gather_us);
+    assert_eq!(b.bwd_gather_us, a.bwd_gather_us);
+    // Unquantized strategies pay nothing more.
+    let s = Strategy::parse("zero3", mesh).unwrap();
+    assert_eq!(
+        free.phase_times(&m, &s, 2, 1).unwrap().0,
+        h200.phase_times(&m, &s, 2, 1).unwrap().0
+    );
+    // Bad rates are refused.
+    let mut bad = KernelRates::h200();
+    bad.dequant_reduce_quant.q8 = -1.0;
+    assert!(CommModel::new(&t).unwrap().with_kernel_rates(bad).is_err());
+}

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Parser;
-use strata_engine::planner::{self, memory::gib, ModelShape, Overhead, PlanRequest};
+use strata_engine::planner::{self, memory::gib, KernelRates, ModelShape, Overhead, PlanRequest};
 
 /// Rank the sharding strategies (ZeRO-1/2/3, MiCS, ZeRO++, PaRO, Frontier, AMSP's
 /// search space) for a model on a cluster by predicted communication time per step,
@@ -97,6 +97,11 @@ struct Args {
     /// Also write {"request": ..., "candidates": [...]} as JSON to FILE
     #[arg(long, value_name = "FILE")]
     json: Option<std::path::PathBuf>,
+    /// The quantization kernels' measured rates (JSON: strata_engine::planner::KernelRates,
+    /// GB/s from strata-gpu-check on the cluster's GPU) for qwZ/qgZ candidates; default:
+    /// an H200's; `none` counts no kernel time
+    #[arg(long, value_name = "FILE")]
+    kernel_rates: Option<String>,
 }
 
 /// A positive count with an optional K/M/G/T suffix (strata's one size parser).
@@ -202,6 +207,19 @@ fn request(a: &Args) -> Result<PlanRequest, String> {
     };
     r.flash_attention = !a.no_flash_attention;
     r.extra_memory = a.extra_memory;
+    r.kernel_rates = match a.kernel_rates.as_deref() {
+        None => KernelRates::h200(),
+        Some("none") => KernelRates::free(),
+        Some(f) => {
+            let text =
+                std::fs::read_to_string(f).map_err(|e| format!("--kernel-rates {f}: {e}"))?;
+            let k: KernelRates =
+                serde_json::from_str(&text).map_err(|e| format!("--kernel-rates {f}: {e}"))?;
+            k.validate()
+                .map_err(|e| format!("--kernel-rates {f}: {e}"))?;
+            k
+        }
+    };
     r.validate().map_err(msg)?;
     Ok(r)
 }
@@ -236,6 +254,10 @@ fn header(a: &Args, req: &PlanRequest) {
             a.recompute.clone()
         },
         if req.flash_attention { "FlashAttention" } else { "no FlashAttention" },
+    );
+    println!(
+        "# kernels : qwZ/qgZ quantization kernels at the rates of {}",
+        req.kernel_rates.device
     );
 }
 

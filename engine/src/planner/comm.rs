@@ -41,8 +41,10 @@
 //! is what strata's `qwz` runs, and for `qgz` the same per-link volumes as ZeRO++'s
 //! 2-hop all-to-all (intra `(k-1)·n·P(c)`, inter `(n-1)·P(c)` per rank, ZeRO++ E.3:
 //! the hierarchical reduce-scatter moves exactly these); `qgz-1hop` as a flat ring of
-//! `P(c)`. Quantization kernels' time is not modeled. Counts are rounded up to whole
-//! elements per rank (all-reduce: to a multiple of the group size).
+//! `P(c)`. Their quantization kernels add their time from measured rates
+//! ([`super::kernels`]: bytes over each kernel's GB/s; [`CommModel::with_kernel_rates`]).
+//! Counts are rounded up to whole elements per rank (all-reduce: to a multiple of the
+//! group size).
 
 use std::collections::HashMap;
 
@@ -214,11 +216,12 @@ enum Call {
         elems: u64,
         elem: usize,
     },
-    /// qwZ all-gather (`kind` AllGather) or qgZ reduce-scatter of `elems` elements in
-    /// total, `bits` per code, `flat` for the 1-hop variant.
+    /// qwZ all-gather (`kind` AllGather) or qgZ reduce-scatter of `elems` elements of
+    /// `elem` bytes in total, `bits` per code, `flat` for the 1-hop variant.
     Quant {
         kind: Kind,
         elems: u64,
+        elem: usize,
         bits: u8,
         flat: bool,
     },
@@ -230,6 +233,7 @@ pub struct CommModel {
     mesh: Mesh,
     groups: HashMap<GroupShape, Topology>,
     cache: HashMap<Key, (Algo, f64)>,
+    kernels: super::kernels::KernelRates,
     /// Schedules actually simulated (cache misses).
     pub simulated: usize,
     /// Collective times answered from the cache.
@@ -266,9 +270,18 @@ impl CommModel {
             mesh: Mesh::of(cluster),
             groups: HashMap::new(),
             cache: HashMap::new(),
+            kernels: super::kernels::KernelRates::default(),
             simulated: 0,
             hits: 0,
         })
+    }
+
+    /// The quantization kernels' rates quantized collectives are charged with (default
+    /// [`super::kernels::KernelRates::h200`]).
+    pub fn with_kernel_rates(mut self, rates: super::kernels::KernelRates) -> Result<CommModel> {
+        rates.validate().map_err(Error::Config)?;
+        self.kernels = rates;
+        Ok(self)
     }
 
     /// The cluster's mesh.
@@ -358,13 +371,27 @@ impl CommModel {
             Call::Quant {
                 kind,
                 elems,
+                elem,
                 bits,
                 flat,
             } => {
                 let q = QuantSpec::new(bits as u32, 256)?;
-                let packed = q.packed_len(elems.div_ceil(p) as usize);
+                let c = elems.div_ceil(p);
+                let packed = q.packed_len(c as usize);
                 let algo = if flat { Algo::Ring } else { Algo::Hier };
-                let (_, t) = self.collective(kind, algo, packed, 1, g)?;
+                let (_, wire) = self.collective(kind, algo, packed, 1, g)?;
+                let gather = kind == Kind::AllGather;
+                let t = wire
+                    + self.kernels.collective_us(
+                        gather,
+                        flat,
+                        c,
+                        packed as u64,
+                        elem,
+                        bits,
+                        g.a as u64,
+                        g.b as u64,
+                    );
                 let name = if kind == Kind::AllGather {
                     Algo::Qwz
                 } else if flat {
@@ -429,6 +456,7 @@ impl CommModel {
                         Call::Quant {
                             kind: Kind::AllGather,
                             elems: phi_u,
+                            elem: w,
                             bits: s.qwz_bits.unwrap_or(8),
                             flat: false,
                         }
@@ -455,6 +483,7 @@ impl CommModel {
                     Algo::Qgz | Algo::Qgz1 => Call::Quant {
                         kind: Kind::ReduceScatter,
                         elems: phi_u,
+                        elem: w,
                         bits: s.qgz_bits.unwrap_or(4),
                         flat: s.algos.grad_reduce == Algo::Qgz1,
                     },

@@ -21,11 +21,13 @@
 
 pub mod amsp;
 pub mod comm;
+pub mod kernels;
 pub mod memory;
 pub mod models;
 pub mod search;
 
 pub use comm::{group_topology, CommModel, GroupShape, PhaseAlgoNames, PhaseTimes};
+pub use kernels::KernelRates;
 pub use memory::{ActivationInputs, MemoryBreakdown, Overhead};
 pub use models::{ModelShape, Norm, Unit, UnitKind, MODEL_PRESETS};
 
@@ -65,6 +67,9 @@ pub struct PlanRequest {
     /// Bytes per GPU the model does not see, added on top of the overhead (default 0;
     /// `--extra-memory`: e.g. the excess of a measured activation peak over the formula).
     pub extra_memory: u64,
+    /// Measured rates of the quantization kernels that qwZ/qgZ candidates are charged
+    /// with (default: an H200's; [`kernels`]).
+    pub kernel_rates: KernelRates,
 }
 
 impl PlanRequest {
@@ -83,6 +88,7 @@ impl PlanRequest {
             flash_attention: true,
             overhead: Overhead::Modeled,
             extra_memory: 0,
+            kernel_rates: KernelRates::default(),
         }
     }
 
@@ -320,7 +326,7 @@ pub fn rank(cands: &mut [Candidate]) {
 pub fn plan_with_stats(req: &PlanRequest) -> Result<(Vec<Candidate>, PlanStats)> {
     req.validate()?;
     let mesh = req.mesh();
-    let mut comm = CommModel::new(&req.cluster)?;
+    let mut comm = CommModel::new(&req.cluster)?.with_kernel_rates(req.kernel_rates.clone())?;
     let cands = search::candidates(mesh, req.accum_steps());
     let mut out = Vec::with_capacity(cands.len());
     for s in &cands {
