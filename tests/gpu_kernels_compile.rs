@@ -35,7 +35,8 @@ fn cuda_kernels_compile_with_nvrtc() {
         return;
     }
     for arch in kernels_gpu::CUDA_ARCHS {
-        let ptx = match kernels_gpu::compile_cuda_ptx(arch) {
+        // No cache: this test is NVRTC compiling the source.
+        let ptx = match kernels_gpu::compile_cuda_ptx_in(arch, None) {
             Ok(p) => p,
             Err(e @ strata::Error::System(_)) => {
                 let msg = e.to_string();
@@ -92,7 +93,7 @@ fn cuda_kernels_compile_to_cubin() {
         return;
     }
     for arch in ["sm_80", "sm_90"] {
-        let cubin = match kernels_gpu::compile_cuda_cubin(arch) {
+        let cubin = match kernels_gpu::compile_cuda_cubin_in(arch, None) {
             Ok(c) => c,
             Err(e @ strata::Error::System(_)) if e.to_string().contains("not found") => {
                 unavailable("NVRTC CUBIN", &e.to_string());
@@ -114,6 +115,59 @@ fn cuda_kernels_compile_to_cubin() {
         }
         eprintln!("NVRTC {arch}: {} bytes of CUBIN", cubin.len());
     }
+}
+
+/// A process's compilation is kept on disk and the next one loads it: proven by
+/// replacing the cached body (same identity) and getting that back; a damaged file is
+/// compiled over.
+#[test]
+fn compiled_kernels_are_cached_on_disk() {
+    if !cfg!(feature = "cuda") {
+        eprintln!("SKIPPED kernel cache: built without --features cuda");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("strata-kcache-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let first = match kernels_gpu::compile_cuda_cubin_in("sm_90", Some(&dir)) {
+        Ok(c) => c,
+        Err(e @ strata::Error::System(_)) if e.to_string().contains("not found") => {
+            unavailable("kernel cache", &e.to_string());
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
+    let files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let data = std::fs::read(&files[0]).unwrap();
+    let head = data.windows(2).position(|w| w == b"\n\n").unwrap() + 2;
+    assert_eq!(
+        &data[head..],
+        &first[..],
+        "the file holds the CUBIN after its identity"
+    );
+    // The same identity with another body: loaded, not recompiled.
+    let mut fake = data[..head].to_vec();
+    fake.extend_from_slice(b"cached body");
+    std::fs::write(&files[0], &fake).unwrap();
+    assert_eq!(
+        kernels_gpu::compile_cuda_cubin_in("sm_90", Some(&dir)).unwrap(),
+        b"cached body"
+    );
+    // A truncated file is a miss: compiled again, and the entry repaired.
+    std::fs::write(&files[0], &data[..head / 2]).unwrap();
+    assert_eq!(
+        kernels_gpu::compile_cuda_cubin_in("sm_90", Some(&dir)).unwrap(),
+        first
+    );
+    assert_eq!(std::fs::read(&files[0]).unwrap(), data);
+    // PTX is another entry.
+    let ptx = kernels_gpu::compile_cuda_ptx_in("compute_90", Some(&dir)).unwrap();
+    assert!(ptx.contains(".entry strata_quantize_f32_q8"));
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 2);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

@@ -97,17 +97,10 @@ impl ProbeOptions {
     }
 }
 
-/// `$XDG_CACHE_HOME/strata`, else `$HOME/.cache/strata`, else `<temp>/strata-cache`.
+/// `$XDG_CACHE_HOME/strata`, else `$HOME/.cache/strata`, else `<temp>/strata-cache`
+/// ([`crate::config::cache_dir`]).
 pub fn default_cache_dir() -> PathBuf {
-    let var = |k: &str| {
-        std::env::var_os(k)
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-    };
-    var("XDG_CACHE_HOME")
-        .map(|d| d.join("strata"))
-        .or_else(|| var("HOME").map(|h| h.join(".cache").join("strata")))
-        .unwrap_or_else(|| std::env::temp_dir().join("strata-cache"))
+    crate::config::cache_dir()
 }
 
 /// The cache file of `key` in `dir`.

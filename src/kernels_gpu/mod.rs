@@ -19,6 +19,7 @@
 
 use crate::error::Result;
 
+pub mod cache;
 pub mod call;
 pub mod launch;
 pub mod plan;
@@ -191,6 +192,12 @@ pub fn cuda_include_dirs() -> (Vec<std::path::PathBuf>, Vec<std::path::PathBuf>)
 /// include directories tried when `cuda_fp16.h` is missing, or NVRTC's log when the
 /// compilation fails.
 pub fn compile_cuda_ptx(arch: &str) -> Result<String> {
+    compile_cuda_ptx_in(arch, cache::default_dir().as_deref())
+}
+
+/// [`compile_cuda_ptx`] with the compiled-kernel cache in `cache_dir` (`None`: no cache;
+/// [`cache`]).
+pub fn compile_cuda_ptx_in(arch: &str, cache_dir: Option<&std::path::Path>) -> Result<String> {
     if !arch.starts_with("compute_") {
         return Err(crate::error::Error::InvalidArgument(format!(
             "PTX is compiled for a virtual architecture such as compute_80, got {arch:?}"
@@ -198,7 +205,7 @@ pub fn compile_cuda_ptx(arch: &str) -> Result<String> {
     }
     #[cfg(feature = "cuda")]
     {
-        match nvrtc::compile(arch)? {
+        match nvrtc::compile(arch, cache_dir)? {
             nvrtc::Output::Ptx(p) => Ok(p),
             nvrtc::Output::Cubin(_) => Err(crate::error::Error::Internal(
                 "NVRTC returned a CUBIN for a PTX request".into(),
@@ -207,7 +214,7 @@ pub fn compile_cuda_ptx(arch: &str) -> Result<String> {
     }
     #[cfg(not(feature = "cuda"))]
     {
-        let _ = arch;
+        let _ = (arch, cache_dir);
         Err(crate::error::Error::NotCompiled(
             "compiling the CUDA kernels needs the `cuda` feature (cudarc + NVRTC)".into(),
         ))
@@ -220,6 +227,12 @@ pub fn compile_cuda_ptx(arch: &str) -> Result<String> {
 /// JIT-compiled at load. Errors as [`compile_cuda_ptx`], and `System` for an NVRTC
 /// without `nvrtcGetCUBIN` (before CUDA 11.1) or one that does not know `arch`.
 pub fn compile_cuda_cubin(arch: &str) -> Result<Vec<u8>> {
+    compile_cuda_cubin_in(arch, cache::default_dir().as_deref())
+}
+
+/// [`compile_cuda_cubin`] with the compiled-kernel cache in `cache_dir` (`None`: no
+/// cache; [`cache`]).
+pub fn compile_cuda_cubin_in(arch: &str, cache_dir: Option<&std::path::Path>) -> Result<Vec<u8>> {
     if !arch.starts_with("sm_") {
         return Err(crate::error::Error::InvalidArgument(format!(
             "a CUBIN is compiled for a real architecture such as sm_90, got {arch:?}"
@@ -227,7 +240,7 @@ pub fn compile_cuda_cubin(arch: &str) -> Result<Vec<u8>> {
     }
     #[cfg(feature = "cuda")]
     {
-        match nvrtc::compile(arch)? {
+        match nvrtc::compile(arch, cache_dir)? {
             nvrtc::Output::Cubin(c) => Ok(c),
             nvrtc::Output::Ptx(_) => Err(crate::error::Error::Internal(
                 "NVRTC returned PTX for a CUBIN request".into(),
@@ -236,6 +249,7 @@ pub fn compile_cuda_cubin(arch: &str) -> Result<Vec<u8>> {
     }
     #[cfg(not(feature = "cuda"))]
     {
+        let _ = cache_dir;
         Err(crate::error::Error::NotCompiled(
             "compiling the CUDA kernels needs the `cuda` feature (cudarc + NVRTC)".into(),
         ))

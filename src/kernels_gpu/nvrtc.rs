@@ -177,7 +177,10 @@ pub(crate) enum Output {
     Cubin(Vec<u8>),
 }
 
-pub(crate) fn compile(arch: &str) -> Result<Output> {
+/// Compile [`CUDA_SOURCE`] for `arch`, or load the output of an identical compilation
+/// from `cache_dir` ([`super::cache`]); a fresh output is stored there (a failure to
+/// store is logged, never an error).
+pub(crate) fn compile(arch: &str, cache_dir: Option<&std::path::Path>) -> Result<Output> {
     // compute_XY: PTX; sm_XY: CUBIN.
     let (cubin, digits) = match (arch.strip_prefix("compute_"), arch.strip_prefix("sm_")) {
         (Some(d), _) => (false, d),
@@ -220,6 +223,49 @@ pub(crate) fn compile(arch: &str) -> Result<Output> {
     for d in &found {
         options.push(cstr(format!("--include-path={}", d.display()))?);
     }
+    let ident = cache_dir.map(|_| {
+        let (mut major, mut minor) = (0, 0);
+        // SAFETY: FFI writing two ints.
+        let _ = unsafe { (a.version)(&mut major, &mut minor) };
+        let opts: Vec<String> = options
+            .iter()
+            .map(|o| o.to_string_lossy().into_owned())
+            .collect();
+        super::cache::identity(
+            &format!("{} {major}.{minor}", a.name),
+            arch,
+            &opts,
+            CUDA_SOURCE,
+        )
+    });
+    if let (Some(dir), Some(id)) = (cache_dir, &ident) {
+        if let Some(bytes) = super::cache::load(dir, arch, id) {
+            if cubin {
+                return Ok(Output::Cubin(bytes));
+            }
+            if let Ok(p) = String::from_utf8(bytes) {
+                return Ok(Output::Ptx(p));
+            }
+        }
+    }
+    let out = compile_now(a, arch, cubin, &options)?;
+    if let (Some(dir), Some(id)) = (cache_dir, &ident) {
+        let bytes = match &out {
+            Output::Cubin(c) => c.as_slice(),
+            Output::Ptx(p) => p.as_bytes(),
+        };
+        if let Err(e) = super::cache::store(dir, arch, id, bytes) {
+            tracing::debug!("strata kernels not cached in {}: {e}", dir.display());
+        }
+    }
+    Ok(out)
+}
+
+/// One NVRTC compilation of [`CUDA_SOURCE`] with `options`.
+fn compile_now(a: &Api, arch: &str, cubin: bool, options: &[CString]) -> Result<Output> {
+    let cstr = |s: String| {
+        CString::new(s).map_err(|_| Error::InvalidArgument("a NUL byte in an NVRTC option".into()))
+    };
     let src = cstr(CUDA_SOURCE.to_string())?;
     let name = cstr("strata_quant.cu".into())?;
     let mut p: Prog = std::ptr::null_mut();
