@@ -160,6 +160,22 @@ pub fn env() -> Result<Env> {
     ENV.clone()
 }
 
+/// Where strata keeps what it measured or compiled once per machine (the link probe's
+/// figures, compiled GPU kernels): `$XDG_CACHE_HOME/strata`, else
+/// `$HOME/.cache/strata`, else `<temp>/strata-cache`.
+pub fn cache_dir() -> std::path::PathBuf {
+    use std::path::PathBuf;
+    let var = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    var("XDG_CACHE_HOME")
+        .map(|d| d.join("strata"))
+        .or_else(|| var("HOME").map(|h| h.join(".cache").join("strata")))
+        .unwrap_or_else(|| std::env::temp_dir().join("strata-cache"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -193,20 +209,4 @@ mod tests {
         assert!(e.contains("preset, probe, reprobe"), "{e}");
         assert!(LinkSource::Probe.probes() && !LinkSource::Preset.probes());
     }
-}
-
-/// Where strata keeps what it measured or compiled once per machine (the link probe's
-/// figures, compiled GPU kernels): `$XDG_CACHE_HOME/strata`, else
-/// `$HOME/.cache/strata`, else `<temp>/strata-cache`.
-pub fn cache_dir() -> std::path::PathBuf {
-    use std::path::PathBuf;
-    let var = |k: &str| {
-        std::env::var_os(k)
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-    };
-    var("XDG_CACHE_HOME")
-        .map(|d| d.join("strata"))
-        .or_else(|| var("HOME").map(|h| h.join(".cache").join("strata")))
-        .unwrap_or_else(|| std::env::temp_dir().join("strata-cache"))
 }
