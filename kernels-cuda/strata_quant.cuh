@@ -598,6 +598,32 @@ template <int DT> struct StrataElemSource {
   }
 };
 
+// Adds the decoded vectors of senders s0 .. s0 + KS - 1 (those below k) into `at(i, e)`
+// in sender order: w holds each sender's V code vectors as loaded, sc its scale; code
+// times scale is one f32 multiply, and sender 0 starts the sum (no 0 + x).
+template <int BITS, int KS, int V, int EPV, class At>
+STRATA_DEV void strata_add_senders(unsigned int (&w)[KS][V][4], const float (&sc)[KS],
+                                   strata_u32 s0, strata_u32 k, At at) {
+  typedef StrataCodes<BITS> C;
+#pragma unroll
+  for (int j = 0; j < KS; ++j) {
+    const strata_u32 s = s0 + (strata_u32)j;
+    if (s < k) {
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+#pragma unroll
+        for (int t = 0; t < 4; ++t) w[j][i][t] = C::flip(w[j][i][t]);
+#pragma unroll
+        for (int e = 0; e < EPV; ++e) {
+          const float d = C::value(w[j][i], e) * sc[j];
+          float& acc = at(i, e);
+          acc = s == 0 ? d : acc + d;
+        }
+      }
+    }
+  }
+}
+
 // The sum over k senders, in sender order, of the dequantized values of one block: a
 // vector is 16 codes (16 bytes of int8, 8 of int4), kept as f32 sums.
 template <int BITS> struct StrataDeqSource {
@@ -640,22 +666,8 @@ template <int BITS> struct StrataDeqSource {
           }
         }
       }
-#pragma unroll
-      for (int j = 0; j < KS; ++j) {
-        const strata_u32 s = s0 + (strata_u32)j;
-        if (s < k) {
-#pragma unroll
-          for (int i = 0; i < V; ++i) {
-#pragma unroll
-            for (int t = 0; t < 4; ++t) w[j][i][t] = C::flip(w[j][i][t]);
-#pragma unroll
-            for (int e = 0; e < EPV; ++e) {
-              const float d = C::value(w[j][i], e) * scale[j];  // one f32 multiply
-              c[i].v[e] = s == 0 ? d : c[i].v[e] + d;             // sender order
-            }
-          }
-        }
-      }
+      strata_add_senders<BITS, KS, V, EPV>(w, scale, s0, k,
+                                          [&](int i, int e) -> float& { return c[i].v[e]; });
     }
     if (!all) {  // elements past the block read as 0 (their codes may decode to NaN)
 #pragma unroll
@@ -886,22 +898,8 @@ STRATA_DEV void strata_dequant_block(const StrataDequantArgs& a, strata_u32 m,
           }
         }
       }
-#pragma unroll
-      for (int j = 0; j < KS; ++j) {
-        const strata_u32 s = s0 + (strata_u32)j;
-        if (s < k) {
-#pragma unroll
-          for (int u = 0; u < V; ++u) {
-#pragma unroll
-            for (int t = 0; t < 4; ++t) w[j][u][t] = C::flip(w[j][u][t]);
-#pragma unroll
-            for (int e = 0; e < EPV; ++e) {
-              const float d = C::value(w[j][u], e) * sc[j];  // one f32 multiply
-              v[u][e] = s == 0 ? d : v[u][e] + d;             // sender order
-            }
-          }
-        }
-      }
+      strata_add_senders<BITS, KS, V, EPV>(w, sc, s0, k,
+                                          [&](int u, int e) -> float& { return v[u][e]; });
     }
 #pragma unroll
     for (int u = 0; u < V; ++u) {

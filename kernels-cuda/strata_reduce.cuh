@@ -187,20 +187,21 @@ STRATA_DEV float strata_divide_one(float x, double n) {
   const float q = strata_f32_quotient(x, n, ok);
   return ok ? q : __double2float_rn((double)x / n);
 }
-STRATA_DEV StrataF16 strata_divide_one(StrataF16 x, double n) {
-  bool ok;
-  const float q = strata_f32_quotient(strata_f(x), n, ok);
-  if (!ok) return strata_from_f64(strata_to_f64(x) / n, StrataF16());
+STRATA_DEV StrataF16 strata_narrow(float q, StrataF16) {
   StrataF16 r = {strata_f32_to_f16(q)};
   return r;
 }
-STRATA_DEV StrataBF16 strata_divide_one(StrataBF16 x, double n) {
-  bool ok;
-  const float q = strata_f32_quotient(strata_f(x), n, ok);
-  if (!ok) return strata_from_f64(strata_to_f64(x) / n, StrataBF16());
+STRATA_DEV StrataBF16 strata_narrow(float q, StrataBF16) {
   StrataBF16 r = {strata_f32_to_bf16(q)};
   return r;
 }
+template <typename H> STRATA_DEV H strata_divide_half(H x, double n) {
+  bool ok;
+  const float q = strata_f32_quotient(strata_f(x), n, ok);
+  return ok ? strata_narrow(q, H()) : strata_from_f64(strata_to_f64(x) / n, H());
+}
+STRATA_DEV StrataF16 strata_divide_one(StrataF16 x, double n) { return strata_divide_half(x, n); }
+STRATA_DEV StrataBF16 strata_divide_one(StrataBF16 x, double n) { return strata_divide_half(x, n); }
 STRATA_DEV long long strata_divide_one(long long x, double n) {
   long long d = (long long)n, q = x / d, r = x % d;
   strata_u64 twice = 2 * (strata_u64)(r < 0 ? -r : r);

@@ -833,6 +833,26 @@ impl Timer {
         Ok(median(t))
     }
 
+    /// A bench row: `name` read `read` and wrote `written` bytes in `kernel_us`, beside a
+    /// copy of `copy_bytes`.
+    fn row(
+        &mut self,
+        name: String,
+        read: usize,
+        written: usize,
+        kernel_us: f64,
+        copy_bytes: usize,
+    ) -> Result<Row> {
+        Ok(Row {
+            name,
+            read,
+            written,
+            kernel_us,
+            copy_bytes,
+            copy_us: self.copy(copy_bytes)?,
+        })
+    }
+
     /// The time of a device-to-device copy of `bytes`.
     fn copy(&mut self, bytes: usize) -> Result<f64> {
         if let Some(t) = self.copies.get(&bytes) {
@@ -857,6 +877,38 @@ fn typed(host: &[u8], n: usize, dt: DataType) -> Vec<u8> {
         dt.set(&mut v, i, DataType::F32.get(host, i));
     }
     v
+}
+
+/// Times quantize of the elements `src` (of `dt`) into packed `d_q` under `s`: the row.
+fn bench_quantize(
+    st: &Arc<CudaStream>,
+    gpu: &GpuQuant,
+    tm: &mut Timer,
+    s: QuantSpec,
+    dt: DataType,
+    src: &[u8],
+    d_q: &mut CudaSlice<u8>,
+) -> Result<Row> {
+    let d_src = st.clone_htod(src).map_err(dev)?;
+    let t = tm.time(|| gpu.quantize(st, s, dt, &d_src, d_q))?;
+    let name = format!("quantize {dt} q{} b{}", s.bits, s.block);
+    tm.row(name, src.len(), d_q.len(), t, src.len())
+}
+
+/// Times dequantize of the packed `d_q` (n elements) into `dt`: the row.
+fn bench_dequantize(
+    st: &Arc<CudaStream>,
+    gpu: &GpuQuant,
+    tm: &mut Timer,
+    s: QuantSpec,
+    dt: DataType,
+    d_q: &CudaSlice<u8>,
+    n: usize,
+) -> Result<Row> {
+    let mut d_out = st.alloc_zeros::<u8>(n * dt.size()).map_err(dev)?;
+    let t = tm.time(|| gpu.dequantize(st, s, d_q, n, dt, &mut d_out))?;
+    let name = format!("dequantize {dt} q{} b{}", s.bits, s.block);
+    tm.row(name, d_q.len(), n * dt.size(), t, n * dt.size())
 }
 
 /// qgZ's middle hop as benched: k = 8 local senders, each 4 slices (one per node) of
@@ -911,16 +963,7 @@ fn bench(
             let dt = *dt;
             let d_src = st.clone_htod(src).map_err(dev)?;
             let mut d_q = st.alloc_zeros::<u8>(pl).map_err(dev)?;
-            let mut d_out = st.alloc_zeros::<u8>(n * dt.size()).map_err(dev)?;
-            let t = tm.time(|| gpu.quantize(&st, s, dt, &d_src, &mut d_q))?;
-            rows.push(Row {
-                name: format!("quantize {dt} q{bits} b{block}"),
-                read: src.len(),
-                written: pl,
-                kernel_us: t,
-                copy_bytes: src.len(),
-                copy_us: tm.copy(src.len())?,
-            });
+            rows.push(bench_quantize(&st, gpu, tm, s, dt, src, &mut d_q)?);
             // qgZ first hop on nodes:4x8 with 2 pipeline stages.
             let sw = cpu::swizzled_len(s, n / 32, 4, 8, 2);
             let mut d_sw = st.alloc_zeros::<u8>(sw).map_err(dev)?;
@@ -928,23 +971,14 @@ fn bench(
             let t =
                 tm.time(|| gpu.swizzled_quantize(&st, s, dt, &sub, n / 32, 4, 8, 2, &mut d_sw))?;
             let bytes = 32 * (n / 32) * dt.size();
-            rows.push(Row {
-                name: format!("swizzled_quantize 4x8x2 {dt} q{bits} b{block}"),
-                read: bytes,
-                written: sw,
-                kernel_us: t,
-                copy_bytes: bytes,
-                copy_us: tm.copy(bytes)?,
-            });
-            let t = tm.time(|| gpu.dequantize(&st, s, &d_q, n, dt, &mut d_out))?;
-            rows.push(Row {
-                name: format!("dequantize {dt} q{bits} b{block}"),
-                read: pl,
-                written: n * dt.size(),
-                kernel_us: t,
-                copy_bytes: n * dt.size(),
-                copy_us: tm.copy(n * dt.size())?,
-            });
+            rows.push(tm.row(
+                format!("swizzled_quantize 4x8x2 {dt} q{bits} b{block}"),
+                bytes,
+                sw,
+                t,
+                bytes,
+            )?);
+            rows.push(bench_dequantize(&st, gpu, tm, s, dt, &d_q, n)?);
             // qgZ last step: k = 4 nodes' slices of n/4 elements, avg.
             let m = n / 4;
             let one = s.packed_len(m);
@@ -958,14 +992,13 @@ fn bench(
             let t = tm.time(|| {
                 gpu.dequant_reduce(&st, s, &ins, 4, m, ReduceOp::Avg, 32, dt, &mut d_red)
             })?;
-            rows.push(Row {
-                name: format!("dequant_reduce k4 avg {dt} q{bits} b{block}"),
-                read: 4 * one,
-                written: m * dt.size(),
-                kernel_us: t,
-                copy_bytes: 4 * one,
-                copy_us: tm.copy(4 * one)?,
-            });
+            rows.push(tm.row(
+                format!("dequant_reduce k4 avg {dt} q{bits} b{block}"),
+                4 * one,
+                m * dt.size(),
+                t,
+                4 * one,
+            )?);
         }
         rows.push(bench_drq(&st, gpu, tm, s, &host, n)?);
     }
@@ -978,25 +1011,11 @@ fn bench(
         let mut acc = st.clone_htod(src).map_err(dev)?;
         let other = st.clone_htod(src).map_err(dev)?;
         let t = tm.time(|| gpu.reduce(&st, &mut acc, &other, n, dt, ReduceOp::Sum))?;
-        rows.push(Row {
-            name: format!("reduce sum {dt}"),
-            read: 2 * bytes,
-            written: bytes,
-            kernel_us: t,
-            copy_bytes: bytes,
-            copy_us: tm.copy(bytes)?,
-        });
+        rows.push(tm.row(format!("reduce sum {dt}"), 2 * bytes, bytes, t, bytes)?);
         // Divided by 1 (a world of one: the same instructions): repeated in place, a
         // larger divisor would walk the values into subnormals, the division's slow path.
         let t = tm.time(|| gpu.divide(&st, &mut acc, n, dt, 1))?;
-        rows.push(Row {
-            name: format!("divide avg {dt}"),
-            read: bytes,
-            written: bytes,
-            kernel_us: t,
-            copy_bytes: bytes,
-            copy_us: tm.copy(bytes)?,
-        });
+        rows.push(tm.row(format!("divide avg {dt}"), bytes, bytes, t, bytes)?);
     }
     Ok(rows)
 }
@@ -1019,35 +1038,11 @@ fn bench_small(
         let host = values(rng, n, DataType::F32, false);
         let pl = s.packed_len(n);
         for dt in [DataType::F32, DataType::BF16] {
-            let src = typed(&host, n, dt);
-            let d_src = st.clone_htod(&src).map_err(dev)?;
             let mut d_q = st.alloc_zeros::<u8>(pl).map_err(dev)?;
-            let t = tm.time(|| gpu.quantize(&st, s, dt, &d_src, &mut d_q))?;
-            rows.push((
-                n,
-                Row {
-                    name: format!("quantize {dt} q8 b2048"),
-                    read: src.len(),
-                    written: pl,
-                    kernel_us: t,
-                    copy_bytes: src.len(),
-                    copy_us: tm.copy(src.len())?,
-                },
-            ));
+            let src = typed(&host, n, dt);
+            rows.push((n, bench_quantize(&st, gpu, tm, s, dt, &src, &mut d_q)?));
             if dt == DataType::BF16 {
-                let mut d_out = st.alloc_zeros::<u8>(n * dt.size()).map_err(dev)?;
-                let t = tm.time(|| gpu.dequantize(&st, s, &d_q, n, dt, &mut d_out))?;
-                rows.push((
-                    n,
-                    Row {
-                        name: format!("dequantize {dt} q8 b2048"),
-                        read: pl,
-                        written: n * dt.size(),
-                        kernel_us: t,
-                        copy_bytes: n * dt.size(),
-                        copy_us: tm.copy(n * dt.size())?,
-                    },
-                ));
+                rows.push((n, bench_dequantize(&st, gpu, tm, s, dt, &d_q, n)?));
             }
         }
         rows.push((n, bench_drq(&st, gpu, tm, s, &host, n)?));
