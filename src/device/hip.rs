@@ -1190,7 +1190,7 @@ mod tests {
             .into_iter()
             .chain(crate::kernels_gpu::reduce_kernel_names())
             .collect();
-        assert_eq!(names.len(), 64);
+        assert_eq!(names.len(), 70);
         let skipped: Vec<&str> = env!("STRATA_HIP_SKIPPED")
             .split(',')
             .filter(|s| !s.is_empty())
