@@ -672,7 +672,7 @@ fn emulated_kernels_match_the_cpu_reference() {
                 );
                 emu.check(
                     &what,
-                    &kernels_gpu::dequant_kernel_name(dt, bits, k == 1 && d.is_none()),
+                    &kernels_gpu::dequant_kernel_name(dt, bits, plan::one_sender(k, d)),
                     l,
                     &deq_fields(&a),
                     &all[..k * one],

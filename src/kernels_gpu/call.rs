@@ -159,7 +159,11 @@ pub fn prepare(call: &QuantCall) -> Result<Option<Prepared>> {
                     a.input = inputs.addr;
                     a.out = dst.addr;
                     Prepared {
-                        name: super::dequant_kernel_name(dtype, spec.bits, k == 1 && div.is_none()),
+                        name: super::dequant_kernel_name(
+                            dtype,
+                            spec.bits,
+                            super::plan::one_sender(k, div),
+                        ),
                         grid: l.grid,
                         threads: l.threads,
                         args: ArgBlock::Dequant(a),

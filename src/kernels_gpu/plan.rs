@@ -1,12 +1,13 @@
 //! Launch geometry and the kernel argument blocks, in plain Rust (tested without a GPU).
 //!
 //! A *group* of `gs` threads quantizes (or dequantizes) one quantization block
-//! (kernels-cuda/strata_quant.cuh). Its lanes take *vectors*: the elements whose input is
-//! 16 bytes (f32: 4, f16/bf16: 8, packed int8 codes: 16, int4 codes: 32). Lane t holds
-//! vectors t, t + gs, t + 2·gs, … in registers, `V = lane_elems / EPV` of them
-//! ([`Geometry::lane_elems`], 64 elements by default), so
-//! `gs = next_pow2(ceil(block / (V·EPV)))` (at most 512) reads each block once: a
-//! 2048-element block is one warp, every lane issuing its 16 loads of 16 bytes before
+//! (kernels-cuda/strata_quant.cuh). Its lanes take *vectors* of 16 bytes of the kernel's
+//! input (quantizers: 4 f32 or 8 f16/bf16 elements; the fused kernel: 16 codes) or of its
+//! output (dequantizers: 4 f32 or 8 f16/bf16 elements). Lane t holds vectors t, t + gs,
+//! t + 2·gs, … in registers, a number fixed per kernel by [`Geometry`] (quantizers: 16,
+//! i.e. 64 f32 or 128 bf16 elements by default), so
+//! `gs = next_pow2(ceil(block / (vectors·EPV)))` (at most 512) reads each block once: a
+//! 2048-element f32 block is one warp, every lane issuing its 16 loads of 16 bytes before
 //! the block's amax reduction. A thread block runs `max(gs, cta_threads)` threads in a
 //! grid-stride loop over all quantization blocks.
 
@@ -100,6 +101,12 @@ impl Geometry {
         };
         (elems / vec_elems(dtype)).max(1)
     }
+}
+
+/// Whether a dequantize-reduce runs as `strata_dequantize_*` (one sender, no division)
+/// rather than `strata_dequant_reduce_*`: the launch's geometry and its kernel follow it.
+pub fn one_sender(k: usize, div: Option<f32>) -> bool {
+    k == 1 && div.is_none()
 }
 
 /// Elements per 16-byte vector of an element type (f32: 4; f16, bf16: 8).
@@ -272,7 +279,7 @@ pub fn dequant_plan(
     let l = Launch::new(
         spec,
         vec_elems(dtype),
-        g.deq_vecs(dtype, k == 1 && div.is_none()),
+        g.deq_vecs(dtype, one_sender(k, div)),
         spec.blocks(n) as u64,
         g,
     )?;
