@@ -813,6 +813,26 @@ impl Device for CpuDevice {
     }
 }
 
+/// Entries the host has made on `stream` (a stream of the CPU device) since it was
+/// created: operations (copies, kernels, zeroing, delays, graph launches), event records
+/// and event waits, each one, as a CUDA stream takes one launch, `cuEventRecord` or
+/// `cuStreamWaitEvent` each. How the tests count what a call puts on its caller's
+/// stream (NCCL puts its kernel there; `docs/gpu.md`, "Entries per call"). An error for
+/// a stream of another device.
+pub fn entries(stream: &dyn DevStream) -> Result<u64> {
+    let dev = stream.device();
+    if dev.api() != Api::Cpu {
+        return Err(Error::InvalidArgument(format!(
+            "stream entries are counted by the cpu device only, not {}",
+            dev.api().name()
+        )));
+    }
+    let cpu = CpuDevice::open(dev.ordinal())?;
+    let lane = cpu.lane_of(stream.raw())?;
+    let n = lane.lock()?.entries;
+    Ok(n)
+}
+
 /// An event of the CPU device: the point after `seq` operations of one stream, or,
 /// recorded during a capture, the capture's nodes it follows.
 pub struct CpuEvent {
@@ -902,6 +922,10 @@ struct LaneQ {
     /// when someone waits for what changed.
     parked: usize,
     idle: bool,
+    /// Entries made on this stream by the host (operations, event records and event
+    /// waits, as a CUDA stream counts its launches, `cuEventRecord`s and
+    /// `cuStreamWaitEvent`s): what [`entries`] reports.
+    entries: u64,
 }
 
 /// The queue and worker of one stream.
@@ -929,6 +953,7 @@ impl Lane {
 
     fn push(&self, t: Task) -> Result<()> {
         let mut q = self.lock()?;
+        q.entries += 1;
         if let Some((cap, front)) = q.capture.as_mut() {
             if let Task::Wait { lane, .. } = &t {
                 let msg = format!(
@@ -953,7 +978,8 @@ impl Lane {
 
     /// An event after the work enqueued so far (inside a capture: after its frontier).
     fn record(self: &Arc<Self>) -> Result<CpuEvent> {
-        let q = self.lock()?;
+        let mut q = self.lock()?;
+        q.entries += 1;
         Ok(CpuEvent {
             lane: self.clone(),
             seq: q.enqueued,
@@ -966,6 +992,8 @@ impl Lane {
     fn wait_event(self: &Arc<Self>, ev: &CpuEvent) -> Result<()> {
         let Some((cap, f)) = &ev.captured else {
             if Arc::ptr_eq(&ev.lane, self) {
+                // Still an entry on a CUDA stream (cuStreamWaitEvent on its own event).
+                self.lock()?.entries += 1;
                 return Ok(());
             }
             return self.push(Task::Wait {
