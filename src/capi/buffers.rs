@@ -376,6 +376,11 @@ impl crate::comm::ordered::CallerStream for RawStream {
         // SAFETY: as above; `ev` is an event of the same device.
         unsafe { self.dev.wait_event_on(self.ptr(), ev) }
     }
+    fn stream(&self) -> Result<Arc<dyn crate::device::DevStream>> {
+        // SAFETY: as above: the wrapper is used within the call (or its group), while
+        // the caller keeps the stream alive.
+        unsafe { self.dev.borrow_stream(self.ptr()) }
+    }
 }
 
 /// A call of an open group, completed by [`end_group`].

@@ -225,6 +225,8 @@ pub trait CallerStream {
     fn is_capturing(&self) -> Result<bool>;
     /// Make it wait (on the device) for `ev`.
     fn wait_event(&self, ev: &dyn DevEvent) -> Result<()>;
+    /// The stream itself, to enqueue on (borrowed: never destroyed by strata).
+    fn stream(&self) -> Result<Arc<dyn DevStream>>;
 }
 
 impl CallerStream for Arc<dyn DevStream> {
@@ -239,5 +241,8 @@ impl CallerStream for Arc<dyn DevStream> {
     }
     fn wait_event(&self, ev: &dyn DevEvent) -> Result<()> {
         DevStream::wait_event(self.as_ref(), ev)
+    }
+    fn stream(&self) -> Result<Arc<dyn DevStream>> {
+        Ok(self.clone())
     }
 }

@@ -770,6 +770,7 @@ impl Device for CpuDevice {
         Ok(Arc::new(CpuStream {
             dev: self.arc()?,
             lane: self.new_lane()?,
+            owned: true,
         }))
     }
     fn pci_bus_id(&self) -> Result<String> {
@@ -810,6 +811,13 @@ impl Device for CpuDevice {
     }
     unsafe fn wait_event_on(&self, raw: *mut c_void, ev: &dyn DevEvent) -> Result<()> {
         self.lane_of(raw)?.wait_event(cpu_event(ev)?)
+    }
+    unsafe fn borrow_stream(&self, raw: *mut c_void) -> Result<Arc<dyn DevStream>> {
+        Ok(Arc::new(CpuStream {
+            dev: self.arc()?,
+            lane: self.lane_of(raw)?,
+            owned: false,
+        }))
     }
 }
 
@@ -1197,10 +1205,15 @@ fn quant(dev: &CpuDevice, lane: u64, c: &QuantCall) -> Result<()> {
 pub struct CpuStream {
     dev: Arc<CpuDevice>,
     lane: Arc<Lane>,
+    /// False for a borrowed stream ([`Device::borrow_stream`]): its drop closes nothing.
+    owned: bool,
 }
 
 impl Drop for CpuStream {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         // As cuStreamDestroy: returns at once; queued work still runs, then the worker
         // ends.
         if let Ok(mut q) = self.lane.lock() {

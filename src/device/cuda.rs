@@ -64,7 +64,30 @@ pub struct CudaDevice {
     pools: OnceLock<bool>,
     /// `strata_spin` ([`SPIN_PTX`]) and its module, loaded on first use.
     spin: OnceLock<std::result::Result<(Arc<CudaModule>, CudaFunction), String>>,
+    /// Events no one holds any more, reused by the next record (NCCL and PyTorch pool
+    /// theirs too): a steady-state call creates and destroys none.
+    events: Arc<EventPool>,
+    /// Allocation ranges already found to be memory of this device
+    /// ([`Device::check_pointer`]): a pointer inside one costs no driver query.
+    ranges: std::sync::RwLock<Vec<(DevAddr, DevAddr)>>,
 }
+
+/// Free events of one device (`CUevent` handles, timing disabled).
+#[derive(Default)]
+struct EventPool(std::sync::Mutex<Vec<usize>>);
+
+impl Drop for EventPool {
+    fn drop(&mut self) {
+        for ev in self.0.get_mut().map(std::mem::take).unwrap_or_default() {
+            // SAFETY: destroying a pooled event nobody holds, once.
+            let _ = unsafe { result::event::destroy(ev as sys::CUevent) };
+        }
+    }
+}
+
+/// Verified ranges kept per device: a call's buffers are usually a few long-lived
+/// allocations (a framework's caching allocator), so a handful covers the steady state.
+const CHECKED_RANGES: usize = 64;
 
 impl std::fmt::Debug for CudaDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -96,6 +119,8 @@ impl CudaDevice {
             aux: OnceLock::new(),
             pools: OnceLock::new(),
             spin: OnceLock::new(),
+            events: Arc::default(),
+            ranges: std::sync::RwLock::new(Vec::new()),
         });
         open.retain(|(_, w)| w.strong_count() > 0);
         open.push((ordinal, Arc::downgrade(&d)));
@@ -258,6 +283,7 @@ impl Device for CudaDevice {
         let Ok(_bound) = self.bind() else {
             return;
         };
+        self.forget(addr);
         // Counted, never refused: a free cannot fail (the block would leak).
         let _ = host_wait("freeing device memory (cuMemFreeAsync + cuStreamSynchronize)");
         if self.has_pools() {
@@ -333,13 +359,23 @@ impl Device for CudaDevice {
         // The first and the last byte, as NCCL checks a buffer: a tensor may span several
         // mappings (PyTorch's expandable_segments maps memory in pieces), which the
         // driver reports one at a time; the interior is the vendor library's to check.
+        // A byte inside a range seen before is not queried again (NCCL queries nothing
+        // by default); a range strata frees leaves the cache, one the caller frees and
+        // the driver hands to another device is the vendor library's to refuse.
         let Some((first, last)) = super::span_ends(addr, len)? else {
             return Ok(());
         };
+        if self.known(first) && self.known(last) {
+            return Ok(());
+        }
         let _bound = self.bind()?;
         self.check_byte(first, addr, len, "first")?;
         if last != first {
             self.check_byte(last, addr, len, "last")?;
+        }
+        self.remember(first);
+        if last != first {
+            self.remember(last);
         }
         Ok(())
     }
@@ -427,6 +463,17 @@ impl Device for CudaDevice {
             sys::cuStreamWaitEvent(raw as sys::CUstream, ev.ev, 0)
         })
     }
+    unsafe fn borrow_stream(&self, raw: *mut c_void) -> Result<Arc<dyn DevStream>> {
+        let dev = CudaDevice::open(self.ordinal())?;
+        // SAFETY: the caller's contract: `raw` is null or a live stream of this context
+        // that outlives the wrapper; cudarc's borrowed wrapper never destroys it, and
+        // strata orders its work on it with events (event tracking is off).
+        let s = unsafe { self.ctx.wrap_borrowed_stream(raw as sys::CUstream) };
+        Ok(Arc::new(CudaDevStream {
+            dev,
+            stream: ManuallyDrop::new(s),
+        }))
+    }
 }
 
 impl Drop for CudaDevice {
@@ -445,6 +492,50 @@ impl Drop for CudaDevice {
 }
 
 impl CudaDevice {
+    /// True when `p` lies in a range already checked.
+    fn known(&self, p: DevAddr) -> bool {
+        self.ranges
+            .read()
+            .is_ok_and(|r| r.iter().any(|&(a, b)| a <= p && p < b))
+    }
+
+    /// Remember the allocation range holding `p` (checked just before; the context is
+    /// bound), as the driver reports it.
+    fn remember(&self, p: DevAddr) {
+        let mut start: DevAddr = 0;
+        let mut size: usize = 0;
+        // SAFETY: FFI queries writing one CUdeviceptr / one size_t; `p` is device memory
+        // of this context (checked by the caller).
+        let ok = unsafe {
+            sys::cuPointerGetAttribute(
+                &mut start as *mut DevAddr as *mut c_void,
+                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                p,
+            ) == sys::CUresult::CUDA_SUCCESS
+                && sys::cuPointerGetAttribute(
+                    &mut size as *mut usize as *mut c_void,
+                    sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+                    p,
+                ) == sys::CUresult::CUDA_SUCCESS
+        };
+        if !ok || size == 0 || !(start <= p && p < start + size as u64) {
+            return;
+        }
+        if let Ok(mut r) = self.ranges.write() {
+            if r.len() >= CHECKED_RANGES {
+                r.remove(0);
+            }
+            r.push((start, start + size as u64));
+        }
+    }
+
+    /// `addr` is being freed by strata: ranges holding it are checked again next time.
+    fn forget(&self, addr: DevAddr) {
+        if let Ok(mut r) = self.ranges.write() {
+            r.retain(|&(a, b)| !(a <= addr && addr < b));
+        }
+    }
+
     /// `Ok` when the byte at `p` (the `which` byte of `len` bytes at `addr`) is device
     /// memory of this device (`cuPointerGetAttribute`: memory type and device ordinal),
     /// else an `InvalidArgument` saying which byte and why. The context is bound.
@@ -499,9 +590,10 @@ impl CudaDevice {
     }
 }
 
-/// A CUDA event (timing disabled), destroyed on drop.
+/// A CUDA event (timing disabled), back in its device's pool on drop.
 pub struct CudaEvent {
     ev: sys::CUevent,
+    pool: Arc<EventPool>,
 }
 
 // SAFETY: a CUevent handle may be used from any thread of the process.
@@ -515,23 +607,34 @@ impl CudaEvent {
     /// # Safety
     /// `stream` is null or a live stream of `dev`'s context, bound on this thread.
     unsafe fn record(dev: &CudaDevice, stream: sys::CUstream) -> Result<CudaEvent> {
-        let _ = dev;
-        let ev = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
-            .map_err(|e| dev_err("cuEventCreate", e))?;
-        // SAFETY: FFI on the fresh event and the caller's stream.
-        if let Err(e) = unsafe { result::event::record(ev, stream) } {
-            // SAFETY: destroying the event created above, once.
-            let _ = unsafe { result::event::destroy(ev) };
-            return Err(dev_err("cuEventRecord", e));
-        }
-        Ok(CudaEvent { ev })
+        let pooled = dev.events.0.lock().ok().and_then(|mut p| p.pop());
+        let ev = match pooled {
+            Some(ev) => ev as sys::CUevent,
+            None => result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+                .map_err(|e| dev_err("cuEventCreate", e))?,
+        };
+        // From here the event goes back to the pool whatever happens.
+        let ev = CudaEvent {
+            ev,
+            pool: dev.events.clone(),
+        };
+        // SAFETY: FFI on an event nobody else holds and the caller's stream. A stream
+        // that waited for its previous record keeps that wait (cuStreamWaitEvent uses
+        // the record current at the wait).
+        unsafe { result::event::record(ev.ev, stream) }.map_err(|e| dev_err("cuEventRecord", e))?;
+        Ok(ev)
     }
 }
 
 impl Drop for CudaEvent {
     fn drop(&mut self) {
-        // SAFETY: destroying our own event once; the driver keeps what pending waits need.
-        let _ = unsafe { result::event::destroy(self.ev) };
+        match self.pool.0.lock() {
+            Ok(mut p) => p.push(self.ev as usize),
+            // SAFETY: destroying our own event once (the pool is unusable).
+            Err(_) => {
+                let _ = unsafe { result::event::destroy(self.ev) };
+            }
+        }
     }
 }
 
@@ -875,6 +978,13 @@ pub fn open_device(ordinal: usize) -> Result<Arc<CudaContext>> {
         result::init()?;
         let prev = result::ctx::get_current()?;
         let made = CudaContext::new(ordinal);
+        if let Ok(c) = &made {
+            // SAFETY: strata makes no CudaSlice (it orders every use of device memory
+            // across streams with its own events); without this, cudarc synchronizes the
+            // whole context when it makes the context's first stream, so a first
+            // collective would wait for all work already queued on the device.
+            unsafe { c.disable_event_tracking() };
+        }
         // SAFETY: FFI making current again the context current before (or none).
         let back = unsafe { result::ctx::set_current(prev.unwrap_or(std::ptr::null_mut())) };
         let made = made?;

@@ -626,7 +626,11 @@ impl Device for HipDevice {
         check(r, || {
             format!("hipStreamCreateWithFlags on HIP device {}", self.ordinal)
         })?;
-        Ok(Arc::new(HipStream { dev, stream: s }))
+        Ok(Arc::new(HipStream {
+            dev,
+            stream: s,
+            owned: true,
+        }))
     }
 
     fn pci_bus_id(&self) -> Result<String> {
@@ -680,6 +684,17 @@ impl Device for HipDevice {
         // device) and a live event.
         let r = unsafe { sys::hipStreamWaitEvent(raw as sys::hipStream_t, ev.ev, 0) };
         check(r, || "hipStreamWaitEvent".to_string())
+    }
+    unsafe fn borrow_stream(&self, raw: *mut c_void) -> Result<Arc<dyn DevStream>> {
+        let dev = self
+            .me
+            .upgrade()
+            .ok_or_else(|| Error::Internal("HIP device used while being dropped".into()))?;
+        Ok(Arc::new(HipStream {
+            dev,
+            stream: raw as sys::hipStream_t,
+            owned: false,
+        }))
     }
 }
 
@@ -798,6 +813,8 @@ unsafe extern "C" fn sleep_callback(
 pub struct HipStream {
     dev: Arc<HipDevice>,
     stream: sys::hipStream_t,
+    /// False for a caller's stream ([`Device::borrow_stream`]): never destroyed here.
+    owned: bool,
 }
 
 // SAFETY: a HIP stream handle may be used from any thread (the runtime serializes
@@ -808,6 +825,9 @@ unsafe impl Sync for HipStream {}
 
 impl Drop for HipStream {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         let _bound = self.dev.bind();
         // SAFETY: FFI destroying the stream created in `new_stream`, once. Work still
         // queued completes first (hipStreamDestroy waits for it).

@@ -154,6 +154,16 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     /// # Safety
     /// As [`Device::record_on`].
     unsafe fn wait_event_on(&self, raw: *mut c_void, ev: &dyn DevEvent) -> Result<()>;
+    /// The runtime stream `raw` (a caller's `cudaStream_t` / `hipStream_t`, a
+    /// [`DevStream::raw`] of the CPU device; null: the legacy default stream) as a
+    /// [`DevStream`] that borrows it: dropping it never destroys the stream. How a
+    /// one-call collective enqueues on the caller's stream itself
+    /// ([`crate::comm::ordered`], the fast path).
+    ///
+    /// # Safety
+    /// `raw` is null or a live stream of this device, and stays alive while the
+    /// returned value (or anything holding it) is used.
+    unsafe fn borrow_stream(&self, raw: *mut c_void) -> Result<Arc<dyn DevStream>>;
 }
 
 /// A point in one stream's work: complete once everything enqueued on that stream before

@@ -13,6 +13,7 @@
 
 use super::DevEvent;
 use crate::error::{Error, Result};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -35,17 +36,30 @@ struct Queue {
     entries: std::collections::VecDeque<Entry>,
 }
 
+/// What callers hand the watcher: new entries wait in `inbox`, which the watcher empties
+/// in one swap per round; the queues it polls are its own, so no caller ever waits
+/// while the watcher queries the driver.
 struct Board {
-    list: Mutex<Vec<Queue>>,
+    inbox: Mutex<Inbox>,
     cv: Condvar,
+    /// Entries handed over and not yet done.
+    live: AtomicUsize,
+}
+
+#[derive(Default)]
+struct Inbox {
+    new: Vec<(u64, Entry)>,
+    /// The watcher sleeps on `cv` (nothing watched): a hand-over wakes it.
+    parked: bool,
 }
 
 fn board() -> &'static Board {
     static B: OnceLock<Board> = OnceLock::new();
     static STARTED: OnceLock<()> = OnceLock::new();
     let b = B.get_or_init(|| Board {
-        list: Mutex::new(Vec::new()),
+        inbox: Mutex::new(Inbox::default()),
         cv: Condvar::new(),
+        live: AtomicUsize::new(0),
     });
     STARTED.get_or_init(|| {
         if let Err(e) = std::thread::Builder::new()
@@ -61,7 +75,8 @@ fn board() -> &'static Board {
 /// Run `done` once `ev` passed (`Ok`), reported a device error, `probe` failed, or
 /// `timeout` elapsed (`Err`, an [`Error::Remote`]). `order`: a key shared by events
 /// recorded in order on one stream (they are queried oldest first, one at a time), or
-/// `None` for an event on its own.
+/// `None` for an event on its own. Costs the caller one short lock, never one held
+/// while the driver is queried.
 pub fn after(
     ev: Arc<dyn DevEvent>,
     order: Option<u64>,
@@ -70,7 +85,7 @@ pub fn after(
     done: Done,
 ) {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1 << 63);
-    let key = order.unwrap_or_else(|| NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    let key = order.unwrap_or_else(|| NEXT.fetch_add(1, Ordering::Relaxed));
     let entry = Entry {
         ev,
         deadline: timeout.map(|t| (Instant::now() + t, t)),
@@ -78,16 +93,11 @@ pub fn after(
         done,
     };
     let b = board();
-    let mut l = b.list.lock().unwrap_or_else(|e| e.into_inner());
-    let was_empty = l.is_empty();
-    match l.iter_mut().find(|q| q.key == key) {
-        Some(q) => q.entries.push_back(entry),
-        None => l.push(Queue {
-            key,
-            entries: [entry].into(),
-        }),
-    }
-    if was_empty {
+    b.live.fetch_add(1, Ordering::Relaxed);
+    let mut inbox = b.inbox.lock().unwrap_or_else(|e| e.into_inner());
+    inbox.new.push((key, entry));
+    if inbox.parked {
+        inbox.parked = false;
         b.cv.notify_one();
     }
 }
@@ -100,11 +110,7 @@ pub fn keep_until<T: Send + 'static>(ev: Arc<dyn DevEvent>, payload: T) {
 
 /// Entries watched now.
 pub fn watched() -> usize {
-    board()
-        .list
-        .lock()
-        .map(|l| l.iter().map(|q| q.entries.len()).sum())
-        .unwrap_or(0)
+    board().live.load(Ordering::Relaxed)
 }
 
 fn poll(e: &mut Entry, now: Instant) -> Option<Result<()>> {
@@ -128,40 +134,55 @@ fn poll(e: &mut Entry, now: Instant) -> Option<Result<()>> {
 
 fn serve() {
     let b = board();
+    let mut queues: Vec<Queue> = Vec::new();
     let mut pause = MIN_PAUSE;
     loop {
-        let done: Vec<(Done, Result<()>)> = {
-            let mut l = b.list.lock().unwrap_or_else(|e| e.into_inner());
-            while l.is_empty() {
-                l = b.cv.wait(l).unwrap_or_else(|e| e.into_inner());
+        {
+            let mut inbox = b.inbox.lock().unwrap_or_else(|e| e.into_inner());
+            while inbox.new.is_empty() && queues.is_empty() {
+                inbox.parked = true;
+                inbox = b.cv.wait(inbox).unwrap_or_else(|e| e.into_inner());
             }
-            let now = Instant::now();
-            let mut out = Vec::new();
-            for q in l.iter_mut() {
-                while let Some(head) = q.entries.front_mut() {
-                    match poll(head, now) {
-                        Some(r) => {
-                            if let Some(e) = q.entries.pop_front() {
-                                out.push((e.done, r));
-                            }
-                        }
-                        None => break,
-                    }
+            inbox.parked = false;
+            for (key, entry) in inbox.new.drain(..) {
+                match queues.iter_mut().find(|q| q.key == key) {
+                    Some(q) => q.entries.push_back(entry),
+                    None => queues.push(Queue {
+                        key,
+                        entries: [entry].into(),
+                    }),
                 }
             }
-            l.retain(|q| !q.entries.is_empty());
-            out
-        };
+        }
+        // Queried with no lock held: callers handing over work never wait for this.
+        let now = Instant::now();
+        let mut done: Vec<(Done, Result<()>)> = Vec::new();
+        for q in queues.iter_mut() {
+            while let Some(head) = q.entries.front_mut() {
+                match poll(head, now) {
+                    Some(r) => {
+                        if let Some(e) = q.entries.pop_front() {
+                            done.push((e.done, r));
+                        }
+                    }
+                    None => break,
+                }
+            }
+        }
+        queues.retain(|q| !q.entries.is_empty());
         pause = if done.is_empty() {
             (pause * 2).min(MAX_PAUSE)
         } else {
             MIN_PAUSE
         };
-        // Callbacks run outside the lock (they may watch more).
+        // Callbacks may watch more (they hand it over like any caller).
         for (f, r) in done {
             f(r);
+            b.live.fetch_sub(1, Ordering::Relaxed);
         }
-        std::thread::sleep(pause);
+        if !queues.is_empty() {
+            std::thread::sleep(pause);
+        }
     }
 }
 

@@ -101,6 +101,8 @@ struct Inner {
     config: CommConfig,
     subcomms: Mutex<HashMap<String, CommCore>>,
     destroyed: AtomicBool,
+    /// Set by [`CommCore::abort`] (a failure's or the user's), not by a destroy.
+    aborted: AtomicBool,
     last_error: Mutex<String>,
     /// The first failure that aborted the communicator ([`CommCore::fail`]).
     failure: Mutex<Option<Error>>,
@@ -176,6 +178,7 @@ impl CommCore {
             config,
             subcomms: Mutex::new(HashMap::new()),
             destroyed: AtomicBool::new(false),
+            aborted: AtomicBool::new(false),
             last_error: Mutex::new(String::new()),
             failure: Mutex::new(None),
             check: AtomicBool::new(config::env().is_ok_and(|e| e.check)),
@@ -684,9 +687,16 @@ impl CommCore {
         self.0.failure.lock().ok().and_then(|f| f.clone())
     }
 
+    /// True once [`CommCore::abort`] ran (a failure's abort or the user's): launched
+    /// calls not yet seen complete then fail ([`watchdog`]).
+    pub fn was_aborted(&self) -> bool {
+        self.0.aborted.load(Ordering::SeqCst)
+    }
+
     /// Abort (ncclCommAbort): wake every waiter of this communicator, here and on the
     /// peers, with an error; the communicator is unusable afterwards.
     pub fn abort(&self) {
+        self.0.aborted.store(true, Ordering::SeqCst);
         self.0.destroyed.store(true, Ordering::SeqCst);
         self.0.transport.abort();
         if let Ok(subs) = self.0.subcomms.lock() {

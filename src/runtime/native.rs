@@ -42,7 +42,7 @@ pub fn exchange(t: &dyn Transport, ops: &[Op], timeout: Duration) -> Result<()> 
 /// buffers to its host face (GPU transports stage them through scratch).
 pub fn run(t: &dyn Transport, op: &Op, dtype: DataType, timeout: Duration) -> Result<()> {
     if let Some(place) = placement(op)? {
-        return device::run(t, op, dtype, timeout, place);
+        return device::run(t, op, dtype, timeout, place, false).map(|_| ());
     }
     if !op.has_bytes() {
         // Nothing to move on any rank (counts agree): NCCL returns at once too. Empty
@@ -140,6 +140,17 @@ fn layout(op: &Op, rank: usize, dtype: DataType) -> Option<InPlace> {
     l
 }
 
+/// [`run`] of a device op whose `Avg` the library may finish itself (`ncclAvg`,
+/// [`GpuTransport::reduce_scatter_mean`]): true when it did (the result is the mean),
+/// false when the result is the sum, for the caller to divide. The fast path of a
+/// launched one-call collective ([`crate::comm::ordered`]).
+pub fn run_device_mean(t: &dyn Transport, op: &Op, dtype: DataType, timeout: Duration) -> Result<bool> {
+    match placement(op)? {
+        Some(place) => device::run(t, op, dtype, timeout, place, true),
+        None => Err(Error::Internal(format!("{}: host buffers on the device path", op.name()))),
+    }
+}
+
 fn copy(src: &Buffer, dst: &Buffer, timeout: Duration) -> Result<()> {
     let data = src.read_timeout(timeout)?;
     dst.write_timeout(timeout)?.copy_from_slice(&data);
@@ -206,8 +217,10 @@ mod device {
         dtype: DataType,
         to: Duration,
         place: Arc<dyn Device>,
-    ) -> Result<()> {
+        mean: bool,
+    ) -> Result<bool> {
         let g = gpu(t, op)?;
+        let mean = |o: &crate::dtype::ReduceOp| mean && *o == crate::dtype::ReduceOp::Avg;
         if g.device().ordinal() != place.ordinal() || g.device().api() != place.api() {
             return Err(Error::InvalidArgument(format!(
                 "{}: buffers on {} device {}, the communicator runs on device {}",
@@ -232,7 +245,7 @@ mod device {
                         c,
                     )?;
                 }
-                g.all_gather(out.region(), c)
+                g.all_gather(out.region(), c).map(|_| false)
             }
             Op::ReduceScatter { send, recv, op, .. } => {
                 if let Some(InPlace::RecvInSend { offset }) = layout {
@@ -242,33 +255,51 @@ mod device {
                         addr: s.addr() + offset as u64,
                         len: recv.len(),
                     };
-                    g.reduce_scatter(s.region(), r, dtype, *op)
+                    if mean(op) {
+                        if let Some(r) = g.reduce_scatter_mean(s.region(), r, dtype) {
+                            return r.map(|_| true);
+                        }
+                    }
+                    g.reduce_scatter(s.region(), r, dtype, *op).map(|_| false)
                 } else {
                     let s = send.dev_read_timeout(to)?;
                     let r = recv.dev_write_timeout(to)?;
-                    g.reduce_scatter(s.region(), r.region(), dtype, *op)
+                    if mean(op) {
+                        if let Some(r) = g.reduce_scatter_mean(s.region(), r.region(), dtype) {
+                            return r.map(|_| true);
+                        }
+                    }
+                    g.reduce_scatter(s.region(), r.region(), dtype, *op).map(|_| false)
                 }
             }
             Op::AllReduce { send, recv, op, .. } => {
                 if !in_place {
                     copy_dev(g, send, recv, to)?;
                 }
-                g.all_reduce(recv.dev_write_timeout(to)?.region(), dtype, *op)
+                let r = recv.dev_write_timeout(to)?;
+                if mean(op) {
+                    if let Some(x) = g.all_reduce_mean(r.region(), dtype) {
+                        return x.map(|_| true);
+                    }
+                }
+                g.all_reduce(r.region(), dtype, *op).map(|_| false)
             }
-            Op::AllToAll { send, recv, .. } => g.all_to_all(
-                send.dev_read_timeout(to)?.region(),
-                recv.dev_write_timeout(to)?.region(),
-            ),
+            Op::AllToAll { send, recv, .. } => g
+                .all_to_all(
+                    send.dev_read_timeout(to)?.region(),
+                    recv.dev_write_timeout(to)?.region(),
+                )
+                .map(|_| false),
             Op::Broadcast {
                 send, recv, root, ..
             } => {
                 if rank == *root && !in_place {
                     copy_dev(g, send, recv, to)?;
                 }
-                g.broadcast(recv.dev_write_timeout(to)?.region(), *root)
+                g.broadcast(recv.dev_write_timeout(to)?.region(), *root).map(|_| false)
             }
-            Op::Send { buf, peer, .. } => g.send(*peer, buf.dev_read_timeout(to)?.region()),
-            Op::Recv { buf, peer, .. } => g.recv(*peer, buf.dev_write_timeout(to)?.region()),
+            Op::Send { buf, peer, .. } => g.send(*peer, buf.dev_read_timeout(to)?.region()).map(|_| false),
+            Op::Recv { buf, peer, .. } => g.recv(*peer, buf.dev_write_timeout(to)?.region()).map(|_| false),
             Op::SendRecv {
                 send,
                 recv,
@@ -279,9 +310,9 @@ mod device {
             } => {
                 let s = send.dev_read_timeout(to)?;
                 match reduce {
-                    None => {
-                        g.sendrecv(*dst, s.region(), *src, recv.dev_write_timeout(to)?.region())
-                    }
+                    None => g
+                        .sendrecv(*dst, s.region(), *src, recv.dev_write_timeout(to)?.region())
+                        .map(|_| false),
                     Some(op) => {
                         let tmp = recv.alloc_like(recv.len())?;
                         let tg = tmp.dev_write_timeout(to)?;
@@ -295,7 +326,7 @@ mod device {
                             dtype,
                             op.partial(),
                         )?;
-                        g.finish("send-receive reduction")
+                        g.finish("send-receive reduction").map(|_| false)
                     }
                 }
             }

@@ -6,7 +6,11 @@
 //! is still running past the communicator's timeout, the `Work` fails, the error is kept
 //! for `Comm::async_error` / `strataCommGetAsyncError`, and the communicator is aborted
 //! (an abort never frees a vendor communicator a call is inside: see the vendor
-//! transport).
+//! transport). A call whose event passes after its communicator was aborted, or while
+//! the communicator reports an asynchronous error, fails too: an aborted NCCL kernel
+//! returns early and its end event passes like a good one's, so passing alone proves
+//! nothing then (the caller learns it from `wait()`, the next call and the async error,
+//! never a success).
 
 #![forbid(unsafe_code)]
 
@@ -26,7 +30,7 @@ pub fn watch(
     stream: u64,
     work: Work,
     core: &CommCore,
-    what: String,
+    what: impl std::fmt::Display + Send + 'static,
     keep: Box<dyn std::any::Any + Send>,
 ) {
     let probe_core = core.clone();
@@ -43,6 +47,23 @@ pub fn watch(
         Some(probe),
         Box::new(move |r| {
             drop(keep);
+            // Passed: still a failure when the communicator was aborted meanwhile or
+            // reports an asynchronous error (the kernels of an aborted call end early).
+            let r = r.and_then(|_| {
+                if c.was_aborted() {
+                    return Err(match c.async_error() {
+                        Some(e) => e,
+                        None => Error::Remote(
+                            "the communicator was aborted before the call was seen complete"
+                                .into(),
+                        ),
+                    });
+                }
+                match c.transport().gpu() {
+                    Some(g) => g.probe(),
+                    None => Ok(()),
+                }
+            });
             let r = r.map_err(|e| match e {
                 Error::Remote(m) => Error::Remote(format!(
                     "launched {what}: {m} (a peer died or never joined, or the work queued \

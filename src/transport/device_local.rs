@@ -288,6 +288,10 @@ pub struct DeviceLocalTransport {
     stream: Arc<dyn DevStream>,
     stage: Scratch,
     work: Scratch,
+    /// The stream that last used `work` on the launch path and the event after that
+    /// use: a call on another stream (the fast path runs on its caller's stream) waits
+    /// for it before reusing the memory.
+    work_last: Mutex<Option<(usize, Arc<dyn DevEvent>)>>,
     traffic: Arc<Traffic>,
     timeout: Duration,
     splits: AtomicU64,
@@ -345,6 +349,7 @@ impl DeviceLocalTransport {
             stream: dev.new_stream()?,
             stage: Scratch::new(dev),
             work: Scratch::new(dev),
+            work_last: Mutex::new(None),
             traffic: traffic.clone(),
             timeout,
             splits: AtomicU64::new(0),
@@ -363,6 +368,37 @@ impl DeviceLocalTransport {
     /// The stream this rank's device work goes on ([`gpu::work_stream`]).
     fn s(&self) -> Arc<dyn DevStream> {
         gpu::work_stream(self)
+    }
+
+    /// The work scratch for `bytes` on stream `s`: launched, after the last use of it
+    /// on another stream (one wait on `s`, only when the stream changes).
+    fn work_on(&self, s: &Arc<dyn DevStream>, bytes: usize) -> Result<Buffer> {
+        if gpu::direct() {
+            let last = self
+                .work_last
+                .lock()
+                .map_err(|_| Error::Internal("scratch hand-off lock poisoned".into()))?
+                .clone();
+            if let Some((raw, ev)) = last {
+                if raw != s.raw() as usize {
+                    s.wait_event(ev.as_ref())?;
+                }
+            }
+        }
+        self.work.get(bytes)
+    }
+
+    /// The work scratch's use on `s` is enqueued: launched, remember where it ends.
+    fn work_done(&self, s: &Arc<dyn DevStream>) -> Result<()> {
+        if gpu::direct() {
+            let ev = s.record()?;
+            *self
+                .work_last
+                .lock()
+                .map_err(|_| Error::Internal("scratch hand-off lock poisoned".into()))? =
+                Some((s.raw() as usize, ev));
+        }
+        Ok(())
     }
 
     /// Make this rank's stream wait for the receivers' copies of its stream-ordered
@@ -575,6 +611,12 @@ impl GpuTransport for DeviceLocalTransport {
         })
     }
 
+    fn any_stream(&self) -> bool {
+        // The work scratch is handed between streams with an event ([`Self::work_on`]);
+        // everything else of a collective is the call's own.
+        true
+    }
+
     fn all_gather(&self, buf: Region, chunk: usize) -> Result<()> {
         let _in = self.enter("all-gather")?;
         let s = self.s();
@@ -603,7 +645,7 @@ impl GpuTransport for DeviceLocalTransport {
         let s = self.s();
         let posts = self.rdv(send.addr, send.len)?;
         let c = recv.len;
-        let acc = self.work.get(c)?;
+        let acc = self.work_on(&s, c)?;
         let g = acc.dev_write_timeout(self.timeout)?;
         self.pull("reduce-scatter", || {
             self.check_len("reduce-scatter", &posts, send.len)?;
@@ -620,6 +662,7 @@ impl GpuTransport for DeviceLocalTransport {
             Ok(())
         })?;
         s.copy(recv.addr, g.addr(), c)?;
+        self.work_done(&s)?;
         self.finish("reduce-scatter")
     }
 
@@ -627,7 +670,7 @@ impl GpuTransport for DeviceLocalTransport {
         let _in = self.enter("all-reduce")?;
         let s = self.s();
         let posts = self.rdv(buf.addr, buf.len)?;
-        let acc = self.work.get(buf.len)?;
+        let acc = self.work_on(&s, buf.len)?;
         let g = acc.dev_write_timeout(self.timeout)?;
         self.pull("all-reduce", || {
             self.check_len("all-reduce", &posts, buf.len)?;
@@ -644,6 +687,7 @@ impl GpuTransport for DeviceLocalTransport {
         })?;
         // Every rank has read every buffer: now each overwrites its own.
         s.copy(buf.addr, g.addr(), buf.len)?;
+        self.work_done(&s)?;
         self.finish("all-reduce")
     }
 

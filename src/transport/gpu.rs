@@ -66,6 +66,22 @@ pub trait GpuTransport: Send + Sync {
     fn group(&self, body: &mut dyn FnMut() -> Result<()>) -> Result<()> {
         body()
     }
+    /// True when a launched call may enqueue this transport's collectives on any stream
+    /// of its device, one call's work on the caller's own stream (what NCCL does with
+    /// the stream it is given): the fast path of a one-call collective
+    /// ([`crate::comm::ordered`]). Default: false (the launch stream only).
+    fn any_stream(&self) -> bool {
+        false
+    }
+    /// Reduce-scatter with `Avg` done by the library itself in the same call (`ncclAvg`,
+    /// NCCL >= 2.10): `None` where it cannot (then the caller sums and divides).
+    fn reduce_scatter_mean(&self, _send: Region, _recv: Region, _dtype: DataType) -> Option<Result<()>> {
+        None
+    }
+    /// All-reduce in place with `Avg` done by the library ([`Self::reduce_scatter_mean`]).
+    fn all_reduce_mean(&self, _buf: Region, _dtype: DataType) -> Option<Result<()>> {
+        None
+    }
 }
 
 /// The stream `g`'s device work goes on: on the capturable path of a stream-ordered

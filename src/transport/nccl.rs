@@ -81,6 +81,13 @@ fn op_code(op: ReduceOp) -> c_int {
     }
 }
 
+/// `ncclAvg` (NCCL >= 2.10, RCCL the same): the sum divided by the communicator's size
+/// in the library's own kernel, as PyTorch's `ProcessGroupNCCL` passes `ReduceOp.AVG`.
+const NCCL_AVG: c_int = 4;
+
+/// The first library version with `ncclAvg` (2.10.0 as NCCL_VERSION_CODE).
+const AVG_SINCE: i32 = 21000;
+
 fn int(v: usize, what: &str) -> Result<c_int> {
     c_int::try_from(v)
         .map_err(|_| Error::InvalidArgument(format!("{what} {v} exceeds the library's int")))
@@ -217,6 +224,13 @@ impl NcclTransport {
             data,
             "ncclRecv (from itself)",
         )
+    }
+
+    /// True when the library averages `dtype` itself (`ncclAvg`): floating types on a
+    /// library of version 2.10 or later.
+    fn has_avg(&self, dtype: DataType) -> bool {
+        dtype.is_float()
+            && VendorLib::get(self.vendor).is_ok_and(|l| l.version() >= AVG_SINCE)
     }
 
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, ()>> {
@@ -403,6 +417,35 @@ impl GpuTransport for NcclTransport {
             return Ok(());
         }
         self.finish("grouped calls")
+    }
+    fn any_stream(&self) -> bool {
+        // Each call is the library's own on the stream it is given; strata keeps no
+        // per-call state on a stream of its own.
+        true
+    }
+    fn reduce_scatter_mean(&self, send: Region, recv: Region, dtype: DataType) -> Option<Result<()>> {
+        if !self.has_avg(dtype) {
+            return None;
+        }
+        let n = match super::gpu::count_of(recv.len, dtype) {
+            Ok(n) => n,
+            Err(e) => return Some(Err(e)),
+        };
+        Some(self.run("ncclReduceScatter", |c, s| {
+            c.reduce(Reduction::ReduceScatter, send.addr, recv.addr, n, dtype as c_int, NCCL_AVG, s)
+        }))
+    }
+    fn all_reduce_mean(&self, buf: Region, dtype: DataType) -> Option<Result<()>> {
+        if !self.has_avg(dtype) {
+            return None;
+        }
+        let n = match super::gpu::count_of(buf.len, dtype) {
+            Ok(n) => n,
+            Err(e) => return Some(Err(e)),
+        };
+        Some(self.run("ncclAllReduce", |c, s| {
+            c.reduce(Reduction::AllReduce, buf.addr, buf.addr, n, dtype as c_int, NCCL_AVG, s)
+        }))
     }
     fn sendrecv(&self, dst: usize, send: Region, src: usize, recv: Region) -> Result<()> {
         let (d, r) = (int(dst, "peer")?, int(src, "peer")?);
