@@ -36,7 +36,7 @@ use super::{Comm, How, Submitted, Work};
 use crate::device::direct::{self, Scope};
 use crate::device::{waits, DevEvent, DevStream, Device};
 use crate::error::{Error, Result};
-use crate::runtime::request::Request;
+use crate::runtime::request::{Op, Request};
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -115,6 +115,13 @@ impl Comm {
             Some(s) => core.note(s.is_capturing())?,
             None => false,
         };
+        let req = match &caller {
+            Some(s) if !capturing => match self.launch_direct(req, s, &l) {
+                Ok(r) => return r,
+                Err(req) => req,
+            },
+            _ => req,
+        };
         // Fork: after the caller's earlier work, and after the calls this one depends
         // on (on the device when they were launched, on the host otherwise).
         let fork = (|| {
@@ -130,7 +137,7 @@ impl Comm {
             Ok(())
         })();
         core.note(fork)?;
-        let what = format!("{} ({})", req.op.name(), req.dtype);
+        let what = Called(req.op.name(), req.dtype);
         // The call's buffers live until its end event passes: the request (and with it
         // the last handle on a buffer the caller gave away) is dropped once enqueued,
         // while the device still reads and writes them (PyTorch's record_stream).
@@ -211,6 +218,129 @@ impl Comm {
                 Err(e)
             }
         })
+    }
+}
+
+/// The name of a launched call for its watchdog's messages, formatted only when one is
+/// written.
+struct Called(&'static str, crate::dtype::DataType);
+
+impl std::fmt::Display for Called {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({})", self.0, self.1)
+    }
+}
+
+/// True for the ops a launched call may run as the transport's one call on the caller's
+/// stream: the collectives (point-to-point calls pair with a peer's call and keep the
+/// launch stream; coalesced calls are packed first).
+fn one_call_op(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::AllGather { .. }
+            | Op::ReduceScatter { .. }
+            | Op::AllReduce { .. }
+            | Op::AllToAll { .. }
+            | Op::Broadcast { .. }
+    )
+}
+
+impl Comm {
+    /// The fast path (contract "launch cost"): a collective that is one call of a
+    /// transport that may enqueue on any stream ([`GpuTransport::any_stream`]: `nccl`,
+    /// `rccl`, and the in-process device transports) is that call on the caller's
+    /// stream, followed by one pooled end event for the watchdog: no launch stream, no
+    /// fork or join, no group, no job. An `Avg` is the library's own (`ncclAvg`) where
+    /// it has one, else the division kernel after the call on the same stream. `Err`
+    /// gives the request back for the general path (grouped, another algorithm, a
+    /// dependency without an event, point-to-point).
+    ///
+    /// [`GpuTransport::any_stream`]: crate::transport::gpu::GpuTransport::any_stream
+    fn launch_direct(
+        &self,
+        req: Request,
+        caller: &Rc<dyn CallerStream>,
+        l: &Arc<crate::runtime::ordered::Launcher>,
+    ) -> std::result::Result<Result<Work>, Request> {
+        let core = &self.0;
+        let direct = core.transport().gpu().is_some_and(|g| g.any_stream())
+            && !crate::runtime::group::in_group()
+            && one_call_op(&req.op)
+            && req.deps.iter().all(|d| d.event().is_some() || d.is_done())
+            && crate::algo::select::choose(core, &req).algo == crate::kinds::Algo::Ring;
+        if !direct {
+            return Err(req);
+        }
+        Ok(self.run_direct(req, caller, l))
+    }
+
+    fn run_direct(
+        &self,
+        req: Request,
+        caller: &Rc<dyn CallerStream>,
+        l: &Arc<crate::runtime::ordered::Launcher>,
+    ) -> Result<Work> {
+        let core = &self.0;
+        let (dtype, name) = (req.dtype, req.op.name());
+        // Bad arguments fail here, nothing enqueued (the C ABI's requests come checked).
+        let op = core.note(crate::runtime::request::check(
+            req.op,
+            dtype,
+            core.rank(),
+            core.size(),
+        ))?;
+        let stream = core.note(caller.stream())?;
+        let sc = Scope::launch(l.arena(), Some(stream.clone()), core.identity());
+        let to = core.timeout();
+        let enqueued = (|| {
+            core.still_running()?;
+            for d in &req.deps {
+                match d.event() {
+                    Some(ev) => stream.wait_event(ev.as_ref())?,
+                    None => d.wait()?,
+                }
+            }
+            let t = core.transport();
+            let averaged = direct::scope(Some(sc.clone()), || {
+                let averaged = crate::runtime::native::run_device_mean(t.as_ref(), &op, dtype, to)?;
+                if op.redop() == Some(crate::dtype::ReduceOp::Avg) && !averaged {
+                    if let Op::ReduceScatter { recv, count, .. }
+                    | Op::AllReduce { recv, count, .. } = &op
+                    {
+                        let r = recv.slice(0..count * dtype.size())?;
+                        core.ops().divide(&r, dtype, core.size())?;
+                    }
+                }
+                Ok::<_, Error>(averaged)
+            })?;
+            let _ = averaged;
+            stream.record()
+        })();
+        let ev = match enqueued {
+            Ok(ev) => ev,
+            Err(e) => {
+                // As a failure of the general path after its checks: the communicator is
+                // aborted and the Work carries the error.
+                let e = e.in_collective(|| format!("launched {name} ({dtype})"));
+                core.fail(&e);
+                let _ = core.note::<()>(Err(e.clone()));
+                return Ok(Work::ready(Err(e)));
+            }
+        };
+        let work = Work::pending();
+        work.set_event(ev.clone());
+        // The buffers (and the call's scope: its arena lease, the borrowed stream) live
+        // until the device passed the call.
+        let keep = Box::new((op, sc));
+        crate::runtime::watchdog::watch(
+            ev,
+            stream.raw() as usize as u64,
+            work.clone(),
+            core,
+            Called(name, dtype),
+            keep,
+        );
+        Ok(work)
     }
 }
 

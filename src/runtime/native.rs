@@ -144,10 +144,18 @@ fn layout(op: &Op, rank: usize, dtype: DataType) -> Option<InPlace> {
 /// [`GpuTransport::reduce_scatter_mean`]): true when it did (the result is the mean),
 /// false when the result is the sum, for the caller to divide. The fast path of a
 /// launched one-call collective ([`crate::comm::ordered`]).
-pub fn run_device_mean(t: &dyn Transport, op: &Op, dtype: DataType, timeout: Duration) -> Result<bool> {
+pub fn run_device_mean(
+    t: &dyn Transport,
+    op: &Op,
+    dtype: DataType,
+    timeout: Duration,
+) -> Result<bool> {
     match placement(op)? {
         Some(place) => device::run(t, op, dtype, timeout, place, true),
-        None => Err(Error::Internal(format!("{}: host buffers on the device path", op.name()))),
+        None => Err(Error::Internal(format!(
+            "{}: host buffers on the device path",
+            op.name()
+        ))),
     }
 }
 
@@ -269,7 +277,8 @@ mod device {
                             return r.map(|_| true);
                         }
                     }
-                    g.reduce_scatter(s.region(), r.region(), dtype, *op).map(|_| false)
+                    g.reduce_scatter(s.region(), r.region(), dtype, *op)
+                        .map(|_| false)
                 }
             }
             Op::AllReduce { send, recv, op, .. } => {
@@ -296,10 +305,15 @@ mod device {
                 if rank == *root && !in_place {
                     copy_dev(g, send, recv, to)?;
                 }
-                g.broadcast(recv.dev_write_timeout(to)?.region(), *root).map(|_| false)
+                g.broadcast(recv.dev_write_timeout(to)?.region(), *root)
+                    .map(|_| false)
             }
-            Op::Send { buf, peer, .. } => g.send(*peer, buf.dev_read_timeout(to)?.region()).map(|_| false),
-            Op::Recv { buf, peer, .. } => g.recv(*peer, buf.dev_write_timeout(to)?.region()).map(|_| false),
+            Op::Send { buf, peer, .. } => g
+                .send(*peer, buf.dev_read_timeout(to)?.region())
+                .map(|_| false),
+            Op::Recv { buf, peer, .. } => g
+                .recv(*peer, buf.dev_write_timeout(to)?.region())
+                .map(|_| false),
             Op::SendRecv {
                 send,
                 recv,
