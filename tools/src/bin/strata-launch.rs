@@ -17,7 +17,11 @@
 //!   operations, event records and event waits, as a CUDA stream takes launches,
 //!   `cuEventRecord` and `cuStreamWaitEvent`): the difference of the count before and
 //!   after a call of the floor's timed half, median over the calls, the largest of the
-//!   ranks. NCCL puts two there (docs/gpu.md, "Per-call cost against NCCL");
+//!   ranks. A one-call collective is the transport's own call there plus one end event
+//!   (on `host-local` the transport's call is itself several entries, its copies and
+//!   reductions; on `nccl` the vendor's kernel: two in all, as `ProcessGroupNCCL`'s); a
+//!   multi-stage one, the fork's event record and the join's wait (docs/gpu.md,
+//!   "Per-call cost against NCCL");
 //! - `direct`, `ratio` (`--transport nccl`, feature `cuda`; `-` elsewhere): the same
 //!   collective called directly on NCCL (`ncclAllGather` / `ncclAllReduce`, f32 sum)
 //!   through the library strata loaded, in this process, on a one-rank NCCL
@@ -247,7 +251,11 @@ fn rank(c: &Comm, cli: &Cli) -> Result<Vec<Row>> {
         Kind::AllReduce => (cli.bytes as usize / 4).max(1),
         _ => (cli.bytes as usize / 4 / p).max(1),
     };
-    let out = if cli.op == Kind::AllReduce { count } else { p * count };
+    let out = if cli.op == Kind::AllReduce {
+        count
+    } else {
+        p * count
+    };
     let dev = c
         .device()
         .ok_or_else(|| Error::InvalidUsage("strata-launch needs a device transport".into()))?;
