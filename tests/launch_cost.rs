@@ -134,6 +134,51 @@ fn a_one_call_collective_adds_one_entry_to_the_transports_own() {
     }
 }
 
+/// Grouped one-call collectives on one stream: each is the transport's call on the
+/// caller's stream, and the group's calls share one end event.
+#[test]
+fn grouped_one_call_collectives_share_one_end_event() {
+    let out = common::on_comms(world(66, "nodes:1x2"), |c| {
+        let n = c.size();
+        let dev = c.device().expect("device");
+        let s = dev.new_stream()?;
+        let send = c.native_from(&vec![1u8; 64])?;
+        let recv = c.alloc_native(64 * n)?;
+        let bufs: Vec<Buffer> = (0..4)
+            .map(|_| c.alloc_native(64 * n))
+            .collect::<strata::Result<_>>()?;
+        let arena = Arc::new(Arena::new(&dev));
+        let (mut got, mut own) = (0, 0);
+        for _ in 0..2 {
+            let before = entries(s.as_ref())?;
+            strata::group_start();
+            let ws: Vec<_> = bufs
+                .iter()
+                .map(|b| c.enqueue(call("all-reduce", &send, b, n, c.rank()), &s))
+                .collect();
+            strata::group_end()?;
+            got = entries(s.as_ref())? - before;
+            for w in ws {
+                w?.wait()?;
+            }
+            let before = entries(s.as_ref())?;
+            let sc = Scope::launch(&arena, Some(s.clone()), 0);
+            direct::scope(Some(sc), || transport_call(&c, "all-reduce", &send, &recv))?;
+            own = entries(s.as_ref())? - before;
+            sync(&s)?;
+        }
+        Ok((got, own))
+    });
+    for (r, o) in out.into_iter().enumerate() {
+        let (got, own) = o.unwrap_or_else(|e| panic!("rank {r}: {e}"));
+        assert_eq!(
+            got,
+            4 * own + 1,
+            "rank {r}: 4 grouped calls, the transport's own {own} each"
+        );
+    }
+}
+
 /// A multi-stage algorithm keeps the general path: the caller's stream gets the fork's
 /// event and the join's wait, nothing else (its stages run on strata's streams).
 #[test]

@@ -122,15 +122,26 @@ impl Comm {
             },
             _ => req,
         };
+        // A grouped one-call collective: its vendor call goes on the caller's stream
+        // inside the group (as NCCL's grouped calls do), no fork or join; the group's
+        // calls on one stream share one end event.
+        let grouped_on = match &caller {
+            Some(s) if !capturing && crate::runtime::group::in_group() && self.one_call(&req) => {
+                Some(core.note(s.stream())?)
+            }
+            _ => None,
+        };
+        let generation = crate::runtime::group::current_group().unwrap_or(0);
+        let target = grouped_on.clone().unwrap_or_else(|| ls.clone());
         // Fork: after the caller's earlier work, and after the calls this one depends
         // on (on the device when they were launched, on the host otherwise).
         let fork = (|| {
-            if let Some(s) = &caller {
+            if let (Some(s), None) = (&caller, &grouped_on) {
                 ls.wait_event(s.record()?.as_ref())?;
             }
             for d in &req.deps {
                 match d.event() {
-                    Some(ev) => ls.wait_event(ev.as_ref())?,
+                    Some(ev) => target.wait_event(ev.as_ref())?,
                     None => d.wait()?,
                 }
             }
@@ -147,7 +158,7 @@ impl Comm {
             deps: Vec::new(),
             ..req
         };
-        let sc = Scope::launch(l.arena(), Some(ls.clone()), core.identity());
+        let sc = Scope::launch(l.arena(), Some(target.clone()), core.identity());
         let host = match direct::scope(Some(sc), || self.submit_as(req, How::Launch(l.clone()))) {
             Ok(Submitted::Queued(w)) => w,
             Ok(Submitted::Ran(r)) => Work::ready(r),
@@ -176,13 +187,22 @@ impl Comm {
             // Joined back even after a failure, so the caller's stream moves on and a
             // capture can end (the side streams were joined into the launch stream when
             // the call's stages were enqueued).
-            let end = ls.record();
-            let joined = match (&end, &caller) {
-                (Ok(ev), Some(s)) => s.wait_event(ev.as_ref()),
-                (Ok(_), None) => Ok(()),
-                (Err(e), _) => Err(e.clone()),
+            let (end, joined, order) = match &grouped_on {
+                Some(ws) => (
+                    group_end_event(generation, ws),
+                    Ok(()),
+                    ws.raw() as usize as u64,
+                ),
+                None => {
+                    let end = ls.record();
+                    let joined = match (&end, &caller) {
+                        (Ok(ev), Some(s)) => s.wait_event(ev.as_ref()),
+                        (Ok(_), None) => Ok(()),
+                        (Err(e), _) => Err(e.clone()),
+                    };
+                    (end, joined, l.id())
+                }
             };
-            let order = l.id();
             match (r.and(joined), end) {
                 (Err(e), end) => {
                     // Stages enqueued before the failure may still run: the buffers
@@ -262,16 +282,20 @@ impl Comm {
         caller: &Rc<dyn CallerStream>,
         l: &Arc<crate::runtime::ordered::Launcher>,
     ) -> std::result::Result<Result<Work>, Request> {
-        let core = &self.0;
-        let direct = core.transport().gpu().is_some_and(|g| g.any_stream())
-            && !crate::runtime::group::in_group()
-            && one_call_op(&req.op)
-            && req.deps.iter().all(|d| d.event().is_some() || d.is_done())
-            && crate::algo::select::choose(core, &req).algo == crate::kinds::Algo::Ring;
-        if !direct {
+        if crate::runtime::group::in_group() || !self.one_call(&req) {
             return Err(req);
         }
         Ok(self.run_direct(req, caller, l))
+    }
+
+    /// True when `req` runs as one call of a transport that may enqueue on any stream
+    /// (the fast path's condition, grouped or not).
+    fn one_call(&self, req: &Request) -> bool {
+        let core = &self.0;
+        core.transport().gpu().is_some_and(|g| g.any_stream())
+            && one_call_op(&req.op)
+            && req.deps.iter().all(|d| d.event().is_some() || d.is_done())
+            && crate::algo::select::choose(core, req).algo == crate::kinds::Algo::Ring
     }
 
     fn run_direct(
@@ -342,6 +366,30 @@ impl Comm {
         );
         Ok(work)
     }
+}
+
+thread_local! {
+    /// The end event of the last group's calls on one stream: (group, stream, event).
+    static GROUP_END: std::cell::RefCell<Option<(u64, usize, Arc<dyn DevEvent>)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// The event after group `generation`'s work on `ws`, recorded once for all of that
+/// group's calls on the stream (every call of the group is enqueued before the first
+/// asks for it: the group's end runs its calls first).
+fn group_end_event(generation: u64, ws: &Arc<dyn DevStream>) -> Result<Arc<dyn DevEvent>> {
+    let raw = ws.raw() as usize;
+    if let Some(ev) = GROUP_END.with(|g| {
+        g.borrow()
+            .as_ref()
+            .filter(|(n, r, _)| *n == generation && *r == raw)
+            .map(|(_, _, ev)| ev.clone())
+    }) {
+        return Ok(ev);
+    }
+    let ev = ws.record()?;
+    GROUP_END.with(|g| *g.borrow_mut() = Some((generation, raw, ev.clone())));
+    Ok(ev)
 }
 
 /// The caller's stream of a stream-ordered call, as the call uses it: an

@@ -201,7 +201,18 @@ fn group_end_jobs() -> Result<()> {
         Ok(())
     };
     match outer.transport().gpu() {
-        Some(g) => g.group(&mut run)?,
+        Some(g) => {
+            // The launched calls' outer vendor group, enqueue only: inside a launch scope
+            // on the communicator's launch stream, the transport's end of group makes no
+            // host wait (each call's own scope was captured when it was submitted).
+            let l = outer.launcher(g.device())?;
+            let sc = crate::device::direct::Scope::launch(
+                l.arena(),
+                Some(l.stream().clone()),
+                outer.identity(),
+            );
+            crate::device::direct::scope(Some(sc), || g.group(&mut run))?
+        }
         None => run()?,
     }
     first
