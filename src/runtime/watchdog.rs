@@ -54,8 +54,7 @@ pub fn watch(
                     return Err(match c.async_error() {
                         Some(e) => e,
                         None => Error::Remote(
-                            "the communicator was aborted before the call was seen complete"
-                                .into(),
+                            "the communicator was aborted before the call was seen complete".into(),
                         ),
                     });
                 }

@@ -75,7 +75,12 @@ pub trait GpuTransport: Send + Sync {
     }
     /// Reduce-scatter with `Avg` done by the library itself in the same call (`ncclAvg`,
     /// NCCL >= 2.10): `None` where it cannot (then the caller sums and divides).
-    fn reduce_scatter_mean(&self, _send: Region, _recv: Region, _dtype: DataType) -> Option<Result<()>> {
+    fn reduce_scatter_mean(
+        &self,
+        _send: Region,
+        _recv: Region,
+        _dtype: DataType,
+    ) -> Option<Result<()>> {
         None
     }
     /// All-reduce in place with `Avg` done by the library ([`Self::reduce_scatter_mean`]).

@@ -229,8 +229,7 @@ impl NcclTransport {
     /// True when the library averages `dtype` itself (`ncclAvg`): floating types on a
     /// library of version 2.10 or later.
     fn has_avg(&self, dtype: DataType) -> bool {
-        dtype.is_float()
-            && VendorLib::get(self.vendor).is_ok_and(|l| l.version() >= AVG_SINCE)
+        dtype.is_float() && VendorLib::get(self.vendor).is_ok_and(|l| l.version() >= AVG_SINCE)
     }
 
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, ()>> {
@@ -423,7 +422,12 @@ impl GpuTransport for NcclTransport {
         // per-call state on a stream of its own.
         true
     }
-    fn reduce_scatter_mean(&self, send: Region, recv: Region, dtype: DataType) -> Option<Result<()>> {
+    fn reduce_scatter_mean(
+        &self,
+        send: Region,
+        recv: Region,
+        dtype: DataType,
+    ) -> Option<Result<()>> {
         if !self.has_avg(dtype) {
             return None;
         }
@@ -432,7 +436,15 @@ impl GpuTransport for NcclTransport {
             Err(e) => return Some(Err(e)),
         };
         Some(self.run("ncclReduceScatter", |c, s| {
-            c.reduce(Reduction::ReduceScatter, send.addr, recv.addr, n, dtype as c_int, NCCL_AVG, s)
+            c.reduce(
+                Reduction::ReduceScatter,
+                send.addr,
+                recv.addr,
+                n,
+                dtype as c_int,
+                NCCL_AVG,
+                s,
+            )
         }))
     }
     fn all_reduce_mean(&self, buf: Region, dtype: DataType) -> Option<Result<()>> {
@@ -444,7 +456,15 @@ impl GpuTransport for NcclTransport {
             Err(e) => return Some(Err(e)),
         };
         Some(self.run("ncclAllReduce", |c, s| {
-            c.reduce(Reduction::AllReduce, buf.addr, buf.addr, n, dtype as c_int, NCCL_AVG, s)
+            c.reduce(
+                Reduction::AllReduce,
+                buf.addr,
+                buf.addr,
+                n,
+                dtype as c_int,
+                NCCL_AVG,
+                s,
+            )
         }))
     }
     fn sendrecv(&self, dst: usize, send: Region, src: usize, recv: Region) -> Result<()> {
