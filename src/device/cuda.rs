@@ -70,6 +70,8 @@ pub struct CudaDevice {
     /// Allocation ranges already found to be memory of this device
     /// ([`Device::check_pointer`]): a pointer inside one costs no driver query.
     ranges: std::sync::RwLock<Vec<(DevAddr, DevAddr)>>,
+    /// This device, for the streams it hands out (no process-wide lookup per call).
+    me: std::sync::Weak<CudaDevice>,
 }
 
 /// Free events of one device (`CUevent` handles, timing disabled).
@@ -111,7 +113,8 @@ impl CudaDevice {
             return Ok(d);
         }
         let ctx = open_device(ordinal)?;
-        let d = Arc::new(CudaDevice {
+        let d = Arc::new_cyclic(|me| CudaDevice {
+            me: me.clone(),
             ctx: ManuallyDrop::new(ctx),
             kernels: OnceLock::new(),
             allocations: std::sync::atomic::AtomicU64::new(0),
@@ -464,7 +467,10 @@ impl Device for CudaDevice {
         })
     }
     unsafe fn borrow_stream(&self, raw: *mut c_void) -> Result<Arc<dyn DevStream>> {
-        let dev = CudaDevice::open(self.ordinal())?;
+        let dev = self
+            .me
+            .upgrade()
+            .ok_or_else(|| Error::Internal("CUDA device used while being dropped".into()))?;
         // SAFETY: the caller's contract: `raw` is null or a live stream of this context
         // that outlives the wrapper; cudarc's borrowed wrapper never destroys it, and
         // strata orders its work on it with events (event tracking is off).
