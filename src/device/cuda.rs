@@ -564,32 +564,39 @@ impl CudaDevice {
                 ),
             )
         };
-        let what = if len == 1 {
-            format!("the byte at {addr:#x}")
-        } else {
-            format!("the {which} byte ({p:#x}) of {len} bytes at {addr:#x}")
+        // Formatted only for an error (a good pointer costs no allocation).
+        let what = || {
+            if len == 1 {
+                format!("the byte at {addr:#x}")
+            } else {
+                format!("the {which} byte ({p:#x}) of {len} bytes at {addr:#x}")
+            }
         };
         let hint = "the nccl and cuda-local transports take device pointers of the \
                     communicator's device; host data goes through the local or mpi transport";
         if let Err(e) = r1.result() {
             return Err(Error::InvalidArgument(format!(
-                "{what} is not CUDA device memory (unknown to the driver: {e:?}): {hint}"
+                "{what} is not CUDA device memory (unknown to the driver: {e:?}): {hint}",
+                what = what()
             )));
         }
         if kind != sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 {
             return Err(Error::InvalidArgument(format!(
-                "{what} is not CUDA device memory (memory type {kind}): {hint}"
+                "{what} is not CUDA device memory (memory type {kind}): {hint}",
+                what = what()
             )));
         }
         if let Err(e) = r2.result() {
             return Err(Error::InvalidArgument(format!(
-                "{what}: CUDA cannot tell its device ({e:?}): {hint}"
+                "{what}: CUDA cannot tell its device ({e:?}): {hint}",
+                what = what()
             )));
         }
         if ordinal < 0 || ordinal as usize != self.ordinal() {
             return Err(Error::InvalidArgument(format!(
                 "{what} is memory of CUDA device {ordinal}, the communicator runs on device {}",
-                self.ordinal()
+                self.ordinal(),
+                what = what()
             )));
         }
         Ok(())

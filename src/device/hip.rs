@@ -469,10 +469,13 @@ impl HipDevice {
                 p as *const c_void,
             )
         };
-        let what = if len == 1 {
-            format!("the byte at {addr:#x}")
-        } else {
-            format!("the {which} byte ({p:#x}) of {len} bytes at {addr:#x}")
+        // Formatted only for an error (a good pointer costs no allocation).
+        let what = || {
+            if len == 1 {
+                format!("the byte at {addr:#x}")
+            } else {
+                format!("the {which} byte ({p:#x}) of {len} bytes at {addr:#x}")
+            }
         };
         let hint = "the rccl transport takes device pointers of the communicator's device; \
                     host data goes through the local or mpi transport";
@@ -482,19 +485,23 @@ impl HipDevice {
             let _ = unsafe { sys::hipGetLastError() };
             return Err(Error::InvalidArgument(format!(
                 "{what} is not HIP device memory (unknown to HIP: {}): {hint}",
-                error_string(r)
+                error_string(r),
+                what = what()
             )));
         }
         if a.memory_type != self.device_type {
             return Err(Error::InvalidArgument(format!(
                 "{what} is not HIP device memory (memory type {}): {hint}",
-                a.memory_type
+                a.memory_type,
+                what = what()
             )));
         }
         if a.device < 0 || a.device as usize != self.ordinal {
             return Err(Error::InvalidArgument(format!(
                 "{what} is memory of HIP device {}, the communicator runs on device {}",
-                a.device, self.ordinal
+                a.device,
+                self.ordinal,
+                what = what()
             )));
         }
         Ok(())
