@@ -19,7 +19,9 @@
 //! - A small message (up to 16 KiB, at most a piece) has its receive posted before the
 //!   peer's message comes (in `sendrecv` before the send), into a reused 16 KiB landing
 //!   buffer that holds any small message whole: the length comes from the status, the
-//!   bytes are copied out.
+//!   bytes are copied out. A `sendrecv` of two small messages (a latency-bound step)
+//!   posts and polls its two requests itself for the spin's polls, and hands them to
+//!   the driver (`progress`) only when they are not done by then.
 //!   Were the peer's message of our number longer (another class), it shows up unmatched
 //!   (`MPI_Iprobe` while waiting): the receive is withdrawn and that message drained.
 //!   A larger receive first matches the incoming message (`MPI_Improbe`) and compares its

@@ -57,6 +57,13 @@ pub(super) struct Slot {
     pub(super) drain: bool,
 }
 
+/// `peer` sent `sent` bytes where `me` expected `len`.
+pub(super) fn mismatch_error(peer: usize, me: usize, sent: usize, len: usize) -> Error {
+    Error::InvalidUsage(format!(
+        "rank {peer} sent {sent} bytes where rank {me} expected {len}: counts or dtypes differ across ranks"
+    ))
+}
+
 /// Receives exactly `len` bytes from `peer`, checking the sender's length: a small
 /// message (up to [`SMALL`] bytes) lands whole in a landing buffer posted before it
 /// arrives (its length read from the status); a larger one is matched first
@@ -161,6 +168,38 @@ impl RecvOp {
         Ok(op)
     }
 
+    /// A small receive already posted (`req`, into `landing`, for message `seq` of
+    /// `peer`): what [`RecvOp::new`] makes of a small receive, for a caller that polled
+    /// the request itself first (the quick step of `MpiTransport::sendrecv`) and hands it
+    /// over to `MpiTransport::drive`.
+    pub(super) fn posted(
+        peer: usize,
+        me: usize,
+        buf: &mut [u8],
+        seq: u32,
+        piece: usize,
+        landing: Vec<u8>,
+        req: Req,
+    ) -> RecvOp {
+        RecvOp {
+            peer,
+            me,
+            buf: buf.as_mut_ptr(),
+            len: buf.len(),
+            stage: Stage::Posted(req),
+            seq,
+            piece,
+            msgs: 0,
+            matched: 0,
+            landed: 0,
+            header: None,
+            mismatch: None,
+            landing,
+            slots: Default::default(),
+            idle: 0,
+        }
+    }
+
     /// True while MPI may write memory of this op (a request is live).
     fn live(&self) -> bool {
         match &self.stage {
@@ -189,10 +228,7 @@ impl RecvOp {
     }
 
     fn mismatch_error(&self, sent: usize) -> Error {
-        Error::InvalidUsage(format!(
-            "rank {} sent {sent} bytes where rank {} expected {}: counts or dtypes differ across ranks",
-            self.peer, self.me, self.len
-        ))
+        mismatch_error(self.peer, self.me, sent, self.len)
     }
 
     /// Receive a matched message into `ptr..ptr+count`.

@@ -128,6 +128,24 @@ impl SendOp {
         Ok(op)
     }
 
+    /// A small message already posted as message `seq` to `peer` (`req`): what
+    /// [`SendOp::post`] makes of it, for a caller that polled the request itself first
+    /// (the quick step of `MpiTransport::sendrecv`) and hands it over to the driver.
+    pub(super) fn posted(peer: usize, req: Req, seq: u32) -> SendOp {
+        SendOp {
+            peer,
+            first: req,
+            more: Vec::new(),
+            posted: 1,
+            next_seq: seq.wrapping_add(1),
+            end_seq: seq.wrapping_add(1),
+            header: None,
+            rest: None,
+            window: None,
+            completed: 0,
+        }
+    }
+
     /// `MPI_Isend` of `len` bytes at `ptr` as the next message.
     fn isend(&mut self, comm: &RawComm, ptr: *const u8, len: usize, class: u32) -> Result<()> {
         let mut r = request_null();

@@ -284,6 +284,33 @@ fn timeout_without_sender_leaves_the_communicator_usable() {
     }
 }
 
+#[test]
+fn small_step_not_done_at_once_is_driven_to_its_timeout() {
+    // A small sendrecv whose receive is not matched in its quick polls (here: it waits
+    // for a message number that is never sent) goes on in the driver: it times out,
+    // its receive withdrawn, the communicator usable.
+    let t = world(8192, SHORT);
+    let me = t.rank();
+    let (sent, received) = seqs(&t);
+    t.received.set(me, received + 1);
+    let start = Instant::now();
+    let mut got = vec![0x3Cu8; 100];
+    match t.sendrecv(me, &pattern(100, 3), me, &mut got) {
+        Err(Error::Remote(m)) => assert!(m.contains("waited"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(start.elapsed() >= SHORT);
+    assert!(got.iter().all(|&b| b == 0x3C), "buffer written");
+    assert!(t.broken.get().is_none(), "nothing was left in flight");
+    assert_eq!(seqs(&t), (sent + 1, received + 1));
+    // The message that was sent is the next one to receive.
+    t.received.set(me, received);
+    let mut back = vec![0u8; 100];
+    t.recv(me, &mut back).expect("the sent message");
+    assert_eq!(back, pattern(100, 3));
+    roundtrip(&t, 100, 9);
+}
+
 /// Wait until a message from `peer` is there to match on `t` (polling MPI).
 fn wait_for_message(t: &MpiTransport, peer: usize) {
     let end = Instant::now() + LONG;

@@ -1,13 +1,14 @@
 //! [`MpiTransport`]: a rank of an MPI communicator.
 
+use super::comm::byte_type;
 use super::comm::GROUP_TAG;
 use super::comm::{check, RawComm};
 use super::init::{ensure_init, note_peer_failure};
-use super::progress::{wait_collective, Op};
-use super::recv::{Buffers, RecvOp};
+use super::progress::{spin_polls, wait_collective, Op};
+use super::recv::{mismatch_error, Buffers, RecvOp};
 use super::request::{request_null, Req};
 use super::send::{send_window, SendOp};
-use super::tags::{max_piece, Seqs};
+use super::tags::{is_small, max_piece, tag, Seqs, CLASS_SMALL, SMALL};
 use crate::error::{Error, Result};
 use crate::topology::Topology;
 use crate::traffic::{Traffic, TrafficMatrix};
@@ -291,6 +292,144 @@ impl MpiTransport {
     }
 }
 
+impl MpiTransport {
+    /// [`Transport::sendrecv`] of two small messages (a latency-bound step): the same
+    /// messages and tags as [`Self::post_recv`] + [`Self::post_send`], but the two
+    /// requests are posted and polled here, for [`quick_polls`] rounds, with no
+    /// transfer state built; a step that is not done by then is handed over, as it
+    /// stands, to [`Self::drive`] (the deadline, the abort, a longer message of the
+    /// peer in our place: everything the general path does). `bufs`: the call lock's.
+    fn sendrecv_small(
+        &self,
+        bufs: &mut Buffers,
+        dst: usize,
+        send: &[u8],
+        src: usize,
+        recv: &mut [u8],
+    ) -> Result<()> {
+        let rseq = self.received.get(src);
+        let mut landing = bufs.landing.pop().unwrap_or_default();
+        if landing.len() < SMALL {
+            landing = vec![0u8; SMALL];
+        }
+        let mut r = request_null();
+        // SAFETY: the landing buffer holds SMALL bytes and is neither moved nor freed
+        // while the request is live (it is completed here, or handed over with the
+        // request to a RecvOp, which retires it or leaks the buffer); live communicator.
+        let rc = unsafe {
+            ffi::MPI_Irecv(
+                landing.as_mut_ptr() as *mut c_void,
+                SMALL as c_int,
+                byte_type(),
+                src as c_int,
+                tag(CLASS_SMALL, rseq),
+                self.comm.0,
+                &mut r,
+            )
+        };
+        if let Err(e) = check(rc, "MPI_Irecv") {
+            bufs.landing.push(landing);
+            return Err(e);
+        }
+        let mut rreq = Req(r);
+        let sseq = self.sent.get(dst);
+        let mut s = request_null();
+        // SAFETY: `send` is valid for reads and outlives the request: it is completed
+        // here or driven to completion (or retired) before this call returns.
+        let rc = unsafe {
+            ffi::MPI_Isend(
+                send.as_ptr() as *const c_void,
+                send.len() as c_int,
+                byte_type(),
+                dst as c_int,
+                tag(CLASS_SMALL, sseq),
+                self.comm.0,
+                &mut s,
+            )
+        };
+        if let Err(e) = check(rc, "MPI_Isend") {
+            let op = RecvOp::posted(src, self.rank, recv, rseq, self.piece, landing, rreq);
+            self.withdraw(bufs, &mut [Op::Recv(op)], &e);
+            return Err(e);
+        }
+        self.sent.set(dst, sseq.wrapping_add(1));
+        self.record(dst, send.len());
+        let mut sreq = Req(s);
+        // Quick polls: the receive's outcome (`Some(bytes)`), the send's completion.
+        let (mut got, mut sent) = (None, false);
+        let mut first_err: Option<Error> = None;
+        let mut recv_failed = false;
+        for _ in 0..quick_polls() {
+            if got.is_none() && !recv_failed {
+                match rreq.test_count("MPI_Test (recv)") {
+                    Ok(n) => got = n,
+                    Err(e) => {
+                        // Complete (MPI freed it): nothing writes the landing buffer.
+                        recv_failed = true;
+                        first_err.get_or_insert(e);
+                    }
+                }
+            }
+            if !sent {
+                match sreq.test("MPI_Test (send)") {
+                    Ok(done) => sent = done,
+                    Err(e) => {
+                        sent = true;
+                        first_err.get_or_insert(e);
+                    }
+                }
+            }
+            if sent && (got.is_some() || recv_failed) {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        let pending_recv = if let Some(n) = got {
+            self.received.set(src, rseq.wrapping_add(1));
+            if n == recv.len() {
+                recv.copy_from_slice(&landing[..n]);
+            } else {
+                first_err.get_or_insert(mismatch_error(src, self.rank, n, recv.len()));
+            }
+            bufs.landing.push(landing);
+            None
+        } else if recv_failed {
+            bufs.landing.push(landing);
+            None
+        } else {
+            Some(Op::Recv(RecvOp::posted(
+                src, self.rank, recv, rseq, self.piece, landing, rreq,
+            )))
+        };
+        let pending_send = (!sent).then(|| Op::Send(SendOp::posted(dst, sreq, sseq)));
+        let res = match (pending_recv, pending_send) {
+            (None, None) => Ok(()),
+            (Some(r), Some(s)) => {
+                let mut ops = [r, s];
+                let res = self.drive(&mut ops);
+                self.settle(bufs, &mut ops);
+                res
+            }
+            (Some(op), None) | (None, Some(op)) => {
+                let mut ops = [op];
+                let res = self.drive(&mut ops);
+                self.settle(bufs, &mut ops);
+                res
+            }
+        };
+        match first_err {
+            Some(e) => Err(e),
+            None => res,
+        }
+    }
+}
+
+/// Rounds a small `sendrecv` polls its two requests itself before handing them to the
+/// driver: the driver's spin ([`spin_polls`]), at least one.
+fn quick_polls() -> u32 {
+    spin_polls().max(1)
+}
+
 impl Transport for MpiTransport {
     fn kind(&self) -> TransportKind {
         TransportKind::Mpi
@@ -510,6 +649,9 @@ impl Transport for MpiTransport {
         self.check_peer(dst)?;
         self.check_peer(src)?;
         let mut g = self.enter()?;
+        if is_small(send.len(), self.piece) && is_small(recv.len(), self.piece) {
+            return self.sendrecv_small(&mut g, dst, send, src, recv);
+        }
         // The receive first: a small one is posted before the peer's message comes.
         let recv_op = self.post_recv(&mut g, src, recv)?;
         // Its send moves in step with it (send.rs, SEND_WINDOW).
