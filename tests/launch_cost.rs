@@ -179,6 +179,37 @@ fn grouped_one_call_collectives_share_one_end_event() {
     }
 }
 
+/// A communicator's launched calls run in launch order on the device whatever streams
+/// they name (as NCCL orders a communicator's calls): in-place all-reduces of one buffer
+/// on two streams, then a multi-stage call and a `submit` without a stream, each after
+/// the one before (the CPU device refuses two streams touching the same bytes unordered).
+#[test]
+fn launched_calls_on_several_streams_run_in_launch_order() {
+    let out = common::on_comms(world(67, "nodes:2x2"), |c| {
+        let n = c.size();
+        let dev = c.device().expect("device");
+        let (s1, s2) = (dev.new_stream()?, dev.new_stream()?);
+        let buf = c.native_from(&1.0f32.to_le_bytes().repeat(16 * n))?;
+        let send = c.native_from(&vec![0u8; 64])?;
+        let ar = || call("all-reduce", &send, &buf, n, c.rank());
+        s1.delay(Duration::from_millis(50))?;
+        c.enqueue(ar(), &s1)?;
+        c.enqueue(ar(), &s2)?;
+        c.enqueue(ar().with_algo(Algo::Hier), &s1)?;
+        let last = c.submit(ar())?;
+        last.wait()?;
+        sync(&s1)?;
+        sync(&s2)?;
+        let got: Vec<f32> = buf.to_vec()?;
+        Ok(got)
+    });
+    for (r, o) in out.into_iter().enumerate() {
+        let got = o.unwrap_or_else(|e| panic!("rank {r}: {e}"));
+        // Four all-reduces of 1.0 on 4 ranks: 4^4.
+        assert!(got.iter().all(|&v| v == 256.0), "rank {r}: {:?}", &got[..4]);
+    }
+}
+
 /// A multi-stage algorithm keeps the general path: the caller's stream gets the fork's
 /// event and the join's wait, nothing else (its stages run on strata's streams).
 #[test]

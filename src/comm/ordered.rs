@@ -139,6 +139,7 @@ impl Comm {
             if let (Some(s), None) = (&caller, &grouped_on) {
                 ls.wait_event(s.record()?.as_ref())?;
             }
+            l.follow(&target)?;
             for d in &req.deps {
                 match d.event() {
                     Some(ev) => target.wait_event(ev.as_ref())?,
@@ -203,6 +204,9 @@ impl Comm {
                     (end, joined, l.id())
                 }
             };
+            if let Ok(ev) = &end {
+                l.ended(grouped_on.as_ref().unwrap_or(&ls), ev);
+            }
             match (r.and(joined), end) {
                 (Err(e), end) => {
                     // Stages enqueued before the failure may still run: the buffers
@@ -318,6 +322,7 @@ impl Comm {
         let to = core.timeout();
         let enqueued = (|| {
             core.still_running()?;
+            l.follow(&stream)?;
             for d in &req.deps {
                 match d.event() {
                     Some(ev) => stream.wait_event(ev.as_ref())?,
@@ -338,7 +343,9 @@ impl Comm {
                 Ok::<_, Error>(averaged)
             })?;
             let _ = averaged;
-            stream.record()
+            let ev = stream.record()?;
+            l.ended(&stream, &ev);
+            Ok::<_, Error>(ev)
         })();
         let ev = match enqueued {
             Ok(ev) => ev,

@@ -11,7 +11,7 @@
 #![forbid(unsafe_code)]
 
 use crate::device::direct::Arena;
-use crate::device::{DevStream, Device};
+use crate::device::{DevEvent, DevStream, Device};
 use crate::error::Result;
 use std::sync::{Arc, Mutex};
 
@@ -25,6 +25,11 @@ pub struct Launcher {
     /// Held while a call is being launched: one launch at a time per communicator
     /// (calls from two threads at once are serialized, never interleaved on the stream).
     busy: Mutex<()>,
+    /// The stream of the communicator's latest launched call (a caller's, on the fast
+    /// path, or the launch stream) and the event after it: a call on another stream
+    /// waits for it first, so a communicator's launched calls run in launch order on
+    /// the device whatever streams they name (as NCCL orders a communicator's calls).
+    last: Mutex<Option<(usize, Arc<dyn DevEvent>)>>,
 }
 
 impl Launcher {
@@ -36,6 +41,7 @@ impl Launcher {
             stream: dev.new_stream()?,
             arena: Arc::new(Arena::new(dev)),
             busy: Mutex::new(()),
+            last: Mutex::new(None),
         })
     }
 
@@ -52,6 +58,22 @@ impl Launcher {
     /// The stream every stage of a launched call goes on.
     pub fn stream(&self) -> &Arc<dyn DevStream> {
         &self.stream
+    }
+
+    /// Make `s` wait for the communicator's latest launched call when that ran on
+    /// another stream (nothing when it ran on `s`: the stream orders them).
+    pub fn follow(&self, s: &Arc<dyn DevStream>) -> Result<()> {
+        let last = self.last.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        match last {
+            Some((raw, ev)) if raw != s.raw() as usize => s.wait_event(ev.as_ref()),
+            _ => Ok(()),
+        }
+    }
+
+    /// A launched call on `s` ends at `ev`: the next one on another stream follows it.
+    pub fn ended(&self, s: &Arc<dyn DevStream>, ev: &Arc<dyn DevEvent>) {
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((s.raw() as usize, ev.clone()));
     }
 
     /// Hold the launcher for one call's launch.
