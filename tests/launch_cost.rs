@@ -29,7 +29,7 @@ fn sync(s: &Arc<dyn DevStream>) -> strata::Result<()> {
 /// all-gather sends its chunk of `recv`, the reduce-scatters reduce `recv` into `send`.
 fn call(which: &str, send: &Buffer, recv: &Buffer, n: usize, r: usize) -> Request {
     let dt = DataType::F32;
-    match which {
+    let req = match which {
         "all-gather" => Request::new(
             Op::AllGather {
                 send: recv.slice(r * 64..(r + 1) * 64).expect("chunk"),
@@ -60,7 +60,8 @@ fn call(which: &str, send: &Buffer, recv: &Buffer, n: usize, r: usize) -> Reques
             },
             dt,
         ),
-    }
+    };
+    req.with_algo(Algo::Ring)
 }
 
 /// The same collective as the transport's own call on `s` (the device face, launched on
@@ -180,33 +181,57 @@ fn grouped_one_call_collectives_share_one_end_event() {
 }
 
 /// A communicator's launched calls run in launch order on the device whatever streams
-/// they name (as NCCL orders a communicator's calls): in-place all-reduces of one buffer
-/// on two streams, then a multi-stage call and a `submit` without a stream, each after
-/// the one before (the CPU device refuses two streams touching the same bytes unordered).
+/// they name (as NCCL orders a communicator's calls): an all-reduce held on one stream,
+/// then an all-gather of its result on another, then a multi-stage call and a `submit`
+/// without a stream, each seeing the one before.
 #[test]
 fn launched_calls_on_several_streams_run_in_launch_order() {
     let out = common::on_comms(world(67, "nodes:2x2"), |c| {
-        let n = c.size();
+        let (n, r) = (c.size(), c.rank());
         let dev = c.device().expect("device");
         let (s1, s2) = (dev.new_stream()?, dev.new_stream()?);
         let buf = c.native_from(&1.0f32.to_le_bytes().repeat(16 * n))?;
-        let send = c.native_from(&vec![0u8; 64])?;
-        let ar = || call("all-reduce", &send, &buf, n, c.rank());
-        s1.delay(Duration::from_millis(50))?;
-        c.enqueue(ar(), &s1)?;
-        c.enqueue(ar(), &s2)?;
-        c.enqueue(ar().with_algo(Algo::Hier), &s1)?;
-        let last = c.submit(ar())?;
-        last.wait()?;
+        let (g1, g2) = (c.alloc_native(64 * n)?, c.alloc_native(64 * n)?);
+        let gather = |out: &Buffer| {
+            Request::new(
+                Op::AllGather {
+                    send: buf.slice(r * 64..(r + 1) * 64).expect("chunk"),
+                    recv: out.clone(),
+                    count: 16,
+                },
+                DataType::F32,
+            )
+        };
+        s1.delay(Duration::from_millis(100))?;
+        c.enqueue(
+            call("all-reduce", &buf, &buf, n, r).with_algo(Algo::Ring),
+            &s1,
+        )?;
+        c.enqueue(gather(&g1).with_algo(Algo::Ring), &s2)?;
+        c.enqueue(gather(&g2).with_algo(Algo::Hier), &s1)?;
+        c.submit(call("all-reduce", &buf, &buf, n, r))?.wait()?;
         sync(&s1)?;
         sync(&s2)?;
-        let got: Vec<f32> = buf.to_vec()?;
-        Ok(got)
+        let (a, b, d): (Vec<f32>, Vec<f32>, Vec<f32>) = (g1.to_vec()?, g2.to_vec()?, buf.to_vec()?);
+        Ok((a, b, d))
     });
     for (r, o) in out.into_iter().enumerate() {
-        let got = o.unwrap_or_else(|e| panic!("rank {r}: {e}"));
-        // Four all-reduces of 1.0 on 4 ranks: 4^4.
-        assert!(got.iter().all(|&v| v == 256.0), "rank {r}: {:?}", &got[..4]);
+        let (a, b, d) = o.unwrap_or_else(|e| panic!("rank {r}: {e}"));
+        assert!(
+            a.iter().all(|&v| v == 4.0),
+            "rank {r}: the gather on the second stream ran before the all-reduce: {:?}",
+            &a[..2]
+        );
+        assert!(
+            b.iter().all(|&v| v == 4.0),
+            "rank {r}: hier gather: {:?}",
+            &b[..2]
+        );
+        assert!(
+            d.iter().all(|&v| v == 16.0),
+            "rank {r}: the last all-reduce: {:?}",
+            &d[..2]
+        );
     }
 }
 
