@@ -301,7 +301,9 @@ typedef struct strataTraffic_t {
 #define strataMin 3
 
 /**
- * Exact mean over the communicator (summed, divided once at the end).
+ * Mean over the communicator: the exact mean (summed, divided once at the end), except
+ * that a one-call collective on `nccl`/`rccl` of 2.10 or later is `ncclAvg`, the
+ * library's own mean with its rounding (as PyTorch's `ProcessGroupNCCL`).
  */
 #define strataAvg 4
 

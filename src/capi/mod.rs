@@ -125,7 +125,9 @@ pub const strataSum: strataRedOp_t = 0;
 pub const strataProd: strataRedOp_t = 1;
 pub const strataMax: strataRedOp_t = 2;
 pub const strataMin: strataRedOp_t = 3;
-/// Exact mean over the communicator (summed, divided once at the end).
+/// Mean over the communicator: the exact mean (summed, divided once at the end), except
+/// that a one-call collective on `nccl`/`rccl` of 2.10 or later is `ncclAvg`, the
+/// library's own mean with its rounding (as PyTorch's `ProcessGroupNCCL`).
 pub const strataAvg: strataRedOp_t = 4;
 
 /// Transport of a communicator made by `strataCommInitRankConfig` (or, for `local` and
