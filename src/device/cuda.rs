@@ -12,6 +12,7 @@
 //! a free that synchronizes) go through [`super::waits::host_wait`] first.
 
 use super::pool::Pool;
+use super::reuse::{CheckedRanges, HandlePool};
 use super::waits::host_wait;
 use super::{Bound, DevAddr, DevEvent, DevGraph, DevStream, Device, QuantCall};
 use crate::dtype::{DataType, ReduceOp};
@@ -64,32 +65,19 @@ pub struct CudaDevice {
     pools: OnceLock<bool>,
     /// `strata_spin` ([`SPIN_PTX`]) and its module, loaded on first use.
     spin: OnceLock<std::result::Result<(Arc<CudaModule>, CudaFunction), String>>,
-    /// Events no one holds any more, reused by the next record (NCCL and PyTorch pool
-    /// theirs too): a steady-state call creates and destroys none.
-    events: Arc<EventPool>,
-    /// Allocation ranges already found to be memory of this device
-    /// ([`Device::check_pointer`]): a pointer inside one costs no driver query.
-    ranges: std::sync::RwLock<Vec<(DevAddr, DevAddr)>>,
+    /// Events no one holds any more, reused by the next record.
+    events: Arc<HandlePool>,
+    /// Allocation ranges already found to be memory of this device.
+    ranges: CheckedRanges,
     /// This device, for the streams it hands out (no process-wide lookup per call).
     me: std::sync::Weak<CudaDevice>,
 }
 
-/// Free events of one device (`CUevent` handles, timing disabled).
-#[derive(Default)]
-struct EventPool(std::sync::Mutex<Vec<usize>>);
-
-impl Drop for EventPool {
-    fn drop(&mut self) {
-        for ev in self.0.get_mut().map(std::mem::take).unwrap_or_default() {
-            // SAFETY: destroying a pooled event nobody holds, once.
-            let _ = unsafe { result::event::destroy(ev as sys::CUevent) };
-        }
-    }
+/// Destroys a pooled event (`CUevent` as a handle).
+fn destroy_event(h: usize) {
+    // SAFETY: destroying a pooled event nobody holds, once.
+    let _ = unsafe { result::event::destroy(h as sys::CUevent) };
 }
-
-/// Verified ranges kept per device: a call's buffers are usually a few long-lived
-/// allocations (a framework's caching allocator), so a handful covers the steady state.
-const CHECKED_RANGES: usize = 64;
 
 impl std::fmt::Debug for CudaDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -122,8 +110,8 @@ impl CudaDevice {
             aux: OnceLock::new(),
             pools: OnceLock::new(),
             spin: OnceLock::new(),
-            events: Arc::default(),
-            ranges: std::sync::RwLock::new(Vec::new()),
+            events: Arc::new(HandlePool::new(destroy_event)),
+            ranges: CheckedRanges::default(),
         });
         open.retain(|(_, w)| w.strong_count() > 0);
         open.push((ordinal, Arc::downgrade(&d)));
@@ -286,7 +274,7 @@ impl Device for CudaDevice {
         let Ok(_bound) = self.bind() else {
             return;
         };
-        self.forget(addr);
+        self.ranges.forget(addr);
         // Counted, never refused: a free cannot fail (the block would leak).
         let _ = host_wait("freeing device memory (cuMemFreeAsync + cuStreamSynchronize)");
         if self.has_pools() {
@@ -368,7 +356,7 @@ impl Device for CudaDevice {
         let Some((first, last)) = super::span_ends(addr, len)? else {
             return Ok(());
         };
-        if self.known(first) && self.known(last) {
+        if self.ranges.known(first) && self.ranges.known(last) {
             return Ok(());
         }
         let _bound = self.bind()?;
@@ -498,13 +486,6 @@ impl Drop for CudaDevice {
 }
 
 impl CudaDevice {
-    /// True when `p` lies in a range already checked.
-    fn known(&self, p: DevAddr) -> bool {
-        self.ranges
-            .read()
-            .is_ok_and(|r| r.iter().any(|&(a, b)| a <= p && p < b))
-    }
-
     /// Remember the allocation range holding `p` (checked just before; the context is
     /// bound), as the driver reports it.
     fn remember(&self, p: DevAddr) {
@@ -527,19 +508,7 @@ impl CudaDevice {
         if !ok || size == 0 || !(start <= p && p < start + size as u64) {
             return;
         }
-        if let Ok(mut r) = self.ranges.write() {
-            if r.len() >= CHECKED_RANGES {
-                r.remove(0);
-            }
-            r.push((start, start + size as u64));
-        }
-    }
-
-    /// `addr` is being freed by strata: ranges holding it are checked again next time.
-    fn forget(&self, addr: DevAddr) {
-        if let Ok(mut r) = self.ranges.write() {
-            r.retain(|&(a, b)| !(a <= addr && addr < b));
-        }
+        self.ranges.keep(start, size);
     }
 
     /// `Ok` when the byte at `p` (the `which` byte of `len` bytes at `addr`) is device
@@ -606,7 +575,7 @@ impl CudaDevice {
 /// A CUDA event (timing disabled), back in its device's pool on drop.
 pub struct CudaEvent {
     ev: sys::CUevent,
-    pool: Arc<EventPool>,
+    pool: Arc<HandlePool>,
 }
 
 // SAFETY: a CUevent handle may be used from any thread of the process.
@@ -620,8 +589,7 @@ impl CudaEvent {
     /// # Safety
     /// `stream` is null or a live stream of `dev`'s context, bound on this thread.
     unsafe fn record(dev: &CudaDevice, stream: sys::CUstream) -> Result<CudaEvent> {
-        let pooled = dev.events.0.lock().ok().and_then(|mut p| p.pop());
-        let ev = match pooled {
+        let ev = match dev.events.take() {
             Some(ev) => ev as sys::CUevent,
             None => result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
                 .map_err(|e| dev_err("cuEventCreate", e))?,
@@ -641,13 +609,7 @@ impl CudaEvent {
 
 impl Drop for CudaEvent {
     fn drop(&mut self) {
-        match self.pool.0.lock() {
-            Ok(mut p) => p.push(self.ev as usize),
-            // SAFETY: destroying our own event once (the pool is unusable).
-            Err(_) => {
-                let _ = unsafe { result::event::destroy(self.ev) };
-            }
-        }
+        self.pool.give(self.ev as usize);
     }
 }
 

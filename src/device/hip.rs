@@ -38,6 +38,7 @@
 //! [`crate::topology::gcd::pair_gcds`] (MI250X GCD pairing).
 
 use super::pool::Pool;
+use super::reuse::{CheckedRanges, HandlePool};
 use super::waits::host_wait;
 use super::{Bound, DevAddr, DevEvent, DevGraph, DevStream, Device, QuantCall};
 use crate::dtype::{DataType, ReduceOp};
@@ -176,6 +177,10 @@ pub struct HipDevice {
     allocations: std::sync::atomic::AtomicU64,
     /// Freed blocks kept for reuse ([`super::pool`]).
     pool: Pool,
+    /// Events no one holds any more, reused by the next record.
+    events: Arc<HandlePool>,
+    /// Allocation ranges already found to be memory of this device.
+    ranges: CheckedRanges,
     me: Weak<HipDevice>,
 }
 
@@ -337,6 +342,8 @@ impl HipDevice {
             device_type: device_memory_type(version),
             allocations: std::sync::atomic::AtomicU64::new(0),
             pool: Pool::default(),
+            events: Arc::new(HandlePool::new(destroy_event)),
+            ranges: CheckedRanges::default(),
             me: me.clone(),
         });
         open.retain(|(_, w)| w.strong_count() > 0);
@@ -554,6 +561,7 @@ impl Device for HipDevice {
         let Ok(_bound) = self.bind() else {
             return;
         };
+        self.ranges.forget(addr);
         // Counted, never refused: a free cannot fail (the block would leak).
         let _ = host_wait("freeing device memory (hipFree synchronizes the device)");
         // SAFETY: the caller's contract: `addr` came from `alloc_zeroed` on this device,
@@ -613,10 +621,28 @@ impl Device for HipDevice {
         let Some((first, last)) = super::span_ends(addr, len)? else {
             return Ok(());
         };
+        if self.ranges.known(first) && self.ranges.known(last) {
+            return Ok(());
+        }
         let _bound = self.bind()?;
         self.check_byte(first, addr, len, "first")?;
         if last != first {
             self.check_byte(last, addr, len, "last")?;
+        }
+        for p in [first, last] {
+            let mut base: sys::hipDeviceptr_t = std::ptr::null_mut();
+            let mut size = 0usize;
+            // SAFETY: FFI query writing one pointer and one size; `p` is device memory of
+            // this device (checked just above).
+            let r = unsafe {
+                sys::hipMemGetAddressRange(&mut base, &mut size, p as sys::hipDeviceptr_t)
+            };
+            if r == sys::hipError_t::hipSuccess {
+                self.ranges.keep(base as DevAddr, size);
+            } else {
+                // SAFETY: FFI without arguments (clears the failed query's last error).
+                let _ = unsafe { sys::hipGetLastError() };
+            }
         }
         Ok(())
     }
@@ -671,7 +697,7 @@ impl Device for HipDevice {
         // into a caller's graph).
         // SAFETY: the caller's contract: `raw` is null or a live stream of this device.
         Ok(Arc::new(unsafe {
-            HipEvent::record(raw as sys::hipStream_t)
+            HipEvent::record(&self.events, raw as sys::hipStream_t)
         }?))
     }
     unsafe fn is_capturing(&self, raw: *mut c_void) -> Result<bool> {
@@ -705,9 +731,16 @@ impl Device for HipDevice {
     }
 }
 
-/// A HIP event (timing disabled), destroyed on drop.
+/// Destroys a pooled event (`hipEvent_t` as a handle).
+fn destroy_event(h: usize) {
+    // SAFETY: destroying a pooled event nobody holds, once.
+    let _ = unsafe { sys::hipEventDestroy(h as sys::hipEvent_t) };
+}
+
+/// A HIP event (timing disabled), back in its device's pool on drop.
 pub struct HipEvent {
     ev: sys::hipEvent_t,
+    pool: Arc<HandlePool>,
 }
 
 // SAFETY: a hipEvent_t handle may be used from any thread of the process.
@@ -720,26 +753,34 @@ impl HipEvent {
     ///
     /// # Safety
     /// `stream` is null or a live stream of the current device.
-    unsafe fn record(stream: sys::hipStream_t) -> Result<HipEvent> {
-        let mut ev: sys::hipEvent_t = std::ptr::null_mut();
-        // SAFETY: FFI creating an event on the current device.
-        let r = unsafe { sys::hipEventCreateWithFlags(&mut ev, sys::hipEventDisableTiming) };
-        check(r, || "hipEventCreateWithFlags".to_string())?;
-        // SAFETY: FFI on the fresh event and the caller's stream.
-        let r = unsafe { sys::hipEventRecord(ev, stream) };
-        if r != sys::hipError_t::hipSuccess {
-            // SAFETY: destroying the event created above, once.
-            let _ = unsafe { sys::hipEventDestroy(ev) };
-            return check(r, || "hipEventRecord".to_string()).map(|_| HipEvent { ev });
-        }
-        Ok(HipEvent { ev })
+    unsafe fn record(pool: &Arc<HandlePool>, stream: sys::hipStream_t) -> Result<HipEvent> {
+        let ev = match pool.take() {
+            Some(h) => h as sys::hipEvent_t,
+            None => {
+                let mut ev: sys::hipEvent_t = std::ptr::null_mut();
+                // SAFETY: FFI creating an event on the current device.
+                let r =
+                    unsafe { sys::hipEventCreateWithFlags(&mut ev, sys::hipEventDisableTiming) };
+                check(r, || "hipEventCreateWithFlags".to_string())?;
+                ev
+            }
+        };
+        // From here the event goes back to the pool whatever happens.
+        let ev = HipEvent {
+            ev,
+            pool: pool.clone(),
+        };
+        // SAFETY: FFI on an event nobody else holds and the caller's stream (a stream
+        // that waited for its previous record keeps that wait).
+        let r = unsafe { sys::hipEventRecord(ev.ev, stream) };
+        check(r, || "hipEventRecord".to_string())?;
+        Ok(ev)
     }
 }
 
 impl Drop for HipEvent {
     fn drop(&mut self) {
-        // SAFETY: destroying our own event once.
-        let _ = unsafe { sys::hipEventDestroy(self.ev) };
+        self.pool.give(self.ev as usize);
     }
 }
 
@@ -994,7 +1035,9 @@ impl DevStream for HipStream {
     fn record(&self) -> Result<Arc<dyn DevEvent>> {
         let _bound = self.dev.bind()?;
         // SAFETY: this stream is live and of the bound device.
-        Ok(Arc::new(unsafe { HipEvent::record(self.stream) }?))
+        Ok(Arc::new(unsafe {
+            HipEvent::record(&self.dev.events, self.stream)
+        }?))
     }
 
     fn wait_event(&self, ev: &dyn DevEvent) -> Result<()> {

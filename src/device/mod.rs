@@ -35,6 +35,7 @@ pub mod direct;
 #[cfg(feature = "rocm")]
 pub mod hip;
 pub mod pool;
+pub mod reuse;
 pub mod waits;
 pub mod watch;
 

@@ -72,8 +72,7 @@ impl Launcher {
 
     /// A launched call on `s` ends at `ev`: the next one on another stream follows it.
     pub fn ended(&self, s: &Arc<dyn DevStream>, ev: &Arc<dyn DevEvent>) {
-        *self.last.lock().unwrap_or_else(|e| e.into_inner()) =
-            Some((s.raw() as usize, ev.clone()));
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = Some((s.raw() as usize, ev.clone()));
     }
 
     /// Hold the launcher for one call's launch.
