@@ -232,6 +232,7 @@ _PROTOTYPES = {
     "strataCommCount": [_vp, ctypes.POINTER(_c_int)],
     "strataCommUserRank": [_vp, ctypes.POINTER(_c_int)],
     "strataCommGetTransport": [_vp, ctypes.POINTER(_c_int)],
+    "strataCommGetAsyncError": [_vp, ctypes.POINTER(_c_int)],
     "strataCommGetTraffic": [_vp, _c_int, ctypes.POINTER(Traffic)],
     "strataAllGather": [_vp, _vp, _c_size, _c_int, _vp, _vp],
     "strataReduceScatter": [_vp, _vp, _c_size, _c_int, _c_int, _vp, _vp],
@@ -669,6 +670,18 @@ class Comm:
     def last_error(self) -> str:
         """``strataGetLastError(comm)``."""
         return _last_error(self._addr)
+
+    def async_error(self) -> Optional["StrataError"]:
+        """``strataCommGetAsyncError``: the failure that aborted this communicator after
+        its call returned (a launched GPU call that failed, timed out or was aborted),
+        as a ``StrataError``, or None. A destroyed communicator: None."""
+        if self._h is None:
+            return None
+        v = ctypes.c_int()
+        code = _load().strataCommGetAsyncError(self._addr, ctypes.byref(v))
+        if code != SUCCESS or v.value == SUCCESS:
+            return None
+        return StrataError(v.value, _last_error(self._addr))
 
     def __repr__(self) -> str:
         if self._h is None:

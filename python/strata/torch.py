@@ -228,11 +228,14 @@ class _CudaWork(dist.Work):
     wait for the call's end event (the host blocks only for a finite ``timeout``, or in
     a barrier); ``is_completed()`` queries the event; ``get_future()`` is a
     ``Future(devices=[...])`` completed on the call's stream, so callbacks and waiters
-    on other streams are ordered after it. It holds the call's tensors until dropped."""
+    on other streams are ordered after it. It holds the call's tensors until dropped.
+    A call the library saw fail (a device error, a peer gone past the timeout, an abort)
+    makes ``wait()`` raise and ``is_success()`` false, as ProcessGroupNCCL's work checks
+    its watchdog's exception."""
 
-    def __init__(self, stream: Any, result: Any, hold: Any) -> None:
+    def __init__(self, stream: Any, result: Any, hold: Any, comm: Any = None) -> None:
         super().__init__()
-        self._stream, self._hold = stream, hold
+        self._stream, self._hold, self._comm = stream, hold, comm
         self._end = torch.cuda.Event()
         self._end.record(stream)
         self._fut: torch.futures.Future = torch.futures.Future(devices=[stream.device])
@@ -248,14 +251,20 @@ class _CudaWork(dist.Work):
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"strata backend: the CUDA call did not finish within {secs} s")
                 time.sleep(1e-4)
+        self._raise_failure()
         torch.cuda.current_stream(self._stream.device).wait_event(self._end)
         return True
+
+    def _raise_failure(self) -> None:
+        err = self._comm.async_error() if self._comm is not None else None
+        if err is not None:
+            raise RuntimeError(f"strata backend: the CUDA call failed: {err}") from err
 
     def is_completed(self) -> bool:
         return self._end.query()
 
     def is_success(self) -> bool:
-        return self._end.query()
+        return self._end.query() and (self._comm is None or self._comm.async_error() is None)
 
     def get_future(self) -> torch.futures.Future:
         return self._fut
@@ -394,7 +403,7 @@ class _Ops:
             self._coalesced.append((None, post))
             self._coalesced_hold.extend(hold)
             return _done_work(result)
-        return _CudaWork(stream, result, (hold, run, post))
+        return _CudaWork(stream, result, (hold, run, post), comm)
 
     @staticmethod
     def _grouped(calls: List[Callable[[], Any]]) -> Any:

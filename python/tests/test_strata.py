@@ -434,6 +434,23 @@ def test_objects_with_a_data_pointer(comms):
     assert e.value.code == strata.INVALID_ARGUMENT and "device memory" in e.value.message
 
 
+def test_async_error_names_the_failure_that_aborted_the_communicator():
+    cs = strata.init_local(2, "nodes:1x2", timeout=1)
+    try:
+        assert cs[0].async_error() is None
+        x = np.ones(4, np.float32)
+        with pytest.raises(strata.StrataError) as e:  # rank 1 never joins
+            cs[0].all_reduce(x)
+        assert e.value.code == 6
+        err = cs[0].async_error()
+        assert err is not None and err.code == 6, err
+        with pytest.raises(strata.StrataError):  # the next call fails at once
+            cs[0].all_reduce(x)
+    finally:
+        for c in cs:
+            c.abort()
+
+
 def test_errors_carry_code_and_last_error(comms):
     c = comms[0]
     x = np.zeros(4, np.float32)
