@@ -226,6 +226,26 @@ impl NcclTransport {
         )
     }
 
+    /// `ncclReduceScatter` / `ncclAllReduce` from `send` into `recv` (`recv.len` bytes
+    /// of `dtype` per rank) with the library's op `op`.
+    fn reduce_call(
+        &self,
+        which: Reduction,
+        send: u64,
+        recv: Region,
+        dtype: DataType,
+        op: c_int,
+    ) -> Result<()> {
+        let n = super::gpu::count_of(recv.len, dtype)?;
+        let name = match which {
+            Reduction::ReduceScatter => "ncclReduceScatter",
+            Reduction::AllReduce => "ncclAllReduce",
+        };
+        self.run(name, |c, s| {
+            c.reduce(which, send, recv.addr, n, dtype as c_int, op, s)
+        })
+    }
+
     /// True when the library averages `dtype` itself (`ncclAvg`): floating types on a
     /// library of version 2.10 or later.
     fn has_avg(&self, dtype: DataType) -> bool {
@@ -323,32 +343,16 @@ impl GpuTransport for NcclTransport {
         dtype: DataType,
         op: ReduceOp,
     ) -> Result<()> {
-        let n = super::gpu::count_of(recv.len, dtype)?;
-        self.run("ncclReduceScatter", |c, s| {
-            c.reduce(
-                Reduction::ReduceScatter,
-                send.addr,
-                recv.addr,
-                n,
-                dtype as c_int,
-                op_code(op),
-                s,
-            )
-        })
+        self.reduce_call(
+            Reduction::ReduceScatter,
+            send.addr,
+            recv,
+            dtype,
+            op_code(op),
+        )
     }
     fn all_reduce(&self, buf: Region, dtype: DataType, op: ReduceOp) -> Result<()> {
-        let n = super::gpu::count_of(buf.len, dtype)?;
-        self.run("ncclAllReduce", |c, s| {
-            c.reduce(
-                Reduction::AllReduce,
-                buf.addr,
-                buf.addr,
-                n,
-                dtype as c_int,
-                op_code(op),
-                s,
-            )
-        })
+        self.reduce_call(Reduction::AllReduce, buf.addr, buf, dtype, op_code(op))
     }
     fn all_to_all(&self, send: Region, recv: Region) -> Result<()> {
         let p = self.members.len();
@@ -428,44 +432,14 @@ impl GpuTransport for NcclTransport {
         recv: Region,
         dtype: DataType,
     ) -> Option<Result<()>> {
-        if !self.has_avg(dtype) {
-            return None;
-        }
-        let n = match super::gpu::count_of(recv.len, dtype) {
-            Ok(n) => n,
-            Err(e) => return Some(Err(e)),
-        };
-        Some(self.run("ncclReduceScatter", |c, s| {
-            c.reduce(
-                Reduction::ReduceScatter,
-                send.addr,
-                recv.addr,
-                n,
-                dtype as c_int,
-                NCCL_AVG,
-                s,
-            )
-        }))
+        self.has_avg(dtype).then(|| {
+            let which = Reduction::ReduceScatter;
+            self.reduce_call(which, send.addr, recv, dtype, NCCL_AVG)
+        })
     }
     fn all_reduce_mean(&self, buf: Region, dtype: DataType) -> Option<Result<()>> {
-        if !self.has_avg(dtype) {
-            return None;
-        }
-        let n = match super::gpu::count_of(buf.len, dtype) {
-            Ok(n) => n,
-            Err(e) => return Some(Err(e)),
-        };
-        Some(self.run("ncclAllReduce", |c, s| {
-            c.reduce(
-                Reduction::AllReduce,
-                buf.addr,
-                buf.addr,
-                n,
-                dtype as c_int,
-                NCCL_AVG,
-                s,
-            )
-        }))
+        self.has_avg(dtype)
+            .then(|| self.reduce_call(Reduction::AllReduce, buf.addr, buf, dtype, NCCL_AVG))
     }
     fn sendrecv(&self, dst: usize, send: Region, src: usize, recv: Region) -> Result<()> {
         let (d, r) = (int(dst, "peer")?, int(src, "peer")?);
