@@ -58,37 +58,7 @@
 #include <time.h>
 
 /* ------------------------------------------------------------------ the driver API */
-typedef int CUresult;
-typedef int CUdevice;
-typedef void *CUcontext;
-typedef unsigned long long CUdeviceptr;
-typedef void *CUstream;
-typedef void *CUevent;
-typedef void *CUmodule;
-typedef void *CUfunction;
-enum { CUDA_ERROR_NOT_READY = 600 };
-
-static CUresult (*cuInit)(unsigned int);
-static CUresult (*cuDeviceGet)(CUdevice *, int);
-static CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice);
-static CUresult (*cuCtxSetCurrent)(CUcontext);
-static CUresult (*cuMemAlloc)(CUdeviceptr *, size_t);
-static CUresult (*cuMemFree)(CUdeviceptr);
-static CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void *, size_t);
-static CUresult (*cuMemcpyDtoH)(void *, CUdeviceptr, size_t);
-static CUresult (*cuMemsetD32Async)(CUdeviceptr, unsigned int, size_t, CUstream);
-static CUresult (*cuStreamCreate)(CUstream *, unsigned int);
-static CUresult (*cuStreamSynchronize)(CUstream);
-static CUresult (*cuStreamQuery)(CUstream);
-static CUresult (*cuStreamDestroy)(CUstream);
-static CUresult (*cuEventCreate)(CUevent *, unsigned int);
-static CUresult (*cuEventRecord)(CUevent, CUstream);
-static CUresult (*cuEventQuery)(CUevent);
-static CUresult (*cuEventDestroy)(CUevent);
-static CUresult (*cuModuleLoadData)(CUmodule *, const void *);
-static CUresult (*cuModuleGetFunction)(CUfunction *, CUmodule, const char *);
-static CUresult (*cuLaunchKernel)(CUfunction, unsigned int, unsigned int, unsigned int, unsigned int,
-                                  unsigned int, unsigned int, unsigned int, CUstream, void **, void **);
+#include "gpu-driver.h"
 
 /* ------------------------------------------------------------------ NCCL's API */
 typedef struct {
@@ -109,13 +79,6 @@ static ncclResult_t (*ncclGroupEnd)(void);
 static const char *(*ncclGetErrorString)(ncclResult_t);
 
 /* ------------------------------------------------------------------ checks */
-#define FAIL(...)                                                                  \
-  do {                                                                             \
-    fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                           \
-    fprintf(stderr, __VA_ARGS__);                                                  \
-    fprintf(stderr, "\n");                                                         \
-    exit(1);                                                                       \
-  } while (0)
 #define OK(call)                                                                   \
   do {                                                                             \
     strataResult_t r_ = (call);                                                    \
@@ -123,49 +86,11 @@ static const char *(*ncclGetErrorString)(ncclResult_t);
       FAIL("%s -> %d (%s): %s", #call, r_, strataGetErrorString(r_),               \
            strataGetLastError(NULL));                                              \
   } while (0)
-#define CU(call)                                                                   \
-  do {                                                                             \
-    CUresult c_ = (call);                                                          \
-    if (c_ != 0) FAIL("%s -> CUresult %d", #call, c_);                             \
-  } while (0)
 #define NC(call)                                                                   \
   do {                                                                             \
     ncclResult_t n_ = (call);                                                      \
     if (n_ != 0) FAIL("%s -> ncclResult %d (%s)", #call, n_, ncclGetErrorString(n_)); \
   } while (0)
-
-static void load(void *lib, const char *what, const char *name, void *fn) {
-  void *p = dlsym(lib, name);
-  if (!p) FAIL("%s has no %s", what, name);
-  memcpy(fn, &p, sizeof p); /* POSIX: data and function pointers have one size */
-}
-
-static int load_driver(void) {
-  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
-  if (!lib) return 0;
-  const char *w = "libcuda";
-  load(lib, w, "cuInit", &cuInit);
-  load(lib, w, "cuDeviceGet", &cuDeviceGet);
-  load(lib, w, "cuDevicePrimaryCtxRetain", &cuDevicePrimaryCtxRetain);
-  load(lib, w, "cuCtxSetCurrent", &cuCtxSetCurrent);
-  load(lib, w, "cuMemAlloc_v2", &cuMemAlloc);
-  load(lib, w, "cuMemFree_v2", &cuMemFree);
-  load(lib, w, "cuMemcpyHtoD_v2", &cuMemcpyHtoD);
-  load(lib, w, "cuMemcpyDtoH_v2", &cuMemcpyDtoH);
-  load(lib, w, "cuMemsetD32Async", &cuMemsetD32Async);
-  load(lib, w, "cuStreamCreate", &cuStreamCreate);
-  load(lib, w, "cuStreamSynchronize", &cuStreamSynchronize);
-  load(lib, w, "cuStreamQuery", &cuStreamQuery);
-  load(lib, w, "cuStreamDestroy_v2", &cuStreamDestroy);
-  load(lib, w, "cuEventCreate", &cuEventCreate);
-  load(lib, w, "cuEventRecord", &cuEventRecord);
-  load(lib, w, "cuEventQuery", &cuEventQuery);
-  load(lib, w, "cuEventDestroy_v2", &cuEventDestroy);
-  load(lib, w, "cuModuleLoadData", &cuModuleLoadData);
-  load(lib, w, "cuModuleGetFunction", &cuModuleGetFunction);
-  load(lib, w, "cuLaunchKernel", &cuLaunchKernel);
-  return 1;
-}
 
 /* The library strata loads too (src/transport/vendor.rs reads STRATA_NCCL_LIB first). */
 static const char *nccl_name(void) {

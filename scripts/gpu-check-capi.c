@@ -30,40 +30,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef int CUresult;
-typedef int CUdevice;
-typedef void *CUcontext;
-typedef unsigned long long CUdeviceptr;
-typedef void *CUstream;
-
-static CUresult (*cuInit)(unsigned int);
-static CUresult (*cuDeviceGet)(CUdevice *, int);
-static CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *, CUdevice);
-static CUresult (*cuCtxSetCurrent)(CUcontext);
-static CUresult (*cuMemAlloc)(CUdeviceptr *, size_t);
-static CUresult (*cuMemFree)(CUdeviceptr);
-static CUresult (*cuMemcpyHtoD)(CUdeviceptr, const void *, size_t);
-static CUresult (*cuMemcpyDtoH)(void *, CUdeviceptr, size_t);
-static CUresult (*cuMemsetD32Async)(CUdeviceptr, unsigned int, size_t, CUstream);
-static CUresult (*cuStreamCreate)(CUstream *, unsigned int);
-static CUresult (*cuStreamSynchronize)(CUstream);
-static CUresult (*cuStreamDestroy)(CUstream);
-static CUresult (*cuStreamBeginCapture)(CUstream, int);
-static CUresult (*cuStreamEndCapture)(CUstream, void **);
-static CUresult (*cuGraphDestroy)(void *);
-static CUresult (*cuGraphInstantiateWithFlags)(void **, void *, unsigned long long);
-static CUresult (*cuGraphLaunch)(void *, CUstream);
-static CUresult (*cuGraphExecDestroy)(void *);
+#include "gpu-driver.h"
 
 static long passed;
 
-#define FAIL(...)                                                                  \
-  do {                                                                             \
-    fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                           \
-    fprintf(stderr, __VA_ARGS__);                                                  \
-    fprintf(stderr, "\n");                                                         \
-    exit(1);                                                                       \
-  } while (0)
 #define CHECK(cond, ...)                                                           \
   do {                                                                             \
     if (!(cond)) FAIL(__VA_ARGS__);                                                \
@@ -77,42 +47,6 @@ static long passed;
            strataGetLastError(NULL));                                              \
     passed++;                                                                      \
   } while (0)
-#define CU(call)                                                                   \
-  do {                                                                             \
-    CUresult c_ = (call);                                                          \
-    if (c_ != 0) FAIL("%s -> CUresult %d", #call, c_);                             \
-  } while (0)
-
-static void load(void *lib, const char *name, void *fn) {
-  void *p = dlsym(lib, name);
-  if (!p) FAIL("libcuda has no %s", name);
-  memcpy(fn, &p, sizeof p); /* POSIX: data and function pointers have one size */
-}
-
-static int load_driver(void) {
-  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
-  if (!lib) return 0;
-  load(lib, "cuInit", &cuInit);
-  load(lib, "cuDeviceGet", &cuDeviceGet);
-  load(lib, "cuDevicePrimaryCtxRetain", &cuDevicePrimaryCtxRetain);
-  load(lib, "cuCtxSetCurrent", &cuCtxSetCurrent);
-  load(lib, "cuMemAlloc_v2", &cuMemAlloc);
-  load(lib, "cuMemFree_v2", &cuMemFree);
-  load(lib, "cuMemcpyHtoD_v2", &cuMemcpyHtoD);
-  load(lib, "cuMemcpyDtoH_v2", &cuMemcpyDtoH);
-  load(lib, "cuMemsetD32Async", &cuMemsetD32Async);
-  load(lib, "cuStreamCreate", &cuStreamCreate);
-  load(lib, "cuStreamSynchronize", &cuStreamSynchronize);
-  load(lib, "cuStreamDestroy_v2", &cuStreamDestroy);
-  load(lib, "cuStreamBeginCapture_v2", &cuStreamBeginCapture);
-  load(lib, "cuStreamEndCapture", &cuStreamEndCapture);
-  load(lib, "cuGraphDestroy", &cuGraphDestroy);
-  load(lib, "cuGraphInstantiateWithFlags", &cuGraphInstantiateWithFlags);
-  load(lib, "cuGraphLaunch", &cuGraphLaunch);
-  load(lib, "cuGraphExecDestroy", &cuGraphExecDestroy);
-  return 1;
-}
-
 enum { N = 4096 };
 
 static CUdeviceptr dev_floats(size_t n, float first, float step) {
