@@ -395,22 +395,11 @@ int main(int argc, char **argv) {
     else usage();
   }
   if (B < 1 || K < 1 || K > B || REPS < 1 || !(BAR > 0)) usage();
-  if (!load_driver()) {
-    printf("gpu-call-cost: skipped (no libcuda.so.1: %s)\n", dlerror());
-    return 77;
-  }
-  CUdevice d;
-  CUcontext ctx;
-  if (cuInit(0) != 0 || cuDeviceGet(&d, 0) != 0) {
-    printf("gpu-call-cost: skipped (no CUDA device)\n");
-    return 77;
-  }
+  open_device0("gpu-call-cost");
   if (!load_nccl()) {
     printf("gpu-call-cost: skipped (no %s: %s)\n", nccl_name(), dlerror());
     return 77;
   }
-  CU(cuDevicePrimaryCtxRetain(&ctx, d));
-  CU(cuCtxSetCurrent(ctx));
   CU(cuStreamCreate(&stream, 1 /* CU_STREAM_NON_BLOCKING */));
   CUmodule mod;
   CU(cuModuleLoadData(&mod, SPIN_PTX));

@@ -189,18 +189,7 @@ static void check_cuda_local(void) {
 
 int main(void) {
   setvbuf(stdout, NULL, _IONBF, 0);
-  if (!load_driver()) {
-    printf("gpu-check-capi: skipped (no libcuda.so.1: %s)\n", dlerror());
-    return 77;
-  }
-  CUdevice d;
-  CUcontext ctx;
-  if (cuInit(0) != 0 || cuDeviceGet(&d, 0) != 0) {
-    printf("gpu-check-capi: skipped (no CUDA device)\n");
-    return 77;
-  }
-  CU(cuDevicePrimaryCtxRetain(&ctx, d));
-  CU(cuCtxSetCurrent(ctx));
+  open_device0("gpu-check-capi");
   CUstream stream;
   CU(cuStreamCreate(&stream, 1 /* CU_STREAM_NON_BLOCKING */));
   printf("gpu-check-capi: nccl, 1 rank\n");

@@ -99,4 +99,21 @@ static inline int load_driver(void) {
   return 1;
 }
 
+/* Device 0 made current (its primary context), as an NCCL program starts; without a
+ * driver or a device, prints why `prog` is skipped and exits 77. */
+static inline void open_device0(const char *prog) {
+  if (!load_driver()) {
+    printf("%s: skipped (no libcuda.so.1: %s)\n", prog, dlerror());
+    exit(77);
+  }
+  CUdevice d;
+  CUcontext ctx;
+  if (cuInit(0) != 0 || cuDeviceGet(&d, 0) != 0) {
+    printf("%s: skipped (no CUDA device)\n", prog);
+    exit(77);
+  }
+  CU(cuDevicePrimaryCtxRetain(&ctx, d));
+  CU(cuCtxSetCurrent(ctx));
+}
+
 #endif
