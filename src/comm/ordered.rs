@@ -115,12 +115,19 @@ impl Comm {
             Some(s) => core.note(s.is_capturing())?,
             None => false,
         };
-        let req = match &caller {
-            Some(s) if !capturing => match self.launch_direct(req, s, &l) {
+        // The fast path: on the caller's stream, or without one (`submit`, `call`) on the
+        // launch stream, which then plays the caller's part.
+        let req = if capturing {
+            req
+        } else {
+            let on: Rc<dyn CallerStream> = match &caller {
+                Some(s) => s.clone(),
+                None => Rc::new(ls.clone()),
+            };
+            match self.launch_direct(req, &on, &l) {
                 Ok(r) => return r,
                 Err(req) => req,
-            },
-            _ => req,
+            }
         };
         // A grouped one-call collective: its vendor call goes on the caller's stream
         // inside the group (as NCCL's grouped calls do), no fork or join; the group's
