@@ -29,6 +29,15 @@
 //! Scratch comes from the communicator's arena ([`crate::device::direct`]): a block is
 //! held while the call is enqueued and reused by the next call on the same launch
 //! stream, so a repeated call allocates nothing and a graph's addresses stay valid.
+//!
+//! **The fast path** (contract "launch cost": a collective that is one vendor call is
+//! that call, as NCCL's own): a `ring` collective on a transport that may enqueue on any
+//! stream, not captured, skips 2-4: the transport's call goes on the caller's stream (on
+//! the launch stream for `submit`/`call`), then one pooled end event, which the
+//! watchdog queries; grouped, the calls of one group on one stream share that event.
+//! `Avg` is the library's own (`ncclAvg`) where it has one. A communicator's launched
+//! calls still run in launch order on the device: a call on another stream than the
+//! latest one waits for that one's end event ([`crate::runtime::ordered::Launcher`]).
 
 #![forbid(unsafe_code)]
 
