@@ -106,9 +106,6 @@ pub struct Scope {
     /// The launched call's communicator (an identity, [`Scope::launch`]): its own native
     /// calls go on the launch stream, other communicators' on their own streams.
     top: usize,
-    /// The side streams the call used, with the event after their last work: joined
-    /// back into the launch stream when the call is over.
-    sides: Arc<Mutex<Sides>>,
 }
 
 /// Side streams and the event after their last work for a call.
@@ -117,6 +114,9 @@ type Sides = Vec<(Arc<dyn DevStream>, Arc<dyn super::DevEvent>)>;
 struct Hold {
     arena: Arc<Arena>,
     lease: u64,
+    /// The side streams the call used, with the event after their last work: joined
+    /// back into the launch stream when the call is over.
+    sides: Mutex<Sides>,
 }
 
 impl Drop for Hold {
@@ -138,10 +138,10 @@ impl Scope {
             hold: Arc::new(Hold {
                 arena: arena.clone(),
                 lease: arena.lease(),
+                sides: Mutex::new(Vec::new()),
             }),
             stream,
             top,
-            sides: Arc::new(Mutex::new(Vec::new())),
         }
     }
 
@@ -152,7 +152,7 @@ impl Scope {
 
     /// `side` (another communicator's stream) did work for the call up to `ev`.
     pub fn note_side(&self, side: &Arc<dyn DevStream>, ev: Arc<dyn super::DevEvent>) {
-        let mut s = self.sides.lock().unwrap_or_else(|e| e.into_inner());
+        let mut s = self.hold.sides.lock().unwrap_or_else(|e| e.into_inner());
         match s.iter_mut().find(|(st, _)| Arc::ptr_eq(st, side)) {
             Some(slot) => slot.1 = ev,
             None => s.push((side.clone(), ev)),
@@ -166,7 +166,7 @@ impl Scope {
         let Some(main) = &self.stream else {
             return Ok(());
         };
-        let sides = std::mem::take(&mut *self.sides.lock().unwrap_or_else(|e| e.into_inner()));
+        let sides = std::mem::take(&mut *self.hold.sides.lock().unwrap_or_else(|e| e.into_inner()));
         sides
             .iter()
             .try_for_each(|(_, ev)| main.wait_event(ev.as_ref()))
