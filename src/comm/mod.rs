@@ -59,6 +59,16 @@ enum Submitted {
     Ran(Result<()>),
 }
 
+/// What [`Comm::submit_as`]'s inline form did with a blocking call.
+enum Inline {
+    /// Ran on the calling thread: its outcome.
+    Ran(Result<()>),
+    /// Checked, but the stream has work queued or running: to be queued after it.
+    Busy(Request),
+    /// Refused before running (a bad argument, a destroyed communicator).
+    Refused(Error),
+}
+
 /// A communicator: this rank's handle on a group of ranks. Cheap to clone (clones share
 /// the communicator); `Send + Sync`.
 #[derive(Clone)]
@@ -310,6 +320,18 @@ impl Comm {
     /// thread, as `how` says.
     fn submit_as(&self, req: Request, how: How) -> Result<Submitted> {
         let core = &self.0;
+        // A blocking host call, ungrouped and unchecked, on an idle stream: checked,
+        // chosen and run here, borrowing the request (no job built, nothing cloned,
+        // boxed or queued). With work ahead on the stream it takes the queued path below.
+        let req = if matches!(how, How::Now) && !core.checks() && !group::in_group() {
+            match self.run_inline(req) {
+                Inline::Ran(done) => return core.note(Ok(Submitted::Ran(done))),
+                Inline::Busy(req) => req,
+                Inline::Refused(e) => return core.note(Err(e)),
+            }
+        } else {
+            req
+        };
         let r = (|| {
             core.alive()?;
             let op = request::check(req.op, req.dtype, core.rank(), core.size())?;
@@ -421,6 +443,41 @@ impl Comm {
             Ok(Submitted::Queued(work))
         })();
         core.note(r)
+    }
+
+    /// [`Comm::submit_as`]'s inline form of a blocking call: check and choose, then, when
+    /// nothing is queued or running on the stream, run the algorithm on this thread.
+    fn run_inline(&self, req: Request) -> Inline {
+        let core = &self.0;
+        let req = match core
+            .alive()
+            .and_then(|_| request::check(req.op, req.dtype, core.rank(), core.size()))
+        {
+            Ok(op) => Request { op, ..req },
+            Err(e) => return Inline::Refused(e),
+        };
+        let choice = algo::select::choose(core, &req);
+        tracing::debug!(rank = core.rank(), op = req.op.name(), algo = choice.algo.name(), reason = %choice.reason, "dispatch");
+        let algo = choice.algo;
+        let run = || {
+            let r = algo::run(core, algo, &req).map_err(|e| {
+                e.in_collective(|| format!("{} ({}, {})", req.op.name(), algo, req.dtype))
+            });
+            if let Err(e) = &r {
+                // As the queued job: a failed collective aborts the communicator.
+                tracing::warn!(
+                    rank = core.rank(),
+                    op = req.op.name(),
+                    "collective failed, aborting communicator: {e}"
+                );
+                core.fail(e);
+            }
+            r
+        };
+        match core.run_now(&req.deps, run) {
+            Ok(r) => Inline::Ran(r),
+            Err(_) => Inline::Busy(req),
+        }
     }
 
     /// Barrier over the communicator, after its queued work; moves no counted bytes.

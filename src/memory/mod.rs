@@ -40,10 +40,9 @@ enum Storage {
 
 struct Mem {
     data: Storage,
-    /// Active borrows: (byte range, exclusive, id).
-    borrows: Mutex<Vec<(Range<usize>, bool, u64)>>,
+    /// Active borrows and the id of the next one.
+    borrows: Mutex<Borrows>,
     freed: Condvar,
-    next_id: std::sync::atomic::AtomicU64,
     /// Borrowers parked on `freed` (changed under `borrows`' lock; `release` notifies
     /// only then).
     waiting: std::sync::atomic::AtomicUsize,
@@ -56,6 +55,15 @@ unsafe impl Sync for Mem {}
 // SAFETY: as above; the memory is plain bytes owned by the `Box`, or caller memory that
 // `Buffer::from_host_ptr`'s contract keeps valid and unshared while the buffer lives.
 unsafe impl Send for Mem {}
+
+/// The borrow table of one allocation (under its lock).
+#[derive(Default)]
+struct Borrows {
+    /// (byte range, exclusive, id).
+    active: Vec<(Range<usize>, bool, u64)>,
+    /// The id of the next borrow (counted under the lock: no atomic of its own).
+    next: u64,
+}
 
 fn overlap(a: &Range<usize>, b: &Range<usize>) -> bool {
     a.start < b.end && b.start < a.end
@@ -73,13 +81,13 @@ impl Mem {
             .map_err(|_| Error::Internal("buffer lock poisoned".into()))?;
         loop {
             let busy = !r.is_empty()
-                && b.iter()
+                && b.active
+                    .iter()
                     .any(|(o, ex, _)| (exclusive || *ex) && overlap(o, r));
             if !busy {
-                let id = self
-                    .next_id
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                b.push((r.clone(), exclusive, id));
+                let id = b.next;
+                b.next = id.wrapping_add(1);
+                b.active.push((r.clone(), exclusive, id));
                 return Ok(id);
             }
             let now = Instant::now();
@@ -105,7 +113,9 @@ impl Mem {
     fn release(&self, id: u64) {
         let waiting = match self.borrows.lock() {
             Ok(mut b) => {
-                b.retain(|(_, _, i)| *i != id);
+                if let Some(i) = b.active.iter().position(|(_, _, i)| *i == id) {
+                    b.active.swap_remove(i);
+                }
                 // Changed under the lock by waiters, so none can be missed.
                 self.waiting.load(std::sync::atomic::Ordering::Relaxed) > 0
             }
@@ -132,9 +142,8 @@ impl Mem {
     fn new(data: Storage) -> Arc<Mem> {
         Arc::new(Mem {
             data,
-            borrows: Mutex::new(Vec::new()),
+            borrows: Mutex::new(Borrows::default()),
             freed: Condvar::new(),
-            next_id: 0.into(),
             waiting: 0.into(),
         })
     }
@@ -315,6 +324,19 @@ impl Buffer {
             mem: self.mem.clone(),
             range: self.range.start + r.start..self.range.start + r.end,
         })
+    }
+
+    /// This view's first `len` bytes: [`Buffer::slice`]`(0..len)` of a handle the caller
+    /// gives up, so no new handle is made (the checks trim every request's buffers).
+    pub fn prefix(mut self, len: usize) -> Result<Buffer> {
+        if len > self.len() {
+            return Err(Error::InvalidArgument(format!(
+                "slice 0..{len} out of a buffer of {} bytes",
+                self.len()
+            )));
+        }
+        self.range.end = self.range.start + len;
+        Ok(self)
     }
 
     /// True when both views are of the same allocation.

@@ -298,14 +298,15 @@ fn bytes(count: usize, factor: usize, dt: DataType, what: &str) -> Result<usize>
         })
 }
 
-fn fits(b: &Buffer, need: usize, what: &str) -> Result<Buffer> {
+/// `b` trimmed to its first `need` bytes (the same handle, no new one).
+fn fits(b: Buffer, need: usize, what: &str) -> Result<Buffer> {
     if b.len() < need {
         return Err(Error::InvalidArgument(format!(
             "{what} holds {} bytes, the call needs {need}",
             b.len()
         )));
     }
-    b.slice(0..need)
+    b.prefix(need)
 }
 
 fn no_alias(a: &Buffer, b: &Buffer, what: &str) -> Result<()> {
@@ -344,11 +345,11 @@ fn check_full(op: Op, dtype: DataType, rank: usize, size: usize) -> Result<Op> {
         Op::AllGather { send, recv, count } => {
             let c = bytes(count, 1, dtype, "all-gather")?;
             let recv = fits(
-                &recv,
+                recv,
                 bytes(count, size, dtype, "all-gather")?,
                 "all-gather recvbuff",
             )?;
-            let send = fits(&send, c, "all-gather sendbuff")?;
+            let send = fits(send, c, "all-gather sendbuff")?;
             if !in_place(Kind::AllGather, &send, &recv, rank, c) {
                 no_alias(&send, &recv, "all-gather")?;
             }
@@ -362,11 +363,11 @@ fn check_full(op: Op, dtype: DataType, rank: usize, size: usize) -> Result<Op> {
         } => {
             let c = bytes(count, 1, dtype, "reduce-scatter")?;
             let send = fits(
-                &send,
+                send,
                 bytes(count, size, dtype, "reduce-scatter")?,
                 "reduce-scatter sendbuff",
             )?;
-            let recv = fits(&recv, c, "reduce-scatter recvbuff")?;
+            let recv = fits(recv, c, "reduce-scatter recvbuff")?;
             if !in_place(Kind::ReduceScatter, &send, &recv, rank, c) {
                 no_alias(&send, &recv, "reduce-scatter")?;
             }
@@ -384,8 +385,8 @@ fn check_full(op: Op, dtype: DataType, rank: usize, size: usize) -> Result<Op> {
             op,
         } => {
             let c = bytes(count, 1, dtype, "all-reduce")?;
-            let send = fits(&send, c, "all-reduce sendbuff")?;
-            let recv = fits(&recv, c, "all-reduce recvbuff")?;
+            let send = fits(send, c, "all-reduce sendbuff")?;
+            let recv = fits(recv, c, "all-reduce recvbuff")?;
             if !in_place(Kind::AllReduce, &send, &recv, rank, c) {
                 no_alias(&send, &recv, "all-reduce")?;
             }
@@ -398,8 +399,8 @@ fn check_full(op: Op, dtype: DataType, rank: usize, size: usize) -> Result<Op> {
         }
         Op::AllToAll { send, recv, count } => {
             let n = bytes(count, size, dtype, "all-to-all")?;
-            let send = fits(&send, n, "all-to-all sendbuff")?;
-            let recv = fits(&recv, n, "all-to-all recvbuff")?;
+            let send = fits(send, n, "all-to-all sendbuff")?;
+            let recv = fits(recv, n, "all-to-all recvbuff")?;
             no_alias(&send, &recv, "all-to-all")?;
             Op::AllToAll { send, recv, count }
         }
@@ -415,9 +416,9 @@ fn check_full(op: Op, dtype: DataType, rank: usize, size: usize) -> Result<Op> {
                 )));
             }
             let c = bytes(count, 1, dtype, "broadcast")?;
-            let recv = fits(&recv, c, "broadcast recvbuff")?;
+            let recv = fits(recv, c, "broadcast recvbuff")?;
             let send = if rank == root {
-                fits(&send, c, "broadcast sendbuff")?
+                fits(send, c, "broadcast sendbuff")?
             } else {
                 send.slice(0..0)?
             };
@@ -438,12 +439,12 @@ fn check_full(op: Op, dtype: DataType, rank: usize, size: usize) -> Result<Op> {
             )));
         }
         Op::Send { buf, count, peer } => Op::Send {
-            buf: fits(&buf, bytes(count, 1, dtype, "send")?, "send buffer")?,
+            buf: fits(buf, bytes(count, 1, dtype, "send")?, "send buffer")?,
             count,
             peer,
         },
         Op::Recv { buf, count, peer } => Op::Recv {
-            buf: fits(&buf, bytes(count, 1, dtype, "recv")?, "recv buffer")?,
+            buf: fits(buf, bytes(count, 1, dtype, "recv")?, "recv buffer")?,
             count,
             peer,
         },
@@ -461,8 +462,8 @@ fn check_full(op: Op, dtype: DataType, rank: usize, size: usize) -> Result<Op> {
                 )));
             }
             let n = bytes(count, 1, dtype, "send-recv")?;
-            let send = fits(&send, n, "send-recv send buffer")?;
-            let recv = fits(&recv, n, "send-recv receive buffer")?;
+            let send = fits(send, n, "send-recv send buffer")?;
+            let recv = fits(recv, n, "send-recv receive buffer")?;
             no_alias(&send, &recv, "send-recv")?;
             Op::SendRecv {
                 send,

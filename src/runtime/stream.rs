@@ -165,20 +165,28 @@ struct Task {
 #[derive(Default)]
 struct Queue {
     tasks: VecDeque<Task>,
-    /// A thread (its own or a waiter) runs a task of this stream now.
-    busy: bool,
-    /// Accepting work.
-    open: bool,
-    /// The stream thread is parked on the condvar.
-    parked: bool,
 }
 
 /// What the stream thread and the waiters that run its work share.
+///
+/// Running a task takes `busy` (a compare-and-swap, [`Shared::claim`]): the stream
+/// thread and a waiter claim it under the queue's lock, to pop the task they run; a
+/// blocking call that runs inline ([`Stream::run_now`]) claims it without the lock,
+/// when nothing is queued. Freeing it ([`Free`]) is a store; the stream thread, which
+/// parks when it finds the stream busy, announces `parked` before it checks `busy`
+/// again and the freeing thread checks `parked` after its store (both sequentially
+/// consistent), so one of the two sees the other and no wake-up is lost.
 struct Shared {
     q: Mutex<Queue>,
     cv: Condvar,
     /// Tasks queued (polled without the lock while the stream thread spins).
     queued: AtomicUsize,
+    /// A thread (its own, a waiter, or an inline blocking call) runs a task now.
+    busy: AtomicBool,
+    /// Accepting work (cleared under the lock by [`Stream::shutdown`]).
+    open: AtomicBool,
+    /// The stream thread is parked on the condvar (changed under the lock).
+    parked: AtomicBool,
     /// [`thread_tag`] of the thread running a task (`busy`), 0 when none: read without the lock
     /// by [`Stream::is_current`] (asked on every enqueue), and only meaningful to the
     /// thread it names, which stored it before running.
@@ -201,13 +209,15 @@ struct Free<'a>(&'a Shared);
 
 impl Drop for Free<'_> {
     fn drop(&mut self) {
-        let mut q = self.0.lock();
-        q.busy = false;
-        self.0.runner.store(0, Ordering::Relaxed);
-        let wake = q.parked && !q.tasks.is_empty();
-        drop(q);
-        if wake {
-            self.0.cv.notify_all();
+        let s = self.0;
+        s.runner.store(0, Ordering::Relaxed);
+        s.busy.store(false, Ordering::SeqCst);
+        if s.parked.load(Ordering::SeqCst)
+            && (s.queued.load(Ordering::SeqCst) > 0 || !s.open.load(Ordering::SeqCst))
+        {
+            // Under the lock: the stream thread is then waiting, or has yet to check.
+            let _q = s.lock();
+            s.cv.notify_all();
         }
     }
 }
@@ -215,6 +225,13 @@ impl Drop for Free<'_> {
 impl Shared {
     fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
         self.q.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Take the stream to run a task (false: someone runs one).
+    fn claim(&self) -> bool {
+        self.busy
+            .compare_exchange(false, true, Ordering::SeqCst, Ordering::Relaxed)
+            .is_ok()
     }
 
     /// Run `t` on this thread (which set `busy`), then free the stream.
@@ -230,16 +247,15 @@ impl Shared {
     /// A waiter of `w`: run it here if it is next and nothing runs.
     fn run_if_next(&self, w: &Work) {
         let mut q = self.lock();
-        let next = !q.busy
-            && q.tasks
-                .front()
-                .is_some_and(|t| Arc::ptr_eq(&t.work.0, &w.0));
-        if !next {
+        let next = q
+            .tasks
+            .front()
+            .is_some_and(|t| Arc::ptr_eq(&t.work.0, &w.0));
+        if !next || !self.claim() {
             return;
         }
         let t = q.tasks.pop_front().expect("front task");
         self.queued.fetch_sub(1, Ordering::Release);
-        q.busy = true;
         self.runner.store(thread_tag(), Ordering::Relaxed);
         drop(q);
         self.run(t);
@@ -251,20 +267,23 @@ impl Shared {
             spin_until(SPIN, || self.queued.load(Ordering::Acquire) > 0);
             let mut q = self.lock();
             let t = loop {
-                if !q.busy {
-                    if let Some(t) = q.tasks.pop_front() {
-                        self.queued.fetch_sub(1, Ordering::Release);
-                        q.busy = true;
-                        self.runner.store(thread_tag(), Ordering::Relaxed);
-                        break t;
-                    }
-                    if !q.open {
-                        return;
-                    }
+                if !q.tasks.is_empty() && self.claim() {
+                    let t = q.tasks.pop_front().expect("front task");
+                    self.queued.fetch_sub(1, Ordering::Release);
+                    self.runner.store(thread_tag(), Ordering::Relaxed);
+                    break t;
                 }
-                q.parked = true;
+                if q.tasks.is_empty() && !self.open.load(Ordering::SeqCst) {
+                    return;
+                }
+                self.parked.store(true, Ordering::SeqCst);
+                // A runner that freed the stream before it saw `parked` woke nobody.
+                if !q.tasks.is_empty() && !self.busy.load(Ordering::SeqCst) {
+                    self.parked.store(false, Ordering::SeqCst);
+                    continue;
+                }
                 q = self.cv.wait(q).unwrap_or_else(|e| e.into_inner());
-                q.parked = false;
+                self.parked.store(false, Ordering::SeqCst);
             };
             drop(q);
             self.run(t);
@@ -283,12 +302,12 @@ impl Stream {
     /// Start a stream named `name`; dependencies not done within `dep_timeout` fail the task.
     pub(crate) fn new(name: String, dep_timeout: Duration) -> Result<Stream> {
         let shared = Arc::new(Shared {
-            q: Mutex::new(Queue {
-                open: true,
-                ..Queue::default()
-            }),
+            q: Mutex::new(Queue::default()),
             cv: Condvar::new(),
             queued: AtomicUsize::new(0),
+            busy: AtomicBool::new(false),
+            open: AtomicBool::new(true),
+            parked: AtomicBool::new(false),
             runner: AtomicU64::new(0),
             dep_timeout,
         });
@@ -308,7 +327,7 @@ impl Stream {
     /// On a stopped stream `work` fails and so does the call.
     pub(crate) fn push(&self, deps: Vec<Work>, job: Job, work: Work) -> Result<()> {
         let mut q = self.shared.lock();
-        if !q.open {
+        if !self.shared.open.load(Ordering::SeqCst) {
             drop(q);
             let e = Error::InvalidUsage("communicator was destroyed".into());
             work.complete(Err(e.clone()));
@@ -318,8 +337,8 @@ impl Stream {
             *o = Some(Arc::downgrade(&self.shared));
         }
         q.tasks.push_back(Task { deps, job, work });
-        self.shared.queued.fetch_add(1, Ordering::Release);
-        let wake = q.parked;
+        self.shared.queued.fetch_add(1, Ordering::SeqCst);
+        let wake = self.shared.parked.load(Ordering::SeqCst);
         drop(q);
         if wake {
             self.shared.cv.notify_all();
@@ -335,14 +354,14 @@ impl Stream {
     where
         F: FnOnce() -> Result<()>,
     {
-        let mut q = self.shared.lock();
-        if !(q.open && !q.busy && q.tasks.is_empty()) {
+        // No lock: nothing queued (this thread's own earlier submissions included) and
+        // the stream claimed; a task another thread queues meanwhile runs after this.
+        let s = &self.shared;
+        if !s.open.load(Ordering::Acquire) || s.queued.load(Ordering::SeqCst) > 0 || !s.claim() {
             return Err(job);
         }
-        q.busy = true;
-        self.shared.runner.store(thread_tag(), Ordering::Relaxed);
-        drop(q);
-        let _free = Free(&self.shared);
+        s.runner.store(thread_tag(), Ordering::Relaxed);
+        let _free = Free(s);
         Ok(wait_deps(deps, self.dep_timeout).and_then(|_| {
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(job))
                 .unwrap_or_else(|_| Err(Error::Internal("panic inside a collective".into())))
@@ -371,8 +390,8 @@ impl Stream {
     /// Stop accepting work and join the thread after it drains.
     pub(crate) fn shutdown(&self) {
         {
-            let mut q = self.shared.lock();
-            q.open = false;
+            let _q = self.shared.lock();
+            self.shared.open.store(false, Ordering::SeqCst);
         }
         self.shared.cv.notify_all();
         if let Some(h) = self.thread.lock().ok().and_then(|mut t| t.take()) {

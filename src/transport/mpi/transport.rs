@@ -382,7 +382,7 @@ impl MpiTransport {
             if sent && (got.is_some() || recv_failed) {
                 break;
             }
-            std::hint::spin_loop();
+            // No pause between polls: `MPI_Test` runs MPI's progress, which is the wait.
         }
         let pending_recv = if let Some(n) = got {
             self.received.set(src, rseq.wrapping_add(1));
