@@ -296,7 +296,9 @@ impl Comm {
             )));
         }
         if let Some(dev) = self.launchable(&req) {
-            let r = self.launch(req, &dev, None).and_then(|w| w.wait());
+            let r = self
+                .launch(req, &dev, None)
+                .and_then(|w| self.wait_launched(&w));
             return self.0.note(r);
         }
         let r = match self.submit_as(req, How::Now)? {

@@ -73,6 +73,29 @@ impl Comm {
         self.enqueue_on(req, Rc::new(stream.clone()))
     }
 
+    /// A blocking call's wait for its launched work ([`Comm::call`]): the host waits for
+    /// the end event itself, not for the watchdog's next look at it, then makes the
+    /// checks the watchdog makes when an event passes (an abort meanwhile, the
+    /// communicator's asynchronous error). The watchdog still completes the `Work`.
+    pub(super) fn wait_launched(&self, w: &Work) -> Result<()> {
+        let core = &self.0;
+        let Some(ev) = w.event().filter(|_| !w.is_done()) else {
+            return w.wait();
+        };
+        crate::device::wait_event(ev.as_ref(), core.timeout(), "a blocking launched call")?;
+        if core.was_aborted() {
+            return Err(core.async_error().unwrap_or_else(|| {
+                Error::Remote(
+                    "the communicator was aborted before the call was seen complete".into(),
+                )
+            }));
+        }
+        match core.transport().gpu() {
+            Some(g) => g.probe(),
+            None => Ok(()),
+        }
+    }
+
     /// [`Comm::enqueue`] for any [`CallerStream`] (the C ABI passes its raw handles).
     pub fn enqueue_on(&self, req: Request, stream: Rc<dyn CallerStream>) -> Result<Work> {
         let core = &self.0;
