@@ -59,12 +59,12 @@ enum Submitted {
     Ran(Result<()>),
 }
 
-/// What [`Comm::submit_as`]'s inline form did with a blocking call.
+/// What the inline form of a blocking call did ([`Comm::call`]).
 enum Inline {
     /// Ran on the calling thread: its outcome.
     Ran(Result<()>),
     /// Checked, but the stream has work queued or running: to be queued after it.
-    Busy(Request),
+    Busy,
     /// Refused before running (a bad argument, a destroyed communicator).
     Refused(Error),
 }
@@ -289,7 +289,7 @@ impl Comm {
     /// after the queued work, in order. Its error if it failed. Inside a group
     /// ([`crate::runtime::group`]) it is [`Error::InvalidUsage`]: a grouped call only
     /// runs when the group ends, so waiting for it here could never finish.
-    pub fn call(&self, req: Request) -> Result<()> {
+    pub fn call(&self, mut req: Request) -> Result<()> {
         if group::in_group() {
             return self.0.note(Err(Error::InvalidUsage(
                 "a blocking call inside a group: submit it and wait after group end".into(),
@@ -300,6 +300,16 @@ impl Comm {
                 .launch(req, &dev, None)
                 .and_then(|w| self.wait_launched(&w));
             return self.0.note(r);
+        }
+        // Unchecked (no mismatch detection), on an idle stream: checked, chosen and run
+        // here, the request where it lies (no job built, nothing moved, cloned, boxed or
+        // queued). With work ahead on the stream it is queued behind it below.
+        if !self.0.checks() {
+            match self.run_inline(&mut req) {
+                Inline::Ran(r) => return self.0.note(r),
+                Inline::Busy => {}
+                Inline::Refused(e) => return self.0.note(Err(e)),
+            }
         }
         let r = match self.submit_as(req, How::Now)? {
             Submitted::Queued(w) => w.wait(),
@@ -322,18 +332,6 @@ impl Comm {
     /// thread, as `how` says.
     fn submit_as(&self, req: Request, how: How) -> Result<Submitted> {
         let core = &self.0;
-        // A blocking host call, ungrouped and unchecked, on an idle stream: checked,
-        // chosen and run here, borrowing the request (no job built, nothing cloned,
-        // boxed or queued). With work ahead on the stream it takes the queued path below.
-        let req = if matches!(how, How::Now) && !core.checks() && !group::in_group() {
-            match self.run_inline(req) {
-                Inline::Ran(done) => return core.note(Ok(Submitted::Ran(done))),
-                Inline::Busy(req) => req,
-                Inline::Refused(e) => return core.note(Err(e)),
-            }
-        } else {
-            req
-        };
         let r = (|| {
             core.alive()?;
             let op = request::check(req.op, req.dtype, core.rank(), core.size())?;
@@ -447,22 +445,23 @@ impl Comm {
         core.note(r)
     }
 
-    /// [`Comm::submit_as`]'s inline form of a blocking call: check and choose, then, when
-    /// nothing is queued or running on the stream, run the algorithm on this thread.
-    fn run_inline(&self, req: Request) -> Inline {
+    /// The inline form of a blocking call ([`Comm::call`]): check `req` in place and
+    /// choose its algorithm, then, when nothing is queued or running on the stream, run
+    /// it on this thread. [`Inline::Busy`] leaves `req` checked, to be queued.
+    fn run_inline(&self, req: &mut Request) -> Inline {
         let core = &self.0;
-        let req = match core
+        if let Err(e) = core
             .alive()
-            .and_then(|_| request::check(req.op, req.dtype, core.rank(), core.size()))
+            .and_then(|_| request::check_in_place(&mut req.op, req.dtype, core.rank(), core.size()))
         {
-            Ok(op) => Request { op, ..req },
-            Err(e) => return Inline::Refused(e),
-        };
-        let choice = algo::select::choose(core, &req);
+            return Inline::Refused(e);
+        }
+        let req = &*req;
+        let choice = algo::select::choose(core, req);
         tracing::debug!(rank = core.rank(), op = req.op.name(), algo = choice.algo.name(), reason = %choice.reason, "dispatch");
         let algo = choice.algo;
         let run = || {
-            let r = algo::run(core, algo, &req).map_err(|e| {
+            let r = algo::run(core, algo, req).map_err(|e| {
                 e.in_collective(|| format!("{} ({}, {})", req.op.name(), algo, req.dtype))
             });
             if let Err(e) = &r {
@@ -478,7 +477,7 @@ impl Comm {
         };
         match core.run_now(&req.deps, run) {
             Ok(r) => Inline::Ran(r),
-            Err(_) => Inline::Busy(req),
+            Err(_) => Inline::Busy,
         }
     }
 

@@ -126,6 +126,7 @@ impl Mem {
         }
     }
 
+    #[inline]
     fn ptr(&self) -> Result<*mut u8> {
         match &self.data {
             Storage::Host(d) => Ok(UnsafeCell::raw_get(d.as_ptr())),
@@ -301,11 +302,13 @@ impl Buffer {
     }
 
     /// Length in bytes.
+    #[inline]
     pub fn len(&self) -> usize {
         self.range.len()
     }
 
     /// True when the range is empty.
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.range.is_empty()
     }
@@ -326,17 +329,12 @@ impl Buffer {
         })
     }
 
-    /// This view's first `len` bytes: [`Buffer::slice`]`(0..len)` of a handle the caller
-    /// gives up, so no new handle is made (the checks trim every request's buffers).
-    pub fn prefix(mut self, len: usize) -> Result<Buffer> {
-        if len > self.len() {
-            return Err(Error::InvalidArgument(format!(
-                "slice 0..{len} out of a buffer of {} bytes",
-                self.len()
-            )));
-        }
-        self.range.end = self.range.start + len;
-        Ok(self)
+    /// Shorten this view to its first `len` bytes (no more than it has), in place: what
+    /// [`Buffer::slice`]`(0..len)` gives, without a new handle (the checks trim every
+    /// request's buffers so).
+    #[inline]
+    pub fn truncate(&mut self, len: usize) {
+        self.range.end = self.range.start + len.min(self.len());
     }
 
     /// True when both views are of the same allocation.
@@ -350,6 +348,7 @@ impl Buffer {
     }
 
     /// Byte offset of this view's start inside `outer`, if `outer` contains it.
+    #[inline]
     pub fn offset_in(&self, outer: &Buffer) -> Option<usize> {
         (self.same_memory(outer)
             && self.range.start >= outer.range.start
@@ -359,6 +358,7 @@ impl Buffer {
 
     /// Shared access for reading, waiting up to `timeout` for writers on the range.
     /// `InvalidUsage` for device memory (see [`Buffer::dev_read_timeout`]).
+    #[inline]
     pub fn read_timeout(&self, timeout: Duration) -> Result<ReadGuard<'_>> {
         self.mem.ptr()?;
         let id = self.mem.borrow(&self.range, false, timeout)?;
@@ -367,6 +367,7 @@ impl Buffer {
 
     /// Exclusive access for writing, waiting up to `timeout` for other users of the range.
     /// `InvalidUsage` for device memory (see [`Buffer::dev_write_timeout`]).
+    #[inline]
     pub fn write_timeout(&self, timeout: Duration) -> Result<WriteGuard<'_>> {
         self.mem.ptr()?;
         let id = self.mem.borrow(&self.range, true, timeout)?;
@@ -451,10 +452,12 @@ impl DevGuard<'_> {
         self.addr
     }
     /// Length in bytes.
+    #[inline]
     pub fn len(&self) -> usize {
         self.buf.len()
     }
     /// True for an empty view.
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.buf.is_empty()
     }
@@ -487,6 +490,7 @@ pub struct WriteGuard<'a> {
 
 impl Deref for ReadGuard<'_> {
     type Target = [u8];
+    #[inline]
     fn deref(&self) -> &[u8] {
         let r = &self.buf.range;
         let p = host_ptr(self.buf);
@@ -499,6 +503,7 @@ impl Deref for ReadGuard<'_> {
 
 impl Deref for WriteGuard<'_> {
     type Target = [u8];
+    #[inline]
     fn deref(&self) -> &[u8] {
         let r = &self.buf.range;
         let p = host_ptr(self.buf);
@@ -508,6 +513,7 @@ impl Deref for WriteGuard<'_> {
 }
 
 impl DerefMut for WriteGuard<'_> {
+    #[inline]
     fn deref_mut(&mut self) -> &mut [u8] {
         let r = &self.buf.range;
         let p = host_ptr(self.buf);
@@ -518,6 +524,7 @@ impl DerefMut for WriteGuard<'_> {
 }
 
 /// Host base pointer of a guarded buffer (guards are only made for host memory).
+#[inline]
 fn host_ptr(b: &Buffer) -> *mut u8 {
     match &b.mem.data {
         Storage::Host(d) => UnsafeCell::raw_get(d.as_ptr()),

@@ -287,6 +287,7 @@ impl CommCore {
     }
 
     /// Record `r`'s error as the last error, and pass `r` on.
+    #[inline]
     pub fn note<T>(&self, r: Result<T>) -> Result<T> {
         if let Err(e) = &r {
             if let Ok(mut s) = self.0.last_error.lock() {
@@ -297,6 +298,7 @@ impl CommCore {
     }
 
     /// `InvalidUsage` once the communicator was destroyed or aborted.
+    #[inline]
     pub fn alive(&self) -> Result<()> {
         if self.0.destroyed.load(Ordering::SeqCst) {
             // Name the failure that aborted it, when one did (it may have reached only a
@@ -314,6 +316,7 @@ impl CommCore {
 
     /// For work that was queued before the communicator was aborted: a `Remote` error
     /// (naming the failure that aborted it) instead of running.
+    #[inline]
     pub fn still_running(&self) -> Result<()> {
         if self.0.destroyed.load(Ordering::SeqCst) {
             let why = self.0.failure.lock().ok().and_then(|f| f.clone());

@@ -298,15 +298,16 @@ fn bytes(count: usize, factor: usize, dt: DataType, what: &str) -> Result<usize>
         })
 }
 
-/// `b` trimmed to its first `need` bytes (the same handle, no new one).
-fn fits(b: Buffer, need: usize, what: &str) -> Result<Buffer> {
+/// Trim `b` to its first `need` bytes in place (no new handle), or say what it lacks.
+fn fits(b: &mut Buffer, need: usize, what: &str) -> Result<()> {
     if b.len() < need {
         return Err(Error::InvalidArgument(format!(
             "{what} holds {} bytes, the call needs {need}",
             b.len()
         )));
     }
-    b.prefix(need)
+    b.truncate(need);
+    Ok(())
 }
 
 fn no_alias(a: &Buffer, b: &Buffer, what: &str) -> Result<()> {
@@ -322,15 +323,22 @@ fn no_alias(a: &Buffer, b: &Buffer, what: &str) -> Result<()> {
 /// buffer to exactly the bytes the call touches. The op of a [`Checked`] request being
 /// submitted on this thread ([`Checked::submit`]) was checked already and is returned
 /// at once; any other op is checked in full.
-pub fn check(op: Op, dtype: DataType, rank: usize, size: usize) -> Result<Op> {
+pub fn check(mut op: Op, dtype: DataType, rank: usize, size: usize) -> Result<Op> {
+    check_in_place(&mut op, dtype, rank, size)?;
+    Ok(op)
+}
+
+/// [`check`] of an op where it lies: its buffers trimmed in place (a blocking call
+/// checks its request without moving it).
+pub fn check_in_place(op: &mut Op, dtype: DataType, rank: usize, size: usize) -> Result<()> {
     if let Some(s) = STAMP.with(|s| s.borrow_mut().take()) {
-        if s.is(&op, dtype, rank, size) {
-            return Ok(op);
+        if s.is(op, dtype, rank, size) {
+            return Ok(());
         }
     }
     #[cfg(test)]
     FULL_CHECKS.with(|n| n.set(n.get() + 1));
-    check_full(op, dtype, rank, size)
+    check_mut(op, dtype, rank, size)
 }
 
 #[cfg(test)]
@@ -339,70 +347,80 @@ thread_local! {
     pub(crate) static FULL_CHECKS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
-/// The checks themselves ([`check`]).
-fn check_full(op: Op, dtype: DataType, rank: usize, size: usize) -> Result<Op> {
-    Ok(match op {
+/// The checks themselves ([`check`]), as an op by value.
+fn check_full(mut op: Op, dtype: DataType, rank: usize, size: usize) -> Result<Op> {
+    check_mut(&mut op, dtype, rank, size)?;
+    Ok(op)
+}
+
+/// An all-gather's pair (one member of a coalesced list too), trimmed in place.
+fn check_all_gather(
+    send: &mut Buffer,
+    recv: &mut Buffer,
+    count: usize,
+    dtype: DataType,
+    rank: usize,
+    size: usize,
+) -> Result<()> {
+    let c = bytes(count, 1, dtype, "all-gather")?;
+    fits(
+        recv,
+        bytes(count, size, dtype, "all-gather")?,
+        "all-gather recvbuff",
+    )?;
+    fits(send, c, "all-gather sendbuff")?;
+    if !in_place(Kind::AllGather, send, recv, rank, c) {
+        no_alias(send, recv, "all-gather")?;
+    }
+    Ok(())
+}
+
+/// A reduce-scatter's pair (one member of a coalesced list too), trimmed in place.
+fn check_reduce_scatter(
+    send: &mut Buffer,
+    recv: &mut Buffer,
+    count: usize,
+    dtype: DataType,
+    rank: usize,
+    size: usize,
+) -> Result<()> {
+    let c = bytes(count, 1, dtype, "reduce-scatter")?;
+    fits(
+        send,
+        bytes(count, size, dtype, "reduce-scatter")?,
+        "reduce-scatter sendbuff",
+    )?;
+    fits(recv, c, "reduce-scatter recvbuff")?;
+    if !in_place(Kind::ReduceScatter, send, recv, rank, c) {
+        no_alias(send, recv, "reduce-scatter")?;
+    }
+    Ok(())
+}
+
+/// The checks, trimming the op's buffers where they lie.
+fn check_mut(op: &mut Op, dtype: DataType, rank: usize, size: usize) -> Result<()> {
+    match op {
         Op::AllGather { send, recv, count } => {
-            let c = bytes(count, 1, dtype, "all-gather")?;
-            let recv = fits(
-                recv,
-                bytes(count, size, dtype, "all-gather")?,
-                "all-gather recvbuff",
-            )?;
-            let send = fits(send, c, "all-gather sendbuff")?;
-            if !in_place(Kind::AllGather, &send, &recv, rank, c) {
-                no_alias(&send, &recv, "all-gather")?;
-            }
-            Op::AllGather { send, recv, count }
+            check_all_gather(send, recv, *count, dtype, rank, size)?
         }
         Op::ReduceScatter {
-            send,
-            recv,
-            count,
-            op,
-        } => {
-            let c = bytes(count, 1, dtype, "reduce-scatter")?;
-            let send = fits(
-                send,
-                bytes(count, size, dtype, "reduce-scatter")?,
-                "reduce-scatter sendbuff",
-            )?;
-            let recv = fits(recv, c, "reduce-scatter recvbuff")?;
-            if !in_place(Kind::ReduceScatter, &send, &recv, rank, c) {
-                no_alias(&send, &recv, "reduce-scatter")?;
-            }
-            Op::ReduceScatter {
-                send,
-                recv,
-                count,
-                op,
-            }
-        }
+            send, recv, count, ..
+        } => check_reduce_scatter(send, recv, *count, dtype, rank, size)?,
         Op::AllReduce {
-            send,
-            recv,
-            count,
-            op,
+            send, recv, count, ..
         } => {
-            let c = bytes(count, 1, dtype, "all-reduce")?;
-            let send = fits(send, c, "all-reduce sendbuff")?;
-            let recv = fits(recv, c, "all-reduce recvbuff")?;
-            if !in_place(Kind::AllReduce, &send, &recv, rank, c) {
-                no_alias(&send, &recv, "all-reduce")?;
-            }
-            Op::AllReduce {
-                send,
-                recv,
-                count,
-                op,
+            let c = bytes(*count, 1, dtype, "all-reduce")?;
+            fits(send, c, "all-reduce sendbuff")?;
+            fits(recv, c, "all-reduce recvbuff")?;
+            if !in_place(Kind::AllReduce, send, recv, rank, c) {
+                no_alias(send, recv, "all-reduce")?;
             }
         }
         Op::AllToAll { send, recv, count } => {
-            let n = bytes(count, size, dtype, "all-to-all")?;
-            let send = fits(send, n, "all-to-all sendbuff")?;
-            let recv = fits(recv, n, "all-to-all recvbuff")?;
-            no_alias(&send, &recv, "all-to-all")?;
-            Op::AllToAll { send, recv, count }
+            let n = bytes(*count, size, dtype, "all-to-all")?;
+            fits(send, n, "all-to-all sendbuff")?;
+            fits(recv, n, "all-to-all recvbuff")?;
+            no_alias(send, recv, "all-to-all")?;
         }
         Op::Broadcast {
             send,
@@ -410,134 +428,80 @@ fn check_full(op: Op, dtype: DataType, rank: usize, size: usize) -> Result<Op> {
             count,
             root,
         } => {
+            let root = *root;
             if root >= size {
                 return Err(Error::InvalidArgument(format!(
                     "broadcast root {root} out of range for {size} ranks"
                 )));
             }
-            let c = bytes(count, 1, dtype, "broadcast")?;
-            let recv = fits(recv, c, "broadcast recvbuff")?;
-            let send = if rank == root {
-                fits(send, c, "broadcast sendbuff")?
+            let c = bytes(*count, 1, dtype, "broadcast")?;
+            fits(recv, c, "broadcast recvbuff")?;
+            if rank == root {
+                fits(send, c, "broadcast sendbuff")?;
+                if !in_place(Kind::Broadcast { root }, send, recv, rank, c) {
+                    no_alias(send, recv, "broadcast")?;
+                }
             } else {
-                send.slice(0..0)?
-            };
-            if rank == root && !in_place(Kind::Broadcast { root }, &send, &recv, rank, c) {
-                no_alias(&send, &recv, "broadcast")?;
-            }
-            Op::Broadcast {
-                send,
-                recv,
-                count,
-                root,
+                send.truncate(0);
             }
         }
-        Op::Send { buf, count, peer } | Op::Recv { buf, count, peer } if peer >= size => {
-            let _ = (buf, count);
+        Op::Send { peer, .. } | Op::Recv { peer, .. } if *peer >= size => {
             return Err(Error::InvalidArgument(format!(
                 "peer {peer} out of range for {size} ranks"
             )));
         }
-        Op::Send { buf, count, peer } => Op::Send {
-            buf: fits(buf, bytes(count, 1, dtype, "send")?, "send buffer")?,
-            count,
-            peer,
-        },
-        Op::Recv { buf, count, peer } => Op::Recv {
-            buf: fits(buf, bytes(count, 1, dtype, "recv")?, "recv buffer")?,
-            count,
-            peer,
-        },
+        Op::Send { buf, count, .. } => fits(buf, bytes(*count, 1, dtype, "send")?, "send buffer")?,
+        Op::Recv { buf, count, .. } => fits(buf, bytes(*count, 1, dtype, "recv")?, "recv buffer")?,
         Op::SendRecv {
             send,
             recv,
             count,
             dst,
             src,
-            reduce,
+            ..
         } => {
-            if dst >= size || src >= size {
+            if *dst >= size || *src >= size {
                 return Err(Error::InvalidArgument(format!(
                     "send-recv peers {dst}/{src} out of range for {size} ranks"
                 )));
             }
-            let n = bytes(count, 1, dtype, "send-recv")?;
-            let send = fits(send, n, "send-recv send buffer")?;
-            let recv = fits(recv, n, "send-recv receive buffer")?;
-            no_alias(&send, &recv, "send-recv")?;
-            Op::SendRecv {
-                send,
-                recv,
-                count,
-                dst,
-                src,
-                reduce,
-            }
+            let n = bytes(*count, 1, dtype, "send-recv")?;
+            fits(send, n, "send-recv send buffer")?;
+            fits(recv, n, "send-recv receive buffer")?;
+            no_alias(send, recv, "send-recv")?;
         }
         Op::AllGatherCoalesced {
             sends,
             recvs,
             counts,
-        } => {
-            let (sends, recvs) = check_list(
-                &sends,
-                &recvs,
-                &counts,
-                "coalesced all-gather",
-                |send, recv, count| {
-                    check_full(Op::AllGather { send, recv, count }, dtype, rank, size)
-                },
-            )?;
-            Op::AllGatherCoalesced {
-                sends,
-                recvs,
-                counts,
-            }
-        }
+        } => check_list(sends, recvs, counts, "coalesced all-gather", |s, r, c| {
+            check_all_gather(s, r, c, dtype, rank, size)
+        })?,
         Op::ReduceScatterCoalesced {
             sends,
             recvs,
             counts,
-            op,
-        } => {
-            let (sends, recvs) = check_list(
-                &sends,
-                &recvs,
-                &counts,
-                "coalesced reduce-scatter",
-                |send, recv, count| {
-                    check_full(
-                        Op::ReduceScatter {
-                            send,
-                            recv,
-                            count,
-                            op,
-                        },
-                        dtype,
-                        rank,
-                        size,
-                    )
-                },
-            )?;
-            Op::ReduceScatterCoalesced {
-                sends,
-                recvs,
-                counts,
-                op,
-            }
-        }
-    })
+            ..
+        } => check_list(
+            sends,
+            recvs,
+            counts,
+            "coalesced reduce-scatter",
+            |s, r, c| check_reduce_scatter(s, r, c, dtype, rank, size),
+        )?,
+    }
+    Ok(())
 }
 
-/// Check every member of a coalesced list as its single-buffer op (`one`), returning the
-/// trimmed buffers.
+/// Check every member of a coalesced list as its single-buffer op (`one`), trimming
+/// the buffers in place.
 fn check_list(
-    sends: &[Buffer],
-    recvs: &[Buffer],
+    sends: &mut [Buffer],
+    recvs: &mut [Buffer],
     counts: &[usize],
     what: &str,
-    one: impl Fn(Buffer, Buffer, usize) -> Result<Op>,
-) -> Result<(Vec<Buffer>, Vec<Buffer>)> {
+    one: impl Fn(&mut Buffer, &mut Buffer, usize) -> Result<()>,
+) -> Result<()> {
     if sends.len() != counts.len() || recvs.len() != counts.len() {
         return Err(Error::InvalidArgument(format!(
             "{what}: {} send buffers, {} receive buffers, {} counts",
@@ -546,22 +510,10 @@ fn check_list(
             counts.len()
         )));
     }
-    let mut out = (Vec::new(), Vec::new());
-    for i in 0..counts.len() {
-        match one(sends[i].clone(), recvs[i].clone(), counts[i])? {
-            Op::AllGather { send, recv, .. } | Op::ReduceScatter { send, recv, .. } => {
-                out.0.push(send);
-                out.1.push(recv);
-            }
-            other => {
-                return Err(Error::Internal(format!(
-                    "coalesced check produced {}",
-                    other.name()
-                )))
-            }
-        }
+    for ((s, r), c) in sends.iter_mut().zip(recvs.iter_mut()).zip(counts) {
+        one(s, r, *c)?;
     }
-    Ok(out)
+    Ok(())
 }
 
 /// A request whose checks are done, for a communicator of `size` ranks where this is
