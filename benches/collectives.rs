@@ -2,6 +2,9 @@
 //! nodes:2x4): ring, hier and ho-ring all-gather and reduce-scatter of 1 MiB and 8 MiB,
 //! reported as bytes per second of the gathered / reduced buffer. On the local transport
 //! this measures strata's own overhead (copies, reductions, scheduling), not a network.
+//! `host-call`: the host path of one blocking call (`Comm::call`) on a communicator of
+//! one rank, 8 bytes: the front's check and choice, the stream, the buffers' borrows and
+//! the native op, with nothing on a wire (docs/perf.md, "Per-call cost on mpi").
 //! `cargo bench --bench collectives`.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
@@ -68,5 +71,25 @@ fn collectives(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, collectives);
+fn host_call(c: &mut Criterion) {
+    let comm = Comm::local_world(1, None, CommConfig::default())
+        .unwrap()
+        .remove(0);
+    let mut g = c.benchmark_group("host-call");
+    g.sample_size(20)
+        .measurement_time(Duration::from_secs(2))
+        .warm_up_time(Duration::from_millis(300));
+    for kind in [Kind::AllGather, Kind::AllReduce] {
+        let (ns, nr) = kind.sizes(2, 1);
+        let (s, r) = (Buffer::zeroed(ns * 4), Buffer::zeroed(nr * 4));
+        let req =
+            Request::new(kind.op(s, r, 2, ReduceOp::Sum), DataType::F32).with_algo(Algo::Ring);
+        g.bench_function(format!("{}/8B", kind.name()), |b| {
+            b.iter(|| comm.call(req.clone()).expect("call"))
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, collectives, host_call);
 criterion_main!(benches);
