@@ -79,14 +79,16 @@ fn host_call(c: &mut Criterion) {
     g.sample_size(20)
         .measurement_time(Duration::from_secs(2))
         .warm_up_time(Duration::from_millis(300));
+    // Named `ring`, and `auto` (the C ABI's default: the selector's estimates each call).
     for kind in [Kind::AllGather, Kind::AllReduce] {
-        let (ns, nr) = kind.sizes(2, 1);
-        let (s, r) = (Buffer::zeroed(ns * 4), Buffer::zeroed(nr * 4));
-        let req =
-            Request::new(kind.op(s, r, 2, ReduceOp::Sum), DataType::F32).with_algo(Algo::Ring);
-        g.bench_function(format!("{}/8B", kind.name()), |b| {
-            b.iter(|| comm.call(req.clone()).expect("call"))
-        });
+        for algo in [Algo::Ring, Algo::Auto] {
+            let (ns, nr) = kind.sizes(2, 1);
+            let (s, r) = (Buffer::zeroed(ns * 4), Buffer::zeroed(nr * 4));
+            let req = Request::new(kind.op(s, r, 2, ReduceOp::Sum), DataType::F32).with_algo(algo);
+            g.bench_function(format!("{}/8B/{}", kind.name(), algo.name()), |b| {
+                b.iter(|| comm.call(req.clone()).expect("call"))
+            });
+        }
     }
     g.finish();
 }

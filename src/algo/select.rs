@@ -39,7 +39,6 @@ use crate::dtype::{DataType, ReduceOp};
 use crate::kinds::Kind;
 use crate::runtime::{CommCore, Op, Request};
 use crate::topology::{Hierarchy, LinkClass, Topology};
-use std::borrow::Cow;
 
 static NATIVE: Native = Native;
 static HIER: Hier = Hier(Inter::Auto);
@@ -121,9 +120,40 @@ pub struct Choice {
     pub requested: Algo,
     /// Why the requested algorithm could not run, when it fell back to `ring`.
     pub fallback: Option<String>,
-    /// One line on why (the estimates, for `auto`; static where it can be, since every
-    /// call makes one).
-    pub reason: Cow<'static, str>,
+    /// One line on why (the estimates, for `auto`): formatted only when shown, since
+    /// every call makes one.
+    pub reason: Reason,
+}
+
+/// Why [`select`] chose what it chose, kept as its inputs and written out only when
+/// displayed (a log line, `strata-perf`'s column): selecting costs no formatting.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reason {
+    /// A fixed sentence.
+    Fixed(&'static str),
+    /// The named algorithm was asked for and runs.
+    Requested(Algo),
+    /// The named algorithm cannot run this call (why): the native collective runs.
+    NotApplicable(Algo, String),
+    /// `auto` picked the cheapest of these estimates.
+    Auto(Algo, Estimates),
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Reason::Fixed(s) => f.write_str(s),
+            Reason::Requested(a) => write!(f, "{a} requested"),
+            Reason::NotApplicable(a, why) => {
+                write!(f, "{a} not applicable ({why}); native fallback")
+            }
+            Reason::Auto(pick, e) => write!(
+                f,
+                "auto: {pick} (ring {:.1}us, log-step {:.1}us, hier {:.1}us, ho-ring {:.1}us)",
+                e.ring, e.log_step, e.hier, e.ho_ring
+            ),
+        }
+    }
 }
 
 /// The registered algorithm of a name (`Auto` has none: it is resolved by [`select`]).
@@ -143,22 +173,22 @@ pub fn algorithm(a: Algo) -> &'static dyn Algorithm {
 
 /// THE selection rule: `wanted` (a name, or `Auto`) for a call of shape `s`.
 pub fn select(wanted: Algo, s: &Shape) -> Choice {
-    let choice = |algo, fallback, reason: Cow<'static, str>| Choice {
+    let choice = |algo, fallback, reason| Choice {
         algo,
         requested: wanted,
         fallback,
         reason,
     };
     match wanted {
-        Algo::Ring => return choice(Algo::Ring, None, Cow::Borrowed("ring requested")),
+        Algo::Ring => return choice(Algo::Ring, None, Reason::Fixed("ring requested")),
         Algo::Auto => {}
         named => {
             return match algorithm(named).unsupported(s) {
-                None => choice(named, None, format!("{named} requested").into()),
+                None => choice(named, None, Reason::Requested(named)),
                 Some(why) => choice(
                     Algo::Ring,
                     Some(why.clone()),
-                    format!("{named} not applicable ({why}); native fallback").into(),
+                    Reason::NotApplicable(named, why),
                 ),
             }
         }
@@ -170,16 +200,12 @@ pub fn select(wanted: Algo, s: &Shape) -> Choice {
         return choice(
             Algo::Ring,
             None,
-            Cow::Borrowed("auto: ring (no other form)"),
+            Reason::Fixed("auto: ring (no other form)"),
         );
     }
     let e = estimates(s);
     let pick = e.pick();
-    let reason = format!(
-        "auto: {pick} (ring {:.1}us, log-step {:.1}us, hier {:.1}us, ho-ring {:.1}us)",
-        e.ring, e.log_step, e.hier, e.ho_ring
-    );
-    choice(pick, None, reason.into())
+    choice(pick, None, Reason::Auto(pick, e))
 }
 
 /// [`select`] for a checked request on `core`: the request's hint, else the

@@ -403,7 +403,7 @@ impl<'a> Reporter<'a> {
             req = req.with_quant(q);
         }
         let c = self.comm0.choose(&req);
-        (RowAlgo::Strata(c.algo), c.reason.into_owned())
+        (RowAlgo::Strata(c.algo), c.reason.to_string())
     }
 
     /// Rank 0's view of row `i`: the max time, the summed wrong counts and the combined
