@@ -362,17 +362,7 @@ fn check_all_gather(
     rank: usize,
     size: usize,
 ) -> Result<()> {
-    let c = bytes(count, 1, dtype, "all-gather")?;
-    fits(
-        recv,
-        bytes(count, size, dtype, "all-gather")?,
-        "all-gather recvbuff",
-    )?;
-    fits(send, c, "all-gather sendbuff")?;
-    if !in_place(Kind::AllGather, send, recv, rank, c) {
-        no_alias(send, recv, "all-gather")?;
-    }
-    Ok(())
+    check_chunked(Kind::AllGather, send, recv, count, dtype, rank, size)
 }
 
 /// A reduce-scatter's pair (one member of a coalesced list too), trimmed in place.
@@ -384,15 +374,46 @@ fn check_reduce_scatter(
     rank: usize,
     size: usize,
 ) -> Result<()> {
-    let c = bytes(count, 1, dtype, "reduce-scatter")?;
-    fits(
-        send,
-        bytes(count, size, dtype, "reduce-scatter")?,
-        "reduce-scatter sendbuff",
-    )?;
-    fits(recv, c, "reduce-scatter recvbuff")?;
-    if !in_place(Kind::ReduceScatter, send, recv, rank, c) {
-        no_alias(send, recv, "reduce-scatter")?;
+    check_chunked(Kind::ReduceScatter, send, recv, count, dtype, rank, size)
+}
+
+/// A pair of a whole buffer of `size` chunks of `count` elements and one chunk (the
+/// all-gather's output and input, the reduce-scatter's input and output), each trimmed
+/// in place to its size, the whole one checked first; disjoint unless in place.
+fn check_chunked(
+    kind: Kind,
+    send: &mut Buffer,
+    recv: &mut Buffer,
+    count: usize,
+    dtype: DataType,
+    rank: usize,
+    size: usize,
+) -> Result<()> {
+    let name = kind.name();
+    let c = bytes(count, 1, dtype, name)?;
+    let all = bytes(count, size, dtype, name)?;
+    {
+        let gather = kind == Kind::AllGather;
+        let (whole, chunk, w, p) = if gather {
+            (
+                &mut *recv,
+                &mut *send,
+                "all-gather recvbuff",
+                "all-gather sendbuff",
+            )
+        } else {
+            (
+                &mut *send,
+                &mut *recv,
+                "reduce-scatter sendbuff",
+                "reduce-scatter recvbuff",
+            )
+        };
+        fits(whole, all, w)?;
+        fits(chunk, c, p)?;
+    }
+    if !in_place(kind, send, recv, rank, c) {
+        no_alias(send, recv, name)?;
     }
     Ok(())
 }

@@ -121,23 +121,7 @@ impl RecvOp {
             pieces(buf.len(), piece).min(SLOTS)
         };
         let keep = bufs.staging.len().saturating_sub(staging);
-        let mut op = RecvOp {
-            peer,
-            me,
-            buf: buf.as_mut_ptr(),
-            len: buf.len(),
-            stage: Stage::Probe,
-            seq,
-            piece,
-            msgs: 0,
-            matched: 0,
-            landed: 0,
-            header: None,
-            mismatch: None,
-            landing,
-            slots: Default::default(),
-            idle: 0,
-        };
+        let mut op = RecvOp::at(peer, me, buf, seq, piece, landing, Stage::Probe);
         for (s, b) in op.slots.iter_mut().zip(bufs.staging.drain(keep..)) {
             s.buf = b;
         }
@@ -181,12 +165,25 @@ impl RecvOp {
         landing: Vec<u8>,
         req: Req,
     ) -> RecvOp {
+        RecvOp::at(peer, me, buf, seq, piece, landing, Stage::Posted(req))
+    }
+
+    /// A receive into `buf` at `stage`, nothing matched or landed yet.
+    fn at(
+        peer: usize,
+        me: usize,
+        buf: &mut [u8],
+        seq: u32,
+        piece: usize,
+        landing: Vec<u8>,
+        stage: Stage,
+    ) -> RecvOp {
         RecvOp {
             peer,
             me,
             buf: buf.as_mut_ptr(),
             len: buf.len(),
-            stage: Stage::Posted(req),
+            stage,
             seq,
             piece,
             msgs: 0,
