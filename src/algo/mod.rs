@@ -80,17 +80,27 @@ pub fn run(core: &CommCore, algo: Algo, req: &Request) -> Result<()> {
         }
         _ => flat(req)?,
     }
-    if a.divides_avg() || req.op.redop() != Some(crate::dtype::ReduceOp::Avg) {
+    if a.divides_avg() {
         return Ok(());
     }
-    let (n, s, ops) = (core.size(), req.dtype.size(), core.ops());
-    match &req.op {
+    divide_avg(core, &req.op, req.dtype)
+}
+
+/// Divide an `Avg` op's summed result by the communicator's size, the one division of
+/// its result (nothing for other ops): [`run`]'s last step, and the fast launch path's
+/// after a library without its own mean.
+pub fn divide_avg(core: &CommCore, op: &Op, dtype: crate::dtype::DataType) -> Result<()> {
+    if op.redop() != Some(crate::dtype::ReduceOp::Avg) {
+        return Ok(());
+    }
+    let (n, s, ops) = (core.size(), dtype.size(), core.ops());
+    match op {
         Op::ReduceScatter { recv, count, .. } | Op::AllReduce { recv, count, .. } => {
-            ops.divide(&recv.slice(0..count * s)?, req.dtype, n)
+            ops.divide(&recv.slice(0..count * s)?, dtype, n)
         }
         Op::ReduceScatterCoalesced { recvs, counts, .. } => {
             for (r, c) in recvs.iter().zip(counts) {
-                ops.divide(&r.slice(0..c * s)?, req.dtype, n)?;
+                ops.divide(&r.slice(0..c * s)?, dtype, n)?;
             }
             Ok(())
         }

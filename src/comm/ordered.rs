@@ -83,17 +83,7 @@ impl Comm {
             return w.wait();
         };
         crate::device::wait_event(ev.as_ref(), core.timeout(), "a blocking launched call")?;
-        if core.was_aborted() {
-            return Err(core.async_error().unwrap_or_else(|| {
-                Error::Remote(
-                    "the communicator was aborted before the call was seen complete".into(),
-                )
-            }));
-        }
-        match core.transport().gpu() {
-            Some(g) => g.probe(),
-            None => Ok(()),
-        }
+        crate::runtime::watchdog::passed(core)
     }
 
     /// [`Comm::enqueue`] for any [`CallerStream`] (the C ABI passes its raw handles).
@@ -149,18 +139,13 @@ impl Comm {
         };
         // The fast path: on the caller's stream, or without one (`submit`, `call`) on the
         // launch stream, which then plays the caller's part.
-        let req = if capturing {
-            req
-        } else {
+        if !capturing && !crate::runtime::group::in_group() && self.one_call(&req) {
             let on: Rc<dyn CallerStream> = match &caller {
                 Some(s) => s.clone(),
                 None => Rc::new(ls.clone()),
             };
-            match self.launch_direct(req, &on, &l) {
-                Ok(r) => return r,
-                Err(req) => req,
-            }
-        };
+            return self.run_direct(req, &on, &l);
+        }
         // A grouped one-call collective: its vendor call goes on the caller's stream
         // inside the group (as NCCL's grouped calls do), no fork or join; the group's
         // calls on one stream share one end event.
@@ -309,28 +294,6 @@ fn one_call_op(op: &Op) -> bool {
 }
 
 impl Comm {
-    /// The fast path (contract "launch cost"): a collective that is one call of a
-    /// transport that may enqueue on any stream ([`GpuTransport::any_stream`]: `nccl`,
-    /// `rccl`, and the in-process device transports) is that call on the caller's
-    /// stream, followed by one pooled end event for the watchdog: no launch stream, no
-    /// fork or join, no group, no job. An `Avg` is the library's own (`ncclAvg`) where
-    /// it has one, else the division kernel after the call on the same stream. `Err`
-    /// gives the request back for the general path (grouped, another algorithm, a
-    /// dependency without an event, point-to-point).
-    ///
-    /// [`GpuTransport::any_stream`]: crate::transport::gpu::GpuTransport::any_stream
-    fn launch_direct(
-        &self,
-        req: Request,
-        caller: &Rc<dyn CallerStream>,
-        l: &Arc<crate::runtime::ordered::Launcher>,
-    ) -> std::result::Result<Result<Work>, Request> {
-        if crate::runtime::group::in_group() || !self.one_call(&req) {
-            return Err(req);
-        }
-        Ok(self.run_direct(req, caller, l))
-    }
-
     /// True when `req` runs as one call of a transport that may enqueue on any stream
     /// (the fast path's condition, grouped or not).
     fn one_call(&self, req: &Request) -> bool {
@@ -341,6 +304,15 @@ impl Comm {
             && crate::algo::select::choose(core, req).algo == crate::kinds::Algo::Ring
     }
 
+    /// The fast path (contract "launch cost"): a collective that is one call of a
+    /// transport that may enqueue on any stream ([`GpuTransport::any_stream`]: `nccl`,
+    /// `rccl`, and the in-process device transports) is that call on the caller's
+    /// stream, followed by one pooled end event for the watchdog: no launch stream, no
+    /// fork or join, no group, no job. An `Avg` is the library's own (`ncclAvg`) where
+    /// it has one, else the division kernel after the call on the same stream. Taken
+    /// when [`Self::one_call`] holds and the call is neither grouped nor captured.
+    ///
+    /// [`GpuTransport::any_stream`]: crate::transport::gpu::GpuTransport::any_stream
     fn run_direct(
         &self,
         req: Request,
@@ -369,19 +341,12 @@ impl Comm {
                 }
             }
             let t = core.transport();
-            let averaged = direct::scope(Some(sc.clone()), || {
-                let averaged = crate::runtime::native::run_device_mean(t.as_ref(), &op, dtype, to)?;
-                if op.redop() == Some(crate::dtype::ReduceOp::Avg) && !averaged {
-                    if let Op::ReduceScatter { recv, count, .. }
-                    | Op::AllReduce { recv, count, .. } = &op
-                    {
-                        let r = recv.slice(0..count * dtype.size())?;
-                        core.ops().divide(&r, dtype, core.size())?;
-                    }
+            direct::scope(Some(sc.clone()), || {
+                if crate::runtime::native::run_device_mean(t.as_ref(), &op, dtype, to)? {
+                    return Ok(());
                 }
-                Ok::<_, Error>(averaged)
+                crate::algo::divide_avg(core, &op, dtype)
             })?;
-            let _ = averaged;
             let ev = stream.record()?;
             l.ended(&stream, &ev);
             Ok::<_, Error>(ev)

@@ -353,32 +353,9 @@ fn check_full(mut op: Op, dtype: DataType, rank: usize, size: usize) -> Result<O
     Ok(op)
 }
 
-/// An all-gather's pair (one member of a coalesced list too), trimmed in place.
-fn check_all_gather(
-    send: &mut Buffer,
-    recv: &mut Buffer,
-    count: usize,
-    dtype: DataType,
-    rank: usize,
-    size: usize,
-) -> Result<()> {
-    check_chunked(Kind::AllGather, send, recv, count, dtype, rank, size)
-}
-
-/// A reduce-scatter's pair (one member of a coalesced list too), trimmed in place.
-fn check_reduce_scatter(
-    send: &mut Buffer,
-    recv: &mut Buffer,
-    count: usize,
-    dtype: DataType,
-    rank: usize,
-    size: usize,
-) -> Result<()> {
-    check_chunked(Kind::ReduceScatter, send, recv, count, dtype, rank, size)
-}
-
-/// A pair of a whole buffer of `size` chunks of `count` elements and one chunk (the
-/// all-gather's output and input, the reduce-scatter's input and output), each trimmed
+/// An all-gather's or a reduce-scatter's pair (one member of a coalesced list too): a
+/// whole buffer of `size` chunks of `count` elements and one chunk (the all-gather's
+/// output and input, the reduce-scatter's input and output), each trimmed
 /// in place to its size, the whole one checked first; disjoint unless in place.
 fn check_chunked(
     kind: Kind,
@@ -422,11 +399,11 @@ fn check_chunked(
 fn check_mut(op: &mut Op, dtype: DataType, rank: usize, size: usize) -> Result<()> {
     match op {
         Op::AllGather { send, recv, count } => {
-            check_all_gather(send, recv, *count, dtype, rank, size)?
+            check_chunked(Kind::AllGather, send, recv, *count, dtype, rank, size)?
         }
         Op::ReduceScatter {
             send, recv, count, ..
-        } => check_reduce_scatter(send, recv, *count, dtype, rank, size)?,
+        } => check_chunked(Kind::ReduceScatter, send, recv, *count, dtype, rank, size)?,
         Op::AllReduce {
             send, recv, count, ..
         } => {
@@ -496,7 +473,7 @@ fn check_mut(op: &mut Op, dtype: DataType, rank: usize, size: usize) -> Result<(
             recvs,
             counts,
         } => check_list(sends, recvs, counts, "coalesced all-gather", |s, r, c| {
-            check_all_gather(s, r, c, dtype, rank, size)
+            check_chunked(Kind::AllGather, s, r, c, dtype, rank, size)
         })?,
         Op::ReduceScatterCoalesced {
             sends,
@@ -508,7 +485,7 @@ fn check_mut(op: &mut Op, dtype: DataType, rank: usize, size: usize) -> Result<(
             recvs,
             counts,
             "coalesced reduce-scatter",
-            |s, r, c| check_reduce_scatter(s, r, c, dtype, rank, size),
+            |s, r, c| check_chunked(Kind::ReduceScatter, s, r, c, dtype, rank, size),
         )?,
     }
     Ok(())

@@ -49,20 +49,7 @@ pub fn watch(
             drop(keep);
             // Passed: still a failure when the communicator was aborted meanwhile or
             // reports an asynchronous error (the kernels of an aborted call end early).
-            let r = r.and_then(|_| {
-                if c.was_aborted() {
-                    return Err(match c.async_error() {
-                        Some(e) => e,
-                        None => Error::Remote(
-                            "the communicator was aborted before the call was seen complete".into(),
-                        ),
-                    });
-                }
-                match c.transport().gpu() {
-                    Some(g) => g.probe(),
-                    None => Ok(()),
-                }
-            });
+            let r = r.and_then(|_| passed(&c));
             let r = r.map_err(|e| match e {
                 Error::Remote(m) => Error::Remote(format!(
                     "launched {what}: {m} (a peer died or never joined, or the work queued \
@@ -81,4 +68,20 @@ pub fn watch(
             work.complete(r);
         }),
     );
+}
+
+/// What a launched call's end event passing still has to be checked against: an abort
+/// of `core` meanwhile (the kernels of an aborted call end early, and their event passes
+/// like a good one's) and the communicator's asynchronous error. The watchdog's check,
+/// and a blocking call's after it waited for the event itself.
+pub fn passed(core: &CommCore) -> crate::error::Result<()> {
+    if core.was_aborted() {
+        return Err(core.async_error().unwrap_or_else(|| {
+            Error::Remote("the communicator was aborted before the call was seen complete".into())
+        }));
+    }
+    match core.transport().gpu() {
+        Some(g) => g.probe(),
+        None => Ok(()),
+    }
 }

@@ -152,24 +152,12 @@ impl RecvOp {
         Ok(op)
     }
 
-    /// A small receive already posted (`req`, into `landing`, for message `seq` of
-    /// `peer`): what [`RecvOp::new`] makes of a small receive, for a caller that polled
+    /// A receive into `buf` at `stage`, nothing matched or landed yet. With
+    /// `Stage::Posted`: a small receive already posted (into `landing`, for message `seq`
+    /// of `peer`), what [`RecvOp::new`] makes of a small receive, for a caller that polled
     /// the request itself first (the quick step of `MpiTransport::sendrecv`) and hands it
     /// over to `MpiTransport::drive`.
-    pub(super) fn posted(
-        peer: usize,
-        me: usize,
-        buf: &mut [u8],
-        seq: u32,
-        piece: usize,
-        landing: Vec<u8>,
-        req: Req,
-    ) -> RecvOp {
-        RecvOp::at(peer, me, buf, seq, piece, landing, Stage::Posted(req))
-    }
-
-    /// A receive into `buf` at `stage`, nothing matched or landed yet.
-    fn at(
+    pub(super) fn at(
         peer: usize,
         me: usize,
         buf: &mut [u8],

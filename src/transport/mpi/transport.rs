@@ -5,7 +5,7 @@ use super::comm::GROUP_TAG;
 use super::comm::{check, RawComm};
 use super::init::{ensure_init, note_peer_failure};
 use super::progress::{spin_polls, wait_collective, Op};
-use super::recv::{mismatch_error, Buffers, RecvOp};
+use super::recv::{mismatch_error, Buffers, RecvOp, Stage};
 use super::request::{request_null, Req};
 use super::send::{send_window, SendOp};
 use super::tags::{is_small, max_piece, tag, Seqs, CLASS_SMALL, SMALL};
@@ -348,7 +348,15 @@ impl MpiTransport {
             )
         };
         if let Err(e) = check(rc, "MPI_Isend") {
-            let op = RecvOp::posted(src, self.rank, recv, rseq, self.piece, landing, rreq);
+            let op = RecvOp::at(
+                src,
+                self.rank,
+                recv,
+                rseq,
+                self.piece,
+                landing,
+                Stage::Posted(rreq),
+            );
             self.withdraw(bufs, &mut [Op::Recv(op)], &e);
             return Err(e);
         }
@@ -399,8 +407,14 @@ impl MpiTransport {
             bufs.landing.push(landing);
             None
         } else {
-            Some(Op::Recv(RecvOp::posted(
-                src, self.rank, recv, rseq, self.piece, landing, rreq,
+            Some(Op::Recv(RecvOp::at(
+                src,
+                self.rank,
+                recv,
+                rseq,
+                self.piece,
+                landing,
+                Stage::Posted(rreq),
             )))
         };
         let pending_send = (!sent).then(|| Op::Send(SendOp::posted(dst, sreq, sseq)));
