@@ -293,6 +293,27 @@ impl MpiTransport {
 }
 
 impl MpiTransport {
+    /// The small receive of message `seq` from `src`, posted into `landing` as `req`, as
+    /// a [`RecvOp`] for [`Self::drive`] (or for withdrawing it).
+    fn posted_recv(
+        &self,
+        src: usize,
+        recv: &mut [u8],
+        seq: u32,
+        landing: Vec<u8>,
+        req: Req,
+    ) -> RecvOp {
+        RecvOp::at(
+            src,
+            self.rank,
+            recv,
+            seq,
+            self.piece,
+            landing,
+            Stage::Posted(req),
+        )
+    }
+
     /// [`Transport::sendrecv`] of two small messages (a latency-bound step): the same
     /// messages and tags as [`Self::post_recv`] + [`Self::post_send`], but the two
     /// requests are posted and polled here, for [`quick_polls`] rounds, with no
@@ -348,15 +369,7 @@ impl MpiTransport {
             )
         };
         if let Err(e) = check(rc, "MPI_Isend") {
-            let op = RecvOp::at(
-                src,
-                self.rank,
-                recv,
-                rseq,
-                self.piece,
-                landing,
-                Stage::Posted(rreq),
-            );
+            let op = self.posted_recv(src, recv, rseq, landing, rreq);
             self.withdraw(bufs, &mut [Op::Recv(op)], &e);
             return Err(e);
         }
@@ -407,15 +420,7 @@ impl MpiTransport {
             bufs.landing.push(landing);
             None
         } else {
-            Some(Op::Recv(RecvOp::at(
-                src,
-                self.rank,
-                recv,
-                rseq,
-                self.piece,
-                landing,
-                Stage::Posted(rreq),
-            )))
+            Some(Op::Recv(self.posted_recv(src, recv, rseq, landing, rreq)))
         };
         let pending_send = (!sent).then(|| Op::Send(SendOp::posted(dst, sreq, sseq)));
         let res = match (pending_recv, pending_send) {
