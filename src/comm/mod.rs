@@ -39,6 +39,23 @@ use crate::transport::{Transport, TransportKind};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The outcome `r` of running `req` with `algo` on `core`, named after the collective;
+/// a failure aborts the communicator (like an asynchronous NCCL error, a failed
+/// collective leaves it unusable; aborting wakes the peers at once).
+fn ran(core: &CommCore, req: &Request, algo: crate::Algo, r: Result<()>) -> Result<()> {
+    let r =
+        r.map_err(|e| e.in_collective(|| format!("{} ({}, {})", req.op.name(), algo, req.dtype)));
+    if let Err(e) = &r {
+        tracing::warn!(
+            rank = core.rank(),
+            op = req.op.name(),
+            "collective failed, aborting communicator: {e}"
+        );
+        core.fail(e);
+    }
+    r
+}
+
 /// How [`Comm::submit_as`] runs a request.
 pub(crate) enum How {
     /// Queued on the communicator's stream (or held by the group).
@@ -387,22 +404,7 @@ impl Comm {
                     Some(sc) => r.and(sc.join_sides()),
                     None => r,
                 };
-                let r = r.map_err(|e| {
-                    e.in_collective(|| {
-                        format!("{} ({}, {})", req.op.name(), choice.algo, req.dtype)
-                    })
-                });
-                if let Err(e) = &r {
-                    // Like an asynchronous NCCL error, a failed collective leaves the
-                    // communicator unusable; aborting wakes the peers at once.
-                    tracing::warn!(
-                        rank = c.rank(),
-                        op = req.op.name(),
-                        "collective failed, aborting communicator: {e}"
-                    );
-                    c.fail(e);
-                }
-                c.note(r)
+                c.note(ran(&c, &req, choice.algo, r))
             };
             let is_launch = matches!(how, How::Launch(_));
             if is_launch && !grouped {
@@ -460,21 +462,7 @@ impl Comm {
         let choice = algo::select::choose(core, req);
         tracing::debug!(rank = core.rank(), op = req.op.name(), algo = choice.algo.name(), reason = %choice.reason, "dispatch");
         let algo = choice.algo;
-        let run = || {
-            let r = algo::run(core, algo, req).map_err(|e| {
-                e.in_collective(|| format!("{} ({}, {})", req.op.name(), algo, req.dtype))
-            });
-            if let Err(e) = &r {
-                // As the queued job: a failed collective aborts the communicator.
-                tracing::warn!(
-                    rank = core.rank(),
-                    op = req.op.name(),
-                    "collective failed, aborting communicator: {e}"
-                );
-                core.fail(e);
-            }
-            r
-        };
+        let run = || ran(core, req, algo, algo::run(core, algo, req));
         match core.run_now(&req.deps, run) {
             Ok(r) => Inline::Ran(r),
             Err(_) => Inline::Busy,
