@@ -163,7 +163,12 @@ impl Comm {
             if let (Some(s), None) = (&caller, &grouped_on) {
                 ls.wait_event(s.record()?.as_ref())?;
             }
-            l.follow(&target)?;
+            // A graph's replays are ordered by the caller's stream alone: a capture
+            // neither waits for an event recorded outside it (that invalidates it) nor
+            // leaves one for later calls.
+            if !capturing {
+                l.follow(&target)?;
+            }
             for d in &req.deps {
                 match d.event() {
                     Some(ev) => target.wait_event(ev.as_ref())?,
@@ -228,7 +233,7 @@ impl Comm {
                     (end, joined, l.id())
                 }
             };
-            if let Ok(ev) = &end {
+            if let (Ok(ev), false) = (&end, capturing) {
                 l.ended(grouped_on.as_ref().unwrap_or(&ls), ev);
             }
             match (r.and(joined), end) {

@@ -101,6 +101,9 @@ impl CudaDevice {
             return Ok(d);
         }
         let ctx = open_device(ordinal)?;
+        // The pool's events keep the primary context retained: one still watched when the
+        // device goes is destroyed (by the pool) before the context is released.
+        let events = Arc::new(HandlePool::new(destroy_event, Some(ctx.clone())));
         let d = Arc::new_cyclic(|me| CudaDevice {
             me: me.clone(),
             ctx: ManuallyDrop::new(ctx),
@@ -110,7 +113,7 @@ impl CudaDevice {
             aux: OnceLock::new(),
             pools: OnceLock::new(),
             spin: OnceLock::new(),
-            events: Arc::new(HandlePool::new(destroy_event)),
+            events,
             ranges: CheckedRanges::default(),
         });
         open.retain(|(_, w)| w.strong_count() > 0);

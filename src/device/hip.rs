@@ -342,7 +342,7 @@ impl HipDevice {
             device_type: device_memory_type(version),
             allocations: std::sync::atomic::AtomicU64::new(0),
             pool: Pool::default(),
-            events: Arc::new(HandlePool::new(destroy_event)),
+            events: Arc::new(HandlePool::new(destroy_event, None)),
             ranges: CheckedRanges::default(),
             me: me.clone(),
         });

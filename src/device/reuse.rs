@@ -7,20 +7,28 @@
 #![forbid(unsafe_code)]
 
 use super::DevAddr;
-use std::sync::{Mutex, RwLock};
+use std::any::Any;
+use std::sync::{Arc, Mutex, RwLock};
 
-/// Free handles (events) of one device, destroyed with the pool.
+/// Free handles (events) of one device, destroyed with the pool. Every handle taken
+/// holds the pool, and the pool holds what the handles need alive (a CUDA context: an
+/// event of a destroyed context is a dangling handle), so that outlives the device
+/// while an event is still watched or waited on.
 pub struct HandlePool {
     free: Mutex<Vec<usize>>,
     destroy: fn(usize),
+    /// Released after the free handles are destroyed (fields drop after `drop`).
+    _owner: Option<Arc<dyn Any + Send + Sync>>,
 }
 
 impl HandlePool {
-    /// An empty pool; `destroy` ends a handle left in it when the pool is dropped.
-    pub fn new(destroy: fn(usize)) -> HandlePool {
+    /// An empty pool; `destroy` ends a handle left in it when the pool is dropped, and
+    /// `owner` (the context the handles belong to) is released after that.
+    pub fn new(destroy: fn(usize), owner: Option<Arc<dyn Any + Send + Sync>>) -> HandlePool {
         HandlePool {
             free: Mutex::new(Vec::new()),
             destroy,
+            _owner: owner,
         }
     }
 
@@ -93,15 +101,21 @@ mod tests {
 
     #[test]
     fn handles_are_reused_and_destroyed_with_the_pool() {
-        let p = HandlePool::new(|_| {
-            DESTROYED.fetch_add(1, Ordering::SeqCst);
-        });
+        let owner: Arc<dyn Any + Send + Sync> = Arc::new(());
+        let p = HandlePool::new(
+            |_| {
+                DESTROYED.fetch_add(1, Ordering::SeqCst);
+            },
+            Some(owner.clone()),
+        );
+        assert_eq!(Arc::strong_count(&owner), 2, "the pool holds its owner");
         assert_eq!(p.take(), None);
         p.give(7);
         p.give(9);
         assert_eq!(p.take(), Some(9));
         drop(p);
         assert_eq!(DESTROYED.load(Ordering::SeqCst), 1);
+        assert_eq!(Arc::strong_count(&owner), 1, "released with the pool");
     }
 
     #[test]
