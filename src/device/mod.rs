@@ -28,6 +28,7 @@ use std::ffi::c_void;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+pub mod at_exit;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;

@@ -7,13 +7,16 @@
 //!
 //! The thread starts on first use and parks while nothing is watched; while something
 //! is, it polls every 20 us after a completion, backing off to 1 ms while nothing
-//! completes (a long collective, a stream held by earlier work).
+//! completes (a long collective, a stream held by earlier work). At process exit it
+//! stops for good before the driver tears down (an event queried then, or a callback
+//! dropping a communicator, would touch freed driver state): what it still watched is
+//! left as it is, as the process is ending.
 
 #![forbid(unsafe_code)]
 
 use super::DevEvent;
 use crate::error::{Error, Result};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -44,6 +47,10 @@ struct Board {
     cv: Condvar,
     /// Entries handed over and not yet done.
     live: AtomicUsize,
+    /// Held by the watcher through each round of queries and callbacks.
+    round: Mutex<()>,
+    /// The process is exiting: no round starts any more.
+    exiting: AtomicBool,
 }
 
 #[derive(Default)]
@@ -60,8 +67,15 @@ fn board() -> &'static Board {
         inbox: Mutex::new(Inbox::default()),
         cv: Condvar::new(),
         live: AtomicUsize::new(0),
+        round: Mutex::new(()),
+        exiting: AtomicBool::new(false),
     });
     STARTED.get_or_init(|| {
+        // Registered once the driver is initialised (an event exists): it runs before
+        // the driver's teardown.
+        if !super::at_exit::register(stop_at_exit) {
+            tracing::warn!("cannot register the event watcher's stop at exit");
+        }
         if let Err(e) = std::thread::Builder::new()
             .name("strata-watch".into())
             .spawn(serve)
@@ -132,6 +146,25 @@ fn poll(e: &mut Entry, now: Instant) -> Option<Result<()>> {
     }
 }
 
+/// At exit: no round starts any more, and the one under way (if any) is waited for, at
+/// most [`EXIT_WAIT`] (a callback stuck on something the exiting thread holds must not
+/// hang the exit).
+extern "C" fn stop_at_exit() {
+    let b = board();
+    b.exiting.store(true, Ordering::SeqCst);
+    let until = Instant::now() + EXIT_WAIT;
+    while Instant::now() < until {
+        match b.round.try_lock() {
+            Err(std::sync::TryLockError::WouldBlock) => {
+                std::thread::sleep(Duration::from_micros(100))
+            }
+            _ => return,
+        }
+    }
+}
+
+const EXIT_WAIT: Duration = Duration::from_millis(500);
+
 fn serve() {
     let b = board();
     let mut queues: Vec<Queue> = Vec::new();
@@ -154,7 +187,16 @@ fn serve() {
                 }
             }
         }
-        // Queried with no lock held: callers handing over work never wait for this.
+        let round = b.round.lock().unwrap_or_else(|e| e.into_inner());
+        if b.exiting.load(Ordering::SeqCst) {
+            drop(round);
+            // Never again: the process is ending.
+            loop {
+                std::thread::park();
+            }
+        }
+        // Queried with the inbox unlocked: callers handing over work never wait for this
+        // (the round's lock is only the exit's).
         let now = Instant::now();
         let mut done: Vec<(Done, Result<()>)> = Vec::new();
         for q in queues.iter_mut() {
@@ -180,6 +222,7 @@ fn serve() {
             f(r);
             b.live.fetch_sub(1, Ordering::Relaxed);
         }
+        drop(round);
         if !queues.is_empty() {
             std::thread::sleep(pause);
         }
@@ -188,3 +231,67 @@ fn serve() {
 
 const MIN_PAUSE: Duration = Duration::from_micros(20);
 const MAX_PAUSE: Duration = Duration::from_millis(1);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+
+    /// An event that never passes.
+    struct Never;
+    impl DevEvent for Never {
+        fn query(&self) -> Result<bool> {
+            Ok(false)
+        }
+        fn as_any(&self) -> &dyn std::any::Any {
+            self
+        }
+    }
+
+    static STOPPED: AtomicBool = AtomicBool::new(false);
+
+    extern "C" fn after_stop() {
+        // Runs after the watcher's stop (registered before it): the watcher has
+        // no more rounds, so the probe below is not called while this sleeps.
+        STOPPED.store(true, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(30));
+    }
+
+    /// The child of `exit_stops_the_watcher`: watches an event that never passes and
+    /// exits while it is watched.
+    #[test]
+    #[ignore = "run by exit_stops_the_watcher in a process of its own"]
+    fn exiting_child() {
+        assert!(crate::device::at_exit::register(after_stop));
+        let probe: Probe = Box::new(|| {
+            if STOPPED.load(Ordering::SeqCst) {
+                eprintln!("PROBED AFTER THE STOP");
+            }
+            Ok(())
+        });
+        after(Arc::new(Never), None, None, Some(probe), Box::new(|_| {}));
+        std::thread::sleep(Duration::from_millis(20));
+        std::process::exit(0);
+    }
+
+    #[test]
+    fn exit_stops_the_watcher() {
+        let t0 = Instant::now();
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "device::watch::tests::exiting_child",
+                "--ignored",
+                "--nocapture",
+            ])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "child: {:?}\n{err}", out.status);
+        assert!(
+            !err.contains("PROBED AFTER THE STOP"),
+            "the watcher ran after its stop:\n{err}"
+        );
+        assert!(t0.elapsed() < Duration::from_secs(20));
+    }
+}
