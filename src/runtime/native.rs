@@ -247,6 +247,9 @@ mod device {
                 let out = recv.dev_write_timeout(to)?;
                 if !in_place {
                     let s = send.dev_read_timeout(to)?;
+                    if let Some(r) = g.all_gather_from(s.region(), out.region()) {
+                        return r.map(|_| false);
+                    }
                     crate::transport::gpu::work_stream(g).copy(
                         out.addr() + (rank * c) as u64,
                         s.addr(),
@@ -283,11 +286,22 @@ mod device {
             }
             Op::AllReduce { send, recv, op, .. } => {
                 if !in_place {
+                    // The library's out-of-place call where it has one, else a copy first.
+                    let (s, r) = (send.dev_read_timeout(to)?, recv.dev_write_timeout(to)?);
+                    if mean(op) {
+                        if let Some(x) = g.all_reduce_mean(s.region(), r.region(), dtype) {
+                            return x.map(|_| true);
+                        }
+                    }
+                    if let Some(x) = g.all_reduce_from(s.region(), r.region(), dtype, *op) {
+                        return x.map(|_| false);
+                    }
+                    drop((s, r));
                     copy_dev(g, send, recv, to)?;
                 }
                 let r = recv.dev_write_timeout(to)?;
                 if mean(op) {
-                    if let Some(x) = g.all_reduce_mean(r.region(), dtype) {
+                    if let Some(x) = g.all_reduce_mean(r.region(), r.region(), dtype) {
                         return x.map(|_| true);
                     }
                 }
@@ -303,6 +317,11 @@ mod device {
                 send, recv, root, ..
             } => {
                 if rank == *root && !in_place {
+                    let (s, r) = (send.dev_read_timeout(to)?, recv.dev_write_timeout(to)?);
+                    if let Some(x) = g.broadcast_from(s.region(), r.region(), *root) {
+                        return x.map(|_| false);
+                    }
+                    drop((s, r));
                     copy_dev(g, send, recv, to)?;
                 }
                 g.broadcast(recv.dev_write_timeout(to)?.region(), *root)

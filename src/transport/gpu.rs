@@ -83,8 +83,37 @@ pub trait GpuTransport: Send + Sync {
     ) -> Option<Result<()>> {
         None
     }
-    /// All-reduce in place with `Avg` done by the library ([`Self::reduce_scatter_mean`]).
-    fn all_reduce_mean(&self, _buf: Region, _dtype: DataType) -> Option<Result<()>> {
+    /// All-reduce of `send` into `recv` (the same range: in place) with `Avg` done by the
+    /// library ([`Self::reduce_scatter_mean`]).
+    fn all_reduce_mean(
+        &self,
+        _send: Region,
+        _recv: Region,
+        _dtype: DataType,
+    ) -> Option<Result<()>> {
+        None
+    }
+    /// All-reduce of `send` into `recv` (same length, apart) in the library's one
+    /// out-of-place call (`ncclAllReduce(send, recv)`). `None` where the transport has
+    /// none: the caller copies `send` into `recv`, then reduces in place (one stream
+    /// entry and one pass over the data more).
+    fn all_reduce_from(
+        &self,
+        _send: Region,
+        _recv: Region,
+        _dtype: DataType,
+        _op: ReduceOp,
+    ) -> Option<Result<()>> {
+        None
+    }
+    /// All-gather of `send` (this rank's chunk) into `recv` (`size()` chunks), apart, in
+    /// one out-of-place call ([`Self::all_reduce_from`]).
+    fn all_gather_from(&self, _send: Region, _recv: Region) -> Option<Result<()>> {
+        None
+    }
+    /// Broadcast from `root`'s `send` into every rank's `recv` in one call (`send` is
+    /// read on the root only; [`Self::all_reduce_from`]).
+    fn broadcast_from(&self, _send: Region, _recv: Region, _root: usize) -> Option<Result<()>> {
         None
     }
 }

@@ -258,11 +258,12 @@ impl NcclTransport {
             .map_err(|_| Error::Internal("vendor communicator lock poisoned".into()))
     }
 
-    /// The communicator's asynchronous error as `Error::Remote` naming `what`.
-    fn probe_for(&self, what: &str) -> Result<()> {
+    /// The communicator's asynchronous error as `Error::Remote` naming `what()` (formatted
+    /// only then: a probe runs once per launched call).
+    fn probe_for(&self, what: impl FnOnce() -> String) -> Result<()> {
         self.comm.async_error().map_err(|e| match e {
             Error::Remote(_) => e,
-            other => Error::Remote(format!("{what}: {other}")),
+            other => Error::Remote(format!("{}: {other}", what())),
         })
     }
 
@@ -314,11 +315,11 @@ impl GpuTransport for NcclTransport {
         if super::gpu::direct() {
             // The launch path: enqueue only. The call's stream orders the work and the
             // watchdog observes it; the asynchronous error is a query, not a wait.
-            return self.probe_for(what);
+            return self.probe_for(|| what.to_string());
         }
         // The host staging path (host buffers): wait for the communicator's stream.
         let r = finish(self.stream.as_ref(), self.timeout, what, || {
-            self.probe_for(what)
+            self.probe_for(|| what.to_string())
         });
         if let Err(e) = &r {
             // A stuck or failed collective: abort so the peers' calls fail too and the
@@ -328,7 +329,7 @@ impl GpuTransport for NcclTransport {
         r
     }
     fn probe(&self) -> Result<()> {
-        self.probe_for(&format!("the {} communicator", self.vendor.name()))
+        self.probe_for(|| format!("the {} communicator", self.vendor.name()))
     }
     fn all_gather(&self, buf: Region, chunk: usize) -> Result<()> {
         let mine = buf.addr + (self.rank * chunk) as u64;
@@ -437,9 +438,32 @@ impl GpuTransport for NcclTransport {
             self.reduce_call(which, send.addr, recv, dtype, NCCL_AVG)
         })
     }
-    fn all_reduce_mean(&self, buf: Region, dtype: DataType) -> Option<Result<()>> {
+    fn all_reduce_mean(&self, send: Region, recv: Region, dtype: DataType) -> Option<Result<()>> {
         self.has_avg(dtype)
-            .then(|| self.reduce_call(Reduction::AllReduce, buf.addr, buf, dtype, NCCL_AVG))
+            .then(|| self.reduce_call(Reduction::AllReduce, send.addr, recv, dtype, NCCL_AVG))
+    }
+    fn all_reduce_from(
+        &self,
+        send: Region,
+        recv: Region,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Option<Result<()>> {
+        Some(self.reduce_call(Reduction::AllReduce, send.addr, recv, dtype, op_code(op)))
+    }
+    fn all_gather_from(&self, send: Region, recv: Region) -> Option<Result<()>> {
+        Some(self.run("ncclAllGather", |c, s| {
+            c.all_gather(send.addr, recv.addr, send.len, s)
+        }))
+    }
+    fn broadcast_from(&self, send: Region, recv: Region, root: usize) -> Option<Result<()>> {
+        let root = match int(root, "root") {
+            Ok(r) => r,
+            Err(e) => return Some(Err(e)),
+        };
+        Some(self.run("ncclBroadcast", |c, s| {
+            c.broadcast(send.addr, recv.addr, recv.len, root, s)
+        }))
     }
     fn sendrecv(&self, dst: usize, send: Region, src: usize, recv: Region) -> Result<()> {
         let (d, r) = (int(dst, "peer")?, int(src, "peer")?);
