@@ -33,6 +33,19 @@
 
 
 /**
+ * `shrinkFlags` of `strataCommShrink`: shrink the communicator as it is (after a failure
+ * it is aborted already), NCCL's `NCCL_SHRINK_DEFAULT`.
+ */
+#define STRATA_SHRINK_DEFAULT 0
+
+/**
+ * `shrinkFlags` of `strataCommShrink`: abort the communicator's operations in flight
+ * first (its calls fail at once, here and on its peers), then shrink; NCCL's
+ * `NCCL_SHRINK_ABORT`.
+ */
+#define STRATA_SHRINK_ABORT 1
+
+/**
  * Size of `strataUniqueId`: strata's 128 bytes, then room for an `ncclUniqueId`.
  */
 #define STRATA_UNIQUE_ID_BYTES 256
@@ -779,21 +792,50 @@ strataResult_t strataCommSplit(strataComm_t comm, int color, int key, strataComm
  * same list; the new ranks follow its ascending order. The new communicator keeps the
  * world topology, so the hierarchical algorithms apply where its members span nodes.
  * Collective over the members after `comm`'s queued work; members that do not all arrive
- * within the timeout are `strataRemoteError` (no hang). Supported on the mpi transport.
+ * within the timeout are `strataRemoteError` (no hang). Supported on the mpi and local
+ * transports.
  *
  * `config` (may be NULL): its `algo`, when set, is the new communicator's default
  * algorithm (else `comm`'s); the other fields are validated.
  *
  * Errors: `strataInvalidArgument` for NULL `ranks`/`newcomm` with `nranks > 0`, a rank
  * out of range or repeated, the calling rank missing from the list, a bad config;
- * `strataInvalidUsage` for a destroyed `comm` or a transport other than mpi (use
- * `strataCommSplit` there); `strataRemoteError` when members do not arrive.
+ * `strataInvalidUsage` for a destroyed `comm` or a transport other than mpi and local
+ * (use `strataCommSplit` there); `strataRemoteError` when members do not arrive.
  *
  * # Safety
  * `ranks` is NULL or readable for `nranks` ints; `newcomm` is NULL or valid for a write
  * of a `strataComm_t`; `config` as in `strataCommInitRankConfig`.
  */
 strataResult_t strataCommCreateGroup(strataComm_t comm, int nranks, const int *ranks, strataComm_t *newcomm, const struct strataConfig_t *config);
+
+/**
+ * Shrinks `comm` (NCCL's `ncclCommShrink`): a new communicator of `comm`'s ranks
+ * without the `excludeRanksCount` ranks in `excludeRanksList`, made by the survivors
+ * alone (the excluded ranks do not call: they may be dead or frozen), usually after a
+ * failure aborted `comm`. Every survivor passes the same list (any order); the new ranks
+ * keep the old order. The new communicator keeps `comm`'s transport, topology and
+ * configuration (a node that lost ranks becomes a smaller node; the algorithms take the
+ * uneven shape or fall back to the ring); `config` (may be NULL) is only validated.
+ * `shrinkFlags`: `STRATA_SHRINK_DEFAULT`, or `STRATA_SHRINK_ABORT` to abort `comm`'s
+ * operations in flight first. `comm` stays valid (destroy it when done). Survivors that
+ * do not all arrive within the timeout are `strataRemoteError` (no hang). Supported on
+ * the local transport, and on mpi while `comm` is not aborted.
+ *
+ * Ownership: the caller owns `*newcomm` (destroy it; it is independent of `comm`).
+ *
+ * Errors: `strataInvalidArgument` for a NULL/foreign `comm`, NULL `newcomm`, NULL
+ * `excludeRanksList` with a positive count, a negative count, a rank out of range or
+ * repeated, the calling rank excluded, unknown flags, a bad config;
+ * `strataInvalidUsage` for a destroyed `comm` or a transport that cannot shrink;
+ * `strataRemoteError` when survivors do not arrive.
+ *
+ * # Safety
+ * `excludeRanksList` is NULL or readable for `excludeRanksCount` ints; `newcomm` is
+ * NULL or valid for a write of a `strataComm_t`; `config` as in
+ * `strataCommInitRankConfig`.
+ */
+strataResult_t strataCommShrink(strataComm_t comm, const int *excludeRanksList, int excludeRanksCount, strataComm_t *newcomm, const struct strataConfig_t *config, int shrinkFlags);
 
 /**
  * Finishes the work queued on `comm` and releases it (NCCL's `ncclCommDestroy`). The

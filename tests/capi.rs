@@ -829,3 +829,98 @@ fn concurrent_calls_on_many_communicators_stay_correct() {
         );
     }
 }
+
+/// `strataCommShrink` (issue 51): rank 2 of nodes:2x2 is lost; the others shrink with
+/// `STRATA_SHRINK_ABORT` (the parent's calls fail from then on) and all-reduce on the
+/// three survivors; bad arguments are refused and write nothing.
+#[test]
+fn shrink_excludes_a_lost_rank() {
+    let comms = local(4, "nodes:2x2");
+    std::thread::scope(|s| {
+        for (r, &c) in comms.iter().enumerate() {
+            s.spawn(move || {
+                let c = c as strataComm_t;
+                if r == 2 {
+                    // SAFETY: live communicator, destroyed once (the lost rank's exit).
+                    assert_eq!(unsafe { strataCommDestroy(c) }, strataSuccess);
+                    return;
+                }
+                let lost = [2i32];
+                let mut sub: strataComm_t = null_mut();
+                // SAFETY (every call below): live communicator; the list readable for
+                // the count given; valid or NULL out-pointers; NULL config.
+                unsafe {
+                    for (list, n, out, flags) in [
+                        (lost.as_ptr(), 1, null_mut(), STRATA_SHRINK_DEFAULT),
+                        (
+                            null(),
+                            1,
+                            &mut sub as *mut strataComm_t,
+                            STRATA_SHRINK_DEFAULT,
+                        ),
+                        (
+                            lost.as_ptr(),
+                            -1,
+                            &mut sub as *mut strataComm_t,
+                            STRATA_SHRINK_DEFAULT,
+                        ),
+                        (lost.as_ptr(), 1, &mut sub as *mut strataComm_t, 7),
+                    ] {
+                        assert_eq!(
+                            strataCommShrink(c, list, n, out, null(), flags),
+                            strataInvalidArgument
+                        );
+                    }
+                    assert!(sub.is_null(), "a refused shrink wrote nothing");
+                    let me = [r as i32];
+                    assert_eq!(
+                        strataCommShrink(c, me.as_ptr(), 1, &mut sub, null(), 0),
+                        strataInvalidArgument,
+                        "the caller excluded"
+                    );
+                    let rc = strataCommShrink(
+                        c,
+                        lost.as_ptr(),
+                        1,
+                        &mut sub,
+                        null(),
+                        STRATA_SHRINK_ABORT,
+                    );
+                    assert_eq!(rc, strataSuccess, "{}", last(c));
+                    let (mut n, mut rank) = (0, 0);
+                    assert_eq!(strataCommCount(sub, &mut n), strataSuccess);
+                    assert_eq!(strataCommUserRank(sub, &mut rank), strataSuccess);
+                    assert_eq!((n, rank), (3, r as i32 - i32::from(r > 2)));
+                    let x = [r as f32 + 1.0; 5];
+                    let mut y = [0f32; 5];
+                    let rc = strataAllReduce(
+                        x.as_ptr().cast(),
+                        y.as_mut_ptr().cast(),
+                        5,
+                        strataFloat32,
+                        strataSum,
+                        sub,
+                        null_mut(),
+                    );
+                    assert_eq!(rc, strataSuccess, "{}", last(sub));
+                    assert_eq!(y, [1.0 + 2.0 + 4.0; 5]);
+                    // The parent was aborted by the flag.
+                    assert_ne!(
+                        strataAllReduce(
+                            x.as_ptr().cast(),
+                            y.as_mut_ptr().cast(),
+                            5,
+                            strataFloat32,
+                            strataSum,
+                            c,
+                            null_mut()
+                        ),
+                        strataSuccess
+                    );
+                    assert_eq!(strataCommDestroy(sub), strataSuccess);
+                    assert_eq!(strataCommDestroy(c), strataSuccess);
+                }
+            });
+        }
+    });
+}

@@ -141,6 +141,8 @@ TRANSPORT_NAMES = {1: "local", 2: "mpi", 3: "nccl", 4: "rccl", 5: "cuda-local", 
 #: Transports whose calls take device memory.
 GPU_TRANSPORTS = frozenset({"nccl", "rccl", "cuda-local"})
 SPLIT_NOCOLOR = -1
+SHRINK_DEFAULT = 0  # strataCommShrink's flags (NCCL_SHRINK_DEFAULT, NCCL_SHRINK_ABORT)
+SHRINK_ABORT = 1
 CONFIG_MAGIC = 0x53545241
 #: ``STRATA_UNIQUE_ID_BYTES``: strata's 128 bytes, then room for an ``ncclUniqueId``.
 UNIQUE_ID_BYTES = 256
@@ -227,6 +229,7 @@ _PROTOTYPES = {
     "strataCommInitLocal": [ctypes.POINTER(_vp), _c_int, ctypes.c_char_p, ctypes.POINTER(Config)],
     "strataCommSplit": [_vp, _c_int, _c_int, ctypes.POINTER(_vp), ctypes.POINTER(Config)],
     "strataCommCreateGroup": [_vp, _c_int, ctypes.POINTER(_c_int), ctypes.POINTER(_vp), ctypes.POINTER(Config)],
+    "strataCommShrink": [_vp, ctypes.POINTER(_c_int), _c_int, ctypes.POINTER(_vp), ctypes.POINTER(Config), _c_int],
     "strataCommDestroy": [_vp],
     "strataCommAbort": [_vp],
     "strataCommCount": [_vp, ctypes.POINTER(_c_int)],
@@ -730,12 +733,26 @@ class Comm:
         """``strataCommCreateGroup``: a communicator of ``ranks`` (ranks of this one)
         made by those ranks alone (the others do not call), as ``torch.distributed``'s
         ``new_group`` needs; it keeps the world topology; ``algo`` is its default
-        algorithm (else this one's). mpi transport only."""
+        algorithm (else this one's). mpi and local transports."""
         rs = list(ranks)
         arr = (_c_int * max(len(rs), 1))(*rs)
         out = _vp()
         cfg = ctypes.byref(_config(None, None, algo, None)) if algo is not None else None
         _check(_load().strataCommCreateGroup(self._addr, len(rs), arr, ctypes.byref(out), cfg), self._addr)
+        return Comm(out.value)
+
+    def shrink(self, exclude: Sequence[int], abort: bool = False) -> "Comm":
+        """``strataCommShrink`` (``ncclCommShrink``): a communicator of this one's ranks
+        without ``exclude``, made by the survivors alone (the excluded ranks do not
+        call), usually after a failure aborted this one. Every survivor passes the same
+        list; the new ranks keep the old order; topology and configuration carry over.
+        ``abort=True`` aborts this communicator's operations in flight first. This one
+        stays valid (destroy it when done). local transport (mpi while not aborted)."""
+        ex = list(exclude)
+        arr = (_c_int * max(len(ex), 1))(*ex)
+        out = _vp()
+        flags = SHRINK_ABORT if abort else SHRINK_DEFAULT
+        _check(_load().strataCommShrink(self._addr, arr, len(ex), ctypes.byref(out), None, flags), self._addr)
         return Comm(out.value)
 
     def traffic(self, all_members: bool = False) -> dict:

@@ -309,6 +309,34 @@ def test_split(comms):
         assert opted_out == (r == 0)
 
 
+def test_shrink_after_a_lost_rank():
+    # nodes:2x2 with a short timeout; rank 1 is lost (it never calls): the others'
+    # all-reduce fails and aborts the communicator, they shrink it and go on.
+    cs = strata.init_local(4, "nodes:2x2", timeout=0.5)
+
+    def body(c, r):
+        if r == 1:
+            return None
+        with pytest.raises(strata.StrataError):
+            c.all_reduce(np.ones(4, np.float32))
+        with pytest.raises(strata.StrataError) as e:
+            c.shrink([r])
+        assert e.value.code == strata.INVALID_ARGUMENT
+        s = c.shrink([1])
+        x = np.full(3, r + 1, np.float32)
+        s.all_reduce(x)
+        info = (s.rank, s.size, float(x[0]))
+        s.destroy()
+        return info
+
+    out = on_ranks(cs, body)
+    for c in cs:
+        c.destroy()
+    assert out[1] is None
+    for r in (0, 2, 3):
+        assert out[r] == (r - (r > 1), 3, 1.0 + 3.0 + 4.0)
+
+
 def test_async_op_work_handles(comms):
     def body(c, r):
         d = c.split(0, key=r)  # the same ranks, a second communicator

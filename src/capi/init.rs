@@ -692,15 +692,16 @@ pub unsafe extern "C" fn strataCommSplit(
 /// same list; the new ranks follow its ascending order. The new communicator keeps the
 /// world topology, so the hierarchical algorithms apply where its members span nodes.
 /// Collective over the members after `comm`'s queued work; members that do not all arrive
-/// within the timeout are `strataRemoteError` (no hang). Supported on the mpi transport.
+/// within the timeout are `strataRemoteError` (no hang). Supported on the mpi and local
+/// transports.
 ///
 /// `config` (may be NULL): its `algo`, when set, is the new communicator's default
 /// algorithm (else `comm`'s); the other fields are validated.
 ///
 /// Errors: `strataInvalidArgument` for NULL `ranks`/`newcomm` with `nranks > 0`, a rank
 /// out of range or repeated, the calling rank missing from the list, a bad config;
-/// `strataInvalidUsage` for a destroyed `comm` or a transport other than mpi (use
-/// `strataCommSplit` there); `strataRemoteError` when members do not arrive.
+/// `strataInvalidUsage` for a destroyed `comm` or a transport other than mpi and local
+/// (use `strataCommSplit` there); `strataRemoteError` when members do not arrive.
 ///
 /// # Safety
 /// `ranks` is NULL or readable for `nranks` ints; `newcomm` is NULL or valid for a write
@@ -726,24 +727,96 @@ pub unsafe extern "C" fn strataCommCreateGroup(
         if newcomm.is_null() {
             return Err(Error::InvalidArgument("newcomm is NULL".into()));
         }
-        let n = usize::try_from(nranks)
-            .map_err(|_| Error::InvalidArgument(format!("nranks {nranks} is negative")))?;
-        if n > 0 && ranks.is_null() {
-            return Err(Error::InvalidArgument("ranks is NULL".into()));
-        }
-        let list: Vec<usize> = if n == 0 {
-            Vec::new()
-        } else {
-            // SAFETY: non-NULL (checked) and readable for `nranks` ints by the contract.
-            unsafe { std::slice::from_raw_parts(ranks, n) }
-                .iter()
-                .map(|&r| {
-                    usize::try_from(r)
-                        .map_err(|_| Error::InvalidArgument(format!("rank {r} is negative")))
-                })
-                .collect::<Result<_>>()?
-        };
+        // SAFETY: the caller's contract on `ranks`.
+        let list = unsafe { rank_list(ranks, nranks, "ranks", "nranks") }?;
         let out = register(h.comm.create_group_with(&list, algo)?)?;
+        // SAFETY: non-NULL (checked) and valid for a write by the caller's contract.
+        unsafe { newcomm.write(out) };
+        Ok(())
+    })
+}
+
+/// The `n` ranks at `ptr` (C ints), checked non-negative; `what`/`count` name the
+/// arguments in errors.
+///
+/// # Safety
+/// `ptr` is NULL or readable for `n` ints.
+unsafe fn rank_list(ptr: *const c_int, n: c_int, what: &str, count: &str) -> Result<Vec<usize>> {
+    let n = usize::try_from(n)
+        .map_err(|_| Error::InvalidArgument(format!("{count} {n} is negative")))?;
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    if ptr.is_null() {
+        return Err(Error::InvalidArgument(format!("{what} is NULL")));
+    }
+    // SAFETY: non-NULL (checked) and readable for `n` ints by the caller's contract.
+    unsafe { std::slice::from_raw_parts(ptr, n) }
+        .iter()
+        .map(|&r| {
+            usize::try_from(r).map_err(|_| Error::InvalidArgument(format!("rank {r} is negative")))
+        })
+        .collect()
+}
+
+/// Shrinks `comm` (NCCL's `ncclCommShrink`): a new communicator of `comm`'s ranks
+/// without the `excludeRanksCount` ranks in `excludeRanksList`, made by the survivors
+/// alone (the excluded ranks do not call: they may be dead or frozen), usually after a
+/// failure aborted `comm`. Every survivor passes the same list (any order); the new ranks
+/// keep the old order. The new communicator keeps `comm`'s transport, topology and
+/// configuration (a node that lost ranks becomes a smaller node; the algorithms take the
+/// uneven shape or fall back to the ring); `config` (may be NULL) is only validated.
+/// `shrinkFlags`: `STRATA_SHRINK_DEFAULT`, or `STRATA_SHRINK_ABORT` to abort `comm`'s
+/// operations in flight first. `comm` stays valid (destroy it when done). Survivors that
+/// do not all arrive within the timeout are `strataRemoteError` (no hang). Supported on
+/// the local transport, and on mpi while `comm` is not aborted.
+///
+/// Ownership: the caller owns `*newcomm` (destroy it; it is independent of `comm`).
+///
+/// Errors: `strataInvalidArgument` for a NULL/foreign `comm`, NULL `newcomm`, NULL
+/// `excludeRanksList` with a positive count, a negative count, a rank out of range or
+/// repeated, the calling rank excluded, unknown flags, a bad config;
+/// `strataInvalidUsage` for a destroyed `comm` or a transport that cannot shrink;
+/// `strataRemoteError` when survivors do not arrive.
+///
+/// # Safety
+/// `excludeRanksList` is NULL or readable for `excludeRanksCount` ints; `newcomm` is
+/// NULL or valid for a write of a `strataComm_t`; `config` as in
+/// `strataCommInitRankConfig`.
+#[no_mangle]
+pub unsafe extern "C" fn strataCommShrink(
+    comm: strataComm_t,
+    excludeRanksList: *const c_int,
+    excludeRanksCount: c_int,
+    newcomm: *mut strataComm_t,
+    config: *const strataConfig_t,
+    shrinkFlags: c_int,
+) -> strataResult_t {
+    ffi_boundary!("strataCommShrink", comm, {
+        let h = lookup(comm)?;
+        if newcomm.is_null() {
+            return Err(Error::InvalidArgument("newcomm is NULL".into()));
+        }
+        if shrinkFlags != STRATA_SHRINK_DEFAULT && shrinkFlags != STRATA_SHRINK_ABORT {
+            return Err(Error::InvalidArgument(format!(
+                "shrinkFlags {shrinkFlags} is neither STRATA_SHRINK_DEFAULT nor STRATA_SHRINK_ABORT"
+            )));
+        }
+        // SAFETY: the caller's contract on `config`.
+        unsafe { settings(config) }?;
+        // SAFETY: the caller's contract on `excludeRanksList`.
+        let list = unsafe {
+            rank_list(
+                excludeRanksList,
+                excludeRanksCount,
+                "excludeRanksList",
+                "excludeRanksCount",
+            )
+        }?;
+        if shrinkFlags == STRATA_SHRINK_ABORT {
+            h.comm.abort();
+        }
+        let out = register(h.comm.shrink(&list)?)?;
         // SAFETY: non-NULL (checked) and valid for a write by the caller's contract.
         unsafe { newcomm.write(out) };
         Ok(())

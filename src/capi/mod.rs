@@ -173,6 +173,13 @@ pub type strataStream_t = *mut c_void;
 /// hand in cbindgen.toml's `after_includes` (parenthesised); not `pub` so that cbindgen
 /// does not emit a bare `-1` (the test `header_macros_match` keeps the two in step).
 pub(crate) const STRATA_SPLIT_NOCOLOR: c_int = -1;
+/// `shrinkFlags` of `strataCommShrink`: shrink the communicator as it is (after a failure
+/// it is aborted already), NCCL's `NCCL_SHRINK_DEFAULT`.
+pub const STRATA_SHRINK_DEFAULT: c_int = 0;
+/// `shrinkFlags` of `strataCommShrink`: abort the communicator's operations in flight
+/// first (its calls fail at once, here and on its peers), then shrink; NCCL's
+/// `NCCL_SHRINK_ABORT`.
+pub const STRATA_SHRINK_ABORT: c_int = 1;
 /// Size of `strataUniqueId`: strata's 128 bytes, then room for an `ncclUniqueId`.
 pub const STRATA_UNIQUE_ID_BYTES: usize = 256;
 /// Offset in `strataUniqueId` of the NCCL/RCCL unique id (`NCCL_UNIQUE_ID_BYTES`, 128

@@ -207,10 +207,33 @@ impl Comm {
     /// (non-members do not call; `MPI_Comm_create_group`), as a framework's `new_group`
     /// needs. Every member passes the same list (any order; it is sorted, and the new
     /// ranks follow it). Members that do not all arrive within the timeout are
-    /// [`Error::Remote`]. Supported on the `mpi` transport; elsewhere
+    /// [`Error::Remote`]. Supported on the `mpi` and `local` transports; elsewhere
     /// [`Error::InvalidUsage`] (use [`Comm::split`]).
     pub fn create_group(&self, ranks: &[usize]) -> Result<Comm> {
         self.create_group_with(ranks, None)
+    }
+
+    /// A new communicator of this one's ranks without `exclude` (ranks of this one), made
+    /// by the survivors alone, as `ncclCommShrink`: the way on after ranks were lost.
+    /// Every survivor calls it with the same list (any order); the excluded ranks do not
+    /// call (they may be dead or frozen). It works on an aborted communicator, the usual
+    /// case: a failure (a peer gone, a timeout) aborted this one, its calls fail, and the
+    /// survivors shrink it. The new ranks follow the old order (a survivor's new rank is
+    /// its old rank minus the excluded ranks below it); the world topology and this
+    /// communicator's configuration carry over, so a node that lost ranks is a smaller
+    /// node of the new communicator: `hier` and the other topology-aware algorithms
+    /// take the irregular shape as they take any uneven member set (running, or falling
+    /// back to `ring` with the reason), `auto` chooses for it, and the sub-communicators
+    /// (node, rail, levels) are split from the new one on first use. Survivors that do
+    /// not all arrive within the timeout fail with [`Error::Remote`] (try again with the
+    /// late ones excluded). This communicator is left as it was (destroy it when done).
+    ///
+    /// Errors: [`Error::InvalidArgument`] for a rank out of range, repeated, or this
+    /// rank excluded; [`Error::InvalidUsage`] on transports that cannot make a
+    /// communicator of the survivors alone (today every transport but `local`).
+    pub fn shrink(&self, exclude: &[usize]) -> Result<Comm> {
+        let r = self.0.shrink(exclude).map(Comm);
+        self.0.note(r)
     }
 
     /// [`Comm::create_group`] whose default algorithm is `algo` (else this one's).

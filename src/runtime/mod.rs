@@ -544,6 +544,42 @@ impl CommCore {
         CommCore::new(t, self.0.topo.clone(), config).map(|c| self.inherit(c))
     }
 
+    /// The communicator of this one's ranks but `exclude`, made by the survivors alone
+    /// ([`crate::Comm::shrink`]): no check that this one is alive and no wait for its
+    /// queued work (it may have been aborted by the failure that lost the excluded
+    /// ranks, and its queued work fails at once). Same topology and configuration.
+    pub fn shrink(&self, exclude: &[usize]) -> Result<CommCore> {
+        let (n, me) = (self.size(), self.rank());
+        if let Some(bad) = exclude.iter().find(|&&r| r >= n) {
+            return Err(Error::InvalidArgument(format!(
+                "shrink: rank {bad} is not a rank of this communicator of {n}"
+            )));
+        }
+        let mut ex = exclude.to_vec();
+        ex.sort_unstable();
+        ex.dedup();
+        if ex.len() != exclude.len() {
+            return Err(Error::InvalidArgument(format!(
+                "shrink: the excluded ranks {exclude:?} repeat a rank"
+            )));
+        }
+        if ex.binary_search(&me).is_ok() {
+            return Err(Error::InvalidArgument(format!(
+                "shrink: this rank ({me}) is among the excluded {exclude:?}; only survivors call"
+            )));
+        }
+        let survivors: Vec<usize> = (0..n).filter(|r| ex.binary_search(r).is_err()).collect();
+        let t = self.0.transport.group(&survivors).map_err(|e| match e {
+            Error::InvalidUsage(_) => Error::InvalidUsage(format!(
+                "shrink is supported on the local transport (the {} transport cannot make a \
+                 communicator of the survivors alone yet)",
+                self.0.transport.kind().name()
+            )),
+            other => other,
+        })?;
+        CommCore::new(t, self.0.topo.clone(), self.0.config.clone()).map(|c| self.inherit(c))
+    }
+
     /// Sub-communicator splits are collective on the transport: from a user thread, run
     /// them after the queued work (whose algorithms may split too), so every rank splits
     /// in the same order; on the stream thread, the work itself is that order.

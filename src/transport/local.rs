@@ -121,11 +121,27 @@ struct SplitSlot {
     taken: usize,
 }
 
+/// A communicator being made by its members alone ([`Transport::group`]): members
+/// arrived so far, then the group made, handed to each member once.
+#[derive(Default)]
+struct GroupSlot {
+    arrived: usize,
+    made: Option<Arc<Group>>,
+    taken: usize,
+}
+
+/// (parent group, the members' parent ranks, how many such groups the members made
+/// before): the same key on every member of one call.
+type GroupKey = (u64, Vec<usize>, u64);
+
 /// State shared by all ranks of one local world.
 struct World {
     traffic: Arc<Traffic>,
     next_id: AtomicU64,
     splits: Mutex<HashMap<(u64, u64), SplitSlot>>,
+    /// Communicators being made by their members alone.
+    groups: Mutex<HashMap<GroupKey, GroupSlot>>,
+    group_cv: Condvar,
     split_cv: Condvar,
     /// The world's rank threads, counted while it lives (waits park at once when they
     /// outnumber the cores).
@@ -138,6 +154,8 @@ pub struct LocalTransport {
     group: Arc<Group>,
     rank: usize,
     splits: AtomicU64,
+    /// Groups made by members alone, per member set (the sequence of [`GroupKey`]).
+    made: Mutex<HashMap<Vec<usize>, u64>>,
     timeout: Duration,
 }
 
@@ -150,6 +168,8 @@ impl LocalTransport {
             traffic: Arc::new(Traffic::new(topo.clone())),
             next_id: AtomicU64::new(1),
             splits: Mutex::new(HashMap::new()),
+            groups: Mutex::new(HashMap::new()),
+            group_cv: Condvar::new(),
             split_cv: Condvar::new(),
             _crowd: Crowd::new(n),
         });
@@ -160,6 +180,7 @@ impl LocalTransport {
                 group: group.clone(),
                 rank,
                 splits: AtomicU64::new(0),
+                made: Mutex::new(HashMap::new()),
                 timeout,
             })
             .collect()
@@ -171,6 +192,18 @@ impl LocalTransport {
 
     fn aborted(&self) -> bool {
         self.group.aborted.load(Ordering::SeqCst)
+    }
+
+    /// Rank `rank` of the new communicator `g` of this world.
+    fn member_of(&self, g: Arc<Group>, rank: usize) -> Arc<dyn Transport> {
+        Arc::new(LocalTransport {
+            world: self.world.clone(),
+            group: g,
+            rank,
+            splits: AtomicU64::new(0),
+            made: Mutex::new(HashMap::new()),
+            timeout: self.timeout,
+        })
     }
 
     /// Count a send to `peer` (before it can be received: "received" implies "counted").
@@ -376,13 +409,7 @@ impl Transport for LocalTransport {
                         .iter()
                         .position(|m| *m == me)
                         .expect("member of its own group");
-                    Arc::new(LocalTransport {
-                        world: self.world.clone(),
-                        group: g,
-                        rank,
-                        splits: AtomicU64::new(0),
-                        timeout: self.timeout,
-                    }) as Arc<dyn Transport>
+                    self.member_of(g, rank)
                 }));
             }
             let now = Instant::now();
@@ -397,6 +424,69 @@ impl Transport for LocalTransport {
                 .split_cv
                 .wait_timeout(slots, (deadline - now).min(Duration::from_millis(100)))
                 .map_err(|_| Error::Internal("split lock poisoned".into()))?
+                .0;
+        }
+    }
+
+    /// The communicator of `members` (ranks of this one, sorted, this rank among them)
+    /// made by them alone: each waits, up to the timeout, for the others to arrive.
+    /// Independent of this communicator's state: it works after an abort (a shrink).
+    fn group(&self, members: &[usize]) -> Result<Arc<dyn Transport>> {
+        let Some(rank) = members.iter().position(|&m| m == self.rank) else {
+            return Err(Error::InvalidArgument(format!(
+                "rank {} is not among the members {members:?}",
+                self.rank
+            )));
+        };
+        let seq = {
+            let mut made = self.made.lock().unwrap_or_else(|e| e.into_inner());
+            let n = made.entry(members.to_vec()).or_default();
+            *n += 1;
+            *n - 1
+        };
+        let key: GroupKey = (self.group.id, members.to_vec(), seq);
+        let deadline = Instant::now() + self.timeout;
+        let poisoned = || Error::Internal("group lock poisoned".into());
+        let mut slots = self.world.groups.lock().map_err(|_| poisoned())?;
+        {
+            let slot = slots.entry(key.clone()).or_default();
+            slot.arrived += 1;
+            if slot.arrived == members.len() {
+                let world: Vec<usize> = members.iter().map(|&m| self.group.members[m]).collect();
+                let id = self.world.next_id.fetch_add(1, Ordering::SeqCst);
+                slot.made = Some(Group::new(id, world));
+                self.world.group_cv.notify_all();
+            }
+        }
+        loop {
+            let slot = slots
+                .get_mut(&key)
+                .ok_or_else(|| Error::Internal("group slot vanished".into()))?;
+            if let Some(g) = slot.made.clone() {
+                slot.taken += 1;
+                if slot.taken == members.len() {
+                    slots.remove(&key);
+                }
+                return Ok(self.member_of(g, rank));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                // Leave as if never come: a later attempt of the same members starts over.
+                slot.arrived -= 1;
+                if slot.arrived == 0 {
+                    slots.remove(&key);
+                }
+                return Err(Error::Remote(format!(
+                    "creating a communicator of ranks {members:?}: not every member came \
+                     within {:?}",
+                    self.timeout
+                )));
+            }
+            slots = self
+                .world
+                .group_cv
+                .wait_timeout(slots, (deadline - now).min(Duration::from_millis(100)))
+                .map_err(|_| poisoned())?
                 .0;
         }
     }

@@ -187,13 +187,14 @@ pub trait Transport: Send + Sync {
     fn split(&self, color: Option<u32>, key: i32) -> Result<Option<Arc<dyn Transport>>>;
     /// A communicator of `members` (ranks of this one, ascending, this rank among them),
     /// created by those ranks alone (`MPI_Comm_create_group`): what a framework's
-    /// `new_group` needs, where non-members never call. Only `mpi` has it; elsewhere an
-    /// [`Error::InvalidUsage`] pointing to [`Transport::split`].
+    /// `new_group` needs, where non-members never call, and what a shrink makes of the
+    /// survivors. `mpi` and `local` have it; elsewhere an [`Error::InvalidUsage`]
+    /// pointing to [`Transport::split`].
     fn group(&self, members: &[usize]) -> Result<Arc<dyn Transport>> {
         let _ = members;
         Err(Error::InvalidUsage(format!(
-            "creating a communicator from its members alone is supported on the mpi \
-             transport; on {} use split (collective over every rank)",
+            "creating a communicator from its members alone is supported on the mpi and \
+             local transports; on {} use split (collective over every rank)",
             self.kind().name()
         )))
     }

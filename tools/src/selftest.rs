@@ -132,7 +132,39 @@ pub fn exercise(comm: &Comm) -> Result<()> {
     }
     grouped_exchange(comm)?;
     user_level_after_parent(comm)?;
-    Ok(())
+    shrink_without_the_last(comm)
+}
+
+/// A shrink (issue 51) of a live communicator where the transport has one (`local`,
+/// `mpi`): every rank but the last makes a communicator without it and runs every
+/// lossless algorithm's all-reduce there; the last rank does not call.
+fn shrink_without_the_last(comm: &Comm) -> Result<()> {
+    use strata::transport::TransportKind::{Local, Mpi};
+    let p = comm.size();
+    if p < 2 || comm.rank() == p - 1 || !matches!(comm.transport_kind(), Local | Mpi) {
+        return Ok(());
+    }
+    let s = comm.shrink(&[p - 1])?;
+    for (i, algo) in Algo::LOSSLESS.into_iter().enumerate() {
+        let w = run_checked(
+            &s,
+            Kind::AllReduce,
+            DataType::F32,
+            ReduceOp::Sum,
+            7,
+            algo,
+            false,
+            900 + i as u64,
+        )?;
+        if w != 0 {
+            return Err(Error::Internal(format!(
+                "all-reduce ({algo}) on the communicator shrunk to {} ranks: {w} wrong on rank {}",
+                p - 1,
+                s.rank()
+            )));
+        }
+    }
+    s.destroy()
 }
 
 /// One group per rank: two messages each way around the ring (one far past MPI's eager
