@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 
 pub mod account;
+pub mod checkpoint;
 pub mod compute;
 pub mod config;
 pub mod data;

@@ -34,6 +34,7 @@ use crate::compute::{Batch, UnitModel};
 use crate::config::{GradSync, Mesh, Strategy};
 use crate::error::{Error, Result};
 use crate::mesh::Groups;
+use crate::checkpoint::{Shard, State, UnitShard};
 use crate::optim::AdamW;
 use half::bf16;
 use serde::{Deserialize, Serialize};
@@ -181,6 +182,20 @@ impl<M: UnitModel> Engine<M> {
     /// allocate and initialize this rank's shards. `meters` must be shared by every rank
     /// of the process (the local transport) or be this process's own (MPI).
     pub fn new(world: Comm, model: Arc<M>, cfg: EngineConfig, meters: Meters) -> Result<Engine<M>> {
+        Self::restored(world, model, cfg, meters, None)
+    }
+
+    /// [`Engine::new`] from `state` (a checkpoint's, [`crate::checkpoint::read_state`])
+    /// instead of the model's initialization: every unit's master weights and AdamW
+    /// moments and the step count, cut into this world's shards, so a checkpoint of any
+    /// world size and strategy restores on this one. `None`: the initialization.
+    pub fn restored(
+        world: Comm,
+        model: Arc<M>,
+        cfg: EngineConfig,
+        meters: Meters,
+        state: Option<&State>,
+    ) -> Result<Engine<M>> {
         let topo = world.topology().clone();
         let mesh = Mesh::of(&topo);
         if world.size() != mesh.world() {
@@ -232,11 +247,27 @@ impl<M: UnitModel> Engine<M> {
         let mut secondary = Vec::new();
         let mut grads = Vec::new();
         let mut opt = Vec::new();
+        if let Some(st) = state {
+            if st.units.len() != sizes.len() {
+                return Err(Error::Config(format!(
+                    "the checkpoint holds {} units, the model has {}",
+                    st.units.len(),
+                    sizes.len()
+                )));
+            }
+        }
         for (u, &(n, np)) in sizes.iter().enumerate() {
-            let mut init = model.init_unit(u, cfg.seed);
+            let (mut init, mut moments) = match state {
+                Some(st) => {
+                    let us = &st.units[u];
+                    (us.master.clone(), Some((us.m.clone(), us.v.clone())))
+                }
+                None => (model.init_unit(u, cfg.seed), None),
+            };
             if init.len() != n {
                 return Err(Error::Model(format!(
-                    "unit {u}: init gave {} values, unit_sizes says {n}",
+                    "unit {u}: {} gave {} values, unit_sizes says {n}",
+                    if state.is_some() { "the checkpoint" } else { "init" },
                     init.len()
                 )));
             }
@@ -258,6 +289,15 @@ impl<M: UnitModel> Engine<M> {
             oh.buf
                 .slice(0..olen * 4)?
                 .write_bytes(&bytemuck_f32(&init[o0..o0 + olen]))?;
+            if let Some((m, v)) = moments.as_mut() {
+                for (i, x) in [m, v].into_iter().enumerate() {
+                    x.resize(np, 0.0);
+                    let at = (i + 1) * olen * 4;
+                    oh.buf
+                        .slice(at..at + olen * 4)?
+                        .write_bytes(&bytemuck_f32(&x[o0..o0 + olen]))?;
+                }
+            }
             opt.push(oh);
         }
         let stash = (0..sizes.len()).map(|_| None).collect();
@@ -282,8 +322,36 @@ impl<M: UnitModel> Engine<M> {
             stash,
             spread_order,
             meters,
-            step: 0,
+            step: state.map_or(0, |s| s.step),
         })
+    }
+
+    /// This rank's shard of the training state, for [`crate::checkpoint::write_shard`]
+    /// (no communication): per unit the OS shard's master weights and moments and
+    /// where the shard lies in the unit's padded vector.
+    pub fn shard(&self) -> Result<Shard> {
+        let (sp, so) = (self.cfg.strategy.p.size(), self.cfg.strategy.os.size());
+        let mut units = Vec::with_capacity(self.sizes.len());
+        for (u, &(n, np)) in self.sizes.iter().enumerate() {
+            let olen = np / so;
+            let st = self.opt[u].buf.to_vec::<f32>()?;
+            units.push(UnitShard {
+                len: n,
+                offset: self.groups.i_p * (np / sp) + self.groups.j_op * olen,
+                master: st[..olen].to_vec(),
+                m: st[olen..2 * olen].to_vec(),
+                v: st[2 * olen..3 * olen].to_vec(),
+            });
+        }
+        Ok(Shard {
+            step: self.step,
+            units,
+        })
+    }
+
+    /// Optimizer steps taken (a restored engine counts on from its checkpoint's).
+    pub fn steps_taken(&self) -> u64 {
+        self.step
     }
 
     /// This rank's memory figures.

@@ -6,6 +6,7 @@
 //! global batch at every step, and loss curves can be compared point by point.
 
 use crate::account::Meters;
+use crate::checkpoint;
 use crate::config::{Mesh, Strategy};
 use crate::data::Corpus;
 use crate::error::{Error, Result};
@@ -13,6 +14,7 @@ use crate::model::{LmConfig, TinyLm};
 use crate::optim::AdamW;
 use crate::runtime::{Engine, EngineConfig, Precision, StepReport};
 use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
 use std::sync::Arc;
 use strata::{Comm, CommConfig, Topology};
 
@@ -34,6 +36,16 @@ pub struct TrainOptions {
     pub seed: u64,
     /// Memory per rank the planner may use for `auto`.
     pub gpu_mem: u64,
+    /// Directory of sharded checkpoints ([`crate::checkpoint`]), written every
+    /// `checkpoint_every` steps (0: never).
+    #[serde(default)]
+    pub checkpoint: Option<PathBuf>,
+    #[serde(default)]
+    pub checkpoint_every: u64,
+    /// Start from the latest complete checkpoint in `checkpoint` (none there: from the
+    /// initialization), on whatever world and strategy these options give.
+    #[serde(default)]
+    pub resume: bool,
 }
 
 impl TrainOptions {
@@ -50,6 +62,9 @@ impl TrainOptions {
             optimizer: AdamW::default(),
             seed: 1,
             gpu_mem: 80 << 30,
+            checkpoint: None,
+            checkpoint_every: 0,
+            resume: false,
         }
     }
 
@@ -91,9 +106,20 @@ pub fn run_rank(
         seed: opts.seed,
     };
     let (rank, n) = (world.rank() as u64, world.size() as u64);
-    let mut eng = Engine::new(world, model, cfg, meters)?;
+    let state = match (&opts.checkpoint, opts.resume) {
+        (None, true) => {
+            return Err(Error::Config(
+                "resuming needs a checkpoint directory (--checkpoint DIR)".into(),
+            ))
+        }
+        (Some(dir), true) => checkpoint::latest(dir)?
+            .map(|step| checkpoint::read_state(dir, step))
+            .transpose()?,
+        _ => None,
+    };
+    let mut eng = Engine::restored(world.clone(), model, cfg, meters, state.as_ref())?;
     let mut out = Vec::with_capacity(opts.steps as usize);
-    for s in 0..opts.steps {
+    for s in eng.steps_taken()..opts.steps {
         let seq = opts.model.seq;
         let b = opts.batch;
         let r = eng.step(m, &|i| {
@@ -101,6 +127,18 @@ pub fn run_rank(
         })?;
         on_step(&r);
         out.push(r);
+        if let Some(dir) = &opts.checkpoint {
+            let k = opts.checkpoint_every;
+            if k > 0 && eng.steps_taken() % k == 0 {
+                // Every rank's shard, then the mark: a checkpoint a rank died in the
+                // middle of is never taken for complete.
+                checkpoint::write_shard(dir, world.rank(), &eng.shard()?)?;
+                world.barrier()?;
+                if world.rank() == 0 {
+                    checkpoint::mark_complete(dir, eng.steps_taken(), world.size())?;
+                }
+            }
+        }
     }
     Ok(out)
 }

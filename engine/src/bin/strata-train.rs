@@ -73,6 +73,17 @@ struct Args {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+    /// Directory of sharded checkpoints: every rank writes its own shard there every
+    /// `--checkpoint-every` steps (step-<N>/rank-<R>.shard, then COMPLETE).
+    #[arg(long, value_name = "DIR")]
+    checkpoint: Option<std::path::PathBuf>,
+    /// Steps between checkpoints (with --checkpoint; 0: none written).
+    #[arg(long, default_value_t = 10)]
+    checkpoint_every: u64,
+    /// Start from the latest complete checkpoint in --checkpoint DIR (any world size and
+    /// strategy: the shards are cut anew), training on to --steps.
+    #[arg(long)]
+    resume: bool,
 }
 
 /// A positive count with an optional K/M/G/T suffix (strata's one size parser).
@@ -127,6 +138,9 @@ fn run(a: Args) -> Result<(), String> {
         }
     }
     let mut o = TrainOptions::new(&a.strategy, topo, a.steps);
+    o.checkpoint = a.checkpoint.clone();
+    o.checkpoint_every = a.checkpoint_every;
+    o.resume = a.resume;
     o.accum = a.accum;
     o.batch = a.batch;
     if let Some(s) = a.seq {
