@@ -63,6 +63,9 @@ fn survivors_shrink_and_go_on() {
         assert!(matches!(failed, Err(Error::Remote(_))), "{failed:?}");
         // The failure aborted it: the next call fails at once.
         assert!(c.barrier().is_err());
+        // The survivors agree on who is left (rank 5 never comes to the census).
+        let alive = c.survivors()?;
+        assert_eq!(alive, (0..12).filter(|&r| r != lost).collect::<Vec<_>>());
         let s = c.shrink(&[lost])?;
         assert_eq!(s.size(), 11);
         assert_eq!(s.rank(), c.rank() - usize::from(c.rank() > lost));
@@ -115,4 +118,20 @@ fn shrink_refuses_bad_lists_and_missing_survivors() {
     for (r, x) in out.into_iter().enumerate() {
         x.unwrap_or_else(|e| panic!("rank {r}: {e}"));
     }
+}
+
+/// A census closes one timeout after its first caller when a rank never comes; a rank
+/// coming after it closed learns it was left out.
+#[test]
+fn a_census_closes_without_the_absent_and_refuses_the_late() {
+    let comms = world("nodes:1x3", Duration::from_millis(300));
+    let out = common::on_comms(comms, |c| {
+        if c.rank() == 2 {
+            std::thread::sleep(Duration::from_millis(900));
+        }
+        c.survivors()
+    });
+    assert_eq!(out[0].as_ref().unwrap(), &[0, 1]);
+    assert_eq!(out[1].as_ref().unwrap(), &[0, 1]);
+    assert!(matches!(out[2], Err(Error::Remote(_))), "{:?}", out[2]);
 }

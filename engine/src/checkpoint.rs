@@ -276,7 +276,15 @@ mod tests {
         };
         // A unit of 5 padded to 6, in shards of 3 (the second holds the padding).
         for (r, u) in [(0, unit(0, &[1., 2., 3.])), (1, unit(3, &[4., 5., 0.]))] {
-            write_shard(&dir, r, &Shard { step: 7, units: vec![u] }).unwrap();
+            write_shard(
+                &dir,
+                r,
+                &Shard {
+                    step: 7,
+                    units: vec![u],
+                },
+            )
+            .unwrap();
         }
         assert_eq!(latest(&dir).unwrap(), None, "not complete yet");
         mark_complete(&dir, 7, 2).unwrap();

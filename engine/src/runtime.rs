@@ -30,11 +30,11 @@
 //! result is the mean over every token of the global batch, whatever the strategy.
 
 use crate::account::{Component, Held, Memory, MemoryReport, Meters, Phase, TrafficByPhase};
+use crate::checkpoint::{Shard, State, UnitShard};
 use crate::compute::{Batch, UnitModel};
 use crate::config::{GradSync, Mesh, Strategy};
 use crate::error::{Error, Result};
 use crate::mesh::Groups;
-use crate::checkpoint::{Shard, State, UnitShard};
 use crate::optim::AdamW;
 use half::bf16;
 use serde::{Deserialize, Serialize};
@@ -155,6 +155,7 @@ pub struct Engine<M: UnitModel> {
     model: Arc<M>,
     cfg: EngineConfig,
     world: Comm,
+    mesh: Mesh,
     groups: Groups,
     /// True and padded sizes per unit.
     sizes: Vec<(usize, usize)>,
@@ -203,6 +204,28 @@ impl<M: UnitModel> Engine<M> {
                 "the engine needs the whole world: communicator of {} ranks on topology {} of {}",
                 world.size(),
                 topo.name,
+                mesh.world()
+            )));
+        }
+        Self::on_mesh(world, mesh, model, cfg, meters, state)
+    }
+
+    /// [`Engine::restored`] on `world` laid out as `mesh` (its rank `r` at `mesh`'s
+    /// position `r`) rather than as its topology: how the survivors of a lost rank train
+    /// on (a shrunk communicator is not a whole world of its topology; `cfg`'s strategy
+    /// must fit `mesh`). `world.size()` must be `mesh.world()`.
+    pub fn on_mesh(
+        world: Comm,
+        mesh: Mesh,
+        model: Arc<M>,
+        cfg: EngineConfig,
+        meters: Meters,
+        state: Option<&State>,
+    ) -> Result<Engine<M>> {
+        if world.size() != mesh.world() {
+            return Err(Error::Config(format!(
+                "a communicator of {} ranks laid out as a mesh of {}",
+                world.size(),
                 mesh.world()
             )));
         }
@@ -267,7 +290,11 @@ impl<M: UnitModel> Engine<M> {
             if init.len() != n {
                 return Err(Error::Model(format!(
                     "unit {u}: {} gave {} values, unit_sizes says {n}",
-                    if state.is_some() { "the checkpoint" } else { "init" },
+                    if state.is_some() {
+                        "the checkpoint"
+                    } else {
+                        "init"
+                    },
                     init.len()
                 )));
             }
@@ -311,6 +338,7 @@ impl<M: UnitModel> Engine<M> {
             model,
             cfg,
             world,
+            mesh,
             groups,
             sizes,
             comms,
@@ -347,6 +375,21 @@ impl<M: UnitModel> Engine<M> {
             step: self.step,
             units,
         })
+    }
+
+    /// Abort the world and every phase's communicator (after a failure: every peer
+    /// waiting in any of them fails at once instead of waiting out its timeout).
+    pub fn abort(&self) {
+        self.world.abort();
+        let c = &self.comms;
+        for g in [
+            &c.fwd, &c.bwd, &c.grad_p, &c.grad_gp, &c.og, &c.os_rep, &c.p_rep, &c.spread,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            g.abort();
+        }
     }
 
     /// Optimizer steps taken (a restored engine counts on from its checkpoint's).
@@ -847,7 +890,7 @@ impl<M: UnitModel> Engine<M> {
     /// OS shard is contributed by the lowest world rank holding it, so the sum is exact).
     pub fn full_master(&self) -> Result<Vec<Vec<f32>>> {
         let so = self.cfg.strategy.os.size();
-        let mesh = Mesh::of(self.world.topology());
+        let mesh = self.mesh;
         let me = self.world.rank();
         let mine = |g: &Groups| (g.i_p, g.j_op);
         let primary =

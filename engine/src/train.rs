@@ -46,6 +46,16 @@ pub struct TrainOptions {
     /// initialization), on whatever world and strategy these options give.
     #[serde(default)]
     pub resume: bool,
+    /// Go on when ranks are lost (local transport): the survivors take a census
+    /// (`Comm::survivors`), shrink the world without the lost ranks (`Comm::shrink`),
+    /// restore the latest complete checkpoint on the survivors laid out as one node of
+    /// that many ranks (the strategy resolved anew for it) and train on.
+    #[serde(default)]
+    pub survive: bool,
+    /// A lost rank, for tests and demonstrations: world rank `.0` stops taking part
+    /// before step `.1` (its thread returns, as a dead or frozen process would stop).
+    #[serde(default)]
+    pub lose: Option<(usize, u64)>,
 }
 
 impl TrainOptions {
@@ -65,6 +75,8 @@ impl TrainOptions {
             checkpoint: None,
             checkpoint_every: 0,
             resume: false,
+            survive: false,
+            lose: None,
         }
     }
 
@@ -89,58 +101,119 @@ impl TrainOptions {
 
 /// Train on `world` (this rank's communicator of the whole world); `on_step` sees every
 /// step's report as it completes. Collective: every rank calls it with the same options.
+/// With `survive`, a failure that lost ranks is survived (see [`TrainOptions::survive`]):
+/// the steps after the restored checkpoint run again and their reports replace the
+/// first ones.
 pub fn run_rank(
     world: Comm,
     opts: &TrainOptions,
     meters: Meters,
     on_step: &mut dyn FnMut(&StepReport),
 ) -> Result<Vec<StepReport>> {
-    let strategy = opts.resolve()?;
     let model = Arc::new(TinyLm::new(opts.model.clone())?);
     let corpus = Corpus::builtin();
-    let m = strategy.accum;
-    let cfg = EngineConfig {
-        strategy,
-        precision: opts.precision,
-        optimizer: opts.optimizer,
-        seed: opts.seed,
+    let latest = |dir: &PathBuf| -> Result<Option<checkpoint::State>> {
+        checkpoint::latest(dir)?
+            .map(|step| checkpoint::read_state(dir, step))
+            .transpose()
     };
-    let (rank, n) = (world.rank() as u64, world.size() as u64);
-    let state = match (&opts.checkpoint, opts.resume) {
+    let mut state = match (&opts.checkpoint, opts.resume) {
         (None, true) => {
             return Err(Error::Config(
                 "resuming needs a checkpoint directory (--checkpoint DIR)".into(),
             ))
         }
-        (Some(dir), true) => checkpoint::latest(dir)?
-            .map(|step| checkpoint::read_state(dir, step))
-            .transpose()?,
+        (Some(dir), true) => latest(dir)?,
         _ => None,
     };
-    let mut eng = Engine::restored(world.clone(), model, cfg, meters, state.as_ref())?;
-    let mut out = Vec::with_capacity(opts.steps as usize);
-    for s in eng.steps_taken()..opts.steps {
-        let seq = opts.model.seq;
-        let b = opts.batch;
-        let r = eng.step(m, &|i| {
-            corpus.batch(seq, b, (s * n + rank) * m as u64 + i as u64)
-        })?;
-        on_step(&r);
-        out.push(r);
-        if let Some(dir) = &opts.checkpoint {
-            let k = opts.checkpoint_every;
-            if k > 0 && eng.steps_taken() % k == 0 {
-                // Every rank's shard, then the mark: a checkpoint a rank died in the
-                // middle of is never taken for complete.
-                checkpoint::write_shard(dir, world.rank(), &eng.shard()?)?;
-                world.barrier()?;
-                if world.rank() == 0 {
-                    checkpoint::mark_complete(dir, eng.steps_taken(), world.size())?;
+    let me = world.members()[world.rank()];
+    let (mut world, mut plan) = (world, opts.clone());
+    let mut mesh = Mesh::of(&plan.topology);
+    let mut out: Vec<StepReport> = Vec::with_capacity(opts.steps as usize);
+    loop {
+        let strategy = plan.resolve()?;
+        let m = strategy.accum;
+        let cfg = EngineConfig {
+            strategy,
+            precision: opts.precision,
+            optimizer: opts.optimizer,
+            seed: opts.seed,
+        };
+        let mut eng = Engine::on_mesh(
+            world.clone(),
+            mesh,
+            model.clone(),
+            cfg,
+            meters.clone(),
+            state.as_ref(),
+        )?;
+        out.retain(|r| r.step <= eng.steps_taken());
+        let (rank, n) = (world.rank() as u64, world.size() as u64);
+        let mut ran = || -> Result<bool> {
+            for s in eng.steps_taken()..opts.steps {
+                if opts.lose == Some((me, s + 1)) {
+                    return Ok(false);
+                }
+                let seq = opts.model.seq;
+                let b = opts.batch;
+                let r = eng.step(m, &|i| {
+                    corpus.batch(seq, b, (s * n + rank) * m as u64 + i as u64)
+                })?;
+                on_step(&r);
+                out.push(r);
+                if let Some(dir) = &opts.checkpoint {
+                    let k = opts.checkpoint_every;
+                    if k > 0 && eng.steps_taken() % k == 0 {
+                        // Every rank's shard, then the mark: a checkpoint a rank died in
+                        // the middle of is never taken for complete.
+                        checkpoint::write_shard(dir, world.rank(), &eng.shard()?)?;
+                        world.barrier()?;
+                        if world.rank() == 0 {
+                            checkpoint::mark_complete(dir, eng.steps_taken(), world.size())?;
+                        }
+                    }
                 }
             }
+            Ok(true)
+        };
+        let e = match ran() {
+            Ok(true) => return Ok(out),
+            // This rank is the one lost: it stops here.
+            Ok(false) => return Ok(out),
+            Err(e) if plan.survive => e,
+            Err(e) => return Err(e),
+        };
+        // Every peer waiting on any of this engine's communicators fails now, so the
+        // survivors come to the census together.
+        eng.abort();
+        drop(eng);
+        let alive = world.survivors()?;
+        let lost: Vec<usize> = (0..world.size())
+            .filter(|r| alive.binary_search(r).is_err())
+            .collect();
+        if lost.is_empty() {
+            return Err(e);
         }
+        let lost_world: Vec<usize> = lost.iter().map(|&r| world.members()[r]).collect();
+        state = match &opts.checkpoint {
+            Some(dir) => latest(dir)?,
+            None => None,
+        };
+        let Some(from) = state.as_ref().map(|s| s.step) else {
+            return Err(Error::Config(format!(
+                "world ranks {lost_world:?} were lost ({e}) and there is no complete \
+                 checkpoint to go on from (--checkpoint DIR --checkpoint-every K)"
+            )));
+        };
+        world = world.shrink(&lost)?;
+        plan.topology = Topology::parse(&format!("nodes:1x{}", world.size()))?;
+        mesh = Mesh::of(&plan.topology);
+        tracing::warn!(
+            rank = me,
+            "world ranks {lost_world:?} lost ({e}); going on with {} ranks from the step-{from} checkpoint",
+            world.size()
+        );
     }
-    Ok(out)
 }
 
 /// Train with one thread per rank on the local transport. Returns rank 0's reports with

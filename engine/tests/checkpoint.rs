@@ -81,7 +81,11 @@ fn a_checkpoint_restores_exactly_on_fewer_ranks() {
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
     checkpoint::mark_complete(&again, 3, 7).unwrap();
-    assert_eq!(read_state(&again, 3).unwrap(), state, "7 shards reassemble the state");
+    assert_eq!(
+        read_state(&again, 3).unwrap(),
+        state,
+        "7 shards reassemble the state"
+    );
     let want: Vec<Vec<f32>> = state.units.iter().map(|u| u.master.clone()).collect();
     assert!(masters.iter().all(|m| *m == want));
     let mut resume = small.clone();

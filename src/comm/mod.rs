@@ -236,6 +236,18 @@ impl Comm {
         self.0.note(r)
     }
 
+    /// A census of this communicator's live ranks, the agreement a shrink needs after a
+    /// failure: every live rank calls it; it returns, the same on each, the ranks that
+    /// called before it closed (when every rank did, or one timeout after the first
+    /// call), so `(0..size)` without them is the list to [`Comm::shrink`] away. Works on
+    /// an aborted communicator. A rank calling after it closed gets [`Error::Remote`] (it
+    /// was left out). Supported on the `local` transport; elsewhere
+    /// [`Error::InvalidUsage`] (agree on the list another way: a launcher, a store).
+    pub fn survivors(&self) -> Result<Vec<usize>> {
+        let r = self.0.survivors();
+        self.0.note(r)
+    }
+
     /// [`Comm::create_group`] whose default algorithm is `algo` (else this one's).
     pub fn create_group_with(&self, ranks: &[usize], algo: Option<crate::Algo>) -> Result<Comm> {
         let mut members = ranks.to_vec();

@@ -544,6 +544,12 @@ impl CommCore {
         CommCore::new(t, self.0.topo.clone(), config).map(|c| self.inherit(c))
     }
 
+    /// [`crate::Comm::survivors`]: the transport's census, whatever this communicator's
+    /// state.
+    pub fn survivors(&self) -> Result<Vec<usize>> {
+        self.0.transport.survivors()
+    }
+
     /// The communicator of this one's ranks but `exclude`, made by the survivors alone
     /// ([`crate::Comm::shrink`]): no check that this one is alive and no wait for its
     /// queued work (it may have been aborted by the failure that lost the excluded

@@ -134,6 +134,15 @@ struct GroupSlot {
 /// before): the same key on every member of one call.
 type GroupKey = (u64, Vec<usize>, u64);
 
+/// A census of a communicator's live ranks ([`Transport::survivors`]): who arrived
+/// before its deadline (from the first arrival) or until every rank did.
+struct CensusSlot {
+    arrived: Vec<usize>,
+    deadline: Instant,
+    /// The survivors, once closed (kept: a rank arriving later learns it was left out).
+    closed: Option<Vec<usize>>,
+}
+
 /// State shared by all ranks of one local world.
 struct World {
     traffic: Arc<Traffic>,
@@ -141,6 +150,9 @@ struct World {
     splits: Mutex<HashMap<(u64, u64), SplitSlot>>,
     /// Communicators being made by their members alone.
     groups: Mutex<HashMap<GroupKey, GroupSlot>>,
+    /// Censuses, by (group, sequence).
+    censuses: Mutex<HashMap<(u64, u64), CensusSlot>>,
+    census_cv: Condvar,
     group_cv: Condvar,
     split_cv: Condvar,
     /// The world's rank threads, counted while it lives (waits park at once when they
@@ -156,6 +168,8 @@ pub struct LocalTransport {
     splits: AtomicU64,
     /// Groups made by members alone, per member set (the sequence of [`GroupKey`]).
     made: Mutex<HashMap<Vec<usize>, u64>>,
+    /// Censuses taken (their sequence).
+    censuses: AtomicU64,
     timeout: Duration,
 }
 
@@ -169,6 +183,8 @@ impl LocalTransport {
             next_id: AtomicU64::new(1),
             splits: Mutex::new(HashMap::new()),
             groups: Mutex::new(HashMap::new()),
+            censuses: Mutex::new(HashMap::new()),
+            census_cv: Condvar::new(),
             group_cv: Condvar::new(),
             split_cv: Condvar::new(),
             _crowd: Crowd::new(n),
@@ -181,6 +197,7 @@ impl LocalTransport {
                 rank,
                 splits: AtomicU64::new(0),
                 made: Mutex::new(HashMap::new()),
+                censuses: AtomicU64::new(0),
                 timeout,
             })
             .collect()
@@ -202,6 +219,7 @@ impl LocalTransport {
             rank,
             splits: AtomicU64::new(0),
             made: Mutex::new(HashMap::new()),
+            censuses: AtomicU64::new(0),
             timeout: self.timeout,
         })
     }
@@ -486,6 +504,52 @@ impl Transport for LocalTransport {
                 .world
                 .group_cv
                 .wait_timeout(slots, (deadline - now).min(Duration::from_millis(100)))
+                .map_err(|_| poisoned())?
+                .0;
+        }
+    }
+
+    /// The ranks that take part in this census: every live rank calls it (after a
+    /// failure, whatever this communicator's state); it closes when every rank arrived
+    /// or one timeout after the first arrival, and every rank that arrived gets the same
+    /// list. A rank arriving after it closed was left out: [`Error::Remote`].
+    fn survivors(&self) -> Result<Vec<usize>> {
+        let key = (self.group.id, self.censuses.fetch_add(1, Ordering::SeqCst));
+        let n = self.size();
+        let poisoned = || Error::Internal("census lock poisoned".into());
+        let mut slots = self.world.censuses.lock().map_err(|_| poisoned())?;
+        let timeout = self.timeout;
+        let slot = slots.entry(key).or_insert_with(|| CensusSlot {
+            arrived: Vec::new(),
+            deadline: Instant::now() + timeout,
+            closed: None,
+        });
+        if slot.closed.is_some() {
+            return Err(Error::Remote(format!(
+                "rank {} came to the census after it closed: the others went on without it",
+                self.rank
+            )));
+        }
+        slot.arrived.push(self.rank);
+        loop {
+            let slot = slots
+                .get_mut(&key)
+                .ok_or_else(|| Error::Internal("census slot vanished".into()))?;
+            let now = Instant::now();
+            if slot.closed.is_none() && (slot.arrived.len() == n || now >= slot.deadline) {
+                let mut alive = slot.arrived.clone();
+                alive.sort_unstable();
+                slot.closed = Some(alive);
+                self.world.census_cv.notify_all();
+            }
+            if let Some(alive) = &slot.closed {
+                return Ok(alive.clone());
+            }
+            let wait = (slot.deadline - now).min(Duration::from_millis(100));
+            slots = self
+                .world
+                .census_cv
+                .wait_timeout(slots, wait)
                 .map_err(|_| poisoned())?
                 .0;
         }

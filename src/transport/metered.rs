@@ -89,6 +89,9 @@ impl Transport for Metered {
         let t = self.inner.group(members)?;
         Ok(Arc::new(Metered::new(t, self.meter.clone())))
     }
+    fn survivors(&self) -> Result<Vec<usize>> {
+        self.inner.survivors()
+    }
     fn send(&self, peer: usize, data: &[u8]) -> Result<()> {
         self.inner.send(peer, data)?;
         self.count(peer, data.len());

@@ -198,6 +198,15 @@ pub trait Transport: Send + Sync {
             self.kind().name()
         )))
     }
+    /// The ranks of this communicator alive to call this now, the same list on each
+    /// ([`crate::Comm::survivors`]). Default: [`Error::InvalidUsage`] (only `local`
+    /// takes a census).
+    fn survivors(&self) -> Result<Vec<usize>> {
+        Err(Error::InvalidUsage(format!(
+            "a census of the live ranks is supported on the local transport, not on {}",
+            self.kind().name()
+        )))
+    }
     /// Send `data` to `peer` (may return before the peer receives).
     fn send(&self, peer: usize, data: &[u8]) -> Result<()>;
     /// Receive exactly `data.len()` bytes from `peer`; a message of another length is an

@@ -84,6 +84,32 @@ struct Args {
     /// strategy: the shards are cut anew), training on to --steps.
     #[arg(long)]
     resume: bool,
+    /// Go on when ranks are lost (local transport): census, shrink, restore the latest
+    /// complete checkpoint on the survivors (needs --checkpoint), train on.
+    #[arg(long)]
+    survive: bool,
+    /// Lose a rank, to see --survive work: world rank R stops taking part before step S
+    /// (R@S, e.g. 5@12).
+    #[arg(long, value_name = "R@S", value_parser = rank_at_step)]
+    lose: Option<(usize, u64)>,
+}
+
+fn rank_at_step(s: &str) -> Result<(usize, u64), String> {
+    let (r, t) = s
+        .split_once('@')
+        .ok_or_else(|| format!("'{s}': RANK@STEP, e.g. 5@12"))?;
+    let r = r
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{r}' is not a rank"))?;
+    let t: u64 = t
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{t}' is not a step"))?;
+    if t == 0 {
+        return Err("steps count from 1".into());
+    }
+    Ok((r, t))
 }
 
 /// A positive count with an optional K/M/G/T suffix (strata's one size parser).
@@ -141,6 +167,14 @@ fn run(a: Args) -> Result<(), String> {
     o.checkpoint = a.checkpoint.clone();
     o.checkpoint_every = a.checkpoint_every;
     o.resume = a.resume;
+    o.survive = a.survive;
+    o.lose = a.lose;
+    if (a.survive || a.lose.is_some()) && mpi {
+        return Err(
+            "--survive and --lose run on the local transport (an MPI job ends with a lost process)"
+                .into(),
+        );
+    }
     o.accum = a.accum;
     o.batch = a.batch;
     if let Some(s) = a.seq {
