@@ -240,10 +240,26 @@ fn run(a: Args) -> Result<(), String> {
     let mut werr: Option<String> = None;
     let every = a.log_every.max(1);
     let steps = a.steps;
+    let mut last: Option<(u64, std::time::Instant)> = None;
     let mut cb = |r: &StepReport| {
         if !root {
             return;
         }
+        // A step number going back is a recovery (--survive): say how long it took.
+        let now = std::time::Instant::now();
+        if let Some((l, t)) = last.filter(|(l, _)| r.step <= *l) {
+            let msg = format!(
+                "# recovered: ranks lost after step {l}; step {} (from the step-{} checkpoint) completed {:.2} s after step {l}",
+                r.step,
+                r.step - 1,
+                (now - t).as_secs_f64()
+            );
+            match &bar {
+                Some(b) => b.println(msg),
+                None => println!("{msg}"),
+            }
+        }
+        last = Some((r.step, now));
         if let Some(w) = out.as_mut() {
             let s = serde_json::to_string(r).unwrap_or_default();
             if let Err(e) = writeln!(w, "{s}") {
