@@ -65,10 +65,9 @@ pub fn step_dir(dir: &Path, step: u64) -> PathBuf {
     dir.join(format!("step-{step:012}"))
 }
 
-/// Write `shard` as rank `rank`'s part of step `shard.step`'s checkpoint.
-pub fn write_shard(dir: &Path, rank: usize, shard: &Shard) -> Result<()> {
-    let d = step_dir(dir, shard.step);
-    fs::create_dir_all(&d).map_err(|e| io("creating", &d, e))?;
+/// `shard` as bytes (the shard file's format; also how survivors exchange their
+/// in-memory shards, [`crate::train`]).
+pub fn encode(shard: &Shard) -> Vec<u8> {
     let mut b = Vec::new();
     b.extend_from_slice(MAGIC);
     for x in [VERSION, shard.step, shard.units.len() as u64] {
@@ -82,9 +81,16 @@ pub fn write_shard(dir: &Path, rank: usize, shard: &Shard) -> Result<()> {
             v.iter().for_each(|x| b.extend_from_slice(&x.to_le_bytes()));
         }
     }
+    b
+}
+
+/// Write `shard` as rank `rank`'s part of step `shard.step`'s checkpoint.
+pub fn write_shard(dir: &Path, rank: usize, shard: &Shard) -> Result<()> {
+    let d = step_dir(dir, shard.step);
+    fs::create_dir_all(&d).map_err(|e| io("creating", &d, e))?;
     let f = d.join(format!("rank-{rank:06}.shard"));
     let tmp = d.join(format!(".rank-{rank:06}.shard.tmp"));
-    fs::write(&tmp, &b).map_err(|e| io("writing", &tmp, e))?;
+    fs::write(&tmp, encode(shard)).map_err(|e| io("writing", &tmp, e))?;
     fs::rename(&tmp, &f).map_err(|e| io("renaming", &f, e))
 }
 
@@ -120,14 +126,15 @@ pub fn latest(dir: &Path) -> Result<Option<u64>> {
 struct Reader<'a> {
     b: &'a [u8],
     at: usize,
-    path: &'a Path,
+    what: &'a str,
 }
 
 impl Reader<'_> {
     fn take(&mut self, n: usize) -> Result<&[u8]> {
-        let s = self.b.get(self.at..self.at + n).ok_or_else(|| {
-            Error::Config(format!("checkpoint: {} is truncated", self.path.display()))
-        })?;
+        let s = self
+            .b
+            .get(self.at..self.at + n)
+            .ok_or_else(|| Error::Config(format!("checkpoint: {} is truncated", self.what)))?;
         self.at += n;
         Ok(s)
     }
@@ -143,14 +150,12 @@ impl Reader<'_> {
     }
 }
 
-/// Read one shard file.
-pub fn read_shard(path: &Path) -> Result<Shard> {
-    let b = fs::read(path).map_err(|e| io("reading", path, e))?;
-    let mut r = Reader { b: &b, at: 0, path };
+/// The shard encoded in `b` ([`encode`]); `what` names it in errors.
+pub fn decode(b: &[u8], what: &str) -> Result<Shard> {
+    let mut r = Reader { b, at: 0, what };
     if r.take(8)? != MAGIC || r.u64()? != VERSION {
         return Err(Error::Config(format!(
-            "checkpoint: {} is not a strata shard of version {VERSION}",
-            path.display()
+            "checkpoint: {what} is not a strata shard of version {VERSION}"
         )));
     }
     let step = r.u64()?;
@@ -170,31 +175,24 @@ pub fn read_shard(path: &Path) -> Result<Shard> {
     Ok(Shard { step, units })
 }
 
-/// The whole state of step `step`'s complete checkpoint under `dir`, from every rank's
-/// shard (replicas agree; any covers its range). An element of a unit that no shard
-/// covers is an error naming the unit.
-pub fn read_state(dir: &Path, step: u64) -> Result<State> {
-    let d = step_dir(dir, step);
-    if !d.join(COMPLETE).is_file() {
-        return Err(Error::Config(format!(
-            "checkpoint: {} is not complete",
-            d.display()
-        )));
+/// Read one shard file.
+pub fn read_shard(path: &Path) -> Result<Shard> {
+    let b = fs::read(path).map_err(|e| io("reading", path, e))?;
+    decode(&b, &path.display().to_string())
+}
+
+/// The whole state of step `step` from `shards` (each named for errors): replicas
+/// agree, any covers its range; an element of a unit that no shard covers is an error
+/// naming the unit.
+pub fn assemble(shards: &[(String, Shard)], step: u64, what: &str) -> Result<State> {
+    if shards.is_empty() {
+        return Err(Error::Config(format!("checkpoint: {what} has no shards")));
     }
-    let mut files: Vec<PathBuf> = fs::read_dir(&d)
-        .map_err(|e| io("listing", &d, e))?
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "shard"))
-        .collect();
-    files.sort();
     let mut units: Vec<(UnitState, Vec<bool>)> = Vec::new();
-    for f in &files {
-        let s = read_shard(f)?;
+    for (name, s) in shards {
         if s.step != step {
             return Err(Error::Config(format!(
-                "checkpoint: {} holds step {}, not {step}",
-                f.display(),
+                "checkpoint: {name} holds step {}, not {step}",
                 s.step
             )));
         }
@@ -215,8 +213,7 @@ pub fn read_state(dir: &Path, step: u64) -> Result<State> {
         }
         if s.units.len() != units.len() {
             return Err(Error::Config(format!(
-                "checkpoint: {} has {} units, other shards {}",
-                f.display(),
+                "checkpoint: {name} has {} units, other shards {}",
                 s.units.len(),
                 units.len()
             )));
@@ -224,8 +221,7 @@ pub fn read_state(dir: &Path, step: u64) -> Result<State> {
         for (u, (st, seen)) in s.units.iter().zip(units.iter_mut()) {
             if u.len != st.master.len() {
                 return Err(Error::Config(format!(
-                    "checkpoint: {} disagrees on a unit's length",
-                    f.display()
+                    "checkpoint: {name} disagrees on a unit's length"
                 )));
             }
             // Padding past the true length is dropped.
@@ -239,24 +235,42 @@ pub fn read_state(dir: &Path, step: u64) -> Result<State> {
             }
         }
     }
-    if files.is_empty() {
-        return Err(Error::Config(format!(
-            "checkpoint: {} has no shards",
-            d.display()
-        )));
-    }
     let mut out = Vec::with_capacity(units.len());
     for (i, (st, seen)) in units.into_iter().enumerate() {
         if let Some(j) = seen.iter().position(|s| !s) {
             return Err(Error::Config(format!(
-                "checkpoint: {}: no shard holds element {j} of unit {i} (a lost rank's \
-                 shard, and no replica)",
-                d.display()
+                "checkpoint: {what}: no shard holds element {j} of unit {i} (a lost rank's \
+                 shard, and no replica)"
             )));
         }
         out.push(st);
     }
     Ok(State { step, units: out })
+}
+
+/// The whole state of step `step`'s complete checkpoint under `dir`, from every rank's
+/// shard (replicas agree; any covers its range). An element of a unit that no shard
+/// covers is an error naming the unit.
+pub fn read_state(dir: &Path, step: u64) -> Result<State> {
+    let d = step_dir(dir, step);
+    if !d.join(COMPLETE).is_file() {
+        return Err(Error::Config(format!(
+            "checkpoint: {} is not complete",
+            d.display()
+        )));
+    }
+    let mut files: Vec<PathBuf> = fs::read_dir(&d)
+        .map_err(|e| io("listing", &d, e))?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "shard"))
+        .collect();
+    files.sort();
+    let shards = files
+        .iter()
+        .map(|f| Ok((f.display().to_string(), read_shard(f)?)))
+        .collect::<Result<Vec<_>>>()?;
+    assemble(&shards, step, &d.display().to_string())
 }
 
 #[cfg(test)]

@@ -25,4 +25,4 @@ pub mod train;
 pub use compute::{Batch, UnitModel};
 pub use config::{Factor, GradSync, Mesh, PhaseAlgos, Strategy};
 pub use error::{Error, Result};
-pub use runtime::{Engine, EngineConfig, Precision, StepReport};
+pub use runtime::{Engine, EngineConfig, Precision, Recovery, StepReport};

@@ -121,6 +121,23 @@ pub struct StepReport {
     pub memory: MemoryReport,
     /// Bytes sent in the step, summed over ranks, by phase and link class.
     pub traffic: TrafficByPhase,
+    /// Set on the first step after the run went on without lost ranks
+    /// ([`crate::train::TrainOptions::survive`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery: Option<Recovery>,
+}
+
+/// How a run went on after losing ranks.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Recovery {
+    /// World ranks lost.
+    pub lost: Vec<usize>,
+    /// Ranks training on.
+    pub world: usize,
+    /// The step whose state was restored.
+    pub from_step: u64,
+    /// Where it came from: `replicas` (the survivors' snapshots) or `checkpoint`.
+    pub source: String,
 }
 
 /// A communicator of one phase, `None` where its group has one rank.
@@ -171,6 +188,10 @@ pub struct Engine<M: UnitModel> {
     spread_order: Option<Vec<usize>>,
     meters: Meters,
     step: u64,
+    /// This rank's shard as of the last step every rank completed, when kept
+    /// ([`Engine::keep_snapshots`]).
+    snapshot: Option<Shard>,
+    snapshots: bool,
 }
 
 fn round_up(n: usize, m: usize) -> usize {
@@ -351,6 +372,8 @@ impl<M: UnitModel> Engine<M> {
             spread_order,
             meters,
             step: state.map_or(0, |s| s.step),
+            snapshot: None,
+            snapshots: false,
         })
     }
 
@@ -390,6 +413,22 @@ impl<M: UnitModel> Engine<M> {
         {
             g.abort();
         }
+    }
+
+    /// Keep a copy of this rank's shard as of the last step every rank completed (taken
+    /// now, and at the end of every step, after the step's last barrier): what the
+    /// survivors of a lost rank restore from when the strategy keeps replicas of every
+    /// shard (MiCS, `dp`), with no rollback to a checkpoint. It costs the optimizer
+    /// state's size once more per rank, and a copy of it per step.
+    pub fn keep_snapshots(&mut self) -> Result<()> {
+        self.snapshots = true;
+        self.snapshot = Some(self.shard()?);
+        Ok(())
+    }
+
+    /// The kept snapshot ([`Engine::keep_snapshots`]), taken out.
+    pub fn take_snapshot(&mut self) -> Option<Shard> {
+        self.snapshot.take()
     }
 
     /// Optimizer steps taken (a restored engine counts on from its checkpoint's).
@@ -871,6 +910,10 @@ impl<M: UnitModel> Engine<M> {
             .all_reduce(&t, &t, 1, DataType::F32, ReduceOp::Max)?
             .wait()?;
         self.world.barrier()?;
+        // Every rank has completed this step's update: a consistent snapshot.
+        if self.snapshots {
+            self.snapshot = Some(self.shard()?);
+        }
         let after = self.meters.snapshot();
         let mut mats = Vec::with_capacity(after.len());
         for (a, b) in after.iter().zip(&before) {
@@ -882,6 +925,7 @@ impl<M: UnitModel> Engine<M> {
             step_time_us: t.to_vec::<f32>()?[0] as u64,
             memory: self.memory(),
             traffic: TrafficByPhase::from_matrices(&mats, &self.meters.topo),
+            recovery: None,
         })
     }
 

@@ -12,11 +12,11 @@ use crate::data::Corpus;
 use crate::error::{Error, Result};
 use crate::model::{LmConfig, TinyLm};
 use crate::optim::AdamW;
-use crate::runtime::{Engine, EngineConfig, Precision, StepReport};
+use crate::runtime::{Engine, EngineConfig, Precision, Recovery, StepReport};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::sync::Arc;
-use strata::{Comm, CommConfig, Topology};
+use strata::{Buffer, Comm, CommConfig, DataType, Topology};
 
 /// What to train and how.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -48,14 +48,17 @@ pub struct TrainOptions {
     pub resume: bool,
     /// Go on when ranks are lost (local transport): the survivors take a census
     /// (`Comm::survivors`), shrink the world without the lost ranks (`Comm::shrink`),
-    /// restore the latest complete checkpoint on the survivors laid out as one node of
-    /// that many ranks (the strategy resolved anew for it) and train on.
+    /// restore the state on the survivors laid out as one node of that many ranks (the
+    /// strategy resolved anew for it) and train on: from the replicas of the lost
+    /// shards where the strategy keeps them (then every rank keeps a snapshot of its
+    /// shard as of the last step all completed: `dp`, MiCS, AMSP points with replicated
+    /// optimizer states), else from the latest complete checkpoint.
     #[serde(default)]
     pub survive: bool,
-    /// A lost rank, for tests and demonstrations: world rank `.0` stops taking part
-    /// before step `.1` (its thread returns, as a dead or frozen process would stop).
+    /// Lost ranks, for tests and demonstrations: the world ranks `.0` stop taking part
+    /// before step `.1` (their threads return, as dead or frozen processes would stop).
     #[serde(default)]
-    pub lose: Option<(usize, u64)>,
+    pub lose: Option<(Vec<usize>, u64)>,
 }
 
 impl TrainOptions {
@@ -130,9 +133,12 @@ pub fn run_rank(
     let (mut world, mut plan) = (world, opts.clone());
     let mut mesh = Mesh::of(&plan.topology);
     let mut out: Vec<StepReport> = Vec::with_capacity(opts.steps as usize);
+    let mut recovery: Option<Recovery> = None;
     loop {
         let strategy = plan.resolve()?;
         let m = strategy.accum;
+        // Snapshots restore lost shards only where another rank holds a replica of them.
+        let replicas = strategy.os.size() < mesh.world();
         let cfg = EngineConfig {
             strategy,
             precision: opts.precision,
@@ -147,18 +153,26 @@ pub fn run_rank(
             meters.clone(),
             state.as_ref(),
         )?;
+        if plan.survive && replicas {
+            eng.keep_snapshots()?;
+        }
         out.retain(|r| r.step <= eng.steps_taken());
         let (rank, n) = (world.rank() as u64, world.size() as u64);
         let mut ran = || -> Result<bool> {
             for s in eng.steps_taken()..opts.steps {
-                if opts.lose == Some((me, s + 1)) {
+                if opts
+                    .lose
+                    .as_ref()
+                    .is_some_and(|(who, at)| *at == s + 1 && who.contains(&me))
+                {
                     return Ok(false);
                 }
                 let seq = opts.model.seq;
                 let b = opts.batch;
-                let r = eng.step(m, &|i| {
+                let mut r = eng.step(m, &|i| {
                     corpus.batch(seq, b, (s * n + rank) * m as u64 + i as u64)
                 })?;
+                r.recovery = recovery.take();
                 on_step(&r);
                 out.push(r);
                 if let Some(dir) = &opts.checkpoint {
@@ -186,6 +200,7 @@ pub fn run_rank(
         // Every peer waiting on any of this engine's communicators fails now, so the
         // survivors come to the census together.
         eng.abort();
+        let snapshot = eng.take_snapshot();
         drop(eng);
         let alive = world.survivors()?;
         let lost: Vec<usize> = (0..world.size())
@@ -195,25 +210,79 @@ pub fn run_rank(
             return Err(e);
         }
         let lost_world: Vec<usize> = lost.iter().map(|&r| world.members()[r]).collect();
-        state = match &opts.checkpoint {
-            Some(dir) => latest(dir)?,
-            None => None,
+        world = world.shrink(&lost)?;
+        let (restored, source) = match from_replicas(&world, snapshot)? {
+            Some(st) => (Some(st), "replicas"),
+            None => match &opts.checkpoint {
+                Some(dir) => (latest(dir)?, "checkpoint"),
+                None => (None, "checkpoint"),
+            },
         };
+        state = restored;
         let Some(from) = state.as_ref().map(|s| s.step) else {
             return Err(Error::Config(format!(
-                "world ranks {lost_world:?} were lost ({e}) and there is no complete \
-                 checkpoint to go on from (--checkpoint DIR --checkpoint-every K)"
+                "world ranks {lost_world:?} were lost ({e}); the strategy keeps no replica of \
+                 their shards and there is no complete checkpoint to go on from \
+                 (--checkpoint DIR --checkpoint-every K)"
             )));
         };
-        world = world.shrink(&lost)?;
+        recovery = Some(Recovery {
+            lost: lost_world.clone(),
+            world: world.size(),
+            from_step: from,
+            source: source.into(),
+        });
         plan.topology = Topology::parse(&format!("nodes:1x{}", world.size()))?;
         mesh = Mesh::of(&plan.topology);
         tracing::warn!(
             rank = me,
-            "world ranks {lost_world:?} lost ({e}); going on with {} ranks from the step-{from} checkpoint",
+            "world ranks {lost_world:?} lost ({e}); going on with {} ranks from step {from}",
             world.size()
         );
     }
+}
+
+/// The survivors' snapshots (each rank's shard as of the last step every rank
+/// completed), exchanged over `world` (the survivors' communicator) and assembled: `Some`
+/// when they cover every unit (the strategy keeps replicas of the lost ranks' shards),
+/// `None` when they do not (the same answer on every survivor).
+fn from_replicas(
+    world: &Comm,
+    snapshot: Option<checkpoint::Shard>,
+) -> Result<Option<checkpoint::State>> {
+    let mine = snapshot
+        .as_ref()
+        .map(checkpoint::encode)
+        .unwrap_or_default();
+    let p = world.size();
+    let len = Buffer::from_slice(&[mine.len() as u64]);
+    let lens = Buffer::zeroed(8 * p);
+    world.all_gather(&len, &lens, 1, DataType::U64)?.wait()?;
+    let lens = lens.to_vec::<u64>()?;
+    let most = lens.iter().copied().max().unwrap_or(0) as usize;
+    if most == 0 {
+        return Ok(None);
+    }
+    let mut padded = mine;
+    padded.resize(most, 0);
+    let all = Buffer::zeroed(most * p);
+    world
+        .all_gather(&Buffer::from_slice(&padded), &all, most, DataType::U8)?
+        .wait()?;
+    let all = all.to_vec::<u8>()?;
+    let mut shards = Vec::with_capacity(p);
+    for (r, &n) in lens.iter().enumerate() {
+        if n > 0 {
+            let name = format!("rank {r}'s snapshot");
+            let b = &all[r * most..r * most + n as usize];
+            shards.push((name.clone(), checkpoint::decode(b, &name)?));
+        }
+    }
+    let step = shards[0].1.step;
+    if shards.iter().any(|(_, s)| s.step != step) {
+        return Ok(None);
+    }
+    Ok(checkpoint::assemble(&shards, step, "the survivors' snapshots").ok())
 }
 
 /// Train with one thread per rank on the local transport. Returns rank 0's reports with

@@ -30,12 +30,16 @@ fn a_lost_rank_is_survived_from_the_last_checkpoint() {
         o.checkpoint = Some(dir.clone());
         o.checkpoint_every = 3;
         o.survive = true;
-        o.lose = Some((5, 5)); // world rank 5 stops before step 5
+        o.lose = Some((vec![5], 5)); // world rank 5 stops before step 5
         let t0 = std::time::Instant::now();
         let run = train_local(&o, &mut |_| {}).unwrap_or_else(|e| panic!("{strategy}: {e}"));
         let took = t0.elapsed();
         let steps: Vec<u64> = run.iter().map(|r| r.step).collect();
         assert_eq!(steps, (1..=8).collect::<Vec<_>>(), "{strategy}");
+        let rc = run[3].recovery.as_ref().expect("step 4 says it recovered");
+        assert_eq!((rc.lost.clone(), rc.world, rc.from_step), (vec![5], 7, 3));
+        assert_eq!(rc.source, "checkpoint");
+        assert_eq!(run.iter().filter(|r| r.recovery.is_some()).count(), 1);
         // Steps 4-8 on the 7 survivors from step 3's checkpoint (8 ranks wrote it),
         // against a fresh world of 7 resumed from a copy of the same checkpoint.
         copy_step(&dir, &refdir, 3);
@@ -61,6 +65,63 @@ fn a_lost_rank_is_survived_from_the_last_checkpoint() {
                 .map(|r| format!("{:.5}", r.loss))
                 .collect::<Vec<_>>()
         );
+    }
+    std::fs::remove_dir_all(&tmp).unwrap();
+}
+
+/// MiCS keeps a replica of every shard in each partition group: losing a whole node
+/// (world ranks 4 and 5 of nodes:3x2, mics:2) costs no checkpoint. The survivors
+/// exchange their snapshots (as of step 4, the last every rank completed), restore the
+/// lost node's shards from the replicas, and their steps 5-8 equal a fresh 4-rank world
+/// started from the step-4 state. Without a checkpoint directory at all: a strategy
+/// without replicas would stop with an error.
+#[test]
+fn a_lost_node_is_survived_from_the_replicas() {
+    std::env::set_var("STRATA_TIMEOUT", "2");
+    let tmp = std::env::temp_dir().join(format!("strata-replicas-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    for (strategy, topo, lose, after) in [
+        ("mics:2", "nodes:3x2", vec![4, 5], "nodes:1x4"),
+        ("dp", "nodes:2x4", vec![5], "nodes:1x7"),
+    ] {
+        let mut o = TrainOptions::new(strategy, Topology::parse(topo).unwrap(), 8);
+        o.survive = true;
+        o.lose = Some((lose, 5));
+        let run = train_local(&o, &mut |_| {}).unwrap_or_else(|e| panic!("{strategy}: {e}"));
+        assert_eq!(
+            run.iter().map(|r| r.step).collect::<Vec<_>>(),
+            (1..=8).collect::<Vec<_>>()
+        );
+        let rc = run[4].recovery.as_ref().expect("step 5 says it recovered");
+        assert_eq!(
+            (rc.from_step, rc.source.as_str()),
+            (4, "replicas"),
+            "{strategy}"
+        );
+        // The reference: the step-4 state as a checkpoint, resumed on the survivors' count.
+        let dir = tmp.join(strategy.replace(':', ""));
+        let mut first = TrainOptions::new(strategy, Topology::parse(topo).unwrap(), 4);
+        first.checkpoint = Some(dir.clone());
+        first.checkpoint_every = 4;
+        let head = train_local(&first, &mut |_| {}).unwrap();
+        for (a, b) in run[..4].iter().zip(&head) {
+            assert_eq!(a.loss, b.loss, "{strategy} step {}", a.step);
+        }
+        let mut r = TrainOptions::new(strategy, Topology::parse(after).unwrap(), 8);
+        r.checkpoint = Some(dir);
+        r.resume = true;
+        let reference = train_local(&r, &mut |_| {}).unwrap();
+        assert_eq!(reference.first().map(|x| x.step), Some(5));
+        for (a, b) in run[4..].iter().zip(&reference) {
+            let rel = ((a.loss - b.loss) / b.loss).abs();
+            assert!(
+                rel < 1e-5,
+                "{strategy} step {}: {} vs {} ({rel:.2e})",
+                a.step,
+                a.loss,
+                b.loss
+            );
+        }
     }
     std::fs::remove_dir_all(&tmp).unwrap();
 }

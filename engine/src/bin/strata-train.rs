@@ -88,20 +88,20 @@ struct Args {
     /// complete checkpoint on the survivors (needs --checkpoint), train on.
     #[arg(long)]
     survive: bool,
-    /// Lose a rank, to see --survive work: world rank R stops taking part before step S
-    /// (R@S, e.g. 5@12).
-    #[arg(long, value_name = "R@S", value_parser = rank_at_step)]
-    lose: Option<(usize, u64)>,
+    /// Lose ranks, to see --survive work: world ranks R (a comma list) stop taking part
+    /// before step S (R@S, e.g. 5@12 or 4,5@12).
+    #[arg(long, value_name = "R@S", value_parser = ranks_at_step)]
+    lose: Option<(Vec<usize>, u64)>,
 }
 
-fn rank_at_step(s: &str) -> Result<(usize, u64), String> {
+fn ranks_at_step(s: &str) -> Result<(Vec<usize>, u64), String> {
     let (r, t) = s
         .split_once('@')
-        .ok_or_else(|| format!("'{s}': RANK@STEP, e.g. 5@12"))?;
+        .ok_or_else(|| format!("'{s}': RANKS@STEP, e.g. 5@12 or 4,5@12"))?;
     let r = r
-        .trim()
-        .parse()
-        .map_err(|_| format!("'{r}' is not a rank"))?;
+        .split(',')
+        .map(|x| x.trim().parse().map_err(|_| format!("'{x}' is not a rank")))
+        .collect::<Result<Vec<usize>, String>>()?;
     let t: u64 = t
         .trim()
         .parse()
@@ -168,7 +168,7 @@ fn run(a: Args) -> Result<(), String> {
     o.checkpoint_every = a.checkpoint_every;
     o.resume = a.resume;
     o.survive = a.survive;
-    o.lose = a.lose;
+    o.lose = a.lose.clone();
     if (a.survive || a.lose.is_some()) && mpi {
         return Err(
             "--survive and --lose run on the local transport (an MPI job ends with a lost process)"
@@ -245,13 +245,16 @@ fn run(a: Args) -> Result<(), String> {
         if !root {
             return;
         }
-        // A step number going back is a recovery (--survive): say how long it took.
+        // A recovery (--survive): say what happened and how long it took.
         let now = std::time::Instant::now();
-        if let Some((l, t)) = last.filter(|(l, _)| r.step <= *l) {
+        if let (Some(rc), Some((l, t))) = (&r.recovery, last) {
             let msg = format!(
-                "# recovered: ranks lost after step {l}; step {} (from the step-{} checkpoint) completed {:.2} s after step {l}",
+                "# recovered: world ranks {:?} lost after step {l}; {} ranks went on from step {}'s state ({}); step {} completed {:.2} s after step {l}",
+                rc.lost,
+                rc.world,
+                rc.from_step,
+                rc.source,
                 r.step,
-                r.step - 1,
                 (now - t).as_secs_f64()
             );
             match &bar {
