@@ -5,6 +5,7 @@ use std::path::Path;
 use strata::Topology;
 use strata_engine::checkpoint;
 use strata_engine::train::{train_local, TrainOptions};
+use strata_engine::StepReport;
 
 fn copy_step(from: &Path, to: &Path, step: u64) {
     let (src, dst) = (
@@ -14,6 +15,26 @@ fn copy_step(from: &Path, to: &Path, step: u64) {
     std::fs::create_dir_all(&dst).unwrap();
     for e in std::fs::read_dir(&src).unwrap().flatten() {
         std::fs::copy(e.path(), dst.join(e.file_name())).unwrap();
+    }
+}
+
+/// `run`'s steps after `from` equal, within 1e-5 relative, a fresh world of `topo`
+/// resumed from the step-`from` checkpoint in `dir`.
+fn matches_a_fresh_world(strategy: &str, run: &[StepReport], topo: &str, dir: &Path, from: u64) {
+    let mut r = TrainOptions::new(strategy, Topology::parse(topo).unwrap(), 8);
+    r.checkpoint = Some(dir.to_path_buf());
+    r.resume = true;
+    let reference = train_local(&r, &mut |_| {}).unwrap();
+    assert_eq!(reference.first().map(|x| x.step), Some(from + 1));
+    for (a, b) in run[from as usize..].iter().zip(&reference) {
+        let rel = ((a.loss - b.loss) / b.loss).abs();
+        assert!(
+            rel < 1e-5,
+            "{strategy} step {}: {} vs {} ({rel:.2e})",
+            a.step,
+            a.loss,
+            b.loss
+        );
     }
 }
 
@@ -43,21 +64,7 @@ fn a_lost_rank_is_survived_from_the_last_checkpoint() {
         // Steps 4-8 on the 7 survivors from step 3's checkpoint (8 ranks wrote it),
         // against a fresh world of 7 resumed from a copy of the same checkpoint.
         copy_step(&dir, &refdir, 3);
-        let mut r = TrainOptions::new(strategy, Topology::parse("nodes:1x7").unwrap(), 8);
-        r.checkpoint = Some(refdir.clone());
-        r.resume = true;
-        let reference = train_local(&r, &mut |_| {}).unwrap();
-        assert_eq!(reference.first().map(|x| x.step), Some(4));
-        for (a, b) in run[3..].iter().zip(&reference) {
-            let rel = ((a.loss - b.loss) / b.loss).abs();
-            assert!(
-                rel < 1e-5,
-                "{strategy} step {}: {} vs {} ({rel:.2e})",
-                a.step,
-                a.loss,
-                b.loss
-            );
-        }
+        matches_a_fresh_world(strategy, &run, "nodes:1x7", &refdir, 3);
         println!(
             "{strategy}: lost world rank 5 before step 5, went on from step 3 on 7 ranks; \
              run took {took:?}; losses {:?}",
@@ -107,21 +114,7 @@ fn a_lost_node_is_survived_from_the_replicas() {
         for (a, b) in run[..4].iter().zip(&head) {
             assert_eq!(a.loss, b.loss, "{strategy} step {}", a.step);
         }
-        let mut r = TrainOptions::new(strategy, Topology::parse(after).unwrap(), 8);
-        r.checkpoint = Some(dir);
-        r.resume = true;
-        let reference = train_local(&r, &mut |_| {}).unwrap();
-        assert_eq!(reference.first().map(|x| x.step), Some(5));
-        for (a, b) in run[4..].iter().zip(&reference) {
-            let rel = ((a.loss - b.loss) / b.loss).abs();
-            assert!(
-                rel < 1e-5,
-                "{strategy} step {}: {} vs {} ({rel:.2e})",
-                a.step,
-                a.loss,
-                b.loss
-            );
-        }
+        matches_a_fresh_world(strategy, &run, after, &dir, 4);
     }
     std::fs::remove_dir_all(&tmp).unwrap();
 }
