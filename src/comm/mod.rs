@@ -230,7 +230,9 @@ impl Comm {
     ///
     /// Errors: [`Error::InvalidArgument`] for a rank out of range, repeated, or this
     /// rank excluded; [`Error::InvalidUsage`] on transports that cannot make a
-    /// communicator of the survivors alone (today every transport but `local`).
+    /// communicator of the survivors alone (today every transport but `local`, and `mpi`
+    /// while this communicator is not aborted: an aborted one fails with
+    /// [`Error::Remote`]).
     pub fn shrink(&self, exclude: &[usize]) -> Result<Comm> {
         let r = self.0.shrink(exclude).map(Comm);
         self.0.note(r)
