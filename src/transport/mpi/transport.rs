@@ -141,11 +141,63 @@ impl MpiTransport {
         crate::transport::ring::all_gather(self, &mut [], 0)
     }
 
+    /// A barrier of `members` (ranks of this communicator) alone, bounded by the
+    /// timeout: an empty message between every pair (no bytes counted), so a member
+    /// that never comes is named by every other member's timeout message. Run before a
+    /// blocking or nonblocking MPI collective that could not name it.
+    fn meet(&self, g: &mut MutexGuard<'_, Buffers>, members: &[usize]) -> Result<()> {
+        let peers: Vec<usize> = members
+            .iter()
+            .copied()
+            .filter(|&m| m != self.rank)
+            .collect();
+        let token = [0u8; 0];
+        let mut got = vec![[0u8; 0]; peers.len()];
+        let mut ops = Vec::with_capacity(2 * peers.len());
+        let mut posted = Ok(());
+        for (p, b) in peers.iter().zip(got.iter_mut()) {
+            match self.post_recv(g, *p, b) {
+                Ok(op) => ops.push(op),
+                Err(e) => {
+                    posted = Err(e);
+                    break;
+                }
+            }
+        }
+        if posted.is_ok() {
+            for p in &peers {
+                match self.post_send(*p, &token, None) {
+                    Ok(op) => ops.push(op),
+                    Err(e) => {
+                        posted = Err(e);
+                        break;
+                    }
+                }
+            }
+        }
+        if let Err(e) = posted {
+            self.withdraw(g, &mut ops, &e);
+            return Err(e);
+        }
+        let res = self.drive(&mut ops);
+        self.settle(g, &mut ops);
+        res
+    }
+
     /// Element-wise sum of every member process's `m` (each MPI process only knows
     /// the traffic its own rank sent: the rows of its world rank), bounded by the
     /// timeout. Collective over this communicator; records no traffic.
     pub fn sum_traffic(&self, m: &TrafficMatrix) -> Result<TrafficMatrix> {
-        let _g = self.enter()?;
+        let mut g = self.enter()?;
+        // Meet first: a rank that stopped before this call is named (the
+        // MPI_Iallreduce's timeout below could only say that someone is missing).
+        let everyone: Vec<usize> = (0..self.members.len()).collect();
+        self.meet(&mut g, &everyone).map_err(|e| {
+            Error::Remote(format!(
+                "rank {} waited for the other ranks to sum traffic: {e}",
+                self.rank
+            ))
+        })?;
         let count = c_int::try_from(m.bytes.len()).map_err(|_| {
             Error::InvalidArgument(format!(
                 "traffic matrix of {} entries is too large",
@@ -552,46 +604,9 @@ impl Transport for MpiTransport {
 
     fn group(&self, members: &[usize]) -> Result<Arc<dyn Transport>> {
         let mut g = self.enter()?;
-        // A barrier of the members alone, bounded by the timeout (an empty message
-        // between every pair, so no bytes are counted): once it completes every
-        // member is at this call, so the blocking MPI_Comm_create_group below cannot
-        // hang on a member that never came.
-        let peers: Vec<usize> = members
-            .iter()
-            .copied()
-            .filter(|&m| m != self.rank)
-            .collect();
-        let token = [0u8; 0];
-        let mut got = vec![[0u8; 0]; peers.len()];
-        let mut ops = Vec::with_capacity(2 * peers.len());
-        let mut posted = Ok(());
-        for (p, b) in peers.iter().zip(got.iter_mut()) {
-            match self.post_recv(&mut g, *p, b) {
-                Ok(op) => ops.push(op),
-                Err(e) => {
-                    posted = Err(e);
-                    break;
-                }
-            }
-        }
-        if posted.is_ok() {
-            for p in &peers {
-                match self.post_send(*p, &token, None) {
-                    Ok(op) => ops.push(op),
-                    Err(e) => {
-                        posted = Err(e);
-                        break;
-                    }
-                }
-            }
-        }
-        if let Err(e) = posted {
-            self.withdraw(&mut g, &mut ops, &e);
-            return Err(e);
-        }
-        let res = self.drive(&mut ops);
-        self.settle(&mut g, &mut ops);
-        res.map_err(|e| {
+        // Once every member met, the blocking MPI_Comm_create_group below cannot hang
+        // on a member that never came.
+        self.meet(&mut g, members).map_err(|e| {
             Error::Remote(format!(
                 "creating a communicator of ranks {members:?}: not every member came ({e})"
             ))
