@@ -46,7 +46,8 @@ pub struct TrainOptions {
     /// initialization), on whatever world and strategy these options give.
     #[serde(default)]
     pub resume: bool,
-    /// Go on when ranks are lost (local transport): the survivors take a census
+    /// Go on when ranks are lost (`local`, and `mpi` under a launcher that keeps the
+    /// survivors running: `mpirun --mca orte_enable_recovery 1`): the survivors take a census
     /// (`Comm::survivors`), shrink the world without the lost ranks (`Comm::shrink`),
     /// restore the state on the survivors laid out as one node of that many ranks (the
     /// strategy resolved anew for it) and train on: from the replicas of the lost
@@ -56,7 +57,9 @@ pub struct TrainOptions {
     #[serde(default)]
     pub survive: bool,
     /// Lost ranks, for tests and demonstrations: the world ranks `.0` stop taking part
-    /// before step `.1` (their threads return, as dead or frozen processes would stop).
+    /// before step `.1` (on `local` their threads return, as dead or frozen processes
+    /// would stop; on `mpi` their processes exit at once with status [`LOST_EXIT`],
+    /// without finalizing, as a crash would).
     #[serde(default)]
     pub lose: Option<(Vec<usize>, u64)>,
 }
@@ -101,6 +104,9 @@ impl TrainOptions {
         Ok(s)
     }
 }
+
+/// The exit status of an MPI process lost on purpose ([`TrainOptions::lose`]).
+pub const LOST_EXIT: i32 = 75;
 
 /// Train on `world` (this rank's communicator of the whole world); `on_step` sees every
 /// step's report as it completes. Collective: every rank calls it with the same options.
@@ -192,8 +198,15 @@ pub fn run_rank(
         };
         let e = match ran() {
             Ok(true) => return Ok(out),
-            // This rank is the one lost: it stops here.
-            Ok(false) => return Ok(out),
+            // This rank is the one lost: it stops here. An MPI process ends as a crashed
+            // one would: at once, without finalizing.
+            Ok(false) => {
+                if world.transport_kind() == strata::transport::TransportKind::Mpi {
+                    eprintln!("strata-train: world rank {me} is lost here (--lose): exiting");
+                    std::process::exit(LOST_EXIT);
+                }
+                return Ok(out);
+            }
             Err(e) if plan.survive => e,
             Err(e) => return Err(e),
         };

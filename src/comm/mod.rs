@@ -230,9 +230,11 @@ impl Comm {
     ///
     /// Errors: [`Error::InvalidArgument`] for a rank out of range, repeated, or this
     /// rank excluded; [`Error::InvalidUsage`] on transports that cannot make a
-    /// communicator of the survivors alone (today every transport but `local`, and `mpi`
-    /// while this communicator is not aborted: an aborted one fails with
-    /// [`Error::Remote`]).
+    /// communicator of the survivors alone (today every transport but `local` and
+    /// `mpi`). On `mpi` it is `MPI_Comm_create_group` of the survivors on a control
+    /// communicator of their own, so it works after a failure; after a process died
+    /// the job must run under a launcher that keeps the survivors (Open MPI:
+    /// `mpirun --mca orte_enable_recovery 1`; docs/engine.md).
     pub fn shrink(&self, exclude: &[usize]) -> Result<Comm> {
         let r = self.0.shrink(exclude).map(Comm);
         self.0.note(r)
@@ -243,8 +245,11 @@ impl Comm {
     /// called before it closed (when every rank did, or one timeout after the first
     /// call), so `(0..size)` without them is the list to [`Comm::shrink`] away. Works on
     /// an aborted communicator. A rank calling after it closed gets [`Error::Remote`] (it
-    /// was left out). Supported on the `local` transport; elsewhere
+    /// was left out). Supported on the `local` and `mpi` transports; elsewhere
     /// [`Error::InvalidUsage`] (agree on the list another way: a launcher, a store).
+    /// On `mpi` each rank listens one timeout from its own call, and the lowest rank
+    /// heard decides: a rank it did not hear, or that hears no decision, gets the
+    /// error, never a different list.
     pub fn survivors(&self) -> Result<Vec<usize>> {
         let r = self.0.survivors();
         self.0.note(r)

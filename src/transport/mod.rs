@@ -199,11 +199,11 @@ pub trait Transport: Send + Sync {
         )))
     }
     /// The ranks of this communicator alive to call this now, the same list on each
-    /// ([`crate::Comm::survivors`]). Default: [`Error::InvalidUsage`] (only `local`
-    /// takes a census).
+    /// ([`crate::Comm::survivors`]). Default: [`Error::InvalidUsage`] (`local` and `mpi`
+    /// take a census).
     fn survivors(&self) -> Result<Vec<usize>> {
         Err(Error::InvalidUsage(format!(
-            "a census of the live ranks is supported on the local transport, not on {}",
+            "a census of the live ranks is supported on the local and mpi transports, not on {}",
             self.kind().name()
         )))
     }

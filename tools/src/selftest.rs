@@ -132,7 +132,32 @@ pub fn exercise(comm: &Comm) -> Result<()> {
     }
     grouped_exchange(comm)?;
     user_level_after_parent(comm)?;
+    census_after_an_abort(comm)?;
     shrink_without_the_last(comm)
+}
+
+/// The census (issue 51) where the transport takes one (`local`, `mpi`): every rank
+/// comes, on a live communicator and on one aborted first (a census is what survivors
+/// take after a failure aborted theirs), and each gets every rank.
+fn census_after_an_abort(comm: &Comm) -> Result<()> {
+    use strata::transport::TransportKind::{Local, Mpi};
+    if !matches!(comm.transport_kind(), Local | Mpi) {
+        return Ok(());
+    }
+    let everyone: Vec<usize> = (0..comm.size()).collect();
+    let live = comm.survivors()?;
+    let copy = comm
+        .split(Some(0), comm.rank() as i32)?
+        .ok_or_else(|| Error::Internal("split with one color gave no communicator".into()))?;
+    copy.abort();
+    let after = copy.survivors()?;
+    if live != everyone || after != everyone {
+        return Err(Error::Internal(format!(
+            "census on rank {}: {live:?} live, {after:?} after an abort; every rank came",
+            comm.rank()
+        )));
+    }
+    Ok(())
 }
 
 /// A shrink (issue 51) of a live communicator where the transport has one (`local`,

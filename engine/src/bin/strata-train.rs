@@ -84,14 +84,24 @@ struct Args {
     /// strategy: the shards are cut anew), training on to --steps.
     #[arg(long)]
     resume: bool,
-    /// Go on when ranks are lost (local transport): census, shrink, restore the latest
-    /// complete checkpoint on the survivors (needs --checkpoint), train on.
+    /// Go on when ranks are lost: census, shrink, restore the lost shards from the
+    /// replicas the strategy keeps, else from the latest complete checkpoint
+    /// (--checkpoint), train on. On mpi, run under a launcher that keeps the survivors
+    /// (mpirun --mca orte_enable_recovery 1).
     #[arg(long)]
     survive: bool,
     /// Lose ranks, to see --survive work: world ranks R (a comma list) stop taking part
-    /// before step S (R@S, e.g. 5@12 or 4,5@12).
+    /// before step S (R@S, e.g. 5@12 or 4,5@12); on mpi their processes exit (status 75).
     #[arg(long, value_name = "R@S", value_parser = ranks_at_step)]
     lose: Option<(Vec<usize>, u64)>,
+}
+
+/// Open MPI's launcher keeps the survivors when a process dies (it passes the MCA
+/// setting to its processes' environment; MPICH's does not say).
+fn recovery_enabled() -> bool {
+    std::env::var("OMPI_COMM_WORLD_RANK").is_err()
+        || std::env::var("OMPI_MCA_orte_enable_recovery")
+            .is_ok_and(|v| matches!(v.trim(), "1" | "true" | "yes"))
 }
 
 fn ranks_at_step(s: &str) -> Result<(Vec<usize>, u64), String> {
@@ -169,10 +179,12 @@ fn run(a: Args) -> Result<(), String> {
     o.resume = a.resume;
     o.survive = a.survive;
     o.lose = a.lose.clone();
-    if (a.survive || a.lose.is_some()) && mpi {
-        return Err(
-            "--survive and --lose run on the local transport (an MPI job ends with a lost process)"
-                .into(),
+    if a.survive && mpi && !recovery_enabled() {
+        // Printed before MPI starts, by every rank: the launcher decides.
+        eprintln!(
+            "strata-train: note: --survive on mpi needs a launcher that keeps the survivors \
+             running when a process dies (Open MPI: mpirun --mca orte_enable_recovery 1; \
+             MPICH: mpiexec -disable-auto-cleanup); without it a lost process ends the job"
         );
     }
     o.accum = a.accum;

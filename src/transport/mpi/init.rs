@@ -24,6 +24,16 @@ pub(super) fn note_peer_failure(msg: &str) {
     f.get_or_insert_with(|| msg.to_string());
 }
 
+/// Set when this process made a communicator after a peer failure (a shrink: it went
+/// on with the survivors).
+pub(super) static RECOVERED: AtomicBool = AtomicBool::new(false);
+
+/// This process made a communicator after a peer failure ([`finalize`] then finalises,
+/// bounded, instead of aborting).
+pub(super) fn note_recovered() {
+    RECOVERED.store(true, Ordering::SeqCst);
+}
+
 /// How long [`finalize`] waits after a failure before aborting the job.
 pub(super) const ABORT_GRACE: Duration = Duration::from_secs(2);
 
@@ -138,7 +148,22 @@ pub(super) fn ensure_init() -> Result<usize> {
 /// among them the ones that waited on the failed peer itself, report what they saw).
 /// mpirun then kills every rank, stalled ones included, and exits non-zero. This
 /// holds whoever initialised MPI.
+///
+/// After a failure survived (this process made a communicator after it: a shrink of
+/// the survivors, under `mpirun --mca orte_enable_recovery 1`, which keeps the job
+/// running when a process dies), it finalises, bounded by the timeout: Open MPI
+/// 4.1's `MPI_Finalize` waits forever for a lost peer that is stalled (frozen) and
+/// still alive, and was seen waiting after four of eight processes were killed
+/// (after one of four it returned). Past the timeout strata aborts the job, which
+/// ends a stalled peer too (with recovery enabled mpirun then exits 0, measured,
+/// whatever the ranks' status).
 pub fn finalize() {
+    if peer_failure().is_some() && RECOVERED.load(Ordering::SeqCst) {
+        if mpi::environment::is_initialized() && !is_finalized() {
+            finalize_bounded();
+        }
+        return;
+    }
     if let Some(why) = peer_failure() {
         if mpi::environment::is_initialized() && !is_finalized() {
             // The ranks that waited on the failed peer itself time out about now too:
@@ -160,4 +185,33 @@ pub fn finalize() {
         FINALIZED.store(true, Ordering::SeqCst);
         drop(universe); // MPI_Finalize
     }
+}
+
+/// `MPI_Finalize` after a survived failure, bounded by the timeout (see [`finalize`]).
+fn finalize_bounded() {
+    let timeout = crate::config::env()
+        .map(|e| e.timeout)
+        .unwrap_or(crate::config::DEFAULT_TIMEOUT);
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(timeout) {
+            eprintln!(
+                "strata: MPI_Finalize did not complete within {timeout:?} after peers were \
+                 lost (it waits for a stalled one still alive, and was seen waiting after \
+                 killed ones too); aborting the MPI job to end it"
+            );
+            // SAFETY: MPI is initialised (this thread's caller is inside MPI_Finalize,
+            // which has not returned); MPI_Abort does not return.
+            unsafe {
+                ffi::MPI_Abort(ffi::RSMPI_COMM_WORLD, 1);
+            }
+            std::process::exit(1);
+        }
+    });
+    let mut u = universe_lock();
+    if let Some(universe) = u.take() {
+        FINALIZED.store(true, Ordering::SeqCst);
+        drop(universe); // MPI_Finalize
+    }
+    drop(tx);
 }

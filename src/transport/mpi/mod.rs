@@ -64,7 +64,8 @@
 //!   by the stalled peer: those cannot be cancelled, and the communicator is broken.
 //!
 //! Modules: `init` (initialisation, finalize, peer failures), `comm` (communicator
-//! handles, MPI error codes), `tags` (message classes, tags, sequence numbers),
+//! handles, MPI error codes), `control` (the control communicator: member-only
+//! creations and the census, apart from the data messages), `tags` (message classes, tags, sequence numbers),
 //! `request` (the request wrapper, retire and cancel), `send` and `recv` (one transfer's
 //! state machine each), `progress` (driving transfers, backoff, timeouts), `transport`
 //! ([`MpiTransport`]); `stub` stands in for all of them in a build without MPI; `tests`
@@ -72,6 +73,8 @@
 
 #[cfg(feature = "mpi")]
 mod comm;
+#[cfg(feature = "mpi")]
+mod control;
 #[cfg(feature = "mpi")]
 mod init;
 #[cfg(feature = "mpi")]

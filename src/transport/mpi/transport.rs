@@ -1,8 +1,8 @@
 //! [`MpiTransport`]: a rank of an MPI communicator.
 
 use super::comm::byte_type;
-use super::comm::GROUP_TAG;
 use super::comm::{check, RawComm};
+use super::control::{Control, Who};
 use super::init::{ensure_init, note_peer_failure};
 use super::progress::{spin_polls, wait_collective, Op};
 use super::recv::{mismatch_error, Buffers, RecvOp, Stage};
@@ -22,6 +22,8 @@ use std::time::Duration;
 /// A rank of an MPI communicator.
 pub struct MpiTransport {
     pub(super) comm: RawComm,
+    /// A duplicate of `comm` for member-only creations and the census (`control`).
+    pub(super) ctl: Control,
     pub(super) rank: usize,
     /// World rank of each member.
     pub(super) members: Vec<usize>,
@@ -85,9 +87,11 @@ impl MpiTransport {
             "MPI_Comm_dup(MPI_COMM_WORLD)",
         )?;
         let comm = RawComm::adopt(raw)?;
+        let ctl = Control::dup(&comm)?;
         let (rank, size) = comm.rank_size()?;
         Ok(MpiTransport::over(
             comm,
+            ctl,
             rank,
             (0..size).collect(),
             timeout,
@@ -99,6 +103,7 @@ impl MpiTransport {
     /// world ranks `members`.
     pub(super) fn over(
         comm: RawComm,
+        ctl: Control,
         rank: usize,
         members: Vec<usize>,
         timeout: Duration,
@@ -107,6 +112,7 @@ impl MpiTransport {
         let size = members.len();
         MpiTransport {
             comm,
+            ctl,
             rank,
             members,
             timeout,
@@ -192,12 +198,12 @@ impl MpiTransport {
         // Meet first: a rank that stopped before this call is named (the
         // MPI_Iallreduce's timeout below could only say that someone is missing).
         let everyone: Vec<usize> = (0..self.members.len()).collect();
-        self.meet(&mut g, &everyone).map_err(|e| {
-            Error::Remote(format!(
+        if let Err(e) = self.meet(&mut g, &everyone) {
+            return self.after_collective(Err(Error::Remote(format!(
                 "rank {} waited for the other ranks to sum traffic: {e}",
                 self.rank
-            ))
-        })?;
+            ))));
+        }
         let count = c_int::try_from(m.bytes.len()).map_err(|_| {
             Error::InvalidArgument(format!(
                 "traffic matrix of {} entries is too large",
@@ -587,6 +593,7 @@ impl Transport for MpiTransport {
             return Ok(None);
         }
         let comm = RawComm::adopt(raw)?;
+        let ctl = Control::dup(&comm)?;
         let (rank, size) = comm.rank_size()?;
         let members: Vec<usize> = group.iter().map(|(_, r)| self.members[*r]).collect();
         if size != members.len() || members.get(rank) != Some(&self.members[self.rank]) {
@@ -597,61 +604,36 @@ impl Transport for MpiTransport {
             )));
         }
         Ok(Some(Arc::new(
-            MpiTransport::over(comm, rank, members, self.timeout, self.traffic.clone())
+            MpiTransport::over(comm, ctl, rank, members, self.timeout, self.traffic.clone())
                 .with_piece(self.piece),
         )))
     }
 
+    /// Made on the control communicator: it works whatever the state of this one
+    /// (after an abort or a failure that broke it: a shrink), and never waits for this
+    /// one's calls.
     fn group(&self, members: &[usize]) -> Result<Arc<dyn Transport>> {
-        let mut g = self.enter()?;
-        // Once every member met, the blocking MPI_Comm_create_group below cannot hang
-        // on a member that never came.
-        self.meet(&mut g, members).map_err(|e| {
+        if !members.contains(&self.rank) || members.iter().any(|&m| m >= self.members.len()) {
+            return Err(Error::InvalidArgument(format!(
+                "group members {members:?}: must be ranks of this communicator of {}, rank {} \
+                 among them",
+                self.members.len(),
+                self.rank
+            )));
+        }
+        // Once every member met, the blocking MPI_Comm_create_group cannot hang on a
+        // member that never came.
+        let who = Who {
+            rank: self.rank,
+            members: &self.members,
+        };
+        self.ctl.meet(&who, members, self.timeout).map_err(|e| {
             Error::Remote(format!(
                 "creating a communicator of ranks {members:?}: not every member came ({e})"
             ))
         })?;
-        let ranks: Vec<i32> = members
-            .iter()
-            .map(|&m| i32::try_from(m).map_err(|_| Error::InvalidArgument(format!("rank {m}"))))
-            .collect::<Result<_>>()?;
-        let n = i32::try_from(ranks.len())
-            .map_err(|_| Error::InvalidArgument("too many members".into()))?;
-        // SAFETY: reading MPI predefined handles.
-        let (mut world_group, mut sub_group, mut raw) = unsafe {
-            (
-                ffi::RSMPI_GROUP_NULL,
-                ffi::RSMPI_GROUP_NULL,
-                ffi::RSMPI_COMM_NULL,
-            )
-        };
-        // SAFETY: live communicator; writes one group handle.
-        check(
-            unsafe { ffi::MPI_Comm_group(self.comm.0, &mut world_group) },
-            "MPI_Comm_group",
-        )?;
-        // SAFETY: a live group and `n` valid ranks of it; writes one group handle.
-        let incl = check(
-            unsafe { ffi::MPI_Group_incl(world_group, n, ranks.as_ptr(), &mut sub_group) },
-            "MPI_Group_incl",
-        );
-        // SAFETY: every member passed the barrier above and calls this with the same
-        // group; the tag keeps it apart from other creations.
-        let made = incl.and_then(|_| {
-            check(
-                unsafe { ffi::MPI_Comm_create_group(self.comm.0, sub_group, GROUP_TAG, &mut raw) },
-                "MPI_Comm_create_group",
-            )
-        });
-        // SAFETY: freeing the group handles made above (the null handle is skipped).
-        unsafe {
-            if sub_group != ffi::RSMPI_GROUP_NULL {
-                ffi::MPI_Group_free(&mut sub_group);
-            }
-            ffi::MPI_Group_free(&mut world_group);
-        }
-        made?;
-        let comm = RawComm::adopt(raw)?;
+        let comm = self.ctl.create_group(members)?;
+        let ctl = Control::dup(&comm)?;
         let (rank, size) = comm.rank_size()?;
         let world: Vec<usize> = members.iter().map(|&m| self.members[m]).collect();
         if size != world.len() || world.get(rank) != Some(&self.members[self.rank]) {
@@ -659,10 +641,35 @@ impl Transport for MpiTransport {
                 "MPI_Comm_create_group gave rank {rank} of {size} for members {members:?}"
             )));
         }
+        if super::init::peer_failure().is_some() {
+            // Made after a failure: the survivors went on (finalize then waits for
+            // them, not for the lost).
+            super::init::note_recovered();
+        }
         Ok(Arc::new(
-            MpiTransport::over(comm, rank, world, self.timeout, self.traffic.clone())
+            MpiTransport::over(comm, ctl, rank, world, self.timeout, self.traffic.clone())
                 .with_piece(self.piece),
         ))
+    }
+
+    /// The census on the control communicator ([`Control::census`]): works after an
+    /// abort or a failure; every live rank must call it.
+    fn survivors(&self) -> Result<Vec<usize>> {
+        let who = Who {
+            rank: self.rank,
+            members: &self.members,
+        };
+        let alive = self.ctl.census(&who, self.timeout)?;
+        if alive.len() < self.members.len() {
+            // Peers are gone: MPI_Finalize must not wait for them (unless the survivors
+            // go on: `group` notes that).
+            let lost: Vec<usize> = (0..self.members.len())
+                .filter(|r| !alive.contains(r))
+                .map(|r| self.members[r])
+                .collect();
+            note_peer_failure(&format!("the census found world ranks {lost:?} lost"));
+        }
+        Ok(alive)
     }
 
     fn send(&self, peer: usize, data: &[u8]) -> Result<()> {
