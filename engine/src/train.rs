@@ -47,7 +47,9 @@ pub struct TrainOptions {
     #[serde(default)]
     pub resume: bool,
     /// Go on when ranks are lost (`local`, and `mpi` under a launcher that keeps the
-    /// survivors running: `mpirun --mca orte_enable_recovery 1`): the survivors take a census
+    /// survivors running: `mpirun --mca orte_enable_recovery 1`), where the survivors
+    /// are a majority of the world (half of it with rank 0: a cut link leaves each side
+    /// a census of itself, and only one side goes on): the survivors take a census
     /// (`Comm::survivors`), shrink the world without the lost ranks (`Comm::shrink`),
     /// restore the state on the survivors laid out as one node of that many ranks (the
     /// strategy resolved anew for it) and train on: from the replicas of the lost
@@ -223,6 +225,18 @@ pub fn run_rank(
             return Err(e);
         }
         let lost_world: Vec<usize> = lost.iter().map(|&r| world.members()[r]).collect();
+        // A cut link splits the world, and each side's census finds only itself: only
+        // a majority goes on (half with the old rank 0), never two worlds at once.
+        let n = world.size();
+        if alive.len() * 2 < n || (alive.len() * 2 == n && alive[0] != 0) {
+            let ours: Vec<usize> = alive.iter().map(|&r| world.members()[r]).collect();
+            return Err(Error::Comm(strata::Error::Remote(format!(
+                "after a failure ({e}) the census found world ranks {ours:?}, {} of {n}: not a \
+                 majority (the others, world ranks {lost_world:?}, may go on without them), so \
+                 these stop",
+                alive.len()
+            ))));
+        }
         world = world.shrink(&lost)?;
         let (restored, source) = match from_replicas(&world, snapshot)? {
             Some(st) => (Some(st), "replicas"),

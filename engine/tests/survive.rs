@@ -118,3 +118,21 @@ fn a_lost_node_is_survived_from_the_replicas() {
     }
     std::fs::remove_dir_all(&tmp).unwrap();
 }
+
+/// Only a majority goes on (half of the world with rank 0): on a cut link each side's
+/// census finds only itself, and two worlds must never train on at once. Here the half
+/// without rank 0 survives (world ranks 0 and 1 lost): it stops with an error saying
+/// why, and no step after the loss is reported.
+#[test]
+fn a_minority_stops() {
+    std::env::set_var("STRATA_TIMEOUT", "2");
+    let mut o = TrainOptions::new("dp", Topology::parse("nodes:2x2").unwrap(), 6);
+    o.survive = true;
+    o.lose = Some((vec![0, 1], 3));
+    let e = train_local(&o, &mut |_| {}).expect_err("the half without rank 0 went on");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("world ranks [2, 3], 2 of 4: not a majority"),
+        "{msg}"
+    );
+}
