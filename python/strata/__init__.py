@@ -747,7 +747,7 @@ class Comm:
         call), usually after a failure aborted this one. Every survivor passes the same
         list; the new ranks keep the old order; topology and configuration carry over.
         ``abort=True`` aborts this communicator's operations in flight first. This one
-        stays valid (destroy it when done). local transport (mpi while not aborted)."""
+        stays valid (destroy it when done). local and mpi transports."""
         ex = list(exclude)
         arr = (_c_int * max(len(ex), 1))(*ex)
         out = _vp()

@@ -900,6 +900,29 @@ class BackendStrata(_Ops, _c10d.Backend):
 
     supports_coalescing = True
 
+    # torch.distributed.shrink_group (torch 2.15): the survivors of a group make its
+    # communicators anew without the excluded ranks (Comm.shrink, strataCommShrink),
+    # the excluded ranks not calling; on the mpi transport also after a peer died.
+    supports_shrinking = True
+
+    def shrink(self, ranks_to_exclude: Sequence[int], shrink_flags: int = 0,
+               opts_override: Any = None) -> "BackendStrata":
+        ex = sorted(set(int(r) for r in ranks_to_exclude))
+        keep = [r for r in range(self.size()) if r not in ex]
+        if self.rank() not in keep:
+            raise ValueError(f"strata backend: rank {self.rank()} is excluded from the shrink "
+                             f"{ex}: only the survivors call it")
+        glob = self._global or list(range(self.size()))
+        new = BackendStrata(self._store, keep.index(self.rank()), len(keep), self._timeout,
+                            [glob[r] for r in keep], f"{self._name}/shrunk")
+        abort = bool(shrink_flags & 1)  # SHRINK_ABORT
+        # A communicator not made yet is made later by the survivors (create_group).
+        if self._cpu is not None:
+            new._cpu = self._cpu.shrink(ex, abort=abort)
+        if self._cuda is not None:
+            new._cuda = self._cuda.shrink(ex, abort=abort)
+        return new
+
 
 class ProcessGroupStrata(_Ops, dist.ProcessGroup):
     """strata as a whole ``ProcessGroup``, for torch without Python ``Backend``
