@@ -188,9 +188,9 @@ pub struct Engine<M: UnitModel> {
     spread_order: Option<Vec<usize>>,
     meters: Meters,
     step: u64,
-    /// This rank's shard as of the last step every rank completed, when kept
-    /// ([`Engine::keep_snapshots`]).
-    snapshot: Option<Shard>,
+    /// This rank's shard as of the last two steps it completed, oldest first, when
+    /// kept ([`Engine::keep_snapshots`]).
+    snapshot: Vec<Shard>,
     snapshots: bool,
 }
 
@@ -372,7 +372,7 @@ impl<M: UnitModel> Engine<M> {
             spread_order,
             meters,
             step: state.map_or(0, |s| s.step),
-            snapshot: None,
+            snapshot: Vec::new(),
             snapshots: false,
         })
     }
@@ -415,20 +415,22 @@ impl<M: UnitModel> Engine<M> {
         }
     }
 
-    /// Keep a copy of this rank's shard as of the last step every rank completed (taken
+    /// Keep copies of this rank's shard as of the last two steps it completed (taken
     /// now, and at the end of every step, after the step's last barrier): what the
     /// survivors of a lost rank restore from when the strategy keeps replicas of every
-    /// shard (MiCS, `dp`), with no rollback to a checkpoint. It costs the optimizer
-    /// state's size once more per rank, and a copy of it per step.
+    /// shard (MiCS, `dp`), with no rollback to a checkpoint. Two, because a peer lost in
+    /// the middle of a step's last barrier can leave one survivor past it and another
+    /// not: the newest step every survivor holds is then the one before. It costs the
+    /// optimizer state's size twice more per rank, and a copy of it per step.
     pub fn keep_snapshots(&mut self) -> Result<()> {
         self.snapshots = true;
-        self.snapshot = Some(self.shard()?);
+        self.snapshot = vec![self.shard()?];
         Ok(())
     }
 
-    /// The kept snapshot ([`Engine::keep_snapshots`]), taken out.
-    pub fn take_snapshot(&mut self) -> Option<Shard> {
-        self.snapshot.take()
+    /// The kept snapshots ([`Engine::keep_snapshots`]), oldest first, taken out.
+    pub fn take_snapshots(&mut self) -> Vec<Shard> {
+        std::mem::take(&mut self.snapshot)
     }
 
     /// Optimizer steps taken (a restored engine counts on from its checkpoint's).
@@ -912,7 +914,10 @@ impl<M: UnitModel> Engine<M> {
         self.world.barrier()?;
         // Every rank has completed this step's update: a consistent snapshot.
         if self.snapshots {
-            self.snapshot = Some(self.shard()?);
+            if self.snapshot.len() == 2 {
+                self.snapshot.remove(0);
+            }
+            self.snapshot.push(self.shard()?);
         }
         let after = self.meters.snapshot();
         let mut mats = Vec::with_capacity(after.len());

@@ -215,7 +215,7 @@ pub fn run_rank(
         // Every peer waiting on any of this engine's communicators fails now, so the
         // survivors come to the census together.
         eng.abort();
-        let snapshot = eng.take_snapshot();
+        let snapshot = eng.take_snapshots();
         drop(eng);
         let alive = world.survivors()?;
         let lost: Vec<usize> = (0..world.size())
@@ -269,18 +269,22 @@ pub fn run_rank(
     }
 }
 
-/// The survivors' snapshots (each rank's shard as of the last step every rank
-/// completed), exchanged over `world` (the survivors' communicator) and assembled: `Some`
-/// when they cover every unit (the strategy keeps replicas of the lost ranks' shards),
-/// `None` when they do not (the same answer on every survivor).
+/// The survivors' snapshots (each rank's shards as of the last two steps it completed),
+/// exchanged over `world` (the survivors' communicator) and assembled for the newest
+/// step whose snapshots cover every unit: `Some` where there is one (the strategy keeps
+/// replicas of the lost ranks' shards), `None` where not (the same answer on every
+/// survivor: they all decide on the same gathered bytes).
 fn from_replicas(
     world: &Comm,
-    snapshot: Option<checkpoint::Shard>,
+    snapshots: Vec<checkpoint::Shard>,
 ) -> Result<Option<checkpoint::State>> {
-    let mine = snapshot
-        .as_ref()
-        .map(checkpoint::encode)
-        .unwrap_or_default();
+    // This rank's bytes: per snapshot, its length (u64 LE) and its encoding.
+    let mut mine = Vec::new();
+    for s in &snapshots {
+        let e = checkpoint::encode(s);
+        mine.extend_from_slice(&(e.len() as u64).to_le_bytes());
+        mine.extend_from_slice(&e);
+    }
     let p = world.size();
     let len = Buffer::from_slice(&[mine.len() as u64]);
     let lens = Buffer::zeroed(8 * p);
@@ -297,19 +301,35 @@ fn from_replicas(
         .all_gather(&Buffer::from_slice(&padded), &all, most, DataType::U8)?
         .wait()?;
     let all = all.to_vec::<u8>()?;
-    let mut shards = Vec::with_capacity(p);
+    let mut shards = Vec::new();
     for (r, &n) in lens.iter().enumerate() {
-        if n > 0 {
-            let name = format!("rank {r}'s snapshot");
-            let b = &all[r * most..r * most + n as usize];
-            shards.push((name.clone(), checkpoint::decode(b, &name)?));
+        let mut b = &all[r * most..r * most + n as usize];
+        let mut k = 0;
+        while b.len() >= 8 {
+            let l = u64::from_le_bytes(b[..8].try_into().expect("8 bytes")) as usize;
+            let name = format!("rank {r}'s snapshot {k}");
+            let body = b.get(8..8 + l).ok_or_else(|| {
+                Error::Config(format!("{name}: {l} bytes announced, {} sent", b.len() - 8))
+            })?;
+            shards.push((name.clone(), checkpoint::decode(body, &name)?));
+            b = &b[8 + l..];
+            k += 1;
         }
     }
-    let step = shards[0].1.step;
-    if shards.iter().any(|(_, s)| s.step != step) {
-        return Ok(None);
+    let mut steps: Vec<u64> = shards.iter().map(|(_, s)| s.step).collect();
+    steps.sort_unstable();
+    steps.dedup();
+    for &step in steps.iter().rev() {
+        let at: Vec<(String, checkpoint::Shard)> = shards
+            .iter()
+            .filter(|(_, s)| s.step == step)
+            .cloned()
+            .collect();
+        if let Ok(st) = checkpoint::assemble(&at, step, "the survivors' snapshots") {
+            return Ok(Some(st));
+        }
     }
-    Ok(checkpoint::assemble(&shards, step, "the survivors' snapshots").ok())
+    Ok(None)
 }
 
 /// Train with one thread per rank on the local transport. Returns rank 0's reports with

@@ -173,13 +173,24 @@ pub fn finalize() {
                 "strata: a peer failed ({why}); aborting the MPI job instead of finalizing \
                  (MPI_Finalize would wait for the failed peer)"
             );
-            // SAFETY: MPI is initialised and not finalised; MPI_Abort does not return.
-            unsafe {
-                ffi::MPI_Abort(ffi::RSMPI_COMM_WORLD, 1);
-            }
-            std::process::exit(1);
+            abort_job();
         }
     }
+    finalize_now();
+}
+
+/// `MPI_Abort(MPI_COMM_WORLD, 1)`; never returns. MPI must be initialised and not
+/// finalised (or inside `MPI_Finalize` on another thread).
+fn abort_job() -> ! {
+    // SAFETY: the caller's contract above; MPI_Abort does not return.
+    unsafe {
+        ffi::MPI_Abort(ffi::RSMPI_COMM_WORLD, 1);
+    }
+    std::process::exit(1);
+}
+
+/// Finalise MPI if strata initialised it and did not yet.
+fn finalize_now() {
     let mut u = universe_lock();
     if let Some(universe) = u.take() {
         FINALIZED.store(true, Ordering::SeqCst);
@@ -200,18 +211,10 @@ fn finalize_bounded() {
                  lost (it waits for a stalled one still alive, and was seen waiting after \
                  killed ones too); aborting the MPI job to end it"
             );
-            // SAFETY: MPI is initialised (this thread's caller is inside MPI_Finalize,
-            // which has not returned); MPI_Abort does not return.
-            unsafe {
-                ffi::MPI_Abort(ffi::RSMPI_COMM_WORLD, 1);
-            }
-            std::process::exit(1);
+            // The caller is inside MPI_Finalize, which has not returned.
+            abort_job();
         }
     });
-    let mut u = universe_lock();
-    if let Some(universe) = u.take() {
-        FINALIZED.store(true, Ordering::SeqCst);
-        drop(universe); // MPI_Finalize
-    }
+    finalize_now();
     drop(tx);
 }
