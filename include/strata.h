@@ -820,7 +820,8 @@ strataResult_t strataCommCreateGroup(strataComm_t comm, int nranks, const int *r
  * `shrinkFlags`: `STRATA_SHRINK_DEFAULT`, or `STRATA_SHRINK_ABORT` to abort `comm`'s
  * operations in flight first. `comm` stays valid (destroy it when done). Survivors that
  * do not all arrive within the timeout are `strataRemoteError` (no hang). Supported on
- * the local and mpi transports (on mpi also after a process died, when the launcher
+ * the local, mpi, host-local and cuda-local transports (on mpi also after a process
+ * died, when the launcher
  * keeps the survivors: `mpirun --mca orte_enable_recovery 1`).
  *
  * Ownership: the caller owns `*newcomm` (destroy it; it is independent of `comm`).

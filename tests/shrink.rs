@@ -1,20 +1,29 @@
 //! A lost rank (issue 51): the survivors of a failed communicator shrink it and go on.
-//! On the local transport; every lossless algorithm on the uneven shapes a loss leaves,
+//! On the local transport (and `host-local`); every lossless algorithm on the uneven shapes a loss leaves,
 //! against the plain reference.
 mod common;
 
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 use strata::check::{run_checked, Kind};
+use strata::transport::TransportKind;
 use strata::{Algo, Comm, CommConfig, DataType, Error, ReduceOp, Topology};
 
 fn world(topo: &str, timeout: Duration) -> Vec<Comm> {
+    world_of(TransportKind::Local, topo, timeout)
+}
+
+fn world_of(kind: TransportKind, topo: &str, timeout: Duration) -> Vec<Comm> {
     let topo = Topology::parse(topo).unwrap();
     let cfg = CommConfig {
         timeout,
         ..common::config()
     };
-    Comm::local_world(topo.world_size(), Some(topo), cfg).unwrap()
+    let n = topo.world_size();
+    match kind {
+        TransportKind::Local => Comm::local_world(n, Some(topo), cfg).unwrap(),
+        _ => Comm::in_process_world(kind, n, Some(topo), cfg).unwrap(),
+    }
 }
 
 /// Wrong elements of every lossless algorithm, every collective, three dtypes, an odd
@@ -42,7 +51,18 @@ fn wrong_everywhere(c: &Comm, seed: u64) -> strata::Result<usize> {
 /// and every algorithm is right on the 11 survivors; then a whole node is lost too.
 #[test]
 fn survivors_shrink_and_go_on() {
-    let comms = world("nodes:3x4", Duration::from_millis(600));
+    survivors_shrink_and_go_on_over(TransportKind::Local);
+}
+
+/// The same on `host-local` (device buffers on the CPU device; what `cuda-local` runs
+/// on a GPU): its ranks meet apart from the aborted communicator's board.
+#[test]
+fn survivors_shrink_and_go_on_host_local() {
+    survivors_shrink_and_go_on_over(TransportKind::HostLocal);
+}
+
+fn survivors_shrink_and_go_on_over(kind: TransportKind) {
+    let comms = world_of(kind, "nodes:3x4", Duration::from_millis(600));
     let done = Arc::new(Barrier::new(comms.len()));
     let out = common::on_comms(comms, move |c| {
         let lost = 5;
@@ -50,16 +70,16 @@ fn survivors_shrink_and_go_on() {
             done.wait(); // frozen until the survivors are done
             return Ok(None);
         }
-        let b = strata::Buffer::zeroed(16);
-        let failed = c.call(strata::Request::new(
-            strata::Op::AllReduce {
-                send: b.clone(),
-                recv: b.clone(),
-                count: 4,
-                op: ReduceOp::Sum,
-            },
+        let failed = run_checked(
+            &c,
+            Kind::AllReduce,
             DataType::F32,
-        ));
+            ReduceOp::Sum,
+            4,
+            Algo::Ring,
+            false,
+            1,
+        );
         assert!(matches!(failed, Err(Error::Remote(_))), "{failed:?}");
         // The failure aborted it: the next call fails at once.
         assert!(c.barrier().is_err());

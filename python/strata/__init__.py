@@ -733,7 +733,7 @@ class Comm:
         """``strataCommCreateGroup``: a communicator of ``ranks`` (ranks of this one)
         made by those ranks alone (the others do not call), as ``torch.distributed``'s
         ``new_group`` needs; it keeps the world topology; ``algo`` is its default
-        algorithm (else this one's). mpi and local transports."""
+        algorithm (else this one's). mpi, local, host-local and cuda-local transports."""
         rs = list(ranks)
         arr = (_c_int * max(len(rs), 1))(*rs)
         out = _vp()
@@ -747,7 +747,7 @@ class Comm:
         call), usually after a failure aborted this one. Every survivor passes the same
         list; the new ranks keep the old order; topology and configuration carry over.
         ``abort=True`` aborts this communicator's operations in flight first. This one
-        stays valid (destroy it when done). local and mpi transports."""
+        stays valid (destroy it when done). local, mpi, host-local and cuda-local transports."""
         ex = list(exclude)
         arr = (_c_int * max(len(ex), 1))(*ex)
         out = _vp()

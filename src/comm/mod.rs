@@ -207,7 +207,8 @@ impl Comm {
     /// (non-members do not call; `MPI_Comm_create_group`), as a framework's `new_group`
     /// needs. Every member passes the same list (any order; it is sorted, and the new
     /// ranks follow it). Members that do not all arrive within the timeout are
-    /// [`Error::Remote`]. Supported on the `mpi` and `local` transports; elsewhere
+    /// [`Error::Remote`]. Supported on the `mpi`, `local`, `host-local` and `cuda-local`
+    /// transports; elsewhere
     /// [`Error::InvalidUsage`] (use [`Comm::split`]).
     pub fn create_group(&self, ranks: &[usize]) -> Result<Comm> {
         self.create_group_with(ranks, None)
@@ -230,8 +231,7 @@ impl Comm {
     ///
     /// Errors: [`Error::InvalidArgument`] for a rank out of range, repeated, or this
     /// rank excluded; [`Error::InvalidUsage`] on transports that cannot make a
-    /// communicator of the survivors alone (today every transport but `local` and
-    /// `mpi`). On `mpi` it is `MPI_Comm_create_group` of the survivors on a control
+    /// communicator of the survivors alone (today `nccl` and `rccl`). On `mpi` it is `MPI_Comm_create_group` of the survivors on a control
     /// communicator of their own, so it works after a failure; after a process died
     /// the job must run under a launcher that keeps the survivors (Open MPI:
     /// `mpirun --mca orte_enable_recovery 1`; docs/engine.md).
@@ -245,7 +245,8 @@ impl Comm {
     /// called before it closed (when every rank did, or one timeout after the first
     /// call), so `(0..size)` without them is the list to [`Comm::shrink`] away. Works on
     /// an aborted communicator. A rank calling after it closed gets [`Error::Remote`] (it
-    /// was left out). Supported on the `local` and `mpi` transports; elsewhere
+    /// was left out). Supported on the `local`, `mpi`, `host-local` and `cuda-local`
+    /// transports; elsewhere
     /// [`Error::InvalidUsage`] (agree on the list another way: a launcher, a store).
     /// On `mpi` each rank listens one timeout from its own call, and the lowest rank
     /// heard decides: a rank it did not hear, or that hears no decision, gets the

@@ -577,7 +577,7 @@ impl CommCore {
         let survivors: Vec<usize> = (0..n).filter(|r| ex.binary_search(r).is_err()).collect();
         let t = self.0.transport.group(&survivors).map_err(|e| match e {
             Error::InvalidUsage(_) => Error::InvalidUsage(format!(
-                "shrink is supported on the local and mpi transports (the {} transport cannot \
+                "shrink is supported on the local, mpi, host-local and cuda-local transports (the {} transport cannot \
                  make a communicator of the survivors alone yet)",
                 self.0.transport.kind().name()
             )),

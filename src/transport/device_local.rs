@@ -26,6 +26,7 @@
 #![forbid(unsafe_code)]
 
 use super::gpu::{self, staged, GpuTransport, Scratch};
+use super::meeting::{Counts, Meetings};
 use super::{Transport, TransportKind};
 use crate::device::{finish, DevAddr, DevEvent, DevStream, Device, Region};
 use crate::dtype::{DataType, ReduceOp};
@@ -138,6 +139,9 @@ struct Group {
     /// Waiters parked on `cv` (changed under the board's lock): a notification is a
     /// system call, made only when someone waits.
     parked: std::sync::atomic::AtomicUsize,
+    /// Member-only creations and censuses of these ranks: apart from the board, so
+    /// they work after an abort (a shrink).
+    meetings: Meetings<Arc<Group>>,
 }
 
 impl Group {
@@ -155,6 +159,7 @@ impl Group {
             aborted: AtomicBool::new(false),
             gen: AtomicU64::new(0),
             parked: std::sync::atomic::AtomicUsize::new(0),
+            meetings: Meetings::new(),
         })
     }
 
@@ -302,6 +307,8 @@ pub struct DeviceLocalTransport {
     grouped: AtomicU64,
     /// Shared by this rank's communicators: the one thread inside a call on them.
     inside: Arc<Inside>,
+    /// Member-only creations and censuses taken (their sequences).
+    counts: Counts,
 }
 
 impl DeviceLocalTransport {
@@ -356,7 +363,21 @@ impl DeviceLocalTransport {
             acks: Mutex::new(Vec::new()),
             grouped: AtomicU64::new(0),
             inside,
+            counts: Counts::default(),
         })
+    }
+
+    /// Rank `rank` of `group`, a new communicator of this rank's world (same device,
+    /// traffic counters, timeout and calling thread).
+    fn sibling(&self, group: &Arc<Group>, rank: usize) -> Result<DeviceLocalTransport> {
+        DeviceLocalTransport::member(
+            group,
+            rank,
+            &self.dev,
+            &self.traffic,
+            self.timeout,
+            self.inside.clone(),
+        )
     }
 
     /// This thread enters a call on this rank's communicators ([`Inside`]).
@@ -825,6 +846,34 @@ impl Transport for DeviceLocalTransport {
         Some(self)
     }
 
+    /// The communicator of `members` (ranks of this one, sorted, this rank among them)
+    /// made by them alone, meeting apart from this communicator's board: it works after
+    /// an abort (a shrink). Each waits up to the timeout for the others.
+    fn group(&self, members: &[usize]) -> Result<Arc<dyn Transport>> {
+        let Some(rank) = members.iter().position(|&m| m == self.rank) else {
+            return Err(Error::InvalidArgument(format!(
+                "rank {} is not among the members {members:?}",
+                self.rank
+            )));
+        };
+        let key = (0, members.to_vec(), self.counts.next_made(members));
+        let group = self.group.meetings.group(key, self.timeout, || {
+            let world = members.iter().map(|&m| self.group.members[m]).collect();
+            Group::new(self.group.kind, world)
+        })?;
+        let t = self.sibling(&group, rank)?;
+        Ok(Arc::new(t))
+    }
+
+    /// The census of these ranks (the local transport's rule: it closes when every rank
+    /// came or one timeout after the first), whatever this communicator's state.
+    fn survivors(&self) -> Result<Vec<usize>> {
+        let key = (0, self.counts.next_census());
+        self.group
+            .meetings
+            .census(key, self.group.size, self.rank, self.timeout)
+    }
+
     fn split(&self, color: Option<u32>, key: i32) -> Result<Option<Arc<dyn Transport>>> {
         self.splits.fetch_add(1, Ordering::Relaxed);
         let mine = Post {
@@ -870,14 +919,7 @@ impl Transport for DeviceLocalTransport {
             .iter()
             .position(|&(_, r)| r == self.rank)
             .ok_or_else(|| Error::Internal("device-local split lost this rank".into()))?;
-        let t = DeviceLocalTransport::member(
-            &group,
-            rank,
-            &self.dev,
-            &self.traffic,
-            self.timeout,
-            self.inside.clone(),
-        )?;
+        let t = self.sibling(&group, rank)?;
         Ok(Some(Arc::new(t)))
     }
 

@@ -14,6 +14,7 @@
 
 #![forbid(unsafe_code)]
 
+use super::meeting::{Counts, Meetings};
 use super::{Fold, Transport, TransportKind};
 use crate::dtype::{reduce_into, reduce_pair, DataType, ReduceOp};
 use crate::error::{Error, Result};
@@ -121,39 +122,13 @@ struct SplitSlot {
     taken: usize,
 }
 
-/// A communicator being made by its members alone ([`Transport::group`]): members
-/// arrived so far, then the group made, handed to each member once.
-#[derive(Default)]
-struct GroupSlot {
-    arrived: usize,
-    made: Option<Arc<Group>>,
-    taken: usize,
-}
-
-/// (parent group, the members' parent ranks, how many such groups the members made
-/// before): the same key on every member of one call.
-type GroupKey = (u64, Vec<usize>, u64);
-
-/// A census of a communicator's live ranks ([`Transport::survivors`]): who arrived
-/// before its deadline (from the first arrival) or until every rank did.
-struct CensusSlot {
-    arrived: Vec<usize>,
-    deadline: Instant,
-    /// The survivors, once closed (kept: a rank arriving later learns it was left out).
-    closed: Option<Vec<usize>>,
-}
-
 /// State shared by all ranks of one local world.
 struct World {
     traffic: Arc<Traffic>,
     next_id: AtomicU64,
     splits: Mutex<HashMap<(u64, u64), SplitSlot>>,
-    /// Communicators being made by their members alone.
-    groups: Mutex<HashMap<GroupKey, GroupSlot>>,
-    /// Censuses, by (group, sequence).
-    censuses: Mutex<HashMap<(u64, u64), CensusSlot>>,
-    census_cv: Condvar,
-    group_cv: Condvar,
+    /// Communicators made by their members alone, and censuses.
+    meetings: Meetings<Arc<Group>>,
     split_cv: Condvar,
     /// The world's rank threads, counted while it lives (waits park at once when they
     /// outnumber the cores).
@@ -166,10 +141,8 @@ pub struct LocalTransport {
     group: Arc<Group>,
     rank: usize,
     splits: AtomicU64,
-    /// Groups made by members alone, per member set (the sequence of [`GroupKey`]).
-    made: Mutex<HashMap<Vec<usize>, u64>>,
-    /// Censuses taken (their sequence).
-    censuses: AtomicU64,
+    /// Member-only creations and censuses taken (their sequences).
+    counts: Counts,
     timeout: Duration,
 }
 
@@ -182,10 +155,7 @@ impl LocalTransport {
             traffic: Arc::new(Traffic::new(topo.clone())),
             next_id: AtomicU64::new(1),
             splits: Mutex::new(HashMap::new()),
-            groups: Mutex::new(HashMap::new()),
-            censuses: Mutex::new(HashMap::new()),
-            census_cv: Condvar::new(),
-            group_cv: Condvar::new(),
+            meetings: Meetings::new(),
             split_cv: Condvar::new(),
             _crowd: Crowd::new(n),
         });
@@ -196,8 +166,7 @@ impl LocalTransport {
                 group: group.clone(),
                 rank,
                 splits: AtomicU64::new(0),
-                made: Mutex::new(HashMap::new()),
-                censuses: AtomicU64::new(0),
+                counts: Counts::default(),
                 timeout,
             })
             .collect()
@@ -218,8 +187,7 @@ impl LocalTransport {
             group: g,
             rank,
             splits: AtomicU64::new(0),
-            made: Mutex::new(HashMap::new()),
-            censuses: AtomicU64::new(0),
+            counts: Counts::default(),
             timeout: self.timeout,
         })
     }
@@ -456,57 +424,16 @@ impl Transport for LocalTransport {
                 self.rank
             )));
         };
-        let seq = {
-            let mut made = self.made.lock().unwrap_or_else(|e| e.into_inner());
-            let n = made.entry(members.to_vec()).or_default();
-            *n += 1;
-            *n - 1
-        };
-        let key: GroupKey = (self.group.id, members.to_vec(), seq);
-        let deadline = Instant::now() + self.timeout;
-        let poisoned = || Error::Internal("group lock poisoned".into());
-        let mut slots = self.world.groups.lock().map_err(|_| poisoned())?;
-        {
-            let slot = slots.entry(key.clone()).or_default();
-            slot.arrived += 1;
-            if slot.arrived == members.len() {
-                let world: Vec<usize> = members.iter().map(|&m| self.group.members[m]).collect();
-                let id = self.world.next_id.fetch_add(1, Ordering::SeqCst);
-                slot.made = Some(Group::new(id, world));
-                self.world.group_cv.notify_all();
-            }
-        }
-        loop {
-            let slot = slots
-                .get_mut(&key)
-                .ok_or_else(|| Error::Internal("group slot vanished".into()))?;
-            if let Some(g) = slot.made.clone() {
-                slot.taken += 1;
-                if slot.taken == members.len() {
-                    slots.remove(&key);
-                }
-                return Ok(self.member_of(g, rank));
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                // Leave as if never come: a later attempt of the same members starts over.
-                slot.arrived -= 1;
-                if slot.arrived == 0 {
-                    slots.remove(&key);
-                }
-                return Err(Error::Remote(format!(
-                    "creating a communicator of ranks {members:?}: not every member came \
-                     within {:?}",
-                    self.timeout
-                )));
-            }
-            slots = self
-                .world
-                .group_cv
-                .wait_timeout(slots, (deadline - now).min(Duration::from_millis(100)))
-                .map_err(|_| poisoned())?
-                .0;
-        }
+        let key = (
+            self.group.id,
+            members.to_vec(),
+            self.counts.next_made(members),
+        );
+        let g = self.world.meetings.group(key, self.timeout, || {
+            let world: Vec<usize> = members.iter().map(|&m| self.group.members[m]).collect();
+            Group::new(self.world.next_id.fetch_add(1, Ordering::SeqCst), world)
+        })?;
+        Ok(self.member_of(g, rank))
     }
 
     /// The ranks that take part in this census: every live rank calls it (after a
@@ -514,45 +441,10 @@ impl Transport for LocalTransport {
     /// or one timeout after the first arrival, and every rank that arrived gets the same
     /// list. A rank arriving after it closed was left out: [`Error::Remote`].
     fn survivors(&self) -> Result<Vec<usize>> {
-        let key = (self.group.id, self.censuses.fetch_add(1, Ordering::SeqCst));
-        let n = self.size();
-        let poisoned = || Error::Internal("census lock poisoned".into());
-        let mut slots = self.world.censuses.lock().map_err(|_| poisoned())?;
-        let timeout = self.timeout;
-        let slot = slots.entry(key).or_insert_with(|| CensusSlot {
-            arrived: Vec::new(),
-            deadline: Instant::now() + timeout,
-            closed: None,
-        });
-        if slot.closed.is_some() {
-            return Err(Error::Remote(format!(
-                "rank {} came to the census after it closed: the others went on without it",
-                self.rank
-            )));
-        }
-        slot.arrived.push(self.rank);
-        loop {
-            let slot = slots
-                .get_mut(&key)
-                .ok_or_else(|| Error::Internal("census slot vanished".into()))?;
-            let now = Instant::now();
-            if slot.closed.is_none() && (slot.arrived.len() == n || now >= slot.deadline) {
-                let mut alive = slot.arrived.clone();
-                alive.sort_unstable();
-                slot.closed = Some(alive);
-                self.world.census_cv.notify_all();
-            }
-            if let Some(alive) = &slot.closed {
-                return Ok(alive.clone());
-            }
-            let wait = (slot.deadline - now).min(Duration::from_millis(100));
-            slots = self
-                .world
-                .census_cv
-                .wait_timeout(slots, wait)
-                .map_err(|_| poisoned())?
-                .0;
-        }
+        let key = (self.group.id, self.counts.next_census());
+        self.world
+            .meetings
+            .census(key, self.size(), self.rank, self.timeout)
     }
 
     fn send(&self, peer: usize, data: &[u8]) -> Result<()> {

@@ -11,6 +11,7 @@
 pub mod device_local;
 pub mod gpu;
 pub mod local;
+pub(crate) mod meeting;
 pub mod metered;
 pub mod mpi;
 #[cfg(any(feature = "cuda", feature = "rocm"))]
@@ -188,22 +189,22 @@ pub trait Transport: Send + Sync {
     /// A communicator of `members` (ranks of this one, ascending, this rank among them),
     /// created by those ranks alone (`MPI_Comm_create_group`): what a framework's
     /// `new_group` needs, where non-members never call, and what a shrink makes of the
-    /// survivors. `mpi` and `local` have it; elsewhere an [`Error::InvalidUsage`]
+    /// survivors. `mpi`, `local`, `host-local` and `cuda-local` have it; elsewhere an [`Error::InvalidUsage`]
     /// pointing to [`Transport::split`].
     fn group(&self, members: &[usize]) -> Result<Arc<dyn Transport>> {
         let _ = members;
         Err(Error::InvalidUsage(format!(
-            "creating a communicator from its members alone is supported on the mpi and \
-             local transports; on {} use split (collective over every rank)",
+            "creating a communicator from its members alone is supported on the mpi, local, \
+             host-local and cuda-local transports; on {} use split (collective over every rank)",
             self.kind().name()
         )))
     }
     /// The ranks of this communicator alive to call this now, the same list on each
-    /// ([`crate::Comm::survivors`]). Default: [`Error::InvalidUsage`] (`local` and `mpi`
+    /// ([`crate::Comm::survivors`]). Default: [`Error::InvalidUsage`] (`local`, `mpi` and the in-process device transports
     /// take a census).
     fn survivors(&self) -> Result<Vec<usize>> {
         Err(Error::InvalidUsage(format!(
-            "a census of the live ranks is supported on the local and mpi transports, not on {}",
+            "a census of the live ranks is supported on the local, mpi, host-local and cuda-local transports, not on {}",
             self.kind().name()
         )))
     }

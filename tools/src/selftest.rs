@@ -136,12 +136,13 @@ pub fn exercise(comm: &Comm) -> Result<()> {
     shrink_without_the_last(comm)
 }
 
-/// The census (issue 51) where the transport takes one (`local`, `mpi`): every rank
+/// The census (issue 51) where the transport takes one (`local`, `mpi`, the in-process
+/// device transports): every rank
 /// comes, on a live communicator and on one aborted first (a census is what survivors
 /// take after a failure aborted theirs), and each gets every rank.
 fn census_after_an_abort(comm: &Comm) -> Result<()> {
-    use strata::transport::TransportKind::{Local, Mpi};
-    if !matches!(comm.transport_kind(), Local | Mpi) {
+    use strata::transport::TransportKind::{CudaLocal, HostLocal, Local, Mpi};
+    if !matches!(comm.transport_kind(), Local | Mpi | HostLocal | CudaLocal) {
         return Ok(());
     }
     let everyone: Vec<usize> = (0..comm.size()).collect();
@@ -161,12 +162,15 @@ fn census_after_an_abort(comm: &Comm) -> Result<()> {
 }
 
 /// A shrink (issue 51) of a live communicator where the transport has one (`local`,
-/// `mpi`): every rank but the last makes a communicator without it and runs every
+/// `mpi`, the in-process device transports): every rank but the last makes a communicator without it and runs every
 /// lossless algorithm's all-reduce there; the last rank does not call.
 fn shrink_without_the_last(comm: &Comm) -> Result<()> {
-    use strata::transport::TransportKind::{Local, Mpi};
+    use strata::transport::TransportKind::{CudaLocal, HostLocal, Local, Mpi};
     let p = comm.size();
-    if p < 2 || comm.rank() == p - 1 || !matches!(comm.transport_kind(), Local | Mpi) {
+    if p < 2
+        || comm.rank() == p - 1
+        || !matches!(comm.transport_kind(), Local | Mpi | HostLocal | CudaLocal)
+    {
         return Ok(());
     }
     let s = comm.shrink(&[p - 1])?;
