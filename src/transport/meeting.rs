@@ -2,6 +2,8 @@
 //! `host-local`, `cuda-local`): ranks meet in a shared table, apart from their
 //! communicator's messages, so both work after an abort (what a shrink needs).
 
+#![forbid(unsafe_code)]
+
 use crate::error::{Error, Result};
 use std::collections::HashMap;
 use std::sync::{Condvar, Mutex};
