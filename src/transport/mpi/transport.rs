@@ -147,63 +147,19 @@ impl MpiTransport {
         crate::transport::ring::all_gather(self, &mut [], 0)
     }
 
-    /// A barrier of `members` (ranks of this communicator) alone, bounded by the
-    /// timeout: an empty message between every pair (no bytes counted), so a member
-    /// that never comes is named by every other member's timeout message. Run before a
-    /// blocking or nonblocking MPI collective that could not name it.
-    fn meet(&self, g: &mut MutexGuard<'_, Buffers>, members: &[usize]) -> Result<()> {
-        let peers: Vec<usize> = members
-            .iter()
-            .copied()
-            .filter(|&m| m != self.rank)
-            .collect();
-        let token = [0u8; 0];
-        let mut got = vec![[0u8; 0]; peers.len()];
-        let mut ops = Vec::with_capacity(2 * peers.len());
-        let mut posted = Ok(());
-        for (p, b) in peers.iter().zip(got.iter_mut()) {
-            match self.post_recv(g, *p, b) {
-                Ok(op) => ops.push(op),
-                Err(e) => {
-                    posted = Err(e);
-                    break;
-                }
-            }
-        }
-        if posted.is_ok() {
-            for p in &peers {
-                match self.post_send(*p, &token, None) {
-                    Ok(op) => ops.push(op),
-                    Err(e) => {
-                        posted = Err(e);
-                        break;
-                    }
-                }
-            }
-        }
-        if let Err(e) = posted {
-            self.withdraw(g, &mut ops, &e);
-            return Err(e);
-        }
-        let res = self.drive(&mut ops);
-        self.settle(g, &mut ops);
-        res
-    }
-
     /// Element-wise sum of every member process's `m` (each MPI process only knows
     /// the traffic its own rank sent: the rows of its world rank), bounded by the
     /// timeout. Collective over this communicator; records no traffic.
     pub fn sum_traffic(&self, m: &TrafficMatrix) -> Result<TrafficMatrix> {
-        let mut g = self.enter()?;
-        // Meet first: a rank that stopped before this call is named (the
+        // The bounded barrier first: a rank that stopped before this call is named (the
         // MPI_Iallreduce's timeout below could only say that someone is missing).
-        let everyone: Vec<usize> = (0..self.members.len()).collect();
-        if let Err(e) = self.meet(&mut g, &everyone) {
+        if let Err(e) = self.barrier() {
             return self.after_collective(Err(Error::Remote(format!(
                 "rank {} waited for the other ranks to sum traffic: {e}",
                 self.rank
             ))));
         }
+        let _g = self.enter()?;
         let count = c_int::try_from(m.bytes.len()).map_err(|_| {
             Error::InvalidArgument(format!(
                 "traffic matrix of {} entries is too large",
