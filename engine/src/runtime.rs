@@ -138,6 +138,9 @@ pub struct Recovery {
     pub from_step: u64,
     /// Where it came from: `replicas` (the survivors' snapshots) or `checkpoint`.
     pub source: String,
+    /// The survivors' layout, `nodes:NxR` ([`crate::train::survivors_topology`]).
+    #[serde(default)]
+    pub layout: String,
 }
 
 /// A communicator of one phase, `None` where its group has one rank.

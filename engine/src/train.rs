@@ -51,8 +51,9 @@ pub struct TrainOptions {
     /// are a majority of the world (half of it with rank 0: a cut link leaves each side
     /// a census of itself, and only one side goes on): the survivors take a census
     /// (`Comm::survivors`), shrink the world without the lost ranks (`Comm::shrink`),
-    /// restore the state on the survivors laid out as one node of that many ranks (the
-    /// strategy resolved anew for it) and train on: from the replicas of the lost
+    /// restore the state on the survivors laid out as [`survivors_topology`] says (the
+    /// nodes left where whole nodes were lost, else one node; the strategy resolved
+    /// anew for it) and train on: from the replicas of the lost
     /// shards where the strategy keeps them (then every rank keeps a snapshot of its
     /// shard as of the last step all completed: `dp`, MiCS, AMSP points with replicated
     /// optimizer states), else from the latest complete checkpoint.
@@ -253,20 +254,56 @@ pub fn run_rank(
                  (--checkpoint DIR --checkpoint-every K)"
             )));
         };
+        plan.topology = survivors_topology(&plan.topology, &lost)?;
+        mesh = Mesh::of(&plan.topology);
         recovery = Some(Recovery {
             lost: lost_world.clone(),
             world: world.size(),
             from_step: from,
             source: source.into(),
+            layout: format!("nodes:{}x{}", mesh.nodes, mesh.ranks_per_node),
         });
-        plan.topology = Topology::parse(&format!("nodes:1x{}", world.size()))?;
-        mesh = Mesh::of(&plan.topology);
         tracing::warn!(
             rank = me,
             "world ranks {lost_world:?} lost ({e}); going on with {} ranks from step {from}",
             world.size()
         );
     }
+}
+
+/// The layout the survivors of `topo` train on after losing its ranks `lost` (ranks of
+/// `topo`, sorted): where the loss took whole nodes, the nodes left, in order, each
+/// as it was (packages, dies, links and leaf switches kept, so the strategy's node-wise
+/// groups, MiCS's and hpZ's, stay inside nodes); else one node of the survivors (an
+/// uneven node cannot be a row of the engine's regular mesh).
+pub fn survivors_topology(topo: &Topology, lost: &[usize]) -> Result<Topology> {
+    let rpn = topo.ranks_per_node().max(1);
+    let mut lost_of = vec![0usize; topo.nodes];
+    for &r in lost {
+        if let Some(c) = lost_of.get_mut(r / rpn) {
+            *c += 1;
+        }
+    }
+    let gone: Vec<usize> = (0..topo.nodes).filter(|&n| lost_of[n] == rpn).collect();
+    let left = topo.world_size().saturating_sub(lost.len());
+    if lost_of.iter().any(|&c| c != 0 && c != rpn) || gone.len() == topo.nodes {
+        return Ok(Topology::parse(&format!("nodes:1x{left}"))?);
+    }
+    let mut t = topo.clone();
+    t.nodes -= gone.len();
+    t.switch_of_node = topo.switch_of_node.as_ref().map(|s| {
+        (0..topo.nodes)
+            .filter(|n| gone.binary_search(n).is_err())
+            .filter_map(|n| s.get(n).copied())
+            .collect()
+    });
+    t.name = if topo.name == format!("nodes:{}x{rpn}", topo.nodes) {
+        format!("nodes:{}x{rpn}", t.nodes)
+    } else {
+        format!("{} without nodes {gone:?}", topo.name)
+    };
+    t.validate()?;
+    Ok(t)
 }
 
 /// The survivors' snapshots (each rank's shards as of the last two steps it completed),

@@ -4,7 +4,7 @@
 use std::path::Path;
 use strata::Topology;
 use strata_engine::checkpoint;
-use strata_engine::train::{train_local, TrainOptions};
+use strata_engine::train::{survivors_topology, train_local, TrainOptions};
 use strata_engine::StepReport;
 
 fn copy_step(from: &Path, to: &Path, step: u64) {
@@ -79,8 +79,10 @@ fn a_lost_rank_is_survived_from_the_last_checkpoint() {
 /// MiCS keeps a replica of every shard in each partition group: losing a whole node
 /// (world ranks 4 and 5 of nodes:3x2, mics:2) costs no checkpoint. The survivors
 /// exchange their snapshots (as of step 4, the last every rank completed), restore the
-/// lost node's shards from the replicas, and their steps 5-8 equal a fresh 4-rank world
-/// started from the step-4 state. Without a checkpoint directory at all: a strategy
+/// lost node's shards from the replicas, go on as the two nodes left (nodes:2x2, MiCS's
+/// partition groups still inside nodes), and their steps 5-8 equal a fresh nodes:2x2
+/// world started from the step-4 state. `dp` losing one rank of eight goes on as one
+/// node of 7. Without a checkpoint directory at all: a strategy
 /// without replicas would stop with an error.
 #[test]
 fn a_lost_node_is_survived_from_the_replicas() {
@@ -88,7 +90,7 @@ fn a_lost_node_is_survived_from_the_replicas() {
     let tmp = std::env::temp_dir().join(format!("strata-replicas-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     for (strategy, topo, lose, after) in [
-        ("mics:2", "nodes:3x2", vec![4, 5], "nodes:1x4"),
+        ("mics:2", "nodes:3x2", vec![4, 5], "nodes:2x2"),
         ("dp", "nodes:2x4", vec![5], "nodes:1x7"),
     ] {
         let mut o = TrainOptions::new(strategy, Topology::parse(topo).unwrap(), 8);
@@ -101,8 +103,8 @@ fn a_lost_node_is_survived_from_the_replicas() {
         );
         let rc = run[4].recovery.as_ref().expect("step 5 says it recovered");
         assert_eq!(
-            (rc.from_step, rc.source.as_str()),
-            (4, "replicas"),
+            (rc.from_step, rc.source.as_str(), rc.layout.as_str()),
+            (4, "replicas", after),
             "{strategy}"
         );
         // The reference: the step-4 state as a checkpoint, resumed on the survivors' count.
@@ -135,4 +137,27 @@ fn a_minority_stops() {
         msg.contains("world ranks [2, 3], 2 of 4: not a majority"),
         "{msg}"
     );
+}
+
+/// The survivors' layout: whole nodes lost leave the other nodes as they were (links and
+/// leaf switches too); a node left partial makes one node of the survivors.
+#[test]
+fn the_survivors_keep_whole_nodes() {
+    let t = |s: &str| Topology::parse(s).unwrap();
+    let after = |s: &str, lost: &[usize]| survivors_topology(&t(s), lost).unwrap();
+    assert_eq!(after("nodes:3x2", &[4, 5]), t("nodes:2x2"));
+    assert_eq!(after("nodes:3x2", &[0, 1]), t("nodes:2x2"));
+    assert_eq!(after("nodes:4x2", &[2, 3, 6, 7]), t("nodes:2x2"));
+    assert_eq!(after("nodes:2x4", &[5]), t("nodes:1x7"));
+    assert_eq!(after("nodes:3x2", &[1, 4, 5]), t("nodes:1x3"));
+    // A preset keeps its nodes' shape and links; its leaf switches follow the nodes kept.
+    let f = t("frontier:3,switch=2");
+    let g = after("frontier:3,switch=2", &(8..16).collect::<Vec<_>>());
+    assert_eq!(
+        (g.nodes, g.packages_per_node, g.dies_per_package),
+        (2, f.packages_per_node, f.dies_per_package)
+    );
+    assert_eq!(g.links, f.links);
+    assert_eq!(g.switch_of_node, Some(vec![0, 1]));
+    assert_eq!(g.name, "frontier:3,switch=2 without nodes [1]");
 }

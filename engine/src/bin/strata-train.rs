@@ -261,9 +261,10 @@ fn run(a: Args) -> Result<(), String> {
         let now = std::time::Instant::now();
         if let (Some(rc), Some((l, t))) = (&r.recovery, last) {
             let msg = format!(
-                "# recovered: world ranks {:?} lost after step {l}; {} ranks went on from step {}'s state ({}); step {} completed {:.2} s after step {l}",
+                "# recovered: world ranks {:?} lost after step {l}; {} ranks ({}) went on from step {}'s state ({}); step {} completed {:.2} s after step {l}",
                 rc.lost,
                 rc.world,
+                rc.layout,
                 rc.from_step,
                 rc.source,
                 r.step,
