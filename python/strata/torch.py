@@ -1075,16 +1075,75 @@ def _python_backends() -> bool:
         return False
 
 
-#: Which form torch holds strata in: ``"backend"`` (per device) or ``"group"``.
-FORM = "backend" if _python_backends() else "group"
+class _RankSize:
+    """``rank()`` and ``size()`` for [`_Delegate`] (no torch base class)."""
+
+    def __init__(self, rank: int, size: int) -> None:
+        self._rank_, self._size_ = rank, size
+
+    def rank(self) -> int:
+        return self._rank_
+
+    def size(self) -> int:
+        return self._size_
+
+
+class _Delegate(_Ops, _RankSize):
+    """The Python half of the C++ backend: it makes the group's communicators and serves
+    the calls the C++ half hands it (CUDA tensors, bool / complex / bitwise reductions,
+    uneven all-to-all, gather, scatter, reduce, send / recv, coalescing blocks)."""
+
+
+_CPP: Any = None
+
+
+def cpp_module() -> Any:
+    """The C++ backend's extension module (``csrc/torch_backend.cpp``), built for the
+    installed torch at first use with ``torch.utils.cpp_extension`` (needs a C++20
+    compiler and ninja) into ``$STRATA_TORCH_EXT_DIR`` (default
+    ``~/.cache/strata/torch-<version>``), then loaded from there: one build per torch
+    version, shared by the processes of a job (torch's file lock)."""
+    global _CPP
+    with _LOCK:
+        if _CPP is None:
+            from torch.utils import cpp_extension
+            try:  # the ninja wheel's binary, where the environment's bin is not on PATH
+                import ninja  # type: ignore[import-not-found]
+                os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+            except (ImportError, AttributeError):
+                pass
+            tag = "".join(c if c.isalnum() else "_" for c in torch.__version__)
+            build = os.environ.get("STRATA_TORCH_EXT_DIR") or os.path.join(
+                os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "strata", f"torch-{tag}")
+            os.makedirs(build, exist_ok=True)
+            src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "torch_backend.cpp")
+            try:
+                _CPP = cpp_extension.load(name=f"strata_torch_{tag}", sources=[src], build_directory=build,
+                                          extra_cflags=["-O2"], verbose=False)
+            except Exception as e:
+                raise RuntimeError(f"strata backend: building the C++ backend for torch {torch.__version__} "
+                                   f"failed (it needs a C++20 compiler and ninja: pip install ninja): {e}") from e
+        return _CPP
+
+
+#: Which form torch holds strata in: ``"cpp"`` (the C++ backend, ``STRATA_TORCH_BACKEND=cpp``),
+#: ``"backend"`` (the Python one per device) or ``"group"`` (a whole Python group).
+FORM = ("cpp" if os.environ.get("STRATA_TORCH_BACKEND", "").strip().lower() == "cpp"
+        else "backend" if _python_backends() else "group")
 _SERVED: dict = {}
 
 
 def served() -> dict:
     """How many calls strata's backend has served in this process, by device type
     (``{"cpu": n, "cuda": m}``): what shows which backend a mixed backend string routed
-    a call to."""
-    return dict(_SERVED)
+    a call to. The C++ backend's own calls (CPU) count under ``"cpu"``, and
+    alone under ``"cpp"``."""
+    out = dict(_SERVED)
+    if _CPP is not None:
+        n = int(_CPP.native_calls())
+        out["cpu"] = out.get("cpu", 0) + n
+        out["cpp"] = n
+    return out
 
 
 # ---- FSDP2 custom collectives ----
@@ -1326,6 +1385,10 @@ def _create(opts: Any, backend_options: Any) -> _Ops:
     ranks = list(opts.global_ranks_in_group or [])
     args = (opts.store, opts.group_rank, opts.group_size, opts.timeout, ranks if ranks else None,
             str(opts.group_id))
+    if FORM == "cpp":
+        _s._load()
+        d = _Delegate(*args)
+        return cpp_module().new_backend(d, opts.group_rank, opts.group_size, _s._lib_path)
     if FORM == "backend":
         return BackendStrata(*args)
     return ProcessGroupStrata(*args, others=_compose(opts))
