@@ -294,6 +294,25 @@ class _Ops:
         self._coalesced_hold: List[torch.Tensor] = []
         self._side_streams: dict = {}
 
+    def _shrunk(self, ranks_to_exclude: Sequence[int], shrink_flags: int = 0) -> Any:
+        """This group without ``ranks_to_exclude`` (``shrink_group``), of this class: its
+        communicators shrunk (``Comm.shrink``), the excluded ranks not calling."""
+        ex = sorted(set(int(r) for r in ranks_to_exclude))
+        keep = [r for r in range(self.size()) if r not in ex]
+        if self.rank() not in keep:
+            raise ValueError(f"strata backend: rank {self.rank()} is excluded from the shrink "
+                             f"{ex}: only the survivors call it")
+        glob = self._global or list(range(self.size()))
+        new = type(self)(self._store, keep.index(self.rank()), len(keep), self._timeout,
+                         [glob[r] for r in keep], f"{self._name}/shrunk")
+        abort = bool(shrink_flags & 1)  # SHRINK_ABORT
+        # A communicator not made yet is made later by the survivors (create_group).
+        if self._cpu is not None:
+            new._cpu = self._cpu.shrink(ex, abort=abort)
+        if self._cuda is not None:
+            new._cuda = self._cuda.shrink(ex, abort=abort)
+        return new
+
     # torch asks whether a group splits (new_group's split path): communicators of a
     # group are made by its members alone (`Comm.create_group`), never split.
     supports_splitting = False
@@ -907,21 +926,7 @@ class BackendStrata(_Ops, _c10d.Backend):
 
     def shrink(self, ranks_to_exclude: Sequence[int], shrink_flags: int = 0,
                opts_override: Any = None) -> "BackendStrata":
-        ex = sorted(set(int(r) for r in ranks_to_exclude))
-        keep = [r for r in range(self.size()) if r not in ex]
-        if self.rank() not in keep:
-            raise ValueError(f"strata backend: rank {self.rank()} is excluded from the shrink "
-                             f"{ex}: only the survivors call it")
-        glob = self._global or list(range(self.size()))
-        new = BackendStrata(self._store, keep.index(self.rank()), len(keep), self._timeout,
-                            [glob[r] for r in keep], f"{self._name}/shrunk")
-        abort = bool(shrink_flags & 1)  # SHRINK_ABORT
-        # A communicator not made yet is made later by the survivors (create_group).
-        if self._cpu is not None:
-            new._cpu = self._cpu.shrink(ex, abort=abort)
-        if self._cuda is not None:
-            new._cuda = self._cuda.shrink(ex, abort=abort)
-        return new
+        return self._shrunk(ranks_to_exclude, shrink_flags)
 
 
 class ProcessGroupStrata(_Ops, dist.ProcessGroup):

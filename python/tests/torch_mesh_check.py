@@ -81,7 +81,7 @@ def mixed_strings():
     ok(torch.equal(torch.stack(xs)[:, 0], torch.arange(p, dtype=torch.float32)), "all_gather under cpu:gloo")
     dist.barrier()
     ok(cpu_served() == before, "cpu:gloo,cuda:strata: strata served a CPU call")
-    if st.FORM == "backend":
+    if st.FORM in ("backend", "cpp"):  # per-device backends: torch holds gloo for CPU
         cpu = dist.group.WORLD._get_backend(torch.device("cpu"))
     else:
         cpu = dist.group.WORLD._others.get("cpu")
@@ -155,12 +155,13 @@ def main():
         shapes.append((2, p // 2))
     if p % 8 == 0:
         shapes.append((2, 2, p // 4))
-    if st.FORM == "backend":
+    per_device = st.FORM in ("backend", "cpp")
+    if per_device:
         for shape in shapes:
             mesh_checks(shape)
     dist.barrier()
     if dist.get_rank() == 0:
-        note = "" if st.FORM == "backend" else " (whole-group form: mixed strings only, no DTensor)"
+        note = "" if per_device else " (whole-group form: mixed strings only, no DTensor)"
         print(f"torch mesh check: {checks} checks OK on meshes {shapes}, strata as torch's {st.FORM}{note}")
     dist.destroy_process_group()
 

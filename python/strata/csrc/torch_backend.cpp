@@ -26,6 +26,7 @@
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/extension.h>
+#include <torch/version.h>
 
 #include <atomic>
 #include <cstdint>
@@ -310,7 +311,7 @@ class StrataWork : public c10d::Work {
 class StrataBackend : public c10d::Backend {
  public:
   StrataBackend(py::object delegate, int rank, int size, const std::string& lib)
-      : c10d::Backend(rank, size), api_(api_of(lib)), delegate_(std::move(delegate)) {
+      : c10d::Backend(rank, size), api_(api_of(lib)), lib_(lib), delegate_(std::move(delegate)) {
     events_ = std::make_shared<Events>();
     events_->api = &api_;
   }
@@ -513,6 +514,21 @@ class StrataBackend : public c10d::Backend {
     return delegate("_end_coalescing");
   }
 
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 15)
+  // torch.distributed.shrink_group: the survivors' backend, its communicators shrunk by
+  // the delegate (Comm.shrink), the excluded ranks not calling.
+  bool supportsShrinking() const override {
+    return true;
+  }
+  c10::intrusive_ptr<c10d::Backend> shrink(const std::vector<int64_t>& ranks_to_exclude, int shrink_flags,
+                                           const c10::intrusive_ptr<Options>& /*opts_override*/) override {
+    py::gil_scoped_acquire g;
+    py::object d = delegate_.attr("_shrunk")(ranks_to_exclude, shrink_flags);
+    int rank = d.attr("rank")().cast<int>(), size = d.attr("size")().cast<int>();
+    return c10::make_intrusive<StrataBackend>(std::move(d), rank, size, lib_);
+  }
+#endif
+
   void shutdown() override {
     py::gil_scoped_acquire g;
     delegate_.attr("shutdown")();
@@ -619,6 +635,7 @@ class StrataBackend : public c10d::Backend {
   }
 
   const Api& api_;
+  std::string lib_;
   py::object delegate_;
   std::shared_ptr<Events> events_;
   void* cpu_ = nullptr;
