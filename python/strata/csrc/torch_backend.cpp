@@ -149,7 +149,7 @@ std::pair<int, double> native_op(const c10d::ReduceOp& op) {
     case c10d::ReduceOp::MIN: return {kMin, 0.0};
     case c10d::ReduceOp::PRODUCT: return {kProd, 0.0};
     case c10d::ReduceOp::PREMUL_SUM: {
-      auto* s = dynamic_cast<c10d::PreMulSumSupplement*>(op.supplement_.get());
+      auto* s = dynamic_cast<c10d::NCCLPreMulSumSupplement*>(op.supplement_.get());
       if (s != nullptr && !s->tensor_factor.defined()) {
         return {kSum, s->double_factor};
       }
@@ -514,8 +514,8 @@ class StrataBackend : public c10d::Backend {
     return delegate("_end_coalescing");
   }
 
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 15)
-  // torch.distributed.shrink_group: the survivors' backend, its communicators shrunk by
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 11)
+  // torch.distributed.shrink_group (torch 2.11 and 2.15 have it): the survivors' backend, its communicators shrunk by
   // the delegate (Comm.shrink), the excluded ranks not calling.
   bool supportsShrinking() const override {
     return true;
