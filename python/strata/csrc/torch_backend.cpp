@@ -473,7 +473,7 @@ class StrataBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override {
     // CPU groups (the mpi communicator made, or no CUDA one asked for): a one-byte
     // all-reduce, blocking; else the delegate (a barrier on the group's GPU).
-    if (cpu_ == nullptr || !opts.device_ids.empty() || coalescing_) return delegate("barrier", opts);
+    if (cpu_.load() == nullptr || !opts.device_ids.empty() || coalescing_) return delegate("barrier", opts);
     at::Tensor one = at::zeros({1}, at::kByte);
     return issue("barrier", c10d::OpType::BARRIER, false, one, {one}, {}, nullptr, [&](void* c, void* s) {
       return api_.all_reduce(one.data_ptr(), one.data_ptr(), 1, kU8, kMax, c, s);
@@ -575,14 +575,20 @@ class StrataBackend : public c10d::Backend {
                  }, tensors.size() > 1);
   }
 
-  // The group's mpi communicator, made by the delegate at first use.
+  // The group's mpi communicator, made by the delegate at first use (under the GIL,
+  // which serializes the making).
   void* cpu_comm(const at::Tensor& t, const char* method) {
-    if (cpu_ == nullptr) {
+    void* c = cpu_.load(std::memory_order_acquire);
+    if (c == nullptr) {
       py::gil_scoped_acquire g;
-      py::object c = delegate_.attr("_comm")(t, method);
-      cpu_ = reinterpret_cast<void*>(c.attr("handle").cast<uintptr_t>());
+      c = cpu_.load(std::memory_order_acquire);
+      if (c == nullptr) {
+        py::object comm = delegate_.attr("_comm")(t, method);
+        c = reinterpret_cast<void*>(comm.attr("handle").cast<uintptr_t>());
+        cpu_.store(c, std::memory_order_release);
+      }
     }
-    return cpu_;
+    return c;
   }
 
   // Run `call(comm, stream)` (a group of calls when `grouped`): blocking where the torch
@@ -593,6 +599,10 @@ class StrataBackend : public c10d::Backend {
                                        std::function<void()> post, F&& call, bool grouped = false) {
     void* comm = cpu_comm(first, what);
     native_calls.fetch_add(1, std::memory_order_relaxed);
+    // One thread at a time on the communicator (the C ABI's rule; DDP's hooks run on
+    // autograd threads). Taken without the GIL held by this path, never while waiting
+    // for it.
+    std::lock_guard<std::mutex> serial(calls_);
     void* stream = nullptr;
     if (async) {
       if (stream_ == nullptr) {
@@ -638,7 +648,8 @@ class StrataBackend : public c10d::Backend {
   std::string lib_;
   py::object delegate_;
   std::shared_ptr<Events> events_;
-  void* cpu_ = nullptr;
+  std::mutex calls_;
+  std::atomic<void*> cpu_{nullptr};
   void* stream_ = nullptr;
   bool coalescing_ = false;
 };
