@@ -245,7 +245,8 @@ def main():
     if failures:
         raise AssertionError("; ".join(failures))
     if int(os.environ["RANK"]) == 0:
-        print(f"deepspeed check OK (np={os.environ['WORLD_SIZE']})")
+        native = f", {st.served().get('cpp', 0)} calls run in C++" if st.FORM == "cpp" else ""
+        print(f"deepspeed check OK (np={os.environ['WORLD_SIZE']}, strata as torch's {st.FORM}{native})")
 
 
 if __name__ == "__main__":
