@@ -227,6 +227,62 @@ pub fn choose(core: &CommCore, req: &Request) -> Choice {
     c
 }
 
+/// [`choose`]'s algorithm, remembered per communicator for the hot path: a call shaped
+/// as the one before it (same requested algorithm, collective, reduction, dtype and
+/// count: everything [`select`] reads that varies per call, the rest being the
+/// communicator's and fixed) takes the remembered algorithm without estimating again.
+/// One word, read and written with relaxed atomics (a stale or racing word only costs
+/// a fresh [`choose`]); choices that fell back are not remembered, so their INFO line
+/// is still logged on every call.
+pub fn choose_algo(core: &CommCore, req: &Request) -> Algo {
+    let wanted = req.algo.unwrap_or(core.config().algo);
+    if wanted == Algo::Ring {
+        return Algo::Ring;
+    }
+    let key = remember_key(wanted, &req.op, req.dtype);
+    if let Some(k) = key {
+        let w = core.chosen().load(std::sync::atomic::Ordering::Relaxed);
+        if w & !0xf == k {
+            if let Some(&a) = Algo::ALL.get((w & 0xf) as usize) {
+                return a;
+            }
+        }
+    }
+    let c = choose(core, req);
+    if let (Some(k), None) = (key, &c.fallback) {
+        let i = Algo::ALL.iter().position(|a| *a == c.algo).unwrap_or(0) as u64;
+        core.chosen()
+            .store(k | i, std::sync::atomic::Ordering::Relaxed);
+    }
+    c.algo
+}
+
+/// The key of a call for [`choose_algo`]'s word (low 4 bits free for the answer), or
+/// `None` for calls it does not remember (counts of 2^40 elements and more).
+fn remember_key(wanted: Algo, op: &Op, dtype: DataType) -> Option<u64> {
+    let (kind, count) = match op {
+        Op::AllGather { count, .. } => (1, *count),
+        Op::ReduceScatter { count, .. } => (2, *count),
+        Op::AllReduce { count, .. } => (3, *count),
+        Op::AllToAll { count, .. } => (4, *count),
+        _ => return None,
+    };
+    if count >= 1 << 40 {
+        return None;
+    }
+    let wanted = Algo::ALL.iter().position(|a| *a == wanted)? as u64;
+    let redop = op.redop().map_or(0, |r| r as u64 + 1);
+    // count 40 bits | kind 3 | redop 3 | dtype 4 | wanted 4 | answer 4 (low).
+    Some(
+        (count as u64) << 24
+            | kind << 21
+            | redop << 18
+            | (dtype as u64) << 14
+            | wanted << 10
+            | 1 << 9,
+    )
+}
+
 /// Modeled times in microseconds of the lossless algorithms for one call
 /// ([`estimates`]); `INFINITY` where one does not apply.
 #[derive(Debug, Clone, Copy, PartialEq)]

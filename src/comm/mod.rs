@@ -382,10 +382,11 @@ impl Comm {
     /// is on a device transport and the request's buffers are device memory (outside an
     /// algorithm's own steps).
     fn launchable(&self, req: &Request) -> Option<Arc<dyn crate::device::Device>> {
+        let dev = self.device()?; // host transports: nothing more to look at
         if crate::device::direct::current().is_some() || self.0.on_stream() {
             return None;
         }
-        req.op.device().and(self.device())
+        req.op.device().and(Some(dev))
     }
 
     /// Check, choose, and queue `req` (or hold it in the group), or run it on this
@@ -502,10 +503,20 @@ impl Comm {
             return Inline::Refused(e);
         }
         let req = &*req;
-        let choice = algo::select::choose(core, req);
-        tracing::debug!(rank = core.rank(), op = req.op.name(), algo = choice.algo.name(), reason = %choice.reason, "dispatch");
-        let algo = choice.algo;
-        let run = || ran(core, req, algo, algo::run(core, algo, req));
+        let algo = if tracing::enabled!(tracing::Level::DEBUG) {
+            let choice = algo::select::choose(core, req);
+            tracing::debug!(rank = core.rank(), op = req.op.name(), algo = choice.algo.name(), reason = %choice.reason, "dispatch");
+            choice.algo
+        } else {
+            algo::select::choose_algo(core, req)
+        };
+        let run = || {
+            let r = match algo {
+                crate::Algo::Ring => algo::run_native_now(core, req),
+                _ => algo::run(core, algo, req),
+            };
+            ran(core, req, algo, r)
+        };
         match core.run_now(&req.deps, run) {
             Ok(r) => Inline::Ran(r),
             Err(_) => Inline::Busy,

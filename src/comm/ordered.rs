@@ -306,7 +306,7 @@ impl Comm {
         core.transport().gpu().is_some_and(|g| g.any_stream())
             && one_call_op(&req.op)
             && req.deps.iter().all(|d| d.event().is_some() || d.is_done())
-            && crate::algo::select::choose(core, req).algo == crate::kinds::Algo::Ring
+            && crate::algo::select::choose_algo(core, req) == crate::kinds::Algo::Ring
     }
 
     /// The fast path (contract "launch cost"): a collective that is one call of a

@@ -28,6 +28,8 @@ use crate::dtype::{DataType, Element};
 use crate::error::{Error, Result};
 use std::cell::UnsafeCell;
 use std::ops::{Deref, DerefMut, Range};
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -40,12 +42,43 @@ enum Storage {
 
 struct Mem {
     data: Storage,
+    /// The one borrow held without the table's lock ([`Fast`]): 0 when none, else
+    /// its encoded range.
+    fast: AtomicU64,
+    /// Entries in the table plus borrowers inside the table's path; the fast slot is
+    /// taken only while it is 0 (see [`Mem::borrow`]).
+    slow: AtomicUsize,
     /// Active borrows and the id of the next one.
     borrows: Mutex<Borrows>,
     freed: Condvar,
     /// Borrowers parked on `freed` (changed under `borrows`' lock; `release` notifies
     /// only then).
-    waiting: std::sync::atomic::AtomicUsize,
+    waiting: AtomicUsize,
+}
+
+/// The fast slot's word: bit 63 set, bit 62 exclusive, the range's start in bits
+/// 31..62 and its end in bits 0..31 (ranges ending below 2^31; longer ones take the
+/// table).
+struct Fast;
+
+impl Fast {
+    /// The id of the borrow held in the fast slot (the table's ids never reach it).
+    const ID: u64 = u64::MAX;
+    const LIMIT: usize = 1 << 31;
+
+    fn encode(r: &Range<usize>, exclusive: bool) -> Option<u64> {
+        (r.end < Self::LIMIT)
+            .then(|| 1 << 63 | (exclusive as u64) << 62 | (r.start as u64) << 31 | r.end as u64)
+    }
+
+    /// The range and mode of a non-zero word.
+    fn decode(w: u64) -> (Range<usize>, bool) {
+        let m = (Self::LIMIT - 1) as u64;
+        (
+            ((w >> 31) & m) as usize..(w & m) as usize,
+            w & (1 << 62) != 0,
+        )
+    }
 }
 
 // SAFETY: the bytes are only reached through `ReadGuard`/`WriteGuard`, which the borrow
@@ -73,55 +106,110 @@ fn overlap(a: &Range<usize>, b: &Range<usize>) -> bool {
 pub const DEFAULT_BORROW_TIMEOUT: Duration = Duration::from_secs(120);
 
 impl Mem {
+    /// A borrow of `r` (shared, or `exclusive`), waiting up to `timeout` for
+    /// overlapping ones; its id for [`Mem::release`].
+    ///
+    /// The uncontended case (no other borrow of this allocation) takes no lock: the
+    /// borrow is written into the fast slot with one compare-and-swap. Everything else
+    /// goes through the table, under its lock, where the fast slot's borrow is one
+    /// more entry to respect. The two meet Dekker-style (sequentially consistent): a
+    /// table borrower counts itself in `slow` before it reads the slot, a fast borrower
+    /// fills the slot before it reads `slow`, so at least one sees the other, and a
+    /// fast borrower that sees a table borrower gives the slot back and joins the table.
+    #[inline]
     fn borrow(&self, r: &Range<usize>, exclusive: bool, timeout: Duration) -> Result<u64> {
+        if let Some(w) = Fast::encode(r, exclusive) {
+            if self.slow.load(SeqCst) == 0
+                && self.fast.compare_exchange(0, w, SeqCst, Relaxed).is_ok()
+            {
+                if self.slow.load(SeqCst) == 0 {
+                    return Ok(Fast::ID);
+                }
+                self.release_fast();
+            }
+        }
+        self.borrow_slow(r, exclusive, timeout)
+    }
+
+    fn borrow_slow(&self, r: &Range<usize>, exclusive: bool, timeout: Duration) -> Result<u64> {
         let mut deadline = None;
         let mut b = self
             .borrows
             .lock()
             .map_err(|_| Error::Internal("buffer lock poisoned".into()))?;
+        // Counted before the fast slot is read (see `borrow`); kept as the entry's.
+        self.slow.fetch_add(1, SeqCst);
+        // Parked-or-about-to-park, also before the slot is read: a fast release that
+        // misses this count happened before the read, which then sees the slot empty.
+        self.waiting.fetch_add(1, SeqCst);
         loop {
+            let fast = match self.fast.load(SeqCst) {
+                0 => None,
+                w => Some(Fast::decode(w)),
+            };
             let busy = !r.is_empty()
-                && b.active
+                && (b
+                    .active
                     .iter()
-                    .any(|(o, ex, _)| (exclusive || *ex) && overlap(o, r));
+                    .any(|(o, ex, _)| (exclusive || *ex) && overlap(o, r))
+                    || fast.is_some_and(|(o, ex)| (exclusive || ex) && overlap(&o, r)));
             if !busy {
+                self.waiting.fetch_sub(1, SeqCst);
                 let id = b.next;
-                b.next = id.wrapping_add(1);
+                b.next = id.wrapping_add(1) % Fast::ID;
                 b.active.push((r.clone(), exclusive, id));
                 return Ok(id);
             }
             let now = Instant::now();
             let deadline = *deadline.get_or_insert(now + timeout);
             if now >= deadline {
+                self.waiting.fetch_sub(1, SeqCst);
+                self.slow.fetch_sub(1, SeqCst);
                 return Err(Error::InvalidUsage(format!(
                     "buffer bytes {}..{} stayed in use by other work for {:?}: overlapping work on two \
                      communicators needs a dependency between them",
                     r.start, r.end, timeout
                 )));
             }
-            self.waiting
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let w = self.freed.wait_timeout(b, deadline - now);
-            self.waiting
-                .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-            b = w
-                .map_err(|_| Error::Internal("buffer lock poisoned".into()))?
-                .0;
+            b = match self.freed.wait_timeout(b, deadline - now) {
+                Ok((b, _)) => b,
+                Err(_) => {
+                    self.waiting.fetch_sub(1, SeqCst);
+                    self.slow.fetch_sub(1, SeqCst);
+                    return Err(Error::Internal("buffer lock poisoned".into()));
+                }
+            };
         }
     }
 
+    #[inline]
     fn release(&self, id: u64) {
+        if id == Fast::ID {
+            return self.release_fast();
+        }
         let waiting = match self.borrows.lock() {
             Ok(mut b) => {
                 if let Some(i) = b.active.iter().position(|(_, _, i)| *i == id) {
                     b.active.swap_remove(i);
+                    self.slow.fetch_sub(1, SeqCst);
                 }
                 // Changed under the lock by waiters, so none can be missed.
-                self.waiting.load(std::sync::atomic::Ordering::Relaxed) > 0
+                self.waiting.load(SeqCst) > 0
             }
             Err(_) => true,
         };
         if waiting {
+            self.freed.notify_all();
+        }
+    }
+
+    /// Empty the fast slot, waking the table's waiters when there are any (under the
+    /// lock: a waiter holds it from its read of the slot until it parks).
+    #[inline]
+    fn release_fast(&self) {
+        self.fast.store(0, SeqCst);
+        if self.waiting.load(SeqCst) > 0 {
+            drop(self.borrows.lock());
             self.freed.notify_all();
         }
     }
@@ -143,9 +231,11 @@ impl Mem {
     fn new(data: Storage) -> Arc<Mem> {
         Arc::new(Mem {
             data,
+            fast: AtomicU64::new(0),
+            slow: AtomicUsize::new(0),
             borrows: Mutex::new(Borrows::default()),
             freed: Condvar::new(),
-            waiting: 0.into(),
+            waiting: AtomicUsize::new(0),
         })
     }
 }
@@ -588,6 +678,90 @@ mod tests {
         let _r1 = b.read().unwrap();
         let _r2 = lo.read().unwrap();
         assert!(hi.write_timeout(Duration::from_millis(10)).is_err());
+    }
+
+    /// The lock-free slot and the table respect each other: a borrow held in the slot
+    /// blocks an overlapping one taken through the table and lets a disjoint one by,
+    /// and the slot is free again once its guard is gone.
+    #[test]
+    fn the_fast_slot_and_the_table_exclude_each_other() {
+        let b = Buffer::zeroed(32);
+        let (lo, hi) = (b.slice(0..16).unwrap(), b.slice(16..32).unwrap());
+        let g = lo.write().unwrap();
+        assert_ne!(
+            b.mem.fast.load(SeqCst),
+            0,
+            "the first borrow takes the slot"
+        );
+        let short = Duration::from_millis(5);
+        assert!(b.read_timeout(short).is_err(), "overlaps the slot's borrow");
+        assert_eq!(
+            b.mem.slow.load(SeqCst),
+            0,
+            "a timed-out borrower is not counted"
+        );
+        let h = hi.read().unwrap(); // disjoint: through the table
+        assert_eq!(b.mem.slow.load(SeqCst), 1);
+        assert!(
+            hi.write_timeout(short).is_err(),
+            "the table's shared borrow holds"
+        );
+        drop(g);
+        assert_eq!(b.mem.fast.load(SeqCst), 0);
+        // With a table entry standing, a new borrow takes the table, not the slot.
+        let g = lo.read().unwrap();
+        assert_eq!(b.mem.fast.load(SeqCst), 0);
+        drop((g, h));
+        assert_eq!(b.mem.slow.load(SeqCst), 0);
+        let _g = b.write().unwrap();
+        assert_ne!(
+            b.mem.fast.load(SeqCst),
+            0,
+            "the slot again once the table is empty"
+        );
+    }
+
+    /// Threads take overlapping and disjoint ranges, shared and exclusive, each through
+    /// whichever of the slot and the table it gets: no byte ever has a writer beside
+    /// another user (counted per byte while held), and a waiter is always woken.
+    #[test]
+    fn racing_borrows_never_overlap_a_writer() {
+        use std::sync::atomic::AtomicIsize;
+        let b = Buffer::zeroed(24);
+        // Per byte: readers holding it, or -1 for a writer.
+        let held: Vec<AtomicIsize> = (0..24).map(|_| AtomicIsize::new(0)).collect();
+        let ranges = [0..8, 4..12, 8..16, 0..24, 16..24, 12..20];
+        let rounds = if cfg!(miri) { 6 } else { 2000 };
+        std::thread::scope(|s| {
+            for t in 0..4usize {
+                let (b, held, ranges) = (&b, &held, &ranges);
+                s.spawn(move || {
+                    for i in 0..rounds {
+                        let r = ranges[(t * 7 + i * 5) % ranges.len()].clone();
+                        let part = b.slice(r.clone()).unwrap();
+                        if (t + i) % 3 == 0 {
+                            let _g = part.write_timeout(Duration::from_secs(60)).unwrap();
+                            for h in &held[r.clone()] {
+                                assert_eq!(h.swap(-1, SeqCst), 0, "a writer beside a user");
+                            }
+                            for h in &held[r] {
+                                h.store(0, SeqCst);
+                            }
+                        } else {
+                            let _g = part.read_timeout(Duration::from_secs(60)).unwrap();
+                            for h in &held[r.clone()] {
+                                assert!(h.fetch_add(1, SeqCst) >= 0, "a reader beside a writer");
+                            }
+                            for h in &held[r] {
+                                h.fetch_sub(1, SeqCst);
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(b.mem.fast.load(SeqCst), 0);
+        assert_eq!(b.mem.slow.load(SeqCst), 0);
     }
 
     #[test]

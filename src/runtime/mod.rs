@@ -112,6 +112,12 @@ struct Inner {
     check_seq: AtomicU64,
     /// The launch stream and arena of launched device calls, made on first use.
     launcher: std::sync::OnceLock<Arc<ordered::Launcher>>,
+    /// This rank and the size, the transport's (fixed for its life), read per call.
+    rank: usize,
+    size: usize,
+    /// A word the front keeps its last algorithm choice in (`crate::algo::select`);
+    /// 0 when none. Nothing here reads it.
+    chosen: AtomicU64,
 }
 
 /// `job`, run in the calling thread's stream-ordered scope, or in none when it has
@@ -169,6 +175,7 @@ impl CommCore {
             ?hierarchy,
             "communicator created"
         );
+        let (rank, size) = (transport.rank(), transport.size());
         Ok(CommCore(Arc::new(Inner {
             transport,
             topo,
@@ -184,6 +191,9 @@ impl CommCore {
             check: AtomicBool::new(config::env().is_ok_and(|e| e.check)),
             check_seq: AtomicU64::new(0),
             launcher: std::sync::OnceLock::new(),
+            rank,
+            size,
+            chosen: AtomicU64::new(0),
         })))
     }
 
@@ -224,12 +234,20 @@ impl CommCore {
     }
 
     /// This rank in the communicator.
+    #[inline]
     pub fn rank(&self) -> usize {
-        self.0.transport.rank()
+        self.0.rank
     }
     /// Ranks in the communicator.
+    #[inline]
     pub fn size(&self) -> usize {
-        self.0.transport.size()
+        self.0.size
+    }
+    /// The word the front remembers its last algorithm choice in (see
+    /// `crate::algo::select::choose_algo`).
+    #[inline]
+    pub(crate) fn chosen(&self) -> &AtomicU64 {
+        &self.0.chosen
     }
     /// World ranks of all members, in communicator order.
     pub fn members(&self) -> &[usize] {
@@ -477,6 +495,9 @@ impl CommCore {
     pub(crate) fn run_native(&self, ops: &[Op], dtype: DataType) -> Result<()> {
         let t = self.0.transport.as_ref();
         let to = self.timeout();
+        if let [op] = ops {
+            return native::run(t, op, dtype, to);
+        }
         match t.gpu() {
             Some(g) if ops.len() > 1 && ops.iter().all(|o| o.device().is_some()) => {
                 let mut first = Ok(());

@@ -41,15 +41,19 @@ pub fn exchange(t: &dyn Transport, ops: &[Op], timeout: Duration) -> Result<()> 
 /// go to the transport's device face ([`crate::transport::gpu::GpuTransport`]); host
 /// buffers to its host face (GPU transports stage them through scratch).
 pub fn run(t: &dyn Transport, op: &Op, dtype: DataType, timeout: Duration) -> Result<()> {
-    if let Some(place) = placement(op)? {
-        return device::run(t, op, dtype, timeout, place, false).map(|_| ());
-    }
-    if !op.has_bytes() {
+    let host = match placement(op)? {
+        Place::Device(place) => {
+            return device::run(t, op, dtype, timeout, place, false).map(|_| ())
+        }
+        Place::Host => true,
+        Place::Empty => false,
+    };
+    if !host {
         // Nothing to move on any rank (counts agree): NCCL returns at once too. Empty
         // device buffers have no host view, so the host path below must not see them.
         return Ok(());
     }
-    let (rank, size) = (t.rank(), t.size());
+    let rank = t.rank();
     let in_place = layout(op, rank, dtype).is_some();
     match op {
         Op::AllGather { send, recv, count } => {
@@ -116,8 +120,9 @@ pub fn run(t: &dyn Transport, op: &Op, dtype: DataType, timeout: Duration) -> Re
         }
         Op::AllGatherCoalesced { .. } | Op::ReduceScatterCoalesced { .. } => {
             Err(Error::Internal(format!(
-                "{} reached the native path unpacked (size {size})",
-                op.name()
+                "{} reached the native path unpacked (size {})",
+                op.name(),
+                t.size()
             )))
         }
     }
@@ -151,8 +156,8 @@ pub fn run_device_mean(
     timeout: Duration,
 ) -> Result<bool> {
     match placement(op)? {
-        Some(place) => device::run(t, op, dtype, timeout, place, true),
-        None => Err(Error::Internal(format!(
+        Place::Device(place) => device::run(t, op, dtype, timeout, place, true),
+        Place::Host | Place::Empty => Err(Error::Internal(format!(
             "{}: host buffers on the device path",
             op.name()
         ))),
@@ -165,13 +170,24 @@ fn copy(src: &Buffer, dst: &Buffer, timeout: Duration) -> Result<()> {
     Ok(())
 }
 
-/// `Some(device)` when the op's buffers are device memory, `None` for host memory;
-/// buffers of both kinds, or of two devices, in one op are an `InvalidArgument`.
-fn placement(op: &Op) -> Result<Option<Arc<dyn crate::device::Device>>> {
+/// Where an op's bytes are ([`placement`]).
+enum Place {
+    /// Every buffer is empty: nothing to move.
+    Empty,
+    /// Host memory.
+    Host,
+    /// Memory of this device.
+    Device(Arc<dyn crate::device::Device>),
+}
+
+/// Where the op's non-empty buffers are; buffers of both kinds, or of two devices, in
+/// one op are an `InvalidArgument`. One pass over the buffers (the host path's common
+/// case: two host buffers).
+fn placement<'a>(op: &'a Op) -> Result<Place> {
     let mut dev: Option<&Arc<dyn crate::device::Device>> = None;
     let mut host = false;
     let mut two: Option<(usize, usize)> = None;
-    op.for_each_buffer(&mut |b| {
+    let mut see = |b: &'a Buffer| {
         if b.is_empty() {
             return;
         }
@@ -186,7 +202,19 @@ fn placement(op: &Op) -> Result<Option<Arc<dyn crate::device::Device>>> {
                 dev = Some(d);
             }
         }
-    });
+    };
+    match op {
+        Op::AllGather { send, recv, .. }
+        | Op::ReduceScatter { send, recv, .. }
+        | Op::AllReduce { send, recv, .. }
+        | Op::AllToAll { send, recv, .. }
+        | Op::Broadcast { send, recv, .. }
+        | Op::SendRecv { send, recv, .. } => {
+            see(send);
+            see(recv);
+        }
+        _ => op.for_each_buffer(&mut see),
+    }
     if let Some((a, b)) = two {
         return Err(Error::InvalidArgument(format!(
             "{}: buffers on two devices ({a} and {b})",
@@ -199,7 +227,11 @@ fn placement(op: &Op) -> Result<Option<Arc<dyn crate::device::Device>>> {
             op.name()
         )));
     }
-    Ok(dev.cloned())
+    Ok(match (dev, host) {
+        (Some(d), _) => Place::Device(d.clone()),
+        (None, true) => Place::Host,
+        (None, false) => Place::Empty,
+    })
 }
 
 /// The device path: the same ops on the transport's [`GpuTransport`].

@@ -331,10 +331,16 @@ pub fn check(mut op: Op, dtype: DataType, rank: usize, size: usize) -> Result<Op
 /// [`check`] of an op where it lies: its buffers trimmed in place (a blocking call
 /// checks its request without moving it).
 pub fn check_in_place(op: &mut Op, dtype: DataType, rank: usize, size: usize) -> Result<()> {
-    if let Some(s) = STAMP.with(|s| s.borrow_mut().take()) {
-        if s.is(op, dtype, rank, size) {
-            return Ok(());
-        }
+    // Looked at where it lies (an op is a few hundred bytes), and cleared when there;
+    // `STAMPED` (no destructor: a plain thread-local word) says whether to look.
+    let stamped = STAMPED.get() && {
+        STAMPED.set(false);
+        STAMP
+            .with(|s| s.borrow_mut().take())
+            .is_some_and(|st| st.is(op, dtype, rank, size))
+    };
+    if stamped {
+        return Ok(());
     }
     #[cfg(test)]
     FULL_CHECKS.with(|n| n.set(n.get() + 1));
@@ -535,6 +541,8 @@ struct Stamp {
 
 thread_local! {
     static STAMP: RefCell<Option<Stamp>> = const { RefCell::new(None) };
+    /// True while `STAMP` may hold a stamp.
+    static STAMPED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// Identity of two ops: the same kind, counts, peers and reduction, over the very same
@@ -711,6 +719,7 @@ impl Checked {
     /// for another rank, size or dtype, is a full one.
     pub fn submit<R>(self, f: impl FnOnce(Request) -> R) -> R {
         let Checked { req, rank, size } = self;
+        STAMPED.set(true);
         STAMP.with(|s| {
             *s.borrow_mut() = Some(Stamp {
                 op: req.op.clone(),
