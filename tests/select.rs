@@ -438,3 +438,81 @@ fn a_lone_crossing_latency_prices_the_flat_rings_steps_only() {
         .lone_latency_us
         .is_none());
 }
+
+/// The choice the hot path remembers per communicator (`choose_algo`) is always what
+/// the rule says for the call at hand: calls of every shape interleaved and repeated
+/// (sizes where `auto` picks differently, reductions, dtypes, named algorithms, one
+/// that falls back), each answer compared with a fresh `choose`.
+#[test]
+fn the_remembered_choice_is_the_rules() {
+    assert!(
+        Algo::ALL.iter().enumerate().all(|(i, a)| *a as usize == i),
+        "the word stores an algorithm as its index in Algo::ALL"
+    );
+    let topo = Topology::parse("nodes:2x4").unwrap();
+    let comms = Comm::local_world(8, Some(topo), CommConfig::default()).unwrap();
+    let c = &comms[0];
+    let mut picked = std::collections::BTreeSet::new();
+    let mut calls = Vec::new();
+    // Counts innermost: neighbours in `calls` differ in the count alone.
+    for algo in [None, Some(Algo::Auto), Some(Algo::Hier), Some(Algo::Qgz)] {
+        for (dtype, op) in [
+            (DataType::F32, ReduceOp::Sum),
+            (DataType::BF16, ReduceOp::Avg),
+        ] {
+            for kind in 0..3 {
+                for count in [1usize, 3, 1 << 10, 1 << 16, 1 << 22] {
+                    let b = |n: usize| Buffer::zeroed(n * dtype.size());
+                    let op = match kind {
+                        0 => Op::AllGather {
+                            send: b(count),
+                            recv: b(count * 8),
+                            count,
+                        },
+                        1 => Op::ReduceScatter {
+                            send: b(count * 8),
+                            recv: b(count),
+                            count,
+                            op,
+                        },
+                        _ => Op::AllReduce {
+                            send: b(count),
+                            recv: b(count),
+                            count,
+                            op,
+                        },
+                    };
+                    let req = Request::new(op, dtype);
+                    calls.push(match algo {
+                        Some(a) => req.with_algo(a),
+                        None => req,
+                    });
+                }
+            }
+        }
+    }
+    // In order (each call after one of another count), each twice in a row (the second
+    // one remembered), then in another order (each after a call of another shape).
+    let n = calls.len();
+    let order: Vec<usize> = (0..n)
+        .chain((0..n).flat_map(|i| [i, i]))
+        .chain((0..n).map(|i| (i * 7) % n))
+        .collect();
+    for i in order {
+        let req = &calls[i];
+        let rule = c.choose(req).algo;
+        assert_eq!(
+            strata::algo::select::choose_algo(c.core(), req),
+            rule,
+            "{} of count {:?} with {:?}",
+            req.op.name(),
+            req.op.kind(),
+            req.algo
+        );
+        picked.insert(rule.name());
+    }
+    assert!(
+        picked.len() >= 3,
+        "shapes where the picks differ: {picked:?}"
+    );
+}

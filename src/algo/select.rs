@@ -250,14 +250,14 @@ pub fn choose_algo(core: &CommCore, req: &Request) -> Algo {
     }
     let c = choose(core, req);
     if let (Some(k), None) = (key, &c.fallback) {
-        let i = Algo::ALL.iter().position(|a| *a == c.algo).unwrap_or(0) as u64;
         core.chosen()
-            .store(k | i, std::sync::atomic::Ordering::Relaxed);
+            .store(k | c.algo as u64, std::sync::atomic::Ordering::Relaxed);
     }
     c.algo
 }
 
-/// The key of a call for [`choose_algo`]'s word (low 4 bits free for the answer), or
+/// The key of a call for [`choose_algo`]'s word (low 4 bits free for the answer, an
+/// [`Algo`]'s discriminant, its index in [`Algo::ALL`]), or
 /// `None` for calls it does not remember (counts of 2^40 elements and more).
 fn remember_key(wanted: Algo, op: &Op, dtype: DataType) -> Option<u64> {
     let (kind, count) = match op {
@@ -270,7 +270,7 @@ fn remember_key(wanted: Algo, op: &Op, dtype: DataType) -> Option<u64> {
     if count >= 1 << 40 {
         return None;
     }
-    let wanted = Algo::ALL.iter().position(|a| *a == wanted)? as u64;
+    let wanted = wanted as u64;
     let redop = op.redop().map_or(0, |r| r as u64 + 1);
     // count 40 bits | kind 3 | redop 3 | dtype 4 | wanted 4 | answer 4 (low).
     Some(

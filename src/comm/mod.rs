@@ -42,18 +42,25 @@ use std::time::Duration;
 /// The outcome `r` of running `req` with `algo` on `core`, named after the collective;
 /// a failure aborts the communicator (like an asynchronous NCCL error, a failed
 /// collective leaves it unusable; aborting wakes the peers at once).
+#[inline]
 fn ran(core: &CommCore, req: &Request, algo: crate::Algo, r: Result<()>) -> Result<()> {
-    let r =
-        r.map_err(|e| e.in_collective(|| format!("{} ({}, {})", req.op.name(), algo, req.dtype)));
-    if let Err(e) = &r {
-        tracing::warn!(
-            rank = core.rank(),
-            op = req.op.name(),
-            "collective failed, aborting communicator: {e}"
-        );
-        core.fail(e);
+    match r {
+        Ok(()) => Ok(()),
+        Err(e) => failed(core, req, algo, e),
     }
-    r
+}
+
+#[cold]
+#[inline(never)]
+fn failed(core: &CommCore, req: &Request, algo: crate::Algo, e: Error) -> Result<()> {
+    let e = e.in_collective(|| format!("{} ({}, {})", req.op.name(), algo, req.dtype));
+    tracing::warn!(
+        rank = core.rank(),
+        op = req.op.name(),
+        "collective failed, aborting communicator: {e}"
+    );
+    core.fail(&e);
+    Err(e)
 }
 
 /// How [`Comm::submit_as`] runs a request.

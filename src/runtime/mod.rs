@@ -308,26 +308,24 @@ impl CommCore {
     #[inline]
     pub fn note<T>(&self, r: Result<T>) -> Result<T> {
         if let Err(e) = &r {
-            if let Ok(mut s) = self.0.last_error.lock() {
-                *s = e.to_string();
-            }
+            self.record_error(e);
         }
         r
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn record_error(&self, e: &Error) {
+        if let Ok(mut s) = self.0.last_error.lock() {
+            *s = e.to_string();
+        }
     }
 
     /// `InvalidUsage` once the communicator was destroyed or aborted.
     #[inline]
     pub fn alive(&self) -> Result<()> {
         if self.0.destroyed.load(Ordering::SeqCst) {
-            // Name the failure that aborted it, when one did (it may have reached only a
-            // Work nobody waited for).
-            let why = self.0.failure.lock().ok().and_then(|f| f.clone());
-            return Err(Error::InvalidUsage(match why {
-                Some(why) => {
-                    format!("communicator used after destroy or abort (aborted by: {why})")
-                }
-                None => "communicator used after destroy or abort".into(),
-            }));
+            return Err(self.gone(false));
         }
         Ok(())
     }
@@ -337,14 +335,27 @@ impl CommCore {
     #[inline]
     pub fn still_running(&self) -> Result<()> {
         if self.0.destroyed.load(Ordering::SeqCst) {
-            let why = self.0.failure.lock().ok().and_then(|f| f.clone());
-            let why = why.map(|e| e.to_string());
-            return Err(Error::Remote(match why {
-                Some(why) => format!("communicator was aborted after: {why}"),
-                None => "communicator was aborted".into(),
-            }));
+            return Err(self.gone(true));
         }
         Ok(())
+    }
+
+    /// The error of a call on a destroyed or aborted communicator, naming the failure
+    /// that aborted it, when one did (it may have reached only a Work nobody waited
+    /// for): [`CommCore::still_running`]'s (`queued`: work queued before the abort) or
+    /// [`CommCore::alive`]'s.
+    #[cold]
+    #[inline(never)]
+    fn gone(&self, queued: bool) -> Error {
+        let why = self.0.failure.lock().ok().and_then(|f| f.clone());
+        match (queued, why) {
+            (true, Some(why)) => Error::Remote(format!("communicator was aborted after: {why}")),
+            (true, None) => Error::Remote("communicator was aborted".into()),
+            (false, Some(why)) => Error::InvalidUsage(format!(
+                "communicator used after destroy or abort (aborted by: {why})"
+            )),
+            (false, None) => Error::InvalidUsage("communicator used after destroy or abort".into()),
+        }
     }
 
     /// Queue `job` on the stream after `deps`; `work` completes with its outcome.
@@ -480,6 +491,7 @@ impl CommCore {
     /// abort it when it fails (as a failed NCCL call leaves its communicator unusable),
     /// so everything queued on it, and everything that depends on that, fails at once
     /// instead of each waiting out its own timeout.
+    #[inline]
     pub(crate) fn run_ops(&self, ops: &[Op], dtype: DataType) -> Result<()> {
         let r = self
             .still_running()

@@ -402,7 +402,15 @@ impl Stream {
     }
 }
 
+#[inline]
 pub(crate) fn wait_deps(deps: &[Work], t: Duration) -> Result<()> {
+    if deps.is_empty() {
+        return Ok(());
+    }
+    wait_each(deps, t)
+}
+
+fn wait_each(deps: &[Work], t: Duration) -> Result<()> {
     for d in deps {
         match d.wait_helping(t) {
             Ok(true) => {}
