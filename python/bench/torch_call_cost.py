@@ -2,7 +2,7 @@
 through strata's backend against gloo's, in one process (issue 49; docs/python.md).
 
 Under mpirun (``scripts/torch-call-cost``): the default group is strata's, in the form
-``STRATA_TORCH_BACKEND`` picks (``cpp``: the C++ backend; unset: the Python one), and a
+``STRATA_TORCH_BACKEND`` picks (unset or ``cpp``: the C++ backend; ``python``: the Python one), and a
 gloo group spans the same ranks. For each call, blocking ``all_reduce``, ``all_reduce``
 with ``async_op=True`` and ``wait()``, and ``all_gather_into_tensor``, of 1 KiB
 (``STRATA_CALL_BYTES``), ITERS calls per repetition after a warm-up, the backends

@@ -5,11 +5,19 @@
     import torch.distributed as dist, strata.torch
     dist.init_process_group("strata")            # or "cpu:gloo,cuda:strata", ...
 
-- Two forms: where torch's ``c10d.Backend`` takes Python subclasses (``PyBackend``,
-  torch 2.15 here; probed at import, ``FORM``), a per-device backend (``BackendStrata``):
-  ``"cpu:gloo,cuda:strata"`` keeps gloo for CPU tensors, and lookups by device (gather,
-  DTensor, functional collectives) find it. Elsewhere a whole ``ProcessGroup``
-  (``ProcessGroupStrata``; ``STRATA_TORCH_BACKEND=group`` forces it).
+- Forms (``FORM``, chosen by ``STRATA_TORCH_BACKEND``): by default a C++
+  ``c10d::Backend`` (``csrc/torch_backend.cpp``, built for the installed torch by
+  :func:`cpp_module` at first use, or ahead with ``python -m strata.torch build``; it
+  needs a C++20 compiler and ninja, and says which is missing). It serves the common
+  CPU calls itself, one C call each, and hands everything else (CUDA tensors, the rarer
+  calls and reductions) to its Python half, the same code as the Python forms.
+  ``STRATA_TORCH_BACKEND=python`` takes the Python backend instead: where torch's
+  ``c10d.Backend`` takes Python subclasses (``PyBackend``, torch 2.15 here), a
+  per-device backend (``BackendStrata``), elsewhere a whole ``ProcessGroup``
+  (``ProcessGroupStrata``; ``STRATA_TORCH_BACKEND=group`` forces it). The C++ and the
+  per-device forms are registered per device: ``"cpu:gloo,cuda:strata"`` keeps gloo
+  for CPU tensors, and lookups by device (gather, DTensor, functional collectives) find
+  strata.
 - CPU tensors run on strata's ``mpi`` transport: launch with ``mpirun`` (the library
   built with ``--features mpi``); torch's rank must be the MPI world rank (set ``RANK``
   from ``OMPI_COMM_WORLD_RANK``). Importing this module under ``mpirun`` joins the MPI
@@ -1122,19 +1130,55 @@ def cpp_module() -> Any:
                 os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "strata", f"torch-{tag}")
             os.makedirs(build, exist_ok=True)
             src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "torch_backend.cpp")
+            name = f"strata_torch_{tag}"
+            missing = _cpp_toolchain_missing(not os.path.exists(os.path.join(build, name + ".so")))
+            if missing:
+                raise RuntimeError(f"strata backend: the C++ backend for torch {torch.__version__} cannot be "
+                                   f"built here: {missing} (set STRATA_TORCH_BACKEND=python to use the "
+                                   f"Python backend instead, at several times the host cost per call)")
             try:
-                _CPP = cpp_extension.load(name=f"strata_torch_{tag}", sources=[src], build_directory=build,
+                _CPP = cpp_extension.load(name=name, sources=[src], build_directory=build,
                                           extra_cflags=["-O2"], verbose=False)
             except Exception as e:
                 raise RuntimeError(f"strata backend: building the C++ backend for torch {torch.__version__} "
-                                   f"failed (it needs a C++20 compiler and ninja: pip install ninja): {e}") from e
+                                   f"failed (it needs a C++20 compiler and ninja: pip install ninja; "
+                                   f"STRATA_TORCH_BACKEND=python uses the Python backend instead): {e}") from e
         return _CPP
 
 
-#: Which form torch holds strata in: ``"cpp"`` (the C++ backend, ``STRATA_TORCH_BACKEND=cpp``),
-#: ``"backend"`` (the Python one per device) or ``"group"`` (a whole Python group).
-FORM = ("cpp" if os.environ.get("STRATA_TORCH_BACKEND", "").strip().lower() == "cpp"
-        else "backend" if _python_backends() else "group")
+def _cpp_toolchain_missing(compile: bool) -> Optional[str]:
+    """What the C++ backend's build lacks here (``None``: nothing): ninja (which torch
+    runs even to find a build up to date), and, when it must ``compile``, the C++
+    compiler torch would call (``$CXX``, else ``c++``)."""
+    import shutil
+    from torch.utils import cpp_extension
+    lacks = []
+    if not cpp_extension.is_ninja_available():
+        lacks.append("ninja is not installed (pip install ninja)")
+    cxx = os.environ.get("CXX", "c++")
+    if compile and shutil.which(cxx.split()[0] if cxx.strip() else "c++") is None:
+        lacks.append(f"no C++ compiler ({cxx!r} is not on PATH; install g++ 10 or later, or set CXX)")
+    return "; ".join(lacks) or None
+
+
+def _form() -> str:
+    """``STRATA_TORCH_BACKEND``: unset or ``cpp`` (the default) the C++ backend;
+    ``python`` the Python one (per device where torch takes Python subclasses, else the
+    whole group); ``group`` the whole-group form."""
+    v = os.environ.get("STRATA_TORCH_BACKEND", "").strip().lower()
+    if v in ("", "cpp"):
+        return "cpp"
+    if v in ("python", "backend"):
+        return "backend" if _python_backends() else "group"
+    if v == "group":
+        return "group"
+    raise ValueError(f"STRATA_TORCH_BACKEND={v!r}: expected cpp (the default), python or group")
+
+
+#: Which form torch holds strata in (``STRATA_TORCH_BACKEND``, :func:`_form`): ``"cpp"``
+#: (the C++ backend, the default), ``"backend"`` (the Python one per device) or
+#: ``"group"`` (a whole Python group).
+FORM = _form()
 _SERVED: dict = {}
 
 
@@ -1409,3 +1453,11 @@ if _mpi_env() is not None and os.environ.get("STRATA_TORCH_LAZY_MPI") != "1":
         _world_cpu()
     except _s.StrataError:
         pass
+
+
+if __name__ == "__main__":
+    import sys
+    if sys.argv[1:] != ["build"]:
+        sys.exit("usage: python -m strata.torch build   (builds the C++ backend for this torch)")
+    m = cpp_module()
+    print(f"strata: the C++ torch backend is built for torch {torch.__version__}: {m.__file__}")
