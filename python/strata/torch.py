@@ -1113,9 +1113,10 @@ _CPP: Any = None
 def cpp_module() -> Any:
     """The C++ backend's extension module (``csrc/torch_backend.cpp``), built for the
     installed torch at first use with ``torch.utils.cpp_extension`` (needs a C++20
-    compiler and ninja) into ``$STRATA_TORCH_EXT_DIR`` (default
-    ``~/.cache/strata/torch-<version>``), then loaded from there: one build per torch
-    version, shared by the processes of a job (torch's file lock)."""
+    compiler and ninja) into ``torch-<version>`` under ``$STRATA_TORCH_EXT_DIR``
+    (default ``~/.cache/strata``), then loaded from there: one build per torch version,
+    shared by the processes of a job (torch's file lock; a lock older than 15 minutes,
+    left by a killed build, is removed)."""
     global _CPP
     with _LOCK:
         if _CPP is None:
@@ -1126,9 +1127,10 @@ def cpp_module() -> Any:
             except (ImportError, AttributeError):
                 pass
             tag = "".join(c if c.isalnum() else "_" for c in torch.__version__)
-            build = os.environ.get("STRATA_TORCH_EXT_DIR") or os.path.join(
-                os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "strata", f"torch-{tag}")
+            build = os.path.join(os.environ.get("STRATA_TORCH_EXT_DIR") or os.path.join(
+                os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "strata"), f"torch-{tag}")
             os.makedirs(build, exist_ok=True)
+            _clear_stale_lock(build)
             src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "torch_backend.cpp")
             name = f"strata_torch_{tag}"
             missing = _cpp_toolchain_missing(not os.path.exists(os.path.join(build, name + ".so")))
@@ -1144,6 +1146,26 @@ def cpp_module() -> Any:
                                    f"failed (it needs a C++20 compiler and ninja: pip install ninja; "
                                    f"STRATA_TORCH_BACKEND=python uses the Python backend instead): {e}") from e
         return _CPP
+
+
+def _clear_stale_lock(build: str, stale_s: float = 900.0) -> None:
+    """Remove the build lock a killed build left behind (``torch.utils.cpp_extension``
+    takes it for the length of a build and waits, with no limit, for any it finds): one
+    older than ``stale_s`` (a build takes about a minute) belongs to no live build."""
+    import time
+    lock = os.path.join(build, "lock")
+    try:
+        age = time.time() - os.path.getmtime(lock)
+    except OSError:
+        return
+    if age > stale_s:
+        import warnings
+        warnings.warn(f"strata backend: removing {lock}, left {age / 60:.0f} min ago by a build "
+                      "that did not finish")
+        try:
+            os.remove(lock)
+        except OSError:
+            pass
 
 
 def _cpp_toolchain_missing(compile: bool) -> Optional[str]:
