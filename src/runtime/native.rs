@@ -203,17 +203,12 @@ fn placement<'a>(op: &'a Op) -> Result<Place> {
             }
         }
     };
-    match op {
-        Op::AllGather { send, recv, .. }
-        | Op::ReduceScatter { send, recv, .. }
-        | Op::AllReduce { send, recv, .. }
-        | Op::AllToAll { send, recv, .. }
-        | Op::Broadcast { send, recv, .. }
-        | Op::SendRecv { send, recv, .. } => {
+    match op.pair() {
+        Some((send, recv)) => {
             see(send);
             see(recv);
         }
-        _ => op.for_each_buffer(&mut see),
+        None => op.for_each_buffer(&mut see),
     }
     if let Some((a, b)) = two {
         return Err(Error::InvalidArgument(format!(

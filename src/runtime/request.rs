@@ -121,23 +121,35 @@ impl Op {
         }
     }
 
-    /// Every buffer the op names.
-    pub fn for_each_buffer<'a>(&'a self, f: &mut dyn FnMut(&'a Buffer)) {
+    /// The send and receive buffers of an op that has exactly those two (every op but
+    /// send, receive and the coalesced lists).
+    #[inline]
+    pub fn pair(&self) -> Option<(&Buffer, &Buffer)> {
         match self {
             Op::AllGather { send, recv, .. }
             | Op::ReduceScatter { send, recv, .. }
             | Op::AllReduce { send, recv, .. }
             | Op::AllToAll { send, recv, .. }
             | Op::Broadcast { send, recv, .. }
-            | Op::SendRecv { send, recv, .. } => {
-                f(send);
-                f(recv);
-            }
+            | Op::SendRecv { send, recv, .. } => Some((send, recv)),
+            _ => None,
+        }
+    }
+
+    /// Every buffer the op names.
+    pub fn for_each_buffer<'a>(&'a self, f: &mut dyn FnMut(&'a Buffer)) {
+        if let Some((send, recv)) = self.pair() {
+            f(send);
+            f(recv);
+            return;
+        }
+        match self {
             Op::Send { buf, .. } | Op::Recv { buf, .. } => f(buf),
             Op::AllGatherCoalesced { sends, recvs, .. }
             | Op::ReduceScatterCoalesced { sends, recvs, .. } => {
                 sends.iter().chain(recvs).for_each(f)
             }
+            _ => {} // the pairs, above
         }
     }
 
