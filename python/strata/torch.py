@@ -1168,9 +1168,9 @@ def _clear_stale_lock(build: str, stale_s: float = 900.0) -> None:
             pass
 
 
-def _cpp_toolchain_missing(compile: bool) -> Optional[str]:
+def _cpp_toolchain_missing(need_compiler: bool) -> Optional[str]:
     """What the C++ backend's build lacks here (``None``: nothing): ninja (which torch
-    runs even to find a build up to date), and, when it must ``compile``, the C++
+    runs even to find a build up to date), and, with ``need_compiler``, the C++
     compiler torch would call (``$CXX``, else ``c++``)."""
     import shutil
     from torch.utils import cpp_extension
@@ -1178,7 +1178,7 @@ def _cpp_toolchain_missing(compile: bool) -> Optional[str]:
     if not cpp_extension.is_ninja_available():
         lacks.append("ninja is not installed (pip install ninja)")
     cxx = os.environ.get("CXX", "c++")
-    if compile and shutil.which(cxx.split()[0] if cxx.strip() else "c++") is None:
+    if need_compiler and shutil.which(cxx.split()[0] if cxx.strip() else "c++") is None:
         lacks.append(f"no C++ compiler ({cxx!r} is not on PATH; install g++ 10 or later, or set CXX)")
     return "; ".join(lacks) or None
 

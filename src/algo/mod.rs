@@ -86,21 +86,6 @@ pub fn run(core: &CommCore, algo: Algo, req: &Request) -> Result<()> {
     divide_avg(core, &req.op, req.dtype)
 }
 
-/// [`run`] of `ring` (the native collective) on the thread that runs `core`'s stream
-/// now (a blocking call run inline): the op on the transport, then the `Avg` division.
-/// `run`'s dispatch without its layers: the host path of a one-step call.
-pub fn run_native_now(core: &CommCore, req: &Request) -> Result<()> {
-    match &req.op {
-        Op::AllGatherCoalesced { .. } | Op::ReduceScatterCoalesced { .. } => {
-            run(core, Algo::Ring, req)
-        }
-        op => {
-            core.run_ops(std::slice::from_ref(op), req.dtype)?;
-            divide_avg(core, op, req.dtype)
-        }
-    }
-}
-
 /// Divide an `Avg` op's summed result by the communicator's size, the one division of
 /// its result (nothing for other ops): [`run`]'s last step, and the fast launch path's
 /// after a library without its own mean.

@@ -517,13 +517,7 @@ impl Comm {
         } else {
             algo::select::choose_algo(core, req)
         };
-        let run = || {
-            let r = match algo {
-                crate::Algo::Ring => algo::run_native_now(core, req),
-                _ => algo::run(core, algo, req),
-            };
-            ran(core, req, algo, r)
-        };
+        let run = || ran(core, req, algo, algo::run(core, algo, req));
         match core.run_now(&req.deps, run) {
             Ok(r) => Inline::Ran(r),
             Err(_) => Inline::Busy,

@@ -181,8 +181,7 @@ enum Place {
 }
 
 /// Where the op's non-empty buffers are; buffers of both kinds, or of two devices, in
-/// one op are an `InvalidArgument`. One pass over the buffers (the host path's common
-/// case: two host buffers).
+/// one op are an `InvalidArgument`. One pass over the buffers.
 fn placement<'a>(op: &'a Op) -> Result<Place> {
     let mut dev: Option<&Arc<dyn crate::device::Device>> = None;
     let mut host = false;
@@ -203,13 +202,7 @@ fn placement<'a>(op: &'a Op) -> Result<Place> {
             }
         }
     };
-    match op.pair() {
-        Some((send, recv)) => {
-            see(send);
-            see(recv);
-        }
-        None => op.for_each_buffer(&mut see),
-    }
+    op.for_each_buffer(&mut see);
     if let Some((a, b)) = two {
         return Err(Error::InvalidArgument(format!(
             "{}: buffers on two devices ({a} and {b})",

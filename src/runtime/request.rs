@@ -121,35 +121,23 @@ impl Op {
         }
     }
 
-    /// The send and receive buffers of an op that has exactly those two (every op but
-    /// send, receive and the coalesced lists).
-    #[inline]
-    pub fn pair(&self) -> Option<(&Buffer, &Buffer)> {
+    /// Every buffer the op names.
+    pub fn for_each_buffer<'a>(&'a self, f: &mut dyn FnMut(&'a Buffer)) {
         match self {
             Op::AllGather { send, recv, .. }
             | Op::ReduceScatter { send, recv, .. }
             | Op::AllReduce { send, recv, .. }
             | Op::AllToAll { send, recv, .. }
             | Op::Broadcast { send, recv, .. }
-            | Op::SendRecv { send, recv, .. } => Some((send, recv)),
-            _ => None,
-        }
-    }
-
-    /// Every buffer the op names.
-    pub fn for_each_buffer<'a>(&'a self, f: &mut dyn FnMut(&'a Buffer)) {
-        if let Some((send, recv)) = self.pair() {
-            f(send);
-            f(recv);
-            return;
-        }
-        match self {
+            | Op::SendRecv { send, recv, .. } => {
+                f(send);
+                f(recv);
+            }
             Op::Send { buf, .. } | Op::Recv { buf, .. } => f(buf),
             Op::AllGatherCoalesced { sends, recvs, .. }
             | Op::ReduceScatterCoalesced { sends, recvs, .. } => {
                 sends.iter().chain(recvs).for_each(f)
             }
-            _ => {} // the pairs, above
         }
     }
 
@@ -343,8 +331,8 @@ pub fn check(mut op: Op, dtype: DataType, rank: usize, size: usize) -> Result<Op
 /// [`check`] of an op where it lies: its buffers trimmed in place (a blocking call
 /// checks its request without moving it).
 pub fn check_in_place(op: &mut Op, dtype: DataType, rank: usize, size: usize) -> Result<()> {
-    // Looked at where it lies (an op is a few hundred bytes), and cleared when there;
-    // `STAMPED` (no destructor: a plain thread-local word) says whether to look.
+    // `STAMPED` (a plain thread-local word, no destructor to register) says whether
+    // there is a stamp to take: the unstamped common case skips `STAMP`.
     let stamped = STAMPED.get() && {
         STAMPED.set(false);
         STAMP
@@ -686,6 +674,7 @@ struct ClearStamp;
 
 impl Drop for ClearStamp {
     fn drop(&mut self) {
+        let _ = STAMPED.try_with(|s| s.set(false));
         let _ = STAMP.try_with(|s| s.borrow_mut().take());
     }
 }
