@@ -5,9 +5,18 @@ that needs no ``STRATA_LIB``.
 ``STRATA_FEATURES`` picks the cargo features (comma-separated, e.g. ``mpi,cuda``); the
 default ``auto`` adds ``mpi`` when OpenMPI's headers are installed (the torch backend's
 CPU tensors need it) and nothing else.
+
+The C++ torch backend (``strata/csrc/torch_backend.cpp``) is built here too when torch
+can be imported by this build, that is with ``pip install --no-build-isolation`` into an
+environment that has torch (its C++ ABI is the installed torch's, so it is built against
+that one): the module ``strata._torch_cpp_<torch version>``, which ``strata.torch`` loads
+when the running torch is that version (else it builds one at first use, as without
+it). ``STRATA_TORCH_BUILD``: ``auto`` (the default) builds it when torch is there,
+``1`` requires it (the install fails without torch), ``0`` never builds it.
 """
 
 import os
+import sys
 from pathlib import Path
 
 from setuptools import setup
@@ -23,6 +32,38 @@ def features():
     return ["mpi"] if any(Path(h).exists() for h in heads) else []
 
 
+def torch_tag(version):
+    """The module-name tag of a torch version (``strata.torch`` computes the same)."""
+    return "".join(c if c.isalnum() else "_" for c in version)
+
+
+def torch_backend():
+    """The C++ torch backend's extension and build command, or none (``STRATA_TORCH_BUILD``)."""
+    want = os.environ.get("STRATA_TORCH_BUILD", "auto").strip().lower()
+    if want not in ("auto", "1", "0"):
+        sys.exit(f"STRATA_TORCH_BUILD={want!r}: expected auto, 1 or 0")
+    if want == "0":
+        return [], {}
+    try:
+        import torch
+        from torch.utils import cpp_extension
+    except ImportError:
+        if want == "1":
+            sys.exit("STRATA_TORCH_BUILD=1: torch cannot be imported by this build; install torch "
+                     "first and run pip with --no-build-isolation")
+        print("strata: torch is not importable here, so the C++ torch backend is not built now "
+              "(strata.torch builds it at first use; pip install --no-build-isolation builds it "
+              "at install)", file=sys.stderr)
+        return [], {}
+    ext = cpp_extension.CppExtension(
+        f"strata._torch_cpp_{torch_tag(torch.__version__)}",
+        ["strata/csrc/torch_backend.cpp"],
+        extra_compile_args=["-O2"],
+    )
+    return [ext], {"build_ext": cpp_extension.BuildExtension}
+
+
+exts, cmds = torch_backend()
 setup(
     rust_extensions=[
         RustExtension(
@@ -32,5 +73,7 @@ setup(
             features=features(),
         )
     ],
+    ext_modules=exts,
+    cmdclass=cmds,
     zip_safe=False,
 )

@@ -8,6 +8,13 @@ with ``async_op=True`` and ``wait()``, and ``all_gather_into_tensor``, of 1 KiB
 (``STRATA_CALL_BYTES``), ITERS calls per repetition after a warm-up, the backends
 interleaved repetition by repetition; rank 0 prints the median microseconds per call of
 each and strata's over gloo's.
+
+``STRATA_CALL_DEVICE=cuda`` (on a GPU machine, under ``torchrun``, one process per GPU):
+CUDA tensors, the default group ``"cuda:strata,cpu:gloo"`` against a ``nccl`` group of
+the same ranks (ProcessGroupNCCL): the host time per call, each repetition started on an
+idle GPU (the calls themselves are not waited for, as a training step does not); rank 0
+also prints ``torch call cost: worst strata/nccl R (bar B: PASS|FAIL)`` against
+``STRATA_CALL_BAR`` (1.5, issue 49).
 """
 
 import os
@@ -27,12 +34,15 @@ import strata.torch  # noqa: E402  (registers the backend)
 ITERS = int(os.environ.get("STRATA_CALL_ITERS", "2000"))
 REPS = int(os.environ.get("STRATA_CALL_REPS", "5"))
 BYTES = int(os.environ.get("STRATA_CALL_BYTES", "1024"))
+CUDA = os.environ.get("STRATA_CALL_DEVICE", "cpu") == "cuda"
+BAR = float(os.environ.get("STRATA_CALL_BAR", "1.5"))
 
 
 def calls(group):
     n, p = BYTES // 4, dist.get_world_size()
-    x = torch.ones(n)
-    out = torch.empty(n * p)
+    dev = "cuda" if CUDA else "cpu"
+    x = torch.ones(n, device=dev)
+    out = torch.empty(n * p, device=dev)
 
     def blocking():
         dist.all_reduce(x, group=group)
@@ -47,6 +57,8 @@ def calls(group):
 
 def per_call_us(f):
     dist.barrier()
+    if CUDA:
+        torch.cuda.synchronize()
     t = time.perf_counter()
     for _ in range(ITERS):
         f()
@@ -54,8 +66,14 @@ def per_call_us(f):
 
 
 def main():
-    dist.init_process_group("strata")
-    backends = {"strata": dist.group.WORLD, "gloo": dist.new_group(backend="gloo")}
+    if CUDA:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("cuda:strata,cpu:gloo")
+        base = "nccl"
+    else:
+        dist.init_process_group("strata")
+        base = "gloo"
+    backends = {"strata": dist.group.WORLD, base: dist.new_group(backend=base)}
     table = {b: calls(g) for b, g in backends.items()}
     for fs in table.values():
         for f in fs.values():
@@ -66,15 +84,22 @@ def main():
         for c in table["strata"]:
             for b in table:
                 times[(b, c)].append(per_call_us(table[b][c]))
-    if dist.get_rank() == 0:
-        print(f"# {dist.get_world_size()} ranks, {BYTES} B, {ITERS} calls x {REPS} repetitions; strata as torch's "
-              f"{strata.torch.FORM}; median us per call")
-        print(f"{'call':<26} {'strata':>9} {'gloo':>9} {'strata/gloo':>12}")
+    dist_rank, worst = dist.get_rank(), 0.0
+    if dist_rank == 0:
+        print(f"# {dist.get_world_size()} ranks, {BYTES} B, {'cuda' if CUDA else 'cpu'} tensors, {ITERS} calls x "
+              f"{REPS} repetitions; strata as torch's {strata.torch.FORM}; median us per call")
+        print(f"{'call':<26} {'strata':>9} {base:>9} {'strata/' + base:>12}")
         for c in table["strata"]:
-            s, g = statistics.median(times[("strata", c)]), statistics.median(times[("gloo", c)])
+            s, g = statistics.median(times[("strata", c)]), statistics.median(times[(base, c)])
+            worst = max(worst, s / g)
             print(f"{c:<26} {s:>9.1f} {g:>9.1f} {s / g:>12.2f}")
+        if CUDA:
+            print(f"torch call cost: worst strata/nccl {worst:.2f} (bar {BAR}: {'PASS' if worst <= BAR else 'FAIL'}); "
+                  f"served {strata.torch.served()}")
     dist.barrier()
     dist.destroy_process_group()
+    if CUDA and dist_rank == 0 and worst > BAR:
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

@@ -1116,9 +1116,13 @@ def cpp_module() -> Any:
     compiler and ninja) into ``torch-<version>`` under ``$STRATA_TORCH_EXT_DIR``
     (default ``~/.cache/strata``), then loaded from there: one build per torch version,
     shared by the processes of a job (torch's file lock; a lock older than 15 minutes,
-    left by a killed build, is removed)."""
+    left by a killed build, is removed). The one ``pip install --no-build-isolation``
+    built for this very torch (``strata._torch_cpp_<version>``, setup.py) is taken
+    instead when it is there."""
     global _CPP
     with _LOCK:
+        if _CPP is None:
+            _CPP = _installed_cpp()
         if _CPP is None:
             from torch.utils import cpp_extension
             try:  # the ninja wheel's binary, where the environment's bin is not on PATH
@@ -1126,7 +1130,7 @@ def cpp_module() -> Any:
                 os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
             except (ImportError, AttributeError):
                 pass
-            tag = "".join(c if c.isalnum() else "_" for c in torch.__version__)
+            tag = _torch_tag()
             build = os.path.join(os.environ.get("STRATA_TORCH_EXT_DIR") or os.path.join(
                 os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "strata"), f"torch-{tag}")
             os.makedirs(build, exist_ok=True)
@@ -1146,6 +1150,23 @@ def cpp_module() -> Any:
                                    f"failed (it needs a C++20 compiler and ninja: pip install ninja; "
                                    f"STRATA_TORCH_BACKEND=python uses the Python backend instead): {e}") from e
         return _CPP
+
+
+def _torch_tag() -> str:
+    """The torch version as a module-name tag (setup.py's ``torch_tag``)."""
+    return "".join(c if c.isalnum() else "_" for c in torch.__version__)
+
+
+def _installed_cpp() -> Any:
+    """The C++ backend the package's install built for the running torch, or ``None``
+    (none built, or built for another torch version, whose module name differs, so a
+    module of another torch's C++ ABI is never imported)."""
+    import importlib
+    import importlib.util
+    name = f"strata._torch_cpp_{_torch_tag()}"
+    if importlib.util.find_spec(name) is None:
+        return None
+    return importlib.import_module(name)
 
 
 def _clear_stale_lock(build: str, stale_s: float = 900.0) -> None:
@@ -1207,13 +1228,16 @@ _SERVED: dict = {}
 def served() -> dict:
     """How many calls strata's backend has served in this process, by device type
     (``{"cpu": n, "cuda": m}``): what shows which backend a mixed backend string routed
-    a call to. The C++ backend's own calls (CPU) count under ``"cpu"``, and
-    alone under ``"cpp"``."""
+    a call to. The C++ backend's own calls count under their device, and all of them
+    under ``"cpp"`` as well."""
     out = dict(_SERVED)
     if _CPP is not None:
         n = int(_CPP.native_calls())
+        m = int(_CPP.native_cuda_calls()) if hasattr(_CPP, "native_cuda_calls") else 0
         out["cpu"] = out.get("cpu", 0) + n
-        out["cpp"] = n
+        if m:
+            out["cuda"] = out.get("cuda", 0) + m
+        out["cpp"] = n + m
     return out
 
 
@@ -1482,4 +1506,5 @@ if __name__ == "__main__":
     if sys.argv[1:] != ["build"]:
         sys.exit("usage: python -m strata.torch build   (builds the C++ backend for this torch)")
     m = cpp_module()
-    print(f"strata: the C++ torch backend is built for torch {torch.__version__}: {m.__file__}")
+    how = "installed with the package" if _installed_cpp() is m else "built"
+    print(f"strata: the C++ torch backend is {how} for torch {torch.__version__}: {m.__file__}")

@@ -20,8 +20,10 @@ under torchrun (one process per GPU; scripts/gpu-transports-check runs it)::
   host while the GPU is still busy behind a long sleep; an async call's ``wait()`` on a
   side stream orders that stream's consumer after the collective (checked with only that
   stream synchronized); ``get_future()`` yields the result on the device; in the group
-  form ``is_completed()`` is False while the GPU sleeps and True after; ``barrier()``
+  and C++ forms ``is_completed()`` is False while the GPU sleeps and True after; ``barrier()``
   (no MPI under torchrun) and ``barrier(device_ids=[local])`` run on the GPU.
+- ``dist.broadcast`` of a parameter that requires grad. In the C++ form (the default),
+  the common CUDA calls are asserted to have run in C++ (``strata.torch.served()``).
 - FSDP2 on GPU: the small transformer of torch_fsdp_check.py, 20 steps, fp32, with
   strata groups and with nccl groups plus strata's ``hier`` custom comms, against nccl
   groups: losses within 1e-5 relative.
@@ -212,7 +214,7 @@ def cuda_semantics(sg):
         if host > 0.1:
             raise AssertionError(f"all_reduce(async_op={async_op}) held the host {host:.3f} s behind the GPU")
         if async_op:
-            if st.FORM == "group" and w.is_completed():
+            if st.FORM in ("group", "cpp") and w.is_completed():
                 raise AssertionError("is_completed() is True while the GPU still sleeps before the call")
             side = torch.cuda.Stream()
             with torch.cuda.stream(side):
@@ -227,7 +229,7 @@ def cuda_semantics(sg):
             torch.cuda.synchronize()
             if not torch.all(t == want):
                 raise AssertionError(f"get_future(): {t[:4]} != {want}")
-            if st.FORM == "group" and not w.is_completed():
+            if st.FORM in ("group", "cpp") and not w.is_completed():
                 raise AssertionError("is_completed() is False after the device synchronized")
         else:
             y = x * 2  # the current stream: ordered after the call without any wait
@@ -238,6 +240,18 @@ def cuda_semantics(sg):
     dist.barrier(group=sg)
     dist.barrier(group=sg, device_ids=[torch.cuda.current_device()])
     calls += 2
+
+
+def requires_grad_broadcast(sg):
+    """``dist.broadcast`` of a parameter (a leaf that requires grad), as DDP and model
+    initialisation do: rank 0's values everywhere, the parameter still requiring grad."""
+    global calls
+    w = torch.nn.Parameter(torch.full((1000,), float(dist.get_rank() + 7), device="cuda"))
+    dist.broadcast(w, src=0, group=sg)
+    torch.cuda.synchronize()
+    if not (w.requires_grad and torch.all(w == 7.0)):
+        raise AssertionError(f"broadcast of a requires-grad parameter: {w[:4]}, requires_grad={w.requires_grad}")
+    calls += 1
 
 
 def fsdp(variant, loss_group):
@@ -281,6 +295,12 @@ def main():
             calls_equal(sg, ng, "evens")
     stream_order(None)
     cuda_semantics(None)
+    requires_grad_broadcast(None)
+    # The C++ form runs the common CUDA calls itself (not through its Python delegate).
+    if st.FORM == "cpp" and os.environ.get("STRATA_TORCH_CPP_CUDA", "1") != "0":
+        ran = st.served().get("cuda", 0) - st._SERVED.get("cuda", 0)
+        if ran <= 0:
+            raise AssertionError(f"the C++ backend ran no CUDA call itself: served {st.served()}")
     ref = fsdp("nccl", nccl_world)
     rows = []
     for variant in ("strata", "hier"):

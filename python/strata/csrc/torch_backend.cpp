@@ -4,24 +4,33 @@
 // library the `strata` package already loaded (its path comes from Python), so the
 // extension links to nothing of strata's and serves whatever library the package uses.
 //
-// The common calls on CPU tensors run here: all-reduce (SUM, AVG, MAX, MIN, PRODUCT,
-// PREMUL_SUM with a scalar factor; the reducible dtypes), all-gather (tensor, list and
-// coalesced forms), reduce-scatter (the same), broadcast, equal-split all-to-all and
-// barrier, on the group's mpi communicator. Each is one strata call (a group of them for
-// a coalesced list) enqueued on the backend's strata host stream; the Work is an event
-// recorded after it (from a pool), `wait()` synchronizes the event and raises the
-// call's failure (a dead peer, an abort) as a DistBackendError, `isCompleted()` queries
-// it, and the tensors are held until it completes. `asyncOp == false` (a blocking torch
-// call) runs the call blocking, with nothing queued behind.
+// The common calls run here: all-reduce (SUM, AVG, MAX, MIN, PRODUCT, PREMUL_SUM with a
+// scalar factor; the reducible dtypes), all-gather (tensor, list and coalesced forms),
+// reduce-scatter (the same), broadcast, equal-split all-to-all, and on CPU barrier.
+// CPU tensors run on the group's mpi communicator: each call is one strata call (a group
+// of them for a coalesced list) enqueued on the backend's strata host stream; the Work
+// is an event recorded after it (from a pool), `wait()` synchronizes the event and raises
+// the call's failure (a dead peer, an abort) as a DistBackendError, `isCompleted()`
+// queries it, and the tensors are held until it completes. `asyncOp == false` (a
+// blocking torch call) runs the call blocking, with nothing queued behind.
+// CUDA tensors run on the group's nccl communicator with ProcessGroupNCCL's stream
+// semantics (`issue_cuda`, `CudaWork`), through c10's device-generic streams and events,
+// so this file needs no CUDA headers and builds against CPU and CUDA torch alike
+// (`STRATA_TORCH_CPP_CUDA=0` hands CUDA tensors to the delegate instead).
 //
 // Everything else goes to the Python implementation (`strata.torch._Ops`, the
-// "delegate"), called with the GIL: CUDA tensors (their stream semantics are Python's
-// today), bool and complex reductions, BAND/BOR/BXOR, non-contiguous or mixed-dtype
-// tensors, uneven all-to-all, gather, scatter, reduce, send/recv and coalescing blocks.
+// "delegate"), called with the GIL: bool and complex reductions, BAND/BOR/BXOR,
+// non-contiguous or mixed-dtype tensors, uneven all-to-all, gather, scatter, reduce,
+// send/recv, coalescing blocks, and a barrier of a group with no CPU communicator.
 // So every call the Python backend serves is served, and the hot ones cost one C call.
 
 #include <dlfcn.h>
 
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/Event.h>
+#include <c10/core/Stream.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
@@ -29,19 +38,23 @@
 #include <torch/version.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace py = pybind11;
 
 namespace {
 
-// Calls this process's backends ran here (not handed to the delegate).
+// Calls this process's backends ran here (not handed to the delegate): CPU and CUDA.
 std::atomic<uint64_t> native_calls{0};
+std::atomic<uint64_t> native_cuda_calls{0};
 
 // include/strata.h's values.
 constexpr int kSuccess = 0;
@@ -67,6 +80,7 @@ struct Api {
   int (*event_record)(void*, void*);
   int (*event_query)(void*);
   int (*event_sync)(void*);
+  int (*async_error)(void*, int*);
 };
 
 template <class F>
@@ -101,6 +115,7 @@ const Api& api_of(const std::string& path) {
     resolve(lib, "strataEventRecord", path, api.event_record);
     resolve(lib, "strataEventQuery", path, api.event_query);
     resolve(lib, "strataEventSynchronize", path, api.event_sync);
+    resolve(lib, "strataCommGetAsyncError", path, api.async_error);
     loaded = path;
   });
   TORCH_CHECK(loaded == path, "strata backend: this process already uses ", loaded, ", not ", path);
@@ -159,9 +174,9 @@ std::pair<int, double> native_op(const c10d::ReduceOp& op) {
   }
 }
 
-bool host_dense(const at::Tensor& t) {
-  return t.device().is_cpu() && t.is_contiguous() && t.layout() == at::kStrided && !t.is_complex() &&
-         t.scalar_type() != at::kBool;
+// A dense tensor of a reducible kind (contiguous, strided, not complex or bool).
+bool dense(const at::Tensor& t) {
+  return t.is_contiguous() && t.layout() == at::kStrided && !t.is_complex() && t.scalar_type() != at::kBool;
 }
 
 // Releases the GIL for a blocking strata call where the calling thread holds it (torch
@@ -308,12 +323,145 @@ class StrataWork : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
+// CUDA events (c10's device-generic Event: no CUDA headers or libraries needed here),
+// reused across calls (ProcessGroupNCCL's event cache): one made per call in flight, not
+// per call.
+struct CudaEvents {
+  std::mutex m;
+  std::vector<std::unique_ptr<c10::Event>> free;
+
+  std::unique_ptr<c10::Event> get(c10::DeviceIndex device) {
+    std::lock_guard<std::mutex> g(m);
+    for (size_t i = free.size(); i-- > 0;) {
+      // An event belongs to the device it was first recorded on.
+      if (free[i]->device_index() == device || free[i]->device_index() == -1) {
+        std::unique_ptr<c10::Event> e = std::move(free[i]);
+        free.erase(free.begin() + static_cast<std::ptrdiff_t>(i));
+        return e;
+      }
+    }
+    return std::make_unique<c10::Event>(c10::DeviceType::CUDA);
+  }
+  void put(std::unique_ptr<c10::Event> e) {
+    std::lock_guard<std::mutex> g(m);
+    free.push_back(std::move(e));
+  }
+};
+
+// The failure that aborted `comm` after a call was made (a device error, a peer gone
+// past the timeout, an abort), raised as ProcessGroupNCCL raises its watchdog's.
+void raise_async(const Api& a, void* comm, const char* what) {
+  int err = kSuccess;
+  int rc = a.async_error(comm, &err);
+  if (rc != kSuccess) fail(a, rc, comm, what);
+  if (err != kSuccess) fail(a, err, comm, what);
+}
+
+bool failed_async(const Api& a, void* comm) {
+  int err = kSuccess;
+  return a.async_error(comm, &err) != kSuccess || err != kSuccess;
+}
+
+// A CUDA call, as ProcessGroupNCCL's work: an end event recorded on the call's stream
+// after it (from the pool); `wait()` makes the current stream wait for it (the host
+// blocks only for a finite timeout) and raises a failure the communicator saw;
+// `isCompleted()` is the event or that failure; `getFuture()` is made when asked, a
+// Future of the call's device completed on the call's stream. The call's tensors are
+// held until the work is dropped (and recorded on an internal stream by the caller).
+class CudaWork : public c10d::Work {
+ public:
+  CudaWork(c10d::OpType type, const char* what, const Api& api, std::shared_ptr<CudaEvents> pool,
+           std::unique_ptr<c10::Event> end, c10::Stream stream, void* comm, std::vector<at::Tensor> hold,
+           std::vector<at::Tensor> outputs)
+      : c10d::Work(-1, type),
+        what_(what),
+        api_(api),
+        pool_(std::move(pool)),
+        end_(std::move(end)),
+        stream_(stream),
+        comm_(comm),
+        hold_(std::move(hold)),
+        outputs_(std::move(outputs)) {}
+
+  ~CudaWork() override {
+    // Re-recording an event leaves earlier waits on it as they were, so it goes back
+    // to the pool whether or not the call has passed.
+    pool_->put(std::move(end_));
+  }
+
+  bool isCompleted() override {
+    return failed_async(api_, comm_) || end_->query();
+  }
+
+  bool isSuccess() const override {
+    return end_->query() && !failed_async(api_, comm_);
+  }
+
+  bool wait(std::chrono::milliseconds timeout) override {
+    if (timeout != kNoTimeout) {
+      NoGil nogil;
+      auto deadline = std::chrono::steady_clock::now() + timeout;
+      while (!end_->query() && !failed_async(api_, comm_)) {
+        if (std::chrono::steady_clock::now() > deadline) {
+          C10_THROW_ERROR(DistBackendError, std::string("strata backend: ") + what_ + ": the CUDA call did not finish within " +
+                                                std::to_string(timeout.count()) + " ms");
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
+    }
+    raise_async(api_, comm_, what_);
+    c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
+    end_->block(impl.getStream(stream_.device()));
+    return true;
+  }
+
+  void synchronize() override {
+    wait(kNoTimeout);
+  }
+
+  std::vector<at::Tensor> result() override {
+    return outputs_;
+  }
+
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    if (!future_) {
+      future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
+                                                         std::vector<c10::Device>{stream_.device()});
+      // Completed on the call's stream: the Future records its own event there, so
+      // callbacks and waiters on other streams are ordered after the call.
+      c10::StreamGuard g(stream_);
+      try {
+        raise_async(api_, comm_, what_);
+        future_->markCompleted(c10::IValue(outputs_));
+      } catch (...) {
+        future_->setError(std::current_exception());
+      }
+    }
+    return future_;
+  }
+
+ private:
+  const char* what_;
+  const Api& api_;
+  std::shared_ptr<CudaEvents> pool_;
+  std::unique_ptr<c10::Event> end_;
+  c10::Stream stream_;
+  void* comm_;
+  std::vector<at::Tensor> hold_;
+  std::vector<at::Tensor> outputs_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
 class StrataBackend : public c10d::Backend {
  public:
   StrataBackend(py::object delegate, int rank, int size, const std::string& lib)
       : c10d::Backend(rank, size), api_(api_of(lib)), lib_(lib), delegate_(std::move(delegate)) {
     events_ = std::make_shared<Events>();
     events_->api = &api_;
+    cuda_events_ = std::make_shared<CudaEvents>();
+    // STRATA_TORCH_CPP_CUDA=0: CUDA tensors go to the delegate (the Python path).
+    const char* v = std::getenv("STRATA_TORCH_CPP_CUDA");
+    cuda_ok_ = v == nullptr || std::string(v) != "0";
   }
 
   ~StrataBackend() override {
@@ -371,9 +519,9 @@ class StrataBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outs, std::vector<at::Tensor>& ins,
                                            const c10d::AllgatherOptions& opts) override {
     bool ok = ins.size() == 1 && outs.size() == 1 && static_cast<int>(outs[0].size()) == size_ && !coalescing_ &&
-              host_dense(ins[0]);
+              here(ins[0]) && dense(ins[0]);
     for (size_t i = 0; ok && i < outs[0].size(); ++i) {
-      ok = outs[0][i].device().is_cpu() && outs[0][i].numel() == ins[0].numel() &&
+      ok = outs[0][i].device() == ins[0].device() && outs[0][i].numel() == ins[0].numel() &&
            outs[0][i].scalar_type() == ins[0].scalar_type();
     }
     if (!ok) return delegate("allgather", outs, ins, opts);
@@ -426,9 +574,9 @@ class StrataBackend : public c10d::Backend {
                                                 const c10d::ReduceScatterOptions& opts) override {
     auto [op, factor] = native_op(opts.reduceOp);
     bool ok = op >= 0 && outs.size() == 1 && ins.size() == 1 && static_cast<int>(ins[0].size()) == size_ &&
-              !coalescing_ && host_dense(outs[0]) && reducible(outs[0].scalar_type()) >= 0;
+              !coalescing_ && here(outs[0]) && dense(outs[0]) && reducible(outs[0].scalar_type()) >= 0;
     for (size_t i = 0; ok && i < ins[0].size(); ++i) {
-      ok = ins[0][i].device().is_cpu() && ins[0][i].numel() == outs[0].numel() &&
+      ok = ins[0][i].device() == outs[0].device() && ins[0][i].numel() == outs[0].numel() &&
            ins[0][i].scalar_type() == outs[0].scalar_type();
     }
     if (!ok) return delegate("reduce_scatter", outs, ins, opts);
@@ -445,7 +593,7 @@ class StrataBackend : public c10d::Backend {
   // -- broadcast, all-to-all, barrier --
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override {
-    bool ok = tensors.size() == 1 && opts.rootTensor == 0 && !coalescing_ && tensors[0].device().is_cpu() &&
+    bool ok = tensors.size() == 1 && opts.rootTensor == 0 && !coalescing_ && here(tensors[0]) &&
               tensors[0].is_contiguous() && tensors[0].layout() == at::kStrided;
     if (!ok) return delegate("broadcast", tensors, opts);
     at::Tensor t = tensors[0];
@@ -459,8 +607,8 @@ class StrataBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& out, at::Tensor& in, std::vector<int64_t>& out_splits,
                                                std::vector<int64_t>& in_splits,
                                                const c10d::AllToAllOptions& opts) override {
-    bool ok = out_splits.empty() && in_splits.empty() && !coalescing_ && in.device().is_cpu() &&
-              out.device().is_cpu() && in.is_contiguous() && out.is_contiguous() && in.numel() == out.numel() &&
+    bool ok = out_splits.empty() && in_splits.empty() && !coalescing_ && here(in) &&
+              out.device() == in.device() && in.is_contiguous() && out.is_contiguous() && in.numel() == out.numel() &&
               in.scalar_type() == out.scalar_type() && in.numel() % size_ == 0;
     if (!ok) return delegate("all_to_all_single", out, in, out_splits, in_splits, opts);
     return issue("alltoall_base", c10d::OpType::ALLTOALL_BASE, opts.asyncOp, in, {out, in}, {out}, nullptr,
@@ -535,14 +683,21 @@ class StrataBackend : public c10d::Backend {
   }
 
  private:
+  // A tensor on a device this backend serves itself: CPU (the mpi communicator) and
+  // CUDA (the nccl one) unless STRATA_TORCH_CPP_CUDA=0.
+  bool here(const at::Tensor& t) const {
+    return t.device().is_cpu() || (cuda_ok_ && t.device().is_cuda());
+  }
+
   bool gather_pair(const at::Tensor& out, const at::Tensor& in) const {
-    return !coalescing_ && in.device().is_cpu() && out.device().is_cpu() && in.is_contiguous() &&
+    return !coalescing_ && here(in) && out.device() == in.device() && in.is_contiguous() &&
            out.is_contiguous() && in.layout() == at::kStrided && out.layout() == at::kStrided &&
            in.scalar_type() == out.scalar_type() && out.numel() == in.numel() * size_;
   }
 
   bool scatter_pair(const at::Tensor& out, const at::Tensor& in) const {
-    return !coalescing_ && host_dense(out) && host_dense(in) && reducible(in.scalar_type()) >= 0 &&
+    return !coalescing_ && here(in) && out.device() == in.device() && dense(out) && dense(in) &&
+           reducible(in.scalar_type()) >= 0 &&
            in.scalar_type() == out.scalar_type() && in.numel() == out.numel() * size_;
   }
 
@@ -560,7 +715,9 @@ class StrataBackend : public c10d::Backend {
                                                 const Opts& opts, c10d::OpType type) {
     auto [op, factor] = native_op(opts.reduceOp);
     bool ok = op >= 0 && !tensors.empty() && !coalescing_;
-    for (auto& t : tensors) ok = ok && host_dense(t) && reducible(t.scalar_type()) >= 0;
+    for (auto& t : tensors) {
+      ok = ok && here(t) && t.device() == tensors[0].device() && dense(t) && reducible(t.scalar_type()) >= 0;
+    }
     if (!ok) return delegate(method, tensors, opts);
     if (factor != 0.0) {
       for (auto& t : tensors) t.mul_(factor);
@@ -591,12 +748,33 @@ class StrataBackend : public c10d::Backend {
     return c;
   }
 
-  // Run `call(comm, stream)` (a group of calls when `grouped`): blocking where the torch
-  // call is, else on the backend's host stream with an event recorded after it.
+  // The group's nccl communicator, made by the delegate at first use (its device the
+  // tensor's), as `cpu_comm`.
+  void* cuda_comm(const at::Tensor& t, const char* method) {
+    void* c = cuda_.load(std::memory_order_acquire);
+    if (c == nullptr) {
+      py::gil_scoped_acquire g;
+      c = cuda_.load(std::memory_order_acquire);
+      if (c == nullptr) {
+        py::object comm = delegate_.attr("_comm")(t, method);
+        c = reinterpret_cast<void*>(comm.attr("handle").cast<uintptr_t>());
+        cuda_.store(c, std::memory_order_release);
+      }
+    }
+    return c;
+  }
+
+  // Run `call(comm, stream)` (a group of calls when `grouped`) on the calls' strata group:
+  // a CUDA tensor's call as ProcessGroupNCCL's (`issue_cuda`); on CPU blocking where the
+  // torch call is, else on the backend's host stream with an event recorded after it.
   template <class F>
   c10::intrusive_ptr<c10d::Work> issue(const char* what, c10d::OpType type, bool async, const at::Tensor& first,
                                        std::vector<at::Tensor> hold, std::vector<at::Tensor> outputs,
                                        std::function<void()> post, F&& call, bool grouped = false) {
+    if (first.device().is_cuda()) {
+      return issue_cuda(what, type, async, first, std::move(hold), std::move(outputs), std::move(post),
+                        std::forward<F>(call), grouped);
+    }
     void* comm = cpu_comm(first, what);
     native_calls.fetch_add(1, std::memory_order_relaxed);
     // One thread at a time on the communicator (the C ABI's rule; DDP's hooks run on
@@ -637,6 +815,77 @@ class StrataBackend : public c10d::Backend {
                                            std::move(post));
   }
 
+  // A CUDA call, with ProcessGroupNCCL's stream semantics: a blocking torch call
+  // (`async` false) is enqueued on the current stream; an async one on this backend's
+  // internal stream of the device, which first waits for the current one (an event
+  // from the pool), its tensors recorded on that stream for the caching allocator. The
+  // strata call is stream-ordered (the C ABI's rule on nccl) and returns without
+  // waiting for the GPU; `post` (copies out of a flat buffer) follows it on the same
+  // stream; the Work is an end event recorded there ([`CudaWork`]). Stream entries per
+  // call: the call's own, the end event, and for an async call the wait's two.
+  template <class F>
+  c10::intrusive_ptr<c10d::Work> issue_cuda(const char* what, c10d::OpType type, bool async, const at::Tensor& first,
+                                            std::vector<at::Tensor> hold, std::vector<at::Tensor> outputs,
+                                            std::function<void()> post, F&& call, bool grouped) {
+    void* comm = cuda_comm(first, what);
+    native_cuda_calls.fetch_add(1, std::memory_order_relaxed);
+    std::lock_guard<std::mutex> serial(calls_);
+    const c10::Device dev = first.device();
+    c10::DeviceGuard on_device(dev);
+    c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
+    const c10::Stream current = impl.getStream(dev);
+    c10::Stream stream = current;
+    if (async) {
+      stream = side_stream(impl, dev);
+      std::unique_ptr<c10::Event> ready = cuda_events_->get(dev.index());
+      ready->record(current);
+      ready->block(stream);
+      cuda_events_->put(std::move(ready));  // the wait keeps the state it saw
+    }
+    int rc;
+    {
+      NoGil nogil;
+      void* s = stream.native_handle();
+      if (grouped) {
+        rc = api_.group_start();
+        int body = rc == kSuccess ? call(comm, s) : rc;
+        int end = rc == kSuccess ? api_.group_end() : rc;
+        rc = body != kSuccess ? body : end;
+      } else {
+        rc = call(comm, s);
+      }
+    }
+    if (rc != kSuccess) fail(api_, rc, comm, what);
+    if (post) {
+      c10::StreamGuard on_stream(stream);
+      post();
+    }
+    if (async) {
+      for (const auto* list : {&hold, &outputs}) {
+        for (const at::Tensor& t : *list) {
+          if (t.defined() && t.device().is_cuda() && t.has_storage()) {
+            impl.recordDataPtrOnStream(t.storage().data_ptr(), stream);
+          }
+        }
+      }
+    }
+    std::unique_ptr<c10::Event> end = cuda_events_->get(dev.index());
+    end->record(stream);
+    return c10::make_intrusive<CudaWork>(type, what, api_, cuda_events_, std::move(end), stream, comm,
+                                         std::move(hold), std::move(outputs));
+  }
+
+  // This backend's internal stream of `dev` (ProcessGroupNCCL's per-device NCCL stream),
+  // one from torch's pool, kept.
+  c10::Stream side_stream(const c10::impl::VirtualGuardImpl& impl, const c10::Device& dev) {
+    for (auto& [index, s] : side_streams_) {
+      if (index == dev.index()) return s;
+    }
+    c10::Stream s = impl.getStreamFromGlobalPool(dev, false);
+    side_streams_.emplace_back(dev.index(), s);
+    return s;
+  }
+
   template <class... A>
   c10::intrusive_ptr<c10d::Work> delegate(const char* method, A&&... args) {
     py::gil_scoped_acquire g;
@@ -649,9 +898,13 @@ class StrataBackend : public c10d::Backend {
   py::object delegate_;
   std::shared_ptr<Events> events_;
   std::mutex calls_;
+  std::shared_ptr<CudaEvents> cuda_events_;
   std::atomic<void*> cpu_{nullptr};
+  std::atomic<void*> cuda_{nullptr};
   void* stream_ = nullptr;
+  std::vector<std::pair<c10::DeviceIndex, c10::Stream>> side_streams_;
   bool coalescing_ = false;
+  bool cuda_ok_ = true;
 };
 
 }  // namespace
@@ -665,5 +918,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       },
       py::arg("delegate"), py::arg("rank"), py::arg("size"), py::arg("lib"));
   m.def("native_calls", [] { return native_calls.load(std::memory_order_relaxed); },
-        "Calls the C++ backends of this process ran themselves (not through the delegate).");
+        "CPU calls the C++ backends of this process ran themselves (not through the delegate).");
+  m.def("native_cuda_calls", [] { return native_cuda_calls.load(std::memory_order_relaxed); },
+        "CUDA calls the C++ backends of this process ran themselves (not through the delegate).");
 }
