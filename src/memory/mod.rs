@@ -262,7 +262,9 @@ impl std::fmt::Debug for Buffer {
 impl Buffer {
     /// `bytes` zeroed bytes.
     pub fn zeroed(bytes: usize) -> Buffer {
-        let data: Box<[UnsafeCell<u8>]> = (0..bytes).map(|_| UnsafeCell::new(0u8)).collect();
+        // One zeroed allocation (untouched pages stay lazy), not a store per byte.
+        // SAFETY: all-zero bytes are a valid `UnsafeCell<u8>` (a transparent `u8`).
+        let data: Box<[UnsafeCell<u8>]> = unsafe { Box::new_zeroed_slice(bytes).assume_init() };
         Buffer {
             mem: Mem::new(Storage::Host(data)),
             range: 0..bytes,
