@@ -330,6 +330,8 @@ class _Ops:
 
     # -- communicators --
     def _comm(self, t: torch.Tensor, method: str) -> _s.Comm:
+        if getattr(self, "_aborted", False):
+            raise dist.DistBackendError(f"strata backend: {method}: the group was aborted")
         if t.device.type == "cpu":
             if self._cpu is None:
                 self._cpu = self._make_cpu(method)
@@ -907,6 +909,19 @@ class _Ops:
     # The per-device Backend's names of the same two (PyBackend).
     start_coalescing = _start_coalescing
     end_coalescing = _end_coalescing
+
+    def _abort(self) -> None:
+        """``ProcessGroup.abort()``: this group's communicators aborted
+        (``strataCommAbort``: calls in flight fail, here and on the peers); every later
+        call of the group raises. The MPI world's communicator is aborted too when it is
+        this group's (the default group's)."""
+        self._aborted = True
+        for c in (self._cuda, self._cpu):
+            if c is not None:
+                if c is _WORLD.get("cpu"):
+                    del _WORLD["cpu"]
+                c.abort()
+        self._cuda = self._cpu = None
 
     def shutdown(self) -> None:
         """Release this group's communicators (the MPI world's stays: other groups and

@@ -22,6 +22,9 @@ under torchrun (one process per GPU; scripts/gpu-transports-check runs it)::
   stream synchronized); ``get_future()`` yields the result on the device; in the group
   and C++ forms ``is_completed()`` is False while the GPU sleeps and True after; ``barrier()``
   (no MPI under torchrun) and ``barrier(device_ids=[local])`` run on the GPU.
+- A failure injected (C++ form): a group aborted while an async all-reduce on it waits
+  behind GPU work (by a peer with 2+ ranks, by the rank itself with one) raises from
+  ``wait()``, and the next call on the aborted group raises.
 - ``dist.broadcast`` of a parameter that requires grad. In the C++ form (the default),
   the common CUDA calls are asserted to have run in C++ (``strata.torch.served()``).
 - FSDP2 on GPU: the small transformer of torch_fsdp_check.py, 20 steps, fp32, with
@@ -254,6 +257,42 @@ def requires_grad_broadcast(sg):
     calls += 1
 
 
+def abort_raises():
+    """A failure injected: a group's communicator aborted while an async all-reduce on
+    it waits behind 0.2 s of GPU work (with 2+ ranks rank 1, a peer, aborts instead of
+    joining; with one rank the rank itself aborts after the call): ``wait()`` raises
+    ``DistBackendError``, and the aborting rank's next call on the group raises."""
+    from datetime import timedelta
+    global calls
+    g = dist.new_group(backend="strata", timeout=timedelta(seconds=15))
+    x = torch.ones(1 << 20, device="cuda")
+    dist.all_reduce(x, group=g)
+    torch.cuda.synchronize()
+    p, r = dist.get_world_size(), dist.get_rank()
+    if p >= 2 and r == 1:
+        g.abort()
+    else:
+        torch.cuda._sleep(400_000_000)
+        w = dist.all_reduce(x, group=g, async_op=True)
+        if p == 1:
+            g.abort()
+        try:
+            w.wait()
+        except dist.DistBackendError:
+            pass
+        else:
+            raise AssertionError("wait() returned for an all-reduce whose communicator was aborted")
+    if p == 1 or r == 1:
+        try:
+            dist.all_reduce(torch.ones(4, device="cuda"), group=g)
+        except RuntimeError:
+            pass
+        else:
+            raise AssertionError("a call on the aborted group succeeded")
+    torch.cuda.synchronize()
+    calls += 1
+
+
 def fsdp(variant, loss_group):
     """20 FSDP2 steps on GPU; the mean loss per step (averaged over ``loss_group``)."""
     group = dist.new_group(backend="strata" if variant == "strata" else "nccl")
@@ -309,6 +348,9 @@ def main():
         rows.append((variant, ref[-1], got[-1], worst))
         if worst > 1e-5:
             raise AssertionError(f"FSDP2 on GPU, {variant}: worst relative loss difference {worst:.3g} > 1e-5")
+    if st.FORM == "cpp":  # ProcessGroup.abort() reaches the C++ backend's abort()
+        print(f"rank {r}: FSDP2 done; the abort check next", flush=True)
+        abort_raises()
     dist.barrier()
     if r == 0:
         print(f"{'fsdp variant':12} {'nccl20':>9} {'this20':>9} {'worst rel':>10}")

@@ -682,6 +682,15 @@ class StrataBackend : public c10d::Backend {
     delegate_.attr("shutdown")();
   }
 
+  // ProcessGroup.abort() (and torch's _abort_process_group): the group's communicators
+  // aborted (strataCommAbort: the calls in flight fail, here and on the peers), and every
+  // later call raises, as ProcessGroupNCCL's after an abort.
+  void abort() override {
+    aborted_.store(true, std::memory_order_release);
+    py::gil_scoped_acquire g;
+    delegate_.attr("_abort")();
+  }
+
  private:
   // A tensor on a device this backend serves itself: CPU (the mpi communicator) and
   // CUDA (the nccl one) unless STRATA_TORCH_CPP_CUDA=0.
@@ -771,6 +780,9 @@ class StrataBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> issue(const char* what, c10d::OpType type, bool async, const at::Tensor& first,
                                        std::vector<at::Tensor> hold, std::vector<at::Tensor> outputs,
                                        std::function<void()> post, F&& call, bool grouped = false) {
+    if (aborted_.load(std::memory_order_acquire)) {
+      C10_THROW_ERROR(DistBackendError, std::string("strata backend: ") + what + ": the group was aborted");
+    }
     if (first.device().is_cuda()) {
       return issue_cuda(what, type, async, first, std::move(hold), std::move(outputs), std::move(post),
                         std::forward<F>(call), grouped);
@@ -905,6 +917,7 @@ class StrataBackend : public c10d::Backend {
   std::vector<std::pair<c10::DeviceIndex, c10::Stream>> side_streams_;
   bool coalescing_ = false;
   bool cuda_ok_ = true;
+  std::atomic<bool> aborted_{false};
 };
 
 }  // namespace
