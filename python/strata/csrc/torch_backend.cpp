@@ -741,36 +741,31 @@ class StrataBackend : public c10d::Backend {
                  }, tensors.size() > 1);
   }
 
-  // The group's mpi communicator, made by the delegate at first use (under the GIL,
-  // which serializes the making).
-  void* cpu_comm(const at::Tensor& t, const char* method) {
-    void* c = cpu_.load(std::memory_order_acquire);
+  // The group's communicator for `t`'s device, kept in `slot` (`cpu_`: mpi, `cuda_`:
+  // nccl on the tensor's GPU), made by the delegate at first use (under the GIL, which
+  // serializes the making).
+  void* comm_for(std::atomic<void*>& slot, const at::Tensor& t, const char* method) {
+    void* c = slot.load(std::memory_order_acquire);
     if (c == nullptr) {
       py::gil_scoped_acquire g;
-      c = cpu_.load(std::memory_order_acquire);
+      c = slot.load(std::memory_order_acquire);
       if (c == nullptr) {
         py::object comm = delegate_.attr("_comm")(t, method);
         c = reinterpret_cast<void*>(comm.attr("handle").cast<uintptr_t>());
-        cpu_.store(c, std::memory_order_release);
+        slot.store(c, std::memory_order_release);
       }
     }
     return c;
   }
 
-  // The group's nccl communicator, made by the delegate at first use (its device the
-  // tensor's), as `cpu_comm`.
-  void* cuda_comm(const at::Tensor& t, const char* method) {
-    void* c = cuda_.load(std::memory_order_acquire);
-    if (c == nullptr) {
-      py::gil_scoped_acquire g;
-      c = cuda_.load(std::memory_order_acquire);
-      if (c == nullptr) {
-        py::object comm = delegate_.attr("_comm")(t, method);
-        c = reinterpret_cast<void*>(comm.attr("handle").cast<uintptr_t>());
-        cuda_.store(c, std::memory_order_release);
-      }
-    }
-    return c;
+  // `call(comm, stream)`, inside one strata group when `grouped`; the first failure.
+  template <class F>
+  int run_calls(F& call, void* comm, void* stream, bool grouped) {
+    if (!grouped) return call(comm, stream);
+    int rc = api_.group_start();
+    int body = rc == kSuccess ? call(comm, stream) : rc;
+    int end = rc == kSuccess ? api_.group_end() : rc;
+    return body != kSuccess ? body : end;
   }
 
   // Run `call(comm, stream)` (a group of calls when `grouped`) on the calls' strata group:
@@ -787,7 +782,7 @@ class StrataBackend : public c10d::Backend {
       return issue_cuda(what, type, async, first, std::move(hold), std::move(outputs), std::move(post),
                         std::forward<F>(call), grouped);
     }
-    void* comm = cpu_comm(first, what);
+    void* comm = comm_for(cpu_, first, what);
     native_calls.fetch_add(1, std::memory_order_relaxed);
     // One thread at a time on the communicator (the C ABI's rule; DDP's hooks run on
     // autograd threads). Taken without the GIL held by this path, never while waiting
@@ -804,14 +799,7 @@ class StrataBackend : public c10d::Backend {
     int rc;
     {
       NoGil nogil;
-      if (grouped) {
-        rc = api_.group_start();
-        int body = rc == kSuccess ? call(comm, stream) : rc;
-        int end = rc == kSuccess ? api_.group_end() : rc;
-        rc = body != kSuccess ? body : end;
-      } else {
-        rc = call(comm, stream);
-      }
+      rc = run_calls(call, comm, stream, grouped);
     }
     if (rc != kSuccess) fail(api_, rc, comm, what);
     void* event = nullptr;
@@ -839,7 +827,7 @@ class StrataBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> issue_cuda(const char* what, c10d::OpType type, bool async, const at::Tensor& first,
                                             std::vector<at::Tensor> hold, std::vector<at::Tensor> outputs,
                                             std::function<void()> post, F&& call, bool grouped) {
-    void* comm = cuda_comm(first, what);
+    void* comm = comm_for(cuda_, first, what);
     native_cuda_calls.fetch_add(1, std::memory_order_relaxed);
     std::lock_guard<std::mutex> serial(calls_);
     const c10::Device dev = first.device();
@@ -857,15 +845,7 @@ class StrataBackend : public c10d::Backend {
     int rc;
     {
       NoGil nogil;
-      void* s = stream.native_handle();
-      if (grouped) {
-        rc = api_.group_start();
-        int body = rc == kSuccess ? call(comm, s) : rc;
-        int end = rc == kSuccess ? api_.group_end() : rc;
-        rc = body != kSuccess ? body : end;
-      } else {
-        rc = call(comm, s);
-      }
+      rc = run_calls(call, comm, stream.native_handle(), grouped);
     }
     if (rc != kSuccess) fail(api_, rc, comm, what);
     if (post) {
