@@ -10,7 +10,7 @@
 //! `--features cuda` and says it skipped in a build without it.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 use strata::kernels_gpu::{self, HIPCC_OPTIONS, HIP_ARCHS};
 
 fn required() -> bool {
@@ -34,9 +34,12 @@ fn cuda_kernels_compile_with_nvrtc() {
         eprintln!("SKIPPED NVRTC compile: built without --features cuda (run: cargo test --features cuda --test gpu_kernels_compile)");
         return;
     }
+    let dir = cache_dir("ptx");
     for arch in kernels_gpu::CUDA_ARCHS {
-        // No cache: this test is NVRTC compiling the source.
-        let ptx = match kernels_gpu::compile_cuda_ptx_in(arch, None) {
+        // A fresh cache directory (compute_90) or none: either way NVRTC compiles the
+        // source here; the compute_90 entry then serves the cache's checks below.
+        let cached = arch == "compute_90";
+        let ptx = match kernels_gpu::compile_cuda_ptx_in(arch, cached.then_some(dir.as_path())) {
             Ok(p) => p,
             Err(e @ strata::Error::System(_)) => {
                 let msg = e.to_string();
@@ -81,7 +84,13 @@ fn cuda_kernels_compile_with_nvrtc() {
             "NVRTC {arch}: {entries} kernels, {} bytes of PTX",
             ptx.len()
         );
+        if cached {
+            let compile =
+                || kernels_gpu::compile_cuda_ptx_in(arch, Some(&dir)).map(String::into_bytes);
+            check_cache(&dir, ptx.as_bytes(), compile, true);
+        }
     }
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The CUBIN the CUDA device loads first: an ELF image for the real architecture with
@@ -92,8 +101,11 @@ fn cuda_kernels_compile_to_cubin() {
         eprintln!("SKIPPED NVRTC CUBIN: built without --features cuda");
         return;
     }
+    let dir = cache_dir("cubin");
     for arch in ["sm_80", "sm_90"] {
-        let cubin = match kernels_gpu::compile_cuda_cubin_in(arch, None) {
+        let cached = arch == "sm_90";
+        let cubin = match kernels_gpu::compile_cuda_cubin_in(arch, cached.then_some(dir.as_path()))
+        {
             Ok(c) => c,
             Err(e @ strata::Error::System(_)) if e.to_string().contains("not found") => {
                 unavailable("NVRTC CUBIN", &e.to_string());
@@ -114,29 +126,39 @@ fn cuda_kernels_compile_to_cubin() {
             );
         }
         eprintln!("NVRTC {arch}: {} bytes of CUBIN", cubin.len());
+        if cached {
+            // The damaged-entry case (a recompile) is the PTX test's, which costs half.
+            check_cache(
+                &dir,
+                &cubin,
+                || kernels_gpu::compile_cuda_cubin_in(arch, Some(&dir)),
+                false,
+            );
+        }
     }
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A process's compilation is kept on disk and the next one loads it: proven by
-/// replacing the cached body (same identity) and getting that back; a damaged file is
-/// compiled over.
-#[test]
-fn compiled_kernels_are_cached_on_disk() {
-    if !cfg!(feature = "cuda") {
-        eprintln!("SKIPPED kernel cache: built without --features cuda");
-        return;
-    }
-    let dir = std::env::temp_dir().join(format!("strata-kcache-test-{}", std::process::id()));
+fn cache_dir(what: &str) -> PathBuf {
+    let dir =
+        std::env::temp_dir().join(format!("strata-kcache-test-{what}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let first = match kernels_gpu::compile_cuda_cubin_in("sm_90", Some(&dir)) {
-        Ok(c) => c,
-        Err(e @ strata::Error::System(_)) if e.to_string().contains("not found") => {
-            unavailable("kernel cache", &e.to_string());
-            return;
-        }
-        Err(e) => panic!("{e}"),
-    };
-    let files: Vec<PathBuf> = std::fs::read_dir(&dir)
+    dir
+}
+
+/// A process's compilation is kept on disk and the next one loads it: `dir` holds the one
+/// entry that compiling `first` made (its identity, a blank line, the output). Proven by
+/// replacing the cached body (same identity) and getting that back from `compile`; with
+/// `damaged`, a truncated entry is a miss, compiled over (a full recompile). The PTX and
+/// CUBIN tests call this on the compilation they made anyway, so the cache costs them one
+/// recompile in all, not three.
+fn check_cache(
+    dir: &Path,
+    first: &[u8],
+    compile: impl Fn() -> strata::Result<Vec<u8>>,
+    damaged: bool,
+) {
+    let files: Vec<PathBuf> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().path())
         .collect();
@@ -145,29 +167,20 @@ fn compiled_kernels_are_cached_on_disk() {
     let head = data.windows(2).position(|w| w == b"\n\n").unwrap() + 2;
     assert_eq!(
         &data[head..],
-        &first[..],
-        "the file holds the CUBIN after its identity"
+        first,
+        "the file holds the output after its identity"
     );
     // The same identity with another body: loaded, not recompiled.
     let mut fake = data[..head].to_vec();
     fake.extend_from_slice(b"cached body");
     std::fs::write(&files[0], &fake).unwrap();
-    assert_eq!(
-        kernels_gpu::compile_cuda_cubin_in("sm_90", Some(&dir)).unwrap(),
-        b"cached body"
-    );
-    // A truncated file is a miss: compiled again, and the entry repaired.
-    std::fs::write(&files[0], &data[..head / 2]).unwrap();
-    assert_eq!(
-        kernels_gpu::compile_cuda_cubin_in("sm_90", Some(&dir)).unwrap(),
-        first
-    );
-    assert_eq!(std::fs::read(&files[0]).unwrap(), data);
-    // PTX is another entry.
-    let ptx = kernels_gpu::compile_cuda_ptx_in("compute_90", Some(&dir)).unwrap();
-    assert!(ptx.contains(".entry strata_quantize_f32_q8"));
-    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 2);
-    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(compile().unwrap(), b"cached body");
+    if damaged {
+        // A truncated file is a miss: compiled again, and the entry repaired.
+        std::fs::write(&files[0], &data[..head / 2]).unwrap();
+        assert_eq!(compile().unwrap(), first);
+        assert_eq!(std::fs::read(&files[0]).unwrap(), data);
+    }
 }
 
 #[test]
@@ -202,19 +215,31 @@ fn hip_kernels_compile_with_hipcc() {
     let src = root.join("kernels-hip/strata_quant.hip");
     let out_dir = std::env::temp_dir().join(format!("strata-hip-{}", std::process::id()));
     std::fs::create_dir_all(&out_dir).unwrap();
-    for arch in HIP_ARCHS {
-        let out = out_dir.join(format!("strata_quant_{arch}.co"));
-        let mut cmd = Command::new(&hipcc);
-        cmd.args(HIPCC_OPTIONS)
-            .arg(format!("--offload-arch={arch}"))
-            .arg(&src)
-            .arg("-o")
-            .arg(&out);
-        if std::env::var_os("HIP_PATH").is_none() {
-            cmd.env("HIP_PATH", "/usr"); // Debian's layout
-        }
-        let res = cmd
-            .output()
+    // One hipcc per architecture, all at once (each is single-threaded).
+    let runs: Vec<_> = HIP_ARCHS
+        .iter()
+        .map(|arch| {
+            let out = out_dir.join(format!("strata_quant_{arch}.co"));
+            let mut cmd = Command::new(&hipcc);
+            cmd.args(HIPCC_OPTIONS)
+                .arg(format!("--offload-arch={arch}"))
+                .arg(&src)
+                .arg("-o")
+                .arg(&out)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            if std::env::var_os("HIP_PATH").is_none() {
+                cmd.env("HIP_PATH", "/usr"); // Debian's layout
+            }
+            let child = cmd
+                .spawn()
+                .unwrap_or_else(|e| panic!("running {hipcc:?}: {e}"));
+            (*arch, out, child)
+        })
+        .collect();
+    for (arch, out, child) in runs {
+        let res = child
+            .wait_with_output()
             .unwrap_or_else(|e| panic!("running {hipcc:?}: {e}"));
         let stderr = String::from_utf8_lossy(&res.stderr);
         if arch == "gfx942" && !res.status.success() && stderr.contains("invalid target ID") {
