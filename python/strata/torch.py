@@ -301,6 +301,7 @@ class _Ops:
         self._coalesced_device: Optional[torch.device] = None
         self._coalesced_hold: List[torch.Tensor] = []
         self._side_streams: dict = {}
+        self._aborted = False  # ProcessGroup.abort() (_abort)
 
     def _shrunk(self, ranks_to_exclude: Sequence[int], shrink_flags: int = 0) -> Any:
         """This group without ``ranks_to_exclude`` (``shrink_group``), of this class: its
@@ -330,7 +331,7 @@ class _Ops:
 
     # -- communicators --
     def _comm(self, t: torch.Tensor, method: str) -> _s.Comm:
-        if getattr(self, "_aborted", False):
+        if self._aborted:
             raise dist.DistBackendError(f"strata backend: {method}: the group was aborted")
         if t.device.type == "cpu":
             if self._cpu is None:
@@ -1248,7 +1249,7 @@ def served() -> dict:
     out = dict(_SERVED)
     if _CPP is not None:
         n = int(_CPP.native_calls())
-        m = int(_CPP.native_cuda_calls()) if hasattr(_CPP, "native_cuda_calls") else 0
+        m = int(_CPP.native_cuda_calls())
         out["cpu"] = out.get("cpu", 0) + n
         if m:
             out["cuda"] = out.get("cuda", 0) + m

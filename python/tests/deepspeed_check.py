@@ -244,6 +244,8 @@ def main():
                 print(f"{'':13} strata calls: " + ", ".join(f"{k} x{n}" for k, n in sorted(calls.items())))
     if failures:
         raise AssertionError("; ".join(failures))
+    if st.FORM == "cpp" and not st.served().get("cpp"):
+        raise AssertionError("the C++ backend ran none of DeepSpeed's calls")
     if int(os.environ["RANK"]) == 0:
         native = f", {st.served().get('cpp', 0)} calls run in C++" if st.FORM == "cpp" else ""
         print(f"deepspeed check OK (np={os.environ['WORLD_SIZE']}, strata as torch's {st.FORM}{native})")
