@@ -179,9 +179,17 @@ pub fn probe(comm: &Comm, opts: &ProbeOptions) -> Result<Topology> {
         host_key: key.clone(),
         classes,
         seconds: prober.agree_one(started.elapsed().as_secs_f64(), Agree::Max)?,
-        unix_time: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
+        // Agreed too (the latest clock): read on each rank, a second could tick between
+        // them, and the ranks' figures must be equal byte for byte.
+        unix_time: all_gather_u64(
+            comm,
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+        )?
+        .into_iter()
+        .max()
+        .unwrap_or(0),
     });
     out.validate()?;
     if comm.rank() == 0 {
