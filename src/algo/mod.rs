@@ -89,10 +89,15 @@ pub fn run(core: &CommCore, algo: Algo, req: &Request) -> Result<()> {
 /// Divide an `Avg` op's summed result by the communicator's size, the one division of
 /// its result (nothing for other ops): [`run`]'s last step, and the fast launch path's
 /// after a library without its own mean.
+#[inline]
 pub fn divide_avg(core: &CommCore, op: &Op, dtype: crate::dtype::DataType) -> Result<()> {
     if op.redop() != Some(crate::dtype::ReduceOp::Avg) {
         return Ok(());
     }
+    divide(core, op, dtype)
+}
+
+fn divide(core: &CommCore, op: &Op, dtype: crate::dtype::DataType) -> Result<()> {
     let (n, s, ops) = (core.size(), dtype.size(), core.ops());
     match op {
         Op::ReduceScatter { recv, count, .. } | Op::AllReduce { recv, count, .. } => {

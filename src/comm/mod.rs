@@ -32,7 +32,7 @@ use crate::algo::{self, select::Choice};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::memory::Buffer;
-use crate::runtime::{mismatch, CommCore, Job};
+use crate::runtime::{mismatch, native, CommCore, Job};
 use crate::topology::{Level, Topology};
 use crate::traffic::{Traffic, TrafficReport};
 use crate::transport::{Transport, TransportKind};
@@ -388,8 +388,16 @@ impl Comm {
     /// The device a request is launched on ([`ordered`]): `Some` when this communicator
     /// is on a device transport and the request's buffers are device memory (outside an
     /// algorithm's own steps).
+    #[inline(always)]
     fn launchable(&self, req: &Request) -> Option<Arc<dyn crate::device::Device>> {
-        let dev = self.device()?; // host transports: nothing more to look at
+        if !self.0.has_device() {
+            return None; // host transports: nothing more to look at
+        }
+        self.launchable_on_device(req)
+    }
+
+    fn launchable_on_device(&self, req: &Request) -> Option<Arc<dyn crate::device::Device>> {
+        let dev = self.device()?;
         if crate::device::direct::current().is_some() || self.0.on_stream() {
             return None;
         }
@@ -517,7 +525,22 @@ impl Comm {
         } else {
             algo::select::choose_algo(core, req)
         };
-        let run = || ran(core, req, algo, algo::run(core, algo, req));
+        let run = || {
+            let r = if algo == crate::Algo::Ring && !core.has_device() && !req.op.is_coalesced() {
+                // The transport's own collective on host memory, straight: what
+                // `algo::run` reaches through `Native` on the stream for one op.
+                native::run_host(
+                    core.transport().as_ref(),
+                    &req.op,
+                    req.dtype,
+                    core.timeout(),
+                )
+                .and_then(|_| algo::divide_avg(core, &req.op, req.dtype))
+            } else {
+                algo::run(core, algo, req)
+            };
+            ran(core, req, algo, r)
+        };
         match core.run_now(&req.deps, run) {
             Ok(r) => Inline::Ran(r),
             Err(_) => Inline::Busy,

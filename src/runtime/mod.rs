@@ -115,6 +115,8 @@ struct Inner {
     /// This rank and the size, the transport's (fixed for its life), read per call.
     rank: usize,
     size: usize,
+    /// The transport has a device face ([`Transport::gpu`]; fixed for its life).
+    device: bool,
     /// A word the front keeps its last algorithm choice in (`crate::algo::select`);
     /// 0 when none. Nothing here reads it.
     chosen: AtomicU64,
@@ -176,6 +178,7 @@ impl CommCore {
             "communicator created"
         );
         let (rank, size) = (transport.rank(), transport.size());
+        let device = transport.gpu().is_some();
         Ok(CommCore(Arc::new(Inner {
             transport,
             topo,
@@ -193,6 +196,7 @@ impl CommCore {
             launcher: std::sync::OnceLock::new(),
             rank,
             size,
+            device,
             chosen: AtomicU64::new(0),
         })))
     }
@@ -282,8 +286,9 @@ impl CommCore {
         self.0.transport.traffic()
     }
     /// True on a transport with a device face whose stream runs device work.
+    #[inline]
     pub fn has_device(&self) -> bool {
-        self.0.transport.gpu().is_some()
+        self.0.device
     }
     /// Local buffer operations (copies, reductions, `Avg`, quantization kernels) on
     /// this communicator's device stream, or on the host.

@@ -41,18 +41,44 @@ pub fn exchange(t: &dyn Transport, ops: &[Op], timeout: Duration) -> Result<()> 
 /// go to the transport's device face ([`crate::transport::gpu::GpuTransport`]); host
 /// buffers to its host face (GPU transports stage them through scratch).
 pub fn run(t: &dyn Transport, op: &Op, dtype: DataType, timeout: Duration) -> Result<()> {
-    let host = match placement(op)? {
-        Place::Device(place) => {
-            return device::run(t, op, dtype, timeout, place, false).map(|_| ())
-        }
-        Place::Host => true,
-        Place::Empty => false,
-    };
-    if !host {
+    match placement(op)? {
+        Place::Device(place) => device::run(t, op, dtype, timeout, place, false).map(|_| ()),
+        Place::Host => host(t, op, dtype, timeout),
         // Nothing to move on any rank (counts agree): NCCL returns at once too. Empty
-        // device buffers have no host view, so the host path below must not see them.
+        // device buffers have no host view, so the host path must not see them.
+        Place::Empty => Ok(()),
+    }
+}
+
+/// [`run`] on a transport without a device face ([`Transport::gpu`] is `None`),
+/// without first looking at where every buffer is: a device buffer fails at its borrow
+/// (it has no host view) before anything moves, and the error is then [`run`]'s. A
+/// blocking call's inline path takes it (`Comm::call`).
+#[inline]
+pub fn run_host(t: &dyn Transport, op: &Op, dtype: DataType, timeout: Duration) -> Result<()> {
+    if !op.has_bytes() {
         return Ok(());
     }
+    host(t, op, dtype, timeout).or_else(|e| not_host(t, op, dtype, timeout, e))
+}
+
+#[cold]
+#[inline(never)]
+fn not_host(
+    t: &dyn Transport,
+    op: &Op,
+    dtype: DataType,
+    timeout: Duration,
+    e: Error,
+) -> Result<()> {
+    match op.device() {
+        Some(_) => run(t, op, dtype, timeout),
+        None => Err(e),
+    }
+}
+
+/// The host half of [`run`]: the op's buffers are host memory with a byte somewhere.
+fn host(t: &dyn Transport, op: &Op, dtype: DataType, timeout: Duration) -> Result<()> {
     let rank = t.rank();
     let in_place = layout(op, rank, dtype).is_some();
     match op {

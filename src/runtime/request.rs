@@ -141,7 +141,17 @@ impl Op {
         }
     }
 
+    /// True for the coalesced ops (a list of buffers each side).
+    #[inline]
+    pub fn is_coalesced(&self) -> bool {
+        matches!(
+            self,
+            Op::AllGatherCoalesced { .. } | Op::ReduceScatterCoalesced { .. }
+        )
+    }
+
     /// True when any of the op's buffers has a byte (a count-0 call moves nothing).
+    #[inline]
     pub fn has_bytes(&self) -> bool {
         let mut any = false;
         self.for_each_buffer(&mut |b| any |= !b.is_empty());
@@ -201,6 +211,7 @@ impl Op {
     /// separate buffers and for every other op. No rule is applied: [`check`] (or the C
     /// boundary) let through no overlap but NCCL's in-place layout on this rank, so a
     /// checked op's containment *is* that layout.
+    #[inline]
     pub fn layout(&self) -> Option<InPlace> {
         match self {
             Op::AllGather { send, recv, .. } if !send.is_empty() => send
@@ -287,34 +298,54 @@ pub fn in_place(kind: Kind, send: &Buffer, recv: &Buffer, rank: usize, chunk: us
     kind.in_place(rank, chunk).is_some_and(|l| l.matches(diff))
 }
 
+#[inline]
 fn bytes(count: usize, factor: usize, dt: DataType, what: &str) -> Result<usize> {
-    count
+    match count
         .checked_mul(factor)
         .and_then(|n| n.checked_mul(dt.size()))
-        .ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "{what}: {count} x {factor} elements of {dt} overflows"
-            ))
-        })
+    {
+        Some(n) => Ok(n),
+        None => Err(overflows(count, factor, dt, what)),
+    }
+}
+
+// The checks' errors, out of the common path.
+#[cold]
+#[inline(never)]
+fn overflows(count: usize, factor: usize, dt: DataType, what: &str) -> Error {
+    Error::InvalidArgument(format!(
+        "{what}: {count} x {factor} elements of {dt} overflows"
+    ))
+}
+
+#[cold]
+#[inline(never)]
+fn short(what: &str, len: usize, need: usize) -> Error {
+    Error::InvalidArgument(format!("{what} holds {len} bytes, the call needs {need}"))
+}
+
+#[cold]
+#[inline(never)]
+fn aliased(what: &str) -> Error {
+    Error::InvalidArgument(format!(
+        "{what}: send and receive buffers overlap without being NCCL's in-place layout"
+    ))
 }
 
 /// Trim `b` to its first `need` bytes in place (no new handle), or say what it lacks.
+#[inline]
 fn fits(b: &mut Buffer, need: usize, what: &str) -> Result<()> {
     if b.len() < need {
-        return Err(Error::InvalidArgument(format!(
-            "{what} holds {} bytes, the call needs {need}",
-            b.len()
-        )));
+        return Err(short(what, b.len(), need));
     }
     b.truncate(need);
     Ok(())
 }
 
+#[inline]
 fn no_alias(a: &Buffer, b: &Buffer, what: &str) -> Result<()> {
     if a.overlaps(b) {
-        return Err(Error::InvalidArgument(format!(
-            "{what}: send and receive buffers overlap without being NCCL's in-place layout"
-        )));
+        return Err(aliased(what));
     }
     Ok(())
 }
@@ -363,6 +394,7 @@ fn check_full(mut op: Op, dtype: DataType, rank: usize, size: usize) -> Result<O
 /// whole buffer of `size` chunks of `count` elements and one chunk (the all-gather's
 /// output and input, the reduce-scatter's input and output), each trimmed
 /// in place to its size, the whole one checked first; disjoint unless in place.
+#[inline]
 fn check_chunked(
     kind: Kind,
     send: &mut Buffer,
@@ -402,6 +434,7 @@ fn check_chunked(
 }
 
 /// The checks, trimming the op's buffers where they lie.
+#[inline]
 fn check_mut(op: &mut Op, dtype: DataType, rank: usize, size: usize) -> Result<()> {
     match op {
         Op::AllGather { send, recv, count } => {

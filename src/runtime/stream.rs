@@ -208,6 +208,7 @@ fn thread_tag() -> u64 {
 struct Free<'a>(&'a Shared);
 
 impl Drop for Free<'_> {
+    #[inline]
     fn drop(&mut self) {
         let s = self.0;
         s.runner.store(0, Ordering::Relaxed);

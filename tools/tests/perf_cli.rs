@@ -397,6 +397,48 @@ fn sizes_are_rounded_and_deduplicated() {
 }
 
 #[test]
+fn rounds_report_each_row_once_in_order() {
+    // Three rounds over four rows: the same rows as one round, each once, checked, and
+    // each JSON record's time the median of its rounds (a round's figure, so within the
+    // range a single round gives).
+    let sweep = [
+        "--ranks",
+        "3",
+        "--op",
+        "all-gather,all-reduce",
+        "--algo",
+        "ring,log-step",
+        "-b",
+        "96",
+        "-e",
+        "384",
+        "-f",
+        "4",
+        "-z",
+        "1",
+    ];
+    let key = |r: &Row| (r.size, r.algo.clone(), r.redop.clone());
+    let once = perf_ok(&args(&sweep));
+    let path = tmp("rounds.json");
+    let mut a = args(&sweep);
+    a.extend(["--rounds", "3", "--json", path.to_str().unwrap()]);
+    let thrice = perf_ok(&a);
+    let (r1, r3) = (rows(&once.stdout), rows(&thrice.stdout));
+    assert_eq!(r3.len(), 8, "{}", thrice.stdout);
+    assert_eq!(
+        r1.iter().map(key).collect::<Vec<_>>(),
+        r3.iter().map(key).collect::<Vec<_>>()
+    );
+    assert!(r3.iter().all(|r| r.wrong == "0"), "{}", thrice.stdout);
+    let recs = read_json(&path);
+    assert_eq!(recs.len(), 8);
+    assert!(recs
+        .iter()
+        .all(|r| r["time_us"].as_f64().is_some_and(|t| t > 0.0)));
+    fails(&["--rounds", "0"], 2, "--rounds");
+}
+
+#[test]
 fn topology_from_env_and_check_off() {
     let path = tmp("check-off.json");
     let o = perf_env(

@@ -103,6 +103,12 @@ pub(crate) struct Cli {
     #[arg(short = 'z', long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=1))]
     pub(crate) blocking: u8,
 
+    /// Time the sweep R times, its rows taken in turn in each round, and report each
+    /// row's median round (a round's time of a row: its slowest rank's): rows compared
+    /// within one run (`--algo ring,mpi`) then see the same drift of the machine.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    pub(crate) rounds: u64,
+
     /// Check results against the exact reference (1) or not (0).
     #[arg(short = 'c', long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(0..=1))]
     pub(crate) check: u8,
@@ -149,7 +155,7 @@ pub(crate) struct Cli {
     /// seconds (docs/perf.md, "Soak runs"); local and mpi transports.
     #[arg(long, value_name = "SECS", value_parser = parse_secs, conflicts_with_all = [
         "op", "algo", "bits", "block", "minbytes", "maxbytes", "stepfactor", "stepbytes",
-        "datatype", "redop", "iters", "warmup_iters", "blocking", "check", "coalesce", "json", "model",
+        "datatype", "redop", "iters", "warmup_iters", "rounds", "blocking", "check", "coalesce", "json", "model",
         "dry_run", "trace", "plot",
     ])]
     pub(crate) soak: Option<f64>,

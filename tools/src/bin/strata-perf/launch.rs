@@ -7,7 +7,7 @@ use crate::cli::Cli;
 use crate::membw;
 use crate::rank::{all_gather_bytes, bench_row, ErrStats, Fence, LocalPace, MpiPace, RankRow};
 use crate::report::Reporter;
-use crate::sweep::{build_plan, RowAlgo};
+use crate::sweep::{build_plan, median, RowAlgo};
 use std::sync::{mpsc, Arc};
 use strata::traffic::TrafficMatrix;
 use strata::transport::TransportKind;
@@ -72,10 +72,12 @@ pub(crate) fn run_threads(
                 let pace = LocalPace {
                     fence: fence.clone(),
                 };
-                for (i, row) in plan.rows.iter().enumerate() {
-                    match bench_row(&comm, &plan, row, &pace) {
+                let n = plan.rows.len();
+                let turns = (0..plan.rounds).flat_map(|round| (0..n).map(move |i| round * n + i));
+                for k in turns {
+                    match bench_row(&comm, &plan, &plan.rows[k % n], &pace) {
                         Ok(rr) => {
-                            let _ = tx.send(Msg::Row(i, r, rr));
+                            let _ = tx.send(Msg::Row(k, r, rr));
                         }
                         Err(e) => {
                             // Report first, then wake everyone else (their errors follow).
@@ -92,24 +94,31 @@ pub(crate) fn run_threads(
     }
     drop(tx);
 
-    // Rows complete in order (every row ends with fences); keep them keyed anyway.
-    let mut pending: Vec<Vec<RankRow>> = vec![Vec::new(); plan.rows.len()];
-    let mut rank0_traffic: Vec<Option<TrafficMatrix>> = vec![None; plan.rows.len()];
+    // Turns (a row in a round: round * rows + row) complete in order (every row ends
+    // with fences); keep them keyed anyway. A row is reported after its last round.
+    let n = plan.rows.len();
+    let mut pending: Vec<Vec<RankRow>> = vec![Vec::new(); n * plan.rounds];
+    let mut rank0_traffic: Vec<Option<TrafficMatrix>> = vec![None; n * plan.rounds];
+    let mut rounds = Rounds::new(n);
     let mut next = 0;
     let mut failure: Option<(usize, Error)> = None;
     for msg in rx {
         match msg {
-            Msg::Row(i, r, rr) => {
+            Msg::Row(k, r, rr) => {
                 if r == 0 {
-                    rank0_traffic[i] = rr.traffic.clone();
+                    rank0_traffic[k] = rr.traffic.clone();
                 }
-                pending[i].push(rr);
-                while next < plan.rows.len() && pending[next].len() == ranks {
+                pending[k].push(rr);
+                while next < pending.len() && pending[next].len() == ranks {
                     let rows = std::mem::take(&mut pending[next]);
                     let time = rows.iter().map(|x| x.time_us).fold(0.0, f64::max);
                     let wrong = rows.iter().map(|x| x.wrong).sum();
                     let err = rows.iter().filter_map(|x| x.err).reduce(ErrStats::merge);
-                    reporter.row(next, time, wrong, err, rank0_traffic[next].take());
+                    let i = next % n;
+                    let time = rounds.add(i, time, wrong);
+                    if next / n + 1 == plan.rounds {
+                        reporter.row(i, time, rounds.wrong[i], err, rank0_traffic[next].take());
+                    }
                     next += 1;
                 }
             }
@@ -143,6 +152,29 @@ pub(crate) fn run_threads(
         return Err(Error::Internal(format!("rank {r} thread panicked")));
     }
     reporter.finish()
+}
+
+/// Each row's rounds so far (`--rounds`): the slowest rank's time of each, and the most
+/// wrong elements any round saw.
+struct Rounds {
+    times: Vec<Vec<f64>>,
+    wrong: Vec<u64>,
+}
+
+impl Rounds {
+    fn new(rows: usize) -> Rounds {
+        Rounds {
+            times: vec![Vec::new(); rows],
+            wrong: vec![0; rows],
+        }
+    }
+
+    /// Add a round of row `i`; the median of its rounds so far.
+    fn add(&mut self, i: usize, time: f64, wrong: u64) -> f64 {
+        self.times[i].push(time);
+        self.wrong[i] = self.wrong[i].max(wrong);
+        median(&self.times[i])
+    }
 }
 
 /// Prefix the message of `e` with the rank it happened on.
@@ -212,7 +244,10 @@ fn run_mpi_on(cli: &Cli, comm: &Comm, algos: &[RowAlgo]) -> Result<u64> {
         };
     }
     let mut reporter = reporter.transpose()?;
-    for (i, row) in plan.rows.iter().enumerate() {
+    let mut rounds = Rounds::new(plan.rows.len());
+    let turns =
+        (0..plan.rounds).flat_map(|round| plan.rows.iter().enumerate().map(move |r| (round, r)));
+    for (round, (i, row)) in turns {
         let rr = match (&baseline, row.algo) {
             (Some(b), RowAlgo::Mpi) => b.bench_row(&plan, row),
             _ => bench_row(comm, &plan, row, &MpiPace),
@@ -269,7 +304,10 @@ fn run_mpi_on(cli: &Cli, comm: &Comm, algos: &[RowAlgo]) -> Result<u64> {
                 }
             }
             let traffic = rr.traffic.is_some().then_some(m);
-            rep.row(i, time, wrong, err, traffic);
+            let time = rounds.add(i, time, wrong);
+            if round + 1 == plan.rounds {
+                rep.row(i, time, rounds.wrong[i], err, traffic);
+            }
         }
     }
     match reporter {

@@ -74,6 +74,8 @@ pub(crate) struct Plan {
     pub(crate) rows: Vec<Row>,
     pub(crate) iters: usize,
     pub(crate) warmup: usize,
+    /// Times each row is timed, the rows in turn (`--rounds`); the median is reported.
+    pub(crate) rounds: usize,
     /// Each timed call waited before the next (`-z 1`).
     pub(crate) blocking: bool,
     pub(crate) check: bool,
@@ -197,8 +199,21 @@ pub(crate) fn build_plan(cli: &Cli, algos: &[RowAlgo], p: usize) -> Result<Plan>
         rows,
         iters: cli.iters as usize,
         warmup: cli.warmup_iters as usize,
+        rounds: cli.rounds as usize,
         blocking: cli.blocking == 1,
         check: cli.check == 1,
         coalesce,
     })
+}
+
+/// The median of a row's round times (`--rounds`; the mean of the middle two for an
+/// even count).
+pub(crate) fn median(times: &[f64]) -> f64 {
+    let mut t = times.to_vec();
+    t.sort_by(f64::total_cmp);
+    match t.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => t[n / 2],
+        n => (t[n / 2 - 1] + t[n / 2]) / 2.0,
+    }
 }
