@@ -69,24 +69,7 @@ pub fn may_spin() -> bool {
             .find_map(|k| std::env::var(k).ok()?.trim().parse::<usize>().ok())
             .unwrap_or(1)
     });
-    !yield_when_idle() && launched.max(CROWD.load(Ordering::Acquire)) <= cores()
-}
-
-/// Open MPI told to yield when idle (`OMPI_MCA_mpi_yield_when_idle`, as
-/// `scripts/cluster` sets it when its emulated nodes' ranks outnumber the cores): the
-/// job's ranks share cores though the launcher's local size is theirs per node, so
-/// strata yields where Open MPI does instead of spinning.
-fn yield_when_idle() -> bool {
-    static Y: OnceLock<bool> = OnceLock::new();
-    *Y.get_or_init(|| std::env::var("OMPI_MCA_mpi_yield_when_idle").is_ok_and(|v| mca_true(&v)))
-}
-
-/// True for an MCA boolean's true values: a non-zero number, or true / yes / on /
-/// enabled in any case.
-fn mca_true(v: &str) -> bool {
-    let v = v.trim().to_ascii_lowercase();
-    matches!(v.as_str(), "true" | "yes" | "on" | "enabled")
-        || v.parse::<i64>().is_ok_and(|n| n != 0)
+    launched.max(CROWD.load(Ordering::Acquire)) <= cores()
 }
 
 /// Poll `ready` until it is true or `budget` has passed: busy at first, then yielding
@@ -256,16 +239,6 @@ impl Loan {
 mod tests {
     //! Also run under Miri (scripts/miri).
     use super::*;
-
-    #[test]
-    fn mca_booleans_true_and_false() {
-        for v in ["1", "true", "TRUE", " yes ", "on", "2", "enabled"] {
-            assert!(mca_true(v), "{v}");
-        }
-        for v in ["0", "false", "no", "off", "", "maybe", "-0"] {
-            assert!(!mca_true(v), "{v}");
-        }
-    }
 
     #[test]
     fn a_loan_is_read_once_then_returned() {
