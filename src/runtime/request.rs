@@ -153,9 +153,19 @@ impl Op {
     /// True when any of the op's buffers has a byte (a count-0 call moves nothing).
     #[inline]
     pub fn has_bytes(&self) -> bool {
-        let mut any = false;
-        self.for_each_buffer(&mut |b| any |= !b.is_empty());
-        any
+        match self {
+            Op::AllGather { send, recv, .. }
+            | Op::ReduceScatter { send, recv, .. }
+            | Op::AllReduce { send, recv, .. }
+            | Op::AllToAll { send, recv, .. }
+            | Op::Broadcast { send, recv, .. }
+            | Op::SendRecv { send, recv, .. } => !send.is_empty() || !recv.is_empty(),
+            Op::Send { buf, .. } | Op::Recv { buf, .. } => !buf.is_empty(),
+            Op::AllGatherCoalesced { sends, recvs, .. }
+            | Op::ReduceScatterCoalesced { sends, recvs, .. } => {
+                sends.iter().chain(recvs).any(|b| !b.is_empty())
+            }
+        }
     }
 
     /// The device of the op's buffers (`None`: host memory). Empty buffers do not count
@@ -394,7 +404,7 @@ fn check_full(mut op: Op, dtype: DataType, rank: usize, size: usize) -> Result<O
 /// whole buffer of `size` chunks of `count` elements and one chunk (the all-gather's
 /// output and input, the reduce-scatter's input and output), each trimmed
 /// in place to its size, the whole one checked first; disjoint unless in place.
-#[inline]
+#[inline(always)]
 fn check_chunked(
     kind: Kind,
     send: &mut Buffer,
@@ -434,7 +444,7 @@ fn check_chunked(
 }
 
 /// The checks, trimming the op's buffers where they lie.
-#[inline]
+#[inline(always)]
 fn check_mut(op: &mut Op, dtype: DataType, rank: usize, size: usize) -> Result<()> {
     match op {
         Op::AllGather { send, recv, count } => {
