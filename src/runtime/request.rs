@@ -123,21 +123,26 @@ impl Op {
 
     /// Every buffer the op names.
     pub fn for_each_buffer<'a>(&'a self, f: &mut dyn FnMut(&'a Buffer)) {
+        self.any_buffer(|b| {
+            f(b);
+            false
+        });
+    }
+
+    /// True when `f` holds for one of the op's buffers, visited in
+    /// [`Op::for_each_buffer`]'s order up to the first that does.
+    #[inline]
+    fn any_buffer<'a>(&'a self, mut f: impl FnMut(&'a Buffer) -> bool) -> bool {
         match self {
             Op::AllGather { send, recv, .. }
             | Op::ReduceScatter { send, recv, .. }
             | Op::AllReduce { send, recv, .. }
             | Op::AllToAll { send, recv, .. }
             | Op::Broadcast { send, recv, .. }
-            | Op::SendRecv { send, recv, .. } => {
-                f(send);
-                f(recv);
-            }
+            | Op::SendRecv { send, recv, .. } => f(send) || f(recv),
             Op::Send { buf, .. } | Op::Recv { buf, .. } => f(buf),
             Op::AllGatherCoalesced { sends, recvs, .. }
-            | Op::ReduceScatterCoalesced { sends, recvs, .. } => {
-                sends.iter().chain(recvs).for_each(f)
-            }
+            | Op::ReduceScatterCoalesced { sends, recvs, .. } => sends.iter().chain(recvs).any(f),
         }
     }
 
@@ -153,19 +158,7 @@ impl Op {
     /// True when any of the op's buffers has a byte (a count-0 call moves nothing).
     #[inline]
     pub fn has_bytes(&self) -> bool {
-        match self {
-            Op::AllGather { send, recv, .. }
-            | Op::ReduceScatter { send, recv, .. }
-            | Op::AllReduce { send, recv, .. }
-            | Op::AllToAll { send, recv, .. }
-            | Op::Broadcast { send, recv, .. }
-            | Op::SendRecv { send, recv, .. } => !send.is_empty() || !recv.is_empty(),
-            Op::Send { buf, .. } | Op::Recv { buf, .. } => !buf.is_empty(),
-            Op::AllGatherCoalesced { sends, recvs, .. }
-            | Op::ReduceScatterCoalesced { sends, recvs, .. } => {
-                sends.iter().chain(recvs).any(|b| !b.is_empty())
-            }
-        }
+        self.any_buffer(|b| !b.is_empty())
     }
 
     /// The device of the op's buffers (`None`: host memory). Empty buffers do not count
