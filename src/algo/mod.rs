@@ -70,8 +70,26 @@ impl Algorithm for Native {
 /// on `core`'s stream thread: coalesced requests are packed and run as one flat request;
 /// an `Avg` result is divided by the communicator size here, the one place it happens
 /// (the quantized algorithms divide inside their final f32 reduction instead, before
-/// rounding to the output type).
+/// rounding to the output type). `ring` on a host transport is the transport's own
+/// collective, called from here ([`crate::runtime::native::run_host`]).
+#[inline]
 pub fn run(core: &CommCore, algo: Algo, req: &Request) -> Result<()> {
+    if algo == Algo::Ring && !req.op.is_coalesced() && !core.has_device() && core.on_stream() {
+        // The transport's own collective on host memory, straight from here: what
+        // `Native` reaches through the stream's batch runner for one op.
+        crate::runtime::native::run_host(
+            core.transport().as_ref(),
+            &req.op,
+            req.dtype,
+            core.timeout(),
+        )?;
+        return divide_avg(core, &req.op, req.dtype);
+    }
+    run_algorithm(core, algo, req)
+}
+
+/// [`run`] through the algorithm table.
+fn run_algorithm(core: &CommCore, algo: Algo, req: &Request) -> Result<()> {
     let a = select::algorithm(algo);
     let flat = |flat: &Request| a.run(core, flat);
     match &req.op {

@@ -32,7 +32,7 @@ use crate::algo::{self, select::Choice};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::memory::Buffer;
-use crate::runtime::{mismatch, native, CommCore, Job};
+use crate::runtime::{mismatch, CommCore, Job};
 use crate::topology::{Level, Topology};
 use crate::traffic::{Traffic, TrafficReport};
 use crate::transport::{Transport, TransportKind};
@@ -525,22 +525,7 @@ impl Comm {
         } else {
             algo::select::choose_algo(core, req)
         };
-        let run = || {
-            let r = if algo == crate::Algo::Ring && !core.has_device() && !req.op.is_coalesced() {
-                // The transport's own collective on host memory, straight: what
-                // `algo::run` reaches through `Native` on the stream for one op.
-                native::run_host(
-                    core.transport().as_ref(),
-                    &req.op,
-                    req.dtype,
-                    core.timeout(),
-                )
-                .and_then(|_| algo::divide_avg(core, &req.op, req.dtype))
-            } else {
-                algo::run(core, algo, req)
-            };
-            ran(core, req, algo, r)
-        };
+        let run = || ran(core, req, algo, algo::run(core, algo, req));
         match core.run_now(&req.deps, run) {
             Ok(r) => Inline::Ran(r),
             Err(_) => Inline::Busy,

@@ -52,8 +52,8 @@ pub fn run(t: &dyn Transport, op: &Op, dtype: DataType, timeout: Duration) -> Re
 
 /// [`run`] on a transport without a device face ([`Transport::gpu`] is `None`),
 /// without first looking at where every buffer is: a device buffer fails at its borrow
-/// (it has no host view) before anything moves, and the error is then [`run`]'s. A
-/// blocking call's inline path takes it (`Comm::call`).
+/// (it has no host view) before anything moves, and the error is then [`run`]'s.
+/// `crate::algo::run` takes it for `ring` (blocking calls run inline, and queued ones).
 #[inline]
 pub fn run_host(t: &dyn Transport, op: &Op, dtype: DataType, timeout: Duration) -> Result<()> {
     if !op.has_bytes() {

@@ -398,9 +398,8 @@ fn sizes_are_rounded_and_deduplicated() {
 
 #[test]
 fn rounds_report_each_row_once_in_order() {
-    // Three rounds over four rows: the same rows as one round, each once, checked, and
-    // each JSON record's time the median of its rounds (a round's figure, so within the
-    // range a single round gives).
+    // Three rounds over eight rows: the same rows in the same order as one round, each
+    // reported once, checked, and one JSON record each with a time.
     let sweep = [
         "--ranks",
         "3",
