@@ -138,9 +138,13 @@ pub struct Recovery {
     pub from_step: u64,
     /// Where it came from: `replicas` (the survivors' snapshots) or `checkpoint`.
     pub source: String,
-    /// The survivors' layout, `nodes:NxR` ([`crate::train::survivors_topology`]).
+    /// The survivors' layout, `nodes:NxR` ([`crate::train::survivors_layout`]).
     #[serde(default)]
     pub layout: String,
+    /// World ranks alive but set aside: the survivors on nodes the loss left partial,
+    /// where the strategy needs whole nodes ([`crate::train::survivors_layout`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub set_aside: Vec<usize>,
 }
 
 /// A communicator of one phase, `None` where its group has one rank.

@@ -51,9 +51,10 @@ pub struct TrainOptions {
     /// are a majority of the world (half of it with rank 0: a cut link leaves each side
     /// a census of itself, and only one side goes on): the survivors take a census
     /// (`Comm::survivors`), shrink the world without the lost ranks (`Comm::shrink`),
-    /// restore the state on the survivors laid out as [`survivors_topology`] says (the
+    /// restore the state on the survivors laid out as [`survivors_layout`] says (the
     /// nodes left where whole nodes were lost, else one node; the strategy resolved
-    /// anew for it) and train on: from the replicas of the lost
+    /// anew for it; where it cannot fit one node, the intact nodes, the partial nodes'
+    /// survivors set aside after the restore) and train on: from the replicas of the lost
     /// shards where the strategy keeps them (then every rank keeps a snapshot of its
     /// shard as of the last step all completed: `dp`, MiCS, AMSP points with replicated
     /// optimizer states), else from the latest complete checkpoint.
@@ -225,7 +226,8 @@ pub fn run_rank(
         if lost.is_empty() {
             return Err(e);
         }
-        let lost_world: Vec<usize> = lost.iter().map(|&r| world.members()[r]).collect();
+        let old_members = world.members().to_vec();
+        let lost_world: Vec<usize> = lost.iter().map(|&r| old_members[r]).collect();
         // A cut link splits the world, and each side's census finds only itself: only
         // a majority goes on (half with the old rank 0), never two worlds at once.
         let n = world.size();
@@ -238,6 +240,7 @@ pub fn run_rank(
                 alive.len()
             ))));
         }
+        let old_rank = world.rank();
         world = world.shrink(&lost)?;
         let (restored, source) = match from_replicas(&world, snapshot)? {
             Some(st) => (Some(st), "replicas"),
@@ -254,7 +257,29 @@ pub fn run_rank(
                  (--checkpoint DIR --checkpoint-every K)"
             )));
         };
-        plan.topology = survivors_topology(&plan.topology, &lost)?;
+        let (topo, aside) = survivors_layout(&plan, &lost)?;
+        let aside_world: Vec<usize> = aside.iter().map(|&r| old_members[r]).collect();
+        if !aside.is_empty() {
+            // The survivors on partial nodes took part in the restore (their snapshots
+            // may hold replicas); now they leave, and the others shrink them away.
+            if aside.binary_search(&old_rank).is_ok() {
+                eprintln!(
+                    "strata-train: world rank {me} is set aside: its node lost ranks \
+                     {lost_world:?} and the strategy needs whole nodes"
+                );
+                if world.transport_kind() == strata::transport::TransportKind::Mpi {
+                    // Finalizing would wait for (then abort) the peers training on.
+                    std::process::exit(0);
+                }
+                return Ok(out);
+            }
+            let renumbered: Vec<usize> = aside
+                .iter()
+                .map(|&r| r - lost.iter().filter(|&&l| l < r).count())
+                .collect();
+            world = world.shrink(&renumbered)?;
+        }
+        plan.topology = topo;
         mesh = Mesh::of(&plan.topology);
         recovery = Some(Recovery {
             lost: lost_world.clone(),
@@ -262,6 +287,7 @@ pub fn run_rank(
             from_step: from,
             source: source.into(),
             layout: format!("nodes:{}x{}", mesh.nodes, mesh.ranks_per_node),
+            set_aside: aside_world,
         });
         tracing::warn!(
             rank = me,
@@ -269,6 +295,46 @@ pub fn run_rank(
             world.size()
         );
     }
+}
+
+/// The layout the survivors of `opts.topology` train on after losing its ranks `lost`
+/// (sorted), and the survivors set aside for it (sorted; ranks of `opts.topology`):
+/// [`survivors_topology`] with every survivor where the strategy (`opts.strategy`,
+/// resolved anew) fits it; else, where the loss left nodes partial, the whole nodes
+/// left with the partial nodes' survivors set aside (MiCS's or hpZ's node-wise groups
+/// cannot tile one node of 7, but go on on the intact nodes), when the strategy fits
+/// that. World rank 0 reports the run, so it is never set aside: a partial loss on its
+/// node keeps every survivor, and the strategy's own error stops the run.
+pub fn survivors_layout(opts: &TrainOptions, lost: &[usize]) -> Result<(Topology, Vec<usize>)> {
+    let topo = &opts.topology;
+    let all = survivors_topology(topo, lost)?;
+    let fits = |t: &Topology| {
+        let mut o = opts.clone();
+        o.topology = t.clone();
+        o.resolve().is_ok()
+    };
+    if fits(&all) {
+        return Ok((all, Vec::new()));
+    }
+    let rpn = topo.ranks_per_node().max(1);
+    let partial = |n: usize| {
+        let l = lost.iter().filter(|&&r| r / rpn == n).count();
+        l > 0 && l < rpn
+    };
+    let aside: Vec<usize> = (0..topo.world_size())
+        .filter(|&r| partial(r / rpn) && lost.binary_search(&r).is_err())
+        .collect();
+    let mut gone: Vec<usize> = lost.iter().chain(&aside).copied().collect();
+    gone.sort_unstable();
+    if aside.is_empty() || aside.contains(&0) || gone.len() == topo.world_size() {
+        return Ok((all, Vec::new()));
+    }
+    let whole = survivors_topology(topo, &gone)?;
+    Ok(if fits(&whole) {
+        (whole, aside)
+    } else {
+        (all, Vec::new())
+    })
 }
 
 /// The layout the survivors of `topo` train on after losing its ranks `lost` (ranks of

@@ -4,7 +4,7 @@
 use std::path::Path;
 use strata::Topology;
 use strata_engine::checkpoint;
-use strata_engine::train::{survivors_topology, train_local, TrainOptions};
+use strata_engine::train::{survivors_layout, survivors_topology, train_local, TrainOptions};
 use strata_engine::StepReport;
 
 fn copy_step(from: &Path, to: &Path, step: u64) {
@@ -82,16 +82,21 @@ fn a_lost_rank_is_survived_from_the_last_checkpoint() {
 /// lost node's shards from the replicas, go on as the two nodes left (nodes:2x2, MiCS's
 /// partition groups still inside nodes), and their steps 5-8 equal a fresh nodes:2x2
 /// world started from the step-4 state. `dp` losing one rank of eight goes on as one
-/// node of 7. Without a checkpoint directory at all: a strategy
+/// node of 7; `mics:2` losing one rank of nodes:2x4 cannot tile one node of 7, so node
+/// 1's survivors are set aside after the restore and node 0 goes on alone (nodes:1x4),
+/// equal to a fresh nodes:1x4 world. Without a checkpoint directory at all: a strategy
 /// without replicas would stop with an error.
 #[test]
 fn a_lost_node_is_survived_from_the_replicas() {
     std::env::set_var("STRATA_TIMEOUT", "2");
     let tmp = std::env::temp_dir().join(format!("strata-replicas-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
-    for (strategy, topo, lose, after) in [
-        ("mics:2", "nodes:3x2", vec![4, 5], "nodes:2x2"),
-        ("dp", "nodes:2x4", vec![5], "nodes:1x7"),
+    for (strategy, topo, lose, after, aside) in [
+        ("mics:2", "nodes:3x2", vec![4, 5], "nodes:2x2", vec![]),
+        ("dp", "nodes:2x4", vec![5], "nodes:1x7", vec![]),
+        // MiCS's partition groups of 2 cannot tile one node of 7: node 1's survivors
+        // are set aside after the restore, and node 0 goes on alone.
+        ("mics:2", "nodes:2x4", vec![5], "nodes:1x4", vec![4, 6, 7]),
     ] {
         let mut o = TrainOptions::new(strategy, Topology::parse(topo).unwrap(), 8);
         o.survive = true;
@@ -107,8 +112,11 @@ fn a_lost_node_is_survived_from_the_replicas() {
             (4, "replicas", after),
             "{strategy}"
         );
+        assert_eq!(rc.set_aside, aside, "{strategy} on {topo}");
+        let world = Topology::parse(after).unwrap().world_size();
+        assert_eq!(rc.world, world, "{strategy} on {topo}");
         // The reference: the step-4 state as a checkpoint, resumed on the survivors' count.
-        let dir = tmp.join(strategy.replace(':', ""));
+        let dir = tmp.join(format!("{strategy}-{topo}").replace(':', ""));
         let mut first = TrainOptions::new(strategy, Topology::parse(topo).unwrap(), 4);
         first.checkpoint = Some(dir.clone());
         first.checkpoint_every = 4;
@@ -150,6 +158,37 @@ fn the_survivors_keep_whole_nodes() {
     assert_eq!(after("nodes:4x2", &[2, 3, 6, 7]), t("nodes:2x2"));
     assert_eq!(after("nodes:2x4", &[5]), t("nodes:1x7"));
     assert_eq!(after("nodes:3x2", &[1, 4, 5]), t("nodes:1x3"));
+    // Where the strategy cannot fit one node of the survivors, the intact nodes go on and
+    // the partial nodes' survivors are set aside; never world rank 0, and never when it fits.
+    let layout = |strategy: &str, topo: &str, lost: &[usize]| {
+        let o = TrainOptions::new(strategy, t(topo), 1);
+        let (l, aside) = survivors_layout(&o, lost).unwrap();
+        (l.name, aside)
+    };
+    assert_eq!(
+        layout("mics:2", "nodes:2x4", &[5]),
+        ("nodes:1x4".into(), vec![4, 6, 7])
+    );
+    assert_eq!(
+        layout("mics:4", "nodes:3x4", &[5, 9]),
+        ("nodes:1x4".into(), vec![4, 6, 7, 8, 10, 11])
+    );
+    assert_eq!(
+        layout("zero3", "nodes:2x4", &[5]),
+        ("nodes:1x7".into(), vec![])
+    );
+    assert_eq!(
+        layout("mics:2", "nodes:3x4", &[5, 9]),
+        ("nodes:1x10".into(), vec![])
+    );
+    assert_eq!(
+        layout("mics:4", "nodes:2x4", &[4, 5, 6, 7]),
+        ("nodes:1x4".into(), vec![])
+    );
+    assert_eq!(
+        layout("mics:2", "nodes:2x4", &[1]),
+        ("nodes:1x7".into(), vec![])
+    );
     // A preset keeps its nodes' shape and links; its leaf switches follow the nodes kept.
     let f = t("frontier:3,switch=2");
     let g = after("frontier:3,switch=2", &(8..16).collect::<Vec<_>>());

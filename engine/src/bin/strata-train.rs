@@ -260,8 +260,16 @@ fn run(a: Args) -> Result<(), String> {
         // A recovery (--survive): say what happened and how long it took.
         let now = std::time::Instant::now();
         if let (Some(rc), Some((l, t))) = (&r.recovery, last) {
+            let aside = if rc.set_aside.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    ", world ranks {:?} set aside (the strategy needs whole nodes)",
+                    rc.set_aside
+                )
+            };
             let msg = format!(
-                "# recovered: world ranks {:?} lost after step {l}; {} ranks ({}) went on from step {}'s state ({}); step {} completed {:.2} s after step {l}",
+                "# recovered: world ranks {:?} lost after step {l}; {} ranks ({}) went on from step {}'s state ({}){aside}; step {} completed {:.2} s after step {l}",
                 rc.lost,
                 rc.world,
                 rc.layout,
