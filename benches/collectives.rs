@@ -4,7 +4,8 @@
 //! this measures strata's own overhead (copies, reductions, scheduling), not a network.
 //! `host-call`: the host path of one blocking call (`Comm::call`) on a communicator of
 //! one rank, 8 bytes: the front's check and choice, the stream, the buffers' borrows and
-//! the native op, with nothing on a wire (docs/perf.md, "Per-call cost on mpi").
+//! the native op, with nothing on a wire (docs/perf.md, "Per-call cost on mpi"), and the
+//! same calls through the C ABI (`c-abi`: `strataAllGather` / `strataAllReduce`).
 //! `cargo bench --bench collectives`.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
@@ -90,6 +91,35 @@ fn host_call(c: &mut Criterion) {
             });
         }
     }
+    // The same calls through the C ABI (`auto`, its default), as C, Python and the torch
+    // backend make them: the boundary's checks and buffers on top of `Comm::call`.
+    use strata::capi::*;
+    let mut cc: strataComm_t = std::ptr::null_mut();
+    // SAFETY: room for one handle; NULL topology and config (the defaults).
+    let rc = unsafe { strataCommInitLocal(&mut cc, 1, std::ptr::null(), std::ptr::null()) };
+    assert_eq!(rc, strataSuccess);
+    let (send, mut recv) = ([1f32; 2], [0f32; 2]);
+    let (sp, rp) = (send.as_ptr().cast(), recv.as_mut_ptr().cast());
+    g.bench_function("all-gather/8B/c-abi", |b| {
+        // SAFETY: 8 readable / writable bytes each (one rank); live communicator; no stream.
+        b.iter(|| unsafe { strataAllGather(sp, rp, 2, strataFloat32, cc, std::ptr::null_mut()) })
+    });
+    g.bench_function("all-reduce/8B/c-abi", |b| {
+        // SAFETY: as above.
+        b.iter(|| unsafe {
+            strataAllReduce(
+                sp,
+                rp,
+                2,
+                strataFloat32,
+                strataSum,
+                cc,
+                std::ptr::null_mut(),
+            )
+        })
+    });
+    // SAFETY: a live communicator, destroyed once.
+    unsafe { strataCommDestroy(cc) };
     g.finish();
 }
 

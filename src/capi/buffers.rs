@@ -8,7 +8,8 @@
 //!   other overlap across all the pairs of a call (coalesced lists included).
 //! - [`CallBuffers`]: given the communicator, turns user ranges into buffers used in
 //!   place, with no copies: host memory on host transports
-//!   ([`Buffer::from_host_ptr`]), device memory checked against the communicator's
+//!   ([`Buffer::from_host_ptr`], through this thread's [`HostSlot`]s, so a call after a
+//!   completed one allocates nothing), device memory checked against the communicator's
 //!   device ([`Device::check_pointer`]) on GPU transports
 //!   ([`Buffer::from_device_ptr`]). An in-place pair becomes one buffer and a view of it.
 //! - [`CallBuffers::run`]: the one end of every call: the request, checked here once
@@ -28,7 +29,7 @@ use super::*;
 use crate::comm::{Request, Work};
 use crate::device::{DevAddr, Device};
 use crate::kinds::{InPlace, Kind};
-use crate::memory::Buffer;
+use crate::memory::{Buffer, HostSlot};
 use crate::runtime::request::Checked;
 use std::borrow::Cow;
 
@@ -152,13 +153,39 @@ pub(super) struct CallBuffers {
     /// The in-place layout of each pair, as derived from the raw pointers (for the debug
     /// builds' cross-check in [`Checked::assume`]; never filled in release builds).
     layouts: Vec<Option<InPlace>>,
+    /// Host transports: this thread's [`HostSlot`]s, lent by [`SLOTS`] for the call, and
+    /// how many the call used.
+    slots: Vec<HostSlot>,
+    used: usize,
+}
+
+thread_local! {
+    /// The allocations of this thread's host buffers, reused call after call: a blocking
+    /// call's buffers are gone when it returns, so the next call allocates nothing.
+    static SLOTS: std::cell::Cell<Vec<HostSlot>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+impl Drop for CallBuffers {
+    fn drop(&mut self) {
+        if self.device.is_none() {
+            let slots = std::mem::take(&mut self.slots);
+            let _ = SLOTS.try_with(|s| s.set(slots));
+        }
+    }
 }
 
 impl CallBuffers {
     pub(super) fn new(comm: &Comm) -> CallBuffers {
+        let device = comm.device();
+        let slots = match device {
+            None => SLOTS.take(),
+            Some(_) => Vec::new(),
+        };
         CallBuffers {
-            device: comm.device(),
+            device,
             layouts: Vec::new(),
+            slots,
+            used: 0,
         }
     }
 
@@ -200,10 +227,17 @@ impl CallBuffers {
         match &self.device {
             // SAFETY: the caller's contract.
             Some(d) => unsafe { Self::wrap(d, u) },
-            // SAFETY: the caller's contract: `len` bytes at `ptr` stay valid and
-            // unshared while the buffer and the work using it live. Ranges the call only
-            // reads are only borrowed shared, so never written.
-            None => Ok(unsafe { Buffer::from_host_ptr(u.ptr(), u.len) }),
+            None => {
+                if self.used == self.slots.len() {
+                    self.slots.push(HostSlot::default());
+                }
+                self.used += 1;
+                let slot = &mut self.slots[self.used - 1];
+                // SAFETY: the caller's contract: `len` bytes at `ptr` stay valid and
+                // unshared while the buffer and the work using it live. Ranges the call
+                // only reads are only borrowed shared, so never written.
+                Ok(unsafe { slot.view(u.ptr(), u.len) })
+            }
         }
     }
 

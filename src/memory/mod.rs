@@ -247,6 +247,42 @@ pub struct Buffer {
     range: Range<usize>,
 }
 
+/// A reusable allocation for buffers over the caller's host memory (the C ABI's user
+/// pointers): [`HostSlot::view`] is [`Buffer::from_host_ptr`] without the allocator when
+/// the buffer it made last, and every view of it, is gone (a blocking call's, once it
+/// returned); otherwise it allocates, and the slot keeps the new allocation.
+#[derive(Default)]
+pub struct HostSlot(Option<Arc<Mem>>);
+
+impl HostSlot {
+    /// `len` bytes at `ptr`, as [`Buffer::from_host_ptr`].
+    ///
+    /// # Safety
+    /// As [`Buffer::from_host_ptr`].
+    #[inline]
+    pub unsafe fn view(&mut self, ptr: *mut u8, len: usize) -> Buffer {
+        if len == 0 {
+            return Buffer::zeroed(0);
+        }
+        let data = Storage::HostForeign(ptr);
+        let mem = match self.0.take() {
+            Some(mut a) => match Arc::get_mut(&mut a) {
+                // Unique: no buffer or view of the old bytes is left, so no guard (guards
+                // borrow a buffer) and no borrow.
+                Some(m) => {
+                    debug_assert!(m.fast.load(Relaxed) == 0 && m.slow.load(Relaxed) == 0);
+                    m.data = data;
+                    a
+                }
+                None => Mem::new(data),
+            },
+            None => Mem::new(data),
+        };
+        self.0 = Some(mem.clone());
+        Buffer { mem, range: 0..len }
+    }
+}
+
 impl std::fmt::Debug for Buffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
@@ -432,6 +468,18 @@ impl Buffer {
     /// True when both views are of the same allocation.
     pub fn same_memory(&self, other: &Buffer) -> bool {
         Arc::ptr_eq(&self.mem, &other.mem)
+    }
+
+    /// This view's identity: its allocation's address and its byte range (two live
+    /// views have the same identity exactly when they are the same bytes of the same
+    /// allocation).
+    #[inline]
+    pub(crate) fn identity(&self) -> [usize; 3] {
+        [
+            Arc::as_ptr(&self.mem) as usize,
+            self.range.start,
+            self.range.end,
+        ]
     }
 
     /// True when both views share at least one byte.
@@ -662,6 +710,43 @@ mod tests {
         // SAFETY: empty range: no memory is touched.
         let e = unsafe { Buffer::from_host_ptr(std::ptr::null_mut(), 0) };
         assert_eq!(e.len(), 0);
+    }
+
+    /// A slot reuses its allocation once every view of its last buffer is gone, and
+    /// allocates anew while one lives; a reused buffer is the new memory, borrowed afresh.
+    #[test]
+    fn a_host_slot_reuses_its_allocation_only_when_free() {
+        let (mut a, mut b) = (vec![1u8; 16], vec![2u8; 8]);
+        let mut slot = HostSlot::default();
+        // SAFETY: `a` and `b` outlive the buffers and are not touched while they live.
+        let x = unsafe { slot.view(a.as_mut_ptr(), a.len()) };
+        let first = x.identity()[0];
+        let held = x.slice(4..8).unwrap();
+        let g = held.write().unwrap();
+        drop(x);
+        // SAFETY: as above.
+        let y = unsafe { slot.view(b.as_mut_ptr(), b.len()) };
+        assert_ne!(
+            y.identity()[0],
+            first,
+            "a view of the old buffer lives: fresh"
+        );
+        assert_eq!(&y.read().unwrap()[..], &[2u8; 8]);
+        drop(g);
+        drop((held, y));
+        // SAFETY: as above.
+        let z = unsafe { slot.view(a.as_mut_ptr(), 12) };
+        let again = z.identity()[0];
+        drop(z);
+        // SAFETY: as above.
+        let w = unsafe { slot.view(b.as_mut_ptr(), b.len()) };
+        assert_eq!(w.identity()[0], again, "nothing else holds it: reused");
+        assert_eq!(w.len(), 8);
+        w.write().unwrap().fill(9);
+        assert!(w.read_timeout(Duration::from_millis(5)).is_ok());
+        drop(w);
+        assert_eq!(b, [9u8; 8]);
+        assert_eq!(a, [1u8; 16]);
     }
 
     #[test]

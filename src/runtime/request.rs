@@ -23,7 +23,6 @@ use crate::dtype::{DataType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::kinds::{Algo, InPlace, Kind};
 use crate::memory::Buffer;
-use std::cell::RefCell;
 
 /// One collective or point-to-point operation. Counts are in elements of the request's
 /// dtype; buffers may be longer than needed (the prefix is used).
@@ -365,14 +364,20 @@ pub fn check(mut op: Op, dtype: DataType, rank: usize, size: usize) -> Result<Op
 /// [`check`] of an op where it lies: its buffers trimmed in place (a blocking call
 /// checks its request without moving it).
 pub fn check_in_place(op: &mut Op, dtype: DataType, rank: usize, size: usize) -> Result<()> {
-    // `STAMPED` (a plain thread-local word, no destructor to register) says whether
-    // there is a stamp to take: the unstamped common case skips `STAMP`.
-    let stamped = STAMPED.get() && {
-        STAMPED.set(false);
-        STAMP
-            .with(|s| s.borrow_mut().take())
-            .is_some_and(|st| st.is(op, dtype, rank, size))
-    };
+    // One thread-local word read in the unstamped common case.
+    let stamped = STAMP.with(|s| {
+        s.get().is_some_and(|st| {
+            s.set(None);
+            Stamp::of(op).is_some_and(|o| {
+                st == Stamp {
+                    op: o,
+                    dtype,
+                    rank,
+                    size,
+                }
+            })
+        })
+    });
     if stamped {
         return Ok(());
     }
@@ -566,24 +571,191 @@ pub struct Checked {
     size: usize,
 }
 
-/// The op of the [`Checked`] request this thread is submitting: what [`check`] returns
-/// at once.
+/// The [`Checked`] request this thread is submitting, as [`check`] recognises it and
+/// returns it at once: the op's variant, counts, peers, root and reduction, each buffer
+/// view's identity (its allocation and byte range, [`Buffer::identity`]) and, for a
+/// coalesced list, the lists' own allocations and lengths (the request is moved into the
+/// submission, never copied, so they are the same), with the dtype, rank and size. A
+/// plain value: stamping clones no buffer and compares words.
+#[derive(Clone, Copy, PartialEq, Eq)]
 struct Stamp {
-    op: Op,
+    op: [usize; 9],
     dtype: DataType,
     rank: usize,
     size: usize,
 }
 
-thread_local! {
-    static STAMP: RefCell<Option<Stamp>> = const { RefCell::new(None) };
-    /// True while `STAMP` may hold a stamp.
-    static STAMPED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+impl Stamp {
+    /// The words identifying `op` (`None`: an algorithm's own send-receive step, never a
+    /// boundary's, so never stamped).
+    #[inline(always)]
+    fn of(op: &Op) -> Option<[usize; 9]> {
+        fn pair(tag: usize, count: usize, extra: usize, a: &Buffer, b: &Buffer) -> [usize; 9] {
+            let ([a0, a1, a2], [b0, b1, b2]) = (a.identity(), b.identity());
+            [tag | extra << 8, count, a0, a1, a2, b0, b1, b2, 0]
+        }
+        fn list<T>(v: &[T]) -> [usize; 2] {
+            [v.as_ptr() as usize, v.len()]
+        }
+        Some(match op {
+            Op::AllGather { send, recv, count } => pair(1, *count, 0, send, recv),
+            Op::ReduceScatter {
+                send,
+                recv,
+                count,
+                op,
+            } => pair(2, *count, *op as usize, send, recv),
+            Op::AllReduce {
+                send,
+                recv,
+                count,
+                op,
+            } => pair(3, *count, *op as usize, send, recv),
+            Op::AllToAll { send, recv, count } => pair(4, *count, 0, send, recv),
+            Op::Broadcast {
+                send,
+                recv,
+                count,
+                root,
+            } => pair(5, *count, *root, send, recv),
+            Op::Send { buf, count, peer } => pair(6, *count, *peer, buf, buf),
+            Op::Recv { buf, count, peer } => pair(7, *count, *peer, buf, buf),
+            Op::AllGatherCoalesced {
+                sends,
+                recvs,
+                counts,
+            } => {
+                let ([a, b], [c, d], [e, f]) = (list(sends), list(recvs), list(counts));
+                [8, a, b, c, d, e, f, 0, 0]
+            }
+            Op::ReduceScatterCoalesced {
+                sends,
+                recvs,
+                counts,
+                op,
+            } => {
+                let ([a, b], [c, d], [e, f]) = (list(sends), list(recvs), list(counts));
+                [9 | (*op as usize) << 8, a, b, c, d, e, f, 0, 0]
+            }
+            Op::SendRecv { .. } => return None,
+        })
+    }
 }
 
-/// Identity of two ops: the same kind, counts, peers and reduction, over the very same
-/// buffer views (same allocation, same bytes). Costs what it takes to compare them; no
-/// check is repeated.
+thread_local! {
+    static STAMP: std::cell::Cell<Option<Stamp>> = const { std::cell::Cell::new(None) };
+}
+
+/// Clears this thread's stamp when a submission ends (however it ends: a stamp that the
+/// submission did not consume never outlives it).
+struct ClearStamp;
+
+impl Drop for ClearStamp {
+    fn drop(&mut self) {
+        let _ = STAMP.try_with(|s| s.set(None));
+    }
+}
+
+impl Checked {
+    /// Check `req` in full ([`check`]) for `rank` of `size`.
+    pub fn new(req: Request, rank: usize, size: usize) -> Result<Checked> {
+        let op = check_full(req.op, req.dtype, rank, size)?;
+        Ok(Checked {
+            req: Request { op, ..req },
+            rank,
+            size,
+        })
+    }
+
+    /// A request the caller checked itself, on what only it sees (the C boundary: raw
+    /// pointers), as [`check`] would: buffers exactly the bytes the call touches, counts
+    /// that do not overflow, peers and roots in range, and no overlap but NCCL's
+    /// in-place layout on `rank`, built as one buffer and a view of it. Debug builds run
+    /// [`check`]'s checks as well and panic where the two disagree, or where the layout
+    /// the buffers record is not the one the caller derived (`layouts`, one per send /
+    /// receive pair in op order; not read in release builds).
+    pub(crate) fn assume(
+        req: Request,
+        rank: usize,
+        size: usize,
+        layouts: &[Option<InPlace>],
+    ) -> Checked {
+        #[cfg(debug_assertions)]
+        debug_agree(&req, rank, size, layouts);
+        let _ = layouts;
+        Checked { req, rank, size }
+    }
+
+    /// The request.
+    pub fn request(&self) -> &Request {
+        &self.req
+    }
+
+    /// Submit it: `f` gets the request and hands it to [`crate::Comm`] (`submit`,
+    /// `call`, `enqueue_on`), whose [`check`] of this op, on this thread, within `f`,
+    /// returns it at once. Nothing else changes: a check of any other op, or of this op
+    /// for another rank, size or dtype, is a full one.
+    pub fn submit<R>(self, f: impl FnOnce(Request) -> R) -> R {
+        let Checked { req, rank, size } = self;
+        if let Some(op) = Stamp::of(&req.op) {
+            STAMP.set(Some(Stamp {
+                op,
+                dtype: req.dtype,
+                rank,
+                size,
+            }));
+        }
+        let _clear = ClearStamp;
+        f(req)
+    }
+}
+
+/// The pairs of an op in order: (kind, send, recv, count).
+#[cfg(debug_assertions)]
+fn pairs(op: &Op) -> Vec<(Kind, &Buffer, &Buffer, usize)> {
+    match op {
+        Op::AllGather { send, recv, count } => vec![(Kind::AllGather, send, recv, *count)],
+        Op::ReduceScatter {
+            send, recv, count, ..
+        } => vec![(Kind::ReduceScatter, send, recv, *count)],
+        Op::AllReduce {
+            send, recv, count, ..
+        } => vec![(Kind::AllReduce, send, recv, *count)],
+        Op::AllToAll { send, recv, count } => vec![(Kind::AllToAll, send, recv, *count)],
+        Op::Broadcast {
+            send,
+            recv,
+            count,
+            root,
+        } => vec![(Kind::Broadcast { root: *root }, send, recv, *count)],
+        Op::AllGatherCoalesced {
+            sends,
+            recvs,
+            counts,
+        } => sends
+            .iter()
+            .zip(recvs)
+            .zip(counts)
+            .map(|((s, r), c)| (Kind::AllGather, s, r, *c))
+            .collect(),
+        Op::ReduceScatterCoalesced {
+            sends,
+            recvs,
+            counts,
+            ..
+        } => sends
+            .iter()
+            .zip(recvs)
+            .zip(counts)
+            .map(|((s, r), c)| (Kind::ReduceScatter, s, r, *c))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Identity of two ops (debug builds' cross-check): the same kind, counts, peers and
+/// reduction, over the very same buffer views (same allocation, same bytes).
+#[cfg(debug_assertions)]
 fn same_op(a: &Op, b: &Op) -> bool {
     fn same(x: &Buffer, y: &Buffer) -> bool {
         x.len() == y.len() && (x.is_empty() || x.offset_in(y) == Some(0))
@@ -695,121 +867,6 @@ fn same_op(a: &Op, b: &Op) -> bool {
         ) => op == o && counts == c && all(sends, s) && all(recvs, r),
         // Send-receive steps are the algorithms' own, never a boundary's.
         _ => false,
-    }
-}
-
-impl Stamp {
-    fn is(&self, op: &Op, dtype: DataType, rank: usize, size: usize) -> bool {
-        self.dtype == dtype && self.rank == rank && self.size == size && same_op(&self.op, op)
-    }
-}
-
-/// Clears this thread's stamp when a submission ends (however it ends: a stamp that the
-/// submission did not consume never outlives it).
-struct ClearStamp;
-
-impl Drop for ClearStamp {
-    fn drop(&mut self) {
-        let _ = STAMPED.try_with(|s| s.set(false));
-        let _ = STAMP.try_with(|s| s.borrow_mut().take());
-    }
-}
-
-impl Checked {
-    /// Check `req` in full ([`check`]) for `rank` of `size`.
-    pub fn new(req: Request, rank: usize, size: usize) -> Result<Checked> {
-        let op = check_full(req.op, req.dtype, rank, size)?;
-        Ok(Checked {
-            req: Request { op, ..req },
-            rank,
-            size,
-        })
-    }
-
-    /// A request the caller checked itself, on what only it sees (the C boundary: raw
-    /// pointers), as [`check`] would: buffers exactly the bytes the call touches, counts
-    /// that do not overflow, peers and roots in range, and no overlap but NCCL's
-    /// in-place layout on `rank`, built as one buffer and a view of it. Debug builds run
-    /// [`check`]'s checks as well and panic where the two disagree, or where the layout
-    /// the buffers record is not the one the caller derived (`layouts`, one per send /
-    /// receive pair in op order; not read in release builds).
-    pub(crate) fn assume(
-        req: Request,
-        rank: usize,
-        size: usize,
-        layouts: &[Option<InPlace>],
-    ) -> Checked {
-        #[cfg(debug_assertions)]
-        debug_agree(&req, rank, size, layouts);
-        let _ = layouts;
-        Checked { req, rank, size }
-    }
-
-    /// The request.
-    pub fn request(&self) -> &Request {
-        &self.req
-    }
-
-    /// Submit it: `f` gets the request and hands it to [`crate::Comm`] (`submit`,
-    /// `call`, `enqueue_on`), whose [`check`] of this op, on this thread, within `f`,
-    /// returns it at once. Nothing else changes: a check of any other op, or of this op
-    /// for another rank, size or dtype, is a full one.
-    pub fn submit<R>(self, f: impl FnOnce(Request) -> R) -> R {
-        let Checked { req, rank, size } = self;
-        STAMPED.set(true);
-        STAMP.with(|s| {
-            *s.borrow_mut() = Some(Stamp {
-                op: req.op.clone(),
-                dtype: req.dtype,
-                rank,
-                size,
-            })
-        });
-        let _clear = ClearStamp;
-        f(req)
-    }
-}
-
-/// The pairs of an op in order: (kind, send, recv, count).
-#[cfg(debug_assertions)]
-fn pairs(op: &Op) -> Vec<(Kind, &Buffer, &Buffer, usize)> {
-    match op {
-        Op::AllGather { send, recv, count } => vec![(Kind::AllGather, send, recv, *count)],
-        Op::ReduceScatter {
-            send, recv, count, ..
-        } => vec![(Kind::ReduceScatter, send, recv, *count)],
-        Op::AllReduce {
-            send, recv, count, ..
-        } => vec![(Kind::AllReduce, send, recv, *count)],
-        Op::AllToAll { send, recv, count } => vec![(Kind::AllToAll, send, recv, *count)],
-        Op::Broadcast {
-            send,
-            recv,
-            count,
-            root,
-        } => vec![(Kind::Broadcast { root: *root }, send, recv, *count)],
-        Op::AllGatherCoalesced {
-            sends,
-            recvs,
-            counts,
-        } => sends
-            .iter()
-            .zip(recvs)
-            .zip(counts)
-            .map(|((s, r), c)| (Kind::AllGather, s, r, *c))
-            .collect(),
-        Op::ReduceScatterCoalesced {
-            sends,
-            recvs,
-            counts,
-            ..
-        } => sends
-            .iter()
-            .zip(recvs)
-            .zip(counts)
-            .map(|((s, r), c)| (Kind::ReduceScatter, s, r, *c))
-            .collect(),
-        _ => Vec::new(),
     }
 }
 
