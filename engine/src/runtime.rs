@@ -145,6 +145,12 @@ pub struct Recovery {
     /// where the strategy needs whole nodes ([`crate::train::survivors_layout`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub set_aside: Vec<usize>,
+    /// The last step the reporting rank completed before the loss.
+    #[serde(default)]
+    pub after_step: u64,
+    /// Seconds from that step's completion to this one's: what the recovery cost.
+    #[serde(default)]
+    pub seconds: f64,
 }
 
 /// A communicator of one phase, `None` where its group has one rank.

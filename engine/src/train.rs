@@ -113,7 +113,8 @@ impl TrainOptions {
 pub const LOST_EXIT: i32 = 75;
 
 /// Train on `world` (this rank's communicator of the whole world); `on_step` sees every
-/// step's report as it completes. Collective: every rank calls it with the same options.
+/// step's report as it completes, on the world's rank 0 (after a recovery, the
+/// survivors' rank 0: world rank 0 unless it was set aside). Collective: every rank calls it with the same options.
 /// With `survive`, a failure that lost ranks is survived (see [`TrainOptions::survive`]):
 /// the steps after the restored checkpoint run again and their reports replace the
 /// first ones.
@@ -144,6 +145,8 @@ pub fn run_rank(
     let mut mesh = Mesh::of(&plan.topology);
     let mut out: Vec<StepReport> = Vec::with_capacity(opts.steps as usize);
     let mut recovery: Option<Recovery> = None;
+    // The last step this rank completed, and when.
+    let mut last_done: Option<(u64, std::time::Instant)> = None;
     loop {
         let strategy = plan.resolve()?;
         let m = strategy.accum;
@@ -182,8 +185,16 @@ pub fn run_rank(
                 let mut r = eng.step(m, &|i| {
                     corpus.batch(seq, b, (s * n + rank) * m as u64 + i as u64)
                 })?;
-                r.recovery = recovery.take();
-                on_step(&r);
+                r.recovery = recovery.take().map(|mut rc| {
+                    rc.seconds = last_done.map_or(0.0, |(_, t)| t.elapsed().as_secs_f64());
+                    rc
+                });
+                last_done = Some((r.step, std::time::Instant::now()));
+                // The world's rank 0 reports; after a recovery that set aside world
+                // rank 0's node, the survivors' rank 0 takes over.
+                if world.rank() == 0 {
+                    on_step(&r);
+                }
                 out.push(r);
                 if let Some(dir) = &opts.checkpoint {
                     let k = opts.checkpoint_every;
@@ -288,6 +299,8 @@ pub fn run_rank(
             source: source.into(),
             layout: format!("nodes:{}x{}", mesh.nodes, mesh.ranks_per_node),
             set_aside: aside_world,
+            after_step: last_done.map_or(0, |(s, _)| s),
+            seconds: 0.0,
         });
         tracing::warn!(
             rank = me,
@@ -303,8 +316,7 @@ pub fn run_rank(
 /// resolved anew) fits it; else, where the loss left nodes partial, the whole nodes
 /// left with the partial nodes' survivors set aside (MiCS's or hpZ's node-wise groups
 /// cannot tile one node of 7, but go on on the intact nodes), when the strategy fits
-/// that. World rank 0 reports the run, so it is never set aside: a partial loss on its
-/// node keeps every survivor, and the strategy's own error stops the run.
+/// that (world rank 0 among them: the new world's rank 0 then reports the steps).
 pub fn survivors_layout(opts: &TrainOptions, lost: &[usize]) -> Result<(Topology, Vec<usize>)> {
     let topo = &opts.topology;
     let all = survivors_topology(topo, lost)?;
@@ -326,7 +338,7 @@ pub fn survivors_layout(opts: &TrainOptions, lost: &[usize]) -> Result<(Topology
         .collect();
     let mut gone: Vec<usize> = lost.iter().chain(&aside).copied().collect();
     gone.sort_unstable();
-    if aside.is_empty() || aside.contains(&0) || gone.len() == topo.world_size() {
+    if aside.is_empty() || gone.len() == topo.world_size() {
         return Ok((all, Vec::new()));
     }
     let whole = survivors_topology(topo, &gone)?;
@@ -435,8 +447,9 @@ fn from_replicas(
     Ok(None)
 }
 
-/// Train with one thread per rank on the local transport. Returns rank 0's reports with
-/// `memory` the element-wise maximum over ranks; `on_step` runs on rank 0's thread.
+/// Train with one thread per rank on the local transport. Returns the reports of rank 0
+/// (of the survivors, where world rank 0 was set aside after a loss) with `memory` the
+/// element-wise maximum over ranks; `on_step` runs on the reporting rank's thread.
 pub fn train_local(
     opts: &TrainOptions,
     on_step: &mut (dyn FnMut(&StepReport) + Send),
@@ -445,18 +458,21 @@ pub fn train_local(
     let n = topo.world_size();
     let comms = Comm::local_world(n, Some(topo.clone()), CommConfig::from_env()?)?;
     let meters = Meters::new(&topo);
+    // Every rank's thread may come to report (the world's rank 0 does; after a recovery
+    // that set world rank 0 aside, the survivors' rank 0).
+    let report = std::sync::Mutex::new(on_step);
     let results: Vec<Result<Vec<StepReport>>> = std::thread::scope(|sc| {
         let mut hs = Vec::with_capacity(n);
-        let mut first = Some(on_step);
         for c in comms {
             let meters = meters.clone();
-            let cb = if c.rank() == 0 { first.take() } else { None };
+            let report = &report;
             hs.push(sc.spawn(move || {
-                let mut noop = |_: &StepReport| {};
-                let r = match cb {
-                    Some(f) => run_rank(c.clone(), opts, meters, f),
-                    None => run_rank(c.clone(), opts, meters, &mut noop),
+                let mut cb = |r: &StepReport| {
+                    if let Ok(mut f) = report.lock() {
+                        f(r)
+                    }
                 };
+                let r = run_rank(c.clone(), opts, meters, &mut cb);
                 if r.is_err() {
                     // A failing rank must not leave the others waiting for it.
                     c.abort();
@@ -487,7 +503,12 @@ pub fn train_local(
             .unwrap_or(0);
         return Err(errs.swap_remove(i));
     }
-    let mut out = ranks.remove(0);
+    // The reports of the lowest rank that trained to the end (world rank 0, unless it
+    // was set aside after a loss).
+    let end = |v: &Vec<StepReport>| v.last().map_or(0, |r| r.step);
+    let last = ranks.iter().map(end).max().unwrap_or(0);
+    let first = ranks.iter().position(|v| end(v) == last).unwrap_or(0);
+    let mut out = ranks.remove(first);
     for other in &ranks {
         for (a, b) in out.iter_mut().zip(other) {
             a.memory = a.memory.max(b.memory);
@@ -498,7 +519,7 @@ pub fn train_local(
 
 /// Train as one rank of an MPI job (feature `mpi`; launch under mpirun). Every process
 /// returns the same reports except `memory`, which is its own; `on_step` runs on world
-/// rank 0 only.
+/// rank 0 only (after a recovery that set it aside, on the survivors' rank 0).
 #[cfg(feature = "mpi")]
 pub fn train_mpi(
     opts: &TrainOptions,
@@ -506,13 +527,7 @@ pub fn train_mpi(
 ) -> Result<Vec<StepReport>> {
     let world = Comm::mpi_world(Some(opts.topology.clone()), CommConfig::from_env()?)?;
     let meters = Meters::new(&opts.topology);
-    let mut noop = |_: &StepReport| {};
-    let cb: &mut dyn FnMut(&StepReport) = if world.rank() == 0 {
-        on_step
-    } else {
-        &mut noop
-    };
-    run_rank(world, opts, meters, cb)
+    run_rank(world, opts, meters, on_step)
 }
 
 /// Without the `mpi` feature: `NotCompiled`.

@@ -97,16 +97,23 @@ fn a_lost_node_is_survived_from_the_replicas() {
         // MiCS's partition groups of 2 cannot tile one node of 7: node 1's survivors
         // are set aside after the restore, and node 0 goes on alone.
         ("mics:2", "nodes:2x4", vec![5], "nodes:1x4", vec![4, 6, 7]),
+        // World rank 0's node left partial: node 1 goes on, and its rank 0 (world rank
+        // 4) reports the steps after the loss.
+        ("mics:2", "nodes:2x4", vec![1], "nodes:1x4", vec![0, 2, 3]),
     ] {
         let mut o = TrainOptions::new(strategy, Topology::parse(topo).unwrap(), 8);
         o.survive = true;
         o.lose = Some((lose, 5));
-        let run = train_local(&o, &mut |_| {}).unwrap_or_else(|e| panic!("{strategy}: {e}"));
+        let mut seen = Vec::new();
+        let run = train_local(&o, &mut |r| seen.push(r.step))
+            .unwrap_or_else(|e| panic!("{strategy}: {e}"));
         assert_eq!(
             run.iter().map(|r| r.step).collect::<Vec<_>>(),
             (1..=8).collect::<Vec<_>>()
         );
+        assert_eq!(seen, (1..=8).collect::<Vec<_>>(), "each step reported once");
         let rc = run[4].recovery.as_ref().expect("step 5 says it recovered");
+        assert_eq!(rc.after_step, 4, "{strategy} on {topo}");
         assert_eq!(
             (rc.from_step, rc.source.as_str(), rc.layout.as_str()),
             (4, "replicas", after),
@@ -159,7 +166,7 @@ fn the_survivors_keep_whole_nodes() {
     assert_eq!(after("nodes:2x4", &[5]), t("nodes:1x7"));
     assert_eq!(after("nodes:3x2", &[1, 4, 5]), t("nodes:1x3"));
     // Where the strategy cannot fit one node of the survivors, the intact nodes go on and
-    // the partial nodes' survivors are set aside; never world rank 0, and never when it fits.
+    // the partial nodes' survivors are set aside (world rank 0 too); never when it fits.
     let layout = |strategy: &str, topo: &str, lost: &[usize]| {
         let o = TrainOptions::new(strategy, t(topo), 1);
         let (l, aside) = survivors_layout(&o, lost).unwrap();
@@ -187,7 +194,13 @@ fn the_survivors_keep_whole_nodes() {
     );
     assert_eq!(
         layout("mics:2", "nodes:2x4", &[1]),
-        ("nodes:1x7".into(), vec![])
+        ("nodes:1x4".into(), vec![0, 2, 3])
+    );
+    // Every node partial: no whole node to go on with, so every survivor, and the run
+    // stops with the strategy's error (mics:4 cannot tile one node of 6).
+    assert_eq!(
+        layout("mics:4", "nodes:2x4", &[1, 5]),
+        ("nodes:1x6".into(), vec![])
     );
     // A preset keeps its nodes' shape and links; its leaf switches follow the nodes kept.
     let f = t("frontier:3,switch=2");

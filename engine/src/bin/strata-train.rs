@@ -252,14 +252,29 @@ fn run(a: Args) -> Result<(), String> {
     let mut werr: Option<String> = None;
     let every = a.log_every.max(1);
     let steps = a.steps;
-    let mut last: Option<(u64, std::time::Instant)> = None;
+    // Steps are reported by the world's rank 0: this process, or, after a recovery that
+    // set world rank 0 aside (--survive), the survivors' rank 0, which then takes over
+    // the JSON file (appending) and the lines.
+    let mut reported = false;
     let mut cb = |r: &StepReport| {
-        if !root {
-            return;
+        if !root && !reported {
+            if let Some(p) = &a.json {
+                match std::fs::OpenOptions::new()
+                    .append(true)
+                    .create(true)
+                    .open(p)
+                {
+                    Ok(f) => out = Some(std::io::BufWriter::new(f)),
+                    Err(e) => {
+                        werr.get_or_insert(format!("{}: {e}", p.display()));
+                    }
+                }
+            }
         }
+        reported = true;
         // A recovery (--survive): say what happened and how long it took.
-        let now = std::time::Instant::now();
-        if let (Some(rc), Some((l, t))) = (&r.recovery, last) {
+        if let Some(rc) = &r.recovery {
+            let l = rc.after_step;
             let aside = if rc.set_aside.is_empty() {
                 String::new()
             } else {
@@ -276,17 +291,18 @@ fn run(a: Args) -> Result<(), String> {
                 rc.from_step,
                 rc.source,
                 r.step,
-                (now - t).as_secs_f64()
+                rc.seconds
             );
             match &bar {
                 Some(b) => b.println(msg),
                 None => println!("{msg}"),
             }
         }
-        last = Some((r.step, now));
         if let Some(w) = out.as_mut() {
             let s = serde_json::to_string(r).unwrap_or_default();
-            if let Err(e) = writeln!(w, "{s}") {
+            // Flushed every step: a process set aside after a loss (--survive) ends
+            // without returning here, and the survivors' rank 0 appends after it.
+            if let Err(e) = writeln!(w, "{s}").and_then(|_| w.flush()) {
                 werr.get_or_insert(e.to_string());
             }
         }
@@ -321,7 +337,7 @@ fn run(a: Args) -> Result<(), String> {
     if let Some(mut w) = out {
         w.flush().map_err(|e| e.to_string())?;
     }
-    if root {
+    if root || reported {
         if let (Some(f), Some(l)) = (reports.first(), reports.last()) {
             let mean_us: f64 =
                 reports.iter().map(|r| r.step_time_us as f64).sum::<f64>() / reports.len() as f64;
