@@ -31,7 +31,7 @@ pub enum Algo {
     Qgz1,
     /// ZeRO++ qwZ: quantized all-gather.
     Qwz,
-    /// Pick by topology and message size ([`select`]).
+    /// Pick by topology and message size ([`crate::algo::select`]).
     Auto,
 }
 

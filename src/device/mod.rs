@@ -13,8 +13,8 @@
 //!   asynchronous error), so a dead peer is an error, never a hang.
 //! - Collectives on device memory are stream-ordered ([`crate::comm::ordered`]): a
 //!   caller's stream is joined with an event ([`DevStream::record`], recorded at the
-//!   call) and released by a completion word ([`Device::wait_value_on`],
-//!   [`DevStream::write_value`]); the communicator's own streams run the work, each
+//!   call) and released by a completion word (`Device::wait_value_on`,
+//!   `DevStream::write_value`); the communicator's own streams run the work, each
 //!   stage waited for with [`finish`] on the communicator's stream thread.
 //! - Freed memory goes to a per-device cache ([`pool`]); a stream-ordered call's scratch
 //!   comes from its communicator's arena ([`direct`]), which is also the capturable path

@@ -71,7 +71,7 @@ impl CheckedRanges {
             .is_ok_and(|r| r.iter().any(|&(a, b)| a <= p && p < b))
     }
 
-    /// Keep `[start, start + len)` (the oldest range goes past [`KEPT`]).
+    /// Keep `[start, start + len)` (the oldest range goes past `KEPT`).
     pub fn keep(&self, start: DevAddr, len: usize) {
         if len == 0 {
             return;

@@ -87,14 +87,14 @@ pub enum Op {
         src: usize,
         reduce: Option<ReduceOp>,
     },
-    /// MiCS §4 coalesced all-gather: `recvs[i]` (size·counts[i]) gathers `sends[i]`
-    /// (counts[i]) for every i, in one launch.
+    /// MiCS §4 coalesced all-gather: `recvs[i]` (`size·counts[i]`) gathers `sends[i]`
+    /// (`counts[i]`) for every i, in one launch.
     AllGatherCoalesced {
         sends: Vec<Buffer>,
         recvs: Vec<Buffer>,
         counts: Vec<usize>,
     },
-    /// MiCS §4 coalesced reduce-scatter: `recvs[i]` (counts[i]) from `sends[i]` (size·counts[i]).
+    /// MiCS §4 coalesced reduce-scatter: `recvs[i]` (`counts[i]`) from `sends[i]` (`size·counts[i]`).
     ReduceScatterCoalesced {
         sends: Vec<Buffer>,
         recvs: Vec<Buffer>,

@@ -5,7 +5,7 @@
 //!   dry run of any algorithm on any topology size without data ([`dry_run`]), or from
 //!   the recording of a real run on the local transport ([`start_recording`],
 //!   [`finish_recording`], [`Schedule::from_recording`]);
-//! - [`replay`]: time on the topology's link model (per-class latency + bytes /
+//! - [`replay`](mod@replay): time on the topology's link model (per-class latency + bytes /
 //!   bandwidth, shared NICs, link classes busy at once), with per-resource busy times
 //!   and the lower bound the busiest resource sets;
 //! - [`symmetric`]: the same makespan from one node's ranks on identical nodes (exact,

@@ -1,4 +1,4 @@
-//! Node-symmetric replay: the makespan of [`super::dry_run`] + [`super::replay`]
+//! Node-symmetric replay: the makespan of [`super::dry_run`] + [`super::replay`](fn@super::replay)
 //! computed from one node's ranks only (the planner of strata-engine asks it for every
 //! collective of a 1024-rank cluster).
 //!

@@ -70,7 +70,7 @@
 //! Infinity Fabric latency is published; the in-package figure is taken below NVLink and
 //! the package-to-package one above it.
 //!
-//! How the simulator ([`crate::sim::replay`]) uses the figures, per link class:
+//! How the simulator ([`crate::sim::replay`](fn@crate::sim::replay)) uses the figures, per link class:
 //! - `intra_package` / `intra_node`: `bandwidth_gbs` is one rank's port to the class
 //!   (its share of the NVSwitch / its xGMI links), per direction; every transfer costs
 //!   `latency_us + bytes / bandwidth`, one transfer at a time per rank and class.

@@ -74,7 +74,7 @@ struct Args {
     #[arg(long)]
     quiet: bool,
     /// Directory of sharded checkpoints: every rank writes its own shard there every
-    /// `--checkpoint-every` steps (step-<N>/rank-<R>.shard, then COMPLETE).
+    /// `--checkpoint-every` steps (`step-<N>/rank-<R>.shard`, then `COMPLETE`).
     #[arg(long, value_name = "DIR")]
     checkpoint: Option<std::path::PathBuf>,
     /// Steps between checkpoints (with --checkpoint; 0: none written).

@@ -19,7 +19,7 @@
 //!   profile is given as curves without numbers.
 //! - **Memory** (§IV-D, eq. 2): `D_total = D_modelstate + D_activation + D_tmp` with the
 //!   planner's memory model: AMSP's model states, Korthikanti activations (AMSP cites
-//!   Megatron-LM [5] and ZeRO [16] for this term), buffers, and the framework overhead of
+//!   Megatron-LM \[5\] and ZeRO \[16\] for this term), buffers, and the framework overhead of
 //!   `PlanRequest::overhead` (modeled by default; `--overhead off` is the paper's
 //!   literal eq. 2 with `D_tmp` = buffers only).
 //! - **Recomputation** (§VI-A4): off for LLaMA-7B and 13B, on for 30B; for other shapes,

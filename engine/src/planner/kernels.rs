@@ -14,7 +14,7 @@
 //!
 //! Each kernel's time is its bytes over its rate; the kernels of a collective run on the
 //! rank's stream between its transfers, so their times add to the transfers' (the
-//! model charges no overlap). [`KernelRates::H200`] holds the rates measured on an NVIDIA
+//! model charges no overlap). [`KernelRates::h200`] holds the rates measured on an NVIDIA
 //! H200 (`docs/kernels.md`, "GPU kernels"); another GPU's come from running
 //! `strata-gpu-check` there (`strata-plan --kernel-rates FILE`).
 

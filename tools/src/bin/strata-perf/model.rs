@@ -202,7 +202,7 @@ pub(crate) fn model_topology(spec: &str, p: usize) -> Result<Topology> {
 }
 
 /// One JSON record of a dry run (contract: field names shared with
-/// [`crate::report::Record`]).
+/// `report::Record`).
 #[derive(Debug, Serialize)]
 struct DryRecord {
     op: &'static str,
