@@ -114,7 +114,8 @@ pub const LOST_EXIT: i32 = 75;
 
 /// Train on `world` (this rank's communicator of the whole world); `on_step` sees every
 /// step's report as it completes, on the world's rank 0 (after a recovery, the
-/// survivors' rank 0: world rank 0 unless it was set aside). Collective: every rank calls it with the same options.
+/// survivors' rank 0: world rank 0 unless it was set aside). Collective: every rank
+/// calls it with the same options.
 /// With `survive`, a failure that lost ranks is survived (see [`TrainOptions::survive`]):
 /// the steps after the restored checkpoint run again and their reports replace the
 /// first ones.
@@ -314,8 +315,8 @@ pub fn run_rank(
 /// (sorted), and the survivors set aside for it (sorted; ranks of `opts.topology`):
 /// [`survivors_topology`] with every survivor where the strategy (`opts.strategy`,
 /// resolved anew) fits it; else, where the loss left nodes partial, the whole nodes
-/// left with the partial nodes' survivors set aside (MiCS's or hpZ's node-wise groups
-/// cannot tile one node of 7, but go on on the intact nodes), when the strategy fits
+/// left with the partial nodes' survivors set aside (MiCS's partition groups of 2 cannot
+/// tile one node of 7, but go on on the intact nodes), when the strategy fits
 /// that (world rank 0 among them: the new world's rank 0 then reports the steps).
 pub fn survivors_layout(opts: &TrainOptions, lost: &[usize]) -> Result<(Topology, Vec<usize>)> {
     let topo = &opts.topology;
