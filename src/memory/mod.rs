@@ -252,7 +252,7 @@ pub struct Buffer {
 /// the buffer it made last, and every view of it, is gone (a blocking call's, once it
 /// returned); otherwise it allocates, and the slot keeps the new allocation.
 #[derive(Default)]
-pub struct HostSlot(Option<Arc<Mem>>);
+pub(crate) struct HostSlot(Option<Arc<Mem>>);
 
 impl HostSlot {
     /// `len` bytes at `ptr`, as [`Buffer::from_host_ptr`].
@@ -260,7 +260,7 @@ impl HostSlot {
     /// # Safety
     /// As [`Buffer::from_host_ptr`].
     #[inline]
-    pub unsafe fn view(&mut self, ptr: *mut u8, len: usize) -> Buffer {
+    pub(crate) unsafe fn view(&mut self, ptr: *mut u8, len: usize) -> Buffer {
         if len == 0 {
             return Buffer::zeroed(0);
         }
