@@ -82,9 +82,19 @@ proptest! {
 /// The log-step forms above `log_step::ROTATE_BELOW` bytes (the all-gather's split runs,
 /// the reduce-scatter's first step straight from the input) on odd and even rank
 /// counts and as hier's inter-node stage, in place and not: the proptests above stay
-/// below it.
+/// below it. On `local` the flat steps run straight on the transport
+/// (`CommCore::host_steps`); on `host-local` (a device transport) as ops.
 #[test]
 fn log_step_large_forms_match_the_reference() {
+    log_step_large_forms_on(strata::transport::TransportKind::Local);
+}
+
+#[test]
+fn log_step_large_forms_match_the_reference_as_ops() {
+    log_step_large_forms_on(strata::transport::TransportKind::HostLocal);
+}
+
+fn log_step_large_forms_on(transport: strata::transport::TransportKind) {
     use Kind::*;
     let big = strata::algo::log_step::ROTATE_BELOW;
     for (topo, g, cases) in [
@@ -111,7 +121,16 @@ fn log_step_large_forms_match_the_reference() {
             vec![(ReduceScatter, DataType::F32, ReduceOp::Min, Algo::HierLog)],
         ),
     ] {
-        let wrong: usize = common::all_ok(topo, move |c| {
+        let t = strata::Topology::parse(topo).expect("topology");
+        let n = t.world_size();
+        let comms = match transport {
+            strata::transport::TransportKind::Local => {
+                strata::Comm::local_world(n, Some(t), common::config())
+            }
+            kind => strata::Comm::in_process_world(kind, n, Some(t), common::config()),
+        }
+        .expect("world");
+        let wrong: usize = common::on_comms(comms, move |c| {
             let p = c.size();
             let mut w = 0;
             for &(kind, dt, op, algo) in &cases {
@@ -130,7 +149,8 @@ fn log_step_large_forms_match_the_reference() {
             Ok(w)
         })
         .into_iter()
+        .map(|r| r.expect("rank"))
         .sum();
-        assert_eq!(wrong, 0, "{topo}");
+        assert_eq!(wrong, 0, "{topo} on {}", transport.name());
     }
 }

@@ -110,7 +110,7 @@ pub fn steps(p: usize) -> Vec<(usize, usize)> {
 
 /// The chunk run [a, a+m) of a ring of p chunks as at most two contiguous (start, len)
 /// runs, split where it wraps past chunk p − 1.
-fn runs(a: usize, m: usize, p: usize) -> impl Iterator<Item = (usize, usize)> {
+pub(super) fn runs(a: usize, m: usize, p: usize) -> impl Iterator<Item = (usize, usize)> {
     let first = m.min(p - a);
     [(a, first), (0, m - first)].into_iter().filter(|r| r.1 > 0)
 }
@@ -127,6 +127,11 @@ pub const ROTATE_BELOW: usize = 64 << 10;
 /// major) on `comm`, blocking (on its stream, as every algorithm runs).
 pub fn all_gather(comm: &CommCore, send: &Buffer, recv: &Buffer, c: usize) -> Result<()> {
     let (p, x) = (comm.size(), comm.rank());
+    if p > 1 && c > 0 {
+        if let Ok(r) = comm.host_steps(|t| super::log_step_host::all_gather(t, send, recv, c)) {
+            return r;
+        }
+    }
     let ops = comm.ops();
     if p * c < ROTATE_BELOW && p > 1 && c > 0 {
         let rot = recv.alloc_like(p * c)?;
@@ -211,6 +216,11 @@ pub fn reduce_scatter(
         return ops.copy(&recv.slice(0..c)?, &send.slice(x * c..(x + 1) * c)?);
     }
     let op = op.partial();
+    if let Ok(r) =
+        comm.host_steps(|t| super::log_step_host::reduce_scatter(t, send, recv, count, dt, op))
+    {
+        return r;
+    }
     let all = steps(p);
     let (work, first) = if p * c >= ROTATE_BELOW {
         (first_step_direct(comm, send, count, dt, op, &all)?, 1)

@@ -3,13 +3,16 @@
 //! ([`CommCore`]), so it runs unchanged on every transport; when its constraints do not
 //! hold the request falls back to the native collective. Every algorithm reaches the
 //! wire the same way, [`CommCore::enqueue`] (native ops on the communicator or its level,
-//! node and rail sub-communicators), and local work through [`CommCore::ops`].
+//! node and rail sub-communicators), and local work through [`CommCore::ops`]; on host
+//! transports `log-step`'s flat steps go straight to the transport instead
+//! ([`CommCore::host_steps`]).
 //!
 //! - [`Native`]: the flat baselines (the transport's native collectives; on host
 //!   transports the rings of [`crate::transport::ring`]);
 //! - [`hierarchical`]: MiCS §3.3 hierarchical all-gather / reduce-scatter, 2 and 3 levels,
 //!   its inter-node stage a ring or log-step;
-//! - [`log_step`]: Bruck's log-step all-gather and its reduce-scatter dual, any rank count;
+//! - [`log_step`]: Bruck's log-step all-gather and its reduce-scatter dual, any rank count
+//!   (`log_step_host`: its steps straight on a host transport);
 //! - [`ho_ring`]: PaRO §3.3 hierarchical overlapping rings, and the pipelined 2-D all-reduce;
 //! - [`plan`]: algorithms as per-rank step lists, executed or turned into schedules;
 //! - [`qgz`], [`qwz`]: ZeRO++ §4.2-4.3 quantized reduce-scatter (2-hop, 1-hop) and all-gather;
@@ -22,6 +25,7 @@ pub mod coalesced;
 pub mod hierarchical;
 pub mod ho_ring;
 pub mod log_step;
+mod log_step_host;
 pub mod plan;
 pub mod qgz;
 pub mod qwz;

@@ -14,7 +14,10 @@
 //!   group (ncclGroupStart/End) when it is made of device-buffer ops on a GPU transport.
 //!   A native op that fails aborts its communicator ([`CommCore::fail`]): the work
 //!   queued behind it and the work that depends on it fail at once, so a dead peer costs
-//!   one timeout, not one per pipelined step.
+//!   one timeout, not one per pipelined step. The one exception, [`CommCore::host_steps`]:
+//!   on a host transport with the communicator's stream idle, an algorithm's steps on a
+//!   communicator of its own may run straight on the transport on this thread (the same
+//!   messages, no op per step; `log-step` does), with the same failure rule.
 //! - [`mismatch`]: collective mismatch detection (`STRATA_DEBUG=check`), run on the
 //!   stream before a checked collective or group.
 //! - [`request`]: the request descriptor, its checks and NCCL's in-place rule;
@@ -414,6 +417,47 @@ impl CommCore {
             work.complete(Err(e));
         }
         work
+    }
+
+    /// Run an algorithm's `steps` on this thread straight on the transport's host face
+    /// (its `sendrecv`, `exchange`, `sendrecv_reduce` on borrowed bytes), with no ops
+    /// built and no per-step hand-off: where the transport has no device face, no
+    /// launch is open and this communicator's stream is idle (it is claimed for the
+    /// whole run, as [`CommCore::run_batch`] claims it per step). An error fails the
+    /// communicator as a failed batch does. `Err(steps)` where that does not hold:
+    /// run the steps as ops ([`CommCore::run_batch`]).
+    pub fn host_steps<F>(&self, steps: F) -> std::result::Result<Result<()>, F>
+    where
+        F: FnOnce(&dyn Transport) -> Result<()>,
+    {
+        let launched = crate::device::direct::current().is_some_and(|s| s.stream.is_some());
+        if launched || self.has_device() || self.on_stream() {
+            return Err(steps);
+        }
+        let t = self.0.transport.as_ref();
+        let mut job = Some(steps);
+        let ran = self.run_now(&[], || {
+            self.still_running()?;
+            match job.take() {
+                Some(f) => f(t),
+                None => Err(Error::Internal("host steps ran twice".into())),
+            }
+        });
+        match ran {
+            Ok(r) => {
+                if let Err(e) = &r {
+                    self.fail(e);
+                }
+                Ok(r)
+            }
+            Err(unrun) => {
+                drop(unrun);
+                match job.take() {
+                    Some(f) => Err(f),
+                    None => Ok(Err(Error::Internal("host steps lost".into()))),
+                }
+            }
+        }
     }
 
     /// [`CommCore::enqueue_batch`] and wait for it: an algorithm's blocking step on a
