@@ -450,13 +450,10 @@ impl CommCore {
                 }
                 Ok(r)
             }
-            Err(unrun) => {
-                drop(unrun);
-                match job.take() {
-                    Some(f) => Err(f),
-                    None => Ok(Err(Error::Internal("host steps lost".into()))),
-                }
-            }
+            Err(_) => match job.take() {
+                Some(f) => Err(f),
+                None => Ok(Err(Error::Internal("host steps lost".into()))),
+            },
         }
     }
 
