@@ -79,7 +79,7 @@ proptest! {
     }
 }
 
-/// The log-step forms above `log_step::ROTATE_BELOW` bytes (the all-gather's split runs,
+/// The log-step forms above `log_step::ROTATE_UP_TO` bytes (the all-gather's split runs,
 /// the reduce-scatter's first step straight from the input) on odd and even rank
 /// counts and as hier's inter-node stage, in place and not: the proptests above stay
 /// below it. On `local` the flat steps run straight on the transport
@@ -96,7 +96,7 @@ fn log_step_large_forms_match_the_reference_as_ops() {
 
 fn log_step_large_forms_on(transport: strata::transport::TransportKind) {
     use Kind::*;
-    let big = strata::algo::log_step::ROTATE_BELOW;
+    let big = strata::algo::log_step::ROTATE_UP_TO;
     for (topo, g, cases) in [
         (
             "nodes:5x1",

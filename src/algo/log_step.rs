@@ -11,7 +11,7 @@
 //!   m of them to x − d and receives [x+d, x+d+m) from x + d. Rotated
 //!   ([`all_gather_rotated`]: position i holds chunk x+i) every step is one contiguous
 //!   message each way; `hier`'s inter-node stage runs so and the next stage reads the
-//!   chunks where they lie, and the flat call runs so below [`ROTATE_BELOW`] bytes, then
+//!   chunks where they lie, and the flat call runs so up to [`ROTATE_UP_TO`] bytes, then
 //!   copies the result into rank order (two copies). Above it, the runs go straight to
 //!   their places in `recv` (a run that wraps past chunk p − 1 is two messages, both
 //!   sides split it alike; a step's sends and receives are in flight together): no copy.
@@ -21,7 +21,7 @@
 //!   positions [d, d+m) to x + d and receives from x − d, reducing into positions
 //!   [0, m). After the last step position 0 is x's fully reduced chunk (each chunk's
 //!   all-gather broadcast tree, reversed, is a reduction tree to its owner; `Avg` sums,
-//!   [`super::run`] divides once). Below [`ROTATE_BELOW`] bytes of input the work buffer
+//!   [`super::run`] divides once). Up to [`ROTATE_UP_TO`] bytes of input the work buffer
 //!   is a rotated copy of all of `send`; from it up, the first step sends straight from
 //!   `send` and the positions it receives take this rank's chunks by a reduction, so
 //!   only 2D − p chunks are copied (none for a power of two).
@@ -115,13 +115,20 @@ pub(super) fn runs(a: usize, m: usize, p: usize) -> impl Iterator<Item = (usize,
     [(a, first), (0, m - first)].into_iter().filter(|r| r.1 > 0)
 }
 
-/// Below this many bytes of result (of input, for reduce-scatter) the flat log-step
+/// Up to this many bytes of result (of input, for reduce-scatter) the flat log-step
 /// collectives work in a rotated buffer (one message each way per step, a copy of the
-/// whole); from it up, without that copy (a run that wraps costs a second message,
+/// whole); above it, without that copy (a run that wraps costs a second message,
 /// which the MPI transport receives in a second phase). 64 KiB: at 256 KiB the copy
-/// already cost 15-20% on 8 ranks sharing a host's memory, and at 64 KiB the two forms
-/// measured alike (2026-11-27).
-pub const ROTATE_BELOW: usize = 64 << 10;
+/// already cost 15-20% on 8 ranks sharing a host's memory, at 64 KiB the two forms
+/// measured alike there (2026-11-27), and on four one-rank nodes sharing two cores the
+/// rotated form took 1.13x Open MPI's time where the other took 1.20x (2026-11-30).
+pub const ROTATE_UP_TO: usize = 64 << 10;
+
+/// True when a flat log-step collective of `bytes` (result; input for reduce-scatter)
+/// runs rotated ([`ROTATE_UP_TO`]).
+pub fn rotates(bytes: usize) -> bool {
+    bytes <= ROTATE_UP_TO
+}
 
 /// Log-step all-gather of `c` bytes per rank from `send` into `recv` (p·c bytes, rank
 /// major) on `comm`, blocking (on its stream, as every algorithm runs).
@@ -133,7 +140,7 @@ pub fn all_gather(comm: &CommCore, send: &Buffer, recv: &Buffer, c: usize) -> Re
         }
     }
     let ops = comm.ops();
-    if p * c < ROTATE_BELOW && p > 1 && c > 0 {
+    if rotates(p * c) && p > 1 && c > 0 {
         let rot = recv.alloc_like(p * c)?;
         all_gather_rotated(comm, send, &rot, c)?;
         // Position i holds chunk x + i: two copies put it in rank order.
@@ -222,7 +229,7 @@ pub fn reduce_scatter(
         return r;
     }
     let all = steps(p);
-    let (work, first) = if p * c >= ROTATE_BELOW {
+    let (work, first) = if !rotates(p * c) {
         (first_step_direct(comm, send, count, dt, op, &all)?, 1)
     } else {
         (rotated_copy(comm, send, c)?, 0)
@@ -280,7 +287,7 @@ fn reduce_steps(
     comm.ops().copy(&recv.slice(0..c)?, &work.slice(0..c)?)
 }
 
-/// [`reduce_scatter`]'s largest step from [`ROTATE_BELOW`] bytes of input up, with no
+/// [`reduce_scatter`]'s largest step above [`ROTATE_UP_TO`] bytes of input, with no
 /// full work copy: it sends chunks [x+D, x+p) straight from `send` (runs split where
 /// they wrap, as the receiver splits them) and receives into work positions [0, p−D),
 /// which then take this rank's own chunks by a reduction instead of a copy; only

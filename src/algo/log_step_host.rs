@@ -11,7 +11,7 @@
 
 #![forbid(unsafe_code)]
 
-use super::log_step::{runs, steps, ROTATE_BELOW};
+use super::log_step::{rotates, runs, steps};
 use crate::dtype::{reduce_into, DataType, ReduceOp};
 use crate::error::Result;
 use crate::memory::Buffer;
@@ -50,7 +50,7 @@ pub(super) fn all_gather(t: &dyn Transport, send: &Buffer, recv: &Buffer, c: usi
     let in_place = send.offset_in(recv) == Some(x * c);
     let mut out = recv.write_timeout(to)?;
     let out = &mut out[..p * c];
-    if p * c < ROTATE_BELOW {
+    if rotates(p * c) {
         // Rotated: position i holds chunk x + i; every step one message each way.
         return with_work(p * c, |rot| {
             if in_place {
@@ -125,7 +125,7 @@ pub(super) fn reduce_scatter(
     let (p, x, to) = (t.size(), t.rank(), t.timeout());
     let c = count * dt.size();
     let (big, _) = *steps(p).last().unwrap_or(&(1, 1));
-    let n = if p * c < ROTATE_BELOW { p * c } else { big * c };
+    let n = if rotates(p * c) { p * c } else { big * c };
     with_work(n, |work| {
         if recv.offset_in(send) == Some(x * c) {
             let mut all = send.write_timeout(to)?;
@@ -141,8 +141,8 @@ pub(super) fn reduce_scatter(
 }
 
 /// The reduce-scatter's steps over `input` (p·c), leaving this rank's reduced chunk in
-/// `work[..c]`. Below [`ROTATE_BELOW`] bytes `work` (p·c) is a rotated copy of the
-/// input; from it up (D·c, D the largest step) the first step sends straight from the
+/// `work[..c]`. Up to [`super::log_step::ROTATE_UP_TO`] bytes `work` (p·c) is a rotated copy of the
+/// input; above it (D·c, D the largest step) the first step sends straight from the
 /// input and the positions it receives take this rank's chunks by a reduction
 /// (`first_step_direct` of the ops path).
 fn reduce_in_work(
@@ -157,7 +157,7 @@ fn reduce_in_work(
     let c = count * dt.size();
     let all = steps(p);
     let chunk = |(a, m): (usize, usize)| &input[a * c..(a + m) * c];
-    let skip = if p * c < ROTATE_BELOW {
+    let skip = if rotates(p * c) {
         let mut at = 0;
         for r in runs(x, p, p) {
             work[at..at + r.1 * c].copy_from_slice(chunk(r));

@@ -399,8 +399,8 @@ pub fn estimates(s: &Shape) -> Estimates {
 /// - an all-gather copies this rank's chunk into place: `ring` once; `hier` once per
 ///   batched ring of each stage (`b·c`), and each stage's scratch but the last is fresh
 ///   memory the kernel zeroes as it is received into (`b·g·c`, `levels` the stage
-///   sizes); `log_step` copies `p·c` (its rotation) below
-///   [`super::log_step::ROTATE_BELOW`], else once;
+///   sizes); `log_step` copies `p·c` (its rotation) up to
+///   [`super::log_step::ROTATE_UP_TO`], else once;
 /// - `log_step`'s reduce-scatter receives each step's `m` chunks into fresh scratch,
 ///   `(p−1)·c` in all, inside a work buffer of `p/2` chunks; `hier`'s writes each
 ///   stage's result but the network's into fresh scratch (`b·c`).
@@ -423,7 +423,7 @@ pub fn host_work(
 ) -> HostWork {
     let (c, n) = (c as f64, p.saturating_sub(1) as f64);
     let copy = |b: f64| b / (host.copy_gbs * 1e3);
-    let rotated = p > 1 && (p as f64 * c) < super::log_step::ROTATE_BELOW as f64;
+    let rotated = p > 1 && (p as f64 * c) <= super::log_step::ROTATE_UP_TO as f64;
     let mut w = HostWork {
         every: if reduces {
             n * c / (host.reduce_gbs * 1e3)

@@ -153,10 +153,10 @@ fn log_step_every_rank_count(kind: TransportKind, counts: impl IntoIterator<Item
         let dt = DataType::ALL[rng.random_range(0..DataType::ALL.len())];
         let op =
             [ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min][rng.random_range(0..4)];
-        // Every fourth world also past `ROTATE_BELOW` (the forms without the rotation
+        // Every fourth world also past `ROTATE_UP_TO` (the forms without the rotation
         // copy: split all-gather runs, the reduce-scatter's first step from the input).
         let count = if p % 4 == 1 {
-            strata::algo::log_step::ROTATE_BELOW / (dt.size() * p) + rng.random_range(1..9usize)
+            strata::algo::log_step::ROTATE_UP_TO / (dt.size() * p) + rng.random_range(1..9usize)
         } else {
             rng.random_range(0..40usize)
         };

@@ -16,8 +16,8 @@
 //! - Every message between two ranks of a communicator is numbered in order, and its tag
 //!   carries that sequence number and its class (small, whole, length header, piece),
 //!   so a receive posted for a tag matches exactly the one message it expects.
-//! - A small message (up to 16 KiB, at most a piece) has its receive posted before the
-//!   peer's message comes (in `sendrecv` before the send), into a reused 16 KiB landing
+//! - A small message (up to 64 KiB, at most a piece) has its receive posted before the
+//!   peer's message comes (in `sendrecv` before the send), into a reused 64 KiB landing
 //!   buffer that holds any small message whole: the length comes from the status, the
 //!   bytes are copied out. A `sendrecv` of two small messages (a latency-bound step)
 //!   posts and polls its two requests itself for the spin's polls, and hands them to

@@ -127,9 +127,9 @@ fn small_messages_land_whole() {
 
 #[test]
 fn whole_message_lands_through_staging() {
-    let piece = 64 << 10;
+    let piece = 256 << 10;
     let t = world(piece, LONG);
-    for len in [SMALL + 1, 40_000, piece] {
+    for len in [SMALL + 1, 100_000, piece] {
         let before = seqs(&t);
         roundtrip(&t, len, 2);
         assert_eq!(
@@ -166,8 +166,9 @@ fn long_message_travels_as_header_and_pieces() {
 fn long_message_never_lands_in_place() {
     // Whatever state a receive is in, MPI writes only transport memory: a receive
     // retired mid-transfer leaves the caller's buffer as it was. (With pieces, the later
-    // ones stay unreceived: the send may then time out, released to MPI.)
-    let piece = 64 << 10;
+    // ones stay unreceived: the send may then time out, released to MPI.) A piece
+    // above SMALL, so the first message is whole, not small.
+    let piece = 2 * SMALL;
     for (len, timeout) in [(piece, LONG), (3 * piece + 7, SHORT)] {
         let t = world(piece, timeout);
         let me = t.rank();
