@@ -230,7 +230,7 @@ pub fn reduce_scatter(
     }
     let all = steps(p);
     let (work, first) = if !rotates(p * c) {
-        (first_step_direct(comm, send, count, dt, op, &all)?, 1)
+        (first_step_direct(comm, send, count, dt, op)?, 1)
     } else {
         (rotated_copy(comm, send, c)?, 0)
     };
@@ -299,44 +299,84 @@ fn first_step_direct(
     count: usize,
     dt: DataType,
     op: ReduceOp,
-    all: &[(usize, usize)],
 ) -> Result<Buffer> {
-    let (p, x) = (comm.size(), comm.rank());
-    let c = count * dt.size();
+    let f = FirstStep::of(comm.size(), comm.rank(), count * dt.size());
     let ops = comm.ops();
-    let &(big, first) = all
-        .last()
-        .ok_or_else(|| Error::Internal("log-step reduce-scatter of one rank".into()))?;
-    let chunks = |(a, m): (usize, usize)| send.slice(a * c..(a + m) * c);
-    let work = send.alloc_like(big * c)?;
+    let work = send.alloc_like(f.work)?;
     let mut batch = Vec::with_capacity(4);
-    for r in runs((x + big) % p, first, p) {
+    for r in &f.sends {
         batch.push(Op::Send {
-            buf: chunks(r)?,
-            count: r.1 * c,
-            peer: (x + big) % p,
+            buf: send.slice(r.clone())?,
+            count: r.len(),
+            peer: f.dst,
         });
     }
-    let mut at = 0;
-    for r in runs(x, first, p) {
+    for r in &f.recvs {
         batch.push(Op::Recv {
-            buf: work.slice(at..at + r.1 * c)?,
-            count: r.1 * c,
-            peer: (x + p - big) % p,
+            buf: work.slice(r.clone())?,
+            count: r.len(),
+            peer: f.src,
         });
-        at += r.1 * c;
     }
     comm.run_batch(batch, DataType::U8)?;
-    let mut at = 0;
-    for r in runs(x, first, p) {
-        ops.reduce(&work.slice(at..at + r.1 * c)?, &chunks(r)?, dt, op)?;
-        at += r.1 * c;
-    }
-    for r in runs((x + first) % p, big - first, p) {
-        ops.copy(&work.slice(at..at + r.1 * c)?, &chunks(r)?)?;
-        at += r.1 * c;
+    for (w, own, reduce) in f.fill {
+        let (w, own) = (work.slice(w)?, send.slice(own)?);
+        match reduce {
+            true => ops.reduce(&w, &own, dt, op)?,
+            false => ops.copy(&w, &own)?,
+        }
     }
     Ok(work)
+}
+
+/// The reduce-scatter's largest step above [`ROTATE_UP_TO`] bytes of input, as byte
+/// ranges ([`first_step_direct`], and the host path's): the runs of `send` it sends to
+/// `dst` and of the work buffer (`work` bytes, D chunks) it receives from `src`, both
+/// split where they wrap as the peer splits them; then how this rank's own chunks fill
+/// the work buffer (work range, `send` range, reduced into what came or copied in).
+pub(super) struct FirstStep {
+    pub dst: usize,
+    pub sends: Vec<std::ops::Range<usize>>,
+    pub src: usize,
+    pub recvs: Vec<std::ops::Range<usize>>,
+    pub fill: Vec<(std::ops::Range<usize>, std::ops::Range<usize>, bool)>,
+    pub work: usize,
+}
+
+impl FirstStep {
+    /// Of rank `x` of `p` (p > 1), `c` bytes per chunk.
+    pub(super) fn of(p: usize, x: usize, c: usize) -> FirstStep {
+        let (big, first) = steps(p).last().copied().unwrap_or((1, 1));
+        let bytes = |(a, m): (usize, usize)| a * c..(a + m) * c;
+        let dst = (x + big) % p;
+        // Consecutive work ranges of the given chunk counts.
+        let packed = |ms: &mut dyn Iterator<Item = usize>| {
+            let mut at = 0;
+            ms.map(|m| {
+                at += m * c;
+                at - m * c..at
+            })
+            .collect::<Vec<_>>()
+        };
+        let recvs = packed(&mut runs(x, first, p).map(|r| r.1));
+        let own: Vec<_> = runs(x, first, p)
+            .map(|r| (r, true))
+            .chain(runs((x + first) % p, big - first, p).map(|r| (r, false)))
+            .collect();
+        let fill = packed(&mut own.iter().map(|(r, _)| r.1))
+            .into_iter()
+            .zip(&own)
+            .map(|(w, &(r, reduce))| (w, bytes(r), reduce))
+            .collect();
+        FirstStep {
+            dst,
+            sends: runs(dst, first, p).map(bytes).collect(),
+            src: (x + p - big) % p,
+            recvs,
+            fill,
+            work: big * c,
+        }
+    }
 }
 
 /// The log-step all-gather's transfers as a plan on `ring` (`Ring::Flat`, or a level):

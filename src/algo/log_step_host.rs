@@ -11,7 +11,7 @@
 
 #![forbid(unsafe_code)]
 
-use super::log_step::{rotates, runs, steps};
+use super::log_step::{rotates, runs, steps, FirstStep};
 use crate::dtype::{reduce_into, DataType, ReduceOp};
 use crate::error::Result;
 use crate::memory::Buffer;
@@ -165,25 +165,22 @@ fn reduce_in_work(
         }
         0
     } else {
-        let &(big, first) = all.last().unwrap_or(&(1, 1));
-        let (dst, src) = ((x + big) % p, (x + p - big) % p);
-        let sends: Vec<(usize, &[u8])> = runs(dst, first, p).map(|r| (dst, chunk(r))).collect();
+        let f = FirstStep::of(p, x, c);
+        let sends: Vec<(usize, &[u8])> =
+            f.sends.iter().map(|r| (f.dst, &input[r.clone()])).collect();
         let mut recvs = Vec::with_capacity(2);
-        let mut rest = &mut work[..first * c];
-        for (_, m) in runs(x, first, p) {
-            let (piece, tail) = std::mem::take(&mut rest).split_at_mut(m * c);
-            recvs.push((src, piece));
+        let mut rest = &mut work[..f.work];
+        for r in &f.recvs {
+            let (piece, tail) = std::mem::take(&mut rest).split_at_mut(r.len());
+            recvs.push((f.src, piece));
             rest = tail;
         }
         exchange(t, &sends, &mut recvs)?;
-        let mut at = 0;
-        for r in runs(x, first, p) {
-            reduce_into(&mut work[at..at + r.1 * c], chunk(r), dt, op);
-            at += r.1 * c;
-        }
-        for r in runs((x + first) % p, big - first, p) {
-            work[at..at + r.1 * c].copy_from_slice(chunk(r));
-            at += r.1 * c;
+        for (w, own, reduce) in f.fill {
+            match reduce {
+                true => reduce_into(&mut work[w], &input[own], dt, op),
+                false => work[w].copy_from_slice(&input[own]),
+            }
         }
         1
     };
