@@ -108,6 +108,17 @@ pub fn steps(p: usize) -> Vec<(usize, usize)> {
     v
 }
 
+/// The last (largest) of [`steps`]`(p)`, without building the list: D, the largest
+/// power of two below p (p > 1), and the chunks it moves, min(D, p − D).
+pub(super) fn last_step(p: usize) -> (usize, usize) {
+    let d = if p > 1 {
+        1 << (usize::BITS - 1 - (p - 1).leading_zeros())
+    } else {
+        1
+    };
+    (d, d.min(p.saturating_sub(d)).max(1))
+}
+
 /// The chunk run [a, a+m) of a ring of p chunks as at most two contiguous (start, len)
 /// runs, split where it wraps past chunk p − 1.
 pub(super) fn runs(a: usize, m: usize, p: usize) -> impl Iterator<Item = (usize, usize)> {
@@ -346,7 +357,7 @@ pub(super) struct FirstStep {
 impl FirstStep {
     /// Of rank `x` of `p` (p > 1), `c` bytes per chunk.
     pub(super) fn of(p: usize, x: usize, c: usize) -> FirstStep {
-        let (big, first) = steps(p).last().copied().unwrap_or((1, 1));
+        let (big, first) = last_step(p);
         let bytes = |(a, m): (usize, usize)| a * c..(a + m) * c;
         let dst = (x + big) % p;
         // Consecutive work ranges of the given chunk counts.
@@ -436,6 +447,13 @@ pub fn reduce_scatter_plan(ring: Ring, p: usize, x: usize, c: usize) -> Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn last_step_is_the_list_s_last() {
+        for p in 2..70 {
+            assert_eq!(Some(last_step(p)), steps(p).last().copied(), "p={p}");
+        }
+    }
 
     #[test]
     fn steps_move_every_chunk_once() {

@@ -11,7 +11,7 @@
 
 #![forbid(unsafe_code)]
 
-use super::log_step::{rotates, runs, steps, FirstStep};
+use super::log_step::{last_step, rotates, runs, steps, FirstStep};
 use crate::dtype::{reduce_into, DataType, ReduceOp};
 use crate::error::Result;
 use crate::memory::Buffer;
@@ -124,8 +124,11 @@ pub(super) fn reduce_scatter(
 ) -> Result<()> {
     let (p, x, to) = (t.size(), t.rank(), t.timeout());
     let c = count * dt.size();
-    let (big, _) = *steps(p).last().unwrap_or(&(1, 1));
-    let n = if rotates(p * c) { p * c } else { big * c };
+    let n = if rotates(p * c) {
+        p * c
+    } else {
+        last_step(p).0 * c
+    };
     with_work(n, |work| {
         if recv.offset_in(send) == Some(x * c) {
             let mut all = send.write_timeout(to)?;
