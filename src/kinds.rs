@@ -21,7 +21,8 @@ pub enum Algo {
     HierRing,
     /// `hier` with the log-step inter-node stage.
     HierLog,
-    /// Log-step (Bruck) all-gather / reduce-scatter over the whole communicator.
+    /// Log-step (Bruck; recursive doubling / halving for a power-of-two rank count)
+    /// all-gather / reduce-scatter over the whole communicator.
     LogStep,
     /// PaRO hierarchical overlapping rings (levels' rings run at once, pipelined).
     HoRing,

@@ -154,3 +154,48 @@ fn log_step_large_forms_on(transport: strata::transport::TransportKind) {
         assert_eq!(wrong, 0, "{topo} on {}", transport.name());
     }
 }
+
+/// The power-of-two forms (recursive doubling and halving, src/algo/recursive.rs) on
+/// both paths: on `local` straight on the transport, on `host-local` as ops; every op,
+/// in place and not, `Avg` among the reductions, counts that do not divide.
+#[test]
+fn log_step_power_of_two_forms_match_the_reference() {
+    use Kind::*;
+    for transport in [
+        strata::transport::TransportKind::Local,
+        strata::transport::TransportKind::HostLocal,
+    ] {
+        for topo in ["nodes:1x2", "nodes:4x1", "nodes:2x4"] {
+            let t = strata::Topology::parse(topo).expect("topology");
+            let n = t.world_size();
+            let comms = match transport {
+                strata::transport::TransportKind::Local => {
+                    strata::Comm::local_world(n, Some(t), common::config())
+                }
+                kind => strata::Comm::in_process_world(kind, n, Some(t), common::config()),
+            }
+            .expect("world");
+            let wrong: usize = common::on_comms(comms, move |c| {
+                let mut w = 0;
+                for (kind, dt, op) in [
+                    (AllGather, DataType::BF16, ReduceOp::Sum),
+                    (ReduceScatter, DataType::F32, ReduceOp::Avg),
+                    (ReduceScatter, DataType::I32, ReduceOp::Max),
+                    (AllReduce, DataType::F64, ReduceOp::Sum),
+                    (AllReduce, DataType::U8, ReduceOp::Min),
+                ] {
+                    for count in [0usize, 1, 7, 129] {
+                        for in_place in [false, true] {
+                            w += run_checked(&c, kind, dt, op, count, Algo::LogStep, in_place, 9)?;
+                        }
+                    }
+                }
+                Ok(w)
+            })
+            .into_iter()
+            .map(|r| r.expect("rank"))
+            .sum();
+            assert_eq!(wrong, 0, "{topo} on {}", transport.name());
+        }
+    }
+}

@@ -85,11 +85,23 @@ fn hier_2level(n: u64, k: u64, c: u64) -> TrafficReport {
 /// every rank to the one d before it (reduce-scatter: after it); the pair shares a node
 /// for n·(k-d)⁺ ranks. inter = c·Σ m(p - n(k-d)⁺), intra_node = c·Σ m·n(k-d)⁺, node
 /// egress = c·Σ m·min(d, k). One rank per node: the ring's p(p-1)c and (p-1)c.
+/// p a power of two (src/algo/recursive.rs; then k is one too): the step of size d
+/// moves d chunks between x and x XOR d, inside the node for d < k, out of it (all k
+/// ranks) for d ≥ k.
 fn log_step_2level(n: u64, k: u64, c: u64) -> TrafficReport {
     let p = (n * k) as usize;
     let (mut inter, mut intra, mut egress) = (0, 0, 0);
     for (d, m) in strata::algo::log_step::steps(p) {
         let (d, m) = (d as u64, m as u64);
+        if p.is_power_of_two() {
+            if d < k {
+                intra += m * n * k * c;
+            } else {
+                inter += m * n * k * c;
+                egress += m * k * c;
+            }
+            continue;
+        }
         let same = n * k.saturating_sub(d);
         inter += m * (n * k - same) * c;
         intra += m * same * c;

@@ -32,9 +32,16 @@
 //! (rank-major `nodes:n×k`) the step of size d crosses a node boundary from every rank
 //! but the n·(k − d)⁺ whose peer x − d (x + d for reduce-scatter) shares their node, so
 //! `inter_node = c·Σ_steps m·(p − n·(k − d)⁺)`, `intra_node = c·Σ_steps m·n·(k − d)⁺`,
-//! `max_node_egress = c·Σ_steps m·min(d, k)` (asserted by `tests/traffic.rs`). With one
+//! `max_node_egress = c·Σ_steps m·min(d, k)` (Bruck's; the power-of-two form's are in
+//! src/algo/recursive.rs; both asserted by `tests/traffic.rs`). With one
 //! rank per node (`hier`'s inter-node stage, `nodes:n×1`) that is the ring's
 //! `p·(p − 1)·c` and `(p − 1)·c`: the log-step algorithm saves steps, not bytes.
+//!
+//! Where p is a power of two the flat collectives run `recursive`
+//! (src/algo/recursive.rs) instead: recursive doubling / halving, the same steps and
+//! bytes, each a pairwise exchange, every run in place ([`all_gather_plan`] and
+//! [`reduce_scatter_plan`] model it so). The functions of this module are Bruck's for
+//! any p, as `hier`'s stage calls them.
 //!
 //! As `hier`'s inter-node stage ([`super::hierarchical`]) it runs on the level-0
 //! communicator of each rail; [`super::select::stage_log_step`] picks it per call where
@@ -69,13 +76,15 @@ impl Algorithm for LogStep {
         let comm = &comm.private()?;
         let dt = req.dtype;
         match &req.op {
-            Op::AllGather { send, recv, count } => all_gather(comm, send, recv, count * dt.size()),
+            Op::AllGather { send, recv, count } => {
+                flat_all_gather(comm, send, recv, count * dt.size())
+            }
             Op::ReduceScatter {
                 send,
                 recv,
                 count,
                 op,
-            } => reduce_scatter(comm, send, recv, *count, dt, *op),
+            } => flat_reduce_scatter(comm, send, recv, *count, dt, *op),
             Op::AllReduce {
                 send,
                 recv,
@@ -86,13 +95,40 @@ impl Algorithm for LogStep {
                 (send, recv, *count),
                 dt,
                 *op,
-                reduce_scatter,
-                all_gather,
+                flat_reduce_scatter,
+                flat_all_gather,
             ),
             _ => Err(Error::Internal(
                 "log-step dispatched an unsupported op".into(),
             )),
         }
+    }
+}
+
+/// The flat all-gather: recursive doubling where `p` is a power of two
+/// ([`super::recursive`]), else Bruck's ([`all_gather`]).
+fn flat_all_gather(comm: &CommCore, send: &Buffer, recv: &Buffer, c: usize) -> Result<()> {
+    match comm.size() {
+        p if p > 1 && p.is_power_of_two() => super::recursive::all_gather(comm, send, recv, c),
+        _ => all_gather(comm, send, recv, c),
+    }
+}
+
+/// The flat reduce-scatter: recursive halving where `p` is a power of two
+/// ([`super::recursive`]), else Bruck's dual ([`reduce_scatter`]).
+fn flat_reduce_scatter(
+    comm: &CommCore,
+    send: &Buffer,
+    recv: &Buffer,
+    count: usize,
+    dt: DataType,
+    op: ReduceOp,
+) -> Result<()> {
+    let p = comm.size();
+    if p > 1 && p.is_power_of_two() && count > 0 {
+        super::recursive::reduce_scatter(comm, send, recv, count, dt, op.partial())
+    } else {
+        reduce_scatter(comm, send, recv, count, dt, op)
     }
 }
 
@@ -392,8 +428,12 @@ impl FirstStep {
 
 /// The log-step all-gather's transfers as a plan on `ring` (`Ring::Flat`, or a level):
 /// `p` ranks, this rank `x`, `c` bytes per chunk; a wrapping run is one step here (the
-/// model costs a step by its peer and bytes).
+/// model costs a step by its peer and bytes). Flat with `p` a power of two: recursive
+/// doubling's (`recursive`), as the flat call runs.
 pub fn all_gather_plan(ring: Ring, p: usize, x: usize, c: usize) -> Plan {
+    if ring == Ring::Flat && p.is_power_of_two() {
+        return super::recursive::all_gather_plan(p, x, c);
+    }
     let steps = steps(p)
         .into_iter()
         .map(|(d, m)| Step {
@@ -418,8 +458,11 @@ pub fn all_gather_plan(ring: Ring, p: usize, x: usize, c: usize) -> Plan {
 }
 
 /// The log-step reduce-scatter's transfers as a plan on `ring` (positions in the rotated
-/// work buffer).
+/// work buffer). Flat with `p` a power of two: recursive halving's.
 pub fn reduce_scatter_plan(ring: Ring, p: usize, x: usize, c: usize) -> Plan {
+    if ring == Ring::Flat && p.is_power_of_two() {
+        return super::recursive::reduce_scatter_plan(p, x, c);
+    }
     let steps = steps(p)
         .into_iter()
         .rev()

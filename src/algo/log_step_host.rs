@@ -7,11 +7,14 @@
 //! cores a 16 KiB all-gather's per-call work in strata was most of the gap to Open MPI's
 //! own (docs/cluster.md, "nodes:4x1").
 //!
+//! The power-of-two forms ([`super::recursive`]) are here too: [`doubling`], [`halving`].
+//!
 //! Callers hold p > 1 and c > 0 (the ops path takes the degenerate calls).
 
 #![forbid(unsafe_code)]
 
 use super::log_step::{last_step, rotates, runs, steps, FirstStep};
+use super::recursive::{lo, sizes};
 use crate::dtype::{reduce_into, DataType, ReduceOp};
 use crate::error::Result;
 use crate::memory::Buffer;
@@ -199,4 +202,94 @@ fn reduce_in_work(
         )?;
     }
     Ok(())
+}
+
+/// [`super::recursive::all_gather`] (p a power of two): in place in `recv`, one
+/// exchange with x ^ b per step.
+pub(super) fn doubling(t: &dyn Transport, send: &Buffer, recv: &Buffer, c: usize) -> Result<()> {
+    let (p, x, to) = (t.size(), t.rank(), t.timeout());
+    let in_place = send.offset_in(recv) == Some(x * c);
+    let mut out = recv.write_timeout(to)?;
+    let out = &mut out[..p * c];
+    if !in_place {
+        out[x * c..(x + 1) * c].copy_from_slice(&send.read_timeout(to)?[..c]);
+    }
+    for b in sizes(p) {
+        let y = x ^ b;
+        let (mine, theirs, n) = (lo(x, b) * c, lo(y, b) * c, b * c);
+        // The two runs are disjoint and b-aligned: cut at the later one.
+        if mine < theirs {
+            let (a, z) = out.split_at_mut(theirs);
+            t.sendrecv(y, &a[mine..mine + n], y, &mut z[..n])?;
+        } else {
+            let (a, z) = out.split_at_mut(mine);
+            t.sendrecv(y, &z[..n], y, &mut a[theirs..theirs + n])?;
+        }
+    }
+    Ok(())
+}
+
+/// [`super::recursive::reduce_scatter`] (p a power of two): the first step sends
+/// straight from `send` and folds what comes with this rank's half of it into the work
+/// (p/2 chunks, in the thread's scratch); in place when `recv` is `send[x·c..]`.
+pub(super) fn halving(
+    t: &dyn Transport,
+    send: &Buffer,
+    recv: &Buffer,
+    count: usize,
+    dt: DataType,
+    op: ReduceOp,
+) -> Result<()> {
+    let (p, x, to) = (t.size(), t.rank(), t.timeout());
+    let c = count * dt.size();
+    with_work(p / 2 * c, |work| {
+        if recv.offset_in(send) == Some(x * c) {
+            let mut all = send.write_timeout(to)?;
+            let at = halving_steps(t, &all[..p * c], work, c, dt, op)?;
+            all[x * c..(x + 1) * c].copy_from_slice(&work[at..at + c]);
+        } else {
+            let input = send.read_timeout(to)?;
+            let at = halving_steps(t, &input[..p * c], work, c, dt, op)?;
+            recv.write_timeout(to)?[..c].copy_from_slice(&work[at..at + c]);
+        }
+        Ok(())
+    })
+}
+
+/// The halving steps over `input` (p·c); returns where this rank's reduced chunk lies
+/// in `work` (p/2 chunks: this rank's half, from chunk lo(x, p/2)).
+fn halving_steps(
+    t: &dyn Transport,
+    input: &[u8],
+    work: &mut [u8],
+    c: usize,
+    dt: DataType,
+    op: ReduceOp,
+) -> Result<usize> {
+    let (p, x) = (t.size(), t.rank());
+    let base = lo(x, p / 2);
+    for b in sizes(p).rev() {
+        let y = x ^ b;
+        let (mine, theirs, n) = (lo(x, b), lo(y, b), b * c);
+        if b == p / 2 {
+            // The partial sums so far are the input itself (the ops path's copy, then
+            // its fold: the same operands in the same order).
+            let local = &input[mine * c..mine * c + n];
+            let fold = Fold::After {
+                out: &mut work[..n],
+                local,
+            };
+            t.sendrecv_reduce(y, &input[theirs * c..theirs * c + n], y, fold, dt, op)?;
+            continue;
+        }
+        let (m, th) = ((mine - base) * c, (theirs - base) * c);
+        if m < th {
+            let (a, z) = work.split_at_mut(th);
+            t.sendrecv_reduce(y, &z[..n], y, Fold::Into(&mut a[m..m + n]), dt, op)?;
+        } else {
+            let (a, z) = work.split_at_mut(m);
+            t.sendrecv_reduce(y, &a[th..th + n], y, Fold::Into(&mut z[..n]), dt, op)?;
+        }
+    }
+    Ok((x - base) * c)
 }

@@ -12,7 +12,8 @@
 //! - [`hierarchical`]: MiCS §3.3 hierarchical all-gather / reduce-scatter, 2 and 3 levels,
 //!   its inter-node stage a ring or log-step;
 //! - [`log_step`]: Bruck's log-step all-gather and its reduce-scatter dual, any rank count
-//!   (`log_step_host`: its steps straight on a host transport);
+//!   (`recursive`: recursive doubling / halving, its form for a power of two;
+//!   `log_step_host`: its steps straight on a host transport);
 //! - [`ho_ring`]: PaRO §3.3 hierarchical overlapping rings, and the pipelined 2-D all-reduce;
 //! - [`plan`]: algorithms as per-rank step lists, executed or turned into schedules;
 //! - [`qgz`], [`qwz`]: ZeRO++ §4.2-4.3 quantized reduce-scatter (2-hop, 1-hop) and all-gather;
@@ -29,6 +30,7 @@ mod log_step_host;
 pub mod plan;
 pub mod qgz;
 pub mod qwz;
+mod recursive;
 pub mod select;
 
 use crate::error::Result;

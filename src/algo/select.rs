@@ -400,7 +400,7 @@ pub fn estimates(s: &Shape) -> Estimates {
 ///   batched ring of each stage (`b·c`), and each stage's scratch but the last is fresh
 ///   memory the kernel zeroes as it is received into (`b·g·c`, `levels` the stage
 ///   sizes); `log_step` copies `p·c` (its rotation) up to
-///   [`super::log_step::ROTATE_UP_TO`], else once;
+///   [`super::log_step::ROTATE_UP_TO`], else (and for a power of two p) once;
 /// - `log_step`'s reduce-scatter receives each step's `m` chunks into fresh scratch,
 ///   `(p−1)·c` in all, inside a work buffer of `p/2` chunks; `hier`'s writes each
 ///   stage's result but the network's into fresh scratch (`b·c`).
@@ -423,7 +423,9 @@ pub fn host_work(
 ) -> HostWork {
     let (c, n) = (c as f64, p.saturating_sub(1) as f64);
     let copy = |b: f64| b / (host.copy_gbs * 1e3);
-    let rotated = p > 1 && (p as f64 * c) <= super::log_step::ROTATE_UP_TO as f64;
+    // A power of two runs recursive doubling / halving: no rotation at any size.
+    let rotated =
+        p > 1 && !p.is_power_of_two() && (p as f64 * c) <= super::log_step::ROTATE_UP_TO as f64;
     let mut w = HostWork {
         every: if reduces {
             n * c / (host.reduce_gbs * 1e3)
@@ -488,12 +490,12 @@ pub fn estimate(
         let l = topo.links.get(class);
         l.latency_us + bytes / (l.bandwidth_gbs * 1e3)
     };
-    // The slowest class between each rank and the one `d` places on (every call asks:
-    // stop at the slowest class there is).
-    let slowest = |d: usize| {
+    // The slowest class between each rank and its peer `peer(r)` (every call asks: stop
+    // at the slowest class there is).
+    let slowest = |peer: &dyn Fn(usize) -> usize| {
         let mut worst = LinkClass::IntraPackage;
         for r in 0..p {
-            worst = worst.max(topo.link_class(members[r], members[(r + d) % p]));
+            worst = worst.max(topo.link_class(members[r], members[peer(r)]));
             if worst == LinkClass::InterNode {
                 break;
             }
@@ -506,22 +508,26 @@ pub fn estimate(
     let ring_step = if whole {
         crate::topology::channels::ring_step_us(topo, c)
     } else {
-        step(slowest(1), c)
+        step(slowest(&|r| (r + 1) % p), c)
     };
     let ring = factor * (p.saturating_sub(1)) as f64 * ring_step;
     // Log-step: each step over the slowest link its pairs cross; where they leave their
-    // node, the node's ranks that do share its NICs.
+    // node, the node's ranks that do share its NICs. The step of size d sends to x − d
+    // (Bruck's), or to x XOR d where p is a power of two (recursive doubling,
+    // [`super::recursive`]); the pairs cross the same classes either way round.
+    let pairs = p.is_power_of_two();
+    let log_peer = |r: usize, d: usize| if pairs { r ^ d } else { (r + p - d) % p };
     let log_step = factor
         * super::log_step::steps(p)
             .into_iter()
             .map(|(d, m)| {
-                let class = slowest(d);
+                let class = slowest(&|r| log_peer(r, d));
                 let l = topo.links.get(class);
                 let bytes = m as f64 * c;
                 let mut t = bytes / (l.bandwidth_gbs * 1e3);
                 if class == LinkClass::InterNode {
                     let leaves = |r: usize| {
-                        topo.node_of(members[r]) != topo.node_of(members[(r + p - d) % p])
+                        topo.node_of(members[r]) != topo.node_of(members[log_peer(r, d)])
                     };
                     // The whole topology in rank order is the same seen from every node
                     // (one node further is d places further): count node 0's ranks.
