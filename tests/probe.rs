@@ -12,12 +12,12 @@ use strata::kinds::Kind;
 use strata::topology::LinkClass;
 use strata::{Algo, Comm, CommConfig, DataType, ReduceOp, Topology};
 
+/// A fresh directory under the system's temporary one (the test removes it).
 fn tmp_dir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "strata-probe-{tag}-{}-{:?}",
-        std::process::id(),
-        std::time::SystemTime::now()
-    ));
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let d = std::env::temp_dir().join(format!("strata-probe-{tag}-{}-{nanos}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
     d
 }
@@ -157,7 +157,8 @@ fn the_cache_is_read_back_and_reprobe_rewrites_it() {
 
 #[test]
 fn worlds_created_with_probe_carry_the_figures() {
-    std::env::set_var("STRATA_LINKS_CACHE", tmp_dir("env"));
+    let dir = tmp_dir("env");
+    std::env::set_var("STRATA_LINKS_CACHE", &dir);
     let cfg = CommConfig {
         links: LinkSource::Reprobe,
         ..common::config()
@@ -189,6 +190,7 @@ fn worlds_created_with_probe_carry_the_figures() {
             assert_eq!(r.unwrap(), 0);
         }
     }
+    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]

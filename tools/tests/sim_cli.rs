@@ -5,10 +5,25 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("strata-sim-test-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d.join(name)
+/// A test's own directory under the system's temporary one, removed with everything
+/// the commands wrote into it when the test ends (passed or not).
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(test: &str) -> Scratch {
+        let d = std::env::temp_dir().join(format!("strata-sim-test-{}-{test}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        Scratch(d)
+    }
+    fn file(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        std::fs::remove_dir_all(&self.0).ok();
+    }
 }
 
 fn run(bin: &str, args: &[&str]) -> (bool, String, String) {
@@ -30,7 +45,12 @@ fn rows(out: &str) -> Vec<Vec<String>> {
 #[test]
 fn strata_perf_dry_run_trace_and_plot() {
     let perf = env!("CARGO_BIN_EXE_strata-perf");
-    let (json, trace, plot) = (tmp("dry.json"), tmp("trace.json"), tmp("dry.svg"));
+    let dir = Scratch::new("dry-run");
+    let (json, trace, plot) = (
+        dir.file("dry.json"),
+        dir.file("trace.json"),
+        dir.file("dry.svg"),
+    );
     let (ok, out, err) = run(
         perf,
         &[
@@ -104,7 +124,8 @@ fn strata_perf_dry_run_trace_and_plot() {
 #[test]
 fn strata_perf_model_columns_beside_measured_ones() {
     let perf = env!("CARGO_BIN_EXE_strata-perf");
-    let json = tmp("model.json");
+    let dir = Scratch::new("model");
+    let json = dir.file("model.json");
     let (ok, out, err) = run(
         perf,
         &[
@@ -176,7 +197,8 @@ fn strata_perf_model_columns_beside_measured_ones() {
 #[test]
 fn strata_sim_answers_how_long() {
     let bin = env!("CARGO_BIN_EXE_strata-sim");
-    let trace = tmp("sim.json");
+    let dir = Scratch::new("sim");
+    let trace = dir.file("sim.json");
     let (ok, out, err) = run(
         bin,
         &[
