@@ -94,6 +94,19 @@ fn log_step_large_forms_match_the_reference_as_ops() {
     log_step_large_forms_on(strata::transport::TransportKind::HostLocal);
 }
 
+/// An in-process world of `topo` on `transport` (`local`, or a device transport).
+fn world_on(transport: strata::transport::TransportKind, topo: &str) -> Vec<strata::Comm> {
+    let t = strata::Topology::parse(topo).expect("topology");
+    let n = t.world_size();
+    match transport {
+        strata::transport::TransportKind::Local => {
+            strata::Comm::local_world(n, Some(t), common::config())
+        }
+        kind => strata::Comm::in_process_world(kind, n, Some(t), common::config()),
+    }
+    .expect("world")
+}
+
 fn log_step_large_forms_on(transport: strata::transport::TransportKind) {
     use Kind::*;
     let big = strata::algo::log_step::ROTATE_UP_TO;
@@ -121,16 +134,7 @@ fn log_step_large_forms_on(transport: strata::transport::TransportKind) {
             vec![(ReduceScatter, DataType::F32, ReduceOp::Min, Algo::HierLog)],
         ),
     ] {
-        let t = strata::Topology::parse(topo).expect("topology");
-        let n = t.world_size();
-        let comms = match transport {
-            strata::transport::TransportKind::Local => {
-                strata::Comm::local_world(n, Some(t), common::config())
-            }
-            kind => strata::Comm::in_process_world(kind, n, Some(t), common::config()),
-        }
-        .expect("world");
-        let wrong: usize = common::on_comms(comms, move |c| {
+        let wrong: usize = common::on_comms(world_on(transport, topo), move |c| {
             let p = c.size();
             let mut w = 0;
             for &(kind, dt, op, algo) in &cases {
@@ -166,16 +170,7 @@ fn log_step_power_of_two_forms_match_the_reference() {
         strata::transport::TransportKind::HostLocal,
     ] {
         for topo in ["nodes:1x2", "nodes:4x1", "nodes:2x4"] {
-            let t = strata::Topology::parse(topo).expect("topology");
-            let n = t.world_size();
-            let comms = match transport {
-                strata::transport::TransportKind::Local => {
-                    strata::Comm::local_world(n, Some(t), common::config())
-                }
-                kind => strata::Comm::in_process_world(kind, n, Some(t), common::config()),
-            }
-            .expect("world");
-            let wrong: usize = common::on_comms(comms, move |c| {
+            let wrong: usize = common::on_comms(world_on(transport, topo), move |c| {
                 let mut w = 0;
                 for (kind, dt, op) in [
                     (AllGather, DataType::BF16, ReduceOp::Sum),

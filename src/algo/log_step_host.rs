@@ -125,22 +125,39 @@ pub(super) fn reduce_scatter(
     dt: DataType,
     op: ReduceOp,
 ) -> Result<()> {
-    let (p, x, to) = (t.size(), t.rank(), t.timeout());
-    let c = count * dt.size();
+    let (p, c) = (t.size(), count * dt.size());
     let n = if rotates(p * c) {
         p * c
     } else {
         last_step(p).0 * c
     };
+    reduce_scatter_with(t, send, recv, c, n, |input, work| {
+        reduce_in_work(t, input, work, count, dt, op).map(|()| 0)
+    })
+}
+
+/// A reduce-scatter's frame on the host path: `n` bytes of work in the thread's
+/// scratch, the input (p·c bytes of `send`, borrowed for writing where `recv` lies in
+/// it) to `steps`, which leave this rank's reduced chunk in the work at the offset they
+/// return; from there it goes to `recv`.
+fn reduce_scatter_with(
+    t: &dyn Transport,
+    send: &Buffer,
+    recv: &Buffer,
+    c: usize,
+    n: usize,
+    steps: impl FnOnce(&[u8], &mut [u8]) -> Result<usize>,
+) -> Result<()> {
+    let (p, x, to) = (t.size(), t.rank(), t.timeout());
     with_work(n, |work| {
         if recv.offset_in(send) == Some(x * c) {
             let mut all = send.write_timeout(to)?;
-            reduce_in_work(t, &all[..p * c], work, count, dt, op)?;
-            all[x * c..(x + 1) * c].copy_from_slice(&work[..c]);
+            let at = steps(&all[..p * c], work)?;
+            all[x * c..(x + 1) * c].copy_from_slice(&work[at..at + c]);
         } else {
             let input = send.read_timeout(to)?;
-            reduce_in_work(t, &input[..p * c], work, count, dt, op)?;
-            recv.write_timeout(to)?[..c].copy_from_slice(&work[..c]);
+            let at = steps(&input[..p * c], work)?;
+            recv.write_timeout(to)?[..c].copy_from_slice(&work[at..at + c]);
         }
         Ok(())
     })
@@ -240,19 +257,9 @@ pub(super) fn halving(
     dt: DataType,
     op: ReduceOp,
 ) -> Result<()> {
-    let (p, x, to) = (t.size(), t.rank(), t.timeout());
-    let c = count * dt.size();
-    with_work(p / 2 * c, |work| {
-        if recv.offset_in(send) == Some(x * c) {
-            let mut all = send.write_timeout(to)?;
-            let at = halving_steps(t, &all[..p * c], work, c, dt, op)?;
-            all[x * c..(x + 1) * c].copy_from_slice(&work[at..at + c]);
-        } else {
-            let input = send.read_timeout(to)?;
-            let at = halving_steps(t, &input[..p * c], work, c, dt, op)?;
-            recv.write_timeout(to)?[..c].copy_from_slice(&work[at..at + c]);
-        }
-        Ok(())
+    let (p, c) = (t.size(), count * dt.size());
+    reduce_scatter_with(t, send, recv, c, p / 2 * c, |input, work| {
+        halving_steps(t, input, work, c, dt, op)
     })
 }
 
