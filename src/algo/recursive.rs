@@ -1,7 +1,7 @@
 //! The flat `log-step` collectives' form for a power-of-two rank count: recursive
 //! doubling (all-gather) and recursive halving (reduce-scatter) (Thakur, Rabenseifner
 //! and Gropp, "Optimization of collective communication operations in MPICH", IJHPCA
-//! 2005, §4.1 and §4.3; Open MPI's tuned component picks the same at small sizes).
+//! 2005; Open MPI's tuned all-gather is recursive doubling at these sizes).
 //! The same ⌈log₂ p⌉ steps and per-step bytes as Bruck's ([`super::log_step::steps`]:
 //! the step of size b moves b chunks), but every step is a pairwise exchange with rank
 //! x XOR b, and every run is contiguous in rank order: the all-gather sends and receives
