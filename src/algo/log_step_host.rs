@@ -233,15 +233,8 @@ pub(super) fn doubling(t: &dyn Transport, send: &Buffer, recv: &Buffer, c: usize
     }
     for b in sizes(p) {
         let y = x ^ b;
-        let (mine, theirs, n) = (lo(x, b) * c, lo(y, b) * c, b * c);
-        // The two runs are disjoint and b-aligned: cut at the later one.
-        if mine < theirs {
-            let (a, z) = out.split_at_mut(theirs);
-            t.sendrecv(y, &a[mine..mine + n], y, &mut z[..n])?;
-        } else {
-            let (a, z) = out.split_at_mut(mine);
-            t.sendrecv(y, &z[..n], y, &mut a[theirs..theirs + n])?;
-        }
+        let (give, take) = apart(out, lo(x, b) * c, lo(y, b) * c, b * c);
+        t.sendrecv(y, give, y, take)?;
     }
     Ok(())
 }
@@ -261,6 +254,17 @@ pub(super) fn halving(
     reduce_scatter_with(t, send, recv, c, p / 2 * c, |input, work| {
         halving_steps(t, input, work, c, dt, op)
     })
+}
+
+/// Two disjoint runs of `n` bytes of `buf`, at `give` (read) and `take` (written).
+fn apart(buf: &mut [u8], give: usize, take: usize, n: usize) -> (&[u8], &mut [u8]) {
+    if give < take {
+        let (a, z) = buf.split_at_mut(take);
+        (&a[give..give + n], &mut z[..n])
+    } else {
+        let (a, z) = buf.split_at_mut(give);
+        (&z[..n], &mut a[take..take + n])
+    }
 }
 
 /// The halving steps over `input` (p·c); returns where this rank's reduced chunk lies
@@ -289,14 +293,8 @@ fn halving_steps(
             t.sendrecv_reduce(y, &input[theirs * c..theirs * c + n], y, fold, dt, op)?;
             continue;
         }
-        let (m, th) = ((mine - base) * c, (theirs - base) * c);
-        if m < th {
-            let (a, z) = work.split_at_mut(th);
-            t.sendrecv_reduce(y, &z[..n], y, Fold::Into(&mut a[m..m + n]), dt, op)?;
-        } else {
-            let (a, z) = work.split_at_mut(m);
-            t.sendrecv_reduce(y, &a[th..th + n], y, Fold::Into(&mut z[..n]), dt, op)?;
-        }
+        let (give, acc) = apart(work, (theirs - base) * c, (mine - base) * c, n);
+        t.sendrecv_reduce(y, give, y, Fold::Into(acc), dt, op)?;
     }
     Ok((x - base) * c)
 }
