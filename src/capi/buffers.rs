@@ -355,7 +355,13 @@ impl CallBuffers {
                 dev,
                 raw: stream as usize,
             };
-            let _work = req.submit(|req| handle.comm.enqueue_on(req, std::rc::Rc::new(caller)))?;
+            let work = req.submit(|req| handle.comm.enqueue_on(req, std::rc::Rc::new(caller)))?;
+            // A launch that failed before reaching the device (its work already failed
+            // at return) is this call's error, not a success; a launched call is never
+            // waited for here (is_done does not block).
+            if work.is_done() {
+                work.wait()?;
+            }
             return Ok(());
         }
         if let Some(hs) = host_stream {
