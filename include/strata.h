@@ -615,6 +615,24 @@ strataResult_t strataGroupEnd(void);
 strataResult_t strataGetVersion(int *version);
 
 /**
+ * The cargo features this library was built with that add transports, as a static,
+ * NUL-terminated, comma-separated list in the order `mpi,cuda,rocm` (each present only
+ * when compiled in; "" for a build with none). `mpi` brings the mpi transport, `cuda`
+ * nccl and cuda-local (CUDA, NVRTC and NCCL are loaded at run time, so a GPU is not
+ * needed for the build nor for the report), `rocm` rccl. A transport whose feature is
+ * listed may still fail at init where its run-time libraries or devices are missing.
+ *
+ * Ownership: `*features` points at a string that belongs to the library and lives as
+ * long as it is loaded; never free it.
+ *
+ * Errors: `strataInvalidArgument` when `features` is NULL. Thread-safe.
+ *
+ * # Safety
+ * `features` is NULL or valid for a write of a `const char*`.
+ */
+strataResult_t strataGetFeatures(const char **features);
+
+/**
  * A static, NUL-terminated description of a result code (as `ncclGetErrorString`);
  * "unknown result code" for values outside 0..7. Never NULL; do not free. Thread-safe.
  *

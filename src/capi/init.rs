@@ -27,6 +27,41 @@ pub unsafe extern "C" fn strataGetVersion(version: *mut c_int) -> strataResult_t
     })
 }
 
+/// The cargo features this library was built with that add transports, as a static,
+/// NUL-terminated, comma-separated list in the order `mpi,cuda,rocm` (each present only
+/// when compiled in; "" for a build with none). `mpi` brings the mpi transport, `cuda`
+/// nccl and cuda-local (CUDA, NVRTC and NCCL are loaded at run time, so a GPU is not
+/// needed for the build nor for the report), `rocm` rccl. A transport whose feature is
+/// listed may still fail at init where its run-time libraries or devices are missing.
+///
+/// Ownership: `*features` points at a string that belongs to the library and lives as
+/// long as it is loaded; never free it.
+///
+/// Errors: `strataInvalidArgument` when `features` is NULL. Thread-safe.
+///
+/// # Safety
+/// `features` is NULL or valid for a write of a `const char*`.
+#[no_mangle]
+pub unsafe extern "C" fn strataGetFeatures(features: *mut *const c_char) -> strataResult_t {
+    ffi_boundary!("strataGetFeatures", std::ptr::null_mut(), {
+        // SAFETY: the caller's contract on `features`.
+        unsafe { write_out(features, compiled_features().as_ptr(), "features") }
+    })
+}
+
+/// The list `strataGetFeatures` reports (built once from `TransportKind::compiled`).
+fn compiled_features() -> &'static CStr {
+    static LIST: once_cell::sync::Lazy<std::ffi::CString> = once_cell::sync::Lazy::new(|| {
+        let names: Vec<&str> = [TransportKind::Mpi, TransportKind::Nccl, TransportKind::Rccl]
+            .into_iter()
+            .filter(|k| k.compiled())
+            .filter_map(TransportKind::feature)
+            .collect();
+        std::ffi::CString::new(names.join(",")).expect("feature names hold no NUL")
+    });
+    LIST.as_c_str()
+}
+
 /// A static, NUL-terminated description of a result code (as `ncclGetErrorString`);
 /// "unknown result code" for values outside 0..7. Never NULL; do not free. Thread-safe.
 ///
@@ -988,6 +1023,40 @@ mod tests {
         strataUniqueId {
             internal: [0; STRATA_UNIQUE_ID_BYTES],
         }
+    }
+
+    #[test]
+    fn features_name_the_compiled_transports() {
+        let mut p: *const c_char = null();
+        // SAFETY: a valid out-pointer, then the static string it received.
+        assert_eq!(unsafe { strataGetFeatures(&mut p) }, strataSuccess);
+        let got = unsafe { CStr::from_ptr(p) }.to_str().unwrap().to_owned();
+        let all = [
+            ("mpi", cfg!(feature = "mpi")),
+            ("cuda", cfg!(feature = "cuda")),
+            ("rocm", cfg!(feature = "rocm")),
+        ];
+        let want: Vec<&str> = all
+            .into_iter()
+            .filter(|&(_, on)| on)
+            .map(|(f, _)| f)
+            .collect();
+        assert_eq!(got, want.join(","));
+        // The same static string on every call.
+        let mut q: *const c_char = null();
+        // SAFETY: a valid out-pointer.
+        assert_eq!(unsafe { strataGetFeatures(&mut q) }, strataSuccess);
+        assert_eq!(p, q);
+        // SAFETY: NULL is checked, never written.
+        assert_eq!(
+            unsafe { strataGetFeatures(null_mut()) },
+            strataInvalidArgument
+        );
+        assert!(
+            last().contains("strataGetFeatures") && last().contains("features is NULL"),
+            "{}",
+            last()
+        );
     }
 
     fn id_for(t: strataTransport_t) -> (strataResult_t, strataUniqueId) {
