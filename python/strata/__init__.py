@@ -68,6 +68,7 @@ import atexit
 import ctypes
 import ctypes.util
 import os
+import re
 import sys
 import threading
 from contextlib import contextmanager
@@ -90,28 +91,72 @@ __all__ = [
     "finalize",
     "library_path",
     "error_string",
+    "features",
+    "include_dir",
 ]
 
 __version__ = "0.1.0"
-#: ``STRATA_VERSION_CODE`` this package was written against (major*10000 + minor*100 + patch).
-ABI_VERSION_CODE = 100
 
-# ---- constants of include/strata.h ----
 
-SUCCESS, UNHANDLED_CUDA_ERROR, SYSTEM_ERROR, INTERNAL_ERROR = 0, 1, 2, 3
-INVALID_ARGUMENT, INVALID_USAGE, REMOTE_ERROR, IN_PROGRESS = 4, 5, 6, 7
-RESULT_NAMES = {
-    0: "strataSuccess",
-    1: "strataUnhandledCudaError",
-    2: "strataSystemError",
-    3: "strataInternalError",
-    4: "strataInvalidArgument",
-    5: "strataInvalidUsage",
-    6: "strataRemoteError",
-    7: "strataInProgress",
-}
+# ---- constants of include/strata.h, read from the header itself ----
 
-INT8, UINT8, INT32, UINT32, INT64, UINT64, FLOAT16, FLOAT32, FLOAT64, BFLOAT16 = range(10)
+
+def include_dir() -> str:
+    """The directory holding ``strata.h``, the C header this package's constants are read
+    from (C++ code, e.g. the torch backend, compiles against it with ``-I``): the copy an
+    installed package carries (``strata/include``, put there by ``python/setup.py``'s
+    build), else the source tree's ``include/`` when the package runs from a checkout
+    (``PYTHONPATH=python``)."""
+    here = Path(__file__).resolve().parent
+    for d in (here / "include", here.parent.parent / "include"):
+        if (d / "strata.h").is_file():
+            return str(d)
+    raise ImportError(
+        f"strata.h not found in {here / 'include'} (an installed package) nor in "
+        f"{here.parent.parent / 'include'} (a source tree): reinstall the package"
+    )
+
+
+_DEFINE = re.compile(r"^\s*#\s*define\s+(\w+)\s+\(?\s*(-?(?:0[xX][0-9a-fA-F]+|\d+))[uUlL]*\s*\)?\s*(?:/[*/].*)?$")
+_ENUMERATOR = re.compile(r"^\s*(\w+)\s*=\s*(-?(?:0[xX][0-9a-fA-F]+|\d+))[uUlL]*\s*,?\s*(?:/[*/].*)?$")
+
+
+def _header_constants(path: str) -> dict:
+    """Every integer constant of the header: ``#define NAME <integer>`` (parenthesised or
+    not) and enumerators ``NAME = <integer>,``, by name."""
+    out = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            m = _DEFINE.match(line) or _ENUMERATOR.match(line)
+            if m:
+                out[m.group(1)] = int(m.group(2), 0)
+    return out
+
+
+#: The integer constants of ``include_dir()/strata.h`` by their C names.
+HEADER = _header_constants(os.path.join(include_dir(), "strata.h"))
+
+
+def _h(name: str) -> int:
+    try:
+        return HEADER[name]
+    except KeyError:
+        raise ImportError(f"{name} is not defined in {os.path.join(include_dir(), 'strata.h')}") from None
+
+
+#: ``STRATA_VERSION_CODE`` of the header (major*10000 + minor*100 + patch): the library
+#: loaded must have the same major and minor.
+ABI_VERSION_CODE = _h("STRATA_VERSION_CODE")
+
+_RESULTS = ("strataSuccess", "strataUnhandledCudaError", "strataSystemError", "strataInternalError",
+            "strataInvalidArgument", "strataInvalidUsage", "strataRemoteError", "strataInProgress")  # fmt: skip
+(SUCCESS, UNHANDLED_CUDA_ERROR, SYSTEM_ERROR, INTERNAL_ERROR,
+ INVALID_ARGUMENT, INVALID_USAGE, REMOTE_ERROR, IN_PROGRESS) = (_h(n) for n in _RESULTS)  # fmt: skip
+RESULT_NAMES = {_h(n): n for n in _RESULTS}
+
+INT8, UINT8, INT32, UINT32, INT64, UINT64, FLOAT16, FLOAT32, FLOAT64, BFLOAT16 = (
+    _h("strata" + n) for n in ("Int8", "Uint8", "Int32", "Uint32", "Int64", "Uint64",
+                               "Float16", "Float32", "Float64", "Bfloat16"))  # fmt: skip
 DTYPES = {
     "i8": INT8, "int8": INT8,
     "u8": UINT8, "uint8": UINT8,
@@ -127,27 +172,30 @@ DTYPES = {
 DTYPE_SIZES = {INT8: 1, UINT8: 1, INT32: 4, UINT32: 4, INT64: 8, UINT64: 8, FLOAT16: 2,
                FLOAT32: 4, FLOAT64: 8, BFLOAT16: 2}  # fmt: skip
 
-SUM, PROD, MAX, MIN, AVG = 0, 1, 2, 3, 4
+SUM, PROD, MAX, MIN, AVG = (_h("strata" + n) for n in ("Sum", "Prod", "Max", "Min", "Avg"))
 OPS = {"sum": SUM, "prod": PROD, "max": MAX, "min": MIN, "avg": AVG, "mean": AVG}
 
-TRANSPORT_DEFAULT, TRANSPORT_LOCAL, TRANSPORT_MPI = 0, 1, 2
-TRANSPORT_NCCL, TRANSPORT_RCCL, TRANSPORT_CUDA_LOCAL = 3, 4, 5
+TRANSPORT_DEFAULT, TRANSPORT_LOCAL, TRANSPORT_MPI, TRANSPORT_NCCL, TRANSPORT_RCCL, TRANSPORT_CUDA_LOCAL = (
+    _h("strataTransport" + n) for n in ("Default", "Local", "Mpi", "Nccl", "Rccl", "CudaLocal"))  # fmt: skip
 #: Ranks as threads on the CPU device (the device code paths without a GPU); its calls
 #: take CPU-device memory (``strataMemAlloc``), which this module does not allocate.
-TRANSPORT_HOST_LOCAL = 6
-TRANSPORTS = {None: 0, "default": 0, "local": 1, "mpi": 2, "nccl": 3, "rccl": 4,
-              "cuda-local": 5, "cuda_local": 5, "host-local": 6, "host_local": 6}  # fmt: skip
-TRANSPORT_NAMES = {1: "local", 2: "mpi", 3: "nccl", 4: "rccl", 5: "cuda-local", 6: "host-local"}
+TRANSPORT_HOST_LOCAL = _h("strataTransportHostLocal")
+TRANSPORT_NAMES = {TRANSPORT_LOCAL: "local", TRANSPORT_MPI: "mpi", TRANSPORT_NCCL: "nccl",
+                   TRANSPORT_RCCL: "rccl", TRANSPORT_CUDA_LOCAL: "cuda-local",
+                   TRANSPORT_HOST_LOCAL: "host-local"}  # fmt: skip
+TRANSPORTS = {None: TRANSPORT_DEFAULT, "default": TRANSPORT_DEFAULT,
+              **{n: c for c, n in TRANSPORT_NAMES.items()},
+              **{n.replace("-", "_"): c for c, n in TRANSPORT_NAMES.items() if "-" in n}}  # fmt: skip
 #: Transports whose calls take device memory.
 GPU_TRANSPORTS = frozenset({"nccl", "rccl", "cuda-local"})
-SPLIT_NOCOLOR = -1
-SHRINK_DEFAULT = 0  # strataCommShrink's flags (NCCL_SHRINK_DEFAULT, NCCL_SHRINK_ABORT)
-SHRINK_ABORT = 1
-CONFIG_MAGIC = 0x53545241
+SPLIT_NOCOLOR = _h("STRATA_SPLIT_NOCOLOR")
+SHRINK_DEFAULT = _h("STRATA_SHRINK_DEFAULT")  # strataCommShrink's flags (NCCL_SHRINK_DEFAULT, NCCL_SHRINK_ABORT)
+SHRINK_ABORT = _h("STRATA_SHRINK_ABORT")
+CONFIG_MAGIC = _h("STRATA_CONFIG_MAGIC")
 #: ``STRATA_UNIQUE_ID_BYTES``: strata's 128 bytes, then room for an ``ncclUniqueId``.
-UNIQUE_ID_BYTES = 256
+UNIQUE_ID_BYTES = _h("STRATA_UNIQUE_ID_BYTES")
 #: ``STRATA_UNIQUE_ID_VENDOR_OFFSET``: where the NCCL/RCCL id sits in a unique id.
-UNIQUE_ID_VENDOR_OFFSET = 128
+UNIQUE_ID_VENDOR_OFFSET = _h("STRATA_UNIQUE_ID_VENDOR_OFFSET")
 
 
 class StrataError(RuntimeError):
@@ -223,6 +271,7 @@ class Traffic(ctypes.Structure):
 _c_int, _c_size, _vp = ctypes.c_int, ctypes.c_size_t, ctypes.c_void_p
 _PROTOTYPES = {
     "strataGetVersion": [ctypes.POINTER(_c_int)],
+    "strataGetFeatures": [ctypes.POINTER(ctypes.c_char_p)],
     "strataGetUniqueId": [ctypes.POINTER(UniqueId)],
     "strataGetUniqueIdForTransport": [_c_int, ctypes.POINTER(UniqueId)],
     "strataCommInitRankConfig": [ctypes.POINTER(_vp), _c_int, UniqueId, _c_int, ctypes.POINTER(Config)],
@@ -359,6 +408,16 @@ def version() -> int:
     v = ctypes.c_int()
     _check(_load().strataGetVersion(ctypes.byref(v)))
     return v.value
+
+
+def features() -> frozenset:
+    """``strataGetFeatures``: the cargo features the loaded library was built with that
+    add transports, a subset of ``{"mpi", "cuda", "rocm"}`` (``mpi``: the mpi transport;
+    ``cuda``: nccl and cuda-local, CUDA and NCCL loaded at run time; ``rocm``: rccl).
+    ``pip install ./python`` builds ``mpi`` (where OpenMPI's headers are) and ``cuda``."""
+    p = ctypes.c_char_p()
+    _check(_load().strataGetFeatures(ctypes.byref(p)))
+    return frozenset(f for f in (p.value or b"").decode().split(",") if f)
 
 
 def get_unique_id(transport: Optional[str] = None) -> UniqueId:

@@ -55,6 +55,50 @@ def test_version_and_strings():
     assert os.path.exists(strata.library_path())
 
 
+def test_constants_are_the_headers(tmp_path):
+    """The package's constants are read from strata.h at import: the C compiler, given the
+    same header, agrees on every one of them (and on the names the package uses)."""
+    inc = strata.include_dir()
+    assert os.path.isfile(os.path.join(inc, "strata.h"))
+    names = sorted(n for n in strata.HEADER if n.startswith(("strata", "STRATA_")))
+    assert {"strataSuccess", "strataBfloat16", "strataAvg", "strataTransportHostLocal",
+            "STRATA_SPLIT_NOCOLOR", "STRATA_SHRINK_ABORT", "STRATA_CONFIG_MAGIC",
+            "STRATA_UNIQUE_ID_BYTES", "STRATA_UNIQUE_ID_VENDOR_OFFSET",
+            "STRATA_VERSION_CODE"} <= set(names)  # fmt: skip
+    assert strata.SPLIT_NOCOLOR == -1 and strata.CONFIG_MAGIC == strata.HEADER["STRATA_CONFIG_MAGIC"]
+    assert strata.RESULT_NAMES[strata.INVALID_USAGE] == "strataInvalidUsage"
+    assert strata.TRANSPORTS["cuda_local"] == strata.TRANSPORTS["cuda-local"] == strata.TRANSPORT_CUDA_LOCAL
+    cc = next((c for c in ("cc", "gcc", "clang") if __import__("shutil").which(c)), None)
+    if cc is None:
+        pytest.skip("no C compiler to cross-check the header's values")
+    src = tmp_path / "consts.c"
+    src.write_text('#include <stdio.h>\n#include "strata.h"\nint main(void) {\n'
+                   + "".join(f'  printf("{n} %lld\\n", (long long)({n}));\n' for n in names)
+                   + "  return 0;\n}\n")  # fmt: skip
+    exe = tmp_path / "consts"
+    subprocess.run([cc, "-std=c11", "-I", inc, str(src), "-o", str(exe)], check=True)
+    out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
+    got = {n: int(v) for n, v in (line.split() for line in out.splitlines())}
+    assert got == {n: strata.HEADER[n] for n in names}
+
+
+def test_features_name_the_compiled_transports():
+    """strata.features() (strataGetFeatures): a subset of mpi, cuda, rocm; a transport
+    whose feature is missing is refused with the message naming that feature, one whose
+    feature is there is not (it may still fail for want of its run-time library)."""
+    f = strata.features()
+    assert isinstance(f, frozenset) and f <= {"mpi", "cuda", "rocm"}
+    for transport, feature in (("nccl", "cuda"), ("rccl", "rocm")):
+        try:
+            strata.get_unique_id(transport)
+            assert feature in f, transport
+        except strata.StrataError as e:
+            assert (f"`{feature}` feature" in e.message) == (feature not in f), (transport, f, e.message)
+    want = os.environ.get("STRATA_EXPECT_FEATURES")
+    if want is not None:
+        assert f == {x for x in want.split(",") if x}, (f, want)
+
+
 def test_rank_and_size(comms):
     assert [c.rank for c in comms] == list(range(N))
     assert all(c.size == N for c in comms)
