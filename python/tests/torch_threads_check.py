@@ -183,8 +183,11 @@ def run_group(grp, dev, iters, waiter_q, start):
         # send/recv ring
         if n > 1:
             got = torch.empty(N, dtype=torch.float32, device=dev)
-            reqs = [dist.isend(mine.to(dev, copy=True), group=pg, group_dst=(r + 1) % n),
-                    dist.irecv(got, group=pg, group_src=(r - 1) % n)]
+            # In one batch, as NCCL needs (and strata: a send past MPI's eager limit
+            # returns once the peer received it, include/strata.h's strataSend).
+            reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, mine.to(dev, copy=True), group=pg,
+                                                      group_peer=(r + 1) % n),
+                                           dist.P2POp(dist.irecv, got, group=pg, group_peer=(r - 1) % n)])
             for q in reqs:
                 q.wait()
             stream_sync(dev)
