@@ -5,22 +5,23 @@
 First a slow peer (issue 65): rank 1 joins rank 0's ``async_op=True`` all-reduce on the
 default group only 3 s late; ``work.wait(timeout=timedelta(seconds=0.5))`` must raise
 (a ``RuntimeError``, e.g. ``DistBackendError``, naming the timeout, as ProcessGroupNCCL's
-wait does) within 2 s, and the same work's ``wait()`` afterwards completes with the right
-sum once the peer came. Then a peer's abort: on a group of both ranks, rank 1 aborts the group
-(``ProcessGroup.abort()``, as a failing rank's handler would) instead of joining rank 0's
-``async_op=True`` all-reduce, whose ``wait()`` must raise ``DistBackendError`` (strata's
-abort fails the calls in flight here and on the peers); rank 1's next call on the
-aborted group raises at once, and at the call: ``async_op=True`` too raises from the
-call itself, not from a Work that fails later (issue 65). Then a frozen peer on the
-default group:
-rank 1 stops taking part after a first all-reduce (it sleeps, as a frozen peer would).
-Rank 0's next all-reduce, ``async_op=True``, must raise from ``wait()`` within a few
-timeouts, as a ``torch.distributed.DistBackendError`` naming strata, and the call after it
-must raise at once (the communicator was aborted), as ProcessGroupNCCL does: an
+wait does) within 2 s but not before its 0.5 s, and the same work's ``wait()``
+afterwards completes with the right sum once the peer came. Then a peer's abort: on a
+group of both ranks, rank 1 aborts the group (``ProcessGroup.abort()``, as a failing
+rank's handler would) instead of joining rank 0's ``async_op=True`` all-reduce, whose
+``wait()`` must raise ``DistBackendError`` (strata's abort fails the calls in flight
+here and on the peers); then the next call on the group raises at once on both ranks,
+at the call: ``async_op=True`` raises from the call itself, not from a Work that fails
+later (issue 65), and on rank 1 a blocking call too. Then a frozen peer on the default
+group: rank 1 stops taking part after a first all-reduce (it sleeps, as a frozen peer
+would). Rank 0's next all-reduce, ``async_op=True``, must raise from ``wait()`` within a
+few timeouts, as a ``torch.distributed.DistBackendError`` naming strata, and the call
+after it must raise at once (the communicator was aborted), as ProcessGroupNCCL does: an
 ``async_op=True`` one at the call itself, then a blocking one. Every step runs even when
-an earlier one failed (each failure is a ``FAILED: ...`` line on stderr). Rank 0
-prints ``torch fault check: OK ...`` when all passed; then both ranks leave without finalizing (the
-job's MPI world is broken; mpirun's own exit status is not the check's).
+an earlier one failed (each failure is a ``FAILED: ...`` line on stderr). Rank 0 prints
+``torch fault check: OK ...`` when all passed (``torch fault check: FAILED ...``
+otherwise); then both ranks leave without finalizing (the job's MPI world is broken;
+mpirun's own exit status is not the check's).
 """
 
 import os
@@ -60,6 +61,8 @@ def main() -> int:
         first = str(e).splitlines()[0]
     else:
         print("FAILED: wait() returned for an all-reduce the peer never joined", file=sys.stderr)
+        print(f"torch fault check: FAILED (strata as torch's {strata.torch.FORM}): a slow peer: {slow}; a peer's "
+              f"abort: {aborted}; a frozen peer: wait() returned", flush=True)
         return 1
     ok = slow is not None and aborted is not None
     if "strata backend" not in first:
@@ -79,13 +82,12 @@ def main() -> int:
     else:
         print("FAILED: the blocking call after the failure succeeded", file=sys.stderr)
         return 1
-    if not ok:
-        print("torch fault check: FAILED (see the FAILED lines above)", flush=True)
-        return 1
-    print(f"torch fault check: OK (strata as torch's {strata.torch.FORM}): a slow peer: {slow}; a peer's abort: "
-          f"{aborted}; a frozen peer: wait() raised DistBackendError {took:.1f} s after the call: {first[:160]}; "
-          f"the next call raised at the call: {after[:120]}; a blocking one: {after_blocking[:80]}", flush=True)
-    return 0
+    verdict = "OK" if ok else "FAILED (see the FAILED lines above)"
+    print(f"torch fault check: {verdict} (strata as torch's {strata.torch.FORM}): a slow peer: {slow}; a peer's "
+          f"abort: {aborted}; a frozen peer: wait() raised DistBackendError {took:.1f} s after the call: "
+          f"{first[:160]}; the next call raised at the call: {after and after[:120]}; a blocking one: "
+          f"{after_blocking[:80]}", flush=True)
+    return 0 if ok else 1
 
 
 def next_call_raises(group, what: str):
@@ -111,8 +113,9 @@ def next_call_raises(group, what: str):
 def slow_peer(delay: float = 3.0, limit: float = 0.5, within: float = 2.0):
     """Rank 1 joins rank 0's async all-reduce ``delay`` s late: rank 0's
     ``wait(timeout=limit)`` raises a RuntimeError naming the timeout within ``within``
-    s; then ``wait()`` completes with the sum. Rank 0 returns what it saw (``None``:
-    failed); rank 1's part (the sum) comes through the store."""
+    s, not before ``limit`` (a wait that refuses finite timeouts fails); then ``wait()``
+    completes with the sum. Rank 0 returns what it saw (``None``: failed); rank 1's part
+    (the sum) comes through the store."""
     rank = dist.get_rank()
     x = torch.full((1000,), float(rank + 1))
     dist.all_reduce(torch.ones(1))  # the ranks leave this together
@@ -135,6 +138,10 @@ def slow_peer(delay: float = 3.0, limit: float = 0.5, within: float = 2.0):
         if took > within:
             print(f"FAILED: a slow peer: wait(timeout={limit} s) raised only {took:.1f} s after the call",
                   file=sys.stderr)
+            ok = False
+        if took < 0.8 * limit:  # e.g. "wait() with finite timeout not implemented"
+            print(f"FAILED: a slow peer: wait(timeout={limit} s) raised {took:.2f} s after the call, before its "
+                  f"timeout: {msg}", file=sys.stderr)
             ok = False
         if not re.search(r"tim(e|ed)[ _-]?out", str(e), re.IGNORECASE):
             print(f"FAILED: a slow peer: wait(timeout={limit} s) raised without naming the timeout: {msg}",
@@ -192,6 +199,11 @@ def peer_abort(timeout: float):
         if time.monotonic() - t0 > 3 * timeout + 1:
             print(f"FAILED: wait() raised only after {time.monotonic() - t0:.1f} s", file=sys.stderr)
             seen = ""
+        if seen:
+            # The group's communicator failed here too: the next call, async_op=True,
+            # raises at the call.
+            nxt = next_call_raises(g, "rank 0's call on the group whose peer aborted")
+            seen = f"{seen}; the next call raised at the call: {nxt[:80]}" if nxt is not None else ""
     # Rank 1's part counts too: its result through the store (a collective here would
     # wait on rank 0, which may still be in its wait() for a timeout).
     store = dist.distributed_c10d._get_default_store()
