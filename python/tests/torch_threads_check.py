@@ -33,10 +33,10 @@ It never hangs: ``faulthandler.dump_traceback_later(STRATA_THREADS_HANG_S, exit=
 threads check: OK ...`` once every rank passed (their counts through the store).
 
 Parameters (argv ``--backend B``, ``--device D``, ``--iters N`` or the environment):
-``STRATA_THREADS_BACKEND`` (default ``strata``; ``cpu:strata``, ``cuda:strata``,
-``gloo`` or ``nccl`` prove the check itself), ``STRATA_THREADS_DEVICE`` (``cpu``, the
-default, or ``cuda``: each thread on a stream of its own), ``STRATA_THREADS_ITERS``
-(default 4), ``STRATA_THREADS_HANG_S``.
+``STRATA_THREADS_BACKEND`` (default ``strata``, or ``cpu:strata``, ``cuda:strata``;
+``gloo`` or ``nccl`` prove the check itself, NCCL without the BAND),
+``STRATA_THREADS_DEVICE`` (``cpu``, the default, or ``cuda``: each thread on a stream of
+its own), ``STRATA_THREADS_ITERS`` (default 4), ``STRATA_THREADS_HANG_S``.
 """
 
 import argparse
@@ -65,6 +65,7 @@ def options():
     p.add_argument("--backend", default=os.environ.get("STRATA_THREADS_BACKEND", "strata"))
     p.add_argument("--device", default=os.environ.get("STRATA_THREADS_DEVICE", "cpu"), choices=["cpu", "cuda"])
     p.add_argument("--iters", type=int, default=int(os.environ.get("STRATA_THREADS_ITERS", "4")))
+    p.add_argument("--rounds", type=int, default=int(os.environ.get("STRATA_THREADS_ROUNDS", "3")))
     p.add_argument("--hang-s", type=float, default=float(os.environ.get("STRATA_THREADS_HANG_S", "150")))
     return p.parse_args()
 
@@ -111,17 +112,24 @@ class Group:
         self.r = ranks.index(RANK) if RANK in ranks else -1
 
 
-def make_groups(world):
-    """Made in the same order on every rank (torch's rule), before any call on them."""
+def group_specs(world):
     specs = [("train", None), ("metrics", None), ("data", None)]
     if world == 2:
         specs += [("solo0", [0]), ("solo1", [1])]
     elif world >= 4:
         specs += [("pair01", [0, 1]), ("pair23", [2, 3]), ("trio123", [1, 2, 3])]
+    return specs
+
+
+def make_groups(world, rnd):
+    """Round rnd's groups, made in the same order on every rank (torch's rule), before
+    any call on them; numbered on from the earlier rounds' (their values differ)."""
+    specs = group_specs(world)
     groups = []
-    for g, (name, ranks) in enumerate(specs):
+    for k, (name, ranks) in enumerate(specs):
         pg = dist.new_group(ranks)
-        groups.append(Group(g, name, list(range(world)) if ranks is None else ranks, pg))
+        g = rnd * len(specs) + k
+        groups.append(Group(g, f"{name}.{rnd}", list(range(world)) if ranks is None else ranks, pg))
     return groups
 
 
@@ -166,13 +174,15 @@ def run_group(grp, dev, iters, waiter_q, start):
         dist.broadcast(b, group_src=src, group=pg)
         stream_sync(dev)
         check(b, contrib(g, src, it), f"{tag} it {it}: broadcast from group rank {src}")
-        # BAND on int32 (not a native call: the C++ backend hands it to its Python half)
-        a_g = ((g + 1) << 16) | (it << 8)
-        band = torch.full((17,), a_g | (1 << r) | (1 << 7), dtype=torch.int32, device=dev)
-        dist.all_reduce(band, op=R.BAND, group=pg)
-        stream_sync(dev)
-        want = a_g | (1 << 7) | ((1 << r) if n == 1 else 0)
-        check(band, torch.full((17,), want, dtype=torch.int32), f"{tag} it {it}: all_reduce BAND int32")
+        # BAND on int32 (not a native call: the C++ backend hands it to its Python half;
+        # NCCL has no BAND)
+        if "nccl" not in OPT.backend:
+            a_g = ((g + 1) << 16) | (it << 8)
+            band = torch.full((17,), a_g | (1 << r) | (1 << 7), dtype=torch.int32, device=dev)
+            dist.all_reduce(band, op=R.BAND, group=pg)
+            stream_sync(dev)
+            want = a_g | (1 << 7) | ((1 << r) if n == 1 else 0)
+            check(band, torch.full((17,), want, dtype=torch.int32), f"{tag} it {it}: all_reduce BAND int32")
         # dist.reduce to a rotating root (the non-roots' tensors are not checked)
         root = (it + 1) % n
         red = mine.to(dev, copy=True)
@@ -253,47 +263,55 @@ def main():
         torch.cuda.set_device(dev)
     dist.init_process_group(OPT.backend)
     world, rank = dist.get_world_size(), dist.get_rank()
-    groups = make_groups(world)
-    mine = [grp for grp in groups if grp.r >= 0]
     waiter_q: "queue.Queue" = queue.Queue()
     stop = threading.Event()
     n_spin = 1
-    # The group threads, the waiter's issuers and the main thread start together.
-    start = threading.Barrier(len(mine) + 1)
     spin_start = threading.Barrier(n_spin + 1)
     spinners = [threading.Thread(target=thread_main(spin, stop, spin_start), name=f"spin{i}", daemon=True)
                 for i in range(n_spin)]
-    streams = {grp.g: torch.cuda.Stream(dev) if dev.type == "cuda" else None for grp in mine}
-    workers = [threading.Thread(target=thread_main(run_group, grp, dev, OPT.iters, waiter_q, start, dev=dev,
-                                                   stream=streams[grp.g]),
-                                name=f"group{grp.g}-{grp.name}", daemon=True) for grp in mine]
-    wt = threading.Thread(target=thread_main(waiter, dev, waiter_q), name="waiter", daemon=True)
-    for t in spinners + workers + [wt]:
+    wt = threading.Thread(target=thread_main(waiter, dev, waiter_q, dev=dev), name="waiter", daemon=True)
+    for t in spinners + [wt]:
         t.start()
     spin_start.wait()
-    start.wait()
-    # The main thread on the default group meanwhile (its own values: g = len(groups)).
-    gm, rsum = len(groups), 10 * world * (world - 1) // 2
-    pending = []
-    for it in range(OPT.iters):
-        base = (gm + 1) * 10000 + it * 100 + torch.arange(N, dtype=torch.float32) % 7
-        x = contrib(gm, rank, it).to(dev, copy=True)
-        dist.all_reduce(x)
-        stream_sync(dev)
-        check(x, world * base + rsum, f"default group it {it}: blocking all_reduce")
-        y = contrib(gm, rank, it).to(dev, copy=True)
-        pending.append((it, dist.all_reduce(y, async_op=True), y, world * base + rsum))
-        out = torch.empty(world * N, dtype=torch.float32, device=dev)
-        dist.all_gather_into_tensor(out, contrib(gm, rank, it).to(dev, copy=True))
-        stream_sync(dev)
-        check(out, torch.cat([contrib(gm, j, it) for j in range(world)]),
-              f"default group it {it}: all_gather_into_tensor")
-    for it, w, y, want in pending:
-        w.wait()
-        stream_sync(dev)
-        check(y, want, f"default group it {it}: async all_reduce waited after the loop")
-    for t in workers:
-        t.join()
+    n_groups = n_threads = 0
+    # Each round: fresh groups whose first calls race (one more chance to pair two
+    # groups' communicators wrongly), beside the default group's calls.
+    for rnd in range(OPT.rounds):
+        groups = make_groups(world, rnd)
+        mine = [grp for grp in groups if grp.r >= 0]
+        n_groups += len(groups)
+        n_threads += len(mine)
+        # The group threads and the main thread start together.
+        start = threading.Barrier(len(mine) + 1)
+        workers = [threading.Thread(target=thread_main(run_group, grp, dev, OPT.iters, waiter_q, start, dev=dev,
+                                                       stream=torch.cuda.Stream(dev) if dev.type == "cuda" else None),
+                                    name=f"group{grp.g}-{grp.name}", daemon=True) for grp in mine]
+        for t in workers:
+            t.start()
+        start.wait()
+        # The main thread on the default group meanwhile (its own values: g past every
+        # round's groups).
+        gm, rsum = OPT.rounds * len(group_specs(world)) + rnd, 10 * world * (world - 1) // 2
+        pending = []
+        for it in range(OPT.iters):
+            base = (gm + 1) * 10000 + it * 100 + torch.arange(N, dtype=torch.float32) % 7
+            x = contrib(gm, rank, it).to(dev, copy=True)
+            dist.all_reduce(x)
+            stream_sync(dev)
+            check(x, world * base + rsum, f"round {rnd}: default group it {it}: blocking all_reduce")
+            y = contrib(gm, rank, it).to(dev, copy=True)
+            pending.append((it, dist.all_reduce(y, async_op=True), y, world * base + rsum))
+            out = torch.empty(world * N, dtype=torch.float32, device=dev)
+            dist.all_gather_into_tensor(out, contrib(gm, rank, it).to(dev, copy=True))
+            stream_sync(dev)
+            check(out, torch.cat([contrib(gm, j, it) for j in range(world)]),
+                  f"round {rnd}: default group it {it}: all_gather_into_tensor")
+        for it, w, y, want in pending:
+            w.wait()
+            stream_sync(dev)
+            check(y, want, f"round {rnd}: default group it {it}: async all_reduce waited after the loop")
+        for t in workers:
+            t.join()
     waiter_q.put(None)
     wt.join()
     stop.set()
@@ -307,8 +325,9 @@ def main():
         total = sum(int(store.get(f"strata-threads-check-{j}")) for j in range(world))
         form = getattr(sys.modules.get("strata.torch"), "FORM", "-") if "strata" in OPT.backend else "-"
         print(f"torch threads check: OK (np={world}, backend {OPT.backend}, form {form}, {dev.type} tensors): "
-              f"{len(groups)} groups, {len(mine)} group threads on rank 0 + a waiter + {n_spin} spinning + the main "
-              f"thread, {OPT.iters} iterations, {total} values exact, {took:.1f} s", flush=True)
+              f"{OPT.rounds} rounds of {n_groups // OPT.rounds} new groups, {n_threads} group threads on rank 0 + "
+              f"a waiter + {n_spin} spinning + the main thread, {OPT.iters} iterations each, {total} values exact, "
+              f"{took:.1f} s", flush=True)
     dist.barrier()
     faulthandler.cancel_dump_traceback_later()
     faulthandler.dump_traceback_later(60, exit=True)  # the teardown must not hang either
