@@ -123,6 +123,7 @@ def _create(opts: Any, backend_options: Any) -> Any:
     if FORM == "cpp":
         _s._load()
         mod = cpp_module()
+        mod.load(_s._lib_path)
         _world.cpp_lock = mod.comm_lock
         d = _Delegate(*args)
         cpu = d._cpu_handle()
