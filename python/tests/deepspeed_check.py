@@ -93,7 +93,7 @@ EXPECT = {
 }
 ONLY = [v for v in os.environ.get("DS_CHECK_VARIANTS", "").split(",") if v]
 
-# Count the strata ProcessGroup methods torch calls (method@group size).
+# Count the strata backend methods torch calls that reach Python (method@group size).
 CALLS: collections.Counter = collections.Counter()
 _METHODS = ["allreduce", "allreduce_coalesced", "all_gather_single", "_allgather_base", "allgather",
             "all_gather_single_coalesced", "allgather_into_tensor_coalesced", "reduce_scatter_single",
@@ -109,9 +109,9 @@ def _counted(name, fn):
     return call
 
 
-for _m in _METHODS:
-    if _m in st.ProcessGroupStrata.__dict__:
-        setattr(st.ProcessGroupStrata, _m, _counted(_m, st.ProcessGroupStrata.__dict__[_m]))
+for _m in _METHODS:  # the Python half's methods: the calls it planned (or served, in the Python form)
+    if _m in st.backend._Ops.__dict__:
+        setattr(st.backend._Ops, _m, _counted(_m, st.backend._Ops.__dict__[_m]))
 
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
