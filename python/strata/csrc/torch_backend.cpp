@@ -305,6 +305,10 @@ struct Comm {
   std::atomic<bool> owned;
   std::atomic<bool> gone{false};
   std::mutex calls;  // one thread at a time in strata calls on it
+  // A blocking call inside (its deadline in steady-clock ticks; 0: none), and whether
+  // the watchdog aborted the communicator for it.
+  std::atomic<int64_t> blocking_until{0};
+  std::atomic<bool> blocking_expired{false};
 };
 
 // One Comm per handle in the process, so every user of a communicator (backends, their
@@ -354,15 +358,6 @@ struct Tracked {
   std::shared_ptr<Comm> comm;
   const Clock::time_point deadline;
   std::atomic<bool> expired{false};
-};
-
-// A blocking call, running on its caller's thread.
-struct BlockingCall final : Tracked {
-  using Tracked::Tracked;
-  bool finished() override {
-    return done.load(std::memory_order_acquire);
-  }
-  std::atomic<bool> done{false};
 };
 
 // strata host events recorded after CPU calls, reused (an event is made once, not per
@@ -507,9 +502,12 @@ struct CudaCall final : Tracked {
 };
 
 // One thread per backend (ProcessGroupNCCL's watchdog): every 100 ms it drops the calls
-// that finished and aborts the communicator of any past its deadline.
+// that finished and aborts the communicator of any past its deadline, and `scan`s the
+// backend's communicators for a blocking call past its deadline (a blocking call costs
+// two atomic stores, no allocation).
 class Watchdog {
  public:
+  explicit Watchdog(std::function<void()> scan) : scan_(std::move(scan)) {}
   ~Watchdog() {
     {
       std::lock_guard<std::mutex> g(m_);
@@ -522,6 +520,12 @@ class Watchdog {
     std::lock_guard<std::mutex> g(m_);
     q_.push_back(std::move(t));
     if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+  }
+  void start() {
+    if (started_.load(std::memory_order_acquire)) return;
+    std::lock_guard<std::mutex> g(m_);
+    if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+    started_.store(true, std::memory_order_release);
   }
 
  private:
@@ -545,6 +549,7 @@ class Watchdog {
         keep.push_back(std::move(t));
       }
       batch.clear();
+      scan_();
       l.lock();
       for (auto it = keep.rbegin(); it != keep.rend(); ++it) q_.push_front(std::move(*it));
     }
@@ -554,7 +559,9 @@ class Watchdog {
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Tracked>> q_;
   std::thread thread_;
+  std::atomic<bool> started_{false};
   bool stop_ = false;
+  std::function<void()> scan_;
 };
 
 std::string timed_out(const std::string& what, int64_t ms) {
@@ -1135,9 +1142,9 @@ class StrataBackend : public c10d::Backend {
 
   // Release this group's communicators (each goes with its last Work).
   void shutdown() override {
-    cpu_.reset();
     {
       std::lock_guard<std::mutex> g(gpus_m_);
+      cpu_.reset();
       gpus_.clear();
     }
     py::gil_scoped_acquire g;
@@ -1357,17 +1364,17 @@ class StrataBackend : public c10d::Backend {
     std::shared_ptr<Comm> comm = cpu_comm(what);
     if (native) native_calls.fetch_add(1, std::memory_order_relaxed);
     if (!async) {
-      auto watched = std::make_shared<BlockingCall>(comm, deadline());
-      watchdog_.watch(watched);
+      watchdog_.start();
       int rc;
       {
         NoGil nogil;
         std::lock_guard<std::mutex> serial(comm->calls);
+        comm->blocking_until.store(deadline().time_since_epoch().count(), std::memory_order_relaxed);
         rc = run_calls(call, comm->h, nullptr, grouped);
+        comm->blocking_until.store(0, std::memory_order_relaxed);
       }
-      watched->done.store(true, std::memory_order_release);
       if (rc != strataSuccess) {
-        if (watched->expired.load()) C10_THROW_ERROR(DistBackendError, timed_out(what, timeout_ms_));
+        if (comm->blocking_expired.load()) C10_THROW_ERROR(DistBackendError, timed_out(what, timeout_ms_));
         fail(api_, rc, comm->h, what);
       }
       if (post) post();
@@ -1465,7 +1472,7 @@ class StrataBackend : public c10d::Backend {
   const int64_t timeout_ms_;
   std::shared_ptr<Events> events_;
   std::shared_ptr<CudaEvents> cuda_events_;
-  std::shared_ptr<Comm> cpu_;
+  std::shared_ptr<Comm> cpu_;  // reset (shutdown) and read by the watchdog under gpus_m_
   std::mutex gpus_m_;
   Comms gpus_;
   strataStream_t stream_ = nullptr;  // the host stream, under cpu_'s calls lock
@@ -1477,7 +1484,21 @@ class StrataBackend : public c10d::Backend {
   std::thread::id block_thread_;
   Plan block_;
   std::atomic<bool> aborted_{false};
-  Watchdog watchdog_;  // last: stopped first, while the rest is alive
+  // Last: stopped first, while the rest is alive. Its scan: a blocking call past its
+  // deadline aborts its communicator.
+  Watchdog watchdog_{[this] {
+    const int64_t now = Clock::now().time_since_epoch().count();
+    Comms all;
+    {
+      std::lock_guard<std::mutex> g(gpus_m_);
+      all = gpus_;
+      if (cpu_) all.emplace_back(-1, cpu_);
+    }
+    for (const auto& [index, c] : all) {
+      int64_t until = c->blocking_until.load(std::memory_order_relaxed);
+      if (until != 0 && now > until && !c->blocking_expired.exchange(true)) c->abort();
+    }
+  }};
 };
 
 }  // namespace
