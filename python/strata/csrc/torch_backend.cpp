@@ -287,8 +287,10 @@ std::unique_lock<std::mutex> lock_holding_gil(std::mutex& m) {
 // A strata communicator shared by the backends and works that use it.
 struct Comm {
   Comm(const Api& a, strataComm_t handle, bool own) : api(a), h(handle), owned(own) {}
+  // Destroyed with its last user; left to the process's end once the interpreter is
+  // going away (the package's exit hook may have finalized MPI by then).
   ~Comm() {
-    if (owned.load() && !gone.exchange(true)) api.comm_destroy(h);
+    if (owned.load() && !gone.exchange(true) && python_alive()) api.comm_destroy(h);
   }
   // strataCommAbort (any thread, also while a call is inside): its calls fail here
   // and on the peers; the handle is released.
