@@ -6,7 +6,9 @@ First a slow peer (issue 65): rank 1 joins rank 0's ``async_op=True`` all-reduce
 default group only 3 s late; ``work.wait(timeout=timedelta(seconds=0.5))`` must raise
 (a ``RuntimeError``, e.g. ``DistBackendError``, naming the timeout, as ProcessGroupNCCL's
 wait does) within 2 s but not before its 0.5 s, and the same work's ``wait()``
-afterwards completes with the right sum once the peer came. Then a peer's abort: on a
+afterwards completes with the right sum once the peer came. Then the group's timeout (issue 65): on a group made with
+``timeout=2 s``, rank 1 joins rank 0's blocking all-reduce 4 s late; rank 0's call must
+raise ``DistBackendError`` naming the group's timeout after about 2 s. Then a peer's abort: on a
 group of both ranks, rank 1 aborts the group (``ProcessGroup.abort()``, as a failing
 rank's handler would) instead of joining rank 0's ``async_op=True`` all-reduce, whose
 ``wait()`` must raise ``DistBackendError`` (strata's abort fails the calls in flight
@@ -48,6 +50,7 @@ def main() -> int:
     dist.all_reduce(x)
     assert torch.equal(x, torch.full((256,), 2.0)), "the first all-reduce"
     slow = slow_peer()
+    group_to = group_timeout()
     aborted = peer_abort(timeout)
     if dist.get_rank() == 1:
         time.sleep(4 * timeout + 2)  # a frozen peer
@@ -64,7 +67,7 @@ def main() -> int:
         print(f"torch fault check: FAILED (strata as torch's {strata.torch.FORM}): a slow peer: {slow}; a peer's "
               f"abort: {aborted}; a frozen peer: wait() returned", flush=True)
         return 1
-    ok = slow is not None and aborted is not None
+    ok = slow is not None and aborted is not None and group_to is not None
     if "strata backend" not in first:
         print(f"FAILED: the frozen peer's error does not name strata: {first}", file=sys.stderr)
         ok = False
@@ -83,7 +86,8 @@ def main() -> int:
         print("FAILED: the blocking call after the failure succeeded", file=sys.stderr)
         return 1
     verdict = "OK" if ok else "FAILED (see the FAILED lines above)"
-    print(f"torch fault check: {verdict} (strata as torch's {strata.torch.FORM}): a slow peer: {slow}; a peer's "
+    print(f"torch fault check: {verdict} (strata as torch's {strata.torch.FORM}): a slow peer: {slow}; the group's "
+          f"timeout: {group_to}; a peer's "
           f"abort: {aborted}; a frozen peer: wait() raised DistBackendError {took:.1f} s after the call: "
           f"{first[:160]}; the next call raised at the call: {after and after[:120]}; a blocking one: "
           f"{after_blocking[:80]}", flush=True)
@@ -167,6 +171,43 @@ def slow_peer(delay: float = 3.0, limit: float = 0.5, within: float = 2.0):
         ok = False
     total = time.monotonic() - t0
     return f"{seen}; then wait() completed {total:.1f} s after the call with the sum" if ok else None
+
+
+def group_timeout(limit: float = 2.0, delay: float = 4.0):
+    """A group made with ``timeout=limit`` s (shorter than ``STRATA_TIMEOUT``): rank 1
+    joins rank 0's blocking all-reduce ``delay`` s late, so rank 0's call must raise
+    ``DistBackendError`` naming the group's timeout after about ``limit`` s (the
+    backend's watchdog aborts the communicator), as ProcessGroupNCCL's watchdog does.
+    Rank 0 returns what it saw (``None``: failed); rank 1's late call fails too."""
+    g = dist.new_group(backend="strata", timeout=timedelta(seconds=limit))
+    dist.all_reduce(torch.ones(4), group=g)  # both ranks reached the group
+    store = dist.distributed_c10d._get_default_store()
+    if dist.get_rank() == 1:
+        time.sleep(delay)
+        try:
+            dist.all_reduce(torch.ones(4), group=g)
+        except RuntimeError:
+            pass
+        store.set("strata-group-timeout-check", "1")  # both go on from here together
+        return "rank 1"
+    t0 = time.monotonic()
+    seen = None
+    try:
+        dist.all_reduce(torch.ones(4), group=g)
+    except dist.DistBackendError as e:
+        took = time.monotonic() - t0
+        msg = str(e).splitlines()[0]
+        if "group's timeout" not in msg:
+            print(f"FAILED: the group's timeout: the error does not name it: {msg}", file=sys.stderr)
+        elif not 0.8 * limit <= took <= limit + 1.5:
+            print(f"FAILED: the group's timeout ({limit} s): the call raised after {took:.1f} s", file=sys.stderr)
+        else:
+            seen = f"a blocking call raised after {took:.1f} s: {msg[:110]}"
+    else:
+        print(f"FAILED: the group's timeout ({limit} s): the call returned after {time.monotonic() - t0:.1f} s",
+              file=sys.stderr)
+    store.wait(["strata-group-timeout-check"])
+    return seen
 
 
 def peer_abort(timeout: float):
