@@ -335,8 +335,8 @@ def main():
     stream_order(None)
     cuda_semantics(None)
     requires_grad_broadcast(None)
-    # The C++ form runs the common CUDA calls itself (not through its Python delegate).
-    if st.FORM == "cpp" and os.environ.get("STRATA_TORCH_CPP_CUDA", "1") != "0":
+    # The C++ backend runs the common CUDA calls directly (the rest from its Python half's plans).
+    if st.FORM == "cpp":
         ran = st.served().get("cuda", 0) - st._SERVED.get("cuda", 0)
         if ran <= 0:
             raise AssertionError(f"the C++ backend ran no CUDA call itself: served {st.served()}")
