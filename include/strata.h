@@ -926,7 +926,8 @@ strataResult_t strataCommGetTransport(strataComm_t comm, strataTransport_t *tran
  * whose collective failed while running, leaves its code here (`strataRemoteError` for
  * a dead or stalled peer, `strataInvalidUsage` for counts that differ across ranks, ...),
  * and `strataGetLastError(comm)` says why; `strataSuccess` while nothing failed. The
- * communicator is unusable after a failure: destroy it.
+ * communicator is unusable after a failure: destroy it. Callable from any thread, also
+ * while another drives the communicator (a framework's watchdog polls it, as with NCCL).
  *
  * Errors: as `strataCommCount` (the function result; the async error goes to `*result`).
  *
