@@ -55,8 +55,8 @@ import strata as _s
 
 from . import loader as _loader
 from . import world as _world
-from . import backend
-from .backend import _SERVED, BACKEND, BackendStrata, _Delegate, _premul_factor, python_backends
+from . import backend  # noqa: F401  (strata.torch.backend: the Python half, for checks)
+from .backend import _SERVED, BACKEND, BackendStrata, _Delegate, _premul_factor, python_backends  # noqa: F401
 from .fsdp import AllGather, ReduceScatter, set_custom_comms
 from .loader import _installed_cpp, cpp_module
 from .world import group_topology, traffic

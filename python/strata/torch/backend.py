@@ -16,6 +16,7 @@ function ``run(comm, async_op)`` of a communicator-like object, for two users:
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import weakref
@@ -277,6 +278,23 @@ class _Ops:
 
     def getBackendName(self) -> str:
         return BACKEND
+
+    def _survivors(self, ranks_to_exclude: Sequence[int]) -> tuple:
+        """``shrink_group``'s (excluded ranks, surviving ranks), both sorted; only a
+        survivor calls it."""
+        ex = sorted(set(int(r) for r in ranks_to_exclude))
+        keep = [r for r in range(self.size()) if r not in ex]
+        if self.rank() not in keep:
+            raise ValueError(f"strata backend: rank {self.rank()} is excluded from the shrink "
+                             f"{ex}: only the survivors call it")
+        return ex, keep
+
+    def _shrunk_fields(self, new: Any, keep: Sequence[int]) -> None:
+        """The shrunk group ``new``'s store, timeout, world ranks and name (registered)."""
+        glob = self._global or list(range(self.size()))
+        new._store, new._timeout, new._global = self._store, self._timeout, [glob[r] for r in keep]
+        new._name = f"{self._name}/shrunk"
+        GROUPS[new._name] = new
 
     @staticmethod
     def _grouped(comm: Any, calls: List[Callable[[], Any]]) -> Any:
@@ -755,7 +773,7 @@ class _Delegate(_Ops, _RankSize):
             uid = _s.UniqueId.from_bytes(self._store.get(key))
             topo = None
             if self._global is not None and dist.is_initialized():
-                topo = _world.group_topology(__import__("os").environ.get("STRATA_TOPOLOGY"),
+                topo = _world.group_topology(os.environ.get("STRATA_TOPOLOGY"),
                                              dist.get_world_size(), self._global)
             # The communicator's GPU is the device current on this thread: set for the
             # call only (a scoped guard), never the process's default device.
@@ -770,24 +788,17 @@ class _Delegate(_Ops, _RankSize):
 
     def _shrunk(self, ranks_to_exclude: Sequence[int], shrink_flags: int, cpu: int, gpus: dict) -> tuple:
         """This group without ``ranks_to_exclude`` (``shrink_group``): ``(delegate, rank,
-        size, cpu handle, {device: handle})``, the communicators (handles the C++ half
-        holds, under their locks) shrunk by the survivors."""
-        ex = sorted(set(int(r) for r in ranks_to_exclude))
-        keep = [r for r in range(self.size()) if r not in ex]
-        if self.rank() not in keep:
-            raise ValueError(f"strata backend: rank {self.rank()} is excluded from the shrink "
-                             f"{ex}: only the survivors call it")
-        glob = self._global or list(range(self.size()))
-        abort = bool(shrink_flags & 1)  # SHRINK_ABORT
+        size, cpu handle, {device: handle})``: the communicators whose handles the C++ half
+        passes, shrunk by the survivors (usually after a failure aborted them)."""
+        ex, keep = self._survivors(ranks_to_exclude)
+        abort = bool(shrink_flags & _s.SHRINK_ABORT)
         new = object.__new__(type(self))
         _RankSize.__init__(new, keep.index(self.rank()), len(keep))
-        new._store, new._timeout, new._global = self._store, self._timeout, [glob[r] for r in keep]
-        new._name = f"{self._name}/shrunk"
+        self._shrunk_fields(new, keep)
         new._made_lock, new._gpu = threading.Lock(), {}
         new._cpu = _s.Comm(cpu).shrink(ex, abort=abort) if cpu else None
         out = {int(i): _s.Comm(h).shrink(ex, abort=abort).handle for i, h in gpus.items()}
         new._gpu.update(out)
-        GROUPS[new._name] = new
         return new, new.rank(), new.size(), new._cpu_handle(), out
 
     def _abort(self) -> None:
@@ -823,19 +834,13 @@ class BackendStrata(_Ops, _c10d.Backend):
 
     def shrink(self, ranks_to_exclude: Sequence[int], shrink_flags: int = 0,
                opts_override: Any = None) -> "BackendStrata":
-        ex = sorted(set(int(r) for r in ranks_to_exclude))
-        keep = [r for r in range(self.size()) if r not in ex]
-        if self.rank() not in keep:
-            raise ValueError(f"strata backend: rank {self.rank()} is excluded from the shrink "
-                             f"{ex}: only the survivors call it")
-        glob = self._global or list(range(self.size()))
-        new = object.__new__(type(self))
+        ex, keep = self._survivors(ranks_to_exclude)
+        new = type(self).__new__(type(self))
         _c10d.Backend.__init__(new, keep.index(self.rank()), len(keep))
-        new._store, new._timeout, new._global = self._store, self._timeout, [glob[r] for r in keep]
-        new._name = f"{self._name}/shrunk"
+        self._shrunk_fields(new, keep)
         new._waiter, new._coalescing, new._coalesced, new._aborted = _Waiter(), 0, [], False
-        new._cpu = self._cpu.shrink(ex, abort=bool(shrink_flags & 1)) if self._cpu is not None else None
-        GROUPS[new._name] = new
+        abort = bool(shrink_flags & _s.SHRINK_ABORT)
+        new._cpu = self._cpu.shrink(ex, abort=abort) if self._cpu is not None else None
         return new
 
     def _issue(self, method: str, tensors: Sequence[torch.Tensor], run: Callable[[Any, bool], Any],
