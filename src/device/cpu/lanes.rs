@@ -27,9 +27,7 @@ pub struct CpuEvent {
 }
 
 pub(super) fn cpu_event(ev: &dyn DevEvent) -> Result<&CpuEvent> {
-    ev.as_any().downcast_ref::<CpuEvent>().ok_or_else(|| {
-        Error::InvalidArgument("an event of another device given to a cpu stream".into())
-    })
+    crate::device::vendor_api::event_of(ev, "cpu")
 }
 
 impl DevEvent for CpuEvent {

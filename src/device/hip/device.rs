@@ -5,6 +5,7 @@ use super::code::code_object_for;
 use super::runtime::{bound_to, check, device_count, device_names, error_string};
 use crate::device::pool::Pool;
 use crate::device::reuse::{CheckedRanges, HandlePool};
+use crate::device::vendor_api::{self, Fault};
 use crate::device::waits::host_wait;
 use crate::device::{DevAddr, Device};
 use crate::error::{Error, Result};
@@ -287,40 +288,24 @@ impl HipDevice {
                 p as *const c_void,
             )
         };
-        // Formatted only for an error (a good pointer costs no allocation).
-        let what = || {
-            if len == 1 {
-                format!("the byte at {addr:#x}")
-            } else {
-                format!("the {which} byte ({p:#x}) of {len} bytes at {addr:#x}")
-            }
-        };
         let hint = "the rccl transport takes device pointers of the communicator's device; \
                     host data goes through the local or mpi transport";
+        // Formatted only for an error (a good pointer costs no allocation).
+        let fault = |f| vendor_api::byte_error("HIP", hint, self.ordinal, (p, addr, len, which), f);
         if r != sys::hipError_t::hipSuccess {
             // Clear the thread's last error, which the failed query set.
             // SAFETY: FFI without arguments.
             let _ = unsafe { sys::hipGetLastError() };
-            return Err(Error::InvalidArgument(format!(
-                "{what} is not HIP device memory (unknown to HIP: {}): {hint}",
-                error_string(r),
-                what = what()
-            )));
+            return Err(fault(Fault::Unknown {
+                by: "HIP",
+                why: error_string(r),
+            }));
         }
         if a.memory_type != self.device_type {
-            return Err(Error::InvalidArgument(format!(
-                "{what} is not HIP device memory (memory type {}): {hint}",
-                a.memory_type,
-                what = what()
-            )));
+            return Err(fault(Fault::MemoryType(a.memory_type.into())));
         }
         if a.device < 0 || a.device as usize != self.ordinal {
-            return Err(Error::InvalidArgument(format!(
-                "{what} is memory of HIP device {}, the communicator runs on device {}",
-                a.device,
-                self.ordinal,
-                what = what()
-            )));
+            return Err(fault(Fault::OtherDevice(a.device.into())));
         }
         Ok(())
     }

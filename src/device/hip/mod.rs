@@ -50,6 +50,7 @@ pub use runtime::device_count;
 pub use stream::{HipEvent, HipGraph, HipStream};
 
 use super::pool::Pool;
+use super::vendor_api;
 use super::waits::host_wait;
 use super::{Bound, DevAddr, DevEvent, DevStream, Device};
 use crate::error::{Error, Result};
@@ -158,25 +159,11 @@ impl Device for HipDevice {
     }
 
     fn check_pointer(&self, addr: DevAddr, len: usize) -> Result<()> {
-        // The first and the last byte, as NCCL checks a buffer: a tensor may span several
-        // mappings (an allocator that maps memory in pieces), which the runtime reports
-        // one at a time; the interior is the vendor library's to check.
-        let Some((first, last)) = super::span_ends(addr, len)? else {
-            return Ok(());
-        };
-        if self.ranges.known(first) && self.ranges.known(last) {
-            return Ok(());
-        }
-        let _bound = self.bind()?;
-        self.check_byte(first, addr, len, "first")?;
-        if last != first {
-            self.check_byte(last, addr, len, "last")?;
-        }
-        for p in [first, last] {
+        let remember = |p: DevAddr| {
             let mut base: sys::hipDeviceptr_t = std::ptr::null_mut();
             let mut size = 0usize;
             // SAFETY: FFI query writing one pointer and one size; `p` is device memory of
-            // this device (checked just above).
+            // this device (checked before).
             let r = unsafe {
                 sys::hipMemGetAddressRange(&mut base, &mut size, p as sys::hipDeviceptr_t)
             };
@@ -186,8 +173,15 @@ impl Device for HipDevice {
                 // SAFETY: FFI without arguments (clears the failed query's last error).
                 let _ = unsafe { sys::hipGetLastError() };
             }
-        }
-        Ok(())
+        };
+        vendor_api::check_span(
+            addr,
+            len,
+            &self.ranges,
+            || self.bind(),
+            |p, which| self.check_byte(p, addr, len, which),
+            remember,
+        )
     }
 
     fn new_stream(&self) -> Result<Arc<dyn DevStream>> {

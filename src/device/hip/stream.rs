@@ -4,9 +4,10 @@
 use super::device::HipDevice;
 use super::runtime::check;
 use crate::device::reuse::HandlePool;
-use crate::device::{DevAddr, DevEvent, DevGraph, DevStream, Device, QuantCall};
+use crate::device::vendor_api;
+use crate::device::{Api, DevAddr, DevEvent, DevGraph, DevStream, Device, QuantCall};
 use crate::dtype::{DataType, ReduceOp};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::kernels_gpu::call::{self, ArgBlock};
 use hip_sys::hiprt as sys;
 use std::ffi::c_void;
@@ -105,15 +106,7 @@ impl Drop for HipGraph {
 
 impl DevGraph for HipGraph {
     fn launch(&self, stream: &dyn DevStream) -> Result<()> {
-        let d = stream.device();
-        if d.api() != crate::device::Api::Hip || d.ordinal() != self.dev.ordinal {
-            return Err(Error::InvalidArgument(format!(
-                "a graph of HIP device {} launched on a stream of {} device {}",
-                self.dev.ordinal,
-                d.api().name(),
-                d.ordinal()
-            )));
-        }
+        vendor_api::graph_stream(Api::Hip, "HIP", self.dev.ordinal, stream)?;
         let _bound = self.dev.bind()?;
         // SAFETY: FFI launching our live executable graph on a live stream of its device
         // (checked above).
@@ -319,9 +312,7 @@ impl DevStream for HipStream {
     }
 
     fn wait_event(&self, ev: &dyn DevEvent) -> Result<()> {
-        let ev = ev.as_any().downcast_ref::<HipEvent>().ok_or_else(|| {
-            Error::InvalidArgument("an event of another device given to a HIP stream".into())
-        })?;
+        let ev: &HipEvent = vendor_api::event_of(ev, "HIP")?;
         let _bound = self.dev.bind()?;
         // SAFETY: FFI on this live stream and a live event.
         let r = unsafe { sys::hipStreamWaitEvent(self.stream, ev.ev, 0) };
