@@ -13,7 +13,7 @@
 
 use super::pool::Pool;
 use super::reuse::{CheckedRanges, HandlePool};
-use super::vendor_api::{self, Fault};
+use super::vendor_api::{self, Fault, PointerQueries};
 use super::waits::host_wait;
 use super::{Bound, DevAddr, DevEvent, DevGraph, DevStream, Device, QuantCall};
 use crate::dtype::{DataType, ReduceOp};
@@ -340,14 +340,7 @@ impl Device for CudaDevice {
         )
     }
     fn check_pointer(&self, addr: DevAddr, len: usize) -> Result<()> {
-        vendor_api::check_span(
-            addr,
-            len,
-            &self.ranges,
-            || self.bind(),
-            |p, which| self.check_byte(p, addr, len, which),
-            |p| self.remember(p),
-        )
+        vendor_api::check_span(self, addr, len)
     }
     fn new_stream(&self) -> Result<Arc<dyn DevStream>> {
         let _bound = self.bind()?;
@@ -462,9 +455,12 @@ impl Drop for CudaDevice {
     }
 }
 
-impl CudaDevice {
-    /// Remember the allocation range holding `p` (checked just before; the context is
-    /// bound), as the driver reports it.
+impl PointerQueries for CudaDevice {
+    fn ranges(&self) -> &CheckedRanges {
+        &self.ranges
+    }
+
+    /// As the driver reports it (`cuPointerGetAttribute`: range start and size).
     fn remember(&self, p: DevAddr) {
         let mut start: DevAddr = 0;
         let mut size: usize = 0;
@@ -488,9 +484,7 @@ impl CudaDevice {
         self.ranges.keep(start, size);
     }
 
-    /// `Ok` when the byte at `p` (the `which` byte of `len` bytes at `addr`) is device
-    /// memory of this device (`cuPointerGetAttribute`: memory type and device ordinal),
-    /// else an `InvalidArgument` saying which byte and why. The context is bound.
+    /// `cuPointerGetAttribute`: memory type and device ordinal.
     fn check_byte(&self, p: DevAddr, addr: DevAddr, len: usize, which: &str) -> Result<()> {
         let mut kind: u32 = 0;
         let mut ordinal: i32 = -1;

@@ -10,7 +10,7 @@
 #![cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
 
 use super::reuse::CheckedRanges;
-use super::{Api, DevAddr, DevEvent, DevStream};
+use super::{Api, DevAddr, DevEvent, DevStream, Device};
 use crate::error::{Error, Result};
 
 /// The first and last byte of `len` bytes at `addr`: `None` for 0 bytes, else a clear
@@ -33,37 +33,40 @@ fn span_ends(addr: DevAddr, len: usize) -> Result<Option<(DevAddr, DevAddr)>> {
     }
 }
 
+/// The runtime queries behind a GPU device's `check_pointer` ([`check_span`]).
+pub(super) trait PointerQueries: Device {
+    /// Allocation ranges already found to be memory of this device.
+    fn ranges(&self) -> &CheckedRanges;
+    /// `Ok` when the byte at `p` (the `which` byte of `len` bytes at `addr`) is device
+    /// memory of this device, else an `InvalidArgument` ([`byte_error`]) saying which
+    /// byte and why. The device is bound.
+    fn check_byte(&self, p: DevAddr, addr: DevAddr, len: usize, which: &str) -> Result<()>;
+    /// Record the allocation range holding `p` (checked just before; the device is
+    /// bound) in [`PointerQueries::ranges`], as the runtime reports it.
+    fn remember(&self, p: DevAddr);
+}
+
 /// `check_pointer` of a GPU device: the first and the last byte, as NCCL checks a
 /// buffer (a tensor may span several mappings, PyTorch's expandable_segments maps memory
 /// in pieces, which the runtime reports one at a time; the interior is the vendor
 /// library's to check). A byte inside a range seen before is not queried again (NCCL
 /// queries nothing by default); a range strata frees leaves the cache, one the caller
 /// frees and the runtime hands to another device is the vendor library's to refuse.
-/// With the device bound (`bind`'s guard held), `check_byte(p, "first" | "last")` asks
-/// the runtime about one byte and `remember(p)` records the allocation range of a good
-/// one in `ranges`.
-pub(super) fn check_span<G>(
-    addr: DevAddr,
-    len: usize,
-    ranges: &CheckedRanges,
-    bind: impl FnOnce() -> Result<G>,
-    check_byte: impl Fn(DevAddr, &str) -> Result<()>,
-    mut remember: impl FnMut(DevAddr),
-) -> Result<()> {
+pub(super) fn check_span(dev: &impl PointerQueries, addr: DevAddr, len: usize) -> Result<()> {
     let Some((first, last)) = span_ends(addr, len)? else {
         return Ok(());
     };
-    if ranges.known(first) && ranges.known(last) {
+    if dev.ranges().known(first) && dev.ranges().known(last) {
         return Ok(());
     }
-    let _bound = bind()?;
-    check_byte(first, "first")?;
+    let _bound = dev.bind()?;
+    dev.check_byte(first, addr, len, "first")?;
     if last != first {
-        check_byte(last, "last")?;
+        dev.check_byte(last, addr, len, "last")?;
     }
-    remember(first);
+    dev.remember(first);
     if last != first {
-        remember(last);
+        dev.remember(last);
     }
     Ok(())
 }

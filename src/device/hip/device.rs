@@ -5,7 +5,7 @@ use super::code::code_object_for;
 use super::runtime::{bound_to, check, device_count, device_names, error_string};
 use crate::device::pool::Pool;
 use crate::device::reuse::{CheckedRanges, HandlePool};
-use crate::device::vendor_api::{self, Fault};
+use crate::device::vendor_api::{self, Fault, PointerQueries};
 use crate::device::waits::host_wait;
 use crate::device::{DevAddr, Device};
 use crate::error::{Error, Result};
@@ -261,17 +261,29 @@ pub(super) struct PointerAttr {
     pub(super) allocation_flags: u32,
 }
 
-impl HipDevice {
-    /// `Ok` when the byte at `p` (the `which` byte of `len` bytes at `addr`) is device
-    /// memory of this device (`hipPointerGetAttributes`: memory type and device), else
-    /// an `InvalidArgument` saying which byte and why. The device is bound.
-    pub(super) fn check_byte(
-        &self,
-        p: DevAddr,
-        addr: DevAddr,
-        len: usize,
-        which: &str,
-    ) -> Result<()> {
+impl PointerQueries for HipDevice {
+    fn ranges(&self) -> &CheckedRanges {
+        &self.ranges
+    }
+
+    /// `hipMemGetAddressRange`.
+    fn remember(&self, p: DevAddr) {
+        let mut base: sys::hipDeviceptr_t = std::ptr::null_mut();
+        let mut size = 0usize;
+        // SAFETY: FFI query writing one pointer and one size; `p` is device memory of
+        // this device (checked before).
+        let r =
+            unsafe { sys::hipMemGetAddressRange(&mut base, &mut size, p as sys::hipDeviceptr_t) };
+        if r == sys::hipError_t::hipSuccess {
+            self.ranges.keep(base as DevAddr, size);
+        } else {
+            // SAFETY: FFI without arguments (clears the failed query's last error).
+            let _ = unsafe { sys::hipGetLastError() };
+        }
+    }
+
+    /// `hipPointerGetAttributes`: memory type and device.
+    fn check_byte(&self, p: DevAddr, addr: DevAddr, len: usize, which: &str) -> Result<()> {
         let mut a = PointerAttr {
             memory_type: -1,
             device: -1,

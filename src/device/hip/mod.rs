@@ -159,29 +159,7 @@ impl Device for HipDevice {
     }
 
     fn check_pointer(&self, addr: DevAddr, len: usize) -> Result<()> {
-        let remember = |p: DevAddr| {
-            let mut base: sys::hipDeviceptr_t = std::ptr::null_mut();
-            let mut size = 0usize;
-            // SAFETY: FFI query writing one pointer and one size; `p` is device memory of
-            // this device (checked before).
-            let r = unsafe {
-                sys::hipMemGetAddressRange(&mut base, &mut size, p as sys::hipDeviceptr_t)
-            };
-            if r == sys::hipError_t::hipSuccess {
-                self.ranges.keep(base as DevAddr, size);
-            } else {
-                // SAFETY: FFI without arguments (clears the failed query's last error).
-                let _ = unsafe { sys::hipGetLastError() };
-            }
-        };
-        vendor_api::check_span(
-            addr,
-            len,
-            &self.ranges,
-            || self.bind(),
-            |p, which| self.check_byte(p, addr, len, which),
-            remember,
-        )
+        vendor_api::check_span(self, addr, len)
     }
 
     fn new_stream(&self) -> Result<Arc<dyn DevStream>> {
