@@ -91,35 +91,26 @@ impl CudaDevice {
     /// shared per process: opening the same ordinal twice returns the same device, so
     /// its kernels are compiled once.
     pub fn open(ordinal: usize) -> Result<Arc<CudaDevice>> {
-        static OPEN: std::sync::Mutex<Vec<(usize, std::sync::Weak<CudaDevice>)>> =
-            std::sync::Mutex::new(Vec::new());
-        let mut open = OPEN.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(d) = open
-            .iter()
-            .find(|(o, _)| *o == ordinal)
-            .and_then(|(_, w)| w.upgrade())
-        {
-            return Ok(d);
-        }
-        let ctx = open_device(ordinal)?;
-        // The pool's events keep the primary context retained: one still watched when the
-        // device goes is destroyed (by the pool) before the context is released.
-        let events = Arc::new(HandlePool::new(destroy_event, Some(ctx.clone())));
-        let d = Arc::new_cyclic(|me| CudaDevice {
-            me: me.clone(),
-            ctx: ManuallyDrop::new(ctx),
-            kernels: OnceLock::new(),
-            allocations: std::sync::atomic::AtomicU64::new(0),
-            pool: Pool::default(),
-            aux: OnceLock::new(),
-            pools: OnceLock::new(),
-            spin: OnceLock::new(),
-            events,
-            ranges: CheckedRanges::default(),
-        });
-        open.retain(|(_, w)| w.strong_count() > 0);
-        open.push((ordinal, Arc::downgrade(&d)));
-        Ok(d)
+        static OPEN: vendor_api::Opened<CudaDevice> = vendor_api::Opened::new();
+        OPEN.get_or_open(ordinal, || {
+            let ctx = open_device(ordinal)?;
+            // The pool's events keep the primary context retained: one still watched when the
+            // device goes is destroyed (by the pool) before the context is released.
+            let events = Arc::new(HandlePool::new(destroy_event, Some(ctx.clone())));
+            let d = Arc::new_cyclic(|me| CudaDevice {
+                me: me.clone(),
+                ctx: ManuallyDrop::new(ctx),
+                kernels: OnceLock::new(),
+                allocations: std::sync::atomic::AtomicU64::new(0),
+                pool: Pool::default(),
+                aux: OnceLock::new(),
+                pools: OnceLock::new(),
+                spin: OnceLock::new(),
+                events,
+                ranges: CheckedRanges::default(),
+            });
+            Ok(d)
+        })
     }
 
     /// Number of CUDA devices (0 when the driver is missing).

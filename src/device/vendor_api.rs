@@ -12,6 +12,7 @@
 use super::reuse::CheckedRanges;
 use super::{Api, DevAddr, DevEvent, DevStream, Device};
 use crate::error::{Error, Result};
+use std::sync::{Arc, Mutex, Weak};
 
 /// The first and last byte of `len` bytes at `addr`: `None` for 0 bytes, else a clear
 /// `InvalidArgument` for a null address or a range past the end of the address space
@@ -139,4 +140,35 @@ pub(super) fn event_of<'a, E: 'static>(ev: &'a dyn DevEvent, vendor: &str) -> Re
             "an event of another device given to a {vendor} stream"
         ))
     })
+}
+
+/// The devices of one backend open in this process, by ordinal: opening an ordinal that
+/// is open returns the same device (its kernels loaded once while it is in use).
+pub(super) struct Opened<T>(Mutex<Vec<(usize, Weak<T>)>>);
+
+impl<T> Opened<T> {
+    pub(super) const fn new() -> Self {
+        Opened(Mutex::new(Vec::new()))
+    }
+
+    /// The open device `ordinal`, else the one `make` opens (recorded; the table is held
+    /// meanwhile, so an ordinal is opened once however many threads ask).
+    pub(super) fn get_or_open(
+        &self,
+        ordinal: usize,
+        make: impl FnOnce() -> Result<Arc<T>>,
+    ) -> Result<Arc<T>> {
+        let mut open = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(d) = open
+            .iter()
+            .find(|(o, _)| *o == ordinal)
+            .and_then(|(_, w)| w.upgrade())
+        {
+            return Ok(d);
+        }
+        let d = make()?;
+        open.retain(|(_, w)| w.strong_count() > 0);
+        open.push((ordinal, Arc::downgrade(&d)));
+        Ok(d)
+    }
 }

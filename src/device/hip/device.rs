@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use hip_sys::hiprt as sys;
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 
 /// Raw kernel handle of a loaded module.
 #[derive(Clone, Copy)]
@@ -60,7 +60,7 @@ impl std::fmt::Debug for HipDevice {
 }
 
 /// Open devices, so an ordinal's module is loaded once while it is in use.
-static OPEN: Mutex<Vec<(usize, Weak<HipDevice>)>> = Mutex::new(Vec::new());
+static OPEN: vendor_api::Opened<HipDevice> = vendor_api::Opened::new();
 
 impl HipDevice {
     /// Device `ordinal` of the HIP runtime (after `HIP_VISIBLE_DEVICES` /
@@ -70,91 +70,83 @@ impl HipDevice {
     /// `ordinal + 1`, when no embedded code object matches the device's target, or when
     /// loading it fails; [`Error::System`] when the HIP runtime fails to initialize.
     pub fn open(ordinal: usize) -> Result<Arc<HipDevice>> {
-        let mut open = OPEN.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(d) = open
-            .iter()
-            .find(|(o, _)| *o == ordinal)
-            .and_then(|(_, w)| w.upgrade())
-        {
-            return Ok(d);
-        }
-        let count = device_count()?;
-        if count == 0 {
-            return Err(Error::Device(format!(
+        OPEN.get_or_open(ordinal, || {
+            let count = device_count()?;
+            if count == 0 {
+                return Err(Error::Device(format!(
                 "HIP device {ordinal}: no HIP device found (hipGetDeviceCount reports none: no \
                  AMD GPU, /dev/kfd not accessible, or HIP_VISIBLE_DEVICES / \
                  ROCR_VISIBLE_DEVICES hide them)"
             )));
-        }
-        if ordinal >= count {
-            return Err(Error::Device(format!(
-                "HIP device {ordinal} does not exist: {count} visible (ordinals 0..{count})"
-            )));
-        }
-        let _bound = bound_to(ordinal)?;
-        let (name, gcn_arch) = device_names(ordinal)?;
-        let (target, image) = code_object_for(&gcn_arch)
-            .map_err(|e| Error::Device(format!("HIP device {ordinal} ({name}): {e}")))?;
+            }
+            if ordinal >= count {
+                return Err(Error::Device(format!(
+                    "HIP device {ordinal} does not exist: {count} visible (ordinals 0..{count})"
+                )));
+            }
+            let _bound = bound_to(ordinal)?;
+            let (name, gcn_arch) = device_names(ordinal)?;
+            let (target, image) = code_object_for(&gcn_arch)
+                .map_err(|e| Error::Device(format!("HIP device {ordinal} ({name}): {e}")))?;
 
-        let mut module: sys::hipModule_t = std::ptr::null_mut();
-        // SAFETY: FFI; `image` is a complete ELF code object for this target, static and
-        // 4096-byte aligned, and the device is current.
-        let r = unsafe { sys::hipModuleLoadData(&mut module, image.as_ptr() as *const c_void) };
-        check(r, || {
-            format!("hipModuleLoadData of strata's {target} kernels on HIP device {ordinal}")
-        })?;
-        // From here `Loaded` unloads the module (and destroys the stream) on error paths.
-        let mut loaded = Loaded {
-            ordinal,
-            module,
-            aux: std::ptr::null_mut(),
-        };
-        let mut funcs = HashMap::new();
-        for kname in crate::kernels_gpu::kernel_names()
-            .into_iter()
-            .chain(crate::kernels_gpu::reduce_kernel_names())
-        {
-            let c = std::ffi::CString::new(kname.clone())
-                .map_err(|_| Error::Internal(format!("kernel name {kname:?} has a NUL")))?;
-            let mut f: sys::hipFunction_t = std::ptr::null_mut();
-            // SAFETY: FFI on the module loaded above with a NUL-terminated name.
-            let r = unsafe { sys::hipModuleGetFunction(&mut f, module, c.as_ptr()) };
+            let mut module: sys::hipModule_t = std::ptr::null_mut();
+            // SAFETY: FFI; `image` is a complete ELF code object for this target, static and
+            // 4096-byte aligned, and the device is current.
+            let r = unsafe { sys::hipModuleLoadData(&mut module, image.as_ptr() as *const c_void) };
             check(r, || {
-                format!("kernel {kname} missing from strata's {target} code object")
+                format!("hipModuleLoadData of strata's {target} kernels on HIP device {ordinal}")
             })?;
-            funcs.insert(kname, Func(f));
-        }
-        let mut aux: sys::hipStream_t = std::ptr::null_mut();
-        // SAFETY: FFI creating a stream on the current device.
-        let r = unsafe { sys::hipStreamCreateWithFlags(&mut aux, sys::hipStreamNonBlocking) };
-        check(r, || {
-            format!("hipStreamCreateWithFlags on HIP device {ordinal}")
-        })?;
-        loaded.aux = aux;
-        std::mem::forget(loaded);
+            // From here `Loaded` unloads the module (and destroys the stream) on error paths.
+            let mut loaded = Loaded {
+                ordinal,
+                module,
+                aux: std::ptr::null_mut(),
+            };
+            let mut funcs = HashMap::new();
+            for kname in crate::kernels_gpu::kernel_names()
+                .into_iter()
+                .chain(crate::kernels_gpu::reduce_kernel_names())
+            {
+                let c = std::ffi::CString::new(kname.clone())
+                    .map_err(|_| Error::Internal(format!("kernel name {kname:?} has a NUL")))?;
+                let mut f: sys::hipFunction_t = std::ptr::null_mut();
+                // SAFETY: FFI on the module loaded above with a NUL-terminated name.
+                let r = unsafe { sys::hipModuleGetFunction(&mut f, module, c.as_ptr()) };
+                check(r, || {
+                    format!("kernel {kname} missing from strata's {target} code object")
+                })?;
+                funcs.insert(kname, Func(f));
+            }
+            let mut aux: sys::hipStream_t = std::ptr::null_mut();
+            // SAFETY: FFI creating a stream on the current device.
+            let r = unsafe { sys::hipStreamCreateWithFlags(&mut aux, sys::hipStreamNonBlocking) };
+            check(r, || {
+                format!("hipStreamCreateWithFlags on HIP device {ordinal}")
+            })?;
+            loaded.aux = aux;
+            std::mem::forget(loaded);
 
-        let mut version: i32 = 0;
-        // SAFETY: FFI writing one int.
-        let r = unsafe { sys::hipRuntimeGetVersion(&mut version) };
-        check(r, || "hipRuntimeGetVersion".to_string())?;
-        let d = Arc::new_cyclic(|me| HipDevice {
-            ordinal,
-            name,
-            gcn_arch,
-            target,
-            module,
-            funcs,
-            aux,
-            device_type: device_memory_type(version),
-            allocations: std::sync::atomic::AtomicU64::new(0),
-            pool: Pool::default(),
-            events: Arc::new(HandlePool::new(destroy_event, None)),
-            ranges: CheckedRanges::default(),
-            me: me.clone(),
-        });
-        open.retain(|(_, w)| w.strong_count() > 0);
-        open.push((ordinal, Arc::downgrade(&d)));
-        Ok(d)
+            let mut version: i32 = 0;
+            // SAFETY: FFI writing one int.
+            let r = unsafe { sys::hipRuntimeGetVersion(&mut version) };
+            check(r, || "hipRuntimeGetVersion".to_string())?;
+            let d = Arc::new_cyclic(|me| HipDevice {
+                ordinal,
+                name,
+                gcn_arch,
+                target,
+                module,
+                funcs,
+                aux,
+                device_type: device_memory_type(version),
+                allocations: std::sync::atomic::AtomicU64::new(0),
+                pool: Pool::default(),
+                events: Arc::new(HandlePool::new(destroy_event, None)),
+                ranges: CheckedRanges::default(),
+                me: me.clone(),
+            });
+            Ok(d)
+        })
     }
 
     /// Number of HIP devices: 0 when there is none or the runtime fails to initialize
