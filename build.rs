@@ -2,7 +2,7 @@
 //! kernels (`kernels-hip/strata_quant.hip`, which expands the bodies of
 //! `kernels-cuda/*.cuh`) with hipcc into one code object per AMD target, in `OUT_DIR`:
 //! `strata_gfx90a.co` (MI250X), `strata_gfx940.co` (MI300) and `strata_gfx942.co`
-//! (MI300X/MI300A), which `src/device/hip.rs` embeds. gfx942 is optional: a hipcc that
+//! (MI300X/MI300A), which `src/device/hip/code.rs` embeds. gfx942 is optional: a hipcc that
 //! does not know it (Debian's 5.2) leaves an empty file and a cargo warning, and the HIP
 //! device then says the kernels for gfx942 need a newer hipcc. The options are those of `HIPCC_OPTIONS` in
 //! `src/kernels_gpu/mod.rs` (`--genco -O3 -ffp-contract=off`) plus

@@ -13,6 +13,7 @@
 
 use super::pool::Pool;
 use super::reuse::{CheckedRanges, HandlePool};
+use super::vendor_api::{self, Fault, PointerQueries};
 use super::waits::host_wait;
 use super::{Bound, DevAddr, DevEvent, DevGraph, DevStream, Device, QuantCall};
 use crate::dtype::{DataType, ReduceOp};
@@ -90,35 +91,26 @@ impl CudaDevice {
     /// shared per process: opening the same ordinal twice returns the same device, so
     /// its kernels are compiled once.
     pub fn open(ordinal: usize) -> Result<Arc<CudaDevice>> {
-        static OPEN: std::sync::Mutex<Vec<(usize, std::sync::Weak<CudaDevice>)>> =
-            std::sync::Mutex::new(Vec::new());
-        let mut open = OPEN.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(d) = open
-            .iter()
-            .find(|(o, _)| *o == ordinal)
-            .and_then(|(_, w)| w.upgrade())
-        {
-            return Ok(d);
-        }
-        let ctx = open_device(ordinal)?;
-        // The pool's events keep the primary context retained: one still watched when the
-        // device goes is destroyed (by the pool) before the context is released.
-        let events = Arc::new(HandlePool::new(destroy_event, Some(ctx.clone())));
-        let d = Arc::new_cyclic(|me| CudaDevice {
-            me: me.clone(),
-            ctx: ManuallyDrop::new(ctx),
-            kernels: OnceLock::new(),
-            allocations: std::sync::atomic::AtomicU64::new(0),
-            pool: Pool::default(),
-            aux: OnceLock::new(),
-            pools: OnceLock::new(),
-            spin: OnceLock::new(),
-            events,
-            ranges: CheckedRanges::default(),
-        });
-        open.retain(|(_, w)| w.strong_count() > 0);
-        open.push((ordinal, Arc::downgrade(&d)));
-        Ok(d)
+        static OPEN: vendor_api::Opened<CudaDevice> = vendor_api::Opened::new();
+        OPEN.get_or_open(ordinal, || {
+            let ctx = open_device(ordinal)?;
+            // The pool's events keep the primary context retained: one still watched when the
+            // device goes is destroyed (by the pool) before the context is released.
+            let events = Arc::new(HandlePool::new(destroy_event, Some(ctx.clone())));
+            let d = Arc::new_cyclic(|me| CudaDevice {
+                me: me.clone(),
+                ctx: ManuallyDrop::new(ctx),
+                kernels: OnceLock::new(),
+                allocations: std::sync::atomic::AtomicU64::new(0),
+                pool: Pool::default(),
+                aux: OnceLock::new(),
+                pools: OnceLock::new(),
+                spin: OnceLock::new(),
+                events,
+                ranges: CheckedRanges::default(),
+            });
+            Ok(d)
+        })
     }
 
     /// Number of CUDA devices (0 when the driver is missing).
@@ -171,23 +163,37 @@ impl CudaDevice {
         })
     }
 
-    /// Zero `bytes` at `p` on the private stream and wait for it alone.
-    fn zero_on_aux(&self, p: DevAddr, bytes: usize) -> Result<()> {
-        host_wait("zeroing device memory (cuMemsetD8Async + cuStreamSynchronize)")?;
+    /// Enqueue `call` (`f`, on the private stream) and wait for that stream alone: a
+    /// host wait (`what`), with the capture mode relaxed. Never the whole device (a
+    /// caller's stream may be waiting for a stream-ordered collective of another rank
+    /// on this device).
+    fn on_aux(
+        &self,
+        what: &str,
+        call: &str,
+        f: impl FnOnce(sys::CUstream) -> sys::CUresult,
+    ) -> Result<()> {
+        host_wait(what)?;
         let _bound = self.bind()?;
         let aux = self.aux()?;
+        relaxed(|| {
+            check(call, f(aux.cu_stream()))?;
+            // SAFETY: FFI wait for the device's own live stream.
+            check("cuStreamSynchronize", unsafe {
+                sys::cuStreamSynchronize(aux.cu_stream())
+            })
+        })
+    }
+
+    /// Zero `bytes` at `p` on the private stream and wait for it alone.
+    fn zero_on_aux(&self, p: DevAddr, bytes: usize) -> Result<()> {
         // SAFETY: FFI memset of a range inside one allocation of this context (the
         // caller's contract), on the private stream, then that stream is waited for.
-        relaxed(|| unsafe {
-            check(
-                "cuMemsetD8Async",
-                sys::cuMemsetD8Async(p, 0, bytes, aux.cu_stream()),
-            )?;
-            check(
-                "cuStreamSynchronize",
-                sys::cuStreamSynchronize(aux.cu_stream()),
-            )
-        })
+        self.on_aux(
+            "zeroing device memory (cuMemsetD8Async + cuStreamSynchronize)",
+            "cuMemsetD8Async",
+            |s| unsafe { sys::cuMemsetD8Async(p, 0, bytes, s) },
+        )
     }
 
     /// The delay kernel `strata_spin` (loaded from [`SPIN_PTX`] on first use).
@@ -299,79 +305,33 @@ impl Device for CudaDevice {
         if src.is_empty() {
             return Ok(());
         }
-        host_wait("a host-to-device copy (cuMemcpyHtoDAsync + cuStreamSynchronize)")?;
-        let _bound = self.bind()?;
-        let aux = self.aux()?;
-        // On the private stream, waited for alone: never the whole device (a caller's
-        // stream may be waiting for a stream-ordered collective of another rank on this
-        // device). Earlier strata work on the range is over: the caller holds a borrow
-        // of it (a Buffer's DevGuard), which strata's work releases only when finished.
+        // Earlier strata work on the range is over: the caller holds a borrow of it (a
+        // Buffer's DevGuard), which strata's work releases only when finished.
         // SAFETY: FFI copy of `src.len()` bytes into a range inside one allocation, and
         // `src` outlives it (the stream is synchronized before returning).
-        relaxed(|| unsafe {
-            check(
-                "cuMemcpyHtoDAsync",
-                sys::cuMemcpyHtoDAsync_v2(
-                    dst,
-                    src.as_ptr() as *const c_void,
-                    src.len(),
-                    aux.cu_stream(),
-                ),
-            )?;
-            check(
-                "cuStreamSynchronize",
-                sys::cuStreamSynchronize(aux.cu_stream()),
-            )
-        })
+        self.on_aux(
+            "a host-to-device copy (cuMemcpyHtoDAsync + cuStreamSynchronize)",
+            "cuMemcpyHtoDAsync",
+            |s| unsafe {
+                sys::cuMemcpyHtoDAsync_v2(dst, src.as_ptr() as *const c_void, src.len(), s)
+            },
+        )
     }
     fn dtoh(&self, dst: &mut [u8], src: DevAddr) -> Result<()> {
         if dst.is_empty() {
             return Ok(());
         }
-        host_wait("a device-to-host copy (cuMemcpyDtoHAsync + cuStreamSynchronize)")?;
-        let _bound = self.bind()?;
-        let aux = self.aux()?;
+        let (n, p) = (dst.len(), dst.as_mut_ptr() as *mut c_void);
         // SAFETY: as `htod`, in the other direction; `dst` is exclusively borrowed for
         // the whole (waited-for) copy.
-        relaxed(|| unsafe {
-            check(
-                "cuMemcpyDtoHAsync",
-                sys::cuMemcpyDtoHAsync_v2(
-                    dst.as_mut_ptr() as *mut c_void,
-                    src,
-                    dst.len(),
-                    aux.cu_stream(),
-                ),
-            )?;
-            check(
-                "cuStreamSynchronize",
-                sys::cuStreamSynchronize(aux.cu_stream()),
-            )
-        })
+        self.on_aux(
+            "a device-to-host copy (cuMemcpyDtoHAsync + cuStreamSynchronize)",
+            "cuMemcpyDtoHAsync",
+            |s| unsafe { sys::cuMemcpyDtoHAsync_v2(p, src, n, s) },
+        )
     }
     fn check_pointer(&self, addr: DevAddr, len: usize) -> Result<()> {
-        // The first and the last byte, as NCCL checks a buffer: a tensor may span several
-        // mappings (PyTorch's expandable_segments maps memory in pieces), which the
-        // driver reports one at a time; the interior is the vendor library's to check.
-        // A byte inside a range seen before is not queried again (NCCL queries nothing
-        // by default); a range strata frees leaves the cache, one the caller frees and
-        // the driver hands to another device is the vendor library's to refuse.
-        let Some((first, last)) = super::span_ends(addr, len)? else {
-            return Ok(());
-        };
-        if self.ranges.known(first) && self.ranges.known(last) {
-            return Ok(());
-        }
-        let _bound = self.bind()?;
-        self.check_byte(first, addr, len, "first")?;
-        if last != first {
-            self.check_byte(last, addr, len, "last")?;
-        }
-        self.remember(first);
-        if last != first {
-            self.remember(last);
-        }
-        Ok(())
+        vendor_api::check_span(self, addr, len)
     }
     fn new_stream(&self) -> Result<Arc<dyn DevStream>> {
         let _bound = self.bind()?;
@@ -447,9 +407,7 @@ impl Device for CudaDevice {
         Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
     }
     unsafe fn wait_event_on(&self, raw: *mut c_void, ev: &dyn DevEvent) -> Result<()> {
-        let ev = ev.as_any().downcast_ref::<CudaEvent>().ok_or_else(|| {
-            Error::InvalidArgument("an event of another device given to a CUDA stream".into())
-        })?;
+        let ev: &CudaEvent = vendor_api::event_of(ev, "CUDA")?;
         let _bound = self.bind()?;
         // SAFETY: FFI on the caller's stream (its contract: null or a live stream of this
         // device) and a live event.
@@ -488,9 +446,12 @@ impl Drop for CudaDevice {
     }
 }
 
-impl CudaDevice {
-    /// Remember the allocation range holding `p` (checked just before; the context is
-    /// bound), as the driver reports it.
+impl PointerQueries for CudaDevice {
+    fn ranges(&self) -> &CheckedRanges {
+        &self.ranges
+    }
+
+    /// As the driver reports it (`cuPointerGetAttribute`: range start and size).
     fn remember(&self, p: DevAddr) {
         let mut start: DevAddr = 0;
         let mut size: usize = 0;
@@ -514,9 +475,7 @@ impl CudaDevice {
         self.ranges.keep(start, size);
     }
 
-    /// `Ok` when the byte at `p` (the `which` byte of `len` bytes at `addr`) is device
-    /// memory of this device (`cuPointerGetAttribute`: memory type and device ordinal),
-    /// else an `InvalidArgument` saying which byte and why. The context is bound.
+    /// `cuPointerGetAttribute`: memory type and device ordinal.
     fn check_byte(&self, p: DevAddr, addr: DevAddr, len: usize, which: &str) -> Result<()> {
         let mut kind: u32 = 0;
         let mut ordinal: i32 = -1;
@@ -536,40 +495,25 @@ impl CudaDevice {
                 ),
             )
         };
-        // Formatted only for an error (a good pointer costs no allocation).
-        let what = || {
-            if len == 1 {
-                format!("the byte at {addr:#x}")
-            } else {
-                format!("the {which} byte ({p:#x}) of {len} bytes at {addr:#x}")
-            }
-        };
         let hint = "the nccl and cuda-local transports take device pointers of the \
                     communicator's device; host data goes through the local or mpi transport";
+        // Formatted only for an error (a good pointer costs no allocation).
+        let fault =
+            |f| vendor_api::byte_error("CUDA", hint, self.ordinal(), (p, addr, len, which), f);
         if let Err(e) = r1.result() {
-            return Err(Error::InvalidArgument(format!(
-                "{what} is not CUDA device memory (unknown to the driver: {e:?}): {hint}",
-                what = what()
-            )));
+            return Err(fault(Fault::Unknown {
+                by: "the driver",
+                why: format!("{e:?}"),
+            }));
         }
         if kind != sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32 {
-            return Err(Error::InvalidArgument(format!(
-                "{what} is not CUDA device memory (memory type {kind}): {hint}",
-                what = what()
-            )));
+            return Err(fault(Fault::MemoryType(kind.into())));
         }
         if let Err(e) = r2.result() {
-            return Err(Error::InvalidArgument(format!(
-                "{what}: CUDA cannot tell its device ({e:?}): {hint}",
-                what = what()
-            )));
+            return Err(fault(Fault::NoDevice(format!("{e:?}"))));
         }
         if ordinal < 0 || ordinal as usize != self.ordinal() {
-            return Err(Error::InvalidArgument(format!(
-                "{what} is memory of CUDA device {ordinal}, the communicator runs on device {}",
-                self.ordinal(),
-                what = what()
-            )));
+            return Err(fault(Fault::OtherDevice(ordinal.into())));
         }
         Ok(())
     }
@@ -658,15 +602,7 @@ impl Drop for CudaGraph {
 
 impl DevGraph for CudaGraph {
     fn launch(&self, stream: &dyn DevStream) -> Result<()> {
-        let d = stream.device();
-        if d.api() != super::Api::Cuda || d.ordinal() != self.dev.ordinal() {
-            return Err(Error::InvalidArgument(format!(
-                "a graph of CUDA device {} launched on a stream of {} device {}",
-                self.dev.ordinal(),
-                d.api().name(),
-                d.ordinal()
-            )));
-        }
+        vendor_api::graph_stream(super::Api::Cuda, "CUDA", self.dev.ordinal(), stream)?;
         let _bound = self.dev.bind()?;
         // SAFETY: FFI launching our live executable graph on a live stream of its device
         // (checked above).

@@ -37,6 +37,7 @@ pub mod direct;
 pub mod hip;
 pub mod pool;
 pub mod reuse;
+mod vendor_api;
 pub mod waits;
 pub mod watch;
 
@@ -296,27 +297,6 @@ pub fn finish(
         } else {
             std::thread::sleep(Duration::from_micros(if spins < 1024 { 20 } else { 200 }));
         }
-    }
-}
-
-/// The first and last byte of `len` bytes at `addr`: `None` for 0 bytes, else a clear
-/// `InvalidArgument` for a null address or a range past the end of the address space
-/// (what `check_pointer` checks on CUDA and HIP: the first and the last byte).
-#[cfg(any(feature = "cuda", feature = "rocm"))]
-pub(crate) fn span_ends(addr: DevAddr, len: usize) -> Result<Option<(DevAddr, DevAddr)>> {
-    if len == 0 {
-        return Ok(None);
-    }
-    if addr == 0 {
-        return Err(Error::InvalidArgument(format!(
-            "a null device pointer for {len} bytes"
-        )));
-    }
-    match addr.checked_add(len as u64 - 1) {
-        Some(last) => Ok(Some((addr, last))),
-        None => Err(Error::InvalidArgument(format!(
-            "{len} bytes at {addr:#x} run past the end of the address space"
-        ))),
     }
 }
 

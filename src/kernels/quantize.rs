@@ -95,8 +95,16 @@ fn unpack4<'a>(codes: &[u8], n: usize, w: &'a mut [u16]) -> &'a [u8] {
     &bytemuck::cast_slice::<u16, u8>(w)[..n]
 }
 
-/// `out[i] = q_i · scale`; `w` is staging of at least `ceil(len/2)` words (int4 only).
-pub(crate) fn deq_set(bits: u32, scale: f32, codes: &[u8], out: &mut [f32], w: &mut [u16]) {
+/// `f(out[i], q_i · scale)` over the codes; `w` is staging of at least `ceil(len/2)`
+/// words (int4 only).
+fn deq_each(
+    bits: u32,
+    scale: f32,
+    codes: &[u8],
+    out: &mut [f32],
+    w: &mut [u16],
+    f: impl Fn(&mut f32, f32),
+) {
     let q = if bits == 8 {
         codes
     } else {
@@ -104,19 +112,17 @@ pub(crate) fn deq_set(bits: u32, scale: f32, codes: &[u8], out: &mut [f32], w: &
     };
     out.iter_mut()
         .zip(q)
-        .for_each(|(o, &c)| *o = (c as i8) as f32 * scale);
+        .for_each(|(o, &c)| f(o, (c as i8) as f32 * scale));
+}
+
+/// `out[i] = q_i · scale`; `w` is staging of at least `ceil(len/2)` words (int4 only).
+pub(crate) fn deq_set(bits: u32, scale: f32, codes: &[u8], out: &mut [f32], w: &mut [u16]) {
+    deq_each(bits, scale, codes, out, w, |o, v| *o = v);
 }
 
 /// `out[i] = out[i] + q_i · scale` (two roundings, no FMA: Rust never contracts).
 pub(crate) fn deq_add(bits: u32, scale: f32, codes: &[u8], out: &mut [f32], w: &mut [u16]) {
-    let q = if bits == 8 {
-        codes
-    } else {
-        unpack4(codes, out.len(), w)
-    };
-    out.iter_mut()
-        .zip(q)
-        .for_each(|(o, &c)| *o += (c as i8) as f32 * scale);
+    deq_each(bits, scale, codes, out, w, |o, v| *o += v);
 }
 
 /// Geometry of one packed slice: where block `b`'s scale and codes live.
