@@ -45,7 +45,10 @@ pub(crate) fn drain<R: std::io::Read + Send + 'static>(
 }
 
 /// What came through a pipe until it closed or until `deadline`.
-pub(crate) fn collect(rx: Option<std::sync::mpsc::Receiver<Vec<u8>>>, deadline: std::time::Instant) -> String {
+pub(crate) fn collect(
+    rx: Option<std::sync::mpsc::Receiver<Vec<u8>>>,
+    deadline: std::time::Instant,
+) -> String {
     let mut b = Vec::new();
     if let Some(rx) = rx {
         while let Ok(c) =

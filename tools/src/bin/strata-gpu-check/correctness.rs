@@ -178,7 +178,13 @@ pub(crate) fn elementwise(ck: &mut Checker, rng: &mut Rng, quick: bool) -> Resul
 }
 
 impl Checker {
-    pub(crate) fn elementwise_result(&mut self, what: &'static str, dt: DataType, got: &[u8], want: &[u8]) {
+    pub(crate) fn elementwise_result(
+        &mut self,
+        what: &'static str,
+        dt: DataType,
+        got: &[u8],
+        want: &[u8],
+    ) {
         let sz = dt.size();
         let nan = |e: &[u8]| dt.is_float() && dt.get(e, 0).is_nan();
         let bad = got
