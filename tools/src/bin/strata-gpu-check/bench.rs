@@ -1,9 +1,10 @@
 //! Timing: a kernel beside a device-to-device copy of the same bytes, CUDA events.
 
 use crate::check::dev;
-use crate::inputs::{spec, typed, values, Rng};
+use crate::inputs::{spec, typed, values};
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use rand_chacha::ChaCha8Rng;
 use std::sync::Arc;
 use strata::kernels::{self as cpu, QuantSpec};
 use strata::kernels_gpu::GpuQuant;
@@ -208,7 +209,7 @@ pub(crate) fn bench_drq(
 pub(crate) fn bench(
     ctx: &Arc<CudaContext>,
     gpu: &GpuQuant,
-    rng: &mut Rng,
+    rng: &mut ChaCha8Rng,
     n: usize,
     tm: &mut Timer,
 ) -> Result<Vec<Row>> {
@@ -292,7 +293,7 @@ pub(crate) const SMALL: [usize; 4] = [1 << 16, 1 << 18, 1 << 20, 1 << 22];
 pub(crate) fn bench_small(
     ctx: &Arc<CudaContext>,
     gpu: &GpuQuant,
-    rng: &mut Rng,
+    rng: &mut ChaCha8Rng,
     tm: &mut Timer,
 ) -> Result<Vec<(usize, Row)>> {
     let st = ctx.default_stream();

@@ -1,8 +1,10 @@
 //! The checker: device buffers inside poisoned guard bytes, the tally per kernel, and
 //! the comparison of every quantization kernel's output with the CPU reference.
 
-use crate::inputs::{packed_input, values, Rng};
+use crate::inputs::{packed_input, values};
 use cudarc::driver::{CudaSlice, CudaStream};
+use rand::{Rng as _, RngCore as _};
+use rand_chacha::ChaCha8Rng;
 use std::sync::Arc;
 use strata::kernels::{self as cpu, QuantSpec};
 use strata::kernels_gpu::GpuQuant;
@@ -106,7 +108,7 @@ impl Checker {
 
     pub(crate) fn quantize(
         &mut self,
-        rng: &mut Rng,
+        rng: &mut ChaCha8Rng,
         spec: QuantSpec,
         dt: DataType,
         n: usize,
@@ -115,8 +117,11 @@ impl Checker {
         let src = values(rng, n, dt, special);
         let mut want = vec![0u8; spec.packed_len(n)];
         cpu::quantize(spec, dt, &src, &mut want)?;
-        let (soff, doff) = ((rng.below(3) as usize) * dt.size(), rng.below(4) as usize);
-        let poison = rng.next() as u8;
+        let (soff, doff) = (
+            (rng.random_range(0..3u64) as usize) * dt.size(),
+            rng.random_range(0..4u64) as usize,
+        );
+        let poison = rng.next_u64() as u8;
         let d_src = upload(&self.stream, &src, soff)?;
         let (mut d_dst, _) = poisoned(&self.stream, want.len(), doff, poison)?;
         let what = format!(
@@ -141,7 +146,7 @@ impl Checker {
 
     pub(crate) fn dequantize(
         &mut self,
-        rng: &mut Rng,
+        rng: &mut ChaCha8Rng,
         spec: QuantSpec,
         dt: DataType,
         n: usize,
@@ -150,8 +155,11 @@ impl Checker {
         let packed = packed_input(rng, spec, n, raw)?;
         let mut want = vec![0u8; n * dt.size()];
         cpu::dequantize(spec, &packed, n, dt, &mut want)?;
-        let (soff, doff) = (rng.below(4) as usize, (rng.below(3) as usize) * dt.size());
-        let poison = rng.next() as u8;
+        let (soff, doff) = (
+            rng.random_range(0..4u64) as usize,
+            (rng.random_range(0..3u64) as usize) * dt.size(),
+        );
+        let poison = rng.next_u64() as u8;
         let d_src = upload(&self.stream, &packed, soff)?;
         let (mut d_dst, _) = poisoned(&self.stream, want.len(), doff, poison)?;
         let what = format!(
@@ -177,7 +185,7 @@ impl Checker {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn swizzled(
         &mut self,
-        rng: &mut Rng,
+        rng: &mut ChaCha8Rng,
         spec: QuantSpec,
         dt: DataType,
         c: usize,
@@ -189,8 +197,11 @@ impl Checker {
         let len = cpu::swizzled_len(spec, c, nodes, devices, stages);
         let mut want = vec![0u8; len];
         cpu::swizzled_quantize(spec, dt, &src, c, nodes, devices, stages, &mut want)?;
-        let (soff, doff) = ((rng.below(2) as usize) * dt.size(), rng.below(4) as usize);
-        let poison = rng.next() as u8;
+        let (soff, doff) = (
+            (rng.random_range(0..2u64) as usize) * dt.size(),
+            rng.random_range(0..4u64) as usize,
+        );
+        let poison = rng.next_u64() as u8;
         let d_src = upload(&self.stream, &src, soff)?;
         let (mut d_dst, _) = poisoned(&self.stream, len, doff, poison)?;
         let what = format!(
@@ -237,7 +248,7 @@ impl Checker {
 
     pub(crate) fn drq(
         &mut self,
-        rng: &mut Rng,
+        rng: &mut ChaCha8Rng,
         spec: QuantSpec,
         n: usize,
         slices: usize,
@@ -258,8 +269,11 @@ impl Checker {
         };
         let mut want = vec![0u8; per];
         cpu::dequant_reduce_quant(spec, &ins, n, slices, &mut want)?;
-        let (soff, doff) = (rng.below(4) as usize, rng.below(4) as usize);
-        let poison = rng.next() as u8;
+        let (soff, doff) = (
+            rng.random_range(0..4u64) as usize,
+            rng.random_range(0..4u64) as usize,
+        );
+        let poison = rng.next_u64() as u8;
         let d_src = upload(&self.stream, &all, soff)?;
         let (mut d_dst, _) = poisoned(&self.stream, per, doff, poison)?;
         let what = format!(
@@ -292,7 +306,7 @@ impl Checker {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn dequant_reduce(
         &mut self,
-        rng: &mut Rng,
+        rng: &mut ChaCha8Rng,
         spec: QuantSpec,
         dt: DataType,
         n: usize,
@@ -313,8 +327,11 @@ impl Checker {
         };
         let mut want = vec![0u8; n * dt.size()];
         cpu::dequant_reduce(spec, &ins, n, op, divisor, dt, &mut want)?;
-        let (soff, doff) = (rng.below(4) as usize, (rng.below(3) as usize) * dt.size());
-        let poison = rng.next() as u8;
+        let (soff, doff) = (
+            rng.random_range(0..4u64) as usize,
+            (rng.random_range(0..3u64) as usize) * dt.size(),
+        );
+        let poison = rng.next_u64() as u8;
         let d_src = upload(&self.stream, &all, soff)?;
         let (mut d_dst, _) = poisoned(&self.stream, want.len(), doff, poison)?;
         let what = format!(

@@ -1,11 +1,13 @@
 //! The correctness sweeps: quantization kernels, the element-wise kernels, the errors.
 
 use crate::check::{dev, upload, Checker};
-use crate::inputs::{spec, values, Rng};
+use crate::inputs::{spec, values};
+use rand::Rng as _;
+use rand_chacha::ChaCha8Rng;
 use strata::kernels::QuantSpec;
 use strata::{DataType, ReduceOp, Result};
 
-pub(crate) fn correctness(ck: &mut Checker, rng: &mut Rng, quick: bool) -> Result<()> {
+pub(crate) fn correctness(ck: &mut Checker, rng: &mut ChaCha8Rng, quick: bool) -> Result<()> {
     let dts = [DataType::F32, DataType::F16, DataType::BF16];
     let blocks: &[usize] = if quick {
         &[2, 32, 130, 2048, 40000]
@@ -45,7 +47,7 @@ pub(crate) fn correctness(ck: &mut Checker, rng: &mut Rng, quick: bool) -> Resul
                     ck.quantize(rng, s, dt, n, true)?;
                     ck.dequantize(rng, s, dt, n, false)?;
                 }
-                let dt = dts[rng.below(3) as usize];
+                let dt = dts[rng.random_range(0..3u64) as usize];
                 ck.dequantize(rng, s, dt, n, true)?;
             }
         }
@@ -69,7 +71,7 @@ pub(crate) fn correctness(ck: &mut Checker, rng: &mut Rng, quick: bool) -> Resul
     for &(nodes, devices, stages) in shapes {
         for &c in chunks {
             for &(bits, block) in &[(8u32, 32usize), (4, 2), (8, 256), (4, 2048), (8, 1000)] {
-                let dt = dts[rng.below(3) as usize];
+                let dt = dts[rng.random_range(0..3u64) as usize];
                 ck.swizzled(rng, spec(bits, block), dt, c, nodes, devices, stages)?;
             }
         }
@@ -116,7 +118,7 @@ pub(crate) fn correctness(ck: &mut Checker, rng: &mut Rng, quick: bool) -> Resul
 /// and offsets (16-byte vectorized and element paths), random bits with specials.
 /// Equal bit for bit, except that two NaNs of other payloads count as equal (the GPU's
 /// arithmetic NaN is canonical, the CPU's carries an operand's payload).
-pub(crate) fn elementwise(ck: &mut Checker, rng: &mut Rng, quick: bool) -> Result<()> {
+pub(crate) fn elementwise(ck: &mut Checker, rng: &mut ChaCha8Rng, quick: bool) -> Result<()> {
     use strata::dtype::{finish_avg, reduce_into};
     let st = ck.stream.clone();
     let counts: &[usize] = if quick {
@@ -127,14 +129,14 @@ pub(crate) fn elementwise(ck: &mut Checker, rng: &mut Rng, quick: bool) -> Resul
     for dt in DataType::ALL {
         let sz = dt.size();
         for &count in counts {
-            let off = [0, 16, sz][rng.below(3) as usize];
-            let bits = |rng: &mut Rng| -> Vec<u8> {
-                let mut v = rng.bytes(count * sz);
+            let off = [0, 16, sz][rng.random_range(0..3u64) as usize];
+            let bits = |rng: &mut ChaCha8Rng| -> Vec<u8> {
+                let mut v = rng.random_iter().take(count * sz).collect::<Vec<u8>>();
                 if dt.is_float() {
                     // Mostly ordinary values (random bits are mostly huge or NaN in f16).
                     let ok = values(rng, count, dt, true);
                     for (i, e) in v.chunks_mut(sz).enumerate() {
-                        if rng.below(8) != 0 {
+                        if rng.random_range(0..8u64) != 0 {
                             e.copy_from_slice(&ok[i * sz..(i + 1) * sz]);
                         }
                     }
@@ -161,7 +163,7 @@ pub(crate) fn elementwise(ck: &mut Checker, rng: &mut Rng, quick: bool) -> Resul
                 let got = st.clone_dtoh(&d_acc).map_err(dev)?;
                 ck.elementwise_result("reduce", dt, &got[off..off + acc.len()], &want);
             }
-            let n = [1usize, 3, 8, 24][rng.below(4) as usize];
+            let n = [1usize, 3, 8, 24][rng.random_range(0..4u64) as usize];
             let buf = bits(rng);
             let mut want = buf.clone();
             finish_avg(&mut want, dt, n);

@@ -1,54 +1,32 @@
 //! Random inputs: values of every element type with specials, packed slices, specs.
 
-use rand::{Rng as _, RngCore, SeedableRng};
+use rand::Rng as _;
 use rand_chacha::ChaCha8Rng;
 use strata::kernels::{self as cpu, QuantSpec};
 use strata::{DataType, Result};
 
-/// The check's random source: the tools' seeded ChaCha8 (`--seed`), in the words the
-/// checks use.
-pub(crate) struct Rng(ChaCha8Rng);
-
-impl Rng {
-    pub(crate) fn new(seed: u64) -> Rng {
-        Rng(ChaCha8Rng::seed_from_u64(seed))
-    }
-    pub(crate) fn next(&mut self) -> u64 {
-        self.0.next_u64()
-    }
-    /// Uniform in 0..n (0 when n is 0).
-    pub(crate) fn below(&mut self, n: u64) -> u64 {
-        self.0.random_range(0..n.max(1))
-    }
-    /// Uniform in [0, 1).
-    pub(crate) fn unit(&mut self) -> f64 {
-        self.0.random()
-    }
-    pub(crate) fn bytes(&mut self, n: usize) -> Vec<u8> {
-        let mut v = vec![0u8; n];
-        self.0.fill_bytes(&mut v);
-        v
-    }
-}
-
 /// n random values of `dtype` as little-endian bytes: runs of mixed profiles so that
 /// blocks see ordinary data, zeros, tiny and subnormal magnitudes, ties, NaN and Inf.
-pub(crate) fn values(rng: &mut Rng, n: usize, dtype: DataType, special: bool) -> Vec<u8> {
+pub(crate) fn values(rng: &mut ChaCha8Rng, n: usize, dtype: DataType, special: bool) -> Vec<u8> {
     let mut out = vec![0u8; n * dtype.size()];
     let mut i = 0;
     while i < n {
-        let run = (1 + rng.below(3000) as usize).min(n - i);
-        let profile = if special { rng.below(8) } else { rng.below(3) };
-        let mag = 2f64.powi(rng.below(41) as i32 - 20);
+        let run = (1 + rng.random_range(0..3000u64) as usize).min(n - i);
+        let profile = if special {
+            rng.random_range(0..8u64)
+        } else {
+            rng.random_range(0..3u64)
+        };
+        let mag = 2f64.powi(rng.random_range(0..41u64) as i32 - 20);
         for e in i..i + run {
-            let u = rng.unit() * 2.0 - 1.0;
+            let u = rng.random::<f64>() * 2.0 - 1.0;
             let v: f64 = match profile {
                 0 | 1 => u * mag,
-                2 => (rng.below(509) as f64 - 254.0) / 2.0, // halves: rounding ties
+                2 => (rng.random_range(0..509u64) as f64 - 254.0) / 2.0, // halves: rounding ties
                 3 => 0.0,
-                4 => u * 2f64.powi(-70 - rng.below(60) as i32), // tiny, f32 subnormal
+                4 => u * 2f64.powi(-70 - rng.random_range(0..60u64) as i32), // tiny, f32 subnormal
                 5 => u * 1e-30,
-                6 => match rng.below(200) {
+                6 => match rng.random_range(0..200u64) {
                     0 => f64::NAN,
                     1 => f64::INFINITY,
                     2 => f64::NEG_INFINITY,
@@ -65,9 +43,14 @@ pub(crate) fn values(rng: &mut Rng, n: usize, dtype: DataType, special: bool) ->
 
 /// One packed slice: the CPU quantization of random values, or raw random bytes (any
 /// code, any scale bits: decoders take them as they come).
-pub(crate) fn packed_input(rng: &mut Rng, spec: QuantSpec, n: usize, raw: bool) -> Result<Vec<u8>> {
+pub(crate) fn packed_input(
+    rng: &mut ChaCha8Rng,
+    spec: QuantSpec,
+    n: usize,
+    raw: bool,
+) -> Result<Vec<u8>> {
     if raw {
-        return Ok(rng.bytes(spec.packed_len(n)));
+        return Ok(rng.random_iter().take(spec.packed_len(n)).collect());
     }
     let src = values(rng, n, DataType::F32, true);
     let mut p = vec![0u8; spec.packed_len(n)];
