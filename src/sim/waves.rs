@@ -105,4 +105,3 @@ impl std::hash::Hasher for TimeHasher {
 }
 
 type Waves = HashMap<u64, Vec<u32>, std::hash::BuildHasherDefault<TimeHasher>>;
-
