@@ -136,64 +136,79 @@ fn hier_frontier(n: u64, c: u64) -> TrafficReport {
     )
 }
 
-#[test]
-fn all_gather_and_reduce_scatter_match_closed_forms_2_levels() {
-    for (topo, n, k) in [
-        ("nodes:4x8", 4u64, 8u64),
-        ("nodes:3x8", 3, 8),
-        ("nodes:2x4", 2, 4),
-        ("nodes:1x4", 1, 4),
-    ] {
-        for (count, dt) in [(1000usize, DataType::F32), (333, DataType::BF16)] {
+/// Every (topology "nodes:NxK", N, K) of `topos`, every (count, dtype) of `counts`, for
+/// all-gather and reduce-scatter: `f(topo, n, k, count, dtype, bytes per rank, kind)`.
+fn each_2level(
+    topos: &[(&str, u64, u64)],
+    counts: [(usize, DataType); 2],
+    mut f: impl FnMut(&str, u64, u64, usize, DataType, u64, Kind),
+) {
+    for &(topo, n, k) in topos {
+        for (count, dt) in counts {
             let c = (count * dt.size()) as u64;
             for kind in [Kind::AllGather, Kind::ReduceScatter] {
-                assert_eq!(
-                    measure(topo, kind, count, dt, Algo::Ring),
-                    ring_2level(n, k, c),
-                    "{topo} ring {kind:?}"
-                );
-                if n > 1 {
-                    assert_eq!(
-                        measure(topo, kind, count, dt, Algo::Hier),
-                        hier_2level(n, k, c),
-                        "{topo} hier {kind:?}"
-                    );
-                }
+                f(topo, n, k, count, dt, c, kind);
             }
         }
     }
 }
 
 #[test]
-fn log_step_matches_its_closed_form() {
-    for (topo, n, k) in [
-        ("nodes:4x8", 4u64, 8u64),
-        ("nodes:3x2", 3, 2),
-        ("nodes:5x1", 5, 1),
-        ("nodes:2x4", 2, 4),
-        ("nodes:1x7", 1, 7),
-    ] {
-        for (count, dt) in [(250usize, DataType::F32), (333, DataType::BF16)] {
-            let c = (count * dt.size()) as u64;
-            for kind in [Kind::AllGather, Kind::ReduceScatter] {
+fn all_gather_and_reduce_scatter_match_closed_forms_2_levels() {
+    each_2level(
+        &[
+            ("nodes:4x8", 4, 8),
+            ("nodes:3x8", 3, 8),
+            ("nodes:2x4", 2, 4),
+            ("nodes:1x4", 1, 4),
+        ],
+        [(1000, DataType::F32), (333, DataType::BF16)],
+        |topo, n, k, count, dt, c, kind| {
+            assert_eq!(
+                measure(topo, kind, count, dt, Algo::Ring),
+                ring_2level(n, k, c),
+                "{topo} ring {kind:?}"
+            );
+            if n > 1 {
                 assert_eq!(
-                    measure(topo, kind, count, dt, Algo::LogStep),
-                    log_step_2level(n, k, c),
-                    "{topo} log-step {kind:?}"
+                    measure(topo, kind, count, dt, Algo::Hier),
+                    hier_2level(n, k, c),
+                    "{topo} hier {kind:?}"
                 );
-                if n > 1 && k > 1 {
-                    // The log-step inter-node stage moves hier's bytes: it saves steps.
-                    for algo in [Algo::HierLog, Algo::HierRing] {
-                        assert_eq!(
-                            measure(topo, kind, count, dt, algo),
-                            hier_2level(n, k, c),
-                            "{topo} {algo} {kind:?}"
-                        );
-                    }
+            }
+        },
+    );
+}
+
+#[test]
+fn log_step_matches_its_closed_form() {
+    each_2level(
+        &[
+            ("nodes:4x8", 4, 8),
+            ("nodes:3x2", 3, 2),
+            ("nodes:5x1", 5, 1),
+            ("nodes:2x4", 2, 4),
+            ("nodes:1x7", 1, 7),
+        ],
+        [(250, DataType::F32), (333, DataType::BF16)],
+        |topo, n, k, count, dt, c, kind| {
+            assert_eq!(
+                measure(topo, kind, count, dt, Algo::LogStep),
+                log_step_2level(n, k, c),
+                "{topo} log-step {kind:?}"
+            );
+            if n > 1 && k > 1 {
+                // The log-step inter-node stage moves hier's bytes: it saves steps.
+                for algo in [Algo::HierLog, Algo::HierRing] {
+                    assert_eq!(
+                        measure(topo, kind, count, dt, algo),
+                        hier_2level(n, k, c),
+                        "{topo} {algo} {kind:?}"
+                    );
                 }
             }
-        }
-    }
+        },
+    );
     // One rank per node: exactly the ring's bytes.
     assert_eq!(log_step_2level(6, 1, 10), ring_2level(6, 1, 10));
 }
