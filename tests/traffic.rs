@@ -136,18 +136,42 @@ fn hier_frontier(n: u64, c: u64) -> TrafficReport {
     )
 }
 
-/// Every (topology "nodes:NxK", N, K) of `topos`, every (count, dtype) of `counts`, for
-/// all-gather and reduce-scatter: `f(topo, n, k, count, dtype, bytes per rank, kind)`.
-fn each_2level(
-    topos: &[(&str, u64, u64)],
-    counts: [(usize, DataType); 2],
-    mut f: impl FnMut(&str, u64, u64, usize, DataType, u64, Kind),
-) {
+/// One case of the two-level closed forms: topology "nodes:NxK", N, K, count, dtype,
+/// bytes per rank `c`, op.
+struct Case<'a> {
+    topo: &'a str,
+    n: u64,
+    k: u64,
+    count: usize,
+    dt: DataType,
+    c: u64,
+    kind: Kind,
+}
+
+impl Case<'_> {
+    /// `algo`'s measured traffic is `want`.
+    fn expect(&self, algo: Algo, want: TrafficReport) {
+        let got = measure(self.topo, self.kind, self.count, self.dt, algo);
+        assert_eq!(got, want, "{} {algo} {:?}", self.topo, self.kind);
+    }
+}
+
+/// Every (topology, N, K) of `topos`, every (count, dtype) of `counts`, for all-gather
+/// and reduce-scatter.
+fn each_2level(topos: &[(&str, u64, u64)], counts: [(usize, DataType); 2], f: impl Fn(&Case)) {
     for &(topo, n, k) in topos {
         for (count, dt) in counts {
             let c = (count * dt.size()) as u64;
             for kind in [Kind::AllGather, Kind::ReduceScatter] {
-                f(topo, n, k, count, dt, c, kind);
+                f(&Case {
+                    topo,
+                    n,
+                    k,
+                    count,
+                    dt,
+                    c,
+                    kind,
+                });
             }
         }
     }
@@ -155,26 +179,19 @@ fn each_2level(
 
 #[test]
 fn all_gather_and_reduce_scatter_match_closed_forms_2_levels() {
+    let topos = [
+        ("nodes:4x8", 4, 8),
+        ("nodes:3x8", 3, 8),
+        ("nodes:2x4", 2, 4),
+        ("nodes:1x4", 1, 4),
+    ];
     each_2level(
-        &[
-            ("nodes:4x8", 4, 8),
-            ("nodes:3x8", 3, 8),
-            ("nodes:2x4", 2, 4),
-            ("nodes:1x4", 1, 4),
-        ],
+        &topos,
         [(1000, DataType::F32), (333, DataType::BF16)],
-        |topo, n, k, count, dt, c, kind| {
-            assert_eq!(
-                measure(topo, kind, count, dt, Algo::Ring),
-                ring_2level(n, k, c),
-                "{topo} ring {kind:?}"
-            );
-            if n > 1 {
-                assert_eq!(
-                    measure(topo, kind, count, dt, Algo::Hier),
-                    hier_2level(n, k, c),
-                    "{topo} hier {kind:?}"
-                );
+        |x| {
+            x.expect(Algo::Ring, ring_2level(x.n, x.k, x.c));
+            if x.n > 1 {
+                x.expect(Algo::Hier, hier_2level(x.n, x.k, x.c));
             }
         },
     );
@@ -182,33 +199,22 @@ fn all_gather_and_reduce_scatter_match_closed_forms_2_levels() {
 
 #[test]
 fn log_step_matches_its_closed_form() {
-    each_2level(
-        &[
-            ("nodes:4x8", 4, 8),
-            ("nodes:3x2", 3, 2),
-            ("nodes:5x1", 5, 1),
-            ("nodes:2x4", 2, 4),
-            ("nodes:1x7", 1, 7),
-        ],
-        [(250, DataType::F32), (333, DataType::BF16)],
-        |topo, n, k, count, dt, c, kind| {
-            assert_eq!(
-                measure(topo, kind, count, dt, Algo::LogStep),
-                log_step_2level(n, k, c),
-                "{topo} log-step {kind:?}"
-            );
-            if n > 1 && k > 1 {
-                // The log-step inter-node stage moves hier's bytes: it saves steps.
-                for algo in [Algo::HierLog, Algo::HierRing] {
-                    assert_eq!(
-                        measure(topo, kind, count, dt, algo),
-                        hier_2level(n, k, c),
-                        "{topo} {algo} {kind:?}"
-                    );
-                }
+    let topos = [
+        ("nodes:4x8", 4, 8),
+        ("nodes:3x2", 3, 2),
+        ("nodes:5x1", 5, 1),
+        ("nodes:2x4", 2, 4),
+        ("nodes:1x7", 1, 7),
+    ];
+    each_2level(&topos, [(250, DataType::F32), (333, DataType::BF16)], |x| {
+        x.expect(Algo::LogStep, log_step_2level(x.n, x.k, x.c));
+        if x.n > 1 && x.k > 1 {
+            // The log-step inter-node stage moves hier's bytes: it saves steps.
+            for algo in [Algo::HierLog, Algo::HierRing] {
+                x.expect(algo, hier_2level(x.n, x.k, x.c));
             }
-        },
-    );
+        }
+    });
     // One rank per node: exactly the ring's bytes.
     assert_eq!(log_step_2level(6, 1, 10), ring_2level(6, 1, 10));
 }
