@@ -3,10 +3,9 @@
 //! average scaled exactly; the cross-node traffic ZeRO++ Table 5 promises.
 mod common;
 
-use std::sync::{Arc, Barrier, Mutex};
 use strata::check::{run_checked_quant, Kind};
 use strata::kernels::QuantSpec;
-use strata::{Algo, Buffer, Comm, DataType, ReduceOp, Request, Topology};
+use strata::{Algo, Buffer, Comm, DataType, ReduceOp, Request};
 
 #[test]
 fn qgz_and_qwz_stay_within_the_bound() {
@@ -55,31 +54,7 @@ fn qgz_and_qwz_stay_within_the_bound() {
 
 /// Run `f` on every rank of `topo` and return rank 0's traffic report of the second call.
 fn egress(topo: &str, f: impl Fn(&Comm) + Send + Sync + 'static) -> u64 {
-    let t = Topology::parse(topo).unwrap();
-    let comms = Comm::local_world(t.world_size(), Some(t.clone()), common::config()).unwrap();
-    let traffic = comms[0].traffic().unwrap();
-    let bar = Arc::new(Barrier::new(comms.len()));
-    let before = Arc::new(Mutex::new(None));
-    let f = Arc::new(f);
-    let hs: Vec<_> = comms
-        .into_iter()
-        .map(|c| {
-            let (bar, before, traffic, f) =
-                (bar.clone(), before.clone(), traffic.clone(), f.clone());
-            std::thread::spawn(move || {
-                f(&c);
-                bar.wait();
-                if c.rank() == 0 {
-                    *before.lock().unwrap() = Some(traffic.snapshot());
-                }
-                bar.wait();
-                f(&c);
-            })
-        })
-        .collect();
-    hs.into_iter().for_each(|h| h.join().unwrap());
-    let b = before.lock().unwrap().take().unwrap();
-    traffic.snapshot().since(&b).report(&t).max_node_egress
+    common::second_call_traffic(topo, f).max_node_egress
 }
 
 fn call(c: &Comm, kind: Kind, algo: Algo, q: Option<QuantSpec>, count: usize) {

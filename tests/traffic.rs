@@ -3,14 +3,14 @@
 //! Notation: p ranks, k per node, n nodes, c bytes per rank chunk, M = p·c.
 mod common;
 
-use std::sync::{Arc, Barrier};
+use std::sync::Arc;
 use strata::check::Kind;
 use strata::traffic::TrafficReport;
 use strata::{Algo, Buffer, Comm, DataType, ReduceOp, Request, Topology};
 
 /// Traffic of one call of `kind` with `count` elements (NCCL's count) under `algo`.
 fn measure(topo: &str, kind: Kind, count: usize, dtype: DataType, algo: Algo) -> TrafficReport {
-    measure_with(topo, move |c: &Comm| {
+    common::second_call_traffic(topo, move |c: &Comm| {
         let (ns, nr) = kind.sizes(count, c.size());
         let s = Buffer::zeroed(ns * dtype.size());
         let r = Buffer::zeroed(nr * dtype.size());
@@ -19,35 +19,6 @@ fn measure(topo: &str, kind: Kind, count: usize, dtype: DataType, algo: Algo) ->
             .wait()
             .unwrap();
     })
-}
-
-fn measure_with(topo: &str, body: impl Fn(&Comm) + Send + Sync + 'static) -> TrafficReport {
-    let t = Topology::parse(topo).unwrap();
-    let comms = Comm::local_world(t.world_size(), Some(t.clone()), common::config()).unwrap();
-    let traffic = comms[0].traffic().unwrap();
-    // Warm-up call: creates the level sub-communicators, whose splits move no bytes anyway.
-    let bar = Arc::new(Barrier::new(comms.len()));
-    let body = Arc::new(body);
-    let before = Arc::new(std::sync::Mutex::new(None));
-    let hs: Vec<_> = comms
-        .into_iter()
-        .map(|c| {
-            let (bar, body, before, traffic) =
-                (bar.clone(), body.clone(), before.clone(), traffic.clone());
-            std::thread::spawn(move || {
-                body(&c);
-                bar.wait();
-                if c.rank() == 0 {
-                    *before.lock().unwrap() = Some(traffic.snapshot());
-                }
-                bar.wait();
-                body(&c);
-            })
-        })
-        .collect();
-    hs.into_iter().for_each(|h| h.join().unwrap());
-    let b = before.lock().unwrap().take().unwrap();
-    traffic.snapshot().since(&b).report(&t)
 }
 
 fn rep(
@@ -322,7 +293,7 @@ fn coalesced_moves_the_same_bytes_as_one_flat_call() {
     let counts = [5usize, 17, 0, 3];
     let total: usize = counts.iter().sum();
     let c = (total * 4) as u64;
-    let got = measure_with("nodes:2x4", move |comm: &Comm| {
+    let got = common::second_call_traffic("nodes:2x4", move |comm: &Comm| {
         let p = comm.size();
         let sends: Vec<_> = counts.iter().map(|&n| Buffer::zeroed(n * 4)).collect();
         let recvs: Vec<_> = counts.iter().map(|&n| Buffer::zeroed(n * p * 4)).collect();
