@@ -76,41 +76,25 @@ fn call(c: &Comm, kind: Kind, algo: Algo, q: Option<QuantSpec>, count: usize) {
     c.submit(req).unwrap().wait().unwrap();
 }
 
+/// `algo` with int`bits` blocks of 256 over ring: the ratio of their largest per-node
+/// egress for one `kind` of `count` elements on nodes:4x8.
+fn egress_over_ring(kind: Kind, algo: Algo, bits: u32, count: usize) -> f64 {
+    let ring = egress("nodes:4x8", move |c| call(c, kind, Algo::Ring, None, count));
+    let q = Some(QuantSpec::new(bits, 256).unwrap());
+    let quant = egress("nodes:4x8", move |c| call(c, kind, algo, q, count));
+    let ratio = quant as f64 / ring as f64;
+    eprintln!("{algo} int{bits} / ring {kind:?} max_node_egress = {ratio:.4}");
+    ratio
+}
+
 #[test]
 fn zeropp_cross_node_volume() {
-    let count = 4096;
-    let ring_rs = egress("nodes:4x8", move |c| {
-        call(c, Kind::ReduceScatter, Algo::Ring, None, count)
-    });
-    let qgz4 = egress("nodes:4x8", move |c| {
-        call(
-            c,
-            Kind::ReduceScatter,
-            Algo::Qgz,
-            Some(QuantSpec::new(4, 256).unwrap()),
-            count,
-        )
-    });
-    let ratio = qgz4 as f64 / ring_rs as f64;
-    eprintln!("qgz int4 / ring reduce-scatter max_node_egress = {ratio:.4}");
+    let ratio = egress_over_ring(Kind::ReduceScatter, Algo::Qgz, 4, 4096);
     assert!(
         ratio <= 0.27,
         "qgz int4 / ring reduce-scatter egress = {ratio}"
     );
-    let ring_ag = egress("nodes:4x8", move |c| {
-        call(c, Kind::AllGather, Algo::Ring, None, count)
-    });
-    let qwz8 = egress("nodes:4x8", move |c| {
-        call(
-            c,
-            Kind::AllGather,
-            Algo::Qwz,
-            Some(QuantSpec::new(8, 256).unwrap()),
-            count,
-        )
-    });
-    let ratio = qwz8 as f64 / ring_ag as f64;
-    eprintln!("qwz int8 / ring all-gather max_node_egress = {ratio:.4}");
+    let ratio = egress_over_ring(Kind::AllGather, Algo::Qwz, 8, 4096);
     assert!(ratio <= 0.52, "qwz int8 / ring all-gather egress = {ratio}");
 }
 
