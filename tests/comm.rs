@@ -263,9 +263,8 @@ fn blocking_call_keeps_stream_order_and_dependencies() {
 fn blocking_call_inside_a_group_is_refused() {
     common::all_ok("nodes:1x2", |c| {
         let x = Buffer::from_slice(&[1.0f32; 4]);
-        strata::group_start();
-        let e = c
-            .call(Request::new(
+        let sum = || {
+            Request::new(
                 Op::AllReduce {
                     send: x.clone(),
                     recv: x.clone(),
@@ -273,23 +272,17 @@ fn blocking_call_inside_a_group_is_refused() {
                     op: ReduceOp::Sum,
                 },
                 DataType::F32,
-            ))
-            .unwrap_err();
+            )
+        };
+        strata::group_start();
+        let e = c.call(sum()).unwrap_err();
         strata::group_end()?;
         assert!(
             matches!(e, strata::Error::InvalidUsage(_)) && e.to_string().contains("inside a group"),
             "{e}"
         );
         // Nothing was queued: the communicator still works.
-        c.call(Request::new(
-            Op::AllReduce {
-                send: x.clone(),
-                recv: x.clone(),
-                count: 4,
-                op: ReduceOp::Sum,
-            },
-            DataType::F32,
-        ))?;
+        c.call(sum())?;
         assert_eq!(x.to_vec::<f32>()?, vec![2.0; 4]);
         Ok(())
     });

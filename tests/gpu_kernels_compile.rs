@@ -278,42 +278,27 @@ fn hip_kernels_compile_with_hipcc() {
 // checks indexing, layouts, vector and scalar paths and group reductions without a GPU;
 // the GPU itself is checked by scripts/gpu-check.
 
+use rand::{Rng as _, RngCore as _, SeedableRng as _};
+use rand_chacha::ChaCha8Rng;
 use strata::kernels::{self as cpu, QuantSpec};
 use strata::kernels_gpu::plan;
 use strata::{DataType, ReduceOp};
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
-
-fn values(rng: &mut Rng, n: usize, dt: DataType) -> Vec<u8> {
+fn values(rng: &mut ChaCha8Rng, n: usize, dt: DataType) -> Vec<u8> {
     let mut out = vec![0u8; n * dt.size()];
     let mut i = 0;
     while i < n {
-        let run = (1 + rng.below(700) as usize).min(n - i);
-        let profile = rng.below(8);
-        let mag = 2f64.powi(rng.below(41) as i32 - 20);
+        let run = (1 + rng.random_range(0..700u64) as usize).min(n - i);
+        let profile = rng.random_range(0..8u64);
+        let mag = 2f64.powi(rng.random_range(0..41u64) as i32 - 20);
         for e in i..i + run {
-            let u = rng.unit() * 2.0 - 1.0;
+            let u = rng.random::<f64>() * 2.0 - 1.0;
             let v = match profile {
                 0 | 1 => u * mag,
-                2 => (rng.below(509) as f64 - 254.0) / 2.0,
+                2 => (rng.random_range(0..509u64) as f64 - 254.0) / 2.0,
                 3 => 0.0,
-                4 => u * 2f64.powi(-70 - rng.below(60) as i32),
-                5 => match rng.below(100) {
+                4 => u * 2f64.powi(-70 - rng.random_range(0..60u64) as i32),
+                5 => match rng.random_range(0..100u64) {
                     0 => f64::NAN,
                     1 => f64::INFINITY,
                     2 => f64::NEG_INFINITY,
@@ -329,9 +314,9 @@ fn values(rng: &mut Rng, n: usize, dt: DataType) -> Vec<u8> {
     out
 }
 
-fn packed(rng: &mut Rng, s: QuantSpec, n: usize, raw: bool) -> Vec<u8> {
+fn packed(rng: &mut ChaCha8Rng, s: QuantSpec, n: usize, raw: bool) -> Vec<u8> {
     if raw {
-        return (0..s.packed_len(n)).map(|_| rng.next() as u8).collect();
+        return (0..s.packed_len(n)).map(|_| rng.next_u64() as u8).collect();
     }
     let src = values(rng, n, DataType::F32);
     let mut p = vec![0u8; s.packed_len(n)];
@@ -491,8 +476,8 @@ fn drq_fields(a: &plan::DrqArgs) -> Vec<u64> {
 /// The launch geometry of one case: mostly the default (the kernels' own), sometimes
 /// fewer elements a lane than the emulator's kernels hold (larger groups than they need,
 /// so more lanes than vectors) or other thread blocks: any geometry gives the same bytes.
-fn geom(rng: &mut Rng) -> plan::Geometry {
-    match rng.below(4) {
+fn geom(rng: &mut ChaCha8Rng) -> plan::Geometry {
+    match rng.random_range(0..4u64) {
         0 => plan::Geometry::parse("16,128").unwrap(),
         1 => plan::Geometry::parse("32,512").unwrap(),
         _ => plan::Geometry::DEFAULT,
@@ -538,7 +523,7 @@ fn emulated_kernels_match_the_cpu_reference() {
     let Some(mut emu) = build_emulator("emulated kernels", "quant") else {
         return;
     };
-    let mut rng = Rng(0xC0FFEE);
+    let mut rng = ChaCha8Rng::seed_from_u64(0xC0FFEE);
     let dts = [DataType::F32, DataType::F16, DataType::BF16];
 
     // quantize and dequantize: every type, both widths, block sizes across the group
@@ -567,8 +552,8 @@ fn emulated_kernels_match_the_cpu_reference() {
                 let mut want = vec![0u8; s.packed_len(n)];
                 cpu::quantize(s, dt, &src, &mut want).unwrap();
                 let (l, a) = plan::quantize_plan(s, dt, n, 1, 1, 1, geom(&mut rng)).unwrap();
-                let in_off = [0, 16, dt.size(), 1][rng.below(4) as usize];
-                let out_off = [0, 16, 3][rng.below(3) as usize];
+                let in_off = [0, 16, dt.size(), 1][rng.random_range(0..4u64) as usize];
+                let out_off = [0, 16, 3][rng.random_range(0..3u64) as usize];
                 let what =
                     format!("quantize {dt} q{bits} block {block} n {n} offsets {in_off}/{out_off}");
                 emu.check(
@@ -582,7 +567,7 @@ fn emulated_kernels_match_the_cpu_reference() {
                     &want,
                 );
 
-                let raw = rng.below(4) == 0;
+                let raw = rng.random_range(0..4u64) == 0;
                 let p = if raw {
                     packed(&mut rng, s, n, true)
                 } else {
@@ -591,13 +576,13 @@ fn emulated_kernels_match_the_cpu_reference() {
                 let mut want = vec![0u8; n * dt.size()];
                 cpu::dequantize(s, &p, n, dt, &mut want).unwrap();
                 let (l, a) = plan::dequant_plan(s, dt, n, 1, None, geom(&mut rng)).unwrap();
-                let in_off = [0, 16, 5][rng.below(3) as usize];
-                let out_off = [0, 16, dt.size(), 1][rng.below(4) as usize];
+                let in_off = [0, 16, 5][rng.random_range(0..3u64) as usize];
+                let out_off = [0, 16, dt.size(), 1][rng.random_range(0..4u64) as usize];
                 let what = format!("dequantize {dt} q{bits} block {block} n {n} raw {raw} offsets {in_off}/{out_off}");
                 emu.check(
                     &what,
                     // One sender: its own kernel, or the k-sender one (same arguments).
-                    &if rng.below(4) == 0 {
+                    &if rng.random_range(0..4u64) == 0 {
                         format!("strata_dequant_reduce_{dt}_q{bits}")
                     } else {
                         kernels_gpu::dequant_kernel_name(dt, bits, true)
@@ -623,7 +608,7 @@ fn emulated_kernels_match_the_cpu_reference() {
         (2, 2, 2, 0, 8, 4),
     ] {
         let s = QuantSpec::new(bits, block).unwrap();
-        let dt = dts[rng.below(3) as usize];
+        let dt = dts[rng.random_range(0..3u64) as usize];
         let src = values(&mut rng, nodes * devices * c, dt);
         let len = cpu::swizzled_len(s, c, nodes, devices, stages);
         let mut want = vec![0u8; len];
@@ -631,7 +616,7 @@ fn emulated_kernels_match_the_cpu_reference() {
         let what = format!("swizzled {dt} q{bits} block {block} c {c} {nodes}x{devices}x{stages}");
         match plan::quantize_plan(s, dt, c, nodes, devices, stages, geom(&mut rng)) {
             Some((l, a)) => {
-                let off = [0, 16, 1][rng.below(3) as usize];
+                let off = [0, 16, 1][rng.random_range(0..3u64) as usize];
                 emu.check(
                     &what,
                     &format!("strata_quantize_{dt}_q{bits}"),
@@ -655,7 +640,7 @@ fn emulated_kernels_match_the_cpu_reference() {
                 continue;
             }
             for (k, slices) in [(1usize, 1usize), (3, 2), (8, 1)] {
-                let raw = rng.below(4) == 0;
+                let raw = rng.random_range(0..4u64) == 0;
                 let per = s.packed_len(n) * slices;
                 let all: Vec<u8> = (0..k * slices)
                     .flat_map(|_| packed(&mut rng, s, n, raw))
@@ -665,8 +650,8 @@ fn emulated_kernels_match_the_cpu_reference() {
                 cpu::dequant_reduce_quant(s, &ins, n, slices, &mut want).unwrap();
                 let (l, a) = plan::drq_plan(s, n, slices, k, geom(&mut rng)).unwrap();
                 let (in_off, out_off) = (
-                    [0, 16, 3][rng.below(3) as usize],
-                    [0, 16, 1][rng.below(3) as usize],
+                    [0, 16, 3][rng.random_range(0..3u64) as usize],
+                    [0, 16, 1][rng.random_range(0..3u64) as usize],
                 );
                 let what = format!("dequant_reduce_quant q{bits} block {block} n {n} k {k} slices {slices} raw {raw} offsets {in_off}/{out_off}");
                 emu.check(
@@ -680,11 +665,11 @@ fn emulated_kernels_match_the_cpu_reference() {
                     &want,
                 );
 
-                let dt = dts[rng.below(3) as usize];
-                let (op, div) = if rng.below(2) == 0 {
+                let dt = dts[rng.random_range(0..3u64) as usize];
+                let (op, div) = if rng.random_range(0..2u64) == 0 {
                     (ReduceOp::Sum, 1)
                 } else {
-                    (ReduceOp::Avg, 3 + rng.below(30) as usize)
+                    (ReduceOp::Avg, 3 + rng.random_range(0..30u64) as usize)
                 };
                 let one = s.packed_len(n);
                 let ins: Vec<&[u8]> = all[..k * one].chunks(one).collect();
@@ -804,14 +789,14 @@ fn special_bits(dt: DataType) -> &'static [u64] {
 /// `n` elements of `dt`: runs of the profiles of `values` (magnitudes from 2^-130 to
 /// 3e38, NaN, infinities; saturated or rounded for integers), special values, and random
 /// bit patterns (every class, every NaN payload).
-fn operands(rng: &mut Rng, n: usize, dt: DataType) -> Vec<u8> {
+fn operands(rng: &mut ChaCha8Rng, n: usize, dt: DataType) -> Vec<u8> {
     let s = dt.size();
     let mut out = values(rng, n, dt);
     let specials = special_bits(dt);
     for e in out.chunks_mut(s) {
-        let bits = match rng.below(8) {
-            0 | 1 => specials[rng.below(specials.len() as u64) as usize],
-            2 => rng.next(),
+        let bits = match rng.random_range(0..8u64) {
+            0 | 1 => specials[rng.random_range(0..specials.len() as u64) as usize],
+            2 => rng.next_u64(),
             _ => continue,
         };
         e.copy_from_slice(&bits.to_le_bytes()[..s]);
@@ -877,7 +862,7 @@ fn emulated_reductions_match_the_cpu_reference() {
     let Some(mut emu) = build_emulator("emulated reductions", "reduce") else {
         return;
     };
-    let mut rng = Rng(0x0005_EED5_0F_CAFE);
+    let mut rng = ChaCha8Rng::seed_from_u64(0x0005_EED5_0F_CAFE);
     let (mut cases, mut elements, mut nan_payloads) = (0usize, 0usize, 0usize);
 
     // acc[i] = op(acc[i], src[i]): every type, every op, odd counts, every geometry shape
@@ -901,8 +886,8 @@ fn emulated_reductions_match_the_cpu_reference() {
                 reduce_into(&mut want, &src, dt, op);
                 let l = elementwise_launch(count, dt, threads);
                 let (in_off, out_off) = (
-                    [0, 16, s][rng.below(3) as usize],
-                    [0, 16, s][rng.below(3) as usize],
+                    [0, 16, s][rng.random_range(0..3u64) as usize],
+                    [0, 16, s][rng.random_range(0..3u64) as usize],
                 );
                 let kernel = kernels_gpu::reduce_kernel_name(dt, Some(op));
                 let what =
@@ -934,7 +919,7 @@ fn emulated_reductions_match_the_cpu_reference() {
                 let mut want = buf.clone();
                 finish_avg(&mut want, dt, n);
                 let l = elementwise_launch(count, dt, threads);
-                let out_off = [0, 16, s][rng.below(3) as usize];
+                let out_off = [0, 16, s][rng.random_range(0..3u64) as usize];
                 let kernel = kernels_gpu::reduce_kernel_name(dt, None);
                 let what = format!("{kernel} n {n} count {count} launch {l:?} offset {out_off}");
                 let got = emu.run(

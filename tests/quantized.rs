@@ -3,10 +3,9 @@
 //! average scaled exactly; the cross-node traffic ZeRO++ Table 5 promises.
 mod common;
 
-use std::sync::{Arc, Barrier, Mutex};
 use strata::check::{run_checked_quant, Kind};
 use strata::kernels::QuantSpec;
-use strata::{Algo, Buffer, Comm, DataType, ReduceOp, Request, Topology};
+use strata::{Algo, Buffer, Comm, DataType, ReduceOp, Request};
 
 #[test]
 fn qgz_and_qwz_stay_within_the_bound() {
@@ -55,31 +54,7 @@ fn qgz_and_qwz_stay_within_the_bound() {
 
 /// Run `f` on every rank of `topo` and return rank 0's traffic report of the second call.
 fn egress(topo: &str, f: impl Fn(&Comm) + Send + Sync + 'static) -> u64 {
-    let t = Topology::parse(topo).unwrap();
-    let comms = Comm::local_world(t.world_size(), Some(t.clone()), common::config()).unwrap();
-    let traffic = comms[0].traffic().unwrap();
-    let bar = Arc::new(Barrier::new(comms.len()));
-    let before = Arc::new(Mutex::new(None));
-    let f = Arc::new(f);
-    let hs: Vec<_> = comms
-        .into_iter()
-        .map(|c| {
-            let (bar, before, traffic, f) =
-                (bar.clone(), before.clone(), traffic.clone(), f.clone());
-            std::thread::spawn(move || {
-                f(&c);
-                bar.wait();
-                if c.rank() == 0 {
-                    *before.lock().unwrap() = Some(traffic.snapshot());
-                }
-                bar.wait();
-                f(&c);
-            })
-        })
-        .collect();
-    hs.into_iter().for_each(|h| h.join().unwrap());
-    let b = before.lock().unwrap().take().unwrap();
-    traffic.snapshot().since(&b).report(&t).max_node_egress
+    common::second_call_traffic(topo, f).max_node_egress
 }
 
 fn call(c: &Comm, kind: Kind, algo: Algo, q: Option<QuantSpec>, count: usize) {
@@ -101,41 +76,25 @@ fn call(c: &Comm, kind: Kind, algo: Algo, q: Option<QuantSpec>, count: usize) {
     c.submit(req).unwrap().wait().unwrap();
 }
 
+/// `algo` with int`bits` blocks of 256 over ring: the ratio of their largest per-node
+/// egress for one `kind` of `count` elements on nodes:4x8.
+fn egress_over_ring(kind: Kind, algo: Algo, bits: u32, count: usize) -> f64 {
+    let ring = egress("nodes:4x8", move |c| call(c, kind, Algo::Ring, None, count));
+    let q = Some(QuantSpec::new(bits, 256).unwrap());
+    let quant = egress("nodes:4x8", move |c| call(c, kind, algo, q, count));
+    let ratio = quant as f64 / ring as f64;
+    eprintln!("{algo} int{bits} / ring {kind:?} max_node_egress = {ratio:.4}");
+    ratio
+}
+
 #[test]
 fn zeropp_cross_node_volume() {
-    let count = 4096;
-    let ring_rs = egress("nodes:4x8", move |c| {
-        call(c, Kind::ReduceScatter, Algo::Ring, None, count)
-    });
-    let qgz4 = egress("nodes:4x8", move |c| {
-        call(
-            c,
-            Kind::ReduceScatter,
-            Algo::Qgz,
-            Some(QuantSpec::new(4, 256).unwrap()),
-            count,
-        )
-    });
-    let ratio = qgz4 as f64 / ring_rs as f64;
-    eprintln!("qgz int4 / ring reduce-scatter max_node_egress = {ratio:.4}");
+    let ratio = egress_over_ring(Kind::ReduceScatter, Algo::Qgz, 4, 4096);
     assert!(
         ratio <= 0.27,
         "qgz int4 / ring reduce-scatter egress = {ratio}"
     );
-    let ring_ag = egress("nodes:4x8", move |c| {
-        call(c, Kind::AllGather, Algo::Ring, None, count)
-    });
-    let qwz8 = egress("nodes:4x8", move |c| {
-        call(
-            c,
-            Kind::AllGather,
-            Algo::Qwz,
-            Some(QuantSpec::new(8, 256).unwrap()),
-            count,
-        )
-    });
-    let ratio = qwz8 as f64 / ring_ag as f64;
-    eprintln!("qwz int8 / ring all-gather max_node_egress = {ratio:.4}");
+    let ratio = egress_over_ring(Kind::AllGather, Algo::Qwz, 8, 4096);
     assert!(ratio <= 0.52, "qwz int8 / ring all-gather egress = {ratio}");
 }
 

@@ -126,29 +126,20 @@ fn auto_is_pinned_per_topology_and_size() {
 fn named_algorithms_fall_back_exactly_where_constraints_fail() {
     use Kind::*;
     let fell = |c: &Choice| c.algo == Algo::Ring && c.fallback.is_some();
+    let runs = |topo: &str, kind: Kind, algo: Algo| {
+        assert_eq!(pick(topo, kind, 4096, algo).algo, algo, "{topo} {kind:?}")
+    };
     // One node: no levels to be hierarchical over.
     assert!(fell(&pick("nodes:1x8", AllGather, 4096, Algo::Hier)));
     assert!(fell(&pick("nodes:1x8", ReduceScatter, 4096, Algo::HoRing)));
     // Two nodes: they run.
-    assert_eq!(
-        pick("nodes:2x4", AllGather, 4096, Algo::Hier).algo,
-        Algo::Hier
-    );
-    assert_eq!(
-        pick("nodes:2x4", AllReduce, 4096, Algo::HoRing).algo,
-        Algo::HoRing
-    );
+    runs("nodes:2x4", AllGather, Algo::Hier);
+    runs("nodes:2x4", AllReduce, Algo::HoRing);
     // Quantized algorithms: only their collective, only floats.
     assert!(fell(&pick("nodes:2x4", AllGather, 4096, Algo::Qgz)));
     assert!(fell(&pick("nodes:2x4", ReduceScatter, 4096, Algo::Qwz)));
-    assert_eq!(
-        pick("nodes:2x4", ReduceScatter, 4096, Algo::Qgz).algo,
-        Algo::Qgz
-    );
-    assert_eq!(
-        pick("nodes:1x8", ReduceScatter, 4096, Algo::Qgz1).algo,
-        Algo::Qgz1
-    );
+    runs("nodes:2x4", ReduceScatter, Algo::Qgz);
+    runs("nodes:1x8", ReduceScatter, Algo::Qgz1);
     // Ring is never a fallback; auto never picks a lossy algorithm.
     let r = pick("nodes:1x8", AllGather, 4096, Algo::Ring);
     assert_eq!((r.algo, r.fallback), (Algo::Ring, None));

@@ -3,14 +3,14 @@
 //! Notation: p ranks, k per node, n nodes, c bytes per rank chunk, M = p·c.
 mod common;
 
-use std::sync::{Arc, Barrier};
+use std::sync::Arc;
 use strata::check::Kind;
 use strata::traffic::TrafficReport;
 use strata::{Algo, Buffer, Comm, DataType, ReduceOp, Request, Topology};
 
 /// Traffic of one call of `kind` with `count` elements (NCCL's count) under `algo`.
 fn measure(topo: &str, kind: Kind, count: usize, dtype: DataType, algo: Algo) -> TrafficReport {
-    measure_with(topo, move |c: &Comm| {
+    common::second_call_traffic(topo, move |c: &Comm| {
         let (ns, nr) = kind.sizes(count, c.size());
         let s = Buffer::zeroed(ns * dtype.size());
         let r = Buffer::zeroed(nr * dtype.size());
@@ -19,35 +19,6 @@ fn measure(topo: &str, kind: Kind, count: usize, dtype: DataType, algo: Algo) ->
             .wait()
             .unwrap();
     })
-}
-
-fn measure_with(topo: &str, body: impl Fn(&Comm) + Send + Sync + 'static) -> TrafficReport {
-    let t = Topology::parse(topo).unwrap();
-    let comms = Comm::local_world(t.world_size(), Some(t.clone()), common::config()).unwrap();
-    let traffic = comms[0].traffic().unwrap();
-    // Warm-up call: creates the level sub-communicators, whose splits move no bytes anyway.
-    let bar = Arc::new(Barrier::new(comms.len()));
-    let body = Arc::new(body);
-    let before = Arc::new(std::sync::Mutex::new(None));
-    let hs: Vec<_> = comms
-        .into_iter()
-        .map(|c| {
-            let (bar, body, before, traffic) =
-                (bar.clone(), body.clone(), before.clone(), traffic.clone());
-            std::thread::spawn(move || {
-                body(&c);
-                bar.wait();
-                if c.rank() == 0 {
-                    *before.lock().unwrap() = Some(traffic.snapshot());
-                }
-                bar.wait();
-                body(&c);
-            })
-        })
-        .collect();
-    hs.into_iter().for_each(|h| h.join().unwrap());
-    let b = before.lock().unwrap().take().unwrap();
-    traffic.snapshot().since(&b).report(&t)
 }
 
 fn rep(
@@ -136,64 +107,85 @@ fn hier_frontier(n: u64, c: u64) -> TrafficReport {
     )
 }
 
-#[test]
-fn all_gather_and_reduce_scatter_match_closed_forms_2_levels() {
-    for (topo, n, k) in [
-        ("nodes:4x8", 4u64, 8u64),
-        ("nodes:3x8", 3, 8),
-        ("nodes:2x4", 2, 4),
-        ("nodes:1x4", 1, 4),
-    ] {
-        for (count, dt) in [(1000usize, DataType::F32), (333, DataType::BF16)] {
+/// One case of the two-level closed forms: topology "nodes:NxK", N, K, count, dtype,
+/// bytes per rank `c`, op.
+struct Case<'a> {
+    topo: &'a str,
+    n: u64,
+    k: u64,
+    count: usize,
+    dt: DataType,
+    c: u64,
+    kind: Kind,
+}
+
+impl Case<'_> {
+    /// `algo`'s measured traffic is `want`.
+    fn expect(&self, algo: Algo, want: TrafficReport) {
+        let got = measure(self.topo, self.kind, self.count, self.dt, algo);
+        assert_eq!(got, want, "{} {algo} {:?}", self.topo, self.kind);
+    }
+}
+
+/// Every topology "nodes:NxK" of `topos`, every (count, dtype) of `counts`, for
+/// all-gather and reduce-scatter.
+fn each_2level(topos: &[&str], counts: [(usize, DataType); 2], f: impl Fn(&Case)) {
+    for &topo in topos {
+        let (n, k) = topo
+            .strip_prefix("nodes:")
+            .and_then(|nk| nk.split_once('x'))
+            .map(|(n, k)| (n.parse().unwrap(), k.parse().unwrap()))
+            .expect("nodes:NxK");
+        for (count, dt) in counts {
             let c = (count * dt.size()) as u64;
             for kind in [Kind::AllGather, Kind::ReduceScatter] {
-                assert_eq!(
-                    measure(topo, kind, count, dt, Algo::Ring),
-                    ring_2level(n, k, c),
-                    "{topo} ring {kind:?}"
-                );
-                if n > 1 {
-                    assert_eq!(
-                        measure(topo, kind, count, dt, Algo::Hier),
-                        hier_2level(n, k, c),
-                        "{topo} hier {kind:?}"
-                    );
-                }
+                f(&Case {
+                    topo,
+                    n,
+                    k,
+                    count,
+                    dt,
+                    c,
+                    kind,
+                });
             }
         }
     }
 }
 
 #[test]
+fn all_gather_and_reduce_scatter_match_closed_forms_2_levels() {
+    let topos = ["nodes:4x8", "nodes:3x8", "nodes:2x4", "nodes:1x4"];
+    each_2level(
+        &topos,
+        [(1000, DataType::F32), (333, DataType::BF16)],
+        |x| {
+            x.expect(Algo::Ring, ring_2level(x.n, x.k, x.c));
+            if x.n > 1 {
+                x.expect(Algo::Hier, hier_2level(x.n, x.k, x.c));
+            }
+        },
+    );
+}
+
+#[test]
 fn log_step_matches_its_closed_form() {
-    for (topo, n, k) in [
-        ("nodes:4x8", 4u64, 8u64),
-        ("nodes:3x2", 3, 2),
-        ("nodes:5x1", 5, 1),
-        ("nodes:2x4", 2, 4),
-        ("nodes:1x7", 1, 7),
-    ] {
-        for (count, dt) in [(250usize, DataType::F32), (333, DataType::BF16)] {
-            let c = (count * dt.size()) as u64;
-            for kind in [Kind::AllGather, Kind::ReduceScatter] {
-                assert_eq!(
-                    measure(topo, kind, count, dt, Algo::LogStep),
-                    log_step_2level(n, k, c),
-                    "{topo} log-step {kind:?}"
-                );
-                if n > 1 && k > 1 {
-                    // The log-step inter-node stage moves hier's bytes: it saves steps.
-                    for algo in [Algo::HierLog, Algo::HierRing] {
-                        assert_eq!(
-                            measure(topo, kind, count, dt, algo),
-                            hier_2level(n, k, c),
-                            "{topo} {algo} {kind:?}"
-                        );
-                    }
-                }
+    let topos = [
+        "nodes:4x8",
+        "nodes:3x2",
+        "nodes:5x1",
+        "nodes:2x4",
+        "nodes:1x7",
+    ];
+    each_2level(&topos, [(250, DataType::F32), (333, DataType::BF16)], |x| {
+        x.expect(Algo::LogStep, log_step_2level(x.n, x.k, x.c));
+        if x.n > 1 && x.k > 1 {
+            // The log-step inter-node stage moves hier's bytes: it saves steps.
+            for algo in [Algo::HierLog, Algo::HierRing] {
+                x.expect(algo, hier_2level(x.n, x.k, x.c));
             }
         }
-    }
+    });
     // One rank per node: exactly the ring's bytes.
     assert_eq!(log_step_2level(6, 1, 10), ring_2level(6, 1, 10));
 }
@@ -301,7 +293,7 @@ fn coalesced_moves_the_same_bytes_as_one_flat_call() {
     let counts = [5usize, 17, 0, 3];
     let total: usize = counts.iter().sum();
     let c = (total * 4) as u64;
-    let got = measure_with("nodes:2x4", move |comm: &Comm| {
+    let got = common::second_call_traffic("nodes:2x4", move |comm: &Comm| {
         let p = comm.size();
         let sends: Vec<_> = counts.iter().map(|&n| Buffer::zeroed(n * 4)).collect();
         let recvs: Vec<_> = counts.iter().map(|&n| Buffer::zeroed(n * p * 4)).collect();

@@ -32,6 +32,7 @@ pub mod replay;
 pub mod schedule;
 pub mod symmetric;
 pub mod trace;
+mod waves;
 
 pub use replay::{replay, Bottleneck, Replay, Resource, ResourceKind};
 pub use schedule::{dry_run, finish_recording, resolve, start_recording, Schedule, Transfer};

@@ -37,10 +37,9 @@
 //! (a) without latency is [`Replay::bandwidth_bound_us`].
 
 use super::schedule::Schedule;
+use super::waves;
 use crate::error::{Error, Result};
 use crate::topology::{LinkClass, Topology};
-use std::cmp::Ordering;
-use std::collections::{BinaryHeap, HashMap};
 
 /// What a modeled resource is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -138,45 +137,6 @@ impl Replay {
     }
 }
 
-/// Heap entry: earliest time first (then lowest index).
-#[derive(PartialEq)]
-pub(super) struct Ready(pub(super) f64, pub(super) u32);
-
-impl Eq for Ready {}
-
-impl Ord for Ready {
-    fn cmp(&self, o: &Self) -> Ordering {
-        o.0.total_cmp(&self.0).then_with(|| o.1.cmp(&self.1))
-    }
-}
-
-impl PartialOrd for Ready {
-    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
-        Some(self.cmp(o))
-    }
-}
-
-/// Fibonacci hashing of the bits of a ready time (the wave map's keys; SipHash would
-/// dominate the replay).
-#[derive(Default)]
-pub(super) struct TimeHasher(u64);
-
-impl std::hash::Hasher for TimeHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ b as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-    }
-    fn write_u64(&mut self, x: u64) {
-        self.0 = (x ^ (x >> 29)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
-
-pub(super) type Waves = HashMap<u64, Vec<u32>, std::hash::BuildHasherDefault<TimeHasher>>;
-
 /// The resource index of a transfer from `src` of `class` on `topo`: ports are
 /// `2·rank + (0 intra_package | 1 intra_node)`, NICs follow at `2·ranks + node·nics + nic`
 /// (a rank with a group of NICs uses the index of its first one).
@@ -247,7 +207,6 @@ pub fn replay(s: &Schedule, topo: &Topology) -> Result<Replay> {
 
     let (start, list) = s.dependents();
     let mut indeg: Vec<u32> = (0..n).map(|i| s.deps(i).len() as u32).collect();
-    let mut ready = vec![0.0f64; n];
     let mut times = vec![(0.0f64, 0.0f64); n];
     let mut resource_of = vec![0u32; n];
     let mut free = vec![0.0f64; nres];
@@ -258,72 +217,30 @@ pub fn replay(s: &Schedule, topo: &Topology) -> Result<Replay> {
     let mut class_busy = [0.0f64; 3];
     let nrings = s.rings.len().max(1);
     let mut stream = vec![0.0f64; world * nrings];
-    // Ready transfers in waves of equal ready time (symmetric schedules make large
-    // waves): a heap of distinct times, each wave's transfers taken in index order.
-    let mut times_heap: BinaryHeap<Ready> = BinaryHeap::new();
-    let mut waves = Waves::default();
-    let push = |waves: &mut Waves, heap: &mut BinaryHeap<Ready>, t: f64, i: u32| {
-        let w = waves.entry(t.to_bits()).or_default();
-        if w.is_empty() {
-            heap.push(Ready(t, 0));
+    let (done, makespan) = waves::run(&mut indeg, &start, &list, |i, rt| {
+        let t = &s.transfers[i as usize];
+        let ci = t.class.index();
+        let res = resource_index(topo, t.src as usize, t.class);
+        let bw = match t.class {
+            LinkClass::InterNode => bw_nic,
+            c => bw_port[c.index()],
+        };
+        let wire = t.bytes as f64 / bw;
+        let st = if free[res] > rt { free[res] } else { rt };
+        free[res] = st + wire;
+        let end = st + wire + lat[ci];
+        busy[res] += wire;
+        lats[res] += lat[ci];
+        count[res] += 1;
+        bytes[res] += t.bytes;
+        class_busy[ci] += wire;
+        if let Some(x) = stream.get_mut(t.src as usize * nrings + t.ring as usize) {
+            *x += lat[ci] + wire;
         }
-        w.push(i);
-    };
-    for i in 0..n as u32 {
-        if indeg[i as usize] == 0 {
-            push(&mut waves, &mut times_heap, 0.0, i);
-        }
-    }
-    let mut done = 0usize;
-    let mut makespan = 0.0f64;
-    let mut wave: Vec<u32> = Vec::new();
-    while let Some(Ready(rt, _)) = times_heap.pop() {
-        // Transfers made ready at this same time while the wave runs (after zero-cost
-        // transfers only) form a further wave of the same time; the heap entry that
-        // announced it is then stale and finds no wave.
-        while let Some(mut w) = waves.remove(&rt.to_bits()) {
-            w.sort_unstable();
-            std::mem::swap(&mut wave, &mut w);
-            for &i in &wave {
-                let t = &s.transfers[i as usize];
-                let ci = t.class.index();
-                let res = resource_index(topo, t.src as usize, t.class);
-                let bw = match t.class {
-                    LinkClass::InterNode => bw_nic,
-                    c => bw_port[c.index()],
-                };
-                let wire = t.bytes as f64 / bw;
-                let st = if free[res] > rt { free[res] } else { rt };
-                free[res] = st + wire;
-                let end = st + wire + lat[ci];
-                busy[res] += wire;
-                lats[res] += lat[ci];
-                count[res] += 1;
-                bytes[res] += t.bytes;
-                class_busy[ci] += wire;
-                if let Some(x) = stream.get_mut(t.src as usize * nrings + t.ring as usize) {
-                    *x += lat[ci] + wire;
-                }
-                times[i as usize] = (st, end);
-                resource_of[i as usize] = res as u32;
-                if end > makespan {
-                    makespan = end;
-                }
-                done += 1;
-                for &d in &list[start[i as usize] as usize..start[i as usize + 1] as usize] {
-                    let d = d as usize;
-                    if end > ready[d] {
-                        ready[d] = end;
-                    }
-                    indeg[d] -= 1;
-                    if indeg[d] == 0 {
-                        push(&mut waves, &mut times_heap, ready[d], d as u32);
-                    }
-                }
-            }
-            wave.clear();
-        }
-    }
+        times[i as usize] = (st, end);
+        resource_of[i as usize] = res as u32;
+        end
+    });
     if done != n {
         // Reports the cycle with a transfer on it.
         s.check_acyclic()?;

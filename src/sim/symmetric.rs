@@ -24,8 +24,8 @@
 //! Cost: `R · steps` transfers instead of `R · b · steps`: the ring all-gather over
 //! 128 DGX nodes (1 M transfers, about 0.3 s in a release build) folds to 8 K.
 
-use super::replay::{Ready, Waves};
 use super::schedule::{checked_resolve, plan_of};
+use super::waves;
 use crate::algo::plan::{Plan, Ring};
 use crate::algo::Algo;
 use crate::dtype::DataType;
@@ -33,7 +33,6 @@ use crate::error::{Error, Result};
 use crate::kinds::Kind;
 use crate::topology::Hierarchy;
 use crate::topology::{channels, LinkClass, Topology};
-use std::collections::BinaryHeap;
 
 /// The algorithm `algo` resolves to (as [`super::resolve`]) and the makespan in
 /// microseconds of the schedule `dry_run(topo, kind, algo, count, dtype, chunks)`
@@ -249,58 +248,19 @@ pub fn symmetric_makespan(
         *f += 1;
     }
     drop(edges);
-    let mut ready = vec![0.0f64; n];
     let mut free = vec![0.0f64; 2 * a + nics];
-    let mut heap: BinaryHeap<Ready> = BinaryHeap::new();
-    let mut waves = Waves::default();
-    let push = |waves: &mut Waves, heap: &mut BinaryHeap<Ready>, t: f64, i: u32| {
-        let w = waves.entry(t.to_bits()).or_default();
-        if w.is_empty() {
-            heap.push(Ready(t, 0));
-        }
-        w.push(i);
-    };
-    for i in 0..n as u32 {
-        if indeg[i as usize] == 0 {
-            push(&mut waves, &mut heap, 0.0, i);
-        }
-    }
-    let mut done = 0usize;
-    let mut makespan = 0.0f64;
-    let mut wave: Vec<u32> = Vec::new();
-    while let Some(Ready(rt, _)) = heap.pop() {
-        while let Some(mut w) = waves.remove(&rt.to_bits()) {
-            w.sort_unstable();
-            std::mem::swap(&mut wave, &mut w);
-            for &i in &wave {
-                let iu = i as usize;
-                let res = resource(iu);
-                let bw = match class[iu] {
-                    LinkClass::InterNode => bw_nic,
-                    c => bw_port[c.index()],
-                };
-                let wire = bytes[iu] as f64 / bw;
-                let st = if free[res] > rt { free[res] } else { rt };
-                free[res] = st + wire;
-                let end = st + wire + lat[class[iu].index()];
-                if end > makespan {
-                    makespan = end;
-                }
-                done += 1;
-                for &d in &list[start[iu] as usize..start[iu + 1] as usize] {
-                    let d = d as usize;
-                    if end > ready[d] {
-                        ready[d] = end;
-                    }
-                    indeg[d] -= 1;
-                    if indeg[d] == 0 {
-                        push(&mut waves, &mut heap, ready[d], d as u32);
-                    }
-                }
-            }
-            wave.clear();
-        }
-    }
+    let (done, makespan) = waves::run(&mut indeg, &start, &list, |i, rt| {
+        let iu = i as usize;
+        let res = resource(iu);
+        let bw = match class[iu] {
+            LinkClass::InterNode => bw_nic,
+            c => bw_port[c.index()],
+        };
+        let wire = bytes[iu] as f64 / bw;
+        let st = if free[res] > rt { free[res] } else { rt };
+        free[res] = st + wire;
+        st + wire + lat[class[iu].index()]
+    });
     if done != n {
         return Err(Error::InvalidArgument(format!(
             "schedule does not fold onto one node: {} of {n} transfers wait on a cycle",

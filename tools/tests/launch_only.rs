@@ -274,6 +274,11 @@ fn launch_matrix(ordinal: usize, topo: &str) {
     }
 }
 
+/// An f32 all-gather of `count` elements per rank.
+fn all_gather_f32(send: Buffer, recv: Buffer, count: usize) -> Request {
+    Request::new(Op::AllGather { send, recv, count }, DataType::F32)
+}
+
 #[test]
 fn every_algorithm_and_form_launches_without_host_waits_two_nodes() {
     launch_matrix(21, "nodes:2x2");
@@ -372,30 +377,13 @@ fn back_to_back_calls_return_before_the_first_completes() {
             .map(|_| c.alloc_native(p * 4))
             .collect::<strata::Result<_>>()?;
         // One warm-up call of the shape.
-        let warm = c.enqueue(
-            Request::new(
-                Op::AllGather {
-                    send: sends[0].clone(),
-                    recv: recvs[0].clone(),
-                    count: 1,
-                },
-                DataType::F32,
-            ),
-            &s,
-        )?;
+        let warm = c.enqueue(all_gather_f32(sends[0].clone(), recvs[0].clone(), 1), &s)?;
         warm.wait()?;
         s.delay(Duration::from_secs(2))?;
         let t = Instant::now();
         let mut ws = Vec::new();
         for i in 0..100 {
-            let req = Request::new(
-                Op::AllGather {
-                    send: sends[i].clone(),
-                    recv: recvs[i].clone(),
-                    count: 1,
-                },
-                DataType::F32,
-            );
+            let req = all_gather_f32(sends[i].clone(), recvs[i].clone(), 1);
             ws.push(c.enqueue(req, &s)?);
         }
         let returned = t.elapsed();
@@ -477,15 +465,7 @@ fn buffers_over_several_mappings_are_accepted() {
         };
         send.write_bytes(&check::fill(DataType::F32, r, 0, n, 5))?;
         let s = dev.new_stream()?;
-        let req = Request::new(
-            Op::AllGather {
-                send,
-                recv: recv.clone(),
-                count: n,
-            },
-            DataType::F32,
-        )
-        .with_algo(Algo::Ring);
+        let req = all_gather_f32(send, recv.clone(), n).with_algo(Algo::Ring);
         c.enqueue(req, &s)?.wait()?;
         Ok(recv.to_bytes()? == gathered(p, n, 5))
     });
@@ -509,14 +489,7 @@ fn buffers_given_away_live_until_the_call_ends() {
         let recv = c.alloc_native(p * n * 4)?;
         s.delay(Duration::from_millis(300))?;
         let send = c.native_from(&check::fill(DataType::F32, r, 0, n, 9))?;
-        let req = Request::new(
-            Op::AllGather {
-                send,
-                recv: recv.clone(),
-                count: n,
-            },
-            DataType::F32,
-        );
+        let req = all_gather_f32(send, recv.clone(), n);
         let w = c.enqueue(req, &s)?;
         // Churn the device cache with the same size class while the call waits.
         let churn: Vec<Buffer> = (0..4)

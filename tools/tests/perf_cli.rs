@@ -129,28 +129,24 @@ fn read_json(path: &PathBuf) -> Vec<Value> {
 
 const QUICK: [&str; 6] = ["-n", "3", "-w", "1", "--timeout", "60"];
 
+/// A command line written as one string (words split at spaces), then `more` as they
+/// are (paths).
+fn words<'a>(line: &'a str, more: &[&'a str]) -> Vec<&'a str> {
+    line.split_whitespace()
+        .chain(more.iter().copied())
+        .collect()
+}
+
 fn args<'a>(a: &[&'a str]) -> Vec<&'a str> {
     a.iter().copied().chain(QUICK).collect()
 }
 
 #[test]
 fn hier_and_ring_all_gather_on_two_nodes() {
-    let o = perf_ok(&args(&[
-        "--ranks",
-        "8",
-        "--topology",
-        "nodes:2x4",
-        "--op",
-        "all-gather",
-        "--algo",
-        "hier,ring",
-        "-b",
-        "1K",
-        "-e",
-        "64K",
-        "-f",
-        "4",
-    ]));
+    let o = perf_ok(&args(&words(
+        "--ranks 8 --topology nodes:2x4 --op all-gather --algo hier,ring -b 1K -e 64K -f 4",
+        &[],
+    )));
     let r = rows(&o.stdout);
     let sizes = [1024u64, 4096, 16384, 65536];
     assert_eq!(r.len(), 2 * sizes.len(), "{}", o.stdout);
@@ -205,24 +201,7 @@ fn hier_and_ring_all_gather_on_two_nodes() {
 #[test]
 fn json_records_every_op() {
     let path = tmp("every-op.json");
-    let o = perf_ok(&args(&[
-        "--ranks",
-        "4",
-        "--topology",
-        "nodes:2x2",
-        "--op",
-        "all-gather,reduce-scatter,all-reduce,all-to-all,broadcast",
-        "--algo",
-        "ring",
-        "-b",
-        "512",
-        "-e",
-        "2K",
-        "-f",
-        "2",
-        "--json",
-        path.to_str().unwrap(),
-    ]));
+    let o = perf_ok(&args(&words("--ranks 4 --topology nodes:2x2 --op all-gather,reduce-scatter,all-reduce,all-to-all,broadcast --algo ring -b 512 -e 2K -f 2 --json", &[path.to_str().unwrap()])));
     let recs = read_json(&path);
     assert_eq!(recs.len(), 5 * 3, "one record per (op, size)");
     assert_eq!(rows(&o.stdout).len(), recs.len());
@@ -288,30 +267,7 @@ fn json_records_every_op() {
 #[test]
 fn coalesced_reduce_scatter_avg() {
     let path = tmp("coalesced.json");
-    let o = perf_ok(&args(&[
-        "--ranks",
-        "8",
-        "--topology",
-        "nodes:2x4",
-        "--op",
-        "reduce-scatter",
-        "--redop",
-        "avg",
-        "-d",
-        "bf16,f32",
-        "--algo",
-        "ring,hier",
-        "--coalesce",
-        "5",
-        "-b",
-        "1K",
-        "-e",
-        "16K",
-        "-f",
-        "4",
-        "--json",
-        path.to_str().unwrap(),
-    ]));
+    let o = perf_ok(&args(&words("--ranks 8 --topology nodes:2x4 --op reduce-scatter --redop avg -d bf16,f32 --algo ring,hier --coalesce 5 -b 1K -e 16K -f 4 --json", &[path.to_str().unwrap()])));
     let recs = read_json(&path);
     assert_eq!(recs.len(), 2 * 2 * 3);
     for r in &recs {
@@ -335,22 +291,10 @@ fn coalesced_reduce_scatter_avg() {
 #[test]
 fn coalesced_all_gather_uneven_counts() {
     // 3 ranks, odd counts: the 4 tensors' counts are uneven and not multiples of 3.
-    let o = perf_ok(&args(&[
-        "--ranks",
-        "3",
-        "--op",
-        "all-gather",
-        "--coalesce",
-        "4",
-        "-d",
-        "f16",
-        "-b",
-        "100",
-        "-e",
-        "1000",
-        "-f",
-        "3",
-    ]));
+    let o = perf_ok(&args(&words(
+        "--ranks 3 --op all-gather --coalesce 4 -d f16 -b 100 -e 1000 -f 3",
+        &[],
+    )));
     let r = rows(&o.stdout);
     assert_eq!(
         r.iter().map(|r| r.size).collect::<Vec<_>>(),
@@ -376,20 +320,10 @@ fn sizes_are_rounded_and_deduplicated() {
         vec![(992, 31)]
     );
     // all-reduce: count·s; -i steps when -f is 1.
-    let o = perf_ok(&args(&[
-        "--ranks",
-        "2",
-        "--op",
-        "all-reduce",
-        "-d",
-        "f16",
-        "-b",
-        "7",
-        "-e",
-        "25",
-        "-i",
-        "6",
-    ]));
+    let o = perf_ok(&args(&words(
+        "--ranks 2 --op all-reduce -d f16 -b 7 -e 25 -i 6",
+        &[],
+    )));
     assert_eq!(
         rows(&o.stdout).iter().map(|r| r.size).collect::<Vec<_>>(),
         vec![6, 12, 18, 24]
@@ -441,16 +375,7 @@ fn rounds_report_each_row_once_in_order() {
 fn topology_from_env_and_check_off() {
     let path = tmp("check-off.json");
     let o = perf_env(
-        &args(&[
-            "-c",
-            "0",
-            "-b",
-            "64",
-            "-e",
-            "64",
-            "--json",
-            path.to_str().unwrap(),
-        ]),
+        &args(&words("-c 0 -b 64 -e 64 --json", &[path.to_str().unwrap()])),
         &[("STRATA_TOPOLOGY", "nodes:2x2")],
     );
     assert_eq!(o.code, 0, "{}", o.stderr);
@@ -504,16 +429,7 @@ fn bad_input_fails_cleanly() {
     );
     fails(&["--transport", "infiniband"], 2, "unknown transport");
     fails(
-        &[
-            "--ranks",
-            "6",
-            "--topology",
-            "nodes:2x4",
-            "-b",
-            "1K",
-            "-e",
-            "1K",
-        ],
+        &words("--ranks 6 --topology nodes:2x4 -b 1K -e 1K", &[]),
         1,
         "topology nodes:2x4 describes 8 ranks",
     );
@@ -573,30 +489,7 @@ fn assert_within_bound(o: &Out) -> Vec<Row> {
 #[test]
 fn qgz_int4_bf16_on_four_nodes() {
     // The command, on a short sweep.
-    let o = perf_ok(&quant_args(&[
-        "--transport",
-        "local",
-        "--ranks",
-        "32",
-        "--topology",
-        "nodes:4x8",
-        "--op",
-        "reduce-scatter",
-        "--algo",
-        "qgz",
-        "--bits",
-        "4",
-        "-d",
-        "bf16",
-        "-b",
-        "1K",
-        "-e",
-        "64K",
-        "-f",
-        "8",
-        "-c",
-        "1",
-    ]));
+    let o = perf_ok(&quant_args(&words("--transport local --ranks 32 --topology nodes:4x8 --op reduce-scatter --algo qgz --bits 4 -d bf16 -b 1K -e 64K -f 8 -c 1", &[])));
     let r = assert_within_bound(&o);
     assert_eq!(
         r.iter().map(|r| (r.size, r.count)).collect::<Vec<_>>(),
@@ -621,26 +514,7 @@ fn qgz_int4_bf16_on_four_nodes() {
 fn qgz_dtypes_redops_and_odd_counts() {
     // f16, f32 and bf16 with sum and avg; 1000 B on 32 ranks gives odd per-rank counts
     // (15 f16 / bf16 elements, 7 f32 ones) not divisible by the block or the nodes.
-    let o = perf_ok(&quant_args(&[
-        "--ranks",
-        "32",
-        "--topology",
-        "nodes:4x8",
-        "--op",
-        "reduce-scatter",
-        "--algo",
-        "qgz,qgz-1hop",
-        "--redop",
-        "sum,avg",
-        "-d",
-        "f16,f32,bf16",
-        "-b",
-        "1000",
-        "-e",
-        "9000",
-        "-f",
-        "9",
-    ]));
+    let o = perf_ok(&quant_args(&words("--ranks 32 --topology nodes:4x8 --op reduce-scatter --algo qgz,qgz-1hop --redop sum,avg -d f16,f32,bf16 -b 1000 -e 9000 -f 9", &[])));
     let r = assert_within_bound(&o);
     assert_eq!(r.len(), 2 * 2 * 3 * 2, "{}", o.stdout);
     for row in &r {
@@ -699,26 +573,7 @@ fn qgz_int8_and_other_node_counts() {
 
 #[test]
 fn qwz_all_gather_beside_exact_algos() {
-    let o = perf_ok(&quant_args(&[
-        "--ranks",
-        "32",
-        "--topology",
-        "nodes:4x8",
-        "--op",
-        "all-gather",
-        "--algo",
-        "ring,qwz",
-        "-d",
-        "f16,bf16",
-        "--block",
-        "64",
-        "-b",
-        "1000",
-        "-e",
-        "16K",
-        "-f",
-        "16",
-    ]));
+    let o = perf_ok(&quant_args(&words("--ranks 32 --topology nodes:4x8 --op all-gather --algo ring,qwz -d f16,bf16 --block 64 -b 1000 -e 16K -f 16", &[])));
     let r = assert_within_bound(&o);
     assert_eq!(r.len(), 2 * 2 * 2);
     assert!(r.iter().any(|r| r.algo == "ring") && r.iter().any(|r| r.algo == "qwz"));
@@ -742,28 +597,7 @@ fn egress(recs: &[Value], algo: &str) -> Vec<(u64, u64)> {
 fn quantized_egress_against_ring_and_json_fields() {
     // qgz int4 on f16: at most 0.27 of ring's reduce-scatter egress on nodes:4x8.
     let path = tmp("qgz.json");
-    perf_ok(&quant_args(&[
-        "--ranks",
-        "32",
-        "--topology",
-        "nodes:4x8",
-        "--op",
-        "reduce-scatter",
-        "--algo",
-        "ring,qgz",
-        "--bits",
-        "4",
-        "-d",
-        "f16",
-        "-b",
-        "16K",
-        "-e",
-        "64K",
-        "-f",
-        "4",
-        "--json",
-        path.to_str().unwrap(),
-    ]));
+    perf_ok(&quant_args(&words("--ranks 32 --topology nodes:4x8 --op reduce-scatter --algo ring,qgz --bits 4 -d f16 -b 16K -e 64K -f 4 --json", &[path.to_str().unwrap()])));
     let recs = read_json(&path);
     assert_eq!(recs.len(), 4);
     for r in &recs {
@@ -801,28 +635,7 @@ fn quantized_egress_against_ring_and_json_fields() {
 
     // qwz int8 on f16: at most 0.52 of ring's all-gather egress.
     let path = tmp("qwz.json");
-    perf_ok(&quant_args(&[
-        "--ranks",
-        "32",
-        "--topology",
-        "nodes:4x8",
-        "--op",
-        "all-gather",
-        "--algo",
-        "ring,qwz",
-        "--bits",
-        "8",
-        "-d",
-        "f16",
-        "-b",
-        "16K",
-        "-e",
-        "64K",
-        "-f",
-        "4",
-        "--json",
-        path.to_str().unwrap(),
-    ]));
+    perf_ok(&quant_args(&words("--ranks 32 --topology nodes:4x8 --op all-gather --algo ring,qwz --bits 8 -d f16 -b 16K -e 64K -f 4 --json", &[path.to_str().unwrap()])));
     let recs = read_json(&path);
     let (ring, qwz) = (egress(&recs, "ring"), egress(&recs, "qwz"));
     assert_eq!((ring.len(), qwz.len()), (2, 2));
@@ -842,26 +655,7 @@ fn quantized_egress_against_ring_and_json_fields() {
 fn quantized_unchecked_and_modeled() {
     // -c 0: the error columns say N/A (JSON null); --model: qgz is not modeled ("-").
     let path = tmp("qgz-model.json");
-    let o = perf_ok(&quant_args(&[
-        "--topology",
-        "nodes:2x4",
-        "--model",
-        "nodes:2x4",
-        "--op",
-        "reduce-scatter",
-        "--algo",
-        "ring,qgz",
-        "-d",
-        "bf16",
-        "-b",
-        "1K",
-        "-e",
-        "1K",
-        "-c",
-        "0",
-        "--json",
-        path.to_str().unwrap(),
-    ]));
+    let o = perf_ok(&quant_args(&words("--topology nodes:2x4 --model nodes:2x4 --op reduce-scatter --algo ring,qgz -d bf16 -b 1K -e 1K -c 0 --json", &[path.to_str().unwrap()])));
     let lines: Vec<Vec<&str>> = o
         .stdout
         .lines()
@@ -924,14 +718,7 @@ fn quantized_bad_input_fails_cleanly() {
         "qwz is a quantized all-gather only",
     );
     fails(
-        &[
-            "--op",
-            "reduce-scatter",
-            "--algo",
-            "qgz",
-            "--redop",
-            "sum,max",
-        ],
+        &words("--op reduce-scatter --algo qgz --redop sum,max", &[]),
         2,
         "sum or avg only, not max",
     );
@@ -946,15 +733,10 @@ fn quantized_bad_input_fails_cleanly() {
         "--coalesce",
     );
     fails(
-        &[
-            "--dry-run",
-            "--model",
-            "nodes:2x4",
-            "--op",
-            "reduce-scatter",
-            "--algo",
-            "qgz",
-        ],
+        &words(
+            "--dry-run --model nodes:2x4 --op reduce-scatter --algo qgz",
+            &[],
+        ),
         2,
         "--dry-run models",
     );
@@ -1001,16 +783,10 @@ fn field(line: &str, key: &str) -> Option<u64> {
 
 #[test]
 fn soak_runs_checked_mixes_and_summarises() {
-    let o = perf_ok(&[
-        "--soak",
-        "2",
-        "--seed",
-        "7",
-        "--topology",
-        "nodes:2x2",
-        "--timeout",
-        "60",
-    ]);
+    let o = perf_ok(&words(
+        "--soak 2 --seed 7 --topology nodes:2x2 --timeout 60",
+        &[],
+    ));
     let out = &o.stdout;
     assert!(out.contains("#  seed      : 7"), "{out}");
     // nodes:2x2 has the node x rail grid and the pairs x parity grids: chains run.
@@ -1040,16 +816,10 @@ fn soak_runs_checked_mixes_and_summarises() {
     }
     assert!(out.contains("#  chains   :"), "{out}");
     // The same seed gives the same schedule: the same first collectives.
-    let again = perf_ok(&[
-        "--soak",
-        "2",
-        "--seed",
-        "7",
-        "--topology",
-        "nodes:2x2",
-        "--timeout",
-        "60",
-    ]);
+    let again = perf_ok(&words(
+        "--soak 2 --seed 7 --topology nodes:2x2 --timeout 60",
+        &[],
+    ));
     assert!(again.stdout.contains("#  comms     : "), "{}", again.stdout);
     let comms = |s: &str| {
         s.lines()
@@ -1084,18 +854,7 @@ fn soak_bad_flags_fail_cleanly() {
 #[test]
 fn bound_column_is_the_memory_traffic_at_the_measured_bandwidth() {
     let path = tmp("bound.json");
-    let o = perf_ok(&args(&[
-        "--ranks",
-        "4",
-        "--op",
-        "all-gather,reduce-scatter,all-reduce,all-to-all,broadcast",
-        "-b",
-        "1M",
-        "-e",
-        "1M",
-        "--json",
-        path.to_str().unwrap(),
-    ]));
+    let o = perf_ok(&args(&words("--ranks 4 --op all-gather,reduce-scatter,all-reduce,all-to-all,broadcast -b 1M -e 1M --json", &[path.to_str().unwrap()])));
     // The header gives the per-rank memory bandwidth (GB/s) the bound uses.
     let bw: f64 = o
         .stdout
@@ -1143,31 +902,13 @@ fn mpi_baseline_needs_the_mpi_transport() {
         "the `mpi` baseline needs --transport mpi",
     );
     fails(
-        &[
-            "--transport",
-            "nccl",
-            "--algo",
-            "mpi",
-            "-b",
-            "1K",
-            "-e",
-            "1K",
-        ],
+        &words("--transport nccl --algo mpi -b 1K -e 1K", &[]),
         2,
         "`ring` is the vendor library's own",
     );
     // Refused before any MPI is touched (these fail the same in builds without it).
     fails(
-        &[
-            "--transport",
-            "mpi",
-            "--algo",
-            "mpi",
-            "--op",
-            "all-reduce",
-            "-d",
-            "bf16",
-        ],
+        &words("--transport mpi --algo mpi --op all-reduce -d bf16", &[]),
         2,
         "cannot reduce bf16",
     );

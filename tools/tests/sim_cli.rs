@@ -42,6 +42,14 @@ fn rows(out: &str) -> Vec<Vec<String>> {
         .collect()
 }
 
+/// A command line written as one string (words split at spaces), then `more` as they
+/// are (paths).
+fn words<'a>(line: &'a str, more: &[&'a str]) -> Vec<&'a str> {
+    line.split_whitespace()
+        .chain(more.iter().copied())
+        .collect()
+}
+
 #[test]
 fn strata_perf_dry_run_trace_and_plot() {
     let perf = env!("CARGO_BIN_EXE_strata-perf");
@@ -128,28 +136,7 @@ fn strata_perf_model_columns_beside_measured_ones() {
     let json = dir.file("model.json");
     let (ok, out, err) = run(
         perf,
-        &[
-            "--topology",
-            "nodes:2x4",
-            "--model",
-            "dgx-a100:1",
-            "--op",
-            "all-gather",
-            "--algo",
-            "ring,ho-ring",
-            "-b",
-            "1K",
-            "-e",
-            "4K",
-            "-f",
-            "4",
-            "-n",
-            "1",
-            "-w",
-            "0",
-            "--json",
-            json.to_str().unwrap(),
-        ],
+        &words("--topology nodes:2x4 --model dgx-a100:1 --op all-gather --algo ring,ho-ring -b 1K -e 4K -f 4 -n 1 -w 0 --json", &[json.to_str().unwrap()]),
     );
     assert!(ok, "{out}\n{err}");
     assert!(
@@ -173,16 +160,7 @@ fn strata_perf_model_columns_beside_measured_ones() {
     // the model must have the run's world size
     let (ok, _, err) = run(
         perf,
-        &[
-            "--topology",
-            "nodes:2x4",
-            "--model",
-            "dgx-a100:2",
-            "-b",
-            "1K",
-            "-e",
-            "1K",
-        ],
+        &words("--topology nodes:2x4 --model dgx-a100:2 -b 1K -e 1K", &[]),
     );
     assert!(!ok && err.contains("16 ranks"), "{err}");
     // without --model nothing changes
@@ -201,20 +179,7 @@ fn strata_sim_answers_how_long() {
     let trace = dir.file("sim.json");
     let (ok, out, err) = run(
         bin,
-        &[
-            "--topology",
-            "frontier:4",
-            "--op",
-            "all-gather",
-            "--algo",
-            "ring,hier,ho-ring",
-            "--size",
-            "256M",
-            "-d",
-            "bf16",
-            "--trace",
-            trace.to_str().unwrap(),
-        ],
+        &words("--topology frontier:4 --op all-gather --algo ring,hier,ho-ring --size 256M -d bf16 --trace", &[trace.to_str().unwrap()]),
     );
     assert!(ok, "{out}\n{err}");
     let r = rows(&out);
