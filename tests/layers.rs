@@ -324,7 +324,6 @@ const PENDING: &[&str] = &[
     "src/kernels_gpu",
     "src/topology",
     "src/transport",
-    "src/transport/mpi",
     "tools/src/bin/strata-perf",
 ];
 
@@ -459,10 +458,16 @@ fn tokenize(code: &str) -> Vec<Tok> {
                     line: n + 1,
                 });
             } else if c == ':' && cs.get(i + 1) == Some(&':') {
-                out.push(Tok { s: "::".into(), line: n + 1 });
+                out.push(Tok {
+                    s: "::".into(),
+                    line: n + 1,
+                });
                 i += 2;
             } else if !c.is_whitespace() {
-                out.push(Tok { s: c.to_string(), line: n + 1 });
+                out.push(Tok {
+                    s: c.to_string(),
+                    line: n + 1,
+                });
                 i += 1;
             } else {
                 i += 1;
@@ -473,12 +478,19 @@ fn tokenize(code: &str) -> Vec<Tok> {
 }
 
 fn is_ident(s: &str) -> bool {
-    s.chars().next().is_some_and(|c| c.is_alphabetic() || c == '_')
+    s.chars()
+        .next()
+        .is_some_and(|c| c.is_alphabetic() || c == '_')
 }
 
 /// A path read at `toks[i]`: every full path it names (groups expanded), each with the
 /// name it is bound to when it sits in a `use` (`as` aliases, `self` in groups).
-fn read_path(toks: &[Tok], mut i: usize, prefix: &[String], out: &mut Vec<(Vec<String>, String)>) -> usize {
+fn read_path(
+    toks: &[Tok],
+    mut i: usize,
+    prefix: &[String],
+    out: &mut Vec<(Vec<String>, String)>,
+) -> usize {
     let mut segs = prefix.to_vec();
     loop {
         let Some(t) = toks.get(i) else { break };
@@ -614,7 +626,11 @@ fn scan(text: &str) -> FileScan {
                 let st = stack();
                 for (p, alias) in paths {
                     if inline.is_empty() {
-                        let name = if p.last().is_some_and(|x| x == "*") { "*".into() } else { alias };
+                        let name = if p.last().is_some_and(|x| x == "*") {
+                            "*".into()
+                        } else {
+                            alias
+                        };
                         f.uses.push((name, p.clone()));
                     }
                     f.refs.push((p, st.clone(), toks[i].line));
@@ -647,14 +663,16 @@ struct Crate {
 
 /// Walks the `mod` declarations from `root` (a crate root file), reading through `read`.
 fn load_crate(root: &Path, read: &dyn Fn(&Path) -> Option<String>) -> Crate {
-    let mut c = Crate { files: Vec::new(), by_module: BTreeMap::new() };
+    let mut c = Crate {
+        files: Vec::new(),
+        by_module: BTreeMap::new(),
+    };
     let mut todo = vec![(root.to_path_buf(), Vec::<String>::new())];
     while let Some((file, module)) = todo.pop() {
         let Some(text) = read(&file) else { continue };
         let sc = scan(&text);
         let dir = file.parent().unwrap().to_path_buf();
-        let is_root = module.is_empty()
-            || file.file_name().is_some_and(|n| n == "mod.rs");
+        let is_root = module.is_empty() || file.file_name().is_some_and(|n| n == "mod.rs");
         let child_dir = if is_root {
             dir.clone()
         } else {
@@ -665,7 +683,10 @@ fn load_crate(root: &Path, read: &dyn Fn(&Path) -> Option<String>) -> Crate {
             m.push(name.clone());
             let candidates = match path {
                 Some(p) => vec![dir.join(p)],
-                None => vec![child_dir.join(format!("{name}.rs")), child_dir.join(name).join("mod.rs")],
+                None => vec![
+                    child_dir.join(format!("{name}.rs")),
+                    child_dir.join(name).join("mod.rs"),
+                ],
             };
             if let Some(p) = candidates.into_iter().find(|p| read(p).is_some()) {
                 todo.push((p, m));
@@ -679,7 +700,13 @@ fn load_crate(root: &Path, read: &dyn Fn(&Path) -> Option<String>) -> Crate {
 
 impl Crate {
     /// The absolute module path `p` names, written in the module `cur` of file `fi`.
-    fn absolute(&self, fi: usize, cur: &[String], inline: usize, p: &[String]) -> Option<Vec<String>> {
+    fn absolute(
+        &self,
+        fi: usize,
+        cur: &[String],
+        inline: usize,
+        p: &[String],
+    ) -> Option<Vec<String>> {
         let first = p.first()?.as_str();
         let mut m = cur.to_vec();
         match first {
@@ -708,7 +735,9 @@ impl Crate {
 
     /// The file that an absolute path names, following imports (see the rule above).
     fn locate(&self, abs: &[String], hops: u32) -> Option<usize> {
-        let k = (0..=abs.len()).rev().find(|&k| self.by_module.contains_key(&abs[..k]))?;
+        let k = (0..=abs.len())
+            .rev()
+            .find(|&k| self.by_module.contains_key(&abs[..k]))?;
         let fi = self.by_module[&abs[..k]];
         let Some(x) = abs.get(k).filter(|x| *x != "*" && hops < 8) else {
             return Some(fi);
@@ -729,7 +758,9 @@ impl Crate {
             let Some(mut g) = self.absolute(fi, module, 0, &p[..p.len() - 1]) else {
                 continue;
             };
-            let Some(&gi) = self.by_module.get(&g) else { continue };
+            let Some(&gi) = self.by_module.get(&g) else {
+                continue;
+            };
             let gs = &self.files[gi].2;
             if gs.defs.contains(x) || gs.uses.iter().any(|(n, _)| n == x) {
                 g.extend_from_slice(&abs[k..]);
@@ -750,8 +781,12 @@ fn folder_edges(c: &Crate, g: &mut FolderGraph) {
         for (p, inline, line) in &sc.refs {
             let mut cur = module.clone();
             cur.extend_from_slice(inline);
-            let Some(abs) = c.absolute(fi, &cur, inline.len(), p) else { continue };
-            let Some(ti) = c.locate(&abs, 0) else { continue };
+            let Some(abs) = c.absolute(fi, &cur, inline.len(), p) else {
+                continue;
+            };
+            let Some(ti) = c.locate(&abs, 0) else {
+                continue;
+            };
             if ti == fi {
                 continue;
             }
@@ -766,7 +801,12 @@ fn folder_edges(c: &Crate, g: &mut FolderGraph) {
             let node = |f: &Path| {
                 let rel = f.strip_prefix(&common).unwrap();
                 let mut comps = rel.components();
-                let first = comps.next().unwrap().as_os_str().to_string_lossy().into_owned();
+                let first = comps
+                    .next()
+                    .unwrap()
+                    .as_os_str()
+                    .to_string_lossy()
+                    .into_owned();
                 if comps.next().is_some() {
                     format!("{first}/")
                 } else {
@@ -787,7 +827,9 @@ fn folder_edges(c: &Crate, g: &mut FolderGraph) {
 
 /// The strongly connected parts of more than one node, each with one cycle through its
 /// first node (shortest), as the nodes in order and one witness line per edge.
-fn folder_cycles(g: &BTreeMap<String, BTreeMap<String, String>>) -> Vec<(Vec<String>, Vec<String>)> {
+fn folder_cycles(
+    g: &BTreeMap<String, BTreeMap<String, String>>,
+) -> Vec<(Vec<String>, Vec<String>)> {
     let reach = |from: &str| {
         let mut seen = BTreeSet::from([from.to_string()]);
         let mut todo = vec![from.to_string()];
@@ -804,7 +846,8 @@ fn folder_cycles(g: &BTreeMap<String, BTreeMap<String, String>>) -> Vec<(Vec<Str
         .iter()
         .flat_map(|(a, e)| std::iter::once(a.clone()).chain(e.keys().cloned()))
         .collect();
-    let reaches: BTreeMap<&String, BTreeSet<String>> = nodes.iter().map(|n| (n, reach(n))).collect();
+    let reaches: BTreeMap<&String, BTreeSet<String>> =
+        nodes.iter().map(|n| (n, reach(n))).collect();
     let mut done = BTreeSet::new();
     let mut out = Vec::new();
     for n in &nodes {
@@ -858,7 +901,10 @@ fn folder_cycles(g: &BTreeMap<String, BTreeMap<String, String>>) -> Vec<(Vec<Str
 
 /// Every crate root under src/ and tools/src/ (relative to `repo`).
 fn crate_roots(repo: &Path) -> Vec<PathBuf> {
-    let mut roots = vec![PathBuf::from("src/lib.rs"), PathBuf::from("tools/src/lib.rs")];
+    let mut roots = vec![
+        PathBuf::from("src/lib.rs"),
+        PathBuf::from("tools/src/lib.rs"),
+    ];
     let bin = repo.join("tools/src/bin");
     let mut entries: Vec<PathBuf> = std::fs::read_dir(&bin)
         .unwrap()
@@ -877,7 +923,11 @@ fn crate_roots(repo: &Path) -> Vec<PathBuf> {
 }
 
 /// The report of the folder check over the crates at `roots`: (failures, notes).
-fn check_folders(roots: &[PathBuf], read: &dyn Fn(&Path) -> Option<String>, pending: &[&str]) -> (Vec<String>, Vec<String>) {
+fn check_folders(
+    roots: &[PathBuf],
+    read: &dyn Fn(&Path) -> Option<String>,
+    pending: &[&str],
+) -> (Vec<String>, Vec<String>) {
     let mut g = FolderGraph::new();
     for r in roots {
         folder_edges(&load_crate(r, read), &mut g);
@@ -911,12 +961,16 @@ fn check_folders(roots: &[PathBuf], read: &dyn Fn(&Path) -> Option<String>, pend
             }
         }
         if held && cycles.is_empty() {
-            notes.push(format!("{name} is in PENDING but has no cycle now: remove it"));
+            notes.push(format!(
+                "{name} is in PENDING but has no cycle now: remove it"
+            ));
         }
     }
     for p in pending {
         if !g.contains_key(Path::new(p)) {
-            notes.push(format!("PENDING names {p}, which is not a folder of a crate"));
+            notes.push(format!(
+                "PENDING names {p}, which is not a folder of a crate"
+            ));
         }
     }
     (bad, notes)
@@ -927,12 +981,19 @@ fn folders_have_no_cycles() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
     let read = |p: &Path| std::fs::read_to_string(repo.join(p)).ok();
     let roots = crate_roots(repo);
-    assert!(roots.iter().any(|r| r.ends_with("strata-perf/main.rs")), "{roots:?}");
+    assert!(
+        roots.iter().any(|r| r.ends_with("strata-perf/main.rs")),
+        "{roots:?}"
+    );
     let (bad, notes) = check_folders(&roots, &read, PENDING);
     for n in &notes {
         println!("{n}");
     }
-    assert!(bad.is_empty(), "files of one folder import each other in a cycle:\n{}", bad.join("\n"));
+    assert!(
+        bad.is_empty(),
+        "files of one folder import each other in a cycle:\n{}",
+        bad.join("\n")
+    );
 }
 
 #[test]
@@ -944,13 +1005,22 @@ fn the_folder_check_names_a_cycle_and_passes_without_one() {
             "src/a/mod.rs".into(),
             "pub mod shape;\npub mod x;\nmod y;\n#[cfg(test)]\nmod tests;\npub use shape::Shape;\npub trait Run {}\n".into(),
         );
-        m.insert("src/a/shape.rs".into(), "pub struct Shape;\n// use super::x;\nconst S: &str = \"super::x::f\";\n".into());
+        m.insert(
+            "src/a/shape.rs".into(),
+            "pub struct Shape;\n// use super::x;\nconst S: &str = \"super::x::f\";\n".into(),
+        );
         m.insert(
             "src/a/x.rs".into(),
             "use super::{Shape, Run};\npub fn f(_: Shape) {}\n#[cfg(test)]\nmod tests {\n    use super::*;\n}\n".into(),
         );
-        m.insert("src/a/y.rs".into(), format!("use crate::a::x;\nfn g() {{ x::f(super::Shape) }}\n{extra}"));
-        m.insert("src/a/tests.rs".into(), "use super::*;\nuse super::y::*;\n".into());
+        m.insert(
+            "src/a/y.rs".into(),
+            format!("use crate::a::x;\nfn g() {{ x::f(super::Shape) }}\n{extra}"),
+        );
+        m.insert(
+            "src/a/tests.rs".into(),
+            "use super::*;\nuse super::y::*;\n".into(),
+        );
         m
     };
     let check = |m: BTreeMap<PathBuf, String>| {
@@ -963,28 +1033,61 @@ fn the_folder_check_names_a_cycle_and_passes_without_one() {
     // shape.rs calling back into x and y (a group): mod.rs re-exports Shape from shape.rs,
     // shape.rs uses x, x uses Run of mod.rs.
     let mut m = files("");
-    m.insert("src/a/shape.rs".into(), "use crate::a::{x::f, y};\npub struct Shape;\n".into());
-    m.insert("src/a/y.rs".into(), "pub fn h() { super::x::f(super::Shape) }\n".into());
+    m.insert(
+        "src/a/shape.rs".into(),
+        "use crate::a::{x::f, y};\npub struct Shape;\n".into(),
+    );
+    m.insert(
+        "src/a/y.rs".into(),
+        "pub fn h() { super::x::f(super::Shape) }\n".into(),
+    );
     let bad = check(m).join("\n");
-    assert!(bad.contains("cycle in src/a/ (files mod.rs, shape.rs, x.rs, y.rs)"), "{bad}");
-    assert!(bad.contains("mod.rs -> shape.rs -> x.rs -> mod.rs"), "{bad}");
-    assert!(bad.contains("  mod.rs -> shape.rs: mod.rs:6 `shape::Shape`"), "{bad}");
-    assert!(bad.contains("  shape.rs -> x.rs: shape.rs:1 `crate::a::x::f`"), "{bad}");
-    assert!(bad.contains("  x.rs -> mod.rs: x.rs:1 `super::Run`"), "{bad}");
+    assert!(
+        bad.contains("cycle in src/a/ (files mod.rs, shape.rs, x.rs, y.rs)"),
+        "{bad}"
+    );
+    assert!(
+        bad.contains("mod.rs -> shape.rs -> x.rs -> mod.rs"),
+        "{bad}"
+    );
+    assert!(
+        bad.contains("  mod.rs -> shape.rs: mod.rs:6 `shape::Shape`"),
+        "{bad}"
+    );
+    assert!(
+        bad.contains("  shape.rs -> x.rs: shape.rs:1 `crate::a::x::f`"),
+        "{bad}"
+    );
+    assert!(
+        bad.contains("  x.rs -> mod.rs: x.rs:1 `super::Run`"),
+        "{bad}"
+    );
     // mod.rs using a child that uses a trait defined in mod.rs.
     let bad = check(files("pub fn k() { crate::a::x::f(crate::a::Shape) }\n"));
     assert!(bad.is_empty(), "{bad:?}");
     let mut m = files("");
-    m.insert("src/a/mod.rs".into(), m[Path::new("src/a/mod.rs")].clone() + "pub fn run() { x::f(Shape) }\n");
+    m.insert(
+        "src/a/mod.rs".into(),
+        m[Path::new("src/a/mod.rs")].clone() + "pub fn run() { x::f(Shape) }\n",
+    );
     let bad = check(m).join("\n");
     assert!(bad.contains("mod.rs -> x.rs -> mod.rs"), "{bad}");
     assert!(bad.contains("x.rs -> mod.rs: x.rs:1 `super::Run`"), "{bad}");
     // A nested folder is one node of its parent.
     let mut m = files("");
-    m.insert("src/a/mod.rs".into(), m[Path::new("src/a/mod.rs")].clone() + "mod deep;\n");
+    m.insert(
+        "src/a/mod.rs".into(),
+        m[Path::new("src/a/mod.rs")].clone() + "mod deep;\n",
+    );
     m.insert("src/a/deep/mod.rs".into(), "mod leaf;\n".into());
-    m.insert("src/a/deep/leaf.rs".into(), "use super::super::y::g;\n".into());
-    m.insert("src/a/y.rs".into(), "pub fn g() { crate::a::deep::leaf::z() }\n".into());
+    m.insert(
+        "src/a/deep/leaf.rs".into(),
+        "use super::super::y::g;\n".into(),
+    );
+    m.insert(
+        "src/a/y.rs".into(),
+        "pub fn g() { crate::a::deep::leaf::z() }\n".into(),
+    );
     let bad = check(m).join("\n");
     assert!(bad.contains("cycle in src/a/ (files deep/, y.rs)"), "{bad}");
 }

@@ -47,8 +47,8 @@
 //! communicator of each rail; [`super::cost::stage_log_step`] picks it per call where
 //! the model says the stage is latency-bound.
 
-use super::log_step_math::{runs, FirstStep};
 pub use super::log_step_math::{rotates, steps, ROTATE_UP_TO};
+use super::log_step_math::{runs, FirstStep};
 use super::shape::{Algorithm, Shape};
 use super::split::split_all_reduce;
 use super::step_list::{BufId, Plan, Ring, Span, Step};

@@ -31,12 +31,12 @@
 //! intra-node ones and messages are not latency-bound; log-step wins where every step's
 //! latency outweighs its bytes (small messages over many ranks).
 
+pub use super::cost::{stage_log_step, stage_times, LOG_STEP_BW};
 use super::hierarchical::{Hier, Inter};
 use super::qgz::{Qgz, Qgz1};
 use super::qwz::Qwz;
-use super::{ho_ring::HoRing, log_step::LogStep, native::Native, shape::Algorithm, Algo};
-pub use super::cost::{stage_log_step, stage_times, LOG_STEP_BW};
 pub use super::shape::Shape;
+use super::{ho_ring::HoRing, log_step::LogStep, native::Native, shape::Algorithm, Algo};
 use crate::dtype::DataType;
 use crate::kinds::Kind;
 use crate::runtime::{CommCore, Op, Request};

@@ -1,6 +1,7 @@
 //! One MPI request: testing it, and retiring (cancelling) it.
 
-use super::comm::{byte_type, check};
+use super::comm::byte_type;
+use super::rc::check;
 use crate::error::{Error, Result};
 use mpi::ffi;
 use std::os::raw::c_int;
