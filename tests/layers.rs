@@ -323,7 +323,6 @@ const PENDING: &[&str] = &[
     "src/kernels_gpu",
     "src/topology",
     "src/transport",
-    "tools/src/bin/strata-perf",
 ];
 
 /// Comments, string and char literals blanked (newlines kept), so only code is scanned.
