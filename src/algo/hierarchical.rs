@@ -15,7 +15,7 @@
 //!
 //! Stage 0 (`B_0 = 1`: one rank per node in each group) runs as a ring or as the
 //! log-step algorithm of [`super::log_step`] ([`Inter`]): `hier` asks the model per call
-//! ([`super::select::stage_log_step`]: log-step while the stage is latency-bound),
+//! ([`super::cost::stage_log_step`]: log-step while the stage is latency-bound),
 //! `hier-ring` and `hier-log` force a form. The log-step all-gather leaves stage 0's
 //! chunks rotated by this rank's level-0 index, and stage 1 reads each where it lies.
 //! Both forms move the same bytes.
@@ -31,8 +31,9 @@
 //! All-reduce is reduce-scatter then all-gather: in `recv` itself when p divides the
 //! count, else over the count padded to a multiple of p (a scratch copy each way).
 
-use super::select::Shape;
-use super::{Algo, Algorithm};
+use super::shape::{Algorithm, Shape};
+use super::split::split_all_reduce;
+use super::Algo;
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::Result;
 use crate::kinds::Kind;
@@ -46,7 +47,7 @@ pub enum Inter {
     Ring,
     /// The log-step algorithm of [`super::log_step`] (`hier-log`).
     LogStep,
-    /// Whichever the model says is faster for the call ([`super::select::stage_log_step`]).
+    /// Whichever the model says is faster for the call ([`super::cost::stage_log_step`]).
     Auto,
 }
 
@@ -81,7 +82,7 @@ fn stage_log(comm: &CommCore, inter: Inter, g: usize, c: usize) -> bool {
                 .hierarchy()
                 .map(|h| h.levels[0].0.link_class())
                 .unwrap_or(crate::topology::LinkClass::InterNode);
-            super::select::stage_log_step(comm.topology(), class, g, c)
+            super::cost::stage_log_step(comm.topology(), class, g, c)
         }
     }
 }
@@ -142,36 +143,6 @@ fn hier_run(comm: &CommCore, req: &Request, inter: Inter) -> Result<()> {
             "hier dispatched an unsupported op".into(),
         )),
     }
-}
-
-/// All-reduce of `(send, recv, count)` as `rs` (reduce-scatter, `Avg` summing) then `ag`
-/// (all-gather of bytes per rank) on `comm`: in `recv` itself when the ranks divide the
-/// count (the first stage reads `send` into scratch and only the last writes `recv`, so
-/// in place works), else over the count padded to a multiple of p (a scratch copy each
-/// way).
-pub(crate) fn split_all_reduce(
-    comm: &CommCore,
-    (send, recv, count): (&Buffer, &Buffer, usize),
-    dt: DataType,
-    op: ReduceOp,
-    rs: impl Fn(&CommCore, &Buffer, &Buffer, usize, DataType, ReduceOp) -> Result<()>,
-    ag: impl Fn(&CommCore, &Buffer, &Buffer, usize) -> Result<()>,
-) -> Result<()> {
-    let (p, r) = (comm.size(), comm.rank());
-    let s = dt.size();
-    let q = count.div_ceil(p);
-    if q * p == count {
-        let mine = recv.slice(r * q * s..(r + 1) * q * s)?;
-        rs(comm, send, &mine, q, dt, op)?;
-        return ag(comm, &mine, recv, q * s);
-    }
-    let ops = comm.ops();
-    let padded = send.alloc_like(q * p * s)?;
-    ops.copy(&padded.slice(0..count * s)?, &send.slice(0..count * s)?)?;
-    let chunk = send.alloc_like(q * s)?;
-    rs(comm, &padded, &chunk, q, dt, op)?;
-    ag(comm, &chunk, &padded, q * s)?;
-    ops.copy(&recv.slice(0..count * s)?, &padded.slice(0..count * s)?)
 }
 
 /// Run `ops` on `sub` as one batch (one vendor group on GPUs) and wait for them.

@@ -12,7 +12,7 @@
 //! rank's own output chunk, which no ring sends on, is reduced outermost level first:
 //! the inner rings' last step into it waits for the outer ring rather than the reverse,
 //! so no inter-node transfer is left after the intra rings finish. Chunks are
-//! split into `pieces` (default [`super::plan::default_chunks`], override with
+//! split into `pieces` (default [`super::step_list::default_chunks`], override with
 //! `CommConfig::ho_ring_chunks` / `--chunks`) so the rings pipeline.
 //!
 //! All-reduce is the 2-D algorithm (intra reduce-scatter, inter all-reduce, intra
@@ -24,9 +24,9 @@
 //! Traffic equals `hier`'s per link class (same stages, same bytes); what changes is
 //! that the stages overlap in time (see `sim/` and the modeled table of docs/simulator.md).
 
-use super::plan::{self, index, pieces, BufId, Plan, Ring, Span, Step};
-use super::select::Shape;
-use super::{Algo, Algorithm};
+use super::shape::{Algorithm, Shape};
+use super::step_list::{self, index, pieces, BufId, Plan, Ring, Span, Step};
+use super::Algo;
 use crate::error::{Error, Result};
 use crate::runtime::{CommCore, Op, Request};
 use crate::topology::Hierarchy;
@@ -53,7 +53,7 @@ impl Algorithm for HoRing {
         let chunks = |c_elems: usize| {
             comm.config()
                 .ho_ring_chunks
-                .unwrap_or_else(|| plan::default_chunks(c_elems * s))
+                .unwrap_or_else(|| step_list::default_chunks(c_elems * s))
         };
         match &req.op {
             Op::AllGather { send, recv, count } => {
@@ -62,7 +62,7 @@ impl Algorithm for HoRing {
                     ops.copy(&recv.slice(r * c..(r + 1) * c)?, &send.slice(0..c)?)?;
                 }
                 let pl = all_gather(h, r, *count, s, chunks(*count));
-                plan::execute(comm, &pl, recv, None, dt, crate::ReduceOp::Sum)
+                step_list::execute(comm, &pl, recv, None, dt, crate::ReduceOp::Sum)
             }
             Op::ReduceScatter {
                 send,
@@ -74,7 +74,7 @@ impl Algorithm for HoRing {
                 let work = send.alloc_like(n)?;
                 ops.copy(&work, &send.slice(0..n)?)?;
                 let pl = reduce_scatter(h, r, *count, s, chunks(*count));
-                plan::execute(comm, &pl, recv, Some(&work), dt, *op)?;
+                step_list::execute(comm, &pl, recv, Some(&work), dt, *op)?;
                 ops.copy(
                     &recv.slice(0..count * s)?,
                     &work.slice(r * count * s..(r + 1) * count * s)?,
@@ -94,11 +94,11 @@ impl Algorithm for HoRing {
                     if send.offset_in(recv) != Some(0) {
                         ops.copy(&recv.slice(0..n)?, &send.slice(0..n)?)?;
                     }
-                    return plan::execute(comm, &pl, recv, Some(recv), dt, *op);
+                    return step_list::execute(comm, &pl, recv, Some(recv), dt, *op);
                 }
                 let work = send.alloc_like(q * p * s)?;
                 ops.copy(&work.slice(0..count * s)?, &send.slice(0..count * s)?)?;
-                plan::execute(comm, &pl, recv, Some(&work), dt, *op)?;
+                step_list::execute(comm, &pl, recv, Some(&work), dt, *op)?;
                 ops.copy(&recv.slice(0..count * s)?, &work.slice(0..count * s)?)
             }
             _ => Err(Error::Internal(

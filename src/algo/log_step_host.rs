@@ -13,8 +13,7 @@
 
 #![forbid(unsafe_code)]
 
-use super::log_step::{last_step, rotates, runs, steps, FirstStep};
-use super::recursive::{lo, sizes};
+use super::log_step_math::{last_step, lo, rotates, runs, sizes, steps, FirstStep};
 use crate::dtype::{reduce_into, DataType, ReduceOp};
 use crate::error::Result;
 use crate::memory::Buffer;

@@ -1,5 +1,5 @@
 //! Algorithms: one file per technique. Each declares the constraints it needs on a
-//! call's [`select::Shape`] and is written once against the communicator core
+//! call's [`Shape`] and is written once against the communicator core
 //! ([`CommCore`]), so it runs unchanged on every transport; when its constraints do not
 //! hold the request falls back to the native collective. Every algorithm reaches the
 //! wire the same way, [`CommCore::enqueue`] (native ops on the communicator or its level,
@@ -19,58 +19,37 @@
 //! - [`qgz`], [`qwz`]: ZeRO++ §4.2-4.3 quantized reduce-scatter (2-hop, 1-hop) and all-gather;
 //! - [`coalesced`]: MiCS §4 coalesced all-gather / reduce-scatter over uneven buffers;
 //! - [`select`]: the one selection rule (`auto`), shared with the simulator.
+//!
+//! `select` sits on top of the techniques; under them are the leaves they share:
+//! `shape` (the [`Shape`] of a call, the [`Algorithm`] trait), `cost` (a stage's
+//! ring / log-step cost), `log_step_math` (the log-step step arithmetic), `split`
+//! (all-reduce as reduce-scatter + all-gather) and `step_list` (a plan's vocabulary,
+//! re-exported by [`plan`]). tests/layers.rs keeps the files of this folder acyclic.
 
 #![forbid(unsafe_code)]
 
 pub mod coalesced;
+mod cost;
 pub mod hierarchical;
 pub mod ho_ring;
 pub mod log_step;
 mod log_step_host;
+mod log_step_math;
+mod native;
 pub mod plan;
 pub mod qgz;
 pub mod qwz;
 mod recursive;
 pub mod select;
+mod shape;
+mod split;
+mod step_list;
 
 use crate::error::Result;
 pub use crate::kinds::Algo;
 use crate::runtime::{CommCore, Op, Request};
-use select::Shape;
-
-/// A registered algorithm.
-pub trait Algorithm: Sync {
-    /// Its name.
-    fn algo(&self) -> Algo;
-    /// `None` when it can run a call of shape `s`, else why not.
-    fn unsupported(&self, s: &Shape) -> Option<String>;
-    /// Run a checked, non-coalesced request (on the communicator's stream thread).
-    /// Reductions with `Avg` leave the sum: [`run`] divides once.
-    fn run(&self, core: &CommCore, req: &Request) -> Result<()>;
-    /// True when `run` already divides `Avg` results by the communicator size.
-    fn divides_avg(&self) -> bool {
-        false
-    }
-}
-
-/// The ring / native baseline: the request as one native op.
-pub struct Native;
-
-impl Algorithm for Native {
-    fn algo(&self) -> Algo {
-        Algo::Ring
-    }
-    fn unsupported(&self, _: &Shape) -> Option<String> {
-        None
-    }
-    fn run(&self, core: &CommCore, req: &Request) -> Result<()> {
-        if core.on_stream() {
-            // Already in this communicator's stream order: run it here.
-            return core.run_ops(std::slice::from_ref(&req.op), req.dtype);
-        }
-        core.enqueue(req.op.clone(), req.dtype, Vec::new()).wait()
-    }
-}
+pub use native::Native;
+pub use shape::{Algorithm, Shape};
 
 /// Run a checked request with the algorithm `algo` chosen for it ([`select::choose`]),
 /// on `core`'s stream thread: coalesced requests are packed and run as one flat request;

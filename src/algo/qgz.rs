@@ -25,8 +25,8 @@
 //! 1-hop: every rank sends its quantized chunk for rank r straight to r:
 //! `(p-1)·P(c)` per rank, `k(p-k)·P(c)` out of each node.
 
-use super::select::Shape;
-use super::{Algo, Algorithm};
+use super::shape::{Algorithm, Shape};
+use super::Algo;
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::kernels::{self, QuantSpec};

@@ -6,8 +6,8 @@
 //! int8 on fp16/bf16, 0.25x on f32.
 
 use super::qgz::{float_only, spec};
-use super::select::Shape;
-use super::{hierarchical, Algo, Algorithm};
+use super::shape::{Algorithm, Shape};
+use super::{hierarchical, Algo};
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
 use crate::kinds::Kind;

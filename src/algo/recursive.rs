@@ -31,22 +31,12 @@
 
 #![forbid(unsafe_code)]
 
-use super::plan::{BufId, Plan, Ring, Span, Step};
+use super::log_step_math::{lo, sizes};
+use super::step_list::{BufId, Plan, Ring, Span, Step};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::Result;
 use crate::memory::Buffer;
 use crate::runtime::{CommCore, Op};
-
-/// The step sizes b of the all-gather over `p` ranks (a power of two), in order:
-/// 1, 2, …, p/2. The reduce-scatter runs them in reverse.
-pub(super) fn sizes(p: usize) -> impl DoubleEndedIterator<Item = usize> {
-    (0..p.trailing_zeros()).map(|i| 1usize << i)
-}
-
-/// The first chunk of the run of `b` chunks that holds chunk `r`.
-pub(super) fn lo(r: usize, b: usize) -> usize {
-    r & !(b - 1)
-}
 
 /// Recursive-doubling all-gather of `c` bytes per rank from `send` into `recv` (p·c,
 /// rank major) on `comm` (p a power of two); in place when `send` is `recv[x·c..]`.
@@ -198,7 +188,7 @@ mod tests {
     fn steps_are_log_step_s_and_gather_every_chunk_once() {
         for p in [2usize, 4, 8, 16, 64] {
             let bs: Vec<(usize, usize)> = sizes(p).map(|b| (b, b)).collect();
-            assert_eq!(bs, super::super::log_step::steps(p), "p={p}");
+            assert_eq!(bs, super::super::log_step_math::steps(p), "p={p}");
             // Every rank ends with every chunk, each received once.
             for x in 0..p {
                 let mut have = vec![false; p];

@@ -31,11 +31,13 @@
 //! intra-node ones and messages are not latency-bound; log-step wins where every step's
 //! latency outweighs its bytes (small messages over many ranks).
 
+pub use super::cost::{stage_log_step, stage_times, LOG_STEP_BW};
 use super::hierarchical::{Hier, Inter};
 use super::qgz::{Qgz, Qgz1};
 use super::qwz::Qwz;
-use super::{ho_ring::HoRing, log_step::LogStep, Algo, Algorithm, Native};
-use crate::dtype::{DataType, ReduceOp};
+pub use super::shape::Shape;
+use super::{ho_ring::HoRing, log_step::LogStep, native::Native, shape::Algorithm, Algo};
+use crate::dtype::DataType;
 use crate::kinds::Kind;
 use crate::runtime::{CommCore, Op, Request};
 use crate::topology::{Hierarchy, LinkClass, Topology};
@@ -49,67 +51,6 @@ static HO_RING: HoRing = HoRing;
 static QGZ: Qgz = Qgz;
 static QGZ1: Qgz1 = Qgz1;
 static QWZ: Qwz = Qwz;
-
-/// What selection knows about a call: no buffers, no communicator, so the simulator can
-/// ask the same question about a modeled cluster.
-#[derive(Debug, Clone)]
-pub struct Shape<'a> {
-    /// The collective (`None`: point-to-point, always native). Coalesced calls are
-    /// their flat collective over the packed count.
-    pub kind: Option<Kind>,
-    /// The reduction, where there is one.
-    pub redop: Option<ReduceOp>,
-    /// NCCL's per-call count: elements per rank chunk (all-gather, reduce-scatter) or
-    /// of the whole buffer (all-reduce, broadcast).
-    pub count: usize,
-    pub dtype: DataType,
-    pub topo: &'a Topology,
-    /// World ranks of the communicator, in its order.
-    pub members: &'a [usize],
-    pub hierarchy: Option<&'a Hierarchy>,
-    /// Configured ho-ring pieces per chunk.
-    pub chunks: Option<usize>,
-}
-
-impl<'a> Shape<'a> {
-    /// The shape of a checked request on `core`.
-    pub fn of(core: &'a CommCore, req: &Request) -> Shape<'a> {
-        let (kind, count) = match &req.op {
-            Op::AllGatherCoalesced { counts, .. } => (Some(Kind::AllGather), counts.iter().sum()),
-            Op::ReduceScatterCoalesced { counts, .. } => {
-                (Some(Kind::ReduceScatter), counts.iter().sum())
-            }
-            Op::AllGather { count, .. }
-            | Op::ReduceScatter { count, .. }
-            | Op::AllReduce { count, .. }
-            | Op::AllToAll { count, .. }
-            | Op::Broadcast { count, .. } => (req.op.kind(), *count),
-            Op::Send { count, .. } | Op::Recv { count, .. } | Op::SendRecv { count, .. } => {
-                (None, *count)
-            }
-        };
-        Shape {
-            kind,
-            redop: req.op.redop(),
-            count,
-            dtype: req.dtype,
-            topo: core.topology(),
-            members: core.members(),
-            hierarchy: core.hierarchy(),
-            chunks: core.config().ho_ring_chunks,
-        }
-    }
-
-    /// Ranks in the communicator.
-    pub fn size(&self) -> usize {
-        self.members.len()
-    }
-
-    /// The op's name, as on the command line.
-    pub fn name(&self) -> &'static str {
-        self.kind.map_or("point-to-point", |k| k.name())
-    }
-}
 
 /// What [`select`] decided.
 #[derive(Debug, Clone, PartialEq)]
@@ -310,33 +251,6 @@ impl Estimates {
         }
         best.1
     }
-}
-
-/// The fraction of a link's bandwidth the log-step algorithm is modeled to reach: 0.75,
-/// the factor NCCL's tuning model applies to PAT's bus bandwidth
-/// (`src/graph/tuning.cc`, NCCL 2.23 and later). Its steps are store-and-forward
-/// messages of growing size between changing peers, where a ring streams to one
-/// neighbour; the factor is what makes rings win for large messages.
-pub const LOG_STEP_BW: f64 = 0.75;
-
-/// Modeled time (µs) of one stage of `g` ranks on links of `class`, `c` bytes per rank,
-/// as (ring, log-step): `(g−1)(α + c/β)` against `⌈log₂g⌉·α + (g−1)·c/(0.75·β)`.
-pub fn stage_times(topo: &Topology, class: LinkClass, g: usize, c: usize) -> (f64, f64) {
-    let l = topo.links.get(class);
-    let bw = l.bandwidth_gbs * 1e3;
-    let n = g.saturating_sub(1) as f64;
-    let steps = super::log_step::steps(g).len() as f64;
-    (
-        n * (l.latency_us + c as f64 / bw),
-        steps * l.latency_us + n * c as f64 / (LOG_STEP_BW * bw),
-    )
-}
-
-/// True when `hier`'s inter-node stage (`g` ranks, one per node, on `class` links, `c`
-/// bytes per rank) is modeled faster as log-step than as a ring.
-pub fn stage_log_step(topo: &Topology, class: LinkClass, g: usize, c: usize) -> bool {
-    let (ring, log) = stage_times(topo, class, g, c);
-    log < ring
 }
 
 /// The modeled times of a call of shape `s`.
@@ -549,7 +463,7 @@ pub fn estimate(
             .sum::<f64>();
     let (mut hier, mut ho) = (f64::INFINITY, f64::INFINITY);
     if let Some(h) = h {
-        let q = chunks.unwrap_or_else(|| super::plan::default_chunks(c as usize)) as f64;
+        let q = chunks.unwrap_or_else(|| super::step_list::default_chunks(c as usize)) as f64;
         let (mut batch, mut sum, mut fill) = (1usize, 0.0, 0.0);
         // The busiest level: its time, its pipeline fill and its steps.
         let (mut busiest, mut busiest_fill, mut busiest_steps) = (0.0f64, 0.0, 0.0);

@@ -45,6 +45,17 @@ pub fn require_compiled(kind: TransportKind) -> Result<()> {
     }
 }
 
+/// The device of a cuda-local world ([`Comm::in_process_world`]): `STRATA_DEVICE`,
+/// else 0.
+pub fn cuda_local_ordinal() -> Result<usize> {
+    match std::env::var("STRATA_DEVICE") {
+        Ok(v) if !v.trim().is_empty() => v.trim().parse().map_err(|_| {
+            Error::InvalidArgument(format!("STRATA_DEVICE={v:?} is not a device ordinal"))
+        }),
+        _ => Ok(0),
+    }
+}
+
 /// A `STRATA_TRANSPORT` value (`local`, `mpi`, `nccl`, `rccl`, `cuda-local`, `host-local`; case and
 /// surrounding blanks ignored): `None` when empty, `InvalidArgument` for anything else.
 pub fn parse_transport(v: &str) -> Result<Option<TransportKind>> {
@@ -202,7 +213,7 @@ impl Comm {
     }
 
     /// A whole in-process world of `kind`: [`Comm::local_world`] for `local`,
-    /// [`Comm::cuda_local_world`] on [`super::gpu::cuda_local_ordinal`] for
+    /// [`Comm::cuda_local_world`] on [`cuda_local_ordinal`] for
     /// `cuda-local`, [`Comm::host_local_world`] for `host-local`; any other kind is
     /// `InvalidArgument`.
     pub fn in_process_world(
@@ -214,7 +225,7 @@ impl Comm {
         match kind {
             TransportKind::Local => Comm::local_world(nranks, topo, config),
             TransportKind::CudaLocal => {
-                Comm::cuda_local_world(nranks, topo, config, super::gpu::cuda_local_ordinal()?)
+                Comm::cuda_local_world(nranks, topo, config, cuda_local_ordinal()?)
             }
             TransportKind::HostLocal => Comm::host_local_world(nranks, topo, config),
             other => Err(Error::InvalidArgument(format!(

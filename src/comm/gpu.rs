@@ -42,16 +42,7 @@ pub fn select_device(api: Api, fallback: usize) -> Result<Arc<dyn Device>> {
     crate::device::open(api, if count > 0 { o % count } else { o })
 }
 
-/// The device of a cuda-local world ([`Comm::in_process_world`]): `STRATA_DEVICE`,
-/// else 0.
-pub fn cuda_local_ordinal() -> Result<usize> {
-    match std::env::var("STRATA_DEVICE") {
-        Ok(v) if !v.trim().is_empty() => v.trim().parse().map_err(|_| {
-            Error::InvalidArgument(format!("STRATA_DEVICE={v:?} is not a device ordinal"))
-        }),
-        _ => Ok(0),
-    }
-}
+pub use super::bootstrap::cuda_local_ordinal;
 
 impl Comm {
     /// Join, as `rank` of `nranks`, the NCCL (`kind` nccl, feature `cuda`) or RCCL

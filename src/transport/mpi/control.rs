@@ -8,8 +8,9 @@
 //! meetings two ranks both took part in), a census's per communicator (every survivor
 //! takes every census).
 
-use super::comm::{byte_type, check, RawComm, GROUP_TAG};
+use super::comm::{byte_type, RawComm, GROUP_TAG};
 use super::progress::backoff;
+use super::rc::check;
 use super::request::{request_null, retire, Req};
 use super::tags::Seqs;
 use crate::error::{Error, Result};

@@ -1,6 +1,6 @@
 //! Initialising and finalising MPI, and the process's first peer failure.
 
-use super::comm::check;
+use super::rc::check;
 use crate::error::{Error, Result};
 use mpi::environment::{Threading, Universe};
 use mpi::ffi;

@@ -80,6 +80,8 @@ mod init;
 #[cfg(feature = "mpi")]
 mod progress;
 #[cfg(feature = "mpi")]
+mod rc;
+#[cfg(feature = "mpi")]
 mod recv;
 #[cfg(feature = "mpi")]
 mod request;

@@ -2,10 +2,10 @@
 
 #![forbid(unsafe_code)]
 
+use super::comm::RawComm;
 use super::recv::RecvOp;
 use super::request::{request_null, Poll, Req};
 use super::send::SendOp;
-use super::transport::MpiTransport;
 use crate::error::{Error, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -43,101 +43,110 @@ impl Op {
     }
 }
 
-impl MpiTransport {
-    /// Poll `ops` until all complete. The deadline restarts on progress. On timeout or
-    /// abort the pending ones are cancelled; an error of one op lets the others finish.
-    pub(super) fn drive(&self, ops: &mut [Op]) -> Result<()> {
-        // Flags of the ops finished (no allocation for the usual one or two).
-        let mut few = [false; 4];
-        let mut many = Vec::new();
-        let done: &mut [bool] = if ops.len() <= few.len() {
-            &mut few[..ops.len()]
-        } else {
-            many.resize(ops.len(), false);
-            &mut many
-        };
-        let mut first_err: Option<Error> = None;
-        // Armed at the first idle round (no clock read while everything progresses).
-        let mut deadline: Option<Instant> = None;
-        let mut idle_rounds: u32 = 0;
-        loop {
-            let mut progressed = false;
-            for (i, op) in ops.iter_mut().enumerate() {
-                if done[i] {
-                    continue;
-                }
-                let p = match op {
-                    Op::Send(s) => s.feed(&self.comm).and_then(|fed| {
-                        s.poll().map(|p| match p {
-                            Poll::Idle if fed => Poll::Progress,
-                            p => p,
-                        })
-                    }),
-                    Op::Recv(r) => r.poll(&self.comm),
-                };
-                match p {
-                    Ok(Poll::Done) => {
-                        done[i] = true;
-                        progressed = true;
-                    }
-                    Ok(Poll::Progress) => progressed = true,
-                    Ok(Poll::Idle) => {}
-                    Err(e) => {
-                        // A mismatch has drained its message; after an MPI error, retire
-                        // whatever the op still has in flight.
-                        done[i] = true;
-                        progressed = true;
-                        if !op.cancel() {
-                            self.mark_broken(&e);
-                        }
-                        first_err.get_or_insert(e);
-                    }
-                }
+/// What [`drive`] needs of a transport: its communicator and abort flag, the timeout,
+/// and who is who (for the timeout's message).
+pub(super) struct Link<'a> {
+    pub comm: &'a RawComm,
+    pub aborted: &'a AtomicBool,
+    pub timeout: Duration,
+    pub rank: usize,
+    pub members: &'a [usize],
+}
+
+/// Poll `ops` until all complete. The deadline restarts on progress. On timeout or
+/// abort the pending ones are cancelled (`mark_broken` when one cannot be); an error of
+/// one op lets the others finish.
+pub(super) fn drive(link: &Link, ops: &mut [Op], mark_broken: impl Fn(&Error)) -> Result<()> {
+    // Flags of the ops finished (no allocation for the usual one or two).
+    let mut few = [false; 4];
+    let mut many = Vec::new();
+    let done: &mut [bool] = if ops.len() <= few.len() {
+        &mut few[..ops.len()]
+    } else {
+        many.resize(ops.len(), false);
+        &mut many
+    };
+    let mut first_err: Option<Error> = None;
+    // Armed at the first idle round (no clock read while everything progresses).
+    let mut deadline: Option<Instant> = None;
+    let mut idle_rounds: u32 = 0;
+    loop {
+        let mut progressed = false;
+        for (i, op) in ops.iter_mut().enumerate() {
+            if done[i] {
+                continue;
             }
-            if done.iter().all(|d| *d) {
-                return first_err.map_or(Ok(()), Err);
-            }
-            let stop = if self.aborted.load(Ordering::SeqCst) {
-                Some(Error::Remote("communicator was aborted".into()))
-            } else if !progressed
-                && *deadline.get_or_insert_with(|| Instant::now() + self.timeout) <= Instant::now()
-            {
-                let peer = ops
-                    .iter()
-                    .zip(done.iter())
-                    .find(|(_, d)| !**d)
-                    .map(|(o, _)| o.peer())
-                    .unwrap_or(0);
-                Some(Error::Remote(format!(
-                    "rank {} (world rank {}) waited {:?} for rank {peer} (world rank {}): peer dead, stalled or not calling the same collective",
-                    self.rank, self.members[self.rank], self.timeout, self.members[peer]
-                )))
-            } else {
-                None
+            let p = match op {
+                Op::Send(s) => s.feed(&link.comm).and_then(|fed| {
+                    s.poll().map(|p| match p {
+                        Poll::Idle if fed => Poll::Progress,
+                        p => p,
+                    })
+                }),
+                Op::Recv(r) => r.poll(&link.comm),
             };
-            if let Some(e) = stop {
-                let mut clean = true;
-                for (op, d) in ops.iter_mut().zip(done.iter()) {
-                    if !*d {
-                        clean &= op.cancel();
+            match p {
+                Ok(Poll::Done) => {
+                    done[i] = true;
+                    progressed = true;
+                }
+                Ok(Poll::Progress) => progressed = true,
+                Ok(Poll::Idle) => {}
+                Err(e) => {
+                    // A mismatch has drained its message; after an MPI error, retire
+                    // whatever the op still has in flight.
+                    done[i] = true;
+                    progressed = true;
+                    if !op.cancel() {
+                        mark_broken(&e);
                     }
+                    first_err.get_or_insert(e);
                 }
-                if !clean {
-                    self.mark_broken(&e);
+            }
+        }
+        if done.iter().all(|d| *d) {
+            return first_err.map_or(Ok(()), Err);
+        }
+        let stop = if link.aborted.load(Ordering::SeqCst) {
+            Some(Error::Remote("communicator was aborted".into()))
+        } else if !progressed
+            && *deadline.get_or_insert_with(|| Instant::now() + link.timeout) <= Instant::now()
+        {
+            let peer = ops
+                .iter()
+                .zip(done.iter())
+                .find(|(_, d)| !**d)
+                .map(|(o, _)| o.peer())
+                .unwrap_or(0);
+            Some(Error::Remote(format!(
+                "rank {} (world rank {}) waited {:?} for rank {peer} (world rank {}): peer dead, stalled or not calling the same collective",
+                link.rank, link.members[link.rank], link.timeout, link.members[peer]
+            )))
+        } else {
+            None
+        };
+        if let Some(e) = stop {
+            let mut clean = true;
+            for (op, d) in ops.iter_mut().zip(done.iter()) {
+                if !*d {
+                    clean &= op.cancel();
                 }
-                return Err(first_err.unwrap_or(e));
             }
-            if progressed {
-                deadline = None;
-                idle_rounds = 0;
-            } else {
-                idle_rounds = idle_rounds.saturating_add(1);
-                let transferring = ops
-                    .iter()
-                    .zip(done.iter())
-                    .any(|(o, d)| !*d && o.transferring());
-                backoff(idle_rounds, transferring);
+            if !clean {
+                mark_broken(&e);
             }
+            return Err(first_err.unwrap_or(e));
+        }
+        if progressed {
+            deadline = None;
+            idle_rounds = 0;
+        } else {
+            idle_rounds = idle_rounds.saturating_add(1);
+            let transferring = ops
+                .iter()
+                .zip(done.iter())
+                .any(|(o, d)| !*d && o.transferring());
+            backoff(idle_rounds, transferring);
         }
     }
 }

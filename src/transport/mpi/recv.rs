@@ -6,7 +6,8 @@
 //! retired after a timeout or abort takes its landing or staging memory with it (leaked
 //! to MPI), never the caller's buffer.
 
-use super::comm::{byte_type, check, RawComm};
+use super::comm::{byte_type, RawComm};
+use super::rc::check;
 use super::request::{byte_count, empty_status, request_null, retire, Poll, Req};
 use super::tags::{
     is_small, pieces, seq_mask, tag, untag, CLASS_HEADER, CLASS_PIECE, CLASS_SMALL, CLASS_WHOLE,

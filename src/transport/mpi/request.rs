@@ -1,6 +1,7 @@
 //! One MPI request: testing it, and retiring (cancelling) it.
 
-use super::comm::{byte_type, check};
+use super::comm::byte_type;
+use super::rc::check;
 use crate::error::{Error, Result};
 use mpi::ffi;
 use std::os::raw::c_int;
@@ -32,16 +33,7 @@ impl Req {
         if self.is_null() {
             return Ok(true);
         }
-        let mut flag: c_int = 0;
-        let mut st = empty_status();
-        // SAFETY: live request handle; out-pointers to locals.
-        let rc = unsafe { ffi::MPI_Test(&mut self.0, &mut flag, &mut st) };
-        if rc != ffi::MPI_SUCCESS as c_int {
-            // A failed request is complete (MPI frees it); make sure we do not test it again.
-            self.0 = request_null();
-            return check(rc, what).map(|_| true);
-        }
-        Ok(flag != 0)
+        self.test_status(what).map(|st| st.is_some())
     }
 
     /// `MPI_Test` of a receive: the bytes received once complete.
@@ -49,18 +41,26 @@ impl Req {
         if self.is_null() {
             return Err(Error::Internal(format!("{what}: tested a retired receive")));
         }
+        match self.test_status(what)? {
+            Some(st) => byte_count(&st).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// `MPI_Test` of a live request: its status once complete, `None` while pending. A
+    /// failed request is complete (MPI frees it): the handle becomes null, so it is not
+    /// tested again, and the error is returned.
+    #[inline]
+    fn test_status(&mut self, what: &str) -> Result<Option<ffi::MPI_Status>> {
         let mut flag: c_int = 0;
         let mut st = empty_status();
         // SAFETY: live request handle; out-pointers to locals.
         let rc = unsafe { ffi::MPI_Test(&mut self.0, &mut flag, &mut st) };
         if rc != ffi::MPI_SUCCESS as c_int {
             self.0 = request_null();
-            return check(rc, what).map(|_| None);
+            check(rc, what)?;
         }
-        if flag == 0 {
-            return Ok(None);
-        }
-        byte_count(&st).map(Some)
+        Ok((flag != 0).then_some(st))
     }
 }
 

@@ -1,7 +1,8 @@
 //! A send: one message, or a length header and pieces; in a `sendrecv`, the pieces
 //! are synchronous sends, at most a window of them in flight.
 
-use super::comm::{byte_type, check, RawComm};
+use super::comm::{byte_type, RawComm};
+use super::rc::check;
 use super::request::{request_null, retire, Poll, Req};
 use super::tags::{is_small, pieces, tag, CLASS_HEADER, CLASS_PIECE, CLASS_SMALL, CLASS_WHOLE};
 use crate::error::Result;

@@ -1,10 +1,10 @@
 //! [`MpiTransport`]: a rank of an MPI communicator.
 
-use super::comm::byte_type;
-use super::comm::{check, RawComm};
+use super::comm::{byte_type, RawComm};
 use super::control::{Control, Who};
 use super::init::{ensure_init, note_peer_failure};
-use super::progress::{spin_polls, wait_collective, Op};
+use super::progress::{self, spin_polls, wait_collective, Link, Op};
+use super::rc::check;
 use super::recv::{mismatch_error, Buffers, RecvOp, Stage};
 use super::request::{request_null, Req};
 use super::send::{send_window, SendOp};
@@ -232,6 +232,18 @@ impl MpiTransport {
             note_peer_failure(&e.to_string());
         }
         res
+    }
+
+    /// Poll `ops` until all complete ([`progress::drive`]).
+    pub(super) fn drive(&self, ops: &mut [Op]) -> Result<()> {
+        let link = Link {
+            comm: &self.comm,
+            aborted: &self.aborted,
+            timeout: self.timeout,
+            rank: self.rank,
+            members: &self.members,
+        };
+        progress::drive(&link, ops, |e| self.mark_broken(e))
     }
 
     /// A transfer could not be retired after `e`: refuse every later call.

@@ -68,9 +68,10 @@
 //! sub-communicators, groups and cross-communicator dependencies for SECS seconds
 //! ([`soak`]).
 //!
-//! Modules: [`cli`] (flags, usage errors), [`sweep`] (the rows), [`rank`] (one rank's
+//! Modules: [`cli`] (flags), [`validate`] (usage errors), [`sweep`] (the rows), [`rank`] (one rank's
 //! timed and checked calls), [`model`] (`--model`, `--dry-run`), [`report`] (rank 0's
-//! table and JSON), [`launch`] (the transports), [`soak`] (soak runs).
+//! table and JSON; [`text`]: the time format and stdout), [`launch`] (the transports),
+//! [`soak`] (soak runs).
 #![forbid(unsafe_code)]
 
 mod autocheck;
@@ -84,11 +85,14 @@ mod rank;
 mod report;
 mod soak;
 mod sweep;
+mod text;
+mod validate;
 
-use crate::cli::{dedup, quant_conflict, validate, Cli};
+use crate::cli::{dedup, Cli};
 use crate::launch::{run_local, run_mpi, run_threads, run_vendor};
 use crate::model::run_dry;
 use crate::sweep::{strata_algos, RowAlgo};
+use crate::validate::{quant_conflict, validate};
 use clap::{CommandFactory, Parser};
 use std::process::ExitCode;
 use std::time::Duration;

@@ -2,8 +2,8 @@
 //! modeled columns only, no transport), `--trace` and `--plot`.
 
 use crate::cli::{dedup, Cli};
-use crate::report::{fmt_time, out};
 use crate::sweep::{build_plan, bus_factor, reduces, Row, RowAlgo};
+use crate::text::{fmt_time, out};
 use serde::Serialize;
 use std::io::Write;
 use std::path::PathBuf;

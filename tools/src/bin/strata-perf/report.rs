@@ -7,6 +7,7 @@ use crate::rank::ErrStats;
 use crate::sweep::{
     bus_factor, mem_traffic, quant_algo, quant_spec, reduces, strata_algos, Plan, Row, RowAlgo,
 };
+use crate::text::{fmt_time, out};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 use std::io::{IsTerminal, Write};
@@ -152,17 +153,6 @@ fn fmt_err(x: f64) -> String {
     }
 }
 
-/// nccl-tests' time format: fewer decimals as the number grows.
-pub(crate) fn fmt_time(us: f64) -> String {
-    if us >= 10000.0 {
-        format!("{us:7.0}")
-    } else if us >= 100.0 {
-        format!("{us:7.1}")
-    } else {
-        format!("{us:7.2}")
-    }
-}
-
 pub(crate) struct Reporter<'a> {
     plan: &'a Plan,
     comm0: Comm,
@@ -210,11 +200,6 @@ fn quant_header(cli: &Cli, algos: &[Algo]) -> Option<String> {
     } else {
         None
     }
-}
-
-pub(crate) fn out(line: &str) {
-    // A closed stdout (`| head`) must not panic the benchmark.
-    let _ = writeln!(std::io::stdout().lock(), "{line}");
 }
 
 impl<'a> Reporter<'a> {

@@ -1,42 +1,12 @@
 //! The sweep: the rows (op, algo, dtype, redop, size) a command line asks for, with
 //! nccl-tests' counts, sizes and bus-bandwidth factors, and the quantized algos' formats.
 
+pub(crate) use crate::cli::RowAlgo;
 use crate::cli::{dedup, raw_sizes, Cli};
 use std::collections::HashSet;
 use strata::check::Kind;
 use strata::kernels::QuantSpec;
 use strata::{Algo, DataType, Error, ReduceOp, Result};
-
-/// What runs a row: one of strata's algorithms, or the MPI library's own collective
-/// (`--algo mpi`, the baseline of [`crate::baseline`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum RowAlgo {
-    Strata(Algo),
-    Mpi,
-}
-
-impl RowAlgo {
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            RowAlgo::Strata(a) => a.name(),
-            RowAlgo::Mpi => "mpi",
-        }
-    }
-
-    /// The strata algorithm; None for the MPI baseline.
-    pub(crate) fn strata(self) -> Option<Algo> {
-        match self {
-            RowAlgo::Strata(a) => Some(a),
-            RowAlgo::Mpi => None,
-        }
-    }
-}
-
-impl std::fmt::Display for RowAlgo {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
 
 /// The strata algorithms of a sweep (the MPI baseline left out).
 pub(crate) fn strata_algos(algos: &[RowAlgo]) -> Vec<Algo> {

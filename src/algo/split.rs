@@ -1,0 +1,39 @@
+//! All-reduce as a reduce-scatter then an all-gather, the form of the techniques that
+//! have no all-reduce of their own (`hier`, `log-step`).
+
+#![forbid(unsafe_code)]
+
+use crate::dtype::{DataType, ReduceOp};
+use crate::error::Result;
+use crate::memory::Buffer;
+use crate::runtime::CommCore;
+
+/// All-reduce of `(send, recv, count)` as `rs` (reduce-scatter, `Avg` summing) then `ag`
+/// (all-gather of bytes per rank) on `comm`: in `recv` itself when the ranks divide the
+/// count (the first stage reads `send` into scratch and only the last writes `recv`, so
+/// in place works), else over the count padded to a multiple of p (a scratch copy each
+/// way).
+pub(crate) fn split_all_reduce(
+    comm: &CommCore,
+    (send, recv, count): (&Buffer, &Buffer, usize),
+    dt: DataType,
+    op: ReduceOp,
+    rs: impl Fn(&CommCore, &Buffer, &Buffer, usize, DataType, ReduceOp) -> Result<()>,
+    ag: impl Fn(&CommCore, &Buffer, &Buffer, usize) -> Result<()>,
+) -> Result<()> {
+    let (p, r) = (comm.size(), comm.rank());
+    let s = dt.size();
+    let q = count.div_ceil(p);
+    if q * p == count {
+        let mine = recv.slice(r * q * s..(r + 1) * q * s)?;
+        rs(comm, send, &mine, q, dt, op)?;
+        return ag(comm, &mine, recv, q * s);
+    }
+    let ops = comm.ops();
+    let padded = send.alloc_like(q * p * s)?;
+    ops.copy(&padded.slice(0..count * s)?, &send.slice(0..count * s)?)?;
+    let chunk = send.alloc_like(q * s)?;
+    rs(comm, &padded, &chunk, q, dt, op)?;
+    ag(comm, &chunk, &padded, q * s)?;
+    ops.copy(&recv.slice(0..count * s)?, &padded.slice(0..count * s)?)
+}
