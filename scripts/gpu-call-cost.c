@@ -92,7 +92,7 @@ static const char *(*ncclGetErrorString)(ncclResult_t);
     if (n_ != 0) FAIL("%s -> ncclResult %d (%s)", #call, n_, ncclGetErrorString(n_)); \
   } while (0)
 
-/* The library strata loads too (src/transport/vendor.rs reads STRATA_NCCL_LIB first). */
+/* The library strata loads too (src/transport/vendor/loader.rs reads STRATA_NCCL_LIB first). */
 static const char *nccl_name(void) {
   const char *e = getenv("STRATA_NCCL_LIB");
   return e && *e ? e : "libnccl.so.2";
