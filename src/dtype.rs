@@ -11,8 +11,9 @@ use crate::error::{Error, Result};
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 use serde::{Deserialize, Serialize};
-use std::fmt;
 use std::str::FromStr;
+
+crate::kinds::display_as_name!(DataType, ReduceOp);
 
 /// Element type of a buffer. Numeric values follow `ncclDataType_t`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -140,12 +141,6 @@ impl DataType {
     }
 }
 
-impl fmt::Display for DataType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
 impl FromStr for DataType {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
@@ -224,12 +219,6 @@ impl ReduceOp {
             ReduceOp::Max => a.max(b),
             ReduceOp::Min => a.min(b),
         }
-    }
-}
-
-impl fmt::Display for ReduceOp {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
     }
 }
 

@@ -46,6 +46,8 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::{invalid_arg, invalid_usage};
 
+crate::kinds::display_as_name!(LinkClass, Level);
+
 /// Environment variable naming a topology SPEC or JSON file (read by [`Topology::from_env`]).
 pub const ENV_TOPOLOGY: &str = "STRATA_TOPOLOGY";
 
@@ -94,12 +96,6 @@ impl LinkClass {
     }
 }
 
-impl fmt::Display for LinkClass {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
 /// One level of the hierarchy, named by what its members are spread across.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -132,12 +128,6 @@ impl Level {
             Level::Node => LinkClass::IntraNode,
             Level::Package => LinkClass::IntraPackage,
         }
-    }
-}
-
-impl fmt::Display for Level {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
     }
 }
 
