@@ -1,7 +1,7 @@
 //! The C ABI called from Rust (the C program in tests/c and the Python tests drive the
 //! same functions through the real shared library; these run under `cargo test`).
 
-use std::ffi::{c_void, CStr, CString};
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::ptr::{null, null_mut};
 use strata::capi::*;
 
@@ -10,6 +10,25 @@ fn last(comm: strataComm_t) -> String {
     unsafe { CStr::from_ptr(strataGetLastError(comm)) }
         .to_string_lossy()
         .into_owned()
+}
+
+/// A config of this header: `topology` and `algo` NULL or C strings, default links.
+fn config(
+    transport: strataTransport_t,
+    topology: *const c_char,
+    algo: *const c_char,
+    timeout_ms: c_int,
+) -> strataConfig_t {
+    strataConfig_t {
+        size: std::mem::size_of::<strataConfig_t>(),
+        magic: STRATA_CONFIG_MAGIC,
+        version: STRATA_VERSION_CODE as u32,
+        transport,
+        topology,
+        algo,
+        timeout_ms,
+        links: null(),
+    }
 }
 
 fn local(n: usize, topo: &str) -> Vec<usize> {
@@ -128,16 +147,7 @@ fn unique_id_rendezvous_and_timeout() {
         })
         .collect();
     hs.into_iter().for_each(|h| h.join().unwrap());
-    let mut cfg = strataConfig_t {
-        size: std::mem::size_of::<strataConfig_t>(),
-        magic: STRATA_CONFIG_MAGIC,
-        version: STRATA_VERSION_CODE as u32,
-        transport: strataTransportLocal,
-        topology: null(),
-        algo: null(),
-        timeout_ms: 100,
-        links: null(),
-    };
+    let mut cfg = config(strataTransportLocal, null(), null(), 100);
     let mut c = null_mut();
     // SAFETY: valid pointers; a fresh id nobody else joins.
     unsafe {
@@ -186,66 +196,34 @@ fn quantized_variants_within_the_bound_and_bad_formats_rejected() {
                 }
                 let mine: Vec<f32> = (0..n).map(|i| r as f32 * 0.5 + i as f32).collect();
                 let mut all = vec![0f32; 8 * n];
-                // SAFETY: n floats in, 8n out.
-                let rc = unsafe {
-                    strataAllGatherQuantized(
-                        mine.as_ptr() as *const c_void,
-                        all.as_mut_ptr() as *mut c_void,
-                        n,
-                        strataFloat32,
-                        8,
-                        64,
-                        c,
-                        null_mut(),
-                    )
+                let mut gather = |dtype, bits, block| {
+                    // SAFETY: n floats in, 8n out; live communicator.
+                    unsafe {
+                        strataAllGatherQuantized(
+                            mine.as_ptr() as *const c_void,
+                            all.as_mut_ptr() as *mut c_void,
+                            n,
+                            dtype,
+                            bits,
+                            block,
+                            c,
+                            null_mut(),
+                        )
+                    }
                 };
+                let rc = gather(strataFloat32, 8, 64);
                 assert_eq!(rc, strataSuccess, "{}", last(c));
+                // Bad formats: 3 bits, odd int4 block, integer data.
+                for (dtype, bits, block) in [
+                    (strataFloat32, 3, 64),
+                    (strataFloat32, 4, 7),
+                    (strataInt32, 8, 64),
+                ] {
+                    assert_eq!(gather(dtype, bits, block), strataInvalidArgument);
+                }
                 for (j, v) in all.iter().enumerate() {
                     let exact = (j / n) as f32 * 0.5 + (j % n) as f32;
                     assert!((v - exact).abs() <= 103.5 / 254.0 + 1e-3, "{v} vs {exact}");
-                }
-                // Bad formats: 3 bits, odd int4 block, integer data.
-                // SAFETY: as above.
-                unsafe {
-                    assert_eq!(
-                        strataAllGatherQuantized(
-                            mine.as_ptr() as *const c_void,
-                            all.as_mut_ptr() as *mut c_void,
-                            n,
-                            strataFloat32,
-                            3,
-                            64,
-                            c,
-                            null_mut()
-                        ),
-                        strataInvalidArgument
-                    );
-                    assert_eq!(
-                        strataAllGatherQuantized(
-                            mine.as_ptr() as *const c_void,
-                            all.as_mut_ptr() as *mut c_void,
-                            n,
-                            strataFloat32,
-                            4,
-                            7,
-                            c,
-                            null_mut()
-                        ),
-                        strataInvalidArgument
-                    );
-                    assert_eq!(
-                        strataAllGatherQuantized(
-                            mine.as_ptr() as *const c_void,
-                            all.as_mut_ptr() as *mut c_void,
-                            n,
-                            strataInt32,
-                            8,
-                            64,
-                            c,
-                            null_mut()
-                        ),
-                        strataInvalidArgument
-                    );
                 }
                 assert!(
                     last(c).contains("block") || last(c).contains("i32") || !last(c).is_empty()
@@ -429,15 +407,7 @@ fn in_place_layouts_aliasing_groups_and_last_errors() {
 #[test]
 fn device_path_of_the_collectives_on_cuda_local() {
     use strata::device::{count, Api};
-    let cfg = strataConfig_t {
-        size: std::mem::size_of::<strataConfig_t>(),
-        magic: STRATA_CONFIG_MAGIC,
-        version: STRATA_VERSION_CODE as u32,
-        transport: strataTransportCudaLocal,
-        topology: null(),
-        algo: null(),
-        timeout_ms: 20_000,
-    };
+    let cfg = config(strataTransportCudaLocal, null(), null(), 20_000);
     let mut comms = [null_mut(); 1];
     // SAFETY: room for 1 handle; a valid config.
     let rc = unsafe { strataCommInitLocal(comms.as_mut_ptr(), 1, null(), &cfg) };
@@ -512,16 +482,7 @@ fn traffic_counters_show_the_hierarchical_egress() {
     ] {
         let a = CString::new(algo).unwrap();
         let t = CString::new("nodes:3x2").unwrap();
-        let cfg = strataConfig_t {
-            size: std::mem::size_of::<strataConfig_t>(),
-            magic: STRATA_CONFIG_MAGIC,
-            version: STRATA_VERSION_CODE as u32,
-            transport: strataTransportLocal,
-            topology: t.as_ptr(),
-            algo: a.as_ptr(),
-            timeout_ms: 20_000,
-            links: null(),
-        };
+        let cfg = config(strataTransportLocal, t.as_ptr(), a.as_ptr(), 20_000);
         let mut comms = [null_mut(); P];
         // SAFETY: room for P handles; a valid config.
         let rc = unsafe { strataCommInitLocal(comms.as_mut_ptr(), P as i32, null(), &cfg) };

@@ -312,18 +312,10 @@ fn capi_host_comm_reports_its_transport_and_stays_on_the_host() {
     // check (none is possible here), copied in and out as before.
     let x = [1.5f32, -2.0];
     let mut y = [0f32; 2];
+    let (xp, yp) = (x.as_ptr() as *const c_void, y.as_mut_ptr() as *mut c_void);
+    let not_a_stream = 0x1234 as strataStream_t;
     // SAFETY: 2 floats each; live communicator; the stream is ignored.
-    let rc = unsafe {
-        strataAllReduce(
-            x.as_ptr() as *const c_void,
-            y.as_mut_ptr() as *mut c_void,
-            2,
-            strataFloat32,
-            strataSum,
-            c,
-            0x1234 as strataStream_t,
-        )
-    };
+    let rc = unsafe { strataAllReduce(xp, yp, 2, strataFloat32, strataSum, c, not_a_stream) };
     assert_eq!(rc, strataSuccess, "{}", last());
     assert_eq!(y, x);
     // SAFETY: live handle, destroyed once.
