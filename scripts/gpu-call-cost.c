@@ -79,13 +79,6 @@ static ncclResult_t (*ncclGroupEnd)(void);
 static const char *(*ncclGetErrorString)(ncclResult_t);
 
 /* ------------------------------------------------------------------ checks */
-#define OK(call)                                                                   \
-  do {                                                                             \
-    strataResult_t r_ = (call);                                                    \
-    if (r_ != strataSuccess)                                                       \
-      FAIL("%s -> %d (%s): %s", #call, r_, strataGetErrorString(r_),               \
-           strataGetLastError(NULL));                                              \
-  } while (0)
 #define NC(call)                                                                   \
   do {                                                                             \
     ncclResult_t n_ = (call);                                                      \
@@ -99,19 +92,14 @@ static const char *nccl_name(void) {
 }
 
 static int load_nccl(void) {
-  void *lib = dlopen(nccl_name(), RTLD_NOW | RTLD_LOCAL);
-  if (!lib) return 0;
-  const char *w = "libnccl";
-  load(lib, w, "ncclGetVersion", &ncclGetVersion);
-  load(lib, w, "ncclGetUniqueId", &ncclGetUniqueId);
-  load(lib, w, "ncclCommInitRank", &ncclCommInitRank);
-  load(lib, w, "ncclCommDestroy", &ncclCommDestroy);
-  load(lib, w, "ncclAllReduce", &ncclAllReduce);
-  load(lib, w, "ncclAllGather", &ncclAllGather);
-  load(lib, w, "ncclGroupStart", &ncclGroupStart);
-  load(lib, w, "ncclGroupEnd", &ncclGroupEnd);
-  load(lib, w, "ncclGetErrorString", &ncclGetErrorString);
-  return 1;
+  static const struct entry e[] = {
+      {"ncclGetVersion", &ncclGetVersion}, {"ncclGetUniqueId", &ncclGetUniqueId},
+      {"ncclCommInitRank", &ncclCommInitRank}, {"ncclCommDestroy", &ncclCommDestroy},
+      {"ncclAllReduce", &ncclAllReduce}, {"ncclAllGather", &ncclAllGather},
+      {"ncclGroupStart", &ncclGroupStart}, {"ncclGroupEnd", &ncclGroupEnd},
+      {"ncclGetErrorString", &ncclGetErrorString},
+  };
+  return load_all(nccl_name(), RTLD_NOW | RTLD_LOCAL, "libnccl", e, sizeof e / sizeof *e);
 }
 
 /* Prints every libnccl mapped into the process; returns how many. */
