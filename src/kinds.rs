@@ -50,18 +50,12 @@ pub enum Algo {
 
 impl Algo {
     /// Every selectable name.
-    pub const ALL: [Algo; 10] = [
-        Algo::Ring,
-        Algo::Hier,
-        Algo::HierRing,
-        Algo::HierLog,
-        Algo::LogStep,
-        Algo::HoRing,
-        Algo::Qgz,
-        Algo::Qgz1,
-        Algo::Qwz,
-        Algo::Auto,
-    ];
+    pub const ALL: [Algo; 10] = {
+        use Algo::*;
+        [
+            Ring, Hier, HierRing, HierLog, LogStep, HoRing, Qgz, Qgz1, Qwz, Auto,
+        ]
+    };
 
     /// The lossless algorithms (every one `auto` may pick, the forced forms of `hier`,
     /// and `auto` itself): what every test body and every engine phase takes.

@@ -139,8 +139,8 @@ fn operands(dt: DataType) -> (Vec<u8>, Vec<u8>) {
         }
         2 => {
             let sp: [u16; 16] = [
-                0, 0x8000, 0x3C00, 0x3F80, 0xBF80, 0x7C00, 0xFC00, 0x7F80, 0xFF80, 0x7E00,
-                0x7C01, 0x7F81, 0xFFC1, 0x7BFF, 0x0001, 0x7F7F,
+                0, 0x8000, 0x3C00, 0x3F80, 0xBF80, 0x7C00, 0xFC00, 0x7F80, 0xFF80, 0x7E00, 0x7C01,
+                0x7F81, 0xFFC1, 0x7BFF, 0x0001, 0x7F7F,
             ];
             // Every pattern in optimized builds; every 4th unoptimized (as `x`; all
             // specials still meet every `x` as `y`, in both orders).
@@ -266,8 +266,7 @@ fn matches_scalar_reference() {
                 let arith = matches!(op, ReduceOp::Sum | ReduceOp::Prod | ReduceOp::Avg);
                 for g in [&got[r.clone()], &pair[r.clone()]] {
                     assert!(
-                        g == &want[r.clone()]
-                            || (both_nan && arith && g == &swapped[r.clone()]),
+                        g == &want[r.clone()] || (both_nan && arith && g == &swapped[r.clone()]),
                         "{dt} {op}: {:02x?} op {:02x?} gave {g:02x?}, want {:02x?}",
                         &a[r.clone()],
                         &b[r.clone()],

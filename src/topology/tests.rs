@@ -162,9 +162,7 @@ fn coord_round_trip() {
         for r in 0..t.world_size() {
             let c = t.coord(r);
             assert!(
-                c.node < t.nodes
-                    && c.package < t.packages_per_node
-                    && c.die < t.dies_per_package
+                c.node < t.nodes && c.package < t.packages_per_node && c.die < t.dies_per_package
             );
             assert_eq!(t.rank_of(c), r, "{spec} {r}");
             assert_eq!(t.node_of(r), c.node);
