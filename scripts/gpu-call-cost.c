@@ -92,13 +92,12 @@ static const char *nccl_name(void) {
 }
 
 static int load_nccl(void) {
+#define E(f) {#f, &f}
   static const struct entry e[] = {
-      {"ncclGetVersion", &ncclGetVersion}, {"ncclGetUniqueId", &ncclGetUniqueId},
-      {"ncclCommInitRank", &ncclCommInitRank}, {"ncclCommDestroy", &ncclCommDestroy},
-      {"ncclAllReduce", &ncclAllReduce}, {"ncclAllGather", &ncclAllGather},
-      {"ncclGroupStart", &ncclGroupStart}, {"ncclGroupEnd", &ncclGroupEnd},
-      {"ncclGetErrorString", &ncclGetErrorString},
+      E(ncclGetVersion), E(ncclGetUniqueId), E(ncclCommInitRank), E(ncclCommDestroy),
+      E(ncclAllReduce), E(ncclAllGather), E(ncclGroupStart), E(ncclGroupEnd), E(ncclGetErrorString),
   };
+#undef E
   return load_all(nccl_name(), RTLD_NOW | RTLD_LOCAL, "libnccl", e, sizeof e / sizeof *e);
 }
 

@@ -79,21 +79,20 @@ static inline int load_all(const char *path, int flags, const char *what, const 
 
 /* Loads every entry point above; 0 when there is no driver (the check is skipped). */
 static inline int load_driver(void) {
+  /* E: the symbol of the pointer's name; V2: its versioned symbol (`_v2`). */
+#define E(f) {#f, &f}
+#define V2(f) {#f "_v2", &f}
   static const struct entry e[] = {
-      {"cuInit", &cuInit}, {"cuDeviceGet", &cuDeviceGet},
-      {"cuDevicePrimaryCtxRetain", &cuDevicePrimaryCtxRetain}, {"cuCtxSetCurrent", &cuCtxSetCurrent},
-      {"cuMemAlloc_v2", &cuMemAlloc}, {"cuMemFree_v2", &cuMemFree},
-      {"cuMemcpyHtoD_v2", &cuMemcpyHtoD}, {"cuMemcpyDtoH_v2", &cuMemcpyDtoH},
-      {"cuMemsetD32Async", &cuMemsetD32Async}, {"cuStreamCreate", &cuStreamCreate},
-      {"cuStreamSynchronize", &cuStreamSynchronize}, {"cuStreamQuery", &cuStreamQuery},
-      {"cuStreamDestroy_v2", &cuStreamDestroy}, {"cuStreamBeginCapture_v2", &cuStreamBeginCapture},
-      {"cuStreamEndCapture", &cuStreamEndCapture}, {"cuGraphDestroy", &cuGraphDestroy},
-      {"cuGraphInstantiateWithFlags", &cuGraphInstantiateWithFlags}, {"cuGraphLaunch", &cuGraphLaunch},
-      {"cuGraphExecDestroy", &cuGraphExecDestroy}, {"cuEventCreate", &cuEventCreate},
-      {"cuEventRecord", &cuEventRecord}, {"cuEventQuery", &cuEventQuery},
-      {"cuEventDestroy_v2", &cuEventDestroy}, {"cuModuleLoadData", &cuModuleLoadData},
-      {"cuModuleGetFunction", &cuModuleGetFunction}, {"cuLaunchKernel", &cuLaunchKernel},
+      E(cuInit), E(cuDeviceGet), E(cuDevicePrimaryCtxRetain), E(cuCtxSetCurrent),
+      V2(cuMemAlloc), V2(cuMemFree), V2(cuMemcpyHtoD), V2(cuMemcpyDtoH), E(cuMemsetD32Async),
+      E(cuStreamCreate), E(cuStreamSynchronize), E(cuStreamQuery), V2(cuStreamDestroy),
+      V2(cuStreamBeginCapture), E(cuStreamEndCapture), E(cuGraphDestroy),
+      E(cuGraphInstantiateWithFlags), E(cuGraphLaunch), E(cuGraphExecDestroy),
+      E(cuEventCreate), E(cuEventRecord), E(cuEventQuery), V2(cuEventDestroy),
+      E(cuModuleLoadData), E(cuModuleGetFunction), E(cuLaunchKernel),
   };
+#undef E
+#undef V2
   return load_all("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL, "libcuda", e, sizeof e / sizeof *e);
 }
 

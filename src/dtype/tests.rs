@@ -38,6 +38,19 @@ fn scalar_reduce(acc: &mut [u8], src: &[u8], dt: DataType, op: ReduceOp) {
             a.copy_from_slice(bytemuck::bytes_of(&r));
         }
     }
+    // Half floats compute in f32 and round once.
+    macro_rules! half {
+        ($t:ty) => {
+            one::<$t>(
+                acc,
+                src,
+                op,
+                |a, b| <$t>::from_f32(a.to_f32() + b.to_f32()),
+                |a, b| <$t>::from_f32(a.to_f32() * b.to_f32()),
+                |a, b| a < b,
+            )
+        };
+    }
     // Integers wrap.
     macro_rules! int {
         ($t:ty) => {
@@ -53,22 +66,8 @@ fn scalar_reduce(acc: &mut [u8], src: &[u8], dt: DataType, op: ReduceOp) {
     }
     match dt {
         DataType::F32 => one::<f32>(acc, src, op, |a, b| a + b, |a, b| a * b, |a, b| a < b),
-        DataType::F16 => one::<f16>(
-            acc,
-            src,
-            op,
-            |a, b| f16::from_f32(a.to_f32() + b.to_f32()),
-            |a, b| f16::from_f32(a.to_f32() * b.to_f32()),
-            |a, b| a < b,
-        ),
-        DataType::BF16 => one::<bf16>(
-            acc,
-            src,
-            op,
-            |a, b| bf16::from_f32(a.to_f32() + b.to_f32()),
-            |a, b| bf16::from_f32(a.to_f32() * b.to_f32()),
-            |a, b| a < b,
-        ),
+        DataType::F16 => half!(f16),
+        DataType::BF16 => half!(bf16),
         DataType::I8 => int!(i8),
         DataType::U8 => int!(u8),
         DataType::I32 => int!(i32),

@@ -9,6 +9,19 @@ fn last() -> String {
         .into_owned()
 }
 
+/// Every handle of `comms` runs on `transport`; destroys them.
+fn destroy_on<const N: usize>(comms: [strataComm_t; N], transport: strataTransport_t) {
+    for c in comms {
+        let mut t = 0;
+        // SAFETY: live handles, destroyed once.
+        unsafe {
+            assert_eq!(strataCommGetTransport(c, &mut t), strataSuccess);
+            assert_eq!(t, transport);
+            assert_eq!(strataCommDestroy(c), strataSuccess);
+        }
+    }
+}
+
 fn zero_id() -> strataUniqueId {
     strataUniqueId {
         internal: [0; STRATA_UNIQUE_ID_BYTES],
@@ -232,15 +245,7 @@ fn capi_config_transport_validation() {
     // SAFETY: as above.
     let rc = unsafe { strataCommInitLocal(comms.as_mut_ptr(), 2, null(), &cfg) };
     assert_eq!(rc, strataSuccess, "{}", last());
-    for c in comms {
-        let mut t = 0;
-        // SAFETY: live handles, destroyed once.
-        unsafe {
-            assert_eq!(strataCommGetTransport(c, &mut t), strataSuccess);
-            assert_eq!(t, strataTransportHostLocal);
-            assert_eq!(strataCommDestroy(c), strataSuccess);
-        }
-    }
+    destroy_on(comms, strataTransportHostLocal);
     // The GPU transports: not compiled, or not an in-process world (nccl, rccl).
     for (t, kind) in [
         (strataTransportNccl, TransportKind::Nccl),
@@ -276,15 +281,7 @@ fn capi_config_transport_validation() {
         assert!(!last().is_empty());
     } else {
         assert_eq!(rc, strataSuccess, "{}", last());
-        for c in comms {
-            let mut t = 0;
-            // SAFETY: live handles, destroyed once.
-            unsafe {
-                assert_eq!(strataCommGetTransport(c, &mut t), strataSuccess);
-                assert_eq!(t, strataTransportCudaLocal);
-                assert_eq!(strataCommDestroy(c), strataSuccess);
-            }
-        }
+        destroy_on(comms, strataTransportCudaLocal);
     }
 }
 
