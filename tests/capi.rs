@@ -31,6 +31,29 @@ fn config(
     }
 }
 
+/// `strataAllGather` of `count` f32 from `x` into `y`, blocking.
+///
+/// # Safety
+/// `x` holds `count` floats, `y` `count` times the world's size; `c` is live.
+unsafe fn all_gather_f32(
+    x: &[f32],
+    y: &mut [f32],
+    count: usize,
+    c: strataComm_t,
+) -> strataResult_t {
+    // SAFETY: the caller's contract.
+    unsafe {
+        strataAllGather(
+            x.as_ptr().cast(),
+            y.as_mut_ptr().cast(),
+            count,
+            strataFloat32,
+            c,
+            null_mut(),
+        )
+    }
+}
+
 fn local(n: usize, topo: &str) -> Vec<usize> {
     let mut comms = vec![null_mut(); n];
     let t = CString::new(topo).unwrap();
@@ -497,16 +520,7 @@ fn traffic_counters_show_the_hierarchical_egress() {
                         let x = [1f32; C];
                         let mut y = [0f32; P * C];
                         // SAFETY: C and P*C floats; live communicator.
-                        let rc = unsafe {
-                            strataAllGather(
-                                x.as_ptr().cast(),
-                                y.as_mut_ptr().cast(),
-                                C,
-                                strataFloat32,
-                                c,
-                                null_mut(),
-                            )
-                        };
+                        let rc = unsafe { all_gather_f32(&x, &mut y, C, c) };
                         assert_eq!(rc, strataSuccess, "{}", last(c));
                         let (mut mine, mut all) =
                             (strataTraffic_t::default(), strataTraffic_t::default());
@@ -571,16 +585,7 @@ fn traffic_counters_show_the_hierarchical_egress() {
                     let x = [r as f32; 3];
                     let mut y = [0f32; 12];
                     // SAFETY: 3 and 12 floats; live communicator.
-                    let rc = unsafe {
-                        strataAllGather(
-                            x.as_ptr().cast(),
-                            y.as_mut_ptr().cast(),
-                            3,
-                            strataFloat32,
-                            c,
-                            null_mut(),
-                        )
-                    };
+                    let rc = unsafe { all_gather_f32(&x, &mut y, 3, c) };
                     assert_eq!(rc, strataSuccess, "{}", last(c));
                     let mut t = strataTraffic_t::default();
                     // SAFETY: valid out-pointer; collective over `sub`; then NULL.
