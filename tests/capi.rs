@@ -54,6 +54,21 @@ unsafe fn all_gather_f32(
     }
 }
 
+/// `strataAllReduce` (sum) of `count` f32 from `x` into `y`, blocking.
+///
+/// # Safety
+/// `x` and `y` hold `count` floats; `c` is live.
+unsafe fn all_reduce_sum_f32(
+    x: &[f32],
+    y: &mut [f32],
+    count: usize,
+    c: strataComm_t,
+) -> strataResult_t {
+    let (xp, yp) = (x.as_ptr().cast(), y.as_mut_ptr().cast());
+    // SAFETY: the caller's contract.
+    unsafe { strataAllReduce(xp, yp, count, strataFloat32, strataSum, c, null_mut()) }
+}
+
 fn local(n: usize, topo: &str) -> Vec<usize> {
     let mut comms = vec![null_mut(); n];
     let t = CString::new(topo).unwrap();
@@ -75,17 +90,7 @@ fn all_reduce_and_in_place_all_gather_from_threads() {
                 let x = [r as f32, 1.0];
                 let mut y = [0f32; 2];
                 // SAFETY: 2 floats each; live communicator.
-                let rc = unsafe {
-                    strataAllReduce(
-                        x.as_ptr() as *const c_void,
-                        y.as_mut_ptr() as *mut c_void,
-                        2,
-                        strataFloat32,
-                        strataSum,
-                        c,
-                        null_mut(),
-                    )
-                };
+                let rc = unsafe { all_reduce_sum_f32(&x, &mut y, 2, c) };
                 assert_eq!(rc, strataSuccess, "{}", last(c));
                 assert_eq!(y, [6.0, 4.0]);
                 let mut g = [0f32; 8];
@@ -446,15 +451,7 @@ fn device_path_of_the_collectives_on_cuda_local() {
     let mut y = [0f32; 4];
     // SAFETY: host pointers to a device communicator are refused before any access.
     unsafe {
-        let rc = strataAllReduce(
-            x.as_ptr() as *const c_void,
-            y.as_mut_ptr() as *mut c_void,
-            4,
-            strataFloat32,
-            strataSum,
-            c,
-            null_mut(),
-        );
+        let rc = all_reduce_sum_f32(&x, &mut y, 4, c);
         assert_eq!(rc, strataInvalidArgument, "{}", last(c));
         assert!(last(c).contains("sendbuff"), "{}", last(c));
         // A bad overlap is refused before the device check, with the host path's message.
