@@ -79,39 +79,26 @@ static ncclResult_t (*ncclGroupEnd)(void);
 static const char *(*ncclGetErrorString)(ncclResult_t);
 
 /* ------------------------------------------------------------------ checks */
-#define OK(call)                                                                   \
-  do {                                                                             \
-    strataResult_t r_ = (call);                                                    \
-    if (r_ != strataSuccess)                                                       \
-      FAIL("%s -> %d (%s): %s", #call, r_, strataGetErrorString(r_),               \
-           strataGetLastError(NULL));                                              \
-  } while (0)
 #define NC(call)                                                                   \
   do {                                                                             \
     ncclResult_t n_ = (call);                                                      \
     if (n_ != 0) FAIL("%s -> ncclResult %d (%s)", #call, n_, ncclGetErrorString(n_)); \
   } while (0)
 
-/* The library strata loads too (src/transport/vendor.rs reads STRATA_NCCL_LIB first). */
+/* The library strata loads too (src/transport/vendor/loader.rs reads STRATA_NCCL_LIB first). */
 static const char *nccl_name(void) {
   const char *e = getenv("STRATA_NCCL_LIB");
   return e && *e ? e : "libnccl.so.2";
 }
 
 static int load_nccl(void) {
-  void *lib = dlopen(nccl_name(), RTLD_NOW | RTLD_LOCAL);
-  if (!lib) return 0;
-  const char *w = "libnccl";
-  load(lib, w, "ncclGetVersion", &ncclGetVersion);
-  load(lib, w, "ncclGetUniqueId", &ncclGetUniqueId);
-  load(lib, w, "ncclCommInitRank", &ncclCommInitRank);
-  load(lib, w, "ncclCommDestroy", &ncclCommDestroy);
-  load(lib, w, "ncclAllReduce", &ncclAllReduce);
-  load(lib, w, "ncclAllGather", &ncclAllGather);
-  load(lib, w, "ncclGroupStart", &ncclGroupStart);
-  load(lib, w, "ncclGroupEnd", &ncclGroupEnd);
-  load(lib, w, "ncclGetErrorString", &ncclGetErrorString);
-  return 1;
+#define E(f) {#f, &f}
+  static const struct entry e[] = {
+      E(ncclGetVersion), E(ncclGetUniqueId), E(ncclCommInitRank), E(ncclCommDestroy),
+      E(ncclAllReduce), E(ncclAllGather), E(ncclGroupStart), E(ncclGroupEnd), E(ncclGetErrorString),
+  };
+#undef E
+  return load_all(nccl_name(), RTLD_NOW | RTLD_LOCAL, "libnccl", e, sizeof e / sizeof *e);
 }
 
 /* Prints every libnccl mapped into the process; returns how many. */

@@ -30,23 +30,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+static long passed;
+#define CHECK_PASSED() (passed++)
 #include "gpu-driver.h"
 
-static long passed;
-
-#define CHECK(cond, ...)                                                           \
-  do {                                                                             \
-    if (!(cond)) FAIL(__VA_ARGS__);                                                \
-    passed++;                                                                      \
-  } while (0)
-#define OK(call)                                                                   \
-  do {                                                                             \
-    strataResult_t r_ = (call);                                                    \
-    if (r_ != strataSuccess)                                                       \
-      FAIL("%s -> %d (%s): %s", #call, r_, strataGetErrorString(r_),               \
-           strataGetLastError(NULL));                                              \
-    passed++;                                                                      \
-  } while (0)
 enum { N = 4096 };
 
 static CUdeviceptr dev_floats(size_t n, float first, float step) {

@@ -2,10 +2,13 @@
  * The CUDA driver API as the C checks on a GPU use it (scripts/gpu-check-capi.c,
  * scripts/gpu-call-cost.c): the few types and entry points they call, loaded from
  * libcuda.so.1 with dlopen at run time (as strata loads it), so the checks build here
- * without a CUDA toolkit. Include after <dlfcn.h>, <stdio.h>, <stdlib.h>, <string.h>.
+ * without a CUDA toolkit. Include after "strata.h", <dlfcn.h>, <stdio.h>, <stdlib.h>,
+ * <string.h>; FAIL, CHECK and OK come from tests/c/check.h.
  */
 #ifndef STRATA_GPU_DRIVER_H
 #define STRATA_GPU_DRIVER_H
+
+#include "../tests/c/check.h"
 
 typedef int CUresult;
 typedef int CUdevice;
@@ -45,13 +48,6 @@ static CUresult (*cuModuleGetFunction)(CUfunction *, CUmodule, const char *);
 static CUresult (*cuLaunchKernel)(CUfunction, unsigned int, unsigned int, unsigned int, unsigned int,
                                   unsigned int, unsigned int, unsigned int, CUstream, void **, void **);
 
-#define FAIL(...)                                                                  \
-  do {                                                                             \
-    fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                           \
-    fprintf(stderr, __VA_ARGS__);                                                  \
-    fprintf(stderr, "\n");                                                         \
-    exit(1);                                                                       \
-  } while (0)
 #define CU(call)                                                                   \
   do {                                                                             \
     CUresult c_ = (call);                                                          \
@@ -65,38 +61,39 @@ static inline void load(void *lib, const char *what, const char *name, void *fn)
   memcpy(fn, &p, sizeof p); /* POSIX: data and function pointers have one size */
 }
 
+/* One entry point to load: its symbol and the function pointer it goes to. */
+struct entry {
+  const char *name;
+  void *fn;
+};
+
+/* dlopen `path` with `flags` and load the `n` entries `e` (`what` names the library in a
+ * failure); 0 when the library is not there. */
+static inline int load_all(const char *path, int flags, const char *what, const struct entry *e,
+                           size_t n) {
+  void *lib = dlopen(path, flags);
+  if (!lib) return 0;
+  for (size_t i = 0; i < n; i++) load(lib, what, e[i].name, e[i].fn);
+  return 1;
+}
+
 /* Loads every entry point above; 0 when there is no driver (the check is skipped). */
 static inline int load_driver(void) {
-  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
-  if (!lib) return 0;
-  const char *w = "libcuda";
-  load(lib, w, "cuInit", &cuInit);
-  load(lib, w, "cuDeviceGet", &cuDeviceGet);
-  load(lib, w, "cuDevicePrimaryCtxRetain", &cuDevicePrimaryCtxRetain);
-  load(lib, w, "cuCtxSetCurrent", &cuCtxSetCurrent);
-  load(lib, w, "cuMemAlloc_v2", &cuMemAlloc);
-  load(lib, w, "cuMemFree_v2", &cuMemFree);
-  load(lib, w, "cuMemcpyHtoD_v2", &cuMemcpyHtoD);
-  load(lib, w, "cuMemcpyDtoH_v2", &cuMemcpyDtoH);
-  load(lib, w, "cuMemsetD32Async", &cuMemsetD32Async);
-  load(lib, w, "cuStreamCreate", &cuStreamCreate);
-  load(lib, w, "cuStreamSynchronize", &cuStreamSynchronize);
-  load(lib, w, "cuStreamQuery", &cuStreamQuery);
-  load(lib, w, "cuStreamDestroy_v2", &cuStreamDestroy);
-  load(lib, w, "cuStreamBeginCapture_v2", &cuStreamBeginCapture);
-  load(lib, w, "cuStreamEndCapture", &cuStreamEndCapture);
-  load(lib, w, "cuGraphDestroy", &cuGraphDestroy);
-  load(lib, w, "cuGraphInstantiateWithFlags", &cuGraphInstantiateWithFlags);
-  load(lib, w, "cuGraphLaunch", &cuGraphLaunch);
-  load(lib, w, "cuGraphExecDestroy", &cuGraphExecDestroy);
-  load(lib, w, "cuEventCreate", &cuEventCreate);
-  load(lib, w, "cuEventRecord", &cuEventRecord);
-  load(lib, w, "cuEventQuery", &cuEventQuery);
-  load(lib, w, "cuEventDestroy_v2", &cuEventDestroy);
-  load(lib, w, "cuModuleLoadData", &cuModuleLoadData);
-  load(lib, w, "cuModuleGetFunction", &cuModuleGetFunction);
-  load(lib, w, "cuLaunchKernel", &cuLaunchKernel);
-  return 1;
+  /* E: the symbol of the pointer's name; V2: its versioned symbol (`_v2`). */
+#define E(f) {#f, &f}
+#define V2(f) {#f "_v2", &f}
+  static const struct entry e[] = {
+      E(cuInit), E(cuDeviceGet), E(cuDevicePrimaryCtxRetain), E(cuCtxSetCurrent),
+      V2(cuMemAlloc), V2(cuMemFree), V2(cuMemcpyHtoD), V2(cuMemcpyDtoH), E(cuMemsetD32Async),
+      E(cuStreamCreate), E(cuStreamSynchronize), E(cuStreamQuery), V2(cuStreamDestroy),
+      V2(cuStreamBeginCapture), E(cuStreamEndCapture), E(cuGraphDestroy),
+      E(cuGraphInstantiateWithFlags), E(cuGraphLaunch), E(cuGraphExecDestroy),
+      E(cuEventCreate), E(cuEventRecord), E(cuEventQuery), V2(cuEventDestroy),
+      E(cuModuleLoadData), E(cuModuleGetFunction), E(cuLaunchKernel),
+  };
+#undef E
+#undef V2
+  return load_all("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL, "libcuda", e, sizeof e / sizeof *e);
 }
 
 /* Device 0 made current (its primary context), as an NCCL program starts; without a

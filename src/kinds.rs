@@ -6,8 +6,20 @@
 #![forbid(unsafe_code)]
 
 use crate::error::{Error, Result};
-use std::fmt;
 use std::str::FromStr;
+
+/// `Display` as the type's `name()`: the named kinds of the leaves (algorithms, element
+/// types, operators, link classes) print as they parse.
+macro_rules! display_as_name {
+    ($($t:ty),+) => {$(
+        impl std::fmt::Display for $t {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.name())
+            }
+        }
+    )+};
+}
+pub(crate) use display_as_name;
 
 /// An algorithm name (contract: `--algo`, `STRATA_ALGO`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -38,18 +50,12 @@ pub enum Algo {
 
 impl Algo {
     /// Every selectable name.
-    pub const ALL: [Algo; 10] = [
-        Algo::Ring,
-        Algo::Hier,
-        Algo::HierRing,
-        Algo::HierLog,
-        Algo::LogStep,
-        Algo::HoRing,
-        Algo::Qgz,
-        Algo::Qgz1,
-        Algo::Qwz,
-        Algo::Auto,
-    ];
+    pub const ALL: [Algo; 10] = {
+        use Algo::*;
+        [
+            Ring, Hier, HierRing, HierLog, LogStep, HoRing, Qgz, Qgz1, Qwz, Auto,
+        ]
+    };
 
     /// The lossless algorithms (every one `auto` may pick, the forced forms of `hier`,
     /// and `auto` itself): what every test body and every engine phase takes.
@@ -80,11 +86,7 @@ impl Algo {
     }
 }
 
-impl fmt::Display for Algo {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+display_as_name!(Algo);
 
 impl FromStr for Algo {
     type Err = Error;

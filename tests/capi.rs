@@ -1,7 +1,7 @@
 //! The C ABI called from Rust (the C program in tests/c and the Python tests drive the
 //! same functions through the real shared library; these run under `cargo test`).
 
-use std::ffi::{c_void, CStr, CString};
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::ptr::{null, null_mut};
 use strata::capi::*;
 
@@ -10,6 +10,63 @@ fn last(comm: strataComm_t) -> String {
     unsafe { CStr::from_ptr(strataGetLastError(comm)) }
         .to_string_lossy()
         .into_owned()
+}
+
+/// A config of this header: `topology` and `algo` NULL or C strings, default links.
+fn config(
+    transport: strataTransport_t,
+    topology: *const c_char,
+    algo: *const c_char,
+    timeout_ms: c_int,
+) -> strataConfig_t {
+    strataConfig_t {
+        size: std::mem::size_of::<strataConfig_t>(),
+        magic: STRATA_CONFIG_MAGIC,
+        version: STRATA_VERSION_CODE as u32,
+        transport,
+        topology,
+        algo,
+        timeout_ms,
+        links: null(),
+    }
+}
+
+/// `strataAllGather` of `count` f32 from `x` into `y`, blocking.
+///
+/// # Safety
+/// `x` holds `count` floats, `y` `count` times the world's size; `c` is live.
+unsafe fn all_gather_f32(
+    x: &[f32],
+    y: &mut [f32],
+    count: usize,
+    c: strataComm_t,
+) -> strataResult_t {
+    // SAFETY: the caller's contract.
+    unsafe {
+        strataAllGather(
+            x.as_ptr().cast(),
+            y.as_mut_ptr().cast(),
+            count,
+            strataFloat32,
+            c,
+            null_mut(),
+        )
+    }
+}
+
+/// `strataAllReduce` (sum) of `count` f32 from `x` into `y`, blocking.
+///
+/// # Safety
+/// `x` and `y` hold `count` floats; `c` is live.
+unsafe fn all_reduce_sum_f32(
+    x: &[f32],
+    y: &mut [f32],
+    count: usize,
+    c: strataComm_t,
+) -> strataResult_t {
+    let (xp, yp) = (x.as_ptr().cast(), y.as_mut_ptr().cast());
+    // SAFETY: the caller's contract.
+    unsafe { strataAllReduce(xp, yp, count, strataFloat32, strataSum, c, null_mut()) }
 }
 
 fn local(n: usize, topo: &str) -> Vec<usize> {
@@ -33,17 +90,7 @@ fn all_reduce_and_in_place_all_gather_from_threads() {
                 let x = [r as f32, 1.0];
                 let mut y = [0f32; 2];
                 // SAFETY: 2 floats each; live communicator.
-                let rc = unsafe {
-                    strataAllReduce(
-                        x.as_ptr() as *const c_void,
-                        y.as_mut_ptr() as *mut c_void,
-                        2,
-                        strataFloat32,
-                        strataSum,
-                        c,
-                        null_mut(),
-                    )
-                };
+                let rc = unsafe { all_reduce_sum_f32(&x, &mut y, 2, c) };
                 assert_eq!(rc, strataSuccess, "{}", last(c));
                 assert_eq!(y, [6.0, 4.0]);
                 let mut g = [0f32; 8];
@@ -128,16 +175,7 @@ fn unique_id_rendezvous_and_timeout() {
         })
         .collect();
     hs.into_iter().for_each(|h| h.join().unwrap());
-    let mut cfg = strataConfig_t {
-        size: std::mem::size_of::<strataConfig_t>(),
-        magic: STRATA_CONFIG_MAGIC,
-        version: STRATA_VERSION_CODE as u32,
-        transport: strataTransportLocal,
-        topology: null(),
-        algo: null(),
-        timeout_ms: 100,
-        links: null(),
-    };
+    let mut cfg = config(strataTransportLocal, null(), null(), 100);
     let mut c = null_mut();
     // SAFETY: valid pointers; a fresh id nobody else joins.
     unsafe {
@@ -186,66 +224,34 @@ fn quantized_variants_within_the_bound_and_bad_formats_rejected() {
                 }
                 let mine: Vec<f32> = (0..n).map(|i| r as f32 * 0.5 + i as f32).collect();
                 let mut all = vec![0f32; 8 * n];
-                // SAFETY: n floats in, 8n out.
-                let rc = unsafe {
-                    strataAllGatherQuantized(
-                        mine.as_ptr() as *const c_void,
-                        all.as_mut_ptr() as *mut c_void,
-                        n,
-                        strataFloat32,
-                        8,
-                        64,
-                        c,
-                        null_mut(),
-                    )
+                let mut gather = |dtype, bits, block| {
+                    // SAFETY: n floats in, 8n out; live communicator.
+                    unsafe {
+                        strataAllGatherQuantized(
+                            mine.as_ptr() as *const c_void,
+                            all.as_mut_ptr() as *mut c_void,
+                            n,
+                            dtype,
+                            bits,
+                            block,
+                            c,
+                            null_mut(),
+                        )
+                    }
                 };
+                let rc = gather(strataFloat32, 8, 64);
                 assert_eq!(rc, strataSuccess, "{}", last(c));
+                // Bad formats: 3 bits, odd int4 block, integer data.
+                for (dtype, bits, block) in [
+                    (strataFloat32, 3, 64),
+                    (strataFloat32, 4, 7),
+                    (strataInt32, 8, 64),
+                ] {
+                    assert_eq!(gather(dtype, bits, block), strataInvalidArgument);
+                }
                 for (j, v) in all.iter().enumerate() {
                     let exact = (j / n) as f32 * 0.5 + (j % n) as f32;
                     assert!((v - exact).abs() <= 103.5 / 254.0 + 1e-3, "{v} vs {exact}");
-                }
-                // Bad formats: 3 bits, odd int4 block, integer data.
-                // SAFETY: as above.
-                unsafe {
-                    assert_eq!(
-                        strataAllGatherQuantized(
-                            mine.as_ptr() as *const c_void,
-                            all.as_mut_ptr() as *mut c_void,
-                            n,
-                            strataFloat32,
-                            3,
-                            64,
-                            c,
-                            null_mut()
-                        ),
-                        strataInvalidArgument
-                    );
-                    assert_eq!(
-                        strataAllGatherQuantized(
-                            mine.as_ptr() as *const c_void,
-                            all.as_mut_ptr() as *mut c_void,
-                            n,
-                            strataFloat32,
-                            4,
-                            7,
-                            c,
-                            null_mut()
-                        ),
-                        strataInvalidArgument
-                    );
-                    assert_eq!(
-                        strataAllGatherQuantized(
-                            mine.as_ptr() as *const c_void,
-                            all.as_mut_ptr() as *mut c_void,
-                            n,
-                            strataInt32,
-                            8,
-                            64,
-                            c,
-                            null_mut()
-                        ),
-                        strataInvalidArgument
-                    );
                 }
                 assert!(
                     last(c).contains("block") || last(c).contains("i32") || !last(c).is_empty()
@@ -429,15 +435,7 @@ fn in_place_layouts_aliasing_groups_and_last_errors() {
 #[test]
 fn device_path_of_the_collectives_on_cuda_local() {
     use strata::device::{count, Api};
-    let cfg = strataConfig_t {
-        size: std::mem::size_of::<strataConfig_t>(),
-        magic: STRATA_CONFIG_MAGIC,
-        version: STRATA_VERSION_CODE as u32,
-        transport: strataTransportCudaLocal,
-        topology: null(),
-        algo: null(),
-        timeout_ms: 20_000,
-    };
+    let cfg = config(strataTransportCudaLocal, null(), null(), 20_000);
     let mut comms = [null_mut(); 1];
     // SAFETY: room for 1 handle; a valid config.
     let rc = unsafe { strataCommInitLocal(comms.as_mut_ptr(), 1, null(), &cfg) };
@@ -453,15 +451,7 @@ fn device_path_of_the_collectives_on_cuda_local() {
     let mut y = [0f32; 4];
     // SAFETY: host pointers to a device communicator are refused before any access.
     unsafe {
-        let rc = strataAllReduce(
-            x.as_ptr() as *const c_void,
-            y.as_mut_ptr() as *mut c_void,
-            4,
-            strataFloat32,
-            strataSum,
-            c,
-            null_mut(),
-        );
+        let rc = all_reduce_sum_f32(&x, &mut y, 4, c);
         assert_eq!(rc, strataInvalidArgument, "{}", last(c));
         assert!(last(c).contains("sendbuff"), "{}", last(c));
         // A bad overlap is refused before the device check, with the host path's message.
@@ -512,16 +502,7 @@ fn traffic_counters_show_the_hierarchical_egress() {
     ] {
         let a = CString::new(algo).unwrap();
         let t = CString::new("nodes:3x2").unwrap();
-        let cfg = strataConfig_t {
-            size: std::mem::size_of::<strataConfig_t>(),
-            magic: STRATA_CONFIG_MAGIC,
-            version: STRATA_VERSION_CODE as u32,
-            transport: strataTransportLocal,
-            topology: t.as_ptr(),
-            algo: a.as_ptr(),
-            timeout_ms: 20_000,
-            links: null(),
-        };
+        let cfg = config(strataTransportLocal, t.as_ptr(), a.as_ptr(), 20_000);
         let mut comms = [null_mut(); P];
         // SAFETY: room for P handles; a valid config.
         let rc = unsafe { strataCommInitLocal(comms.as_mut_ptr(), P as i32, null(), &cfg) };
@@ -536,16 +517,7 @@ fn traffic_counters_show_the_hierarchical_egress() {
                         let x = [1f32; C];
                         let mut y = [0f32; P * C];
                         // SAFETY: C and P*C floats; live communicator.
-                        let rc = unsafe {
-                            strataAllGather(
-                                x.as_ptr().cast(),
-                                y.as_mut_ptr().cast(),
-                                C,
-                                strataFloat32,
-                                c,
-                                null_mut(),
-                            )
-                        };
+                        let rc = unsafe { all_gather_f32(&x, &mut y, C, c) };
                         assert_eq!(rc, strataSuccess, "{}", last(c));
                         let (mut mine, mut all) =
                             (strataTraffic_t::default(), strataTraffic_t::default());
@@ -610,16 +582,7 @@ fn traffic_counters_show_the_hierarchical_egress() {
                     let x = [r as f32; 3];
                     let mut y = [0f32; 12];
                     // SAFETY: 3 and 12 floats; live communicator.
-                    let rc = unsafe {
-                        strataAllGather(
-                            x.as_ptr().cast(),
-                            y.as_mut_ptr().cast(),
-                            3,
-                            strataFloat32,
-                            c,
-                            null_mut(),
-                        )
-                    };
+                    let rc = unsafe { all_gather_f32(&x, &mut y, 3, c) };
                     assert_eq!(rc, strataSuccess, "{}", last(c));
                     let mut t = strataTraffic_t::default();
                     // SAFETY: valid out-pointer; collective over `sub`; then NULL.

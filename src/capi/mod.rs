@@ -55,6 +55,7 @@
 
 mod buffers;
 mod coll;
+mod config;
 mod init;
 mod mem;
 mod stream;

@@ -34,30 +34,8 @@
 #endif
 
 static atomic_long passed;
-
-#define FAIL(...)                                                                  \
-  do {                                                                             \
-    fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                           \
-    fprintf(stderr, __VA_ARGS__);                                                  \
-    fprintf(stderr, "\n");                                                         \
-    exit(1);                                                                       \
-  } while (0)
-
-#define CHECK(cond, ...)                                                           \
-  do {                                                                             \
-    if (!(cond)) FAIL(__VA_ARGS__);                                                \
-    atomic_fetch_add(&passed, 1);                                                  \
-  } while (0)
-
-/* A call that must succeed. */
-#define OK(call)                                                                   \
-  do {                                                                             \
-    strataResult_t r_ = (call);                                                    \
-    if (r_ != strataSuccess)                                                       \
-      FAIL("%s -> %d (%s): %s", #call, r_, strataGetErrorString(r_),               \
-           strataGetLastError(NULL));                                              \
-    atomic_fetch_add(&passed, 1);                                                  \
-  } while (0)
+#define CHECK_PASSED() atomic_fetch_add(&passed, 1)
+#include "check.h"
 
 /* A call that must fail with `code` and leave a message on `comm` (NULL: the thread). */
 #define EXPECT(code, comm, call)                                                   \
