@@ -18,7 +18,8 @@
 //! - Messages: every failing call stores `"<function>: <error>"` on the communicator it
 //!   named (`strataGetLastError(comm)`) and on the calling thread
 //!   (`strataGetLastError(NULL)`), through one writer (`store_error`) and one reader.
-//! - One body per collective (`coll.rs`, over `buffers.rs`): validate the arguments,
+//! - One body for every collective (`enqueue.rs`, over `buffers.rs`; the exports in
+//!   `coll.rs` name their collective and pass their arguments): validate the arguments,
 //!   turn the user's pointers into strata [`Buffer`](crate::Buffer)s, submit one
 //!   request through [`Comm::submit`], finish. NCCL's in-place layouts are recognised
 //!   from the raw pointers by the one rule, [`Kind::in_place`](crate::kinds::Kind::in_place),
@@ -54,7 +55,10 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod buffers;
+// The export table: one line a signature, one a body (see its docs).
+#[rustfmt::skip]
 mod coll;
+mod enqueue;
 mod init;
 mod mem;
 mod stream;
