@@ -45,7 +45,7 @@ use super::{Comm, How, Submitted, Work};
 use crate::device::direct::{self, Scope};
 use crate::device::{waits, DevEvent, DevStream, Device};
 use crate::error::{Error, Result};
-use crate::runtime::request::{Op, Request};
+use crate::runtime::request::{Checked, Op, Request};
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -88,6 +88,22 @@ impl Comm {
 
     /// [`Comm::enqueue`] for any [`CallerStream`] (the C ABI passes its raw handles).
     pub fn enqueue_on(&self, req: Request, stream: Rc<dyn CallerStream>) -> Result<Work> {
+        let mine = self.ordered_on(&req, stream.as_ref())?;
+        let req = self.front(req)?;
+        self.launch(req, &mine, Some(stream))
+    }
+
+    /// [`Comm::enqueue_on`] of a request checked already ([`Comm::submit_checked`]).
+    pub fn enqueue_checked(&self, req: Checked, stream: Rc<dyn CallerStream>) -> Result<Work> {
+        let mine = self.ordered_on(req.request(), stream.as_ref())?;
+        let req = self.0.note(req.on(self.rank(), self.size()))?;
+        self.launch(req, &mine, Some(stream))
+    }
+
+    /// What a stream-ordered call needs besides its arguments' checks: a live
+    /// communicator on a device transport, `stream` on its device and device buffers.
+    /// Its device.
+    fn ordered_on(&self, req: &Request, stream: &dyn CallerStream) -> Result<Arc<dyn Device>> {
         let core = &self.0;
         core.alive()?;
         let dev = stream.device();
@@ -116,7 +132,7 @@ impl Comm {
                 req.op.name()
             )));
         }
-        self.launch(req, &mine, Some(stream))
+        Ok(mine)
     }
 
     /// The one launch path (see [`self`]): `caller` is the stream the call is ordered
@@ -124,7 +140,7 @@ impl Comm {
     /// this communicator's earlier launched calls and `req`'s dependencies only).
     pub(super) fn launch(
         &self,
-        req: Request,
+        mut req: Checked,
         dev: &Arc<dyn Device>,
         caller: Option<Rc<dyn CallerStream>>,
     ) -> Result<Work> {
@@ -139,7 +155,7 @@ impl Comm {
         };
         // The fast path: on the caller's stream, or without one (`submit`, `call`) on the
         // launch stream, which then plays the caller's part.
-        if !capturing && !crate::runtime::group::in_group() && self.one_call(&req) {
+        if !capturing && !crate::runtime::group::in_group() && self.one_call(req.request()) {
             let on: Rc<dyn CallerStream> = match &caller {
                 Some(s) => s.clone(),
                 None => Rc::new(ls.clone()),
@@ -150,7 +166,11 @@ impl Comm {
         // inside the group (as NCCL's grouped calls do), no fork or join; the group's
         // calls on one stream share one end event.
         let grouped_on = match &caller {
-            Some(s) if !capturing && crate::runtime::group::in_group() && self.one_call(&req) => {
+            Some(s)
+                if !capturing
+                    && crate::runtime::group::in_group()
+                    && self.one_call(req.request()) =>
+            {
                 Some(core.note(s.stream())?)
             }
             _ => None,
@@ -169,7 +189,7 @@ impl Comm {
             if !capturing {
                 l.follow(&target)?;
             }
-            for d in &req.deps {
+            for d in &req.request().deps {
                 match d.event() {
                     Some(ev) => target.wait_event(ev.as_ref())?,
                     None => d.wait()?,
@@ -178,16 +198,15 @@ impl Comm {
             Ok(())
         })();
         core.note(fork)?;
-        let what = Called(req.op.name(), req.dtype);
+        let what = Called(req.request().op.name(), req.request().dtype);
         // The call's buffers live until its end event passes: the request (and with it
         // the last handle on a buffer the caller gave away) is dropped once enqueued,
         // while the device still reads and writes them (PyTorch's record_stream).
         let mut held: Vec<crate::memory::Buffer> = Vec::new();
-        req.op.for_each_buffer(&mut |b| held.push(b.clone()));
-        let req = Request {
-            deps: Vec::new(),
-            ..req
-        };
+        req.request()
+            .op
+            .for_each_buffer(&mut |b| held.push(b.clone()));
+        drop(req.take_deps());
         let sc = Scope::launch(l.arena(), Some(target.clone()), core.identity());
         let host = match direct::scope(Some(sc), || self.submit_as(req, How::Launch(l.clone()))) {
             Ok(Submitted::Queued(w)) => w,
@@ -320,26 +339,22 @@ impl Comm {
     /// [`GpuTransport::any_stream`]: crate::transport::gpu::GpuTransport::any_stream
     fn run_direct(
         &self,
-        req: Request,
+        req: Checked,
         caller: &Rc<dyn CallerStream>,
         l: &Arc<crate::runtime::ordered::Launcher>,
     ) -> Result<Work> {
         let core = &self.0;
-        let (dtype, name) = (req.dtype, req.op.name());
-        // Bad arguments fail here, nothing enqueued (the C ABI's requests come checked).
-        let op = core.note(crate::runtime::request::check(
-            req.op,
-            dtype,
-            core.rank(),
-            core.size(),
-        ))?;
+        let Request {
+            op, dtype, deps, ..
+        } = req.into_request();
+        let name = op.name();
         let stream = core.note(caller.stream())?;
         let sc = Scope::launch(l.arena(), Some(stream.clone()), core.identity());
         let to = core.timeout();
         let enqueued = (|| {
             core.still_running()?;
             l.follow(&stream)?;
-            for d in &req.deps {
+            for d in &deps {
                 match d.event() {
                     Some(ev) => stream.wait_event(ev.as_ref())?,
                     None => d.wait()?,
