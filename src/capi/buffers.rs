@@ -400,7 +400,7 @@ impl RawStream {
     }
 }
 
-impl crate::comm::ordered::CallerStream for RawStream {
+impl crate::runtime::launch::CallerStream for RawStream {
     fn device(&self) -> Arc<dyn crate::device::Device> {
         self.dev.clone()
     }

@@ -34,7 +34,7 @@
 //!   device memory of the communicator's device, checked
 //!   ([`Device::check_pointer`](crate::device::Device::check_pointer)) and wrapped without
 //!   copying ([`Buffer::from_device_ptr`](crate::Buffer::from_device_ptr)). Calls are
-//!   stream-ordered ([`crate::comm::ordered`]): after the caller's stream's earlier work,
+//!   stream-ordered ([`crate::runtime::launch`]): after the caller's stream's earlier work,
 //!   before its later work, returning without waiting for the device.
 //! - host-local (the CPU device): pointers from `strataMemAlloc`; driven as a host
 //!   transport (blocking, or on a strata host stream).

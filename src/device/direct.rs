@@ -1,6 +1,6 @@
 //! Per-call scratch of stream-ordered collectives, and the capturable path.
 //!
-//! A stream-ordered call ([`crate::comm::ordered`]) runs inside a [`Scope`]: every
+//! A stream-ordered call ([`crate::runtime::launch`]) runs inside a [`Scope`]: every
 //! [`super::DeviceMem::alloc`] made for it on its device (by the algorithm, on any
 //! sub-communicator's thread: the scope travels with the call's jobs) takes a block of
 //! the communicator's [`Arena`] instead of the device cache. The blocks are held until

@@ -30,7 +30,7 @@ struct Pending {
     /// A send or receive on host memory: run with the group's other ones as one
     /// exchange ([`super::native::exchange`]) instead of its own job.
     p2p: Option<Op>,
-    /// A launched device call ([`crate::comm::ordered`]): run on the thread that ends
+    /// A launched device call ([`crate::runtime::launch`]): run on the thread that ends
     /// the group, never queued on a stream thread.
     launch: bool,
     /// A call with no byte on any buffer (count 0 on every rank, as its peers'): nothing
