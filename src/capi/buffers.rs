@@ -161,7 +161,8 @@ pub(super) struct CallBuffers {
 
 thread_local! {
     /// The allocations of this thread's host buffers, reused call after call: a blocking
-    /// call's buffers are gone when it returns, so the next call allocates nothing.
+    /// call's buffers are gone when it returns, so the next call allocates nothing. An
+    /// allocation cache (a call takes the slots and gives them back), no call's state.
     static SLOTS: std::cell::Cell<Vec<HostSlot>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
@@ -431,6 +432,8 @@ struct Held {
 }
 
 thread_local! {
+    /// The calls of this thread's open group, completed by [`end_group`]. Per thread
+    /// because groups are (NCCL holds a group's calls per thread until `ncclGroupEnd`).
     static HELD: RefCell<Vec<Held>> = const { RefCell::new(Vec::new()) };
 }
 

@@ -427,7 +427,8 @@ pub(crate) fn unregister(c: strataComm_t) -> Result<Arc<Handle>> {
 // ---- the last error: one store ----
 
 thread_local! {
-    /// The calling thread's half of the last-error store ([`store_error`]).
+    /// The calling thread's half of the last-error store ([`store_error`]): per thread
+    /// as NCCL's `ncclGetLastError(NULL)`.
     static THREAD_ERROR: RefCell<CString> = RefCell::new(CString::default());
 }
 

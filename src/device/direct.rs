@@ -174,6 +174,11 @@ impl Scope {
 }
 
 thread_local! {
+    /// The stream-ordered call this thread works for: its arena lease and launch stream
+    /// (set by the launch, [`crate::runtime::launch`], for the call's stages; travels
+    /// with its jobs, `runtime::in_scope`). Call state in a thread-local, read by
+    /// [`alloc`] and the transports' `work_stream`: still to become part of a launch
+    /// context passed down as a value.
     static CURRENT: RefCell<Option<Scope>> = const { RefCell::new(None) };
     /// The stream of the communicator whose native call runs now inside a launch (a
     /// side stream), overriding the launch stream.

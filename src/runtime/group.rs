@@ -40,6 +40,8 @@ struct Pending {
 }
 
 thread_local! {
+    /// This thread's group depth and its pending calls. Per thread because groups are:
+    /// NCCL keeps `ncclGroupStart`'s depth and the calls it holds per thread the same way.
     static GROUP: RefCell<(usize, Vec<Pending>)> = const { RefCell::new((0, Vec::new())) };
 }
 
@@ -55,6 +57,8 @@ pub fn group_start() {
 }
 
 thread_local! {
+    /// The number of this thread's outermost group: part of the per-thread group state
+    /// ([`GROUP`]), as NCCL's.
     static GENERATION: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
@@ -86,7 +90,8 @@ pub fn group_end() -> Result<()> {
 }
 
 thread_local! {
-    /// Actions for the end of this thread's outermost group ([`after_group`]).
+    /// Actions for the end of this thread's outermost group ([`after_group`]): part of
+    /// the per-thread group state ([`GROUP`]), as NCCL's group keeps its launches.
     static AFTER: RefCell<Vec<Box<dyn FnOnce() -> Result<()>>>> = const { RefCell::new(Vec::new()) };
 }
 
