@@ -525,18 +525,18 @@ impl Comm {
             let job: Job = crate::runtime::in_scope(Box::new(job));
             let work = Work::pending();
             if grouped {
-                group::hold(
-                    core.clone(),
+                group::hold(group::Pending {
+                    comm: core.clone(),
                     deps,
                     job,
-                    work.clone(),
+                    work: work.clone(),
                     is_send,
                     fusable,
                     call,
                     p2p,
-                    is_launch,
+                    launch: is_launch,
                     empty,
-                );
+                });
             } else {
                 core.push(deps, job, work.clone())?;
             }

@@ -345,6 +345,15 @@ fn fits(b: &mut Buffer, need: usize, what: &str) -> Result<()> {
     Ok(())
 }
 
+/// Two buffers of `n` bytes each that share no byte (`what`: the call's, the send
+/// buffer's and the receive buffer's names, for messages).
+#[inline]
+fn apart(send: &mut Buffer, recv: &mut Buffer, n: usize, what: [&str; 3]) -> Result<()> {
+    fits(send, n, what[1])?;
+    fits(recv, n, what[2])?;
+    no_alias(send, recv, what[0])
+}
+
 #[inline]
 fn no_alias(a: &Buffer, b: &Buffer, what: &str) -> Result<()> {
     if a.overlaps(b) {
@@ -439,9 +448,12 @@ fn check_mut(op: &mut Op, dtype: DataType, rank: usize, size: usize) -> Result<(
         }
         Op::AllToAll { send, recv, count } => {
             let n = bytes(*count, size, dtype, "all-to-all")?;
-            fits(send, n, "all-to-all sendbuff")?;
-            fits(recv, n, "all-to-all recvbuff")?;
-            no_alias(send, recv, "all-to-all")?;
+            apart(
+                send,
+                recv,
+                n,
+                ["all-to-all", "all-to-all sendbuff", "all-to-all recvbuff"],
+            )?;
         }
         Op::Broadcast {
             send,
@@ -487,9 +499,12 @@ fn check_mut(op: &mut Op, dtype: DataType, rank: usize, size: usize) -> Result<(
                 )));
             }
             let n = bytes(*count, 1, dtype, "send-recv")?;
-            fits(send, n, "send-recv send buffer")?;
-            fits(recv, n, "send-recv receive buffer")?;
-            no_alias(send, recv, "send-recv")?;
+            let what = [
+                "send-recv",
+                "send-recv send buffer",
+                "send-recv receive buffer",
+            ];
+            apart(send, recv, n, what)?;
         }
         Op::AllGatherCoalesced {
             sends,
