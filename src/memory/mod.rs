@@ -472,7 +472,8 @@ impl Buffer {
 
     /// This view's identity: its allocation's address and its byte range (two live
     /// views have the same identity exactly when they are the same bytes of the same
-    /// allocation).
+    /// allocation). Debug builds' cross-check of the C boundary's requests, and tests.
+    #[cfg(any(debug_assertions, test))]
     #[inline]
     pub(crate) fn identity(&self) -> [usize; 3] {
         [
