@@ -13,9 +13,9 @@
 //!   device ([`Device::check_pointer`]) on GPU transports
 //!   ([`Buffer::from_device_ptr`]). An in-place pair becomes one buffer and a view of it.
 //! - [`CallBuffers::run`]: the one end of every call: the request, checked here once
-//!   (the raw ranges above; [`Checked::assume`]), goes to [`Comm`] as it is (its
-//!   [`request::check`](crate::comm::request::check) returns it at once,
-//!   [`Checked::submit`]): stream-ordered on GPU transports ([`Comm::enqueue_on`]). On
+//!   (the raw ranges above; [`Checked::assume`]), goes to [`Comm`] as that [`Checked`]
+//!   value, not checked again ([`Comm::submit_checked`], [`Comm::call_checked`]):
+//!   stream-ordered on GPU transports ([`Comm::enqueue_checked`]). On
 //!   a strata host stream ([`super::stream`]) the call is enqueued after that stream's
 //!   earlier calls and returns; otherwise, outside a group it is waited for
 //!   ([`Comm::call`]), inside a group held for `strataGroupEnd` ([`end_group`]).
@@ -161,7 +161,8 @@ pub(super) struct CallBuffers {
 
 thread_local! {
     /// The allocations of this thread's host buffers, reused call after call: a blocking
-    /// call's buffers are gone when it returns, so the next call allocates nothing.
+    /// call's buffers are gone when it returns, so the next call allocates nothing. An
+    /// allocation cache (a call takes the slots and gives them back), no call's state.
     static SLOTS: std::cell::Cell<Vec<HostSlot>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
@@ -355,7 +356,7 @@ impl CallBuffers {
                 dev,
                 raw: stream as usize,
             };
-            let work = req.submit(|req| handle.comm.enqueue_on(req, std::rc::Rc::new(caller)))?;
+            let work = handle.comm.enqueue_checked(req, std::rc::Rc::new(caller))?;
             // A launch that failed before reaching the device (its work already failed
             // at return) is this call's error, not a success; a launched call is never
             // waited for here (is_done does not block).
@@ -366,15 +367,15 @@ impl CallBuffers {
         }
         if let Some(hs) = host_stream {
             // Nonblocking, in the stream's order; completion is observed on the stream.
-            let work = req.submit(|req| handle.comm.submit(req.after(hs.deps())))?;
+            let work = handle.comm.submit_checked(req.after(hs.deps()))?;
             hs.push(work, function, handle);
             return Ok(());
         }
         if !crate::comm::in_group() {
             // Blocking: with nothing queued it runs on this thread (Comm::call).
-            return req.submit(|req| handle.comm.call(req));
+            return handle.comm.call_checked(req);
         }
-        let work = req.submit(|req| handle.comm.submit(req))?;
+        let work = handle.comm.submit_checked(req)?;
         HELD.with(|h| {
             h.borrow_mut().push(Held {
                 function,
@@ -400,7 +401,7 @@ impl RawStream {
     }
 }
 
-impl crate::comm::ordered::CallerStream for RawStream {
+impl crate::runtime::launch::CallerStream for RawStream {
     fn device(&self) -> Arc<dyn crate::device::Device> {
         self.dev.clone()
     }
@@ -431,6 +432,8 @@ struct Held {
 }
 
 thread_local! {
+    /// The calls of this thread's open group, completed by [`end_group`]. Per thread
+    /// because groups are (NCCL holds a group's calls per thread until `ncclGroupEnd`).
     static HELD: RefCell<Vec<Held>> = const { RefCell::new(Vec::new()) };
 }
 
@@ -624,11 +627,11 @@ mod tests {
         hs.into_iter().for_each(|h| h.join().unwrap());
     }
 
-    /// A stamp is used by the one check of its own op only: a different op, or the same
-    /// op for another rank, is checked in full, and a stamp never outlives its submission.
+    /// A checked request is taken as it is by its own rank and size only: for another
+    /// rank (in place on rank 1 is an overlap on rank 2) or size it is checked again in
+    /// full; a request can only become `Checked` through a check (or the boundary's).
     #[test]
-    fn a_stamp_covers_its_own_op_only() {
-        use crate::comm::request::check;
+    fn a_checked_request_covers_its_own_rank_only() {
         let dt = crate::DataType::F32;
         let recv = Buffer::from_slice(&[0f32; 8]);
         let send = recv.slice(8..16).unwrap();
@@ -637,32 +640,21 @@ mod tests {
             recv: recv.clone(),
             count: 2,
         };
-        let checked = Checked::new(Request::new(op.clone(), dt), 1, 4).unwrap();
         let n = full_checks();
-        // Another rank: in place on rank 1 is an overlap on rank 2.
-        let r = checked.submit(|req| check(req.op, dt, 2, 4));
-        assert_eq!(r.unwrap_err().code(), strataInvalidArgument);
+        let checked = Checked::new(Request::new(op.clone(), dt), 1, 4).unwrap();
         assert_eq!(full_checks(), n + 1);
+        // Another rank: checked again, and refused.
+        let r = checked.on(2, 4);
+        assert_eq!(r.unwrap_err().code(), strataInvalidArgument);
+        assert_eq!(full_checks(), n + 2);
+        // Another size: checked again (in place on rank 1 of 8 is an overlap too).
         let checked = Checked::new(Request::new(op.clone(), dt), 1, 4).unwrap();
-        // Another op (same shape, other memory) first: full; then the stamp is gone.
-        let other = crate::comm::Op::AllGather {
-            send: Buffer::from_slice(&[0f32; 2]),
-            recv: Buffer::from_slice(&[0f32; 8]),
-            count: 2,
-        };
-        checked.submit(|req| {
-            check(other.clone(), dt, 1, 4).unwrap();
-            check(req.op, dt, 1, 4).unwrap();
-        });
-        assert_eq!(full_checks(), n + 3);
-        // Its own op: at once.
-        let checked = Checked::new(Request::new(op.clone(), dt), 1, 4).unwrap();
-        checked.submit(|req| check(req.op, dt, 1, 4).unwrap());
-        assert_eq!(full_checks(), n + 3);
-        // Unused stamps are cleared when the submission ends.
-        let checked = Checked::new(Request::new(op.clone(), dt), 1, 4).unwrap();
-        checked.submit(|_| ());
-        check(op, dt, 1, 4).unwrap();
+        assert!(checked.on(1, 8).is_err());
         assert_eq!(full_checks(), n + 4);
+        // Its own rank and size: as it is, no check.
+        let checked = Checked::new(Request::new(op, dt), 1, 4).unwrap();
+        let checked = checked.on(1, 4).unwrap();
+        assert_eq!(full_checks(), n + 5);
+        assert!(checked.request().op.layout().is_some());
     }
 }

@@ -1,82 +1,21 @@
-//! Collectives, point-to-point and groups over host memory (host transports) and
-//! device memory (GPU transports), each export with ONE body for both:
+//! The C entry points of the collectives, point-to-point calls and groups, as a table:
+//! each export is its C signature and one line naming its collective ([`Coll`]) for the
+//! one body every collective goes through ([`super::enqueue`], NCCL's
+//! `ncclEnqueueCheck`), over host memory (host transports) and device memory (GPU
+//! transports) alike. The docs here are the C header's (`include/strata.h`).
 //!
-//! 1. check the communicator, dtype, op, ranks and sizes, and describe the user ranges
-//!    ([`UserBuf`]); recognise NCCL's in-place layout from the raw pointers with the one
-//!    rule, [`Kind::in_place`] ([`Pair`]), else require disjoint byte ranges
-//!    ([`disjoint`], across the whole list for the coalesced calls);
-//! 2. turn the ranges into strata buffers ([`CallBuffers`]) used in place, no copies:
-//!    the host memory itself on host transports, checked wraps of the device pointers
-//!    on GPU transports; an in-place pair is one buffer and a view of it on both;
-//! 3. hand the call's one checked request to the communicator and finish
-//!    ([`CallBuffers::run`]): the checks of steps 1-2 are the call's only ones (the
-//!    request goes through [`Comm::submit`](crate::comm::Comm::submit) /
-//!    `call` / `enqueue_on` as a [`Checked`](crate::runtime::request::Checked) request,
-//!    which their check returns at once), and the in-place layout recognised in step 1
-//!    is the one the transport follows. On GPU transports the call is stream-ordered on
-//!    the caller's stream; on a strata host stream enqueue and return; otherwise outside
-//!    a group wait, inside a group hold the work for `strataGroupEnd`.
+//! One signature a line, one body a line (`#[rustfmt::skip]` on this module, as NCCL
+//! writes its `NCCL_API` table): a new collective is one export here plus its arm in
+//! [`Coll`]. On GPU transports a call is stream-ordered on the caller's stream; on a
+//! strata host stream it is enqueued and returns; otherwise outside a group it waits,
+//! inside a group its work is held for `strataGroupEnd`.
 
-use super::buffers::{disjoint, end_group, CallBuffers, Pair, UserBuf};
+use super::buffers::end_group;
+use super::enqueue::{enqueue, enqueue_lists, Args, Coll, Lists};
 use super::*;
 use crate::comm::in_group;
 use crate::comm::{group_end, group_start};
-use crate::comm::{Op, Request};
-use crate::dtype::{DataType, ReduceOp};
-use crate::kinds::{Algo, Kind};
-use crate::memory::Buffer;
-
-// ---- argument helpers ----
-
-fn dtype(v: strataDataType_t) -> Result<DataType> {
-    DataType::from_raw(v).map_err(|_| {
-        Error::InvalidArgument(format!(
-            "datatype {v} is not supported (strataInt8 0 to strataBfloat16 9: int8, uint8, int32, uint32, int64, uint64, float16, float32, float64, bfloat16)"
-        ))
-    })
-}
-
-fn redop(v: strataRedOp_t) -> Result<ReduceOp> {
-    ReduceOp::from_raw(v).map_err(|_| {
-        Error::InvalidArgument(format!(
-            "reduction op {v} is not supported (strataSum 0, strataProd 1, strataMax 2, strataMin 3, strataAvg 4)"
-        ))
-    })
-}
-
-/// `count * mult` elements of `dt` in bytes, checked against overflow and `isize::MAX`.
-fn nbytes(count: usize, mult: usize, dt: DataType, what: &str) -> Result<usize> {
-    count
-        .checked_mul(mult)
-        .and_then(|n| n.checked_mul(dt.size()))
-        .filter(|&n| n <= isize::MAX as usize)
-        .ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "{what}: {count} x {mult} elements of {dt} overflow the address space"
-            ))
-        })
-}
-
-fn peer_arg(v: c_int, size: usize, what: &str) -> Result<usize> {
-    if v < 0 || v as usize >= size {
-        return Err(Error::InvalidArgument(format!(
-            "{what} {v} is out of range for a communicator of {size} ranks"
-        )));
-    }
-    Ok(v as usize)
-}
-
-/// A validated quantization format for float data.
-fn quant_spec(bits: c_int, block: usize, dt: DataType) -> Result<crate::kernels::QuantSpec> {
-    if !matches!(dt, DataType::F32 | DataType::F16 | DataType::BF16) {
-        return Err(Error::InvalidArgument(format!(
-            "quantized collectives take f32, f16 or bf16, not {dt}"
-        )));
-    }
-    let bits = u32::try_from(bits)
-        .map_err(|_| Error::InvalidArgument(format!("bits {bits} must be 4 or 8")))?;
-    crate::kernels::QuantSpec::new(bits, block)
-}
+use std::ptr::{null, null_mut};
 
 // ---- collectives ----
 
@@ -126,81 +65,9 @@ fn quant_spec(bits: c_int, block: usize, dt: DataType) -> Result<crate::kernels:
 /// other streams during the call (or the group). On GPU transports `stream` is NULL or a
 /// live stream of the communicator's device.
 #[no_mangle]
-pub unsafe extern "C" fn strataAllGather(
-    sendbuff: *const c_void,
-    recvbuff: *mut c_void,
-    sendcount: usize,
-    datatype: strataDataType_t,
-    comm: strataComm_t,
-    stream: strataStream_t,
-) -> strataResult_t {
+pub unsafe extern "C" fn strataAllGather(sendbuff: *const c_void, recvbuff: *mut c_void, sendcount: usize, datatype: strataDataType_t, comm: strataComm_t, stream: strataStream_t) -> strataResult_t {
     // SAFETY: forwarded caller contract.
-    ffi_boundary!("strataAllGather", comm, {
-        unsafe {
-            all_gather(
-                "strataAllGather",
-                sendbuff,
-                recvbuff,
-                sendcount,
-                datatype,
-                None,
-                comm,
-                stream,
-            )
-        }
-    })
-}
-
-/// The one body of `strataAllGather` and `strataAllGatherQuantized` (`quant`: bits,
-/// block), host and device alike.
-///
-/// # Safety
-/// As `strataAllGather`.
-unsafe fn all_gather(
-    name: &'static str,
-    sendbuff: *const c_void,
-    recvbuff: *mut c_void,
-    sendcount: usize,
-    datatype: strataDataType_t,
-    quant: Option<(c_int, usize)>,
-    comm: strataComm_t,
-    stream: strataStream_t,
-) -> Result<()> {
-    let h = lookup(comm)?;
-    let dt = dtype(datatype)?;
-    let q = quant.map(|(b, k)| quant_spec(b, k, dt)).transpose()?;
-    let (n, r) = (h.comm.size(), h.comm.rank());
-    let c = nbytes(sendcount, 1, dt, "sendcount")?;
-    let total = nbytes(sendcount, n, dt, "sendcount x nranks")?;
-    let pair = Pair::new(
-        Kind::AllGather,
-        r,
-        c,
-        UserBuf::new(sendbuff, c, false, "sendbuff")?,
-        UserBuf::new(recvbuff, total, true, "recvbuff")?,
-    );
-    if sendcount == 0 {
-        return Ok(());
-    }
-    let mut bufs = CallBuffers::new(&h.comm);
-    // SAFETY: the caller's contract: `sendbuff` readable for `c` bytes, `recvbuff`
-    // writable for `total`, memory of the transport's kind, untouched by others until the
-    // call (or group) ends.
-    let (send, recv) = unsafe { bufs.checked_pair(&pair, name) }?;
-    let req = Request::new(
-        Op::AllGather {
-            send,
-            recv,
-            count: sendcount,
-        },
-        dt,
-    );
-    let req = match q {
-        Some(q) => req.with_algo(Algo::Qwz).with_quant(q),
-        None => req,
-    };
-    // SAFETY: the caller's contract on `stream` and the buffers.
-    unsafe { bufs.run(name, h, req, stream) }
+    unsafe { enqueue("strataAllGather", Coll::AllGather, None, Args(sendbuff, recvbuff, sendcount, datatype, comm, stream)) }
 }
 
 /// Quantized all-gather (ZeRO++ qwZ, `docs/quantization.md`): as `strataAllGather`, but
@@ -215,31 +82,9 @@ unsafe fn all_gather(
 /// # Safety
 /// As `strataAllGather`.
 #[no_mangle]
-pub unsafe extern "C" fn strataAllGatherQuantized(
-    sendbuff: *const c_void,
-    recvbuff: *mut c_void,
-    sendcount: usize,
-    datatype: strataDataType_t,
-    bits: c_int,
-    block: usize,
-    comm: strataComm_t,
-    stream: strataStream_t,
-) -> strataResult_t {
+pub unsafe extern "C" fn strataAllGatherQuantized(sendbuff: *const c_void, recvbuff: *mut c_void, sendcount: usize, datatype: strataDataType_t, bits: c_int, block: usize, comm: strataComm_t, stream: strataStream_t) -> strataResult_t {
     // SAFETY: forwarded caller contract.
-    ffi_boundary!("strataAllGatherQuantized", comm, {
-        unsafe {
-            all_gather(
-                "strataAllGatherQuantized",
-                sendbuff,
-                recvbuff,
-                sendcount,
-                datatype,
-                Some((bits, block)),
-                comm,
-                stream,
-            )
-        }
-    })
+    unsafe { enqueue("strataAllGatherQuantized", Coll::AllGather, Some((bits, block)), Args(sendbuff, recvbuff, sendcount, datatype, comm, stream)) }
 }
 
 /// Quantized reduce-scatter (ZeRO++ qgZ, 2-hop all-to-all: intra-node then inter-node,
@@ -254,33 +99,9 @@ pub unsafe extern "C" fn strataAllGatherQuantized(
 /// # Safety
 /// As `strataReduceScatter`.
 #[no_mangle]
-pub unsafe extern "C" fn strataReduceScatterQuantized(
-    sendbuff: *const c_void,
-    recvbuff: *mut c_void,
-    recvcount: usize,
-    datatype: strataDataType_t,
-    op: strataRedOp_t,
-    bits: c_int,
-    block: usize,
-    comm: strataComm_t,
-    stream: strataStream_t,
-) -> strataResult_t {
+pub unsafe extern "C" fn strataReduceScatterQuantized(sendbuff: *const c_void, recvbuff: *mut c_void, recvcount: usize, datatype: strataDataType_t, op: strataRedOp_t, bits: c_int, block: usize, comm: strataComm_t, stream: strataStream_t) -> strataResult_t {
     // SAFETY: forwarded caller contract.
-    ffi_boundary!("strataReduceScatterQuantized", comm, {
-        unsafe {
-            reduce_scatter(
-                "strataReduceScatterQuantized",
-                sendbuff,
-                recvbuff,
-                recvcount,
-                datatype,
-                op,
-                Some((bits, block)),
-                comm,
-                stream,
-            )
-        }
-    })
+    unsafe { enqueue("strataReduceScatterQuantized", Coll::ReduceScatter(op), Some((bits, block)), Args(sendbuff, recvbuff, recvcount, datatype, comm, stream)) }
 }
 
 /// Reduce-scatter (NCCL's `ncclReduceScatter`): `recvbuff` (`recvcount` elements) =
@@ -298,93 +119,9 @@ pub unsafe extern "C" fn strataReduceScatterQuantized(
 /// `recvcount`, both host or device memory as in `strataAllGather`, not accessed by others
 /// during the call; `stream` as in `strataAllGather`.
 #[no_mangle]
-pub unsafe extern "C" fn strataReduceScatter(
-    sendbuff: *const c_void,
-    recvbuff: *mut c_void,
-    recvcount: usize,
-    datatype: strataDataType_t,
-    op: strataRedOp_t,
-    comm: strataComm_t,
-    stream: strataStream_t,
-) -> strataResult_t {
+pub unsafe extern "C" fn strataReduceScatter(sendbuff: *const c_void, recvbuff: *mut c_void, recvcount: usize, datatype: strataDataType_t, op: strataRedOp_t, comm: strataComm_t, stream: strataStream_t) -> strataResult_t {
     // SAFETY: forwarded caller contract.
-    ffi_boundary!("strataReduceScatter", comm, {
-        unsafe {
-            reduce_scatter(
-                "strataReduceScatter",
-                sendbuff,
-                recvbuff,
-                recvcount,
-                datatype,
-                op,
-                None,
-                comm,
-                stream,
-            )
-        }
-    })
-}
-
-/// The one body of `strataReduceScatter` and `strataReduceScatterQuantized`.
-///
-/// # Safety
-/// As `strataReduceScatter`.
-unsafe fn reduce_scatter(
-    name: &'static str,
-    sendbuff: *const c_void,
-    recvbuff: *mut c_void,
-    recvcount: usize,
-    datatype: strataDataType_t,
-    op: strataRedOp_t,
-    quant: Option<(c_int, usize)>,
-    comm: strataComm_t,
-    stream: strataStream_t,
-) -> Result<()> {
-    let h = lookup(comm)?;
-    let dt = dtype(datatype)?;
-    let op = redop(op)?;
-    let q = match quant {
-        Some(_) if !matches!(op, ReduceOp::Sum | ReduceOp::Avg) => {
-            return Err(Error::InvalidArgument(format!(
-                "quantized reduce-scatter reduces with sum or avg, not {op}"
-            )));
-        }
-        Some((b, k)) => Some(quant_spec(b, k, dt)?),
-        None => None,
-    };
-    let (n, r) = (h.comm.size(), h.comm.rank());
-    let c = nbytes(recvcount, 1, dt, "recvcount")?;
-    let total = nbytes(recvcount, n, dt, "recvcount x nranks")?;
-    let pair = Pair::new(
-        Kind::ReduceScatter,
-        r,
-        c,
-        UserBuf::new(sendbuff, total, false, "sendbuff")?,
-        UserBuf::new(recvbuff, c, true, "recvbuff")?,
-    );
-    if recvcount == 0 {
-        return Ok(());
-    }
-    let mut bufs = CallBuffers::new(&h.comm);
-    // SAFETY: the caller's contract: `sendbuff` readable for `total` bytes, `recvbuff`
-    // writable for `c`, memory of the transport's kind, untouched by others until the
-    // call (or group) ends.
-    let (send, recv) = unsafe { bufs.checked_pair(&pair, name) }?;
-    let req = Request::new(
-        Op::ReduceScatter {
-            send,
-            recv,
-            count: recvcount,
-            op,
-        },
-        dt,
-    );
-    let req = match q {
-        Some(q) => req.with_algo(Algo::Qgz).with_quant(q),
-        None => req,
-    };
-    // SAFETY: the caller's contract on `stream` and the buffers.
-    unsafe { bufs.run(name, h, req, stream) }
+    unsafe { enqueue("strataReduceScatter", Coll::ReduceScatter(op), None, Args(sendbuff, recvbuff, recvcount, datatype, comm, stream)) }
 }
 
 /// All-reduce (NCCL's `ncclAllReduce`): `recvbuff` (`count` elements) = `op` over all
@@ -397,46 +134,9 @@ unsafe fn reduce_scatter(
 /// memory as in `strataAllGather`, not accessed by others during the call; `stream` as
 /// in `strataAllGather`.
 #[no_mangle]
-pub unsafe extern "C" fn strataAllReduce(
-    sendbuff: *const c_void,
-    recvbuff: *mut c_void,
-    count: usize,
-    datatype: strataDataType_t,
-    op: strataRedOp_t,
-    comm: strataComm_t,
-    stream: strataStream_t,
-) -> strataResult_t {
-    ffi_boundary!("strataAllReduce", comm, {
-        let h = lookup(comm)?;
-        let dt = dtype(datatype)?;
-        let op = redop(op)?;
-        let c = nbytes(count, 1, dt, "count")?;
-        let pair = Pair::new(
-            Kind::AllReduce,
-            h.comm.rank(),
-            c,
-            UserBuf::new(sendbuff, c, false, "sendbuff")?,
-            UserBuf::new(recvbuff, c, true, "recvbuff")?,
-        );
-        if count == 0 {
-            return Ok(());
-        }
-        let mut bufs = CallBuffers::new(&h.comm);
-        // SAFETY: the caller's contract: `c` bytes each, readable / writable, memory of
-        // the transport's kind, untouched by others until the call (or group) ends.
-        let (send, recv) = unsafe { bufs.checked_pair(&pair, "strataAllReduce") }?;
-        let req = Request::new(
-            Op::AllReduce {
-                send,
-                recv,
-                count,
-                op,
-            },
-            dt,
-        );
-        // SAFETY: the caller's contract on `stream` and the buffers.
-        unsafe { bufs.run("strataAllReduce", h, req, stream) }
-    })
+pub unsafe extern "C" fn strataAllReduce(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: strataDataType_t, op: strataRedOp_t, comm: strataComm_t, stream: strataStream_t) -> strataResult_t {
+    // SAFETY: forwarded caller contract.
+    unsafe { enqueue("strataAllReduce", Coll::AllReduce(op), None, Args(sendbuff, recvbuff, count, datatype, comm, stream)) }
 }
 
 /// All-to-all (NCCL's `ncclAlltoAll`): block j (`count` elements) of `sendbuff` goes to
@@ -448,36 +148,9 @@ pub unsafe extern "C" fn strataAllReduce(
 /// `sendbuff` readable and `recvbuff` writable for `nranks * count` elements of host
 /// memory, not accessed by other threads during the call.
 #[no_mangle]
-pub unsafe extern "C" fn strataAllToAll(
-    sendbuff: *const c_void,
-    recvbuff: *mut c_void,
-    count: usize,
-    datatype: strataDataType_t,
-    comm: strataComm_t,
-    stream: strataStream_t,
-) -> strataResult_t {
-    ffi_boundary!("strataAllToAll", comm, {
-        let h = lookup(comm)?;
-        let dt = dtype(datatype)?;
-        let total = nbytes(count, h.comm.size(), dt, "count x nranks")?;
-        let pair = Pair::new(
-            Kind::AllToAll,
-            h.comm.rank(),
-            total,
-            UserBuf::new(sendbuff, total, false, "sendbuff")?,
-            UserBuf::new(recvbuff, total, true, "recvbuff")?,
-        );
-        if count == 0 {
-            return Ok(());
-        }
-        let mut bufs = CallBuffers::new(&h.comm);
-        // SAFETY: the caller's contract: `total` bytes each, readable / writable, memory
-        // of the transport's kind, untouched by others until the call (or group) ends.
-        let (send, recv) = unsafe { bufs.checked_pair(&pair, "strataAllToAll") }?;
-        let req = Request::new(Op::AllToAll { send, recv, count }, dt);
-        // SAFETY: the caller's contract on `stream` and the buffers.
-        unsafe { bufs.run("strataAllToAll", h, req, stream) }
-    })
+pub unsafe extern "C" fn strataAllToAll(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: strataDataType_t, comm: strataComm_t, stream: strataStream_t) -> strataResult_t {
+    // SAFETY: forwarded caller contract.
+    unsafe { enqueue("strataAllToAll", Coll::AllToAll, None, Args(sendbuff, recvbuff, count, datatype, comm, stream)) }
 }
 
 /// Broadcast (NCCL's `ncclBroadcast`): `recvbuff` (`count` elements) on every rank =
@@ -491,62 +164,9 @@ pub unsafe extern "C" fn strataAllToAll(
 /// elements; host or device memory as in `strataAllGather`, not accessed by others during
 /// the call; `stream` as in `strataAllGather`.
 #[no_mangle]
-pub unsafe extern "C" fn strataBroadcast(
-    sendbuff: *const c_void,
-    recvbuff: *mut c_void,
-    count: usize,
-    datatype: strataDataType_t,
-    root: c_int,
-    comm: strataComm_t,
-    stream: strataStream_t,
-) -> strataResult_t {
-    ffi_boundary!("strataBroadcast", comm, {
-        let h = lookup(comm)?;
-        let dt = dtype(datatype)?;
-        let root = peer_arg(root, h.comm.size(), "root")?;
-        let c = nbytes(count, 1, dt, "count")?;
-        let recv = UserBuf::new(recvbuff, c, true, "recvbuff")?;
-        let rank = h.comm.rank();
-        // `sendbuff` is the root's only.
-        let pair = if rank == root {
-            let send = UserBuf::new(sendbuff, c, false, "sendbuff")?;
-            Some(Pair::new(
-                Kind::Broadcast { root },
-                rank,
-                c,
-                send,
-                recv.clone(),
-            ))
-        } else {
-            None
-        };
-        if count == 0 {
-            return Ok(());
-        }
-        let mut bufs = CallBuffers::new(&h.comm);
-        let (send, recv) = match &pair {
-            // SAFETY: the caller's contract: on the root `sendbuff` readable and
-            // `recvbuff` writable for `c` bytes, memory of the transport's kind, untouched
-            // by others until the call (or group) ends.
-            Some(p) => unsafe { bufs.checked_pair(p, "strataBroadcast") }?,
-            None => {
-                bufs.note_layout(None);
-                // SAFETY: as above for `recvbuff`.
-                (Buffer::zeroed(0), unsafe { bufs.output(&recv) }?)
-            }
-        };
-        let req = Request::new(
-            Op::Broadcast {
-                send,
-                recv,
-                count,
-                root,
-            },
-            dt,
-        );
-        // SAFETY: the caller's contract on `stream` and the buffers.
-        unsafe { bufs.run("strataBroadcast", h, req, stream) }
-    })
+pub unsafe extern "C" fn strataBroadcast(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: strataDataType_t, root: c_int, comm: strataComm_t, stream: strataStream_t) -> strataResult_t {
+    // SAFETY: forwarded caller contract.
+    unsafe { enqueue("strataBroadcast", Coll::Broadcast(root), None, Args(sendbuff, recvbuff, count, datatype, comm, stream)) }
 }
 
 /// In-place broadcast (NCCL's legacy `ncclBcast`): `strataBroadcast(buff, buff, ...)`.
@@ -555,14 +175,7 @@ pub unsafe extern "C" fn strataBroadcast(
 /// `buff` readable (root) and writable for `count` elements of host or device memory as
 /// in `strataAllGather`; `stream` as in `strataAllGather`.
 #[no_mangle]
-pub unsafe extern "C" fn strataBcast(
-    buff: *mut c_void,
-    count: usize,
-    datatype: strataDataType_t,
-    root: c_int,
-    comm: strataComm_t,
-    stream: strataStream_t,
-) -> strataResult_t {
+pub unsafe extern "C" fn strataBcast(buff: *mut c_void, count: usize, datatype: strataDataType_t, root: c_int, comm: strataComm_t, stream: strataStream_t) -> strataResult_t {
     // SAFETY: the caller's contract is strataBroadcast's with both buffers `buff`.
     unsafe { strataBroadcast(buff, buff, count, datatype, root, comm, stream) }
 }
@@ -586,31 +199,9 @@ pub unsafe extern "C" fn strataBcast(
 /// `sendbuff` readable for `count` elements of host or device memory as in
 /// `strataAllGather`; `stream` as in `strataAllGather`.
 #[no_mangle]
-pub unsafe extern "C" fn strataSend(
-    sendbuff: *const c_void,
-    count: usize,
-    datatype: strataDataType_t,
-    peer: c_int,
-    comm: strataComm_t,
-    stream: strataStream_t,
-) -> strataResult_t {
-    ffi_boundary!("strataSend", comm, {
-        let h = lookup(comm)?;
-        let dt = dtype(datatype)?;
-        let peer = peer_arg(peer, h.comm.size(), "peer")?;
-        let c = nbytes(count, 1, dt, "count")?;
-        let user = UserBuf::new(sendbuff, c, false, "sendbuff")?;
-        if count == 0 {
-            return Ok(());
-        }
-        let mut bufs = CallBuffers::new(&h.comm);
-        // SAFETY: the caller's contract: `sendbuff` readable for `c` bytes of the
-        // transport's kind of memory, untouched by others until the call (or group) ends.
-        let buf = unsafe { bufs.input(&user) }?;
-        let req = Request::new(Op::Send { buf, count, peer }, dt);
-        // SAFETY: the caller's contract on `stream` and the buffer.
-        unsafe { bufs.run("strataSend", h, req, stream) }
-    })
+pub unsafe extern "C" fn strataSend(sendbuff: *const c_void, count: usize, datatype: strataDataType_t, peer: c_int, comm: strataComm_t, stream: strataStream_t) -> strataResult_t {
+    // SAFETY: forwarded caller contract.
+    unsafe { enqueue("strataSend", Coll::Send(peer), None, Args(sendbuff, null_mut(), count, datatype, comm, stream)) }
 }
 
 /// Receives `count` elements from rank `peer` into `recvbuff` (NCCL's `ncclRecv`).
@@ -622,103 +213,10 @@ pub unsafe extern "C" fn strataSend(
 /// `strataAllGather`, not accessed by others until the call (or the group) ends;
 /// `stream` as in `strataAllGather`.
 #[no_mangle]
-pub unsafe extern "C" fn strataRecv(
-    recvbuff: *mut c_void,
-    count: usize,
-    datatype: strataDataType_t,
-    peer: c_int,
-    comm: strataComm_t,
-    stream: strataStream_t,
-) -> strataResult_t {
-    ffi_boundary!("strataRecv", comm, {
-        let h = lookup(comm)?;
-        let dt = dtype(datatype)?;
-        let peer = peer_arg(peer, h.comm.size(), "peer")?;
-        let c = nbytes(count, 1, dt, "count")?;
-        let user = UserBuf::new(recvbuff, c, true, "recvbuff")?;
-        if count == 0 {
-            return Ok(());
-        }
-        let mut bufs = CallBuffers::new(&h.comm);
-        // SAFETY: the caller's contract: `recvbuff` writable for `c` bytes of the
-        // transport's kind of memory, untouched by others until the call (or group) ends.
-        let buf = unsafe { bufs.output(&user) }?;
-        let req = Request::new(Op::Recv { buf, count, peer }, dt);
-        // SAFETY: the caller's contract on `stream` and the buffer.
-        unsafe { bufs.run("strataRecv", h, req, stream) }
-    })
+pub unsafe extern "C" fn strataRecv(recvbuff: *mut c_void, count: usize, datatype: strataDataType_t, peer: c_int, comm: strataComm_t, stream: strataStream_t) -> strataResult_t {
+    // SAFETY: forwarded caller contract.
+    unsafe { enqueue("strataRecv", Coll::Recv(peer), None, Args(null(), recvbuff, count, datatype, comm, stream)) }
 }
-
-/// # Safety
-/// `p` is NULL or readable for `n` values of `T`.
-unsafe fn array<'a, T>(p: *const T, n: usize, what: &str) -> Result<&'a [T]> {
-    if n == 0 {
-        return Ok(&[]);
-    }
-    if p.is_null() {
-        return Err(Error::InvalidArgument(format!(
-            "{what} is NULL with nbuffers {n}"
-        )));
-    }
-    if n.checked_mul(std::mem::size_of::<T>())
-        .map_or(true, |b| b > isize::MAX as usize)
-    {
-        return Err(Error::InvalidArgument(format!("nbuffers {n} overflows")));
-    }
-    // SAFETY: non-NULL, size checked, readable for `n` values by the caller's contract.
-    Ok(unsafe { std::slice::from_raw_parts(p, n) })
-}
-
-/// The pairs of a coalesced call of `kind` (all-gather or reduce-scatter): sizes, NULLs,
-/// overflow and NCCL's in-place layout of every pair, and no aliasing across the whole
-/// list ([`disjoint`]). Returns the non-empty members' pairs and counts, in order.
-fn coalesced_pairs(
-    comm: &Comm,
-    kind: Kind,
-    sb: &[*const c_void],
-    rb: &[*mut c_void],
-    counts: &[usize],
-    dt: DataType,
-    name: &str,
-) -> Result<(Vec<Pair>, Vec<usize>)> {
-    let (n, r) = (comm.size(), comm.rank());
-    let gather = kind == Kind::AllGather;
-    let what = if gather { "sendcounts" } else { "recvcounts" };
-    let (mut pairs, mut cs) = (Vec::new(), Vec::new());
-    for (i, &count) in counts.iter().enumerate() {
-        let c = nbytes(count, 1, dt, &format!("{what}[{i}]"))?;
-        let total = nbytes(count, n, dt, &format!("{what}[{i}] x nranks"))?;
-        let (send_len, recv_len) = if gather { (c, total) } else { (total, c) };
-        let send = UserBuf::new(sb[i], send_len, false, format!("sendbuffs[{i}]"))?;
-        let recv = UserBuf::new(rb[i], recv_len, true, format!("recvbuffs[{i}]"))?;
-        if count == 0 {
-            continue;
-        }
-        pairs.push(Pair::new(kind, r, c, send, recv));
-        cs.push(count);
-    }
-    disjoint(&pairs, name)?;
-    Ok((pairs, cs))
-}
-
-/// Build the buffers of every pair of a coalesced call.
-///
-/// # Safety
-/// As [`CallBuffers::pair`] for every pair.
-unsafe fn coalesced_buffers(
-    bufs: &mut CallBuffers,
-    pairs: &[Pair],
-) -> Result<(Vec<Buffer>, Vec<Buffer>)> {
-    let (mut sends, mut recvs) = (Vec::new(), Vec::new());
-    for p in pairs {
-        // SAFETY: the caller's contract.
-        let (s, r) = unsafe { bufs.pair(p) }?;
-        sends.push(s);
-        recvs.push(r);
-    }
-    Ok((sends, recvs))
-}
-
 /// Coalesced all-gather (MiCS §4): for every i < `nbuffers`, `recvbuffs[i]`
 /// (`nranks * sendcounts[i]` elements) gathers every rank's `sendbuffs[i]`
 /// (`sendcounts[i]` elements), all packed into one collective. Counts may differ between
@@ -740,36 +238,8 @@ pub unsafe extern "C" fn strataAllGatherCoalesced(
     comm: strataComm_t,
     stream: strataStream_t,
 ) -> strataResult_t {
-    ffi_boundary!("strataAllGatherCoalesced", comm, {
-        let h = lookup(comm)?;
-        let dt = dtype(datatype)?;
-        // SAFETY: the caller's contract on the arrays.
-        let (sb, rb, counts) = unsafe {
-            (
-                array(sendbuffs, nbuffers, "sendbuffs")?,
-                array(recvbuffs, nbuffers, "recvbuffs")?,
-                array(sendcounts, nbuffers, "sendcounts")?,
-            )
-        };
-        let name = "strataAllGatherCoalesced";
-        let (pairs, counts) = coalesced_pairs(&h.comm, Kind::AllGather, sb, rb, counts, dt, name)?;
-        if pairs.is_empty() {
-            return Ok(());
-        }
-        let mut bufs = CallBuffers::new(&h.comm);
-        // SAFETY: the caller's contract on every buffer, as in `strataAllGather`.
-        let (sends, recvs) = unsafe { coalesced_buffers(&mut bufs, &pairs) }?;
-        let req = Request::new(
-            Op::AllGatherCoalesced {
-                sends,
-                recvs,
-                counts,
-            },
-            dt,
-        );
-        // SAFETY: the caller's contract on `stream` and the buffers.
-        unsafe { bufs.run(name, h, req, stream) }
-    })
+    // SAFETY: forwarded caller contract.
+    unsafe { enqueue_lists("strataAllGatherCoalesced", Coll::AllGather, Lists(sendbuffs, recvbuffs, sendcounts, nbuffers), Args(null(), null_mut(), nbuffers, datatype, comm, stream)) }
 }
 
 /// Coalesced reduce-scatter (MiCS §4): for every i < `nbuffers`, `recvbuffs[i]`
@@ -781,49 +251,9 @@ pub unsafe extern "C" fn strataAllGatherCoalesced(
 /// The arrays are readable for `nbuffers` entries; each buffer as in
 /// `strataReduceScatter`.
 #[no_mangle]
-pub unsafe extern "C" fn strataReduceScatterCoalesced(
-    sendbuffs: *const *const c_void,
-    recvbuffs: *const *mut c_void,
-    recvcounts: *const usize,
-    nbuffers: usize,
-    datatype: strataDataType_t,
-    op: strataRedOp_t,
-    comm: strataComm_t,
-    stream: strataStream_t,
-) -> strataResult_t {
-    ffi_boundary!("strataReduceScatterCoalesced", comm, {
-        let h = lookup(comm)?;
-        let dt = dtype(datatype)?;
-        let op = redop(op)?;
-        // SAFETY: the caller's contract on the arrays.
-        let (sb, rb, counts) = unsafe {
-            (
-                array(sendbuffs, nbuffers, "sendbuffs")?,
-                array(recvbuffs, nbuffers, "recvbuffs")?,
-                array(recvcounts, nbuffers, "recvcounts")?,
-            )
-        };
-        let name = "strataReduceScatterCoalesced";
-        let (pairs, counts) =
-            coalesced_pairs(&h.comm, Kind::ReduceScatter, sb, rb, counts, dt, name)?;
-        if pairs.is_empty() {
-            return Ok(());
-        }
-        let mut bufs = CallBuffers::new(&h.comm);
-        // SAFETY: the caller's contract on every buffer, as in `strataReduceScatter`.
-        let (sends, recvs) = unsafe { coalesced_buffers(&mut bufs, &pairs) }?;
-        let req = Request::new(
-            Op::ReduceScatterCoalesced {
-                sends,
-                recvs,
-                counts,
-                op,
-            },
-            dt,
-        );
-        // SAFETY: the caller's contract on `stream` and the buffers.
-        unsafe { bufs.run(name, h, req, stream) }
-    })
+pub unsafe extern "C" fn strataReduceScatterCoalesced(sendbuffs: *const *const c_void, recvbuffs: *const *mut c_void, recvcounts: *const usize, nbuffers: usize, datatype: strataDataType_t, op: strataRedOp_t, comm: strataComm_t, stream: strataStream_t) -> strataResult_t {
+    // SAFETY: forwarded caller contract.
+    unsafe { enqueue_lists("strataReduceScatterCoalesced", Coll::ReduceScatter(op), Lists(sendbuffs, recvbuffs, recvcounts, nbuffers), Args(null(), null_mut(), nbuffers, datatype, comm, stream)) }
 }
 
 // ---- groups ----

@@ -18,7 +18,8 @@
 //! - Messages: every failing call stores `"<function>: <error>"` on the communicator it
 //!   named (`strataGetLastError(comm)`) and on the calling thread
 //!   (`strataGetLastError(NULL)`), through one writer (`store_error`) and one reader.
-//! - One body per collective (`coll.rs`, over `buffers.rs`): validate the arguments,
+//! - One body for every collective (`enqueue.rs`, over `buffers.rs`; the exports in
+//!   `coll.rs` name their collective and pass their arguments): validate the arguments,
 //!   turn the user's pointers into strata [`Buffer`](crate::Buffer)s, submit one
 //!   request through [`Comm::submit`], finish. NCCL's in-place layouts are recognised
 //!   from the raw pointers by the one rule, [`Kind::in_place`](crate::kinds::Kind::in_place),
@@ -33,7 +34,7 @@
 //!   device memory of the communicator's device, checked
 //!   ([`Device::check_pointer`](crate::device::Device::check_pointer)) and wrapped without
 //!   copying ([`Buffer::from_device_ptr`](crate::Buffer::from_device_ptr)). Calls are
-//!   stream-ordered ([`crate::comm::ordered`]): after the caller's stream's earlier work,
+//!   stream-ordered ([`crate::runtime::launch`]): after the caller's stream's earlier work,
 //!   before its later work, returning without waiting for the device.
 //! - host-local (the CPU device): pointers from `strataMemAlloc`; driven as a host
 //!   transport (blocking, or on a strata host stream).
@@ -54,8 +55,11 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod buffers;
+// The export table: one line a signature, one a body (see its docs).
+#[rustfmt::skip]
 mod coll;
 mod config;
+mod enqueue;
 mod init;
 mod mem;
 mod stream;
@@ -424,7 +428,8 @@ pub(crate) fn unregister(c: strataComm_t) -> Result<Arc<Handle>> {
 // ---- the last error: one store ----
 
 thread_local! {
-    /// The calling thread's half of the last-error store ([`store_error`]).
+    /// The calling thread's half of the last-error store ([`store_error`]): per thread
+    /// as NCCL's `ncclGetLastError(NULL)`.
     static THREAD_ERROR: RefCell<CString> = RefCell::new(CString::default());
 }
 

@@ -8,7 +8,8 @@
 //!   in elements of the dtype; in-place rules are NCCL's (see [`request::Op`] and
 //!   [`crate::kinds::Kind::in_place`]).
 //! - Every collective, from Rust or C, goes through ONE path, [`Comm::submit`]: the
-//!   request is checked once ([`request::check`]), its algorithm chosen once
+//!   request is checked once at this front ([`request::Checked`]: from Rust here, from C
+//!   at the C boundary) and travels checked as that value, its algorithm chosen once
 //!   ([`crate::algo::select::choose`]), and queued on the communicator core's stream
 //!   ([`crate::runtime`]) to run [`crate::algo::run`] (or held by a group).
 //! - Sub-communicators come from [`Comm::split`] on the transport; the per-level groups
@@ -87,7 +88,7 @@ enum Submitted {
 enum Inline {
     /// Ran on the calling thread: its outcome.
     Ran(Result<()>),
-    /// Checked, but the stream has work queued or running: to be queued after it.
+    /// The stream has work queued or running: to be queued after it.
     Busy,
     /// Refused before running (a bad argument, a destroyed communicator).
     Refused(Error),
@@ -341,7 +342,26 @@ impl Comm {
     /// running (a dead peer, counts that differ across ranks) aborts the communicator,
     /// so its peers fail at once instead of waiting for their timeout.
     pub fn submit(&self, req: Request) -> Result<Work> {
-        if let Some(dev) = self.launchable(&req) {
+        let req = self.front(req)?;
+        self.submit_checked(req)
+    }
+
+    /// The front of every call from Rust: `req` checked once, for this rank, as the
+    /// [`request::Checked`] value the run and launch paths take.
+    #[inline]
+    fn front(&self, req: Request) -> Result<request::Checked> {
+        let core = &self.0;
+        let r = core
+            .alive()
+            .and_then(|_| request::Checked::new(req, core.rank(), core.size()));
+        core.note(r)
+    }
+
+    /// [`Comm::submit`] of a request checked already (the C boundary's): not checked
+    /// again when it was checked for this rank and size ([`request::Checked::on`]).
+    pub fn submit_checked(&self, req: request::Checked) -> Result<Work> {
+        let req = self.0.note(req.on(self.rank(), self.size()))?;
+        if let Some(dev) = self.launchable(req.request()) {
             return self.launch(req, &dev, None);
         }
         match self.submit_as(req, How::Queue)? {
@@ -356,23 +376,43 @@ impl Comm {
     /// after the queued work, in order. Its error if it failed. Inside a group
     /// ([`crate::runtime::group`]) it is [`Error::InvalidUsage`]: a grouped call only
     /// runs when the group ends, so waiting for it here could never finish.
-    pub fn call(&self, mut req: Request) -> Result<()> {
+    pub fn call(&self, req: Request) -> Result<()> {
+        self.outside_group()?;
+        let req = self.front(req)?;
+        self.call_now(req)
+    }
+
+    /// [`Comm::call`] of a request checked already ([`Comm::submit_checked`]).
+    pub fn call_checked(&self, req: request::Checked) -> Result<()> {
+        self.outside_group()?;
+        let req = self.0.note(req.on(self.rank(), self.size()))?;
+        self.call_now(req)
+    }
+
+    /// A blocking call is refused inside a group ([`Comm::call`]).
+    #[inline]
+    fn outside_group(&self) -> Result<()> {
         if group::in_group() {
             return self.0.note(Err(Error::InvalidUsage(
                 "a blocking call inside a group: submit it and wait after group end".into(),
             )));
         }
-        if let Some(dev) = self.launchable(&req) {
+        Ok(())
+    }
+
+    /// The blocking call itself, outside a group.
+    fn call_now(&self, req: request::Checked) -> Result<()> {
+        if let Some(dev) = self.launchable(req.request()) {
             let r = self
                 .launch(req, &dev, None)
                 .and_then(|w| self.wait_launched(&w));
             return self.0.note(r);
         }
-        // Unchecked (no mismatch detection), on an idle stream: checked, chosen and run
-        // here, the request where it lies (no job built, nothing moved, cloned, boxed or
-        // queued). With work ahead on the stream it is queued behind it below.
+        // Unchecked (no mismatch detection), on an idle stream: chosen and run here, the
+        // request where it lies (no job built, nothing moved, cloned, boxed or queued).
+        // With work ahead on the stream it is queued behind it below.
         if !self.0.checks() {
-            match self.run_inline(&mut req) {
+            match self.run_inline(&req) {
                 Inline::Ran(r) => return self.0.note(r),
                 Inline::Busy => {}
                 Inline::Refused(e) => return self.0.note(Err(e)),
@@ -406,12 +446,11 @@ impl Comm {
 
     /// Check, choose, and queue `req` (or hold it in the group), or run it on this
     /// thread, as `how` says.
-    fn submit_as(&self, req: Request, how: How) -> Result<Submitted> {
+    fn submit_as(&self, req: request::Checked, how: How) -> Result<Submitted> {
         let core = &self.0;
         let r = (|| {
             core.alive()?;
-            let op = request::check(req.op, req.dtype, core.rank(), core.size())?;
-            let req = Request { op, ..req };
+            let req = req.into_request();
             let choice = algo::select::choose(core, &req);
             tracing::debug!(rank = core.rank(), op = req.op.name(), algo = choice.algo.name(), reason = %choice.reason, "dispatch");
             let deps = req.deps.clone();
@@ -486,18 +525,18 @@ impl Comm {
             let job: Job = crate::runtime::in_scope(Box::new(job));
             let work = Work::pending();
             if grouped {
-                group::hold(
-                    core.clone(),
+                group::hold(group::Pending {
+                    comm: core.clone(),
                     deps,
                     job,
-                    work.clone(),
+                    work: work.clone(),
                     is_send,
                     fusable,
                     call,
                     p2p,
-                    is_launch,
+                    launch: is_launch,
                     empty,
-                );
+                });
             } else {
                 core.push(deps, job, work.clone())?;
             }
@@ -506,18 +545,15 @@ impl Comm {
         core.note(r)
     }
 
-    /// The inline form of a blocking call ([`Comm::call`]): check `req` in place and
-    /// choose its algorithm, then, when nothing is queued or running on the stream, run
-    /// it on this thread. [`Inline::Busy`] leaves `req` checked, to be queued.
-    fn run_inline(&self, req: &mut Request) -> Inline {
+    /// The inline form of a blocking call ([`Comm::call`]): choose the algorithm of the
+    /// checked `req`, then, when nothing is queued or running on the stream, run it on
+    /// this thread. [`Inline::Busy`]: to be queued.
+    fn run_inline(&self, req: &request::Checked) -> Inline {
         let core = &self.0;
-        if let Err(e) = core
-            .alive()
-            .and_then(|_| request::check_in_place(&mut req.op, req.dtype, core.rank(), core.size()))
-        {
+        if let Err(e) = core.alive() {
             return Inline::Refused(e);
         }
-        let req = &*req;
+        let req = req.request();
         let algo = if tracing::enabled!(tracing::Level::DEBUG) {
             let choice = algo::select::choose(core, req);
             tracing::debug!(rank = core.rank(), op = req.op.name(), algo = choice.algo.name(), reason = %choice.reason, "dispatch");

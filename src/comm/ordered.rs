@@ -1,51 +1,24 @@
-//! Launched collectives on device transports (NCCL's semantics, NCCL's way): a call
-//! names the caller's stream and returns once every stage is enqueued; on the device,
-//! the collective runs after the work queued on that stream before the call, and the
-//! work queued on it after the call runs after the collective.
+//! Stream-ordered calls on device transports, the front's side (NCCL's semantics): a
+//! call names the caller's stream and returns once every stage is enqueued; on the
+//! device, the collective runs after the work queued on that stream before the call, and
+//! the work queued on it after the call runs after the collective.
 //!
-//! **One launch path** (the only one for device buffers; contract "launch-only" of the
-//! architecture): at the call, on the calling thread,
-//! 1. the communicator's device is made current (the caller's is restored on return);
-//! 2. the communicator's launch stream ([`crate::runtime::ordered::Launcher`]) waits for
-//!    an event recorded on the caller's stream (fork);
-//! 3. the algorithm runs on this thread with every stage enqueued on the launch stream:
-//!    vendor calls, copies, kernels, the `Avg` division, HO-Ring's rings, qgZ's hops,
-//!    the sub-communicators' calls included, in program order (the same on every
-//!    rank), grouped where the algorithm groups them; in-process device ranks exchange
-//!    events, never wait for each other's streams;
-//! 4. an event recorded on the launch stream after the last stage is what the caller's
-//!    stream waits for (join), what a dependent call waits for ([`Request::after`] with
-//!    this call's [`Work`]), and what the watchdog ([`crate::runtime::watchdog`])
-//!    queries to complete the `Work`, or to fail it and abort the communicator past the
-//!    timeout.
-//!
-//! No thread of strata waits on the host for the device between the call's entry and
-//! its return ([`crate::device::waits`] counts any that would; the host-local tests
-//! assert none). A stream being captured into a graph takes the same path (the launch
-//! stream joins the capture through the fork event and leaves it through the join);
-//! the captured call's `Work` is complete once recorded, and failures of a replay
-//! surface through [`Comm::async_error`].
-//!
-//! Scratch comes from the communicator's arena ([`crate::device::direct`]): a block is
-//! held while the call is enqueued and reused by the next call on the same launch
-//! stream, so a repeated call allocates nothing and a graph's addresses stay valid.
-//!
-//! **The fast path** (contract "launch cost": a collective that is one vendor call is
-//! that call, as NCCL's own): a `ring` collective on a transport that may enqueue on any
-//! stream, not captured, skips 2-4: the transport's call goes on the caller's stream (on
-//! the launch stream for `submit`/`call`), then one pooled end event, which the
-//! watchdog queries; grouped, the calls of one group on one stream share that event.
-//! `Avg` is the library's own (`ncclAvg`) where it has one. A communicator's launched
-//! calls still run in launch order on the device: a call on another stream than the
-//! latest one waits for that one's end event ([`crate::runtime::ordered::Launcher`]).
+//! Here: the stream-ordered entries ([`Comm::enqueue`], [`Comm::enqueue_on`],
+//! [`Comm::enqueue_checked`]), what they check besides the arguments (the device, the
+//! stream's device, device buffers), and the algorithm's side of a launch
+//! ([`launch::Algorithm`]: the selection of the fast path, the algorithm's stages, the
+//! `Avg` division). The launch itself (fork, stages on the launch stream, join, end
+//! event, watchdog; the fast path) is the runtime's: [`crate::runtime::launch`].
 
 #![forbid(unsafe_code)]
 
 use super::{Comm, How, Submitted, Work};
-use crate::device::direct::{self, Scope};
-use crate::device::{waits, DevEvent, DevStream, Device};
+use crate::device::{DevStream, Device};
 use crate::error::{Error, Result};
-use crate::runtime::request::{Op, Request};
+use crate::runtime::launch;
+pub use crate::runtime::launch::CallerStream;
+use crate::runtime::ordered::Launcher;
+use crate::runtime::request::{Checked, Op, Request};
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -88,6 +61,22 @@ impl Comm {
 
     /// [`Comm::enqueue`] for any [`CallerStream`] (the C ABI passes its raw handles).
     pub fn enqueue_on(&self, req: Request, stream: Rc<dyn CallerStream>) -> Result<Work> {
+        let mine = self.ordered_on(&req, stream.as_ref())?;
+        let req = self.front(req)?;
+        self.launch(req, &mine, Some(stream))
+    }
+
+    /// [`Comm::enqueue_on`] of a request checked already ([`Comm::submit_checked`]).
+    pub fn enqueue_checked(&self, req: Checked, stream: Rc<dyn CallerStream>) -> Result<Work> {
+        let mine = self.ordered_on(req.request(), stream.as_ref())?;
+        let req = self.0.note(req.on(self.rank(), self.size()))?;
+        self.launch(req, &mine, Some(stream))
+    }
+
+    /// What a stream-ordered call needs besides its arguments' checks: a live
+    /// communicator on a device transport, `stream` on its device and device buffers.
+    /// Its device.
+    fn ordered_on(&self, req: &Request, stream: &dyn CallerStream) -> Result<Arc<dyn Device>> {
         let core = &self.0;
         core.alive()?;
         let dev = stream.device();
@@ -116,327 +105,38 @@ impl Comm {
                 req.op.name()
             )));
         }
-        self.launch(req, &mine, Some(stream))
+        Ok(mine)
     }
 
-    /// The one launch path (see [`self`]): `caller` is the stream the call is ordered
-    /// on, `None` for [`Comm::submit`] / [`Comm::call`] on device buffers (ordered after
-    /// this communicator's earlier launched calls and `req`'s dependencies only).
+    /// The launch of a checked request ([`crate::runtime::launch`]), with this
+    /// communicator's algorithm side.
     pub(super) fn launch(
         &self,
-        req: Request,
+        req: Checked,
         dev: &Arc<dyn Device>,
         caller: Option<Rc<dyn CallerStream>>,
     ) -> Result<Work> {
-        let core = &self.0;
-        let _bound = dev.bind()?;
-        let _mark = waits::launching();
-        let l = core.note(core.launcher(dev))?;
-        let ls = l.stream().clone();
-        let capturing = match &caller {
-            Some(s) => core.note(s.is_capturing())?,
-            None => false,
-        };
-        // The fast path: on the caller's stream, or without one (`submit`, `call`) on the
-        // launch stream, which then plays the caller's part.
-        if !capturing && !crate::runtime::group::in_group() && self.one_call(&req) {
-            let on: Rc<dyn CallerStream> = match &caller {
-                Some(s) => s.clone(),
-                None => Rc::new(ls.clone()),
-            };
-            return self.run_direct(req, &on, &l);
-        }
-        // A grouped one-call collective: its vendor call goes on the caller's stream
-        // inside the group (as NCCL's grouped calls do), no fork or join; the group's
-        // calls on one stream share one end event.
-        let grouped_on = match &caller {
-            Some(s) if !capturing && crate::runtime::group::in_group() && self.one_call(&req) => {
-                Some(core.note(s.stream())?)
-            }
-            _ => None,
-        };
-        let generation = crate::runtime::group::current_group().unwrap_or(0);
-        let target = grouped_on.clone().unwrap_or_else(|| ls.clone());
-        // Fork: after the caller's earlier work, and after the calls this one depends
-        // on (on the device when they were launched, on the host otherwise).
-        let fork = (|| {
-            if let (Some(s), None) = (&caller, &grouped_on) {
-                ls.wait_event(s.record()?.as_ref())?;
-            }
-            // A graph's replays are ordered by the caller's stream alone: a capture
-            // neither waits for an event recorded outside it (that invalidates it) nor
-            // leaves one for later calls.
-            if !capturing {
-                l.follow(&target)?;
-            }
-            for d in &req.deps {
-                match d.event() {
-                    Some(ev) => target.wait_event(ev.as_ref())?,
-                    None => d.wait()?,
-                }
-            }
-            Ok(())
-        })();
-        core.note(fork)?;
-        let what = Called(req.op.name(), req.dtype);
-        // The call's buffers live until its end event passes: the request (and with it
-        // the last handle on a buffer the caller gave away) is dropped once enqueued,
-        // while the device still reads and writes them (PyTorch's record_stream).
-        let mut held: Vec<crate::memory::Buffer> = Vec::new();
-        req.op.for_each_buffer(&mut |b| held.push(b.clone()));
-        let req = Request {
-            deps: Vec::new(),
-            ..req
-        };
-        let sc = Scope::launch(l.arena(), Some(target.clone()), core.identity());
-        let host = match direct::scope(Some(sc), || self.submit_as(req, How::Launch(l.clone()))) {
-            Ok(Submitted::Queued(w)) => w,
-            Ok(Submitted::Ran(r)) => Work::ready(r),
-            Err(e) => return Err(e),
-        };
-        // The join, the end event and the watch: now, or when the outermost group ends
-        // (its calls are enqueued then).
-        let core = core.clone();
-        let out = Work::pending();
-        let user = out.clone();
-        let dev = dev.clone();
-        crate::runtime::group::after_group(move || {
-            let _bound = dev.bind()?;
-            let _mark = waits::launching();
-            let r = host
-                .wait_timeout(std::time::Duration::ZERO)
-                .and_then(|done| {
-                    if done {
-                        Ok(())
-                    } else {
-                        Err(Error::Internal(
-                            "a launched call was not enqueued by its group's end".into(),
-                        ))
-                    }
-                });
-            // Joined back even after a failure, so the caller's stream moves on and a
-            // capture can end (the side streams were joined into the launch stream when
-            // the call's stages were enqueued).
-            let (end, joined, order) = match &grouped_on {
-                Some(ws) => (
-                    group_end_event(generation, ws),
-                    Ok(()),
-                    ws.raw() as usize as u64,
-                ),
-                None => {
-                    let end = ls.record();
-                    let joined = match (&end, &caller) {
-                        (Ok(ev), Some(s)) => s.wait_event(ev.as_ref()),
-                        (Ok(_), None) => Ok(()),
-                        (Err(e), _) => Err(e.clone()),
-                    };
-                    (end, joined, l.id())
-                }
-            };
-            if let (Ok(ev), false) = (&end, capturing) {
-                l.ended(grouped_on.as_ref().unwrap_or(&ls), ev);
-            }
-            match (r.and(joined), end) {
-                (Err(e), end) => {
-                    // Stages enqueued before the failure may still run: the buffers
-                    // live until they have.
-                    if let Ok(ev) = end {
-                        crate::device::watch::keep_until(ev, held);
-                    }
-                    core.fail(&e);
-                    user.complete(Err(e.clone()));
-                    Err(e)
-                }
-                (Ok(()), Ok(ev)) => {
-                    if capturing {
-                        // A graph's replays use the buffers: the caller keeps them.
-                        user.complete(Ok(()));
-                    } else {
-                        user.set_event(ev.clone());
-                        let keep = Box::new(held);
-                        crate::runtime::watchdog::watch(ev, order, user, &core, what, keep);
-                    }
-                    Ok(())
-                }
-                (Ok(()), Err(e)) => Err(e),
-            }
-        })
-        .map(|_| out.clone())
-        .or_else(|e| {
-            // A failure after the arguments were accepted: the Work carries it (the
-            // communicator is aborted), as an asynchronous NCCL error would.
-            if out.is_done() {
-                Ok(out)
-            } else {
-                Err(e)
-            }
-        })
+        launch::launch(&self.0, req, dev, caller, self)
     }
 }
 
-/// The name of a launched call for its watchdog's messages, formatted only when one is
-/// written.
-struct Called(&'static str, crate::dtype::DataType);
-
-impl std::fmt::Display for Called {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} ({})", self.0, self.1)
-    }
-}
-
-/// True for the ops a launched call may run as the transport's one call on the caller's
-/// stream: the collectives (point-to-point calls pair with a peer's call and keep the
-/// launch stream; coalesced calls are packed first).
-fn one_call_op(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::AllGather { .. }
-            | Op::ReduceScatter { .. }
-            | Op::AllReduce { .. }
-            | Op::AllToAll { .. }
-            | Op::Broadcast { .. }
-    )
-}
-
-impl Comm {
-    /// True when `req` runs as one call of a transport that may enqueue on any stream
-    /// (the fast path's condition, grouped or not).
+impl launch::Algorithm for &Comm {
     fn one_call(&self, req: &Request) -> bool {
         let core = &self.0;
         core.transport().gpu().is_some_and(|g| g.any_stream())
-            && one_call_op(&req.op)
+            && launch::one_call_op(&req.op)
             && req.deps.iter().all(|d| d.event().is_some() || d.is_done())
             && crate::algo::select::choose_algo(core, req) == crate::kinds::Algo::Ring
     }
 
-    /// The fast path (contract "launch cost"): a collective that is one call of a
-    /// transport that may enqueue on any stream ([`GpuTransport::any_stream`]: `nccl`,
-    /// `rccl`, and the in-process device transports) is that call on the caller's
-    /// stream, followed by one pooled end event for the watchdog: no launch stream, no
-    /// fork or join, no group, no job. An `Avg` is the library's own (`ncclAvg`) where
-    /// it has one, else the division kernel after the call on the same stream. Taken
-    /// when [`Self::one_call`] holds and the call is neither grouped nor captured.
-    ///
-    /// [`GpuTransport::any_stream`]: crate::transport::gpu::GpuTransport::any_stream
-    fn run_direct(
-        &self,
-        req: Request,
-        caller: &Rc<dyn CallerStream>,
-        l: &Arc<crate::runtime::ordered::Launcher>,
-    ) -> Result<Work> {
-        let core = &self.0;
-        let (dtype, name) = (req.dtype, req.op.name());
-        // Bad arguments fail here, nothing enqueued (the C ABI's requests come checked).
-        let op = core.note(crate::runtime::request::check(
-            req.op,
-            dtype,
-            core.rank(),
-            core.size(),
-        ))?;
-        let stream = core.note(caller.stream())?;
-        let sc = Scope::launch(l.arena(), Some(stream.clone()), core.identity());
-        let to = core.timeout();
-        let enqueued = (|| {
-            core.still_running()?;
-            l.follow(&stream)?;
-            for d in &req.deps {
-                match d.event() {
-                    Some(ev) => stream.wait_event(ev.as_ref())?,
-                    None => d.wait()?,
-                }
-            }
-            let t = core.transport();
-            direct::scope(Some(sc.clone()), || {
-                if crate::runtime::native::run_device_mean(t.as_ref(), &op, dtype, to)? {
-                    return Ok(());
-                }
-                crate::algo::divide_avg(core, &op, dtype)
-            })?;
-            let ev = stream.record()?;
-            l.ended(&stream, &ev);
-            Ok::<_, Error>(ev)
-        })();
-        let ev = match enqueued {
-            Ok(ev) => ev,
-            Err(e) => {
-                // As a failure of the general path after its checks: the communicator is
-                // aborted and the Work carries the error.
-                let e = e.in_collective(|| format!("launched {name} ({dtype})"));
-                core.fail(&e);
-                let _ = core.note::<()>(Err(e.clone()));
-                return Ok(Work::ready(Err(e)));
-            }
-        };
-        let work = Work::pending();
-        work.set_event(ev.clone());
-        // The buffers (and the call's scope: its arena lease, the borrowed stream) live
-        // until the device passed the call.
-        let keep = Box::new((op, sc));
-        crate::runtime::watchdog::watch(
-            ev,
-            stream.raw() as usize as u64,
-            work.clone(),
-            core,
-            Called(name, dtype),
-            keep,
-        );
-        Ok(work)
+    fn stages(&self, req: Checked, l: &Arc<Launcher>) -> Result<Work> {
+        Ok(match self.submit_as(req, How::Launch(l.clone()))? {
+            Submitted::Queued(w) => w,
+            Submitted::Ran(r) => Work::ready(r),
+        })
     }
-}
 
-thread_local! {
-    /// The end event of the last group's calls on one stream: (group, stream, event).
-    static GROUP_END: std::cell::RefCell<Option<(u64, usize, Arc<dyn DevEvent>)>> =
-        const { std::cell::RefCell::new(None) };
-}
-
-/// The event after group `generation`'s work on `ws`, recorded once for all of that
-/// group's calls on the stream (every call of the group is enqueued before the first
-/// asks for it: the group's end runs its calls first).
-fn group_end_event(generation: u64, ws: &Arc<dyn DevStream>) -> Result<Arc<dyn DevEvent>> {
-    let raw = ws.raw() as usize;
-    if let Some(ev) = GROUP_END.with(|g| {
-        g.borrow()
-            .as_ref()
-            .filter(|(n, r, _)| *n == generation && *r == raw)
-            .map(|(_, _, ev)| ev.clone())
-    }) {
-        return Ok(ev);
-    }
-    let ev = ws.record()?;
-    GROUP_END.with(|g| *g.borrow_mut() = Some((generation, raw, ev.clone())));
-    Ok(ev)
-}
-
-/// The caller's stream of a stream-ordered call, as the call uses it: an
-/// `Arc<dyn DevStream>` from Rust, a raw `cudaStream_t` / `hipStream_t` from C.
-pub trait CallerStream {
-    /// Its device.
-    fn device(&self) -> Arc<dyn Device>;
-    /// An event after the work enqueued on it so far.
-    fn record(&self) -> Result<Arc<dyn DevEvent>>;
-    /// True while it is being captured into a graph.
-    fn is_capturing(&self) -> Result<bool>;
-    /// Make it wait (on the device) for `ev`.
-    fn wait_event(&self, ev: &dyn DevEvent) -> Result<()>;
-    /// The stream itself, to enqueue on (borrowed: never destroyed by strata).
-    fn stream(&self) -> Result<Arc<dyn DevStream>>;
-}
-
-impl CallerStream for Arc<dyn DevStream> {
-    fn device(&self) -> Arc<dyn Device> {
-        DevStream::device(self.as_ref())
-    }
-    fn record(&self) -> Result<Arc<dyn DevEvent>> {
-        DevStream::record(self.as_ref())
-    }
-    fn is_capturing(&self) -> Result<bool> {
-        DevStream::is_capturing(self.as_ref())
-    }
-    fn wait_event(&self, ev: &dyn DevEvent) -> Result<()> {
-        DevStream::wait_event(self.as_ref(), ev)
-    }
-    fn stream(&self) -> Result<Arc<dyn DevStream>> {
-        Ok(self.clone())
+    fn divide_avg(&self, op: &Op, dtype: crate::dtype::DataType) -> Result<()> {
+        crate::algo::divide_avg(&self.0, op, dtype)
     }
 }

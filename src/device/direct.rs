@@ -1,6 +1,6 @@
 //! Per-call scratch of stream-ordered collectives, and the capturable path.
 //!
-//! A stream-ordered call ([`crate::comm::ordered`]) runs inside a [`Scope`]: every
+//! A stream-ordered call ([`crate::runtime::launch`]) runs inside a [`Scope`]: every
 //! [`super::DeviceMem::alloc`] made for it on its device (by the algorithm, on any
 //! sub-communicator's thread: the scope travels with the call's jobs) takes a block of
 //! the communicator's [`Arena`] instead of the device cache. The blocks are held until
@@ -174,6 +174,11 @@ impl Scope {
 }
 
 thread_local! {
+    /// The stream-ordered call this thread works for: its arena lease and launch stream
+    /// (set by the launch, [`crate::runtime::launch`], for the call's stages; travels
+    /// with its jobs, `runtime::in_scope`). Call state in a thread-local, read by
+    /// [`alloc`] and the transports' `work_stream`: still to become part of a launch
+    /// context passed down as a value.
     static CURRENT: RefCell<Option<Scope>> = const { RefCell::new(None) };
     /// The stream of the communicator whose native call runs now inside a launch (a
     /// side stream), overriding the launch stream.

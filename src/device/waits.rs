@@ -16,6 +16,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 thread_local! {
+    // The launch contract's audit: whether this thread is inside a launch and the host
+    // waits it made there (counters, read by tests and the tools; they route nothing).
     static DEPTH: Cell<u32> = const { Cell::new(0) };
     static MINE: Cell<u64> = const { Cell::new(0) };
     /// Inside [`outside`] within a launch.

@@ -472,7 +472,8 @@ impl Buffer {
 
     /// This view's identity: its allocation's address and its byte range (two live
     /// views have the same identity exactly when they are the same bytes of the same
-    /// allocation).
+    /// allocation). Debug builds' cross-check of the C boundary's requests, and tests.
+    #[cfg(any(debug_assertions, test))]
     #[inline]
     pub(crate) fn identity(&self) -> [usize; 3] {
         [
@@ -632,12 +633,10 @@ impl Deref for ReadGuard<'_> {
     type Target = [u8];
     #[inline]
     fn deref(&self) -> &[u8] {
-        let r = &self.buf.range;
-        let p = host_ptr(self.buf);
-        // SAFETY: the range lies inside the host allocation (checked by `slice`; guards
-        // exist only for host memory) and the borrow table holds a shared borrow on it,
-        // so no `WriteGuard` overlaps it while we live.
-        unsafe { std::slice::from_raw_parts(p.add(r.start), r.len()) }
+        let (p, n) = guarded(self.buf);
+        // SAFETY: `guarded`'s bytes, on which the borrow table holds a shared borrow, so
+        // no `WriteGuard` overlaps them while we live.
+        unsafe { std::slice::from_raw_parts(p, n) }
     }
 }
 
@@ -645,22 +644,30 @@ impl Deref for WriteGuard<'_> {
     type Target = [u8];
     #[inline]
     fn deref(&self) -> &[u8] {
-        let r = &self.buf.range;
-        let p = host_ptr(self.buf);
-        // SAFETY: in bounds, and the exclusive borrow excludes every other guard on the range.
-        unsafe { std::slice::from_raw_parts(p.add(r.start), r.len()) }
+        let (p, n) = guarded(self.buf);
+        // SAFETY: `guarded`'s bytes; the exclusive borrow excludes every other guard on
+        // the range.
+        unsafe { std::slice::from_raw_parts(p, n) }
     }
 }
 
 impl DerefMut for WriteGuard<'_> {
     #[inline]
     fn deref_mut(&mut self) -> &mut [u8] {
-        let r = &self.buf.range;
-        let p = host_ptr(self.buf);
-        // SAFETY: in bounds; the exclusive borrow makes this the only live reference to
-        // these bytes, and `&mut self` keeps it unique within this guard.
-        unsafe { std::slice::from_raw_parts_mut(p.add(r.start), r.len()) }
+        let (p, n) = guarded(self.buf);
+        // SAFETY: `guarded`'s bytes; the exclusive borrow makes this the only live
+        // reference to them, and `&mut self` keeps it unique within this guard.
+        unsafe { std::slice::from_raw_parts_mut(p, n) }
     }
+}
+
+/// The first host byte of a guarded buffer's range and its length.
+#[inline]
+fn guarded(b: &Buffer) -> (*mut u8, usize) {
+    let r = &b.range;
+    // SAFETY: the range lies inside the host allocation (checked by `slice`; guards exist
+    // only for host memory), so the offset stays within it.
+    (unsafe { host_ptr(b).add(r.start) }, r.len())
 }
 
 /// Host base pointer of a guarded buffer (guards are only made for host memory).

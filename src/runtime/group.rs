@@ -18,28 +18,31 @@ use super::{CommCore, Job};
 use crate::error::{Error, Result};
 use std::cell::RefCell;
 
-struct Pending {
-    comm: CommCore,
-    deps: Vec<Work>,
-    job: Job,
-    work: Work,
-    is_send: bool,
-    fusable: bool,
+/// A call held by the open group ([`hold`]) until it ends.
+pub(crate) struct Pending {
+    pub(crate) comm: CommCore,
+    pub(crate) deps: Vec<Work>,
+    pub(crate) job: Job,
+    pub(crate) work: Work,
+    pub(crate) is_send: bool,
+    pub(crate) fusable: bool,
     /// Its description when mismatch checking was on at submit (not point-to-point).
-    call: Option<String>,
+    pub(crate) call: Option<String>,
     /// A send or receive on host memory: run with the group's other ones as one
     /// exchange ([`super::native::exchange`]) instead of its own job.
-    p2p: Option<Op>,
-    /// A launched device call ([`crate::comm::ordered`]): run on the thread that ends
+    pub(crate) p2p: Option<Op>,
+    /// A launched device call ([`crate::runtime::launch`]): run on the thread that ends
     /// the group, never queued on a stream thread.
-    launch: bool,
+    pub(crate) launch: bool,
     /// A call with no byte on any buffer (count 0 on every rank, as its peers'): nothing
     /// to move. Beside launched calls of its communicator it is completed by the group
     /// ([`empties_done`]) and leaves the share launched.
-    empty: bool,
+    pub(crate) empty: bool,
 }
 
 thread_local! {
+    /// This thread's group depth and its pending calls. Per thread because groups are:
+    /// NCCL keeps `ncclGroupStart`'s depth and the calls it holds per thread the same way.
     static GROUP: RefCell<(usize, Vec<Pending>)> = const { RefCell::new((0, Vec::new())) };
 }
 
@@ -55,6 +58,8 @@ pub fn group_start() {
 }
 
 thread_local! {
+    /// The number of this thread's outermost group: part of the per-thread group state
+    /// ([`GROUP`]), as NCCL's.
     static GENERATION: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
@@ -86,7 +91,8 @@ pub fn group_end() -> Result<()> {
 }
 
 thread_local! {
-    /// Actions for the end of this thread's outermost group ([`after_group`]).
+    /// Actions for the end of this thread's outermost group ([`after_group`]): part of
+    /// the per-thread group state ([`GROUP`]), as NCCL's group keeps its launches.
     static AFTER: RefCell<Vec<Box<dyn FnOnce() -> Result<()>>>> = const { RefCell::new(Vec::new()) };
 }
 
@@ -369,34 +375,8 @@ pub fn in_group() -> bool {
     GROUP.with(|g| g.borrow().0 > 0)
 }
 
-/// Hold a submission until the group ends.
-/// `fusable`: a native call on device buffers (may run inside a vendor group);
-/// `call`: its description for mismatch detection ([`super::mismatch`]), when on;
-/// `empty`: no buffer of the call has a byte.
-pub(crate) fn hold(
-    comm: CommCore,
-    deps: Vec<Work>,
-    job: Job,
-    work: Work,
-    is_send: bool,
-    fusable: bool,
-    call: Option<String>,
-    p2p: Option<Op>,
-    launch: bool,
-    empty: bool,
-) {
-    GROUP.with(|g| {
-        g.borrow_mut().1.push(Pending {
-            comm,
-            deps,
-            job,
-            work,
-            is_send,
-            fusable,
-            call,
-            p2p,
-            launch,
-            empty,
-        })
-    });
+/// Hold a submission until the group ends (its [`Pending`] fields say what the group
+/// does with it).
+pub(crate) fn hold(p: Pending) {
+    GROUP.with(|g| g.borrow_mut().1.push(p));
 }

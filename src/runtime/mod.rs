@@ -29,6 +29,7 @@
 #![forbid(unsafe_code)]
 
 pub mod group;
+pub mod launch;
 pub mod mismatch;
 pub mod native;
 pub mod ordered;

@@ -174,7 +174,7 @@ fn layout(op: &Op, rank: usize, dtype: DataType) -> Option<InPlace> {
 /// [`run`] of a device op whose `Avg` the library may finish itself (`ncclAvg`,
 /// [`crate::transport::gpu::GpuTransport::reduce_scatter_mean`]): true when it did (the
 /// result is the mean), false when the result is the sum, for the caller to divide. The fast path of a
-/// launched one-call collective ([`crate::comm::ordered`]).
+/// launched one-call collective ([`crate::runtime::launch`]).
 pub fn run_device_mean(
     t: &dyn Transport,
     op: &Op,

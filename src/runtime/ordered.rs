@@ -1,4 +1,4 @@
-//! What one communicator's launched collectives share ([`crate::comm::ordered`]): the
+//! What one communicator's launched collectives share ([`crate::runtime::launch`]): the
 //! launch stream every stage of a device collective is enqueued on (forked from the
 //! caller's stream with an event, joined back with one), and the scratch arena
 //! ([`crate::device::direct::Arena`]) whose blocks a call holds while it is enqueued

@@ -3,13 +3,14 @@
 //! peers, and NCCL's in-place and aliasing rules (the one rule: [`Kind::in_place`],
 //! applied to buffers by [`in_place`]).
 //!
-//! Each request is checked once, and its in-place layout derived once:
-//! - a request built in Rust is checked by [`check`] (from [`crate::Comm::submit`]),
-//!   which derives the layout from the buffer views;
+//! Each request is checked once, and its in-place layout derived once, into a
+//! [`Checked`] value, the only form the communicator's run and launch paths take:
+//! - a request built in Rust is checked at the front ([`crate::Comm::submit`]:
+//!   [`Checked::new`], [`check`]), which derives the layout from the buffer views;
 //! - a request built by the C ABI was checked on the caller's raw pointers, where the
 //!   layout was derived (it has to be: an in-place call becomes one buffer and a view of
-//!   it); the C boundary hands it over as a [`Checked`] request (`Checked::assume`),
-//!   and [`check`] returns that op at once ([`Checked::submit`]).
+//!   it); the C boundary hands it over as a [`Checked`] request (`Checked::assume`,
+//!   then `Comm::submit_checked` and its kin), not checked again.
 //!
 //! Either way the layout is then recorded in the op's buffers (in place: the send and
 //! receive buffers are views of one allocation, at NCCL's offset; otherwise they do not
@@ -344,6 +345,15 @@ fn fits(b: &mut Buffer, need: usize, what: &str) -> Result<()> {
     Ok(())
 }
 
+/// Two buffers of `n` bytes each that share no byte (`what`: the call's, the send
+/// buffer's and the receive buffer's names, for messages).
+#[inline]
+fn apart(send: &mut Buffer, recv: &mut Buffer, n: usize, what: [&str; 3]) -> Result<()> {
+    fits(send, n, what[1])?;
+    fits(recv, n, what[2])?;
+    no_alias(send, recv, what[0])
+}
+
 #[inline]
 fn no_alias(a: &Buffer, b: &Buffer, what: &str) -> Result<()> {
     if a.overlaps(b) {
@@ -353,34 +363,15 @@ fn no_alias(a: &Buffer, b: &Buffer, what: &str) -> Result<()> {
 }
 
 /// Check `op` for a communicator of `size` ranks where this is `rank`, and trim every
-/// buffer to exactly the bytes the call touches. The op of a [`Checked`] request being
-/// submitted on this thread ([`Checked::submit`]) was checked already and is returned
-/// at once; any other op is checked in full.
+/// buffer to exactly the bytes the call touches: the full check, every time (a request
+/// checked once travels as a [`Checked`] value instead).
 pub fn check(mut op: Op, dtype: DataType, rank: usize, size: usize) -> Result<Op> {
     check_in_place(&mut op, dtype, rank, size)?;
     Ok(op)
 }
 
-/// [`check`] of an op where it lies: its buffers trimmed in place (a blocking call
-/// checks its request without moving it).
+/// [`check`] of an op where it lies: its buffers trimmed in place.
 pub fn check_in_place(op: &mut Op, dtype: DataType, rank: usize, size: usize) -> Result<()> {
-    // One thread-local word read in the unstamped common case.
-    let stamped = STAMP.with(|s| {
-        s.get().is_some_and(|st| {
-            s.set(None);
-            Stamp::of(op).is_some_and(|o| {
-                st == Stamp {
-                    op: o,
-                    dtype,
-                    rank,
-                    size,
-                }
-            })
-        })
-    });
-    if stamped {
-        return Ok(());
-    }
     #[cfg(test)]
     FULL_CHECKS.with(|n| n.set(n.get() + 1));
     check_mut(op, dtype, rank, size)
@@ -390,12 +381,6 @@ pub fn check_in_place(op: &mut Op, dtype: DataType, rank: usize, size: usize) ->
 thread_local! {
     /// Full checks made by [`check`] on this thread (the tests' count).
     pub(crate) static FULL_CHECKS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
-}
-
-/// The checks themselves ([`check`]), as an op by value.
-fn check_full(mut op: Op, dtype: DataType, rank: usize, size: usize) -> Result<Op> {
-    check_mut(&mut op, dtype, rank, size)?;
-    Ok(op)
 }
 
 /// An all-gather's or a reduce-scatter's pair (one member of a coalesced list too): a
@@ -463,9 +448,12 @@ fn check_mut(op: &mut Op, dtype: DataType, rank: usize, size: usize) -> Result<(
         }
         Op::AllToAll { send, recv, count } => {
             let n = bytes(*count, size, dtype, "all-to-all")?;
-            fits(send, n, "all-to-all sendbuff")?;
-            fits(recv, n, "all-to-all recvbuff")?;
-            no_alias(send, recv, "all-to-all")?;
+            apart(
+                send,
+                recv,
+                n,
+                ["all-to-all", "all-to-all sendbuff", "all-to-all recvbuff"],
+            )?;
         }
         Op::Broadcast {
             send,
@@ -511,9 +499,12 @@ fn check_mut(op: &mut Op, dtype: DataType, rank: usize, size: usize) -> Result<(
                 )));
             }
             let n = bytes(*count, 1, dtype, "send-recv")?;
-            fits(send, n, "send-recv send buffer")?;
-            fits(recv, n, "send-recv receive buffer")?;
-            no_alias(send, recv, "send-recv")?;
+            let what = [
+                "send-recv",
+                "send-recv send buffer",
+                "send-recv receive buffer",
+            ];
+            apart(send, recv, n, what)?;
         }
         Op::AllGatherCoalesced {
             sends,
@@ -563,7 +554,11 @@ fn check_list(
 
 /// A request whose checks are done, for a communicator of `size` ranks where this is
 /// `rank`: its buffers are trimmed to the bytes the call touches, and overlap only in
-/// NCCL's in-place layout, which they record ([`Op::layout`]).
+/// NCCL's in-place layout, which they record ([`Op::layout`]). The only thing the
+/// communicator's run and launch paths take (`Comm::submit_checked`, `call_checked`,
+/// `enqueue_checked`): a request is checked at the front, once, and travels checked as
+/// this value; one made for another rank or size is checked again in full
+/// ([`Checked::on`]).
 #[derive(Debug)]
 pub struct Checked {
     req: Request,
@@ -571,100 +566,47 @@ pub struct Checked {
     size: usize,
 }
 
-/// The [`Checked`] request this thread is submitting, as [`check`] recognises it and
-/// returns it at once: the op's variant, counts, peers, root and reduction, each buffer
-/// view's identity (its allocation and byte range, [`Buffer::identity`]) and, for a
-/// coalesced list, the lists' own allocations and lengths (the request is moved into the
-/// submission, never copied, so they are the same), with the dtype, rank and size. A
-/// plain value: stamping clones no buffer and compares words.
-#[derive(Clone, Copy, PartialEq, Eq)]
-struct Stamp {
-    op: [usize; 9],
-    dtype: DataType,
-    rank: usize,
-    size: usize,
-}
-
-impl Stamp {
-    /// The words identifying `op` (`None`: an algorithm's own send-receive step, never a
-    /// boundary's, so never stamped).
-    #[inline(always)]
-    fn of(op: &Op) -> Option<[usize; 9]> {
-        fn pair(tag: usize, count: usize, extra: usize, a: &Buffer, b: &Buffer) -> [usize; 9] {
-            let ([a0, a1, a2], [b0, b1, b2]) = (a.identity(), b.identity());
-            [tag | extra << 8, count, a0, a1, a2, b0, b1, b2, 0]
-        }
-        fn list<T>(v: &[T]) -> [usize; 2] {
-            [v.as_ptr() as usize, v.len()]
-        }
-        Some(match op {
-            Op::AllGather { send, recv, count } => pair(1, *count, 0, send, recv),
-            Op::ReduceScatter {
-                send,
-                recv,
-                count,
-                op,
-            } => pair(2, *count, *op as usize, send, recv),
-            Op::AllReduce {
-                send,
-                recv,
-                count,
-                op,
-            } => pair(3, *count, *op as usize, send, recv),
-            Op::AllToAll { send, recv, count } => pair(4, *count, 0, send, recv),
-            Op::Broadcast {
-                send,
-                recv,
-                count,
-                root,
-            } => pair(5, *count, *root, send, recv),
-            Op::Send { buf, count, peer } => pair(6, *count, *peer, buf, buf),
-            Op::Recv { buf, count, peer } => pair(7, *count, *peer, buf, buf),
-            Op::AllGatherCoalesced {
-                sends,
-                recvs,
-                counts,
-            } => {
-                let ([a, b], [c, d], [e, f]) = (list(sends), list(recvs), list(counts));
-                [8, a, b, c, d, e, f, 0, 0]
-            }
-            Op::ReduceScatterCoalesced {
-                sends,
-                recvs,
-                counts,
-                op,
-            } => {
-                let ([a, b], [c, d], [e, f]) = (list(sends), list(recvs), list(counts));
-                [9 | (*op as usize) << 8, a, b, c, d, e, f, 0, 0]
-            }
-            Op::SendRecv { .. } => return None,
-        })
+/// The words identifying a one-pair op (debug builds' cross-check, [`same_op`]): the
+/// op's variant, count, peer, root or reduction and each buffer view's identity
+/// ([`Buffer::identity`]); `None` for the lists and an algorithm's own send-receive step.
+#[cfg(debug_assertions)]
+fn op_words(op: &Op) -> Option<[usize; 8]> {
+    fn pair(tag: usize, count: usize, extra: usize, a: &Buffer, b: &Buffer) -> [usize; 8] {
+        let ([a0, a1, a2], [b0, b1, b2]) = (a.identity(), b.identity());
+        [tag | extra << 8, count, a0, a1, a2, b0, b1, b2]
     }
-}
-
-thread_local! {
-    static STAMP: std::cell::Cell<Option<Stamp>> = const { std::cell::Cell::new(None) };
-}
-
-/// Clears this thread's stamp when a submission ends (however it ends: a stamp that the
-/// submission did not consume never outlives it).
-struct ClearStamp;
-
-impl Drop for ClearStamp {
-    fn drop(&mut self) {
-        let _ = STAMP.try_with(|s| s.set(None));
-    }
+    Some(match op {
+        Op::AllGather { send, recv, count } => pair(1, *count, 0, send, recv),
+        Op::ReduceScatter {
+            send,
+            recv,
+            count,
+            op,
+        } => pair(2, *count, *op as usize, send, recv),
+        Op::AllReduce {
+            send,
+            recv,
+            count,
+            op,
+        } => pair(3, *count, *op as usize, send, recv),
+        Op::AllToAll { send, recv, count } => pair(4, *count, 0, send, recv),
+        Op::Broadcast {
+            send,
+            recv,
+            count,
+            root,
+        } => pair(5, *count, *root, send, recv),
+        Op::Send { buf, count, peer } => pair(6, *count, *peer, buf, buf),
+        Op::Recv { buf, count, peer } => pair(7, *count, *peer, buf, buf),
+        _ => return None,
+    })
 }
 
 impl Checked {
     /// Check `req` in full ([`check`]) for `rank` of `size`.
-    pub fn new(req: Request, rank: usize, size: usize) -> Result<Checked> {
-        let op = check_full(req.op, req.dtype, rank, size)?;
-        Ok(Checked {
-            req: Request { op, ..req },
-            rank,
-            size,
-        })
+    pub fn new(mut req: Request, rank: usize, size: usize) -> Result<Checked> {
+        check_in_place(&mut req.op, req.dtype, rank, size)?;
+        Ok(Checked { req, rank, size })
     }
 
     /// A request the caller checked itself, on what only it sees (the C boundary: raw
@@ -686,27 +628,35 @@ impl Checked {
         Checked { req, rank, size }
     }
 
+    /// This request for `rank` of `size`: as it is when it was checked for them, else
+    /// checked again in full for them.
+    #[inline]
+    pub fn on(self, rank: usize, size: usize) -> Result<Checked> {
+        if self.rank == rank && self.size == size {
+            return Ok(self);
+        }
+        Checked::new(self.req, rank, size)
+    }
+
     /// The request.
     pub fn request(&self) -> &Request {
         &self.req
     }
 
-    /// Submit it: `f` gets the request and hands it to [`crate::Comm`] (`submit`,
-    /// `call`, `enqueue_on`), whose [`check`] of this op, on this thread, within `f`,
-    /// returns it at once. Nothing else changes: a check of any other op, or of this op
-    /// for another rank, size or dtype, is a full one.
-    pub fn submit<R>(self, f: impl FnOnce(Request) -> R) -> R {
-        let Checked { req, rank, size } = self;
-        if let Some(op) = Stamp::of(&req.op) {
-            STAMP.set(Some(Stamp {
-                op,
-                dtype: req.dtype,
-                rank,
-                size,
-            }));
-        }
-        let _clear = ClearStamp;
-        f(req)
+    /// The request, to run (its checks done).
+    pub fn into_request(self) -> Request {
+        self.req
+    }
+
+    /// With dependencies (they are not part of the checks).
+    pub fn after(mut self, deps: impl IntoIterator<Item = Work>) -> Checked {
+        self.req.deps.extend(deps);
+        self
+    }
+
+    /// Its dependencies, taken out (a launch orders them itself).
+    pub(crate) fn take_deps(&mut self) -> Vec<Work> {
+        std::mem::take(&mut self.req.deps)
     }
 }
 
@@ -753,7 +703,7 @@ fn pairs(op: &Op) -> Vec<(Kind, &Buffer, &Buffer, usize)> {
     }
 }
 
-/// Identity of two ops (debug builds' cross-check): the stamp's words, and for coalesced
+/// Identity of two ops (debug builds' cross-check): [`op_words`], and for coalesced
 /// lists (whose copies are other lists) the same counts over the same buffer views.
 #[cfg(debug_assertions)]
 fn same_op(a: &Op, b: &Op) -> bool {
@@ -789,8 +739,15 @@ fn same_op(a: &Op, b: &Op) -> bool {
                 op: o,
             },
         ) => op == o && lists((sends, recvs, counts), (s, r, c)),
-        _ => Stamp::of(a).is_some() && Stamp::of(a) == Stamp::of(b),
+        _ => op_words(a).is_some() && op_words(a) == op_words(b),
     }
+}
+
+/// [`check_mut`] of an op by value, uncounted (the debug cross-check is no call's check).
+#[cfg(debug_assertions)]
+fn check_mut_owned(mut op: Op, dtype: DataType, rank: usize, size: usize) -> Result<Op> {
+    check_mut(&mut op, dtype, rank, size)?;
+    Ok(op)
 }
 
 /// Debug builds: a request the C boundary checked passes [`check`] unchanged, and the
@@ -799,7 +756,7 @@ fn same_op(a: &Op, b: &Op) -> bool {
 fn debug_agree(req: &Request, rank: usize, size: usize, layouts: &[Option<InPlace>]) {
     let op = req.op.clone();
     let name = op.name();
-    match check_full(op, req.dtype, rank, size) {
+    match check_mut_owned(op, req.dtype, rank, size) {
         Ok(c) => assert!(
             same_op(&c, &req.op),
             "{name}: the boundary's buffers are not what check trims them to"

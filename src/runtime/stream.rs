@@ -198,6 +198,7 @@ struct Shared {
 fn thread_tag() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(1);
     thread_local! {
+        /// The thread's identity (set once, no call's state).
         static TAG: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
     }
     TAG.try_with(|t| *t).unwrap_or(u64::MAX)

@@ -69,7 +69,7 @@ pub trait GpuTransport: Send + Sync {
     /// True when a launched call may enqueue this transport's collectives on any stream
     /// of its device, one call's work on the caller's own stream (what NCCL does with
     /// the stream it is given): the fast path of a one-call collective
-    /// ([`crate::comm::ordered`]). Default: false (the launch stream only).
+    /// ([`crate::runtime::launch`]). Default: false (the launch stream only).
     fn any_stream(&self) -> bool {
         false
     }

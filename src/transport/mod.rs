@@ -120,7 +120,8 @@ impl std::str::FromStr for TransportKind {
 thread_local! {
     /// Per-thread scratch buffers (partial sums, received operands), kept between
     /// calls so a stream thread allocates and faults in its scratch once, not per call;
-    /// a stack, so nested users each get their own.
+    /// a stack, so nested users each get their own. An allocation cache: no call's
+    /// state survives in it (each user takes a buffer and gives it back).
     static SCRATCH: RefCell<Vec<Vec<u8>>> = const { RefCell::new(Vec::new()) };
 }
 

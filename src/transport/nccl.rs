@@ -46,6 +46,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 thread_local! {
+    // Per thread because the vendor's group is (`ncclGroupStart`/`End` nest per thread):
+    // this mirrors the library's own per-thread group state, no single call's.
     /// Inside a vendor group on this thread: calls enqueue without waiting.
     static DEFER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     /// Use guards of the communicators enqueued in this thread's open group: the library
