@@ -321,7 +321,6 @@ const PENDING: &[&str] = &[
     "src/capi",
     "src/device",
     "src/kernels_gpu",
-    "src/topology",
     "src/transport",
 ];
 
