@@ -2,7 +2,7 @@
 //! the comparison of every quantization kernel's output with the CPU reference.
 
 use crate::inputs::{packed_input, values};
-use cudarc::driver::{CudaSlice, CudaStream};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
 use rand::{Rng as _, RngCore as _};
 use rand_chacha::ChaCha8Rng;
 use std::sync::Arc;
@@ -106,6 +106,44 @@ impl Checker {
         eprintln!("ERROR {kernel} {what}: {e}");
     }
 
+    /// One case of a kernel: `src` uploaded at byte `soff` (random bytes after it), an
+    /// output of `want.len()` bytes at byte `doff` inside poisoned guards (the poison byte
+    /// drawn from `rng`), `launch` run on the two views, then the whole output allocation
+    /// compared with `want` (a launch error is counted as a failure of `kernel`).
+    #[allow(clippy::too_many_arguments)]
+    fn case(
+        &mut self,
+        rng: &mut ChaCha8Rng,
+        kernel: &'static str,
+        what: &str,
+        src: &[u8],
+        (soff, doff): (usize, usize),
+        want: &[u8],
+        launch: impl FnOnce(
+            &GpuQuant,
+            &Arc<CudaStream>,
+            &CudaView<'_, u8>,
+            &mut CudaViewMut<'_, u8>,
+        ) -> Result<()>,
+        diff: impl Fn(&[u8], &[u8]) -> f64,
+    ) -> Result<()> {
+        let poison = rng.next_u64() as u8;
+        let d_src = upload(&self.stream, src, soff)?;
+        let (mut d_dst, _) = poisoned(&self.stream, want.len(), doff, poison)?;
+        let r = {
+            let s = d_src.slice(soff..soff + src.len());
+            let mut o = d_dst.slice_mut(GUARD + doff..GUARD + doff + want.len());
+            launch(&self.gpu, &self.stream, &s, &mut o)
+        };
+        if let Err(e) = r {
+            self.fail(kernel, what, e);
+            return Ok(());
+        }
+        let got = self.stream.clone_dtoh(&d_dst).map_err(dev)?;
+        self.compare(kernel, what, want, &got, doff, poison, diff);
+        Ok(())
+    }
+
     pub(crate) fn quantize(
         &mut self,
         rng: &mut ChaCha8Rng,
@@ -121,27 +159,20 @@ impl Checker {
             (rng.random_range(0..3u64) as usize) * dt.size(),
             rng.random_range(0..4u64) as usize,
         );
-        let poison = rng.next_u64() as u8;
-        let d_src = upload(&self.stream, &src, soff)?;
-        let (mut d_dst, _) = poisoned(&self.stream, want.len(), doff, poison)?;
         let what = format!(
             "{dt} q{} block {} n {n} offsets {soff}/{doff}",
             spec.bits, spec.block
         );
-        let r = {
-            let s = d_src.slice(soff..soff + src.len());
-            let mut o = d_dst.slice_mut(GUARD + doff..GUARD + doff + want.len());
-            self.gpu.quantize(&self.stream, spec, dt, &s, &mut o)
-        };
-        if let Err(e) = r {
-            self.fail("quantize", &what, e);
-            return Ok(());
-        }
-        let got = self.stream.clone_dtoh(&d_dst).map_err(dev)?;
-        self.compare("quantize", &what, &want, &got, doff, poison, |a, b| {
-            packed_diff(spec, n, 1, a, b)
-        });
-        Ok(())
+        self.case(
+            rng,
+            "quantize",
+            &what,
+            &src,
+            (soff, doff),
+            &want,
+            |gpu, st, s, o| gpu.quantize(st, spec, dt, s, o),
+            |a, b| packed_diff(spec, n, 1, a, b),
+        )
     }
 
     pub(crate) fn dequantize(
@@ -159,27 +190,20 @@ impl Checker {
             rng.random_range(0..4u64) as usize,
             (rng.random_range(0..3u64) as usize) * dt.size(),
         );
-        let poison = rng.next_u64() as u8;
-        let d_src = upload(&self.stream, &packed, soff)?;
-        let (mut d_dst, _) = poisoned(&self.stream, want.len(), doff, poison)?;
         let what = format!(
             "{dt} q{} block {} n {n} raw {raw} offsets {soff}/{doff}",
             spec.bits, spec.block
         );
-        let r = {
-            let s = d_src.slice(soff..soff + packed.len());
-            let mut o = d_dst.slice_mut(GUARD + doff..GUARD + doff + want.len());
-            self.gpu.dequantize(&self.stream, spec, &s, n, dt, &mut o)
-        };
-        if let Err(e) = r {
-            self.fail("dequantize", &what, e);
-            return Ok(());
-        }
-        let got = self.stream.clone_dtoh(&d_dst).map_err(dev)?;
-        self.compare("dequantize", &what, &want, &got, doff, poison, |a, b| {
-            elem_diff(dt, a, b)
-        });
-        Ok(())
+        self.case(
+            rng,
+            "dequantize",
+            &what,
+            &packed,
+            (soff, doff),
+            &want,
+            |gpu, st, s, o| gpu.dequantize(st, spec, s, n, dt, o),
+            |a, b| elem_diff(dt, a, b),
+        )
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -201,40 +225,18 @@ impl Checker {
             (rng.random_range(0..2u64) as usize) * dt.size(),
             rng.random_range(0..4u64) as usize,
         );
-        let poison = rng.next_u64() as u8;
-        let d_src = upload(&self.stream, &src, soff)?;
-        let (mut d_dst, _) = poisoned(&self.stream, len, doff, poison)?;
         let what = format!(
             "{dt} q{} block {} c {c} nodes {nodes} devices {devices} stages {stages} offsets {soff}/{doff}",
             spec.bits, spec.block
         );
-        let r = {
-            let s = d_src.slice(soff..soff + src.len());
-            let mut o = d_dst.slice_mut(GUARD + doff..GUARD + doff + len);
-            self.gpu.swizzled_quantize(
-                &self.stream,
-                spec,
-                dt,
-                &s,
-                c,
-                nodes,
-                devices,
-                stages,
-                &mut o,
-            )
-        };
-        if let Err(e) = r {
-            self.fail("swizzled_quantize", &what, e);
-            return Ok(());
-        }
-        let got = self.stream.clone_dtoh(&d_dst).map_err(dev)?;
-        self.compare(
+        self.case(
+            rng,
             "swizzled_quantize",
             &what,
+            &src,
+            (soff, doff),
             &want,
-            &got,
-            doff,
-            poison,
+            |gpu, st, s, o| gpu.swizzled_quantize(st, spec, dt, s, c, nodes, devices, stages, o),
             |a, b| {
                 if a == b {
                     0.0
@@ -242,8 +244,7 @@ impl Checker {
                     f64::INFINITY
                 }
             },
-        );
-        Ok(())
+        )
     }
 
     pub(crate) fn drq(
@@ -273,34 +274,20 @@ impl Checker {
             rng.random_range(0..4u64) as usize,
             rng.random_range(0..4u64) as usize,
         );
-        let poison = rng.next_u64() as u8;
-        let d_src = upload(&self.stream, &all, soff)?;
-        let (mut d_dst, _) = poisoned(&self.stream, per, doff, poison)?;
         let what = format!(
             "q{} block {} n {n} slices {slices} k {k} raw {raw} offsets {soff}/{doff}",
             spec.bits, spec.block
         );
-        let r = {
-            let s = d_src.slice(soff..soff + all.len());
-            let mut o = d_dst.slice_mut(GUARD + doff..GUARD + doff + per);
-            self.gpu
-                .dequant_reduce_quant(&self.stream, spec, &s, k, n, slices, &mut o)
-        };
-        if let Err(e) = r {
-            self.fail("dequant_reduce_quant", &what, e);
-            return Ok(());
-        }
-        let got = self.stream.clone_dtoh(&d_dst).map_err(dev)?;
-        self.compare(
+        self.case(
+            rng,
             "dequant_reduce_quant",
             &what,
+            &all,
+            (soff, doff),
             &want,
-            &got,
-            doff,
-            poison,
+            |gpu, st, s, o| gpu.dequant_reduce_quant(st, spec, s, k, n, slices, o),
             |a, b| packed_diff(spec, n, slices, a, b),
-        );
-        Ok(())
+        )
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -331,34 +318,20 @@ impl Checker {
             rng.random_range(0..4u64) as usize,
             (rng.random_range(0..3u64) as usize) * dt.size(),
         );
-        let poison = rng.next_u64() as u8;
-        let d_src = upload(&self.stream, &all, soff)?;
-        let (mut d_dst, _) = poisoned(&self.stream, want.len(), doff, poison)?;
         let what = format!(
             "{dt} q{} block {} n {n} k {k} {op} /{divisor} raw {raw} offsets {soff}/{doff}",
             spec.bits, spec.block
         );
-        let r = {
-            let s = d_src.slice(soff..soff + all.len());
-            let mut o = d_dst.slice_mut(GUARD + doff..GUARD + doff + want.len());
-            self.gpu
-                .dequant_reduce(&self.stream, spec, &s, k, n, op, divisor, dt, &mut o)
-        };
-        if let Err(e) = r {
-            self.fail("dequant_reduce", &what, e);
-            return Ok(());
-        }
-        let got = self.stream.clone_dtoh(&d_dst).map_err(dev)?;
-        self.compare(
+        self.case(
+            rng,
             "dequant_reduce",
             &what,
+            &all,
+            (soff, doff),
             &want,
-            &got,
-            doff,
-            poison,
+            |gpu, st, s, o| gpu.dequant_reduce(st, spec, s, k, n, op, divisor, dt, o),
             |a, b| elem_diff(dt, a, b),
-        );
-        Ok(())
+        )
     }
 }
 
