@@ -1,5 +1,6 @@
 //! The end of an example run under mpirun: MPI finalized whatever the rank's work
 //! returned, and that result as the process's exit code.
+
 use std::process::ExitCode;
 
 /// Runs `body` (one rank's work), finalizes MPI, and exits with success, or with
