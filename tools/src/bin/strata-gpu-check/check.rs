@@ -106,10 +106,11 @@ impl Checker {
         eprintln!("ERROR {kernel} {what}: {e}");
     }
 
-    /// One case of a kernel: `src` uploaded at byte `soff` (random bytes after it), an
-    /// output of `want.len()` bytes at byte `doff` inside poisoned guards (the poison byte
-    /// drawn from `rng`), `launch` run on the two views, then the whole output allocation
-    /// compared with `want` (a launch error is counted as a failure of `kernel`).
+    /// One case of a kernel: `src` uploaded at byte offset `soff` (random bytes after it),
+    /// an output of `want.len()` bytes at byte offset `doff` inside poisoned guards,
+    /// `launch` run on the two views, then the whole output allocation compared with
+    /// `want` (a launch error is counted as a failure of `kernel`). From `rng`, in this
+    /// order: each offset (`unit` times a draw below `steps`, source first), the poison.
     #[allow(clippy::too_many_arguments)]
     fn case(
         &mut self,
@@ -117,7 +118,7 @@ impl Checker {
         kernel: &'static str,
         what: &str,
         src: &[u8],
-        (soff, doff): (usize, usize),
+        [(src_steps, src_unit), (dst_steps, dst_unit)]: [(u64, usize); 2],
         want: &[u8],
         launch: impl FnOnce(
             &GpuQuant,
@@ -127,6 +128,11 @@ impl Checker {
         ) -> Result<()>,
         diff: impl Fn(&[u8], &[u8]) -> f64,
     ) -> Result<()> {
+        let (soff, doff) = (
+            (rng.random_range(0..src_steps) as usize) * src_unit,
+            (rng.random_range(0..dst_steps) as usize) * dst_unit,
+        );
+        let what = &format!("{what} offsets {soff}/{doff}");
         let poison = rng.next_u64() as u8;
         let d_src = upload(&self.stream, src, soff)?;
         let (mut d_dst, _) = poisoned(&self.stream, want.len(), doff, poison)?;
@@ -155,20 +161,12 @@ impl Checker {
         let src = values(rng, n, dt, special);
         let mut want = vec![0u8; spec.packed_len(n)];
         cpu::quantize(spec, dt, &src, &mut want)?;
-        let (soff, doff) = (
-            (rng.random_range(0..3u64) as usize) * dt.size(),
-            rng.random_range(0..4u64) as usize,
-        );
-        let what = format!(
-            "{dt} q{} block {} n {n} offsets {soff}/{doff}",
-            spec.bits, spec.block
-        );
         self.case(
             rng,
             "quantize",
-            &what,
+            &format!("{dt} q{} block {} n {n}", spec.bits, spec.block),
             &src,
-            (soff, doff),
+            [(3, dt.size()), (4, 1)],
             &want,
             |gpu, st, s, o| gpu.quantize(st, spec, dt, s, o),
             |a, b| packed_diff(spec, n, 1, a, b),
@@ -186,20 +184,12 @@ impl Checker {
         let packed = packed_input(rng, spec, n, raw)?;
         let mut want = vec![0u8; n * dt.size()];
         cpu::dequantize(spec, &packed, n, dt, &mut want)?;
-        let (soff, doff) = (
-            rng.random_range(0..4u64) as usize,
-            (rng.random_range(0..3u64) as usize) * dt.size(),
-        );
-        let what = format!(
-            "{dt} q{} block {} n {n} raw {raw} offsets {soff}/{doff}",
-            spec.bits, spec.block
-        );
         self.case(
             rng,
             "dequantize",
-            &what,
+            &format!("{dt} q{} block {} n {n} raw {raw}", spec.bits, spec.block),
             &packed,
-            (soff, doff),
+            [(4, 1), (3, dt.size())],
             &want,
             |gpu, st, s, o| gpu.dequantize(st, spec, s, n, dt, o),
             |a, b| elem_diff(dt, a, b),
@@ -221,20 +211,15 @@ impl Checker {
         let len = cpu::swizzled_len(spec, c, nodes, devices, stages);
         let mut want = vec![0u8; len];
         cpu::swizzled_quantize(spec, dt, &src, c, nodes, devices, stages, &mut want)?;
-        let (soff, doff) = (
-            (rng.random_range(0..2u64) as usize) * dt.size(),
-            rng.random_range(0..4u64) as usize,
-        );
-        let what = format!(
-            "{dt} q{} block {} c {c} nodes {nodes} devices {devices} stages {stages} offsets {soff}/{doff}",
-            spec.bits, spec.block
-        );
         self.case(
             rng,
             "swizzled_quantize",
-            &what,
+            &format!(
+                "{dt} q{} block {} c {c} nodes {nodes} devices {devices} stages {stages}",
+                spec.bits, spec.block
+            ),
             &src,
-            (soff, doff),
+            [(2, dt.size()), (4, 1)],
             &want,
             |gpu, st, s, o| gpu.swizzled_quantize(st, spec, dt, s, c, nodes, devices, stages, o),
             |a, b| {
@@ -270,20 +255,15 @@ impl Checker {
         };
         let mut want = vec![0u8; per];
         cpu::dequant_reduce_quant(spec, &ins, n, slices, &mut want)?;
-        let (soff, doff) = (
-            rng.random_range(0..4u64) as usize,
-            rng.random_range(0..4u64) as usize,
-        );
-        let what = format!(
-            "q{} block {} n {n} slices {slices} k {k} raw {raw} offsets {soff}/{doff}",
-            spec.bits, spec.block
-        );
         self.case(
             rng,
             "dequant_reduce_quant",
-            &what,
+            &format!(
+                "q{} block {} n {n} slices {slices} k {k} raw {raw}",
+                spec.bits, spec.block
+            ),
             &all,
-            (soff, doff),
+            [(4, 1), (4, 1)],
             &want,
             |gpu, st, s, o| gpu.dequant_reduce_quant(st, spec, s, k, n, slices, o),
             |a, b| packed_diff(spec, n, slices, a, b),
@@ -314,20 +294,15 @@ impl Checker {
         };
         let mut want = vec![0u8; n * dt.size()];
         cpu::dequant_reduce(spec, &ins, n, op, divisor, dt, &mut want)?;
-        let (soff, doff) = (
-            rng.random_range(0..4u64) as usize,
-            (rng.random_range(0..3u64) as usize) * dt.size(),
-        );
-        let what = format!(
-            "{dt} q{} block {} n {n} k {k} {op} /{divisor} raw {raw} offsets {soff}/{doff}",
-            spec.bits, spec.block
-        );
         self.case(
             rng,
             "dequant_reduce",
-            &what,
+            &format!(
+                "{dt} q{} block {} n {n} k {k} {op} /{divisor} raw {raw}",
+                spec.bits, spec.block
+            ),
             &all,
-            (soff, doff),
+            [(4, 1), (3, dt.size())],
             &want,
             |gpu, st, s, o| gpu.dequant_reduce(st, spec, s, k, n, op, divisor, dt, o),
             |a, b| elem_diff(dt, a, b),
