@@ -242,17 +242,8 @@ impl Checker {
         raw: bool,
     ) -> Result<()> {
         let per = spec.packed_len(n) * slices;
-        let mut all = Vec::with_capacity(per * k);
-        for _ in 0..k {
-            for _ in 0..slices {
-                all.extend(packed_input(rng, spec, n, raw)?);
-            }
-        }
-        let ins: Vec<&[u8]> = if per == 0 {
-            vec![&[][..]; k]
-        } else {
-            all.chunks(per).collect()
-        };
+        let all = packed_inputs(rng, spec, n, slices, k, raw)?;
+        let ins = split(&all, per, k);
         let mut want = vec![0u8; per];
         cpu::dequant_reduce_quant(spec, &ins, n, slices, &mut want)?;
         self.case(
@@ -282,16 +273,8 @@ impl Checker {
         divisor: usize,
         raw: bool,
     ) -> Result<()> {
-        let one = spec.packed_len(n);
-        let mut all = Vec::with_capacity(one * k);
-        for _ in 0..k {
-            all.extend(packed_input(rng, spec, n, raw)?);
-        }
-        let ins: Vec<&[u8]> = if one == 0 {
-            vec![&[][..]; k]
-        } else {
-            all.chunks(one).collect()
-        };
+        let all = packed_inputs(rng, spec, n, 1, k, raw)?;
+        let ins = split(&all, spec.packed_len(n), k);
         let mut want = vec![0u8; n * dt.size()];
         cpu::dequant_reduce(spec, &ins, n, op, divisor, dt, &mut want)?;
         self.case(
@@ -307,6 +290,31 @@ impl Checker {
             |gpu, st, s, o| gpu.dequant_reduce(st, spec, s, k, n, op, divisor, dt, o),
             |a, b| elem_diff(dt, a, b),
         )
+    }
+}
+
+/// `k` inputs of `slices` packed slices of `n` elements each, one after the other.
+fn packed_inputs(
+    rng: &mut ChaCha8Rng,
+    spec: QuantSpec,
+    n: usize,
+    slices: usize,
+    k: usize,
+    raw: bool,
+) -> Result<Vec<u8>> {
+    let mut all = Vec::with_capacity(spec.packed_len(n) * slices * k);
+    for _ in 0..k * slices {
+        all.extend(packed_input(rng, spec, n, raw)?);
+    }
+    Ok(all)
+}
+
+/// The `k` inputs of `per` bytes each in `all` (`k` empty ones when `per` is 0).
+fn split(all: &[u8], per: usize, k: usize) -> Vec<&[u8]> {
+    if per == 0 {
+        vec![&[][..]; k]
+    } else {
+        all.chunks(per).collect()
     }
 }
 
