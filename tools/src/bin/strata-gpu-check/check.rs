@@ -242,7 +242,7 @@ impl Checker {
         raw: bool,
     ) -> Result<()> {
         let per = spec.packed_len(n) * slices;
-        let all = packed_inputs(rng, spec, n, slices, k, raw)?;
+        let all = packed_inputs(rng, spec, n, raw, k * slices)?;
         let ins = split(&all, per, k);
         let mut want = vec![0u8; per];
         cpu::dequant_reduce_quant(spec, &ins, n, slices, &mut want)?;
@@ -273,7 +273,7 @@ impl Checker {
         divisor: usize,
         raw: bool,
     ) -> Result<()> {
-        let all = packed_inputs(rng, spec, n, 1, k, raw)?;
+        let all = packed_inputs(rng, spec, n, raw, k)?;
         let ins = split(&all, spec.packed_len(n), k);
         let mut want = vec![0u8; n * dt.size()];
         cpu::dequant_reduce(spec, &ins, n, op, divisor, dt, &mut want)?;
@@ -293,17 +293,16 @@ impl Checker {
     }
 }
 
-/// `k` inputs of `slices` packed slices of `n` elements each, one after the other.
+/// `count` packed inputs of `n` elements each, one after the other.
 fn packed_inputs(
     rng: &mut ChaCha8Rng,
     spec: QuantSpec,
     n: usize,
-    slices: usize,
-    k: usize,
     raw: bool,
+    count: usize,
 ) -> Result<Vec<u8>> {
-    let mut all = Vec::with_capacity(spec.packed_len(n) * slices * k);
-    for _ in 0..k * slices {
+    let mut all = Vec::with_capacity(spec.packed_len(n) * count);
+    for _ in 0..count {
         all.extend(packed_input(rng, spec, n, raw)?);
     }
     Ok(all)
