@@ -20,6 +20,30 @@ fn redop() -> impl Strategy<Value = ReduceOp> {
     ]
 }
 
+/// Elements wrong over every rank of `topo`, each rank checking `kind` with every
+/// algorithm of `algos` against the reference.
+#[allow(clippy::too_many_arguments)]
+fn wrong_on(
+    topo: &str,
+    algos: &'static [Algo],
+    kind: Kind,
+    dt: DataType,
+    op: ReduceOp,
+    count: usize,
+    in_place: bool,
+    seed: u64,
+) -> usize {
+    common::all_ok(topo, move |c| {
+        let mut w = 0;
+        for &algo in algos {
+            w += run_checked(&c, kind, dt, op, count, algo, in_place, seed)?;
+        }
+        Ok(w)
+    })
+    .into_iter()
+    .sum()
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
 
@@ -31,13 +55,7 @@ proptest! {
         in_place in any::<bool>(),
     ) {
         let topo = format!("nodes:{n}x{p}x{d}");
-        let wrong: usize = common::all_ok(&topo, move |c| {
-            let mut w = 0;
-            for algo in Algo::LOSSLESS {
-                w += run_checked(&c, kind, dt, op, count, algo, in_place, seed)?;
-            }
-            Ok(w)
-        }).into_iter().sum();
+        let wrong = wrong_on(&topo, &Algo::LOSSLESS, kind, dt, op, count, in_place, seed);
         prop_assert_eq!(wrong, 0, "{} {:?} {} {} count {}", topo, kind, dt, op, count);
     }
 
@@ -68,13 +86,7 @@ proptest! {
         in_place in any::<bool>(),
     ) {
         let topo = format!("nodes:{n}x{k}");
-        let wrong: usize = common::all_ok(&topo, move |c| {
-            let mut w = 0;
-            for algo in [Algo::LogStep, Algo::HierLog] {
-                w += run_checked(&c, kind, dt, op, count, algo, in_place, seed)?;
-            }
-            Ok(w)
-        }).into_iter().sum();
+        let wrong = wrong_on(&topo, &[Algo::LogStep, Algo::HierLog], kind, dt, op, count, in_place, seed);
         prop_assert_eq!(wrong, 0, "{} {:?} {} {} count {}", topo, kind, dt, op, count);
     }
 }

@@ -248,26 +248,16 @@ fn all_reduce_all_to_all_broadcast() {
             2 * r.max_node_egress,
         )
     };
-    assert_eq!(
-        measure(
-            "nodes:2x4",
-            Kind::AllReduce,
-            count,
-            DataType::F32,
-            Algo::Ring
-        ),
-        twice(ring_2level(n, k, c))
-    );
-    assert_eq!(
-        measure(
-            "nodes:2x4",
-            Kind::AllReduce,
-            count,
-            DataType::F32,
-            Algo::Hier
-        ),
-        twice(hier_2level(n, k, c))
-    );
+    for (algo, half) in [
+        (Algo::Ring, ring_2level(n, k, c)),
+        (Algo::Hier, hier_2level(n, k, c)),
+    ] {
+        assert_eq!(
+            measure("nodes:2x4", Kind::AllReduce, count, DataType::F32, algo),
+            twice(half),
+            "{algo:?}"
+        );
+    }
     // All-to-all: b bytes to every peer directly.
     let b = 40u64;
     assert_eq!(

@@ -18,6 +18,11 @@ fn close(x: f64, y: f64, rel: f64) -> bool {
     (x - y).abs() <= rel * y.abs().max(1.0)
 }
 
+/// `a` ranks in each of `b` nodes, the ranks of one node `stride` local indices apart.
+fn shape(a: usize, b: usize, stride: usize) -> GroupShape {
+    GroupShape { a, b, stride }
+}
+
 #[test]
 fn preset_parameter_counts_match_nominal_sizes() {
     for (name, nominal, tol) in [
@@ -209,15 +214,7 @@ fn filters_reject_what_eqs_3_to_7_reject() {
 fn group_topologies_keep_each_ranks_nic_share() {
     // DGX: one NIC per GPU, 4 ranks of each of 2 nodes keep 4 NICs.
     let dgx = Topology::parse("dgx-a100:4").unwrap();
-    let t = group_topology(
-        &dgx,
-        GroupShape {
-            a: 4,
-            b: 2,
-            stride: 1,
-        },
-    )
-    .unwrap();
+    let t = group_topology(&dgx, shape(4, 2, 1)).unwrap();
     assert_eq!(
         (t.nodes, t.ranks_per_node(), t.links.nics_per_node),
         (2, 4, 4)
@@ -225,40 +222,16 @@ fn group_topologies_keep_each_ranks_nic_share() {
     assert_eq!(t.links.nic_bandwidth_gbs, dgx.links.nic_bandwidth_gbs);
     // p3dn: one NIC (12.5 GB/s line rate) for 8 GPUs; half the node's ranks get half of it.
     let p3 = Topology::parse("p3dn:4").unwrap();
-    let t = group_topology(
-        &p3,
-        GroupShape {
-            a: 4,
-            b: 2,
-            stride: 1,
-        },
-    )
-    .unwrap();
+    let t = group_topology(&p3, shape(4, 2, 1)).unwrap();
     let nic = p3.links.nic_bandwidth_gbs;
     assert_eq!(t.links.nics_per_node, 1);
     assert!(close(t.links.nic_bandwidth_gbs, nic / 2.0, 1e-12));
     assert!(close(t.links.inter_node.bandwidth_gbs, nic / 8.0, 1e-12));
-    let t = group_topology(
-        &p3,
-        GroupShape {
-            a: 1,
-            b: 4,
-            stride: 1,
-        },
-    )
-    .unwrap();
+    let t = group_topology(&p3, shape(1, 4, 1)).unwrap();
     assert!(close(t.links.nic_bandwidth_gbs, nic / 8.0, 1e-12));
     // p4d: 2 GPUs per NIC; a stride-2 group has one member per NIC.
     let p4 = Topology::parse("p4d:2").unwrap();
-    let t = group_topology(
-        &p4,
-        GroupShape {
-            a: 4,
-            b: 2,
-            stride: 2,
-        },
-    )
-    .unwrap();
+    let t = group_topology(&p4, shape(4, 2, 2)).unwrap();
     assert_eq!(t.links.nics_per_node, 4);
     assert!(close(
         t.links.nic_bandwidth_gbs,
@@ -267,35 +240,11 @@ fn group_topologies_keep_each_ranks_nic_share() {
     ));
     // Frontier: a GCD pair is one package; every other GCD spans packages.
     let fr = Topology::parse("frontier:2").unwrap();
-    let t = group_topology(
-        &fr,
-        GroupShape {
-            a: 2,
-            b: 1,
-            stride: 1,
-        },
-    )
-    .unwrap();
+    let t = group_topology(&fr, shape(2, 1, 1)).unwrap();
     assert_eq!((t.packages_per_node, t.dies_per_package), (1, 2));
-    let t = group_topology(
-        &fr,
-        GroupShape {
-            a: 4,
-            b: 1,
-            stride: 2,
-        },
-    )
-    .unwrap();
+    let t = group_topology(&fr, shape(4, 1, 2)).unwrap();
     assert_eq!((t.packages_per_node, t.dies_per_package), (4, 1));
-    assert!(group_topology(
-        &fr,
-        GroupShape {
-            a: 16,
-            b: 1,
-            stride: 1
-        }
-    )
-    .is_err());
+    assert!(group_topology(&fr, shape(16, 1, 1)).is_err());
 }
 
 /// On one node of 4 ranks with a ring everywhere, the phases reduce to the alpha-beta

@@ -83,27 +83,15 @@ impl Stats {
         let paths = lock(&self.paths);
         let msgs = lock(&self.messages).len();
         let mut s = String::new();
-        let _ = writeln!(s, "calls                      {}", self.calls.load(Relaxed));
-        let _ = writeln!(
-            s,
-            "valid collectives checked  {}",
-            self.checked.load(Relaxed)
-        );
-        let _ = writeln!(
-            s,
-            "worlds built               {}",
-            self.worlds.load(Relaxed)
-        );
-        let _ = writeln!(
-            s,
-            "world-breaking events      {}",
-            self.breaks.load(Relaxed)
-        );
-        let _ = writeln!(
-            s,
-            "internal errors (panics)   {}",
-            self.internal.load(Relaxed)
-        );
+        for (name, n) in [
+            ("calls", &self.calls),
+            ("valid collectives checked", &self.checked),
+            ("worlds built", &self.worlds),
+            ("world-breaking events", &self.breaks),
+            ("internal errors (panics)", &self.internal),
+        ] {
+            let _ = writeln!(s, "{name:<27}{}", n.load(Relaxed));
+        }
         let _ = writeln!(s, "distinct (function, code)  {}", paths.len());
         let _ = writeln!(s, "distinct error messages    {msgs} (numbers normalised)");
         let _ = writeln!(s, "{:<32} {:>4} {:>10}", "function", "code", "failures");

@@ -26,13 +26,5 @@ fn run() -> strata::Result<usize> {
 }
 
 fn main() -> ExitCode {
-    let r = run();
-    strata::transport::mpi::finalize();
-    match r {
-        Ok(_) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("mpi_check failed: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    strata_tools::mpirun::run_and_finalize("mpi_check", run)
 }

@@ -6,37 +6,24 @@ mod common;
 
 use strata_tools::selftest::exercise;
 
-#[test]
-fn exercise_nodes_2x4() {
-    common::all_ok("nodes:2x4", |c| exercise(&c));
+/// One test per topology, each running the whole self test on every rank.
+macro_rules! exercise_on {
+    ($($name:ident: $topology:literal,)*) => {
+        $(
+            #[test]
+            fn $name() {
+                common::all_ok($topology, |c| exercise(&c));
+            }
+        )*
+    };
 }
 
-#[test]
-fn exercise_frontier_1() {
-    common::all_ok("frontier:1", |c| exercise(&c));
-}
-
-#[test]
-fn exercise_three_nodes_of_two_packages_of_two() {
-    common::all_ok("nodes:3x2x2", |c| exercise(&c));
-}
-
-#[test]
-fn exercise_one_rank() {
-    common::all_ok("nodes:1x1", |c| exercise(&c));
-}
-
-#[test]
-fn exercise_one_node() {
-    common::all_ok("nodes:1x3", |c| exercise(&c));
-}
-
-#[test]
-fn exercise_one_rank_per_node() {
-    common::all_ok("nodes:3x1", |c| exercise(&c));
-}
-
-#[test]
-fn exercise_frontier_2() {
-    common::all_ok("frontier:2", |c| exercise(&c));
+exercise_on! {
+    exercise_nodes_2x4: "nodes:2x4",
+    exercise_frontier_1: "frontier:1",
+    exercise_three_nodes_of_two_packages_of_two: "nodes:3x2x2",
+    exercise_one_rank: "nodes:1x1",
+    exercise_one_node: "nodes:1x3",
+    exercise_one_rank_per_node: "nodes:3x1",
+    exercise_frontier_2: "frontier:2",
 }

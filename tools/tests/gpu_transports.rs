@@ -829,29 +829,24 @@ fn captured_calls_replay(kind: TransportKind) {
     }
 }
 
-#[test]
-fn host_local_captured_calls_replay() {
-    captured_calls_replay(TransportKind::HostLocal);
+/// `host_local_<check>`: each ordered-path check on the host-local transport, one test each.
+macro_rules! on_host_local {
+    ($($test:ident: $check:ident,)*) => {
+        $(
+            #[test]
+            fn $test() {
+                $check(TransportKind::HostLocal);
+            }
+        )*
+    };
 }
 
-#[test]
-fn host_local_ordered_one_thread_one_stream_group() {
-    ordered_one_thread_one_stream_group(TransportKind::HostLocal);
-}
-
-#[test]
-fn host_local_ordered_between_the_callers_work() {
-    ordered_between_the_callers_work(TransportKind::HostLocal);
-}
-
-#[test]
-fn host_local_ordered_equals_blocking_and_allocates_nothing_in_steady_state() {
-    ordered_equals_blocking_and_allocates_nothing_in_steady_state(TransportKind::HostLocal);
-}
-
-#[test]
-fn host_local_ordered_frozen_peer_fails_without_hanging() {
-    ordered_frozen_peer_fails_without_hanging(TransportKind::HostLocal);
+on_host_local! {
+    host_local_captured_calls_replay: captured_calls_replay,
+    host_local_ordered_one_thread_one_stream_group: ordered_one_thread_one_stream_group,
+    host_local_ordered_between_the_callers_work: ordered_between_the_callers_work,
+    host_local_ordered_equals_blocking_and_allocates_nothing_in_steady_state: ordered_equals_blocking_and_allocates_nothing_in_steady_state,
+    host_local_ordered_frozen_peer_fails_without_hanging: ordered_frozen_peer_fails_without_hanging,
 }
 
 /// Its own test so that `scripts/gpu-all` can run it in several fresh processes (the

@@ -408,6 +408,13 @@ fn fails(args: &[&str], code: i32, needle: &str) {
     );
 }
 
+/// Each `(command line, what stderr must mention)`: a usage error (exit code 2).
+fn usage_errors(cases: &[(&str, &str)]) {
+    for (line, needle) in cases {
+        fails(&words(line, &[]), 2, needle);
+    }
+}
+
 #[test]
 fn bad_input_fails_cleanly() {
     fails(&["--algo", "bogus"], 2, "unknown algorithm 'bogus'");
@@ -689,57 +696,34 @@ fn quantized_unchecked_and_modeled() {
 
 #[test]
 fn quantized_bad_input_fails_cleanly() {
-    fails(&["--bits", "3"], 2, "bits must be 4 or 8");
-    fails(&["--block", "0"], 2, "quantization block must be in 1..=");
-    fails(&["--block", "many"], 2, "not a block size");
-    fails(
-        &["--op", "reduce-scatter", "--algo", "qgz", "--block", "255"],
-        2,
-        "even block",
-    );
-    fails(
-        &["--algo", "qgz"],
-        2,
-        "qgz is a quantized reduce-scatter only",
-    );
-    fails(
-        &[
-            "--op",
-            "reduce-scatter,all-reduce",
-            "--algo",
-            "ring,qgz-1hop",
-        ],
-        2,
-        "cannot run all-reduce",
-    );
-    fails(
-        &["--op", "reduce-scatter", "--algo", "qwz"],
-        2,
-        "qwz is a quantized all-gather only",
-    );
-    fails(
-        &words("--op reduce-scatter --algo qgz --redop sum,max", &[]),
-        2,
-        "sum or avg only, not max",
-    );
-    fails(
-        &["--op", "all-gather", "--algo", "qwz", "-d", "i32"],
-        2,
-        "f32, f16 and bf16 only",
-    );
-    fails(
-        &["--op", "reduce-scatter", "--algo", "qgz", "--coalesce", "3"],
-        2,
-        "--coalesce",
-    );
-    fails(
-        &words(
-            "--dry-run --model nodes:2x4 --op reduce-scatter --algo qgz",
-            &[],
+    usage_errors(&[
+        ("--bits 3", "bits must be 4 or 8"),
+        ("--block 0", "quantization block must be in 1..="),
+        ("--block many", "not a block size"),
+        ("--op reduce-scatter --algo qgz --block 255", "even block"),
+        ("--algo qgz", "qgz is a quantized reduce-scatter only"),
+        (
+            "--op reduce-scatter,all-reduce --algo ring,qgz-1hop",
+            "cannot run all-reduce",
         ),
-        2,
-        "--dry-run models",
-    );
+        (
+            "--op reduce-scatter --algo qwz",
+            "qwz is a quantized all-gather only",
+        ),
+        (
+            "--op reduce-scatter --algo qgz --redop sum,max",
+            "sum or avg only, not max",
+        ),
+        (
+            "--op all-gather --algo qwz -d i32",
+            "f32, f16 and bf16 only",
+        ),
+        ("--op reduce-scatter --algo qgz --coalesce 3", "--coalesce"),
+        (
+            "--dry-run --model nodes:2x4 --op reduce-scatter --algo qgz",
+            "--dry-run models",
+        ),
+    ]);
     // STRATA_ALGO names a quantized algo for an op it does not run: the same usage error.
     let o = perf_env(
         &["-b", "1K", "-e", "1K"],
@@ -896,30 +880,24 @@ fn bound_column_is_the_memory_traffic_at_the_measured_bandwidth() {
 
 #[test]
 fn mpi_baseline_needs_the_mpi_transport() {
-    fails(
-        &["--algo", "ring,mpi", "-b", "1K", "-e", "1K"],
-        2,
-        "the `mpi` baseline needs --transport mpi",
-    );
-    fails(
-        &words("--transport nccl --algo mpi -b 1K -e 1K", &[]),
-        2,
-        "`ring` is the vendor library's own",
-    );
-    // Refused before any MPI is touched (these fail the same in builds without it).
-    fails(
-        &words("--transport mpi --algo mpi --op all-reduce -d bf16", &[]),
-        2,
-        "cannot reduce bf16",
-    );
-    fails(
-        &["--transport", "mpi", "--algo", "mpi", "--coalesce", "2"],
-        2,
-        "--coalesce does not apply to the `mpi` baseline",
-    );
-    fails(
-        &["--algo", "mpii"],
-        2,
-        "or mpi (the MPI library's own collective",
-    );
+    usage_errors(&[
+        (
+            "--algo ring,mpi -b 1K -e 1K",
+            "the `mpi` baseline needs --transport mpi",
+        ),
+        (
+            "--transport nccl --algo mpi -b 1K -e 1K",
+            "`ring` is the vendor library's own",
+        ),
+        // Refused before any MPI is touched (these fail the same in builds without it).
+        (
+            "--transport mpi --algo mpi --op all-reduce -d bf16",
+            "cannot reduce bf16",
+        ),
+        (
+            "--transport mpi --algo mpi --coalesce 2",
+            "--coalesce does not apply to the `mpi` baseline",
+        ),
+        ("--algo mpii", "or mpi (the MPI library's own collective"),
+    ]);
 }

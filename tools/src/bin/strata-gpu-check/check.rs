@@ -2,7 +2,7 @@
 //! the comparison of every quantization kernel's output with the CPU reference.
 
 use crate::inputs::{packed_input, values};
-use cudarc::driver::{CudaSlice, CudaStream};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
 use rand::{Rng as _, RngCore as _};
 use rand_chacha::ChaCha8Rng;
 use std::sync::Arc;
@@ -106,6 +106,50 @@ impl Checker {
         eprintln!("ERROR {kernel} {what}: {e}");
     }
 
+    /// One case of a kernel: `src` uploaded at byte offset `soff` (random bytes after it),
+    /// an output of `want.len()` bytes at byte offset `doff` inside poisoned guards,
+    /// `launch` run on the two views, then the whole output allocation compared with
+    /// `want` (a launch error is counted as a failure of `kernel`). From `rng`, in this
+    /// order: each offset (`unit` times a draw below `steps`, source first), the poison.
+    #[allow(clippy::too_many_arguments)]
+    fn case(
+        &mut self,
+        rng: &mut ChaCha8Rng,
+        kernel: &'static str,
+        what: &str,
+        src: &[u8],
+        [(src_steps, src_unit), (dst_steps, dst_unit)]: [(u64, usize); 2],
+        want: &[u8],
+        launch: impl FnOnce(
+            &GpuQuant,
+            &Arc<CudaStream>,
+            &CudaView<'_, u8>,
+            &mut CudaViewMut<'_, u8>,
+        ) -> Result<()>,
+        diff: impl Fn(&[u8], &[u8]) -> f64,
+    ) -> Result<()> {
+        let (soff, doff) = (
+            (rng.random_range(0..src_steps) as usize) * src_unit,
+            (rng.random_range(0..dst_steps) as usize) * dst_unit,
+        );
+        let what = &format!("{what} offsets {soff}/{doff}");
+        let poison = rng.next_u64() as u8;
+        let d_src = upload(&self.stream, src, soff)?;
+        let (mut d_dst, _) = poisoned(&self.stream, want.len(), doff, poison)?;
+        let r = {
+            let s = d_src.slice(soff..soff + src.len());
+            let mut o = d_dst.slice_mut(GUARD + doff..GUARD + doff + want.len());
+            launch(&self.gpu, &self.stream, &s, &mut o)
+        };
+        if let Err(e) = r {
+            self.fail(kernel, what, e);
+            return Ok(());
+        }
+        let got = self.stream.clone_dtoh(&d_dst).map_err(dev)?;
+        self.compare(kernel, what, want, &got, doff, poison, diff);
+        Ok(())
+    }
+
     pub(crate) fn quantize(
         &mut self,
         rng: &mut ChaCha8Rng,
@@ -117,31 +161,16 @@ impl Checker {
         let src = values(rng, n, dt, special);
         let mut want = vec![0u8; spec.packed_len(n)];
         cpu::quantize(spec, dt, &src, &mut want)?;
-        let (soff, doff) = (
-            (rng.random_range(0..3u64) as usize) * dt.size(),
-            rng.random_range(0..4u64) as usize,
-        );
-        let poison = rng.next_u64() as u8;
-        let d_src = upload(&self.stream, &src, soff)?;
-        let (mut d_dst, _) = poisoned(&self.stream, want.len(), doff, poison)?;
-        let what = format!(
-            "{dt} q{} block {} n {n} offsets {soff}/{doff}",
-            spec.bits, spec.block
-        );
-        let r = {
-            let s = d_src.slice(soff..soff + src.len());
-            let mut o = d_dst.slice_mut(GUARD + doff..GUARD + doff + want.len());
-            self.gpu.quantize(&self.stream, spec, dt, &s, &mut o)
-        };
-        if let Err(e) = r {
-            self.fail("quantize", &what, e);
-            return Ok(());
-        }
-        let got = self.stream.clone_dtoh(&d_dst).map_err(dev)?;
-        self.compare("quantize", &what, &want, &got, doff, poison, |a, b| {
-            packed_diff(spec, n, 1, a, b)
-        });
-        Ok(())
+        self.case(
+            rng,
+            "quantize",
+            &format!("{dt} q{} block {} n {n}", spec.bits, spec.block),
+            &src,
+            [(3, dt.size()), (4, 1)],
+            &want,
+            |gpu, st, s, o| gpu.quantize(st, spec, dt, s, o),
+            |a, b| packed_diff(spec, n, 1, a, b),
+        )
     }
 
     pub(crate) fn dequantize(
@@ -155,31 +184,16 @@ impl Checker {
         let packed = packed_input(rng, spec, n, raw)?;
         let mut want = vec![0u8; n * dt.size()];
         cpu::dequantize(spec, &packed, n, dt, &mut want)?;
-        let (soff, doff) = (
-            rng.random_range(0..4u64) as usize,
-            (rng.random_range(0..3u64) as usize) * dt.size(),
-        );
-        let poison = rng.next_u64() as u8;
-        let d_src = upload(&self.stream, &packed, soff)?;
-        let (mut d_dst, _) = poisoned(&self.stream, want.len(), doff, poison)?;
-        let what = format!(
-            "{dt} q{} block {} n {n} raw {raw} offsets {soff}/{doff}",
-            spec.bits, spec.block
-        );
-        let r = {
-            let s = d_src.slice(soff..soff + packed.len());
-            let mut o = d_dst.slice_mut(GUARD + doff..GUARD + doff + want.len());
-            self.gpu.dequantize(&self.stream, spec, &s, n, dt, &mut o)
-        };
-        if let Err(e) = r {
-            self.fail("dequantize", &what, e);
-            return Ok(());
-        }
-        let got = self.stream.clone_dtoh(&d_dst).map_err(dev)?;
-        self.compare("dequantize", &what, &want, &got, doff, poison, |a, b| {
-            elem_diff(dt, a, b)
-        });
-        Ok(())
+        self.case(
+            rng,
+            "dequantize",
+            &format!("{dt} q{} block {} n {n} raw {raw}", spec.bits, spec.block),
+            &packed,
+            [(4, 1), (3, dt.size())],
+            &want,
+            |gpu, st, s, o| gpu.dequantize(st, spec, s, n, dt, o),
+            |a, b| elem_diff(dt, a, b),
+        )
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -197,44 +211,17 @@ impl Checker {
         let len = cpu::swizzled_len(spec, c, nodes, devices, stages);
         let mut want = vec![0u8; len];
         cpu::swizzled_quantize(spec, dt, &src, c, nodes, devices, stages, &mut want)?;
-        let (soff, doff) = (
-            (rng.random_range(0..2u64) as usize) * dt.size(),
-            rng.random_range(0..4u64) as usize,
-        );
-        let poison = rng.next_u64() as u8;
-        let d_src = upload(&self.stream, &src, soff)?;
-        let (mut d_dst, _) = poisoned(&self.stream, len, doff, poison)?;
-        let what = format!(
-            "{dt} q{} block {} c {c} nodes {nodes} devices {devices} stages {stages} offsets {soff}/{doff}",
-            spec.bits, spec.block
-        );
-        let r = {
-            let s = d_src.slice(soff..soff + src.len());
-            let mut o = d_dst.slice_mut(GUARD + doff..GUARD + doff + len);
-            self.gpu.swizzled_quantize(
-                &self.stream,
-                spec,
-                dt,
-                &s,
-                c,
-                nodes,
-                devices,
-                stages,
-                &mut o,
-            )
-        };
-        if let Err(e) = r {
-            self.fail("swizzled_quantize", &what, e);
-            return Ok(());
-        }
-        let got = self.stream.clone_dtoh(&d_dst).map_err(dev)?;
-        self.compare(
+        self.case(
+            rng,
             "swizzled_quantize",
-            &what,
+            &format!(
+                "{dt} q{} block {} c {c} nodes {nodes} devices {devices} stages {stages}",
+                spec.bits, spec.block
+            ),
+            &src,
+            [(2, dt.size()), (4, 1)],
             &want,
-            &got,
-            doff,
-            poison,
+            |gpu, st, s, o| gpu.swizzled_quantize(st, spec, dt, s, c, nodes, devices, stages, o),
             |a, b| {
                 if a == b {
                     0.0
@@ -242,8 +229,7 @@ impl Checker {
                     f64::INFINITY
                 }
             },
-        );
-        Ok(())
+        )
     }
 
     pub(crate) fn drq(
@@ -256,51 +242,23 @@ impl Checker {
         raw: bool,
     ) -> Result<()> {
         let per = spec.packed_len(n) * slices;
-        let mut all = Vec::with_capacity(per * k);
-        for _ in 0..k {
-            for _ in 0..slices {
-                all.extend(packed_input(rng, spec, n, raw)?);
-            }
-        }
-        let ins: Vec<&[u8]> = if per == 0 {
-            vec![&[][..]; k]
-        } else {
-            all.chunks(per).collect()
-        };
+        let all = packed_inputs(rng, spec, n, raw, k * slices)?;
+        let ins = split(&all, per, k);
         let mut want = vec![0u8; per];
         cpu::dequant_reduce_quant(spec, &ins, n, slices, &mut want)?;
-        let (soff, doff) = (
-            rng.random_range(0..4u64) as usize,
-            rng.random_range(0..4u64) as usize,
-        );
-        let poison = rng.next_u64() as u8;
-        let d_src = upload(&self.stream, &all, soff)?;
-        let (mut d_dst, _) = poisoned(&self.stream, per, doff, poison)?;
-        let what = format!(
-            "q{} block {} n {n} slices {slices} k {k} raw {raw} offsets {soff}/{doff}",
-            spec.bits, spec.block
-        );
-        let r = {
-            let s = d_src.slice(soff..soff + all.len());
-            let mut o = d_dst.slice_mut(GUARD + doff..GUARD + doff + per);
-            self.gpu
-                .dequant_reduce_quant(&self.stream, spec, &s, k, n, slices, &mut o)
-        };
-        if let Err(e) = r {
-            self.fail("dequant_reduce_quant", &what, e);
-            return Ok(());
-        }
-        let got = self.stream.clone_dtoh(&d_dst).map_err(dev)?;
-        self.compare(
+        self.case(
+            rng,
             "dequant_reduce_quant",
-            &what,
+            &format!(
+                "q{} block {} n {n} slices {slices} k {k} raw {raw}",
+                spec.bits, spec.block
+            ),
+            &all,
+            [(4, 1), (4, 1)],
             &want,
-            &got,
-            doff,
-            poison,
+            |gpu, st, s, o| gpu.dequant_reduce_quant(st, spec, s, k, n, slices, o),
             |a, b| packed_diff(spec, n, slices, a, b),
-        );
-        Ok(())
+        )
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -315,50 +273,47 @@ impl Checker {
         divisor: usize,
         raw: bool,
     ) -> Result<()> {
-        let one = spec.packed_len(n);
-        let mut all = Vec::with_capacity(one * k);
-        for _ in 0..k {
-            all.extend(packed_input(rng, spec, n, raw)?);
-        }
-        let ins: Vec<&[u8]> = if one == 0 {
-            vec![&[][..]; k]
-        } else {
-            all.chunks(one).collect()
-        };
+        let all = packed_inputs(rng, spec, n, raw, k)?;
+        let ins = split(&all, spec.packed_len(n), k);
         let mut want = vec![0u8; n * dt.size()];
         cpu::dequant_reduce(spec, &ins, n, op, divisor, dt, &mut want)?;
-        let (soff, doff) = (
-            rng.random_range(0..4u64) as usize,
-            (rng.random_range(0..3u64) as usize) * dt.size(),
-        );
-        let poison = rng.next_u64() as u8;
-        let d_src = upload(&self.stream, &all, soff)?;
-        let (mut d_dst, _) = poisoned(&self.stream, want.len(), doff, poison)?;
-        let what = format!(
-            "{dt} q{} block {} n {n} k {k} {op} /{divisor} raw {raw} offsets {soff}/{doff}",
-            spec.bits, spec.block
-        );
-        let r = {
-            let s = d_src.slice(soff..soff + all.len());
-            let mut o = d_dst.slice_mut(GUARD + doff..GUARD + doff + want.len());
-            self.gpu
-                .dequant_reduce(&self.stream, spec, &s, k, n, op, divisor, dt, &mut o)
-        };
-        if let Err(e) = r {
-            self.fail("dequant_reduce", &what, e);
-            return Ok(());
-        }
-        let got = self.stream.clone_dtoh(&d_dst).map_err(dev)?;
-        self.compare(
+        self.case(
+            rng,
             "dequant_reduce",
-            &what,
+            &format!(
+                "{dt} q{} block {} n {n} k {k} {op} /{divisor} raw {raw}",
+                spec.bits, spec.block
+            ),
+            &all,
+            [(4, 1), (3, dt.size())],
             &want,
-            &got,
-            doff,
-            poison,
+            |gpu, st, s, o| gpu.dequant_reduce(st, spec, s, k, n, op, divisor, dt, o),
             |a, b| elem_diff(dt, a, b),
-        );
-        Ok(())
+        )
+    }
+}
+
+/// `count` packed inputs of `n` elements each, one after the other.
+fn packed_inputs(
+    rng: &mut ChaCha8Rng,
+    spec: QuantSpec,
+    n: usize,
+    raw: bool,
+    count: usize,
+) -> Result<Vec<u8>> {
+    let mut all = Vec::with_capacity(spec.packed_len(n) * count);
+    for _ in 0..count {
+        all.extend(packed_input(rng, spec, n, raw)?);
+    }
+    Ok(all)
+}
+
+/// The `k` inputs of `per` bytes each in `all` (`k` empty ones when `per` is 0).
+fn split(all: &[u8], per: usize, k: usize) -> Vec<&[u8]> {
+    if per == 0 {
+        vec![&[][..]; k]
+    } else {
+        all.chunks(per).collect()
     }
 }
 
