@@ -10,6 +10,8 @@
 //! work before a buffer is dropped); the cache is released to the runtime when the
 //! device object is dropped or by [`super::release_cached`].
 
+#![forbid(unsafe_code)]
+
 use super::DevAddr;
 use std::collections::HashMap;
 use std::sync::Mutex;
