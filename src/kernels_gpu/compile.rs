@@ -6,7 +6,7 @@
 use super::cache;
 #[cfg(feature = "cuda")]
 use super::nvrtc;
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// Compile every kernel of [`CUDA_SOURCE`](super::CUDA_SOURCE) to PTX for `arch` (e.g. `compute_80`) with
 /// NVRTC, loaded at run time by strata (`STRATA_NVRTC_LIB`, else `libnvrtc.so.13`,
@@ -25,47 +25,50 @@ pub fn compile_cuda_ptx(arch: &str) -> Result<String> {
 /// [`compile_cuda_ptx`] with the compiled-kernel cache in `cache_dir` (`None`: no cache;
 /// [`cache`]).
 pub fn compile_cuda_ptx_in(arch: &str, cache_dir: Option<&std::path::Path>) -> Result<String> {
-    check_arch(
-        arch,
-        "compute_",
-        "PTX is compiled for a virtual architecture such as compute_80",
-    )?;
+    let virt = "PTX is compiled for a virtual architecture such as compute_80";
+    match compile(arch, cache_dir, "compute_", virt)? {
+        Compiled::Ptx(p) => Ok(p),
+        Compiled::Cubin(_) => Err(unexpected("a CUBIN for a PTX")),
+    }
+}
+
+/// What NVRTC produced.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+enum Compiled {
+    Ptx(String),
+    Cubin(Vec<u8>),
+}
+
+/// Compile for `arch` after checking that it starts with `prefix` (`InvalidArgument`
+/// saying `what` otherwise); `NotCompiled` without feature `cuda`.
+fn compile(
+    arch: &str,
+    cache_dir: Option<&std::path::Path>,
+    prefix: &str,
+    what: &str,
+) -> Result<Compiled> {
+    if !arch.starts_with(prefix) {
+        return Err(Error::InvalidArgument(format!("{what}, got {arch:?}")));
+    }
     #[cfg(feature = "cuda")]
     {
-        match nvrtc::compile(arch, cache_dir)? {
-            nvrtc::Output::Ptx(p) => Ok(p),
-            nvrtc::Output::Cubin(_) => Err(unexpected("a CUBIN for a PTX")),
-        }
+        Ok(match nvrtc::compile(arch, cache_dir)? {
+            nvrtc::Output::Ptx(p) => Compiled::Ptx(p),
+            nvrtc::Output::Cubin(c) => Compiled::Cubin(c),
+        })
     }
     #[cfg(not(feature = "cuda"))]
     {
         let _ = cache_dir;
-        Err(not_compiled())
+        Err(Error::NotCompiled(
+            "compiling the CUDA kernels needs the `cuda` feature (cudarc + NVRTC)".into(),
+        ))
     }
-}
-
-/// `InvalidArgument` unless `arch` starts with `prefix` (`what`: the kind of arch wanted).
-fn check_arch(arch: &str, prefix: &str, what: &str) -> Result<()> {
-    if arch.starts_with(prefix) {
-        return Ok(());
-    }
-    Err(crate::error::Error::InvalidArgument(format!(
-        "{what}, got {arch:?}"
-    )))
 }
 
 /// NVRTC answered another kind of output than the one asked for.
-#[cfg(feature = "cuda")]
-fn unexpected(what: &str) -> crate::error::Error {
-    crate::error::Error::Internal(format!("NVRTC returned {what} request"))
-}
-
-/// What every compile answers without feature `cuda`.
-#[cfg(not(feature = "cuda"))]
-fn not_compiled() -> crate::error::Error {
-    crate::error::Error::NotCompiled(
-        "compiling the CUDA kernels needs the `cuda` feature (cudarc + NVRTC)".into(),
-    )
+fn unexpected(what: &str) -> Error {
+    Error::Internal(format!("NVRTC returned {what} request"))
 }
 
 /// Compile every kernel of [`CUDA_SOURCE`](super::CUDA_SOURCE) to a CUBIN for the real architecture `arch`
@@ -80,22 +83,10 @@ pub fn compile_cuda_cubin(arch: &str) -> Result<Vec<u8>> {
 /// [`compile_cuda_cubin`] with the compiled-kernel cache in `cache_dir` (`None`: no
 /// cache; [`cache`]).
 pub fn compile_cuda_cubin_in(arch: &str, cache_dir: Option<&std::path::Path>) -> Result<Vec<u8>> {
-    check_arch(
-        arch,
-        "sm_",
-        "a CUBIN is compiled for a real architecture such as sm_90",
-    )?;
-    #[cfg(feature = "cuda")]
-    {
-        match nvrtc::compile(arch, cache_dir)? {
-            nvrtc::Output::Cubin(c) => Ok(c),
-            nvrtc::Output::Ptx(_) => Err(unexpected("PTX for a CUBIN")),
-        }
-    }
-    #[cfg(not(feature = "cuda"))]
-    {
-        let _ = cache_dir;
-        Err(not_compiled())
+    let real = "a CUBIN is compiled for a real architecture such as sm_90";
+    match compile(arch, cache_dir, "sm_", real)? {
+        Compiled::Cubin(c) => Ok(c),
+        Compiled::Ptx(_) => Err(unexpected("PTX for a CUBIN")),
     }
 }
 
