@@ -320,7 +320,6 @@ fn unsafe_only_where_it_belongs() {
 const PENDING: &[&str] = &[
     "src/capi",
     "src/device",
-    "src/kernels_gpu",
     "src/transport",
 ];
 

@@ -31,10 +31,11 @@
 //! All-reduce is reduce-scatter then all-gather: in `recv` itself when p divides the
 //! count, else over the count padded to a multiple of p (a scratch copy each way).
 
+use super::reduction::Reduction;
 use super::shape::{Algorithm, Shape};
-use super::split::split_all_reduce;
+use super::split::run_split;
 use super::Algo;
-use crate::dtype::{DataType, ReduceOp};
+use crate::dtype::DataType;
 use crate::error::Result;
 use crate::kinds::Kind;
 use crate::memory::Buffer;
@@ -118,31 +119,13 @@ pub(crate) fn levels_unsupported(s: &Shape, what: &str) -> Option<String> {
 }
 
 fn hier_run(comm: &CommCore, req: &Request, inter: Inter) -> Result<()> {
-    let dt = req.dtype;
     let ag = |comm: &CommCore, send: &Buffer, recv: &Buffer, c: usize| {
         all_gather_with(comm, send, recv, c, inter)
     };
-    let rs = |comm: &CommCore, send: &Buffer, recv: &Buffer, n: usize, dt, op| {
-        reduce_scatter_with(comm, send, recv, n, dt, op, inter)
+    let rs = |comm: &CommCore, send: &Buffer, recv: &Buffer, r: Reduction| {
+        reduce_scatter_with(comm, send, recv, r, inter)
     };
-    match &req.op {
-        Op::AllGather { send, recv, count } => ag(comm, send, recv, count * dt.size()),
-        Op::ReduceScatter {
-            send,
-            recv,
-            count,
-            op,
-        } => rs(comm, send, recv, *count, dt, *op),
-        Op::AllReduce {
-            send,
-            recv,
-            count,
-            op,
-        } => split_all_reduce(comm, (send, recv, *count), dt, *op, rs, ag),
-        _ => Err(crate::error::Error::Internal(
-            "hier dispatched an unsupported op".into(),
-        )),
-    }
+    run_split(comm, req, "hier", rs, ag)
 }
 
 /// Run `ops` on `sub` as one batch (one vendor group on GPUs) and wait for them.
@@ -209,11 +192,10 @@ pub fn reduce_scatter_with(
     comm: &CommCore,
     send: &Buffer,
     recv: &Buffer,
-    count: usize,
-    dt: DataType,
-    op: ReduceOp,
+    r: Reduction,
     inter: Inter,
 ) -> Result<()> {
+    let Reduction { count, dt, op } = r;
     let sizes = comm.hierarchy().map(|h| h.sizes()).unwrap_or_default();
     let c = count * dt.size();
     let op = op.partial();
@@ -228,7 +210,12 @@ pub fn reduce_scatter_with(
             recv.alloc_like(b * c)?
         };
         if i == 0 && stage_log(comm, inter, g, c) {
-            super::log_step::reduce_scatter(&sub, &cur.slice(0..g * c)?, &out, count, dt, op)?;
+            super::log_step::reduce_scatter(
+                &sub,
+                &cur.slice(0..g * c)?,
+                &out,
+                Reduction { op, ..r },
+            )?;
             break;
         }
         let ops = (0..b)

@@ -49,12 +49,13 @@
 
 pub use super::log_step_math::{rotates, steps, ROTATE_UP_TO};
 use super::log_step_math::{runs, FirstStep};
+use super::reduction::Reduction;
 use super::shape::{Algorithm, Shape};
-use super::split::split_all_reduce;
+use super::split::run_split;
 use super::step_list::{BufId, Plan, Ring, Span, Step};
 use super::Algo;
 use crate::dtype::{DataType, ReduceOp};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::kinds::Kind;
 use crate::memory::Buffer;
 use crate::runtime::{CommCore, Op, Request};
@@ -77,34 +78,7 @@ impl Algorithm for LogStep {
     fn run(&self, comm: &CommCore, req: &Request) -> Result<()> {
         // Steps on a private copy: never matched with the user's own point-to-point.
         let comm = &comm.private()?;
-        let dt = req.dtype;
-        match &req.op {
-            Op::AllGather { send, recv, count } => {
-                flat_all_gather(comm, send, recv, count * dt.size())
-            }
-            Op::ReduceScatter {
-                send,
-                recv,
-                count,
-                op,
-            } => flat_reduce_scatter(comm, send, recv, *count, dt, *op),
-            Op::AllReduce {
-                send,
-                recv,
-                count,
-                op,
-            } => split_all_reduce(
-                comm,
-                (send, recv, *count),
-                dt,
-                *op,
-                flat_reduce_scatter,
-                flat_all_gather,
-            ),
-            _ => Err(Error::Internal(
-                "log-step dispatched an unsupported op".into(),
-            )),
-        }
+        run_split(comm, req, "log-step", flat_reduce_scatter, flat_all_gather)
     }
 }
 
@@ -119,19 +93,13 @@ fn flat_all_gather(comm: &CommCore, send: &Buffer, recv: &Buffer, c: usize) -> R
 
 /// The flat reduce-scatter: recursive halving where `p` is a power of two
 /// ([`super::recursive`]), else Bruck's dual ([`reduce_scatter`]).
-fn flat_reduce_scatter(
-    comm: &CommCore,
-    send: &Buffer,
-    recv: &Buffer,
-    count: usize,
-    dt: DataType,
-    op: ReduceOp,
-) -> Result<()> {
+fn flat_reduce_scatter(comm: &CommCore, send: &Buffer, recv: &Buffer, r: Reduction) -> Result<()> {
     let p = comm.size();
-    if p > 1 && p.is_power_of_two() && count > 0 {
-        super::recursive::reduce_scatter(comm, send, recv, count, dt, op.partial())
+    if p > 1 && p.is_power_of_two() && r.count > 0 {
+        let op = r.op.partial();
+        super::recursive::reduce_scatter(comm, send, recv, Reduction { op, ..r })
     } else {
-        reduce_scatter(comm, send, recv, count, dt, op)
+        reduce_scatter(comm, send, recv, r)
     }
 }
 
@@ -213,14 +181,8 @@ pub fn all_gather_rotated(comm: &CommCore, send: &Buffer, rot: &Buffer, c: usize
 
 /// Log-step reduce-scatter on `comm`: `recv` (`count` elements) = reduction over ranks of
 /// `send[x·count..]` (`send`: p·count). `Avg` leaves the sum.
-pub fn reduce_scatter(
-    comm: &CommCore,
-    send: &Buffer,
-    recv: &Buffer,
-    count: usize,
-    dt: DataType,
-    op: ReduceOp,
-) -> Result<()> {
+pub fn reduce_scatter(comm: &CommCore, send: &Buffer, recv: &Buffer, r: Reduction) -> Result<()> {
+    let Reduction { count, dt, op } = r;
     let (p, x) = (comm.size(), comm.rank());
     let c = count * dt.size();
     let ops = comm.ops();
@@ -228,8 +190,8 @@ pub fn reduce_scatter(
         return ops.copy(&recv.slice(0..c)?, &send.slice(x * c..(x + 1) * c)?);
     }
     let op = op.partial();
-    if let Ok(r) =
-        comm.host_steps(|t| super::log_step_host::reduce_scatter(t, send, recv, count, dt, op))
+    if let Ok(r) = comm
+        .host_steps(|t| super::log_step_host::reduce_scatter(t, send, recv, Reduction { op, ..r }))
     {
         return r;
     }

@@ -14,6 +14,7 @@
 #![forbid(unsafe_code)]
 
 use super::log_step_math::{last_step, lo, rotates, runs, sizes, steps, FirstStep};
+use super::reduction::Reduction;
 use crate::dtype::{reduce_into, DataType, ReduceOp};
 use crate::error::Result;
 use crate::memory::Buffer;
@@ -120,10 +121,9 @@ pub(super) fn reduce_scatter(
     t: &dyn Transport,
     send: &Buffer,
     recv: &Buffer,
-    count: usize,
-    dt: DataType,
-    op: ReduceOp,
+    r: Reduction,
 ) -> Result<()> {
+    let Reduction { count, dt, op } = r;
     let (p, c) = (t.size(), count * dt.size());
     let n = if rotates(p * c) {
         p * c
@@ -241,14 +241,8 @@ pub(super) fn doubling(t: &dyn Transport, send: &Buffer, recv: &Buffer, c: usize
 /// [`super::recursive::reduce_scatter`] (p a power of two): the first step sends
 /// straight from `send` and folds what comes with this rank's half of it into the work
 /// (p/2 chunks, in the thread's scratch); in place when `recv` is `send[x·c..]`.
-pub(super) fn halving(
-    t: &dyn Transport,
-    send: &Buffer,
-    recv: &Buffer,
-    count: usize,
-    dt: DataType,
-    op: ReduceOp,
-) -> Result<()> {
+pub(super) fn halving(t: &dyn Transport, send: &Buffer, recv: &Buffer, r: Reduction) -> Result<()> {
+    let Reduction { count, dt, op } = r;
     let (p, c) = (t.size(), count * dt.size());
     reduce_scatter_with(t, send, recv, c, p / 2 * c, |input, work| {
         halving_steps(t, input, work, c, dt, op)

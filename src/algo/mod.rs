@@ -40,6 +40,7 @@ pub mod plan;
 pub mod qgz;
 pub mod qwz;
 mod recursive;
+mod reduction;
 pub mod select;
 mod shape;
 mod split;

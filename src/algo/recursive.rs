@@ -32,8 +32,9 @@
 #![forbid(unsafe_code)]
 
 use super::log_step_math::{lo, sizes};
+use super::reduction::Reduction;
 use super::step_list::{BufId, Plan, Ring, Span, Step};
-use crate::dtype::{DataType, ReduceOp};
+use crate::dtype::DataType;
 use crate::error::Result;
 use crate::memory::Buffer;
 use crate::runtime::{CommCore, Op};
@@ -80,12 +81,10 @@ pub(super) fn reduce_scatter(
     comm: &CommCore,
     send: &Buffer,
     recv: &Buffer,
-    count: usize,
-    dt: DataType,
-    op: ReduceOp,
+    r: Reduction,
 ) -> Result<()> {
-    if let Ok(r) = comm.host_steps(|t| super::log_step_host::halving(t, send, recv, count, dt, op))
-    {
+    let Reduction { count, dt, op } = r;
+    if let Ok(r) = comm.host_steps(|t| super::log_step_host::halving(t, send, recv, r)) {
         return r;
     }
     let (p, x) = (comm.size(), comm.rank());

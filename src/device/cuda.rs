@@ -433,7 +433,7 @@ impl Device for CudaDevice {
 
 impl Drop for CudaDevice {
     fn drop(&mut self) {
-        super::pool::release_cached(self);
+        super::release_cached(self);
         // cudarc binds the context to unload the module, destroy the private stream and
         // release the primary context: under this guard, which then makes the thread's
         // previous context current again.

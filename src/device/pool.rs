@@ -8,9 +8,11 @@
 //!
 //! Blocks are returned only once their work has run (strata's device paths finish their
 //! work before a buffer is dropped); the cache is released to the runtime when the
-//! device object is dropped or by [`release_cached`].
+//! device object is dropped or by [`super::release_cached`].
 
-use super::{DevAddr, Device};
+#![forbid(unsafe_code)]
+
+use super::DevAddr;
 use std::collections::HashMap;
 use std::sync::Mutex;
 
@@ -58,16 +60,6 @@ impl Pool {
             .lock()
             .map(|f| f.iter().map(|(c, v)| c * v.len()).sum())
             .unwrap_or(0)
-    }
-}
-
-/// Give `dev`'s cached blocks back to the runtime (as `torch.cuda.empty_cache()`); this
-/// synchronizes the device. Blocks in use are unaffected.
-pub fn release_cached(dev: &dyn Device) {
-    for a in dev.pool().drain() {
-        // SAFETY: cached blocks came from `alloc_zeroed` on this device, are owned by the
-        // cache alone (drained just now) and their work has run.
-        unsafe { dev.free(a) };
     }
 }
 

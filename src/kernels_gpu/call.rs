@@ -7,10 +7,10 @@
 #![forbid(unsafe_code)]
 
 use super::launch::{DevAddr, QuantCall, Region};
+use super::names::{kernel_name, reduce_kernel_name, KernelOp};
 use super::plan::{
     dequant_plan, drq_plan, quantize_plan, DequantArgs, DrqArgs, Geometry, QuantArgs,
 };
-use super::{kernel_name, reduce_kernel_name, KernelOp};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::kernels::QuantSpec;
@@ -159,7 +159,7 @@ pub fn prepare(call: &QuantCall) -> Result<Option<Prepared>> {
                     a.input = inputs.addr;
                     a.out = dst.addr;
                     Prepared {
-                        name: super::dequant_kernel_name(
+                        name: super::names::dequant_kernel_name(
                             dtype,
                             spec.bits,
                             super::plan::one_sender(k, div),

@@ -3,8 +3,8 @@
 
 use super::call::{prepare, ArgBlock};
 use super::launch::{QuantCall, Region};
+use super::names::{kernel_name, kernels, reduce_kernel_names};
 use super::plan::{DequantArgs, DrqArgs, QuantArgs};
-use super::{kernel_name, kernels};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::kernels::QuantSpec;
@@ -61,14 +61,14 @@ impl GpuQuant {
             .compute_capability()
             .map_err(|e| dev("reading the compute capability", e))?;
         let sm = format!("sm_{major}{minor}");
-        let cubin = super::compile_cuda_cubin(&sm)
+        let cubin = super::compile::compile_cuda_cubin(&sm)
             .and_then(|c| GpuQuant::load(ctx, Ptx::from_binary(c), &format!("{sm} (cubin)")));
         match cubin {
             Ok(q) => Ok(q),
             Err(e) => {
                 tracing::debug!("strata kernels as a {sm} CUBIN: {e}; compiling PTX instead");
                 let arch = format!("compute_{major}{minor}");
-                let ptx = super::compile_cuda_ptx(&arch)?;
+                let ptx = super::compile::compile_cuda_ptx(&arch)?;
                 GpuQuant::from_ptx(ctx, ptx, &arch)
             }
         }
@@ -87,7 +87,7 @@ impl GpuQuant {
         let names = kernels()
             .into_iter()
             .map(|(op, dt, bits)| kernel_name(op, dt, bits))
-            .chain(super::reduce_kernel_names());
+            .chain(reduce_kernel_names());
         for name in names {
             let f = module
                 .load_function(&name)

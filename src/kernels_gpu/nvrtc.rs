@@ -4,7 +4,7 @@
 //! points every NVRTC since 11.2 has are used. Every failure is an `Error`, never a
 //! panic; NVRTC's log comes with a failed compilation.
 
-use super::{cuda_include_dirs, CUDA_SOURCE, NVRTC_OPTIONS};
+use super::source::{cuda_include_dirs, CUDA_SOURCE, NVRTC_OPTIONS};
 use crate::error::{Error, Result};
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::sync::OnceLock;

@@ -224,7 +224,7 @@ fn release(ordinal: usize, module: sys::hipModule_t, aux: sys::hipStream_t) {
 
 impl Drop for HipDevice {
     fn drop(&mut self) {
-        crate::device::pool::release_cached(self);
+        crate::device::release_cached(self);
         release(self.ordinal, self.module, self.aux);
     }
 }
