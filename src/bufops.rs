@@ -8,13 +8,15 @@
 
 #![forbid(unsafe_code)]
 
-use crate::device::{QuantCall, Region};
+use crate::device::direct::Launched;
+use crate::device::{DevStream, QuantCall, Region};
 use crate::dtype::{finish_avg, reduce_into, DataType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::kernels::{self, QuantSpec};
 use crate::memory::Buffer;
 use crate::transport::gpu::GpuTransport;
 use crate::transport::Transport;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Buffer operations on behalf of one communicator's transport.
@@ -22,12 +24,21 @@ use std::time::Duration;
 pub struct Ops<'a> {
     t: &'a dyn Transport,
     to: Duration,
+    /// Inside a launched call: its context and the stream its device work goes on.
+    at: Option<Launched<'a>>,
 }
 
 impl<'a> Ops<'a> {
-    /// Operations for `t` (device work on its stream), borrows waiting up to `timeout`.
-    pub fn new(t: &'a dyn Transport, timeout: Duration) -> Ops<'a> {
-        Ops { t, to: timeout }
+    /// Operations for `t`, borrows waiting up to `timeout`; device work on `at`'s stream
+    /// inside a launched call (enqueued only), else on `t`'s own (waited for).
+    pub fn new(t: &'a dyn Transport, timeout: Duration, at: Option<Launched<'a>>) -> Ops<'a> {
+        Ops { t, to: timeout, at }
+    }
+
+    /// Where device work goes ([`crate::transport::gpu::On`]).
+    #[inline]
+    fn on(&self) -> Option<&'a Arc<dyn DevStream>> {
+        self.at.map(|a| a.stream)
     }
 
     /// `Some(gpu)` when every buffer is device memory, `None` when all are host memory.
@@ -49,9 +60,13 @@ impl<'a> Ops<'a> {
         })
     }
 
-    /// Zeroed scratch of `bytes` next to `like` (host, or its device).
+    /// Zeroed scratch of `bytes` next to `like` (host, or its device; inside a launched
+    /// call a block of its arena, [`Buffer::alloc_like_in`]).
     pub fn scratch(&self, like: &Buffer, bytes: usize) -> Result<Buffer> {
-        like.alloc_like(bytes)
+        match self.at {
+            Some(a) => like.alloc_like_in(bytes, a.scope, a.stream),
+            None => like.alloc_like(bytes),
+        }
     }
 
     /// `dst = src` (same length; a no-op when they are the same bytes).
@@ -75,8 +90,12 @@ impl<'a> Ops<'a> {
             Some(g) => {
                 let s = src.dev_read_timeout(self.to)?;
                 let d = dst.dev_write_timeout(self.to)?;
-                crate::transport::gpu::work_stream(g).copy(d.addr(), s.addr(), src.len())?;
-                g.finish("copy")
+                crate::transport::gpu::work_stream(g, self.on()).copy(
+                    d.addr(),
+                    s.addr(),
+                    src.len(),
+                )?;
+                g.finish(self.on(), "copy")
             }
         }
     }
@@ -93,8 +112,14 @@ impl<'a> Ops<'a> {
                 let s = src.dev_read_timeout(self.to)?;
                 let a = acc.dev_write_timeout(self.to)?;
                 let n = crate::transport::gpu::count_of(acc.len(), dtype)?;
-                crate::transport::gpu::work_stream(g).reduce(a.addr(), s.addr(), n, dtype, op)?;
-                g.finish("reduce")
+                crate::transport::gpu::work_stream(g, self.on()).reduce(
+                    a.addr(),
+                    s.addr(),
+                    n,
+                    dtype,
+                    op,
+                )?;
+                g.finish(self.on(), "reduce")
             }
         }
     }
@@ -109,8 +134,13 @@ impl<'a> Ops<'a> {
             Some(g) => {
                 let b = buf.dev_write_timeout(self.to)?;
                 let count = crate::transport::gpu::count_of(buf.len(), dtype)?;
-                crate::transport::gpu::work_stream(g).divide(b.addr(), count, dtype, n)?;
-                g.finish("avg")
+                crate::transport::gpu::work_stream(g, self.on()).divide(
+                    b.addr(),
+                    count,
+                    dtype,
+                    n,
+                )?;
+                g.finish(self.on(), "avg")
             }
         }
     }
@@ -133,8 +163,9 @@ impl<'a> Ops<'a> {
             Some(g) => {
                 let s = src.dev_read_timeout(self.to)?;
                 let d = dst.dev_write_timeout(self.to)?;
-                crate::transport::gpu::work_stream(g).quant(&call(s.region(), d.region()))?;
-                g.finish(what)
+                crate::transport::gpu::work_stream(g, self.on())
+                    .quant(&call(s.region(), d.region()))?;
+                g.finish(self.on(), what)
             }
         }
     }

@@ -10,7 +10,6 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 use strata::device::cpu::entries;
-use strata::device::direct::{self, Arena, Scope};
 use strata::device::DevStream;
 use strata::{Algo, Buffer, Comm, DataType, Op, ReduceOp, Request, Topology};
 
@@ -66,19 +65,32 @@ fn call(which: &str, send: &Buffer, recv: &Buffer, n: usize, r: usize) -> Reques
 
 /// The same collective as the transport's own call on `s` (the device face, launched on
 /// that stream), what strata's launch is measured against.
-fn transport_call(c: &Comm, which: &str, send: &Buffer, recv: &Buffer) -> strata::Result<()> {
+fn transport_call(
+    c: &Comm,
+    on: &Arc<dyn DevStream>,
+    which: &str,
+    send: &Buffer,
+    recv: &Buffer,
+) -> strata::Result<()> {
     let g = c.transport().gpu().expect("a device transport");
     let to = Duration::from_secs(20);
     match which {
-        "all-gather" => g.all_gather(recv.dev_write_timeout(to)?.region(), 64),
+        "all-gather" => g.all_gather(Some(on), recv.dev_write_timeout(to)?.region(), 64),
         "all-reduce" => g.all_reduce(
+            Some(on),
             recv.dev_write_timeout(to)?.region(),
             DataType::F32,
             ReduceOp::Sum,
         ),
         _ => {
             let (i, o) = (recv.dev_read_timeout(to)?, send.dev_write_timeout(to)?);
-            g.reduce_scatter(i.region(), o.region(), DataType::F32, ReduceOp::Sum)
+            g.reduce_scatter(
+                Some(on),
+                i.region(),
+                o.region(),
+                DataType::F32,
+                ReduceOp::Sum,
+            )
         }
     }
 }
@@ -94,7 +106,6 @@ fn a_one_call_collective_adds_one_entry_to_the_transports_own() {
             let s = dev.new_stream()?;
             let send = c.native_from(&vec![1u8; 64])?;
             let recv = c.alloc_native(64 * n)?;
-            let arena = Arc::new(Arena::new(&dev));
             let mut rows = Vec::new();
             for which in [
                 "all-gather",
@@ -110,8 +121,7 @@ fn a_one_call_collective_adds_one_entry_to_the_transports_own() {
                     strata_n = entries(s.as_ref())? - before;
                     w.wait()?;
                     let before = entries(s.as_ref())?;
-                    let sc = Scope::launch(&arena, Some(s.clone()), 0);
-                    direct::scope(Some(sc), || transport_call(&c, which, &send, &recv))?;
+                    transport_call(&c, &s, which, &send, &recv)?;
                     own_n = entries(s.as_ref())? - before;
                     sync(&s)?;
                 }
@@ -148,7 +158,6 @@ fn grouped_one_call_collectives_share_one_end_event() {
         let bufs: Vec<Buffer> = (0..4)
             .map(|_| c.alloc_native(64 * n))
             .collect::<strata::Result<_>>()?;
-        let arena = Arc::new(Arena::new(&dev));
         let (mut got, mut own) = (0, 0);
         for _ in 0..2 {
             let before = entries(s.as_ref())?;
@@ -163,8 +172,7 @@ fn grouped_one_call_collectives_share_one_end_event() {
                 w?.wait()?;
             }
             let before = entries(s.as_ref())?;
-            let sc = Scope::launch(&arena, Some(s.clone()), 0);
-            direct::scope(Some(sc), || transport_call(&c, "all-reduce", &send, &recv))?;
+            transport_call(&c, &s, "all-reduce", &send, &recv)?;
             own = entries(s.as_ref())? - before;
             sync(&s)?;
         }

@@ -27,13 +27,13 @@ pub fn run(
         } => {
             let total: usize = counts.iter().sum();
             let like = place(sends, recvs)?;
-            let fsend = like.alloc_like(total * s)?;
+            let fsend = comm.alloc_like(&like, total * s)?;
             let mut off = 0;
             for (b, &n) in sends.iter().zip(counts) {
                 ops.copy(&fsend.slice(off..off + n * s)?, &b.slice(0..n * s)?)?;
                 off += n * s;
             }
-            let frecv = like.alloc_like(p * total * s)?;
+            let frecv = comm.alloc_like(&like, p * total * s)?;
             flat(&Request {
                 op: Op::AllGather {
                     send: fsend,
@@ -63,7 +63,7 @@ pub fn run(
         } => {
             let total: usize = counts.iter().sum();
             let like = place(sends, recvs)?;
-            let fsend = like.alloc_like(p * total * s)?;
+            let fsend = comm.alloc_like(&like, p * total * s)?;
             let mut off = 0;
             for (b, &n) in sends.iter().zip(counts) {
                 for r in 0..p {
@@ -75,7 +75,7 @@ pub fn run(
                 }
                 off += n;
             }
-            let frecv = like.alloc_like(total * s)?;
+            let frecv = comm.alloc_like(&like, total * s)?;
             flat(&Request {
                 op: Op::ReduceScatter {
                     send: fsend,

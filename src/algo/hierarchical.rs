@@ -159,7 +159,7 @@ pub fn all_gather_with(
         let out = if i + 1 == m {
             recv.clone()
         } else {
-            recv.alloc_like(b * g * c)?
+            comm.alloc_like(&recv, b * g * c)?
         };
         if i == 0 && m > 1 && stage_log(comm, inter, g, c) {
             super::log_step::all_gather_rotated(&sub, &cur.slice(0..c)?, &out, c)?;
@@ -207,7 +207,7 @@ pub fn reduce_scatter_with(
         let out = if i == 0 {
             recv.clone()
         } else {
-            recv.alloc_like(b * c)?
+            comm.alloc_like(&recv, b * c)?
         };
         if i == 0 && stage_log(comm, inter, g, c) {
             super::log_step::reduce_scatter(

@@ -71,7 +71,7 @@ impl Algorithm for HoRing {
                 op,
             } => {
                 let n = p * count * s;
-                let work = send.alloc_like(n)?;
+                let work = comm.alloc_like(&send, n)?;
                 ops.copy(&work, &send.slice(0..n)?)?;
                 let pl = reduce_scatter(h, r, *count, s, chunks(*count));
                 step_list::execute(comm, &pl, recv, Some(&work), dt, *op)?;
@@ -96,7 +96,7 @@ impl Algorithm for HoRing {
                     }
                     return step_list::execute(comm, &pl, recv, Some(recv), dt, *op);
                 }
-                let work = send.alloc_like(q * p * s)?;
+                let work = comm.alloc_like(&send, q * p * s)?;
                 ops.copy(&work.slice(0..count * s)?, &send.slice(0..count * s)?)?;
                 step_list::execute(comm, &pl, recv, Some(&work), dt, *op)?;
                 ops.copy(&recv.slice(0..count * s)?, &work.slice(0..count * s)?)

@@ -114,7 +114,7 @@ pub fn all_gather(comm: &CommCore, send: &Buffer, recv: &Buffer, c: usize) -> Re
     }
     let ops = comm.ops();
     if rotates(p * c) && p > 1 && c > 0 {
-        let rot = recv.alloc_like(p * c)?;
+        let rot = comm.alloc_like(&recv, p * c)?;
         all_gather_rotated(comm, send, &rot, c)?;
         // Position i holds chunk x + i: two copies put it in rank order.
         let head = (p - x) * c;
@@ -215,7 +215,7 @@ pub fn reduce_scatter(comm: &CommCore, send: &Buffer, recv: &Buffer, r: Reductio
 /// The rotated work copy of `send` (position i holds chunk x + i).
 fn rotated_copy(comm: &CommCore, send: &Buffer, c: usize) -> Result<Buffer> {
     let (p, x) = (comm.size(), comm.rank());
-    let work = send.alloc_like(p * c)?;
+    let work = comm.alloc_like(&send, p * c)?;
     let mut at = 0;
     for (a, m) in runs(x, p, p) {
         comm.ops().copy(
@@ -269,7 +269,7 @@ fn first_step_direct(
 ) -> Result<Buffer> {
     let f = FirstStep::of(comm.size(), comm.rank(), count * dt.size());
     let ops = comm.ops();
-    let work = send.alloc_like(f.work)?;
+    let work = comm.alloc_like(&send, f.work)?;
     let mut batch = Vec::with_capacity(4);
     for r in &f.sends {
         batch.push(Op::Send {

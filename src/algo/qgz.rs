@@ -148,7 +148,7 @@ fn two_hop(comm: &CommCore, req: &Request) -> Result<()> {
     let st = stages(c * dt.size());
     let ranges = kernels::swizzle_ranges(c, st);
     // 1. swizzled quantization of the whole input.
-    let sw = send.alloc_like(kernels::swizzled_len(q, c, n, k, st))?;
+    let sw = comm.alloc_like(&send, kernels::swizzled_len(q, c, n, k, st))?;
     let input = send.slice(0..n * k * c * dt.size())?;
     ops.swizzled_quantize(q, dt, &input, c, n, k, st, &sw)?;
     // 2. intra-node all-to-alls of every stage, queued at once.
@@ -160,7 +160,7 @@ fn two_hop(comm: &CommCore, req: &Request) -> Result<()> {
         if k == 1 {
             intra.push((out, Work::ready(Ok(()))));
         } else {
-            let inc = send.alloc_like(k * run)?;
+            let inc = comm.alloc_like(&send, k * run)?;
             intra.push((inc.clone(), a2a(&node, &out, &inc, run)));
         }
     }
@@ -178,11 +178,11 @@ fn two_hop(comm: &CommCore, req: &Request) -> Result<()> {
         let partial = if k == 1 {
             inc.clone()
         } else {
-            let out = send.alloc_like(run)?;
+            let out = comm.alloc_like(&send, run)?;
             ops.dequant_reduce_quant(q, inc, k, r.len(), n, &out)?;
             out
         };
-        let got = send.alloc_like(run)?;
+        let got = comm.alloc_like(&send, run)?;
         inter.push((got.clone(), n, a2a(&rail, &partial, &got, slice)));
     }
     // 5. final dequantize-reduce into the output, stage by stage.
@@ -203,7 +203,7 @@ fn one_hop(comm: &CommCore, req: &Request) -> Result<()> {
     let ops = comm.ops();
     let slice = q.packed_len(c);
     let bytes = c * dt.size();
-    let packed = send.alloc_like(p * slice)?;
+    let packed = comm.alloc_like(&send, p * slice)?;
     for r in 0..p {
         ops.quantize(
             q,
@@ -212,7 +212,7 @@ fn one_hop(comm: &CommCore, req: &Request) -> Result<()> {
             &packed.slice(r * slice..(r + 1) * slice)?,
         )?;
     }
-    let got = send.alloc_like(p * slice)?;
+    let got = comm.alloc_like(&send, p * slice)?;
     a2a(comm, &packed, &got, slice).wait()?;
     ops.dequant_reduce(q, &got, p, c, op, p, dt, &recv.slice(0..bytes)?)
 }

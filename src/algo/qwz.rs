@@ -40,7 +40,7 @@ impl Algorithm for Qwz {
         let ops = comm.ops();
         let slice = q.packed_len(*count);
         let b = count * dt.size();
-        let all = recv.alloc_like(p * slice)?;
+        let all = comm.alloc_like(&recv, p * slice)?;
         let mine = all.slice(comm.rank() * slice..(comm.rank() + 1) * slice)?;
         ops.quantize(q, dt, &send.slice(0..b)?, &mine)?;
         if comm.hierarchy().is_some_and(|h| h.levels.len() >= 2) {

@@ -91,7 +91,7 @@ pub(super) fn reduce_scatter(
     let c = count * dt.size();
     // Work: this rank's half after the first step, chunks [base, base + p/2).
     let base = lo(x, p / 2);
-    let work = send.alloc_like(p / 2 * c)?;
+    let work = comm.alloc_like(&send, p / 2 * c)?;
     let mut first = true;
     for b in sizes(p).rev() {
         let y = x ^ b;

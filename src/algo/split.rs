@@ -62,9 +62,9 @@ pub(crate) fn split_all_reduce(
         return ag(comm, &mine, recv, q * s);
     }
     let ops = comm.ops();
-    let padded = send.alloc_like(q * p * s)?;
+    let padded = comm.alloc_like(&send, q * p * s)?;
     ops.copy(&padded.slice(0..count * s)?, &send.slice(0..count * s)?)?;
-    let chunk = send.alloc_like(q * s)?;
+    let chunk = comm.alloc_like(&send, q * s)?;
     rs(comm, &padded, &chunk, Reduction::new(q, dt, op))?;
     ag(comm, &chunk, &padded, q * s)?;
     ops.copy(&recv.slice(0..count * s)?, &padded.slice(0..count * s)?)

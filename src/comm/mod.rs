@@ -72,8 +72,11 @@ pub(crate) enum How {
     Now,
     /// A launched device call ([`ordered`]): on the calling thread, every stage
     /// enqueued on the launcher's stream (held by the group until its end, then run
-    /// on the thread that ends it).
-    Launch(Arc<crate::runtime::ordered::Launcher>),
+    /// on the thread that ends it), within the call's launch context.
+    Launch(
+        Arc<crate::runtime::ordered::Launcher>,
+        crate::device::direct::Scope,
+    ),
 }
 
 /// What [`Comm::submit_as`] did with a request.
@@ -438,7 +441,7 @@ impl Comm {
 
     fn launchable_on_device(&self, req: &Request) -> Option<Arc<dyn crate::device::Device>> {
         let dev = self.device()?;
-        if crate::device::direct::current().is_some() || self.0.on_stream() {
+        if self.0.launch_scope().is_some() || self.0.on_stream() {
             return None;
         }
         req.op.device().and(Some(dev))
@@ -466,9 +469,11 @@ impl Comm {
             // stream before the collective runs (by the group when grouped).
             // Not for a launched device call: the check's exchange is staged through
             // device memory with synchronous copies (host waits, which a capture forbids).
-            let launch = match &how {
-                How::Launch(l) => Some(l.clone()),
-                _ => None,
+            let launch_call = matches!(how, How::Launch(..));
+            let now = matches!(how, How::Now);
+            let (launch, scope) = match how {
+                How::Launch(l, sc) => (Some(l), Some(sc)),
+                _ => (None, None),
             };
             let call = core
                 .checks()
@@ -476,7 +481,11 @@ impl Comm {
                 .flatten()
                 .filter(|_| launch.is_none());
             let own_call = call.clone().filter(|_| !grouped);
-            let c = core.clone();
+            // A launch's algorithm runs on the launched view of this communicator.
+            let c = match scope.clone() {
+                Some(sc) => core.launched(sc),
+                None => core.clone(),
+            };
             let dev = launch.as_ref().and_then(|_| self.device());
             let job = move || {
                 // A launch run at a group's end: the device current, the thread marked,
@@ -498,13 +507,13 @@ impl Comm {
                 // A launch: its side streams back into the launch stream now, before its
                 // scratch is free for the next call (even after a failure: a capture
                 // must have every stream joined back).
-                let r = match launch.as_ref().and(crate::device::direct::current()) {
+                let r = match &scope {
                     Some(sc) => r.and(sc.join_sides()),
                     None => r,
                 };
                 c.note(ran(&c, &req, choice.algo, r))
             };
-            let is_launch = matches!(how, How::Launch(_));
+            let is_launch = launch_call;
             if is_launch && !grouped {
                 // Inline, after any host work still queued on the stream (dependencies
                 // were joined by the launch).
@@ -513,7 +522,7 @@ impl Comm {
                     Err(job) => core.sync().and_then(|_| job()),
                 }));
             }
-            let job = if matches!(how, How::Now) && !grouped {
+            let job = if now && !grouped {
                 match core.run_now(&deps, job) {
                     Ok(r) => return Ok(Submitted::Ran(r)),
                     Err(job) => job,
@@ -521,8 +530,8 @@ impl Comm {
             } else {
                 job
             };
-            // Grouped jobs run at the group's end: they keep this call's scope.
-            let job: Job = crate::runtime::in_scope(Box::new(job));
+            // Grouped jobs run at the group's end, a launch's with its view of the call.
+            let job: Job = Box::new(job);
             let work = Work::pending();
             if grouped {
                 group::hold(group::Pending {

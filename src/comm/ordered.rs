@@ -13,6 +13,7 @@
 #![forbid(unsafe_code)]
 
 use super::{Comm, How, Submitted, Work};
+use crate::device::direct::Scope;
 use crate::device::{DevStream, Device};
 use crate::error::{Error, Result};
 use crate::runtime::launch;
@@ -129,14 +130,14 @@ impl launch::Algorithm for &Comm {
             && crate::algo::select::choose_algo(core, req) == crate::kinds::Algo::Ring
     }
 
-    fn stages(&self, req: Checked, l: &Arc<Launcher>) -> Result<Work> {
-        Ok(match self.submit_as(req, How::Launch(l.clone()))? {
+    fn stages(&self, req: Checked, l: &Arc<Launcher>, sc: Scope) -> Result<Work> {
+        Ok(match self.submit_as(req, How::Launch(l.clone(), sc))? {
             Submitted::Queued(w) => w,
             Submitted::Ran(r) => Work::ready(r),
         })
     }
 
-    fn divide_avg(&self, op: &Op, dtype: crate::dtype::DataType) -> Result<()> {
-        crate::algo::divide_avg(&self.0, op, dtype)
+    fn divide_avg(&self, op: &Op, dtype: crate::dtype::DataType, sc: &Scope) -> Result<()> {
+        crate::algo::divide_avg(&self.0.launched(sc.clone()), op, dtype)
     }
 }

@@ -97,34 +97,41 @@ pub struct DeviceMem {
 impl DeviceMem {
     /// `bytes` zeroed bytes on `dev`: a cached block of the size class when there is one
     /// ([`pool`]), else a new allocation. Dropping it returns the block to the cache.
-    ///
-    /// Inside a stream-ordered call's [`direct::Scope`] on this device: a block of the
-    /// communicator's arena instead, held until the call ends.
+    /// (A launched call's scratch comes from its arena instead: [`direct::Scope::alloc`].)
     pub fn alloc(dev: &Arc<dyn Device>, bytes: usize) -> Result<DeviceMem> {
-        if let Some(r) = direct::alloc(dev, bytes) {
-            return r;
-        }
-        DeviceMem::cached(dev, bytes, true)
+        DeviceMem::cached(dev, bytes, true, None)
     }
 
     /// `bytes` bytes on `dev` whose contents are unspecified: a cached block of the size
-    /// class (not zeroed, so nothing waits for the device) or a new allocation, made in
-    /// the order of the launch's stream when this thread works in a launch on `dev`
-    /// ([`direct::stream`], [`Device::alloc_in_order`]: no host wait), else zeroed on
-    /// the private stream. For buffers fully written in stream order before they are
-    /// read (an eager message, a scratch or arena block cleared by its user). Never an
-    /// arena block.
+    /// class (not zeroed, so nothing waits for the device) or a new allocation, zeroed on
+    /// the private stream. For buffers fully written in stream order before they are read
+    /// (an eager message, a scratch or arena block cleared by its user). Never an arena
+    /// block. Inside a launch: [`DeviceMem::alloc_uninit_on`].
     pub fn alloc_uninit(dev: &Arc<dyn Device>, bytes: usize) -> Result<DeviceMem> {
-        DeviceMem::cached(dev, bytes, false)
+        DeviceMem::cached(dev, bytes, false, None)
     }
 
-    /// A new block of `bytes` in the order of the launch's current stream when this
-    /// thread works in a launch on `dev`: no host wait, not even on the private stream,
-    /// whose work can queue behind other streams' on the device (an H200, driver 580: a
-    /// first launched call's `cuStreamSynchronize` of the private stream waited 500 ms
-    /// for a delay kernel on another rank's stream, in 3 of 10 runs).
-    fn in_launch_order(dev: &Arc<dyn Device>, bytes: usize) -> Result<Option<DevAddr>> {
-        let Some(st) = direct::stream() else {
+    /// [`DeviceMem::alloc_uninit`] for work that goes on `on` (a launched call's stream):
+    /// a new block is made in that stream's order when `on` is a stream of `dev`
+    /// ([`Device::alloc_in_order`]): no host wait, not even on the private stream, whose
+    /// work can queue behind other streams' on the device (an H200, driver 580: a first
+    /// launched call's `cuStreamSynchronize` of the private stream waited 500 ms for a
+    /// delay kernel on another rank's stream, in 3 of 10 runs).
+    pub fn alloc_uninit_on(
+        dev: &Arc<dyn Device>,
+        bytes: usize,
+        on: Option<&Arc<dyn DevStream>>,
+    ) -> Result<DeviceMem> {
+        DeviceMem::cached(dev, bytes, false, on)
+    }
+
+    /// A new block of `bytes` in `on`'s order when it is a stream of `dev`.
+    fn in_order(
+        dev: &Arc<dyn Device>,
+        bytes: usize,
+        on: Option<&Arc<dyn DevStream>>,
+    ) -> Result<Option<DevAddr>> {
+        let Some(st) = on else {
             return Ok(None);
         };
         let d = st.device();
@@ -135,8 +142,13 @@ impl DeviceMem {
     }
 
     /// A cached block of `bytes`' size class (zeroed on the private stream when `zero`),
-    /// else a new allocation (zeroed, or in the launch's order when not `zero`).
-    fn cached(dev: &Arc<dyn Device>, bytes: usize, zero: bool) -> Result<DeviceMem> {
+    /// else a new allocation (zeroed, or in `on`'s order when not `zero`).
+    fn cached(
+        dev: &Arc<dyn Device>,
+        bytes: usize,
+        zero: bool,
+        on: Option<&Arc<dyn DevStream>>,
+    ) -> Result<DeviceMem> {
         let addr = if bytes == 0 {
             0
         } else {
@@ -151,7 +163,7 @@ impl DeviceMem {
                     }
                     a
                 }
-                None if !zero => match DeviceMem::in_launch_order(dev, class)? {
+                None if !zero => match DeviceMem::in_order(dev, class, on)? {
                     Some(a) => a,
                     None => dev.alloc_zeroed(class)?,
                 },

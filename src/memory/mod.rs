@@ -23,7 +23,8 @@
 
 pub mod loan;
 
-use crate::device::{DevAddr, Device, DeviceMem};
+use crate::device::direct::Scope;
+use crate::device::{DevAddr, DevStream, Device, DeviceMem};
 use crate::dtype::{DataType, Element};
 use crate::error::{Error, Result};
 use std::cell::UnsafeCell;
@@ -332,11 +333,16 @@ impl Buffer {
         })
     }
 
-    /// `bytes` bytes of device memory on `dev` with unspecified contents
-    /// ([`DeviceMem::alloc_uninit`]): nothing waits for the device to hand it out.
-    pub fn on_device_uninit(dev: &Arc<dyn Device>, bytes: usize) -> Result<Buffer> {
+    /// `bytes` bytes of device memory on `dev` with unspecified contents, for work on
+    /// `on` (a launched call's stream; [`DeviceMem::alloc_uninit_on`]): nothing waits
+    /// for the device to hand it out.
+    pub fn on_device_uninit(
+        dev: &Arc<dyn Device>,
+        bytes: usize,
+        on: Option<&Arc<dyn DevStream>>,
+    ) -> Result<Buffer> {
         Ok(Buffer {
-            mem: Mem::new(Storage::Device(DeviceMem::alloc_uninit(dev, bytes)?)),
+            mem: Mem::new(Storage::Device(DeviceMem::alloc_uninit_on(dev, bytes, on)?)),
             range: 0..bytes,
         })
     }
@@ -361,6 +367,27 @@ impl Buffer {
         match self.device() {
             None => Ok(Buffer::zeroed(bytes)),
             Some(d) => Buffer::on_device(d, bytes),
+        }
+    }
+
+    /// [`Buffer::alloc_like`] for a launched call's work on `on` (its launch stream or a
+    /// side stream): on the call's device, a block of its arena ([`Scope::alloc`]),
+    /// cleared on `on` and held until the call ends.
+    pub fn alloc_like_in(
+        &self,
+        bytes: usize,
+        sc: &Scope,
+        on: &Arc<dyn DevStream>,
+    ) -> Result<Buffer> {
+        let Some(d) = self.device() else {
+            return Ok(Buffer::zeroed(bytes));
+        };
+        match sc.alloc(d, bytes, on) {
+            Some(mem) => Ok(Buffer {
+                mem: Mem::new(Storage::Device(mem?)),
+                range: 0..bytes,
+            }),
+            None => Buffer::on_device(d, bytes),
         }
     }
 

@@ -155,7 +155,7 @@ fn group_end_jobs() -> Result<()> {
             timeout: comm.timeout(),
         };
         let job = if items.iter().all(|p| p.fusable) && comm.transport().gpu().is_some() {
-            vendor_group(comm.clone(), items, &share)
+            vendor_group(comm.clone(), items, &share, launch)
         } else {
             host_group(comm.clone(), items, &share)
         };
@@ -208,16 +208,12 @@ fn group_end_jobs() -> Result<()> {
     };
     match outer.transport().gpu() {
         Some(g) => {
-            // The launched calls' outer vendor group, enqueue only: inside a launch scope
-            // on the communicator's launch stream, the transport's end of group makes no
-            // host wait (each call's own scope was captured when it was submitted).
+            // The launched calls' outer vendor group, enqueue only: on the
+            // communicator's launch stream, the transport's end of group makes no host
+            // wait (each call's own launch context went into its job when it was
+            // submitted).
             let l = outer.launcher(g.device())?;
-            let sc = crate::device::direct::Scope::launch(
-                l.arena(),
-                Some(l.stream().clone()),
-                outer.identity(),
-            );
-            crate::device::direct::scope(Some(sc), || g.group(&mut run))?
+            g.group(Some(l.stream()), &mut run)?
         }
         None => run()?,
     }
@@ -275,7 +271,7 @@ impl Share {
 /// first (a stable reorder, harmless inside a vendor group): the in-process device
 /// transports run the calls one by one with eager sends, so a receive then never waits
 /// for a send queued behind it (a rank receiving from itself included).
-fn vendor_group(c: CommCore, items: Vec<Pending>, share: &Share) -> Job {
+fn vendor_group(c: CommCore, items: Vec<Pending>, share: &Share, launch: bool) -> Job {
     let start = share.start();
     let mut items = items;
     items.sort_by_key(|p| !p.is_send);
@@ -289,8 +285,15 @@ fn vendor_group(c: CommCore, items: Vec<Pending>, share: &Share) -> Job {
                 .transport()
                 .gpu()
                 .ok_or_else(|| Error::Internal("GPU transport vanished".into()))?;
+            // Launched calls: the group's end enqueues only (no host wait); each call's
+            // own work goes on its own launch context's stream.
+            let l = if launch {
+                Some(c.launcher(g.device())?)
+            } else {
+                None
+            };
             let mut jobs = Some(jobs);
-            first = g.group(&mut || {
+            first = g.group(l.as_ref().map(|l| l.stream()), &mut || {
                 for (job, w) in jobs.take().unwrap_or_default() {
                     results.push(job());
                     works.push(w);

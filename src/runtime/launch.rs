@@ -52,7 +52,7 @@ use super::ordered::Launcher;
 use super::request::{Checked, Op, Request};
 use super::stream::Work;
 use super::CommCore;
-use crate::device::direct::{self, Scope};
+use crate::device::direct::{Launched, Scope};
 use crate::device::{waits, DevEvent, DevStream, Device};
 use crate::error::{Error, Result};
 use std::rc::Rc;
@@ -64,12 +64,13 @@ pub trait Algorithm {
     /// True when `req` runs as one call of a transport that may enqueue on any stream
     /// (the fast path's condition, grouped or not).
     fn one_call(&self, req: &Request) -> bool;
-    /// Run `req`'s algorithm, every stage enqueued on `l`'s stream (within the call's
-    /// scope), or hold it in the thread's group: the host side's [`Work`].
-    fn stages(&self, req: Checked, l: &Arc<Launcher>) -> Result<Work>;
-    /// After the fast path's one call: divide an `Avg` result where the library has no
-    /// mean of its own.
-    fn divide_avg(&self, op: &Op, dtype: crate::dtype::DataType) -> Result<()>;
+    /// Run `req`'s algorithm within the call's launch context `sc` (every stage enqueued
+    /// on its stream, scratch from its arena), or hold it in the thread's group: the
+    /// host side's [`Work`].
+    fn stages(&self, req: Checked, l: &Arc<Launcher>, sc: Scope) -> Result<Work>;
+    /// After the fast path's one call (in `sc`): divide an `Avg` result where the
+    /// library has no mean of its own.
+    fn divide_avg(&self, op: &Op, dtype: crate::dtype::DataType, sc: &Scope) -> Result<()>;
 }
 
 /// The one launch path (see [`self`]): `caller` is the stream the call is ordered on,
@@ -140,8 +141,8 @@ pub fn launch(
         .op
         .for_each_buffer(&mut |b| held.push(b.clone()));
     drop(req.take_deps());
-    let sc = Scope::launch(l.arena(), Some(target.clone()), core.identity());
-    let host = direct::scope(Some(sc), || algo.stages(req, &l))?;
+    let sc = Scope::launch(l.arena(), target.clone(), core.identity());
+    let host = algo.stages(req, &l, sc)?;
     // The join, the end event and the watch: now, or when the outermost group ends
     // (its calls are enqueued then).
     let core = core.clone();
@@ -242,7 +243,7 @@ fn run_direct(
     } = req.into_request();
     let name = op.name();
     let stream = core.note(caller.stream())?;
-    let sc = Scope::launch(l.arena(), Some(stream.clone()), core.identity());
+    let sc = Scope::launch(l.arena(), stream.clone(), core.identity());
     let to = core.timeout();
     let enqueued = (|| {
         core.still_running()?;
@@ -254,12 +255,13 @@ fn run_direct(
             }
         }
         let t = core.transport();
-        direct::scope(Some(sc.clone()), || {
-            if super::native::run_device_mean(t.as_ref(), &op, dtype, to)? {
-                return Ok(());
-            }
-            algo.divide_avg(&op, dtype)
-        })?;
+        let at = Launched {
+            scope: &sc,
+            stream: &stream,
+        };
+        if !super::native::run_device_mean(t.as_ref(), at, &op, dtype, to)? {
+            algo.divide_avg(&op, dtype, &sc)?;
+        }
         let ev = stream.record()?;
         l.ended(&stream, &ev);
         Ok::<_, Error>(ev)

@@ -43,9 +43,11 @@ pub use stream::Work;
 use crate::bufops::Ops;
 use crate::config;
 pub use crate::config::LinkSource;
+use crate::device::direct::{Launched, Scope};
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
 use crate::kinds::Algo;
+use crate::memory::Buffer;
 use crate::topology::{Hierarchy, Level, Topology};
 use crate::traffic::Traffic;
 use crate::transport::{Transport, TransportKind};
@@ -126,17 +128,15 @@ struct Inner {
     chosen: AtomicU64,
 }
 
-/// `job`, run in the calling thread's stream-ordered scope, or in none when it has
-/// none (so a waiter that runs another call's job never lends it its own scope).
-pub(crate) fn in_scope(job: Job) -> Job {
-    let sc = crate::device::direct::current();
-    Box::new(move || crate::device::direct::scope(sc, job))
-}
-
 /// The core of a communicator (cheap to clone; clones share it). The public face is
 /// [`crate::comm::Comm`]; algorithms get a `&CommCore`.
+///
+/// The second field is the launched call this handle works for, if any (a launched
+/// view, [`CommCore::launched`]): the call's launch context ([`Scope`]: its stream and
+/// arena lease) travels with the communicator the algorithm is given, and from there as
+/// an argument to everything that enqueues device work or allocates scratch for the call.
 #[derive(Clone)]
-pub struct CommCore(Arc<Inner>);
+pub struct CommCore(Arc<Inner>, Option<Scope>);
 
 impl std::fmt::Debug for CommCore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -183,26 +183,61 @@ impl CommCore {
         );
         let (rank, size) = (transport.rank(), transport.size());
         let device = transport.gpu().is_some();
-        Ok(CommCore(Arc::new(Inner {
-            transport,
-            topo,
-            members,
-            hierarchy,
-            stream,
-            config,
-            subcomms: Mutex::new(HashMap::new()),
-            destroyed: AtomicBool::new(false),
-            aborted: AtomicBool::new(false),
-            last_error: Mutex::new(String::new()),
-            failure: Mutex::new(None),
-            check: AtomicBool::new(config::env().is_ok_and(|e| e.check)),
-            check_seq: AtomicU64::new(0),
-            launcher: std::sync::OnceLock::new(),
-            rank,
-            size,
-            device,
-            chosen: AtomicU64::new(0),
-        })))
+        Ok(CommCore(
+            Arc::new(Inner {
+                transport,
+                topo,
+                members,
+                hierarchy,
+                stream,
+                config,
+                subcomms: Mutex::new(HashMap::new()),
+                destroyed: AtomicBool::new(false),
+                aborted: AtomicBool::new(false),
+                last_error: Mutex::new(String::new()),
+                failure: Mutex::new(None),
+                check: AtomicBool::new(config::env().is_ok_and(|e| e.check)),
+                check_seq: AtomicU64::new(0),
+                launcher: std::sync::OnceLock::new(),
+                rank,
+                size,
+                device,
+                chosen: AtomicU64::new(0),
+            }),
+            None,
+        ))
+    }
+
+    /// This communicator working for the launched call `sc` (what the launch gives the
+    /// algorithm): its batches run inside the call on this thread, its sub-communicators
+    /// are views of the same call, its buffer operations go on the call's launch stream
+    /// and its scratch comes from the call's arena.
+    pub(crate) fn launched(&self, sc: Scope) -> CommCore {
+        CommCore(self.0.clone(), Some(sc))
+    }
+
+    /// The launched call this handle works for ([`CommCore::launched`]).
+    #[inline]
+    pub fn launch_scope(&self) -> Option<&Scope> {
+        self.1.as_ref()
+    }
+
+    /// Work for the launched call on its launch stream, if this handle works for one.
+    #[inline]
+    fn at(&self) -> Option<Launched<'_>> {
+        self.1.as_ref().map(|sc| Launched {
+            scope: sc,
+            stream: &sc.stream,
+        })
+    }
+
+    /// Zeroed scratch of `bytes` next to `like` (host, or its device): inside a launched
+    /// call, a block of its arena cleared on its launch stream ([`Scope::alloc`]).
+    pub fn alloc_like(&self, like: &Buffer, bytes: usize) -> Result<Buffer> {
+        match &self.1 {
+            Some(sc) => like.alloc_like_in(bytes, sc, &sc.stream),
+            None => like.alloc_like(bytes),
+        }
     }
 
     /// The launch stream and scratch arena of this communicator's launched device calls
@@ -297,7 +332,7 @@ impl CommCore {
     /// Local buffer operations (copies, reductions, `Avg`, quantization kernels) on
     /// this communicator's device stream, or on the host.
     pub fn ops(&self) -> Ops<'_> {
-        Ops::new(self.0.transport.as_ref(), self.timeout())
+        Ops::new(self.0.transport.as_ref(), self.timeout(), self.at())
     }
     /// True when both handles are the same communicator.
     pub fn same(&self, other: &CommCore) -> bool {
@@ -368,11 +403,8 @@ impl CommCore {
     }
 
     /// Queue `job` on the stream after `deps`; `work` completes with its outcome.
-    ///
-    /// The job runs in the submitting thread's stream-ordered scope
-    /// ([`crate::device::direct`]), whichever thread runs it.
     pub(crate) fn push(&self, deps: Vec<Work>, job: Job, work: Work) -> Result<()> {
-        self.0.stream.push(deps, in_scope(job), work)
+        self.0.stream.push(deps, job, work)
     }
 
     /// For a caller that would wait for `job` next: with nothing queued or running on
@@ -403,8 +435,8 @@ impl CommCore {
         // device call, and on any device transport: now, on this thread, so that every
         // vendor call of one collective comes from one thread in program order (the same
         // on every rank), as NCCL requires of calls on several communicators.
-        if let Some(sc) = crate::device::direct::current().filter(|s| s.stream.is_some()) {
-            return self.launch_batch(&sc, ops, dtype, deps);
+        if let Some(sc) = &self.1 {
+            return self.launch_batch(sc, ops, dtype, deps);
         }
         if self.on_stream() || self.has_device() {
             let r =
@@ -431,8 +463,7 @@ impl CommCore {
     where
         F: FnOnce(&dyn Transport) -> Result<()>,
     {
-        let launched = crate::device::direct::current().is_some_and(|s| s.stream.is_some());
-        if launched || self.has_device() || self.on_stream() {
+        if self.1.is_some() || self.has_device() || self.on_stream() {
             return Err(steps);
         }
         let t = self.0.transport.as_ref();
@@ -464,8 +495,7 @@ impl CommCore {
     /// the stream thread and back (a log-step collective makes ⌈log₂ p⌉ of them);
     /// inside a launched call and on device transports, as `enqueue_batch`.
     pub fn run_batch(&self, ops: Vec<Op>, dtype: DataType) -> Result<()> {
-        let launched = crate::device::direct::current().is_some_and(|s| s.stream.is_some());
-        if launched || self.on_stream() || self.has_device() {
+        if self.1.is_some() || self.on_stream() || self.has_device() {
             return self.enqueue_batch(ops, dtype, Vec::new()).wait();
         }
         match self.run_now(&[], || self.run_ops(&ops, dtype)) {
@@ -477,29 +507,21 @@ impl CommCore {
     /// [`CommCore::enqueue_batch`] inside a launched call (scope `sc`): on this thread,
     /// nothing waited for on the host. The launched communicator's own ops go on the
     /// launch stream; another communicator's (a level, the node, the rail) on its own
-    /// stream, which first waits for the launch stream's work so far and for `deps`'
-    /// end events, and whose end event the returned `Work` carries (what a later wait
-    /// on it joins on the device). Ops of different communicators enqueued without a
-    /// wait between them (HO-Ring's rings, qgZ's pipelined hops) run at once on the
-    /// device; the call joins every side stream back at its end.
-    fn launch_batch(
-        &self,
-        sc: &crate::device::direct::Scope,
-        ops: Vec<Op>,
-        dtype: DataType,
-        deps: Vec<Work>,
-    ) -> Work {
+    /// stream (a side stream), which first waits for the launch stream's work so far and
+    /// for `deps`' end events, and whose end event the returned `Work` carries (what a
+    /// later wait on it joins into the launch stream on the device). Ops of different
+    /// communicators enqueued without a wait between them (HO-Ring's rings, qgZ's
+    /// pipelined hops) run at once on the device; the call joins every side stream back
+    /// at its end.
+    fn launch_batch(&self, sc: &Scope, ops: Vec<Op>, dtype: DataType, deps: Vec<Work>) -> Work {
         let side = match self.0.transport.gpu() {
-            Some(g) if Arc::as_ptr(&self.0) as usize != sc.top() => Some(g.stream().clone()),
+            Some(g) if Arc::as_ptr(&self.0) as usize != sc.top() => Some(g.stream()),
             _ => None,
         };
-        let here = side.clone().or_else(|| sc.stream.clone());
+        let here = side.unwrap_or(&sc.stream);
         let r = (|| {
-            let Some(here) = &here else {
-                return Err(Error::Internal("a launch without a stream".into()));
-            };
-            if let (Some(s), Some(main)) = (&side, &sc.stream) {
-                s.wait_event(main.record()?.as_ref())?;
+            if let Some(s) = side {
+                s.wait_event(sc.stream.record()?.as_ref())?;
             }
             for d in &deps {
                 match d.event() {
@@ -507,21 +529,25 @@ impl CommCore {
                     None => d.wait_timeout(self.timeout()).map(|_| ())?,
                 }
             }
-            match &side {
+            let at = Launched {
+                scope: sc,
+                stream: here,
+            };
+            self.run_ops_at(&ops, dtype, Some(at))?;
+            match side {
                 Some(s) => {
-                    crate::device::direct::on_side(s.clone(), || self.run_ops(&ops, dtype))?;
                     let ev = s.record()?;
                     sc.note_side(s, ev.clone());
                     Ok(Some(ev))
                 }
-                None => self.run_ops(&ops, dtype).map(|_| None),
+                None => Ok(None),
             }
         })();
         match r {
             Ok(ev) => {
                 let w = Work::ready(Ok(()));
                 if let Some(ev) = ev {
-                    w.set_event(ev);
+                    w.set_piece(ev, sc.stream.clone());
                 }
                 w
             }
@@ -529,7 +555,7 @@ impl CommCore {
         }
     }
 
-    /// The launched call's identity for [`crate::device::direct::Scope::launch`].
+    /// The launched call's identity for [`Scope::launch`].
     pub(crate) fn identity(&self) -> usize {
         Arc::as_ptr(&self.0) as usize
     }
@@ -537,32 +563,45 @@ impl CommCore {
     /// The body of an enqueued batch: run it unless the communicator was aborted, and
     /// abort it when it fails (as a failed NCCL call leaves its communicator unusable),
     /// so everything queued on it, and everything that depends on that, fails at once
-    /// instead of each waiting out its own timeout.
+    /// instead of each waiting out its own timeout. Inside a launched call (this
+    /// handle's), on its launch stream.
     #[inline]
     pub(crate) fn run_ops(&self, ops: &[Op], dtype: DataType) -> Result<()> {
+        self.run_ops_at(ops, dtype, self.at())
+    }
+
+    /// [`CommCore::run_ops`] with the device work on `at` (a launched call's stream).
+    #[inline]
+    fn run_ops_at(&self, ops: &[Op], dtype: DataType, at: Option<Launched<'_>>) -> Result<()> {
         let r = self
             .still_running()
-            .and_then(|_| self.run_native(ops, dtype));
+            .and_then(|_| self.run_native(ops, dtype, at));
         if let Err(e) = &r {
             self.fail(e);
         }
         r
     }
 
-    /// Execute native ops on this thread (the stream's): one vendor group when they are
-    /// all device ops on a GPU transport.
-    pub(crate) fn run_native(&self, ops: &[Op], dtype: DataType) -> Result<()> {
+    /// Execute native ops on this thread (the stream's), their device work on `at`
+    /// inside a launched call: one vendor group when they are all device ops on a GPU
+    /// transport.
+    pub(crate) fn run_native(
+        &self,
+        ops: &[Op],
+        dtype: DataType,
+        at: Option<Launched<'_>>,
+    ) -> Result<()> {
         let t = self.0.transport.as_ref();
         let to = self.timeout();
         if let [op] = ops {
-            return native::run(t, op, dtype, to);
+            return native::run(t, at, op, dtype, to);
         }
         match t.gpu() {
             Some(g) if ops.len() > 1 && ops.iter().all(|o| o.device().is_some()) => {
                 let mut first = Ok(());
-                g.group(&mut || {
+                g.group(at.map(|a| a.stream), &mut || {
                     for op in ops {
-                        if let Err(e) = native::run(t, op, dtype, to) {
+                        if let Err(e) = native::run(t, at, op, dtype, to) {
                             if first.is_ok() {
                                 first = Err(e);
                             }
@@ -581,7 +620,9 @@ impl CommCore {
             {
                 native::exchange(t, ops, to)
             }
-            _ => ops.iter().try_for_each(|op| native::run(t, op, dtype, to)),
+            _ => ops
+                .iter()
+                .try_for_each(|op| native::run(t, at, op, dtype, to)),
         }
     }
 
@@ -687,7 +728,8 @@ impl CommCore {
                 .map_err(|_| Error::Internal("subcomm lock".into()))
         };
         if let Some(c) = lock()?.get(key) {
-            return Ok(c.clone());
+            // A view of the same launched call as this handle, if any.
+            return Ok(CommCore(c.0.clone(), self.1.clone()));
         }
         // A split is set-up on first use (a host exchange, on a vendor transport the new
         // communicator's unique id staged through the parent's own stream): outside the
@@ -701,7 +743,7 @@ impl CommCore {
         )?);
         tracing::debug!(rank = self.rank(), key, members = ?c.members(), "sub-communicator");
         lock()?.insert(key.to_string(), c.clone());
-        Ok(c)
+        Ok(CommCore(c.0, self.1.clone()))
     }
 
     /// The sub-communicator of level `i` of this communicator's hierarchy (the ranks

@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 
 use super::request::Op;
+use crate::device::direct::Launched;
 use crate::dtype::DataType;
 use crate::error::{Error, Result};
 use crate::kinds::InPlace;
@@ -40,9 +41,19 @@ pub fn exchange(t: &dyn Transport, ops: &[Op], timeout: Duration) -> Result<()> 
 /// Execute `op` (already checked) with the transport's own algorithm. Device buffers
 /// go to the transport's device face ([`crate::transport::gpu::GpuTransport`]); host
 /// buffers to its host face (GPU transports stage them through scratch).
-pub fn run(t: &dyn Transport, op: &Op, dtype: DataType, timeout: Duration) -> Result<()> {
+///
+/// Inside a launched call, `at` is its context and the stream the device work goes on
+/// (enqueued only, scratch from the call's arena); `None`: the transport's own stream,
+/// waited for.
+pub fn run(
+    t: &dyn Transport,
+    at: Option<Launched<'_>>,
+    op: &Op,
+    dtype: DataType,
+    timeout: Duration,
+) -> Result<()> {
     match placement(op)? {
-        Place::Device(place) => device::run(t, op, dtype, timeout, place, false).map(|_| ()),
+        Place::Device(place) => device::run(t, at, op, dtype, timeout, place, false).map(|_| ()),
         Place::Host => host(t, op, dtype, timeout),
         // Nothing to move on any rank (counts agree): NCCL returns at once too. Empty
         // device buffers have no host view, so the host path must not see them.
@@ -72,7 +83,7 @@ fn not_host(
     e: Error,
 ) -> Result<()> {
     match op.device() {
-        Some(_) => run(t, op, dtype, timeout),
+        Some(_) => run(t, None, op, dtype, timeout),
         None => Err(e),
     }
 }
@@ -177,12 +188,13 @@ fn layout(op: &Op, rank: usize, dtype: DataType) -> Option<InPlace> {
 /// launched one-call collective ([`crate::runtime::launch`]).
 pub fn run_device_mean(
     t: &dyn Transport,
+    at: Launched<'_>,
     op: &Op,
     dtype: DataType,
     timeout: Duration,
 ) -> Result<bool> {
     match placement(op)? {
-        Place::Device(place) => device::run(t, op, dtype, timeout, place, true),
+        Place::Device(place) => device::run(t, Some(at), op, dtype, timeout, place, true),
         Place::Host | Place::Empty => Err(Error::Internal(format!(
             "{}: host buffers on the device path",
             op.name()
@@ -252,7 +264,7 @@ fn placement<'a>(op: &'a Op) -> Result<Place> {
 mod device {
     use super::*;
     use crate::device::Device;
-    use crate::transport::gpu::GpuTransport;
+    use crate::transport::gpu::{GpuTransport, On};
 
     fn gpu<'a>(t: &'a dyn Transport, op: &Op) -> Result<&'a dyn GpuTransport> {
         t.gpu().ok_or_else(|| {
@@ -267,6 +279,7 @@ mod device {
 
     pub(super) fn run(
         t: &dyn Transport,
+        at: Option<Launched<'_>>,
         op: &Op,
         dtype: DataType,
         to: Duration,
@@ -274,6 +287,7 @@ mod device {
         mean: bool,
     ) -> Result<bool> {
         let g = gpu(t, op)?;
+        let on = at.map(|a| a.stream);
         let mean = |o: &crate::dtype::ReduceOp| mean && *o == crate::dtype::ReduceOp::Avg;
         if g.device().ordinal() != place.ordinal() || g.device().api() != place.api() {
             return Err(Error::InvalidArgument(format!(
@@ -293,16 +307,16 @@ mod device {
                 let out = recv.dev_write_timeout(to)?;
                 if !in_place {
                     let s = send.dev_read_timeout(to)?;
-                    if let Some(r) = g.all_gather_from(s.region(), out.region()) {
+                    if let Some(r) = g.all_gather_from(on, s.region(), out.region()) {
                         return r.map(|_| false);
                     }
-                    crate::transport::gpu::work_stream(g).copy(
+                    crate::transport::gpu::work_stream(g, on).copy(
                         out.addr() + (rank * c) as u64,
                         s.addr(),
                         c,
                     )?;
                 }
-                g.all_gather(out.region(), c).map(|_| false)
+                g.all_gather(on, out.region(), c).map(|_| false)
             }
             Op::ReduceScatter { send, recv, op, .. } => {
                 if let Some(InPlace::RecvInSend { offset }) = layout {
@@ -313,20 +327,21 @@ mod device {
                         len: recv.len(),
                     };
                     if mean(op) {
-                        if let Some(r) = g.reduce_scatter_mean(s.region(), r, dtype) {
+                        if let Some(r) = g.reduce_scatter_mean(on, s.region(), r, dtype) {
                             return r.map(|_| true);
                         }
                     }
-                    g.reduce_scatter(s.region(), r, dtype, *op).map(|_| false)
+                    g.reduce_scatter(on, s.region(), r, dtype, *op)
+                        .map(|_| false)
                 } else {
                     let s = send.dev_read_timeout(to)?;
                     let r = recv.dev_write_timeout(to)?;
                     if mean(op) {
-                        if let Some(r) = g.reduce_scatter_mean(s.region(), r.region(), dtype) {
+                        if let Some(r) = g.reduce_scatter_mean(on, s.region(), r.region(), dtype) {
                             return r.map(|_| true);
                         }
                     }
-                    g.reduce_scatter(s.region(), r.region(), dtype, *op)
+                    g.reduce_scatter(on, s.region(), r.region(), dtype, *op)
                         .map(|_| false)
                 }
             }
@@ -335,26 +350,27 @@ mod device {
                     // The library's out-of-place call where it has one, else a copy first.
                     let (s, r) = (send.dev_read_timeout(to)?, recv.dev_write_timeout(to)?);
                     if mean(op) {
-                        if let Some(x) = g.all_reduce_mean(s.region(), r.region(), dtype) {
+                        if let Some(x) = g.all_reduce_mean(on, s.region(), r.region(), dtype) {
                             return x.map(|_| true);
                         }
                     }
-                    if let Some(x) = g.all_reduce_from(s.region(), r.region(), dtype, *op) {
+                    if let Some(x) = g.all_reduce_from(on, s.region(), r.region(), dtype, *op) {
                         return x.map(|_| false);
                     }
                     drop((s, r));
-                    copy_dev(g, send, recv, to)?;
+                    copy_dev(g, on, send, recv, to)?;
                 }
                 let r = recv.dev_write_timeout(to)?;
                 if mean(op) {
-                    if let Some(x) = g.all_reduce_mean(r.region(), r.region(), dtype) {
+                    if let Some(x) = g.all_reduce_mean(on, r.region(), r.region(), dtype) {
                         return x.map(|_| true);
                     }
                 }
-                g.all_reduce(r.region(), dtype, *op).map(|_| false)
+                g.all_reduce(on, r.region(), dtype, *op).map(|_| false)
             }
             Op::AllToAll { send, recv, .. } => g
                 .all_to_all(
+                    on,
                     send.dev_read_timeout(to)?.region(),
                     recv.dev_write_timeout(to)?.region(),
                 )
@@ -364,20 +380,20 @@ mod device {
             } => {
                 if rank == *root && !in_place {
                     let (s, r) = (send.dev_read_timeout(to)?, recv.dev_write_timeout(to)?);
-                    if let Some(x) = g.broadcast_from(s.region(), r.region(), *root) {
+                    if let Some(x) = g.broadcast_from(on, s.region(), r.region(), *root) {
                         return x.map(|_| false);
                     }
                     drop((s, r));
-                    copy_dev(g, send, recv, to)?;
+                    copy_dev(g, on, send, recv, to)?;
                 }
-                g.broadcast(recv.dev_write_timeout(to)?.region(), *root)
+                g.broadcast(on, recv.dev_write_timeout(to)?.region(), *root)
                     .map(|_| false)
             }
             Op::Send { buf, peer, .. } => g
-                .send(*peer, buf.dev_read_timeout(to)?.region())
+                .send(on, *peer, buf.dev_read_timeout(to)?.region())
                 .map(|_| false),
             Op::Recv { buf, peer, .. } => g
-                .recv(*peer, buf.dev_write_timeout(to)?.region())
+                .recv(on, *peer, buf.dev_write_timeout(to)?.region())
                 .map(|_| false),
             Op::SendRecv {
                 send,
@@ -390,22 +406,31 @@ mod device {
                 let s = send.dev_read_timeout(to)?;
                 match reduce {
                     None => g
-                        .sendrecv(*dst, s.region(), *src, recv.dev_write_timeout(to)?.region())
+                        .sendrecv(
+                            on,
+                            *dst,
+                            s.region(),
+                            *src,
+                            recv.dev_write_timeout(to)?.region(),
+                        )
                         .map(|_| false),
                     Some(op) => {
-                        let tmp = recv.alloc_like(recv.len())?;
+                        let tmp = match at {
+                            Some(a) => recv.alloc_like_in(recv.len(), a.scope, a.stream)?,
+                            None => recv.alloc_like(recv.len())?,
+                        };
                         let tg = tmp.dev_write_timeout(to)?;
-                        g.sendrecv(*dst, s.region(), *src, tg.region())?;
+                        g.sendrecv(on, *dst, s.region(), *src, tg.region())?;
                         let r = recv.dev_write_timeout(to)?;
                         let n = crate::transport::gpu::count_of(recv.len(), dtype)?;
-                        crate::transport::gpu::work_stream(g).reduce(
+                        crate::transport::gpu::work_stream(g, on).reduce(
                             r.addr(),
                             tg.addr(),
                             n,
                             dtype,
                             op.partial(),
                         )?;
-                        g.finish("send-receive reduction").map(|_| false)
+                        g.finish(on, "send-receive reduction").map(|_| false)
                     }
                 }
             }
@@ -415,10 +440,16 @@ mod device {
         }
     }
 
-    fn copy_dev(g: &dyn GpuTransport, src: &Buffer, dst: &Buffer, to: Duration) -> Result<()> {
+    fn copy_dev(
+        g: &dyn GpuTransport,
+        on: On<'_>,
+        src: &Buffer,
+        dst: &Buffer,
+        to: Duration,
+    ) -> Result<()> {
         let s = src.dev_read_timeout(to)?;
         let d = dst.dev_write_timeout(to)?;
-        crate::transport::gpu::work_stream(g).copy(d.addr(), s.addr(), src.len())?;
-        g.finish("copy")
+        crate::transport::gpu::work_stream(g, on).copy(d.addr(), s.addr(), src.len())?;
+        g.finish(on, "copy")
     }
 }

@@ -25,6 +25,10 @@ struct WorkState {
     /// A launched device call's end event (on its communicator's launch stream): what a
     /// dependent launched call's stream waits for on the device.
     event: Mutex<Option<Arc<dyn crate::device::DevEvent>>>,
+    /// A piece of a launched call (a sub-communicator's batch on its side stream): the
+    /// call's launch stream, which a wait for this work makes wait for `event` on the
+    /// device instead of the host.
+    join: Mutex<Option<Arc<dyn crate::device::DevStream>>>,
 }
 
 /// Completion handle of a submitted collective (a future on host transports, an event
@@ -75,6 +79,19 @@ impl Work {
         }
     }
 
+    /// A piece of a launched call: done on the host, `ev` its end on the device, and
+    /// `join` (the call's launch stream) what a wait for it orders after `ev`.
+    pub(crate) fn set_piece(
+        &self,
+        ev: Arc<dyn crate::device::DevEvent>,
+        join: Arc<dyn crate::device::DevStream>,
+    ) {
+        self.set_event(ev);
+        if let Ok(mut j) = self.0.join.lock() {
+            *j = Some(join);
+        }
+    }
+
     /// The end event of a launched device call (`None` for host work): a launched call
     /// that depends on this work waits for it on the device, not on the host.
     pub fn event(&self) -> Option<Arc<dyn crate::device::DevEvent>> {
@@ -89,9 +106,13 @@ impl Work {
     /// Wait for the work; its error if it failed. Runs the work on this thread when it
     /// is next on its stream and nothing runs there.
     pub fn wait(&self) -> Result<()> {
-        // Inside a launched call, a launched piece's end is joined on the device: the
-        // stream the call works on waits for its event, the host does not.
-        if let (Some(ev), Some(here)) = (self.event(), crate::device::direct::stream()) {
+        // A launched call's piece is joined on the device: the call's launch stream
+        // waits for its event, the host does not.
+        let piece = self.event().and_then(|ev| {
+            let join = self.0.join.lock().ok().and_then(|j| j.clone());
+            join.map(|here| (ev, here))
+        });
+        if let Some((ev, here)) = piece {
             here.wait_event(ev.as_ref())?;
             if !self.is_done() {
                 return Ok(());

@@ -25,7 +25,7 @@
 
 #![forbid(unsafe_code)]
 
-use super::gpu::{self, staged, GpuTransport, Scratch};
+use super::gpu::{self, staged, GpuTransport, On, Scratch};
 use super::meeting::{Counts, Meetings};
 use super::{Transport, TransportKind};
 use crate::device::{finish, DevAddr, DevEvent, DevStream, Device, Region};
@@ -278,13 +278,6 @@ impl Group {
     }
 }
 
-/// True inside a stream-ordered call ([`crate::device::direct`]): point-to-point
-/// messages are then read in place by the receiver (no allocation; the sender's stream
-/// waits for the receiver's copy) instead of staged through a fresh buffer.
-fn scoped() -> bool {
-    crate::device::direct::current().is_some()
-}
-
 /// One rank of a `cuda-local` or `host-local` world.
 pub struct DeviceLocalTransport {
     group: Arc<Group>,
@@ -387,14 +380,14 @@ impl DeviceLocalTransport {
     }
 
     /// The stream this rank's device work goes on ([`gpu::work_stream`]).
-    fn s(&self) -> Arc<dyn DevStream> {
-        gpu::work_stream(self)
+    fn s(&self, on: On<'_>) -> Arc<dyn DevStream> {
+        gpu::work_stream(self, on).clone()
     }
 
     /// The work scratch for `bytes` on stream `s`: launched, after the last use of it
     /// on another stream (one wait on `s`, only when the stream changes).
-    fn work_on(&self, s: &Arc<dyn DevStream>, bytes: usize) -> Result<Buffer> {
-        if gpu::direct() {
+    fn work_on(&self, on: On<'_>, s: &Arc<dyn DevStream>, bytes: usize) -> Result<Buffer> {
+        if on.is_some() {
             let last = self
                 .work_last
                 .lock()
@@ -406,12 +399,12 @@ impl DeviceLocalTransport {
                 }
             }
         }
-        self.work.get(bytes)
+        self.work.get(on, bytes)
     }
 
     /// The work scratch's use on `s` is enqueued: launched, remember where it ends.
-    fn work_done(&self, s: &Arc<dyn DevStream>) -> Result<()> {
-        if gpu::direct() {
+    fn work_done(&self, on: On<'_>, s: &Arc<dyn DevStream>) -> Result<()> {
+        if on.is_some() {
             let ev = s.record()?;
             *self
                 .work_last
@@ -450,8 +443,8 @@ impl DeviceLocalTransport {
     }
 
     /// Stream-ordered send: publish the bytes and the event after which they are ready.
-    fn post_direct(&self, peer: usize, data: Region) -> Result<()> {
-        let s = self.s();
+    fn post_direct(&self, on: On<'_>, peer: usize, data: Region) -> Result<()> {
+        let s = self.s(on);
         let ack: Ack = Arc::new(Mutex::new(None));
         let msg = DirectMsg {
             addr: data.addr,
@@ -499,22 +492,22 @@ impl DeviceLocalTransport {
 
     /// Receive the next message from `peer` into `data`, in this rank's stream order
     /// (not waited for).
-    fn take_into(&self, peer: usize, data: Region) -> Result<()> {
+    fn take_into(&self, on: On<'_>, peer: usize, data: Region) -> Result<()> {
         match self.next_msg(peer)? {
             Msg::Staged(msg, ev) => {
                 self.check_msg_len(peer, msg.len(), data.len)?;
-                gpu::unstage(self, self.timeout, (msg, ev), data, "receive")?;
+                gpu::unstage(self, on, self.timeout, (msg, ev), data, "receive")?;
                 self.count(peer, data.len);
                 Ok(())
             }
-            Msg::InPlace(msg) => self.copy_in_place(peer, msg, data),
+            Msg::InPlace(msg) => self.copy_in_place(on, peer, msg, data),
         }
     }
 
     /// An in-place receive: wait (on the device) for the sender's bytes, copy them,
     /// answer with the event after the copy.
-    fn copy_in_place(&self, peer: usize, msg: DirectMsg, data: Region) -> Result<()> {
-        let s = self.s();
+    fn copy_in_place(&self, on: On<'_>, peer: usize, msg: DirectMsg, data: Region) -> Result<()> {
+        let s = self.s(on);
         let copied = (|| {
             self.check_msg_len(peer, msg.len, data.len)?;
             s.wait_event(msg.ev.as_ref())?;
@@ -543,12 +536,12 @@ impl DeviceLocalTransport {
     /// this rank's stream, and each rank's stream waits for every peer's event (so the
     /// exchange orders the ranks' streams on the device, and a captured graph keeps
     /// that order on replay).
-    fn rdv(&self, addr: DevAddr, len: usize) -> Result<Arc<Vec<Post>>> {
-        let direct = gpu::direct();
+    fn rdv(&self, on: On<'_>, addr: DevAddr, len: usize) -> Result<Arc<Vec<Post>>> {
+        let direct = on.is_some();
         let ev = if direct {
-            Some(self.s().record()?)
+            Some(self.s(on).record()?)
         } else {
-            self.finish("the work queued before the rendezvous")?;
+            self.finish(on, "the work queued before the rendezvous")?;
             None
         };
         let posts = self.group.rendezvous(
@@ -569,7 +562,7 @@ impl DeviceLocalTransport {
             )));
         }
         if direct {
-            let s = self.s();
+            let s = self.s(on);
             for (j, p) in posts.iter().enumerate() {
                 if let (true, Some(e)) = (j != self.rank, &p.ev) {
                     s.wait_event(e.as_ref())?;
@@ -579,8 +572,8 @@ impl DeviceLocalTransport {
         Ok(posts)
     }
 
-    fn barrier_(&self) -> Result<()> {
-        self.rdv(0, 0).map(|_| ())
+    fn barrier_(&self, on: On<'_>) -> Result<()> {
+        self.rdv(on, 0, 0).map(|_| ())
     }
 
     /// Pulled `bytes` from communicator rank `peer`.
@@ -606,9 +599,9 @@ impl DeviceLocalTransport {
 
     /// The work of a collective after the exchange, then the closing barrier (also on
     /// error, so no peer is left waiting on this round).
-    fn pull(&self, what: &str, f: impl FnOnce() -> Result<()>) -> Result<()> {
-        let r = f().and_then(|_| self.finish(what));
-        let b = self.barrier_();
+    fn pull(&self, on: On<'_>, what: &str, f: impl FnOnce() -> Result<()>) -> Result<()> {
+        let r = f().and_then(|_| self.finish(on, what));
+        let b = self.barrier_(on);
         r.and(b)
     }
 }
@@ -623,8 +616,8 @@ impl GpuTransport for DeviceLocalTransport {
     fn staging(&self) -> &Scratch {
         &self.stage
     }
-    fn finish(&self, what: &str) -> Result<()> {
-        if gpu::direct() {
+    fn finish(&self, on: On<'_>, what: &str) -> Result<()> {
+        if on.is_some() {
             return self.group.check_abort();
         }
         finish(self.stream.as_ref(), self.timeout, what, || {
@@ -638,11 +631,11 @@ impl GpuTransport for DeviceLocalTransport {
         true
     }
 
-    fn all_gather(&self, buf: Region, chunk: usize) -> Result<()> {
+    fn all_gather(&self, on: On<'_>, buf: Region, chunk: usize) -> Result<()> {
         let _in = self.enter("all-gather")?;
-        let s = self.s();
-        let posts = self.rdv(buf.addr, buf.len)?;
-        self.pull("all-gather", || {
+        let s = self.s(on);
+        let posts = self.rdv(on, buf.addr, buf.len)?;
+        self.pull(on, "all-gather", || {
             self.check_len("all-gather", &posts, buf.len)?;
             for (j, p) in posts.iter().enumerate() {
                 if j != self.rank {
@@ -657,18 +650,19 @@ impl GpuTransport for DeviceLocalTransport {
 
     fn reduce_scatter(
         &self,
+        on: On<'_>,
         send: Region,
         recv: Region,
         dtype: DataType,
         op: ReduceOp,
     ) -> Result<()> {
         let _in = self.enter("reduce-scatter")?;
-        let s = self.s();
-        let posts = self.rdv(send.addr, send.len)?;
+        let s = self.s(on);
+        let posts = self.rdv(on, send.addr, send.len)?;
         let c = recv.len;
-        let acc = self.work_on(&s, c)?;
+        let acc = self.work_on(on, &s, c)?;
         let g = acc.dev_write_timeout(self.timeout)?;
-        self.pull("reduce-scatter", || {
+        self.pull(on, "reduce-scatter", || {
             self.check_len("reduce-scatter", &posts, send.len)?;
             let n = gpu::count_of(c, dtype)?;
             let off = (self.rank * c) as u64;
@@ -683,17 +677,17 @@ impl GpuTransport for DeviceLocalTransport {
             Ok(())
         })?;
         s.copy(recv.addr, g.addr(), c)?;
-        self.work_done(&s)?;
-        self.finish("reduce-scatter")
+        self.work_done(on, &s)?;
+        self.finish(on, "reduce-scatter")
     }
 
-    fn all_reduce(&self, buf: Region, dtype: DataType, op: ReduceOp) -> Result<()> {
+    fn all_reduce(&self, on: On<'_>, buf: Region, dtype: DataType, op: ReduceOp) -> Result<()> {
         let _in = self.enter("all-reduce")?;
-        let s = self.s();
-        let posts = self.rdv(buf.addr, buf.len)?;
-        let acc = self.work_on(&s, buf.len)?;
+        let s = self.s(on);
+        let posts = self.rdv(on, buf.addr, buf.len)?;
+        let acc = self.work_on(on, &s, buf.len)?;
         let g = acc.dev_write_timeout(self.timeout)?;
-        self.pull("all-reduce", || {
+        self.pull(on, "all-reduce", || {
             self.check_len("all-reduce", &posts, buf.len)?;
             let n = gpu::count_of(buf.len, dtype)?;
             for (j, p) in posts.iter().enumerate() {
@@ -708,15 +702,15 @@ impl GpuTransport for DeviceLocalTransport {
         })?;
         // Every rank has read every buffer: now each overwrites its own.
         s.copy(buf.addr, g.addr(), buf.len)?;
-        self.work_done(&s)?;
-        self.finish("all-reduce")
+        self.work_done(on, &s)?;
+        self.finish(on, "all-reduce")
     }
 
-    fn all_to_all(&self, send: Region, recv: Region) -> Result<()> {
+    fn all_to_all(&self, on: On<'_>, send: Region, recv: Region) -> Result<()> {
         let _in = self.enter("all-to-all")?;
-        let s = self.s();
-        let posts = self.rdv(send.addr, send.len)?;
-        self.pull("all-to-all", || {
+        let s = self.s(on);
+        let posts = self.rdv(on, send.addr, send.len)?;
+        self.pull(on, "all-to-all", || {
             self.check_len("all-to-all", &posts, send.len)?;
             let p = self.group.size;
             let b = recv.len / p.max(1);
@@ -732,11 +726,11 @@ impl GpuTransport for DeviceLocalTransport {
         })
     }
 
-    fn broadcast(&self, buf: Region, root: usize) -> Result<()> {
+    fn broadcast(&self, on: On<'_>, buf: Region, root: usize) -> Result<()> {
         let _in = self.enter("broadcast")?;
-        let s = self.s();
-        let posts = self.rdv(buf.addr, buf.len)?;
-        self.pull("broadcast", || {
+        let s = self.s(on);
+        let posts = self.rdv(on, buf.addr, buf.len)?;
+        self.pull(on, "broadcast", || {
             self.check_len("broadcast", &posts, buf.len)?;
             if self.rank != root {
                 s.copy(buf.addr, posts[root].addr, buf.len)?;
@@ -749,13 +743,13 @@ impl GpuTransport for DeviceLocalTransport {
     /// In place inside a group of a stream-ordered call (the receivers' copies are
     /// waited for at the group's end) and on the capturable path; otherwise eager, staged
     /// through a buffer of its own, so a send never waits for its receive.
-    fn send(&self, peer: usize, data: Region) -> Result<()> {
+    fn send(&self, on: On<'_>, peer: usize, data: Region) -> Result<()> {
         let _in = self.enter("send")?;
         self.check_peer(peer)?;
         let grouped = self.grouped.load(Ordering::SeqCst) > 0;
-        let capturing = gpu::direct() && self.s().is_capturing()?;
-        if capturing || (scoped() && grouped) {
-            self.post_direct(peer, data)?;
+        let capturing = on.is_some() && self.s(on).is_capturing()?;
+        if capturing || (on.is_some() && grouped) {
+            self.post_direct(on, peer, data)?;
             if !grouped {
                 self.settle_acks()?;
             }
@@ -763,7 +757,7 @@ impl GpuTransport for DeviceLocalTransport {
         }
         // Eager: staged through a buffer of its own (never a call's arena block),
         // handed to the receiver.
-        let (msg, ev) = gpu::stage(self, self.timeout, data, "send")?;
+        let (msg, ev) = gpu::stage(self, on, self.timeout, data, "send")?;
         let mut b = self.group.lock()?;
         b.mail
             .entry((self.rank, peer))
@@ -773,34 +767,41 @@ impl GpuTransport for DeviceLocalTransport {
         Ok(())
     }
 
-    fn recv(&self, peer: usize, data: Region) -> Result<()> {
+    fn recv(&self, on: On<'_>, peer: usize, data: Region) -> Result<()> {
         let _in = self.enter("receive")?;
         self.check_peer(peer)?;
-        self.take_into(peer, data)?;
-        self.finish("receive")
+        self.take_into(on, peer, data)?;
+        self.finish(on, "receive")
     }
 
     /// Inside a stream-ordered call: in place, no allocation (the send is published,
     /// the receive done, then this rank's stream waits for the peer's copy).
-    fn sendrecv(&self, dst: usize, send: Region, src: usize, recv: Region) -> Result<()> {
+    fn sendrecv(
+        &self,
+        on: On<'_>,
+        dst: usize,
+        send: Region,
+        src: usize,
+        recv: Region,
+    ) -> Result<()> {
         let _in = self.enter("send/receive")?;
-        if scoped() {
+        if on.is_some() {
             self.check_peer(dst)?;
             self.check_peer(src)?;
-            self.post_direct(dst, send)?;
-            let r = self.take_into(src, recv);
+            self.post_direct(on, dst, send)?;
+            let r = self.take_into(on, src, recv);
             let a = if self.grouped.load(Ordering::SeqCst) == 0 {
                 self.settle_acks()
             } else {
                 Ok(())
             };
             r.and(a)?;
-            return self.finish("send/receive");
+            return self.finish(on, "send/receive");
         }
-        GpuTransport::send(self, dst, send)?;
-        GpuTransport::recv(self, src, recv)
+        GpuTransport::send(self, on, dst, send)?;
+        GpuTransport::recv(self, on, src, recv)
     }
-    fn group(&self, body: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+    fn group(&self, on: On<'_>, body: &mut dyn FnMut() -> Result<()>) -> Result<()> {
         self.grouped.fetch_add(1, Ordering::SeqCst);
         let r = body();
         self.grouped.fetch_sub(1, Ordering::SeqCst);
@@ -810,7 +811,7 @@ impl GpuTransport for DeviceLocalTransport {
         }
         let a = self.settle_acks();
         r.and(a)?;
-        self.finish("grouped sends")
+        self.finish(on, "grouped sends")
     }
 }
 
@@ -943,6 +944,6 @@ impl Transport for DeviceLocalTransport {
         self.group.notify();
     }
     fn barrier(&self) -> Result<()> {
-        self.barrier_()
+        self.barrier_(None)
     }
 }

@@ -30,7 +30,7 @@ pub trait GpuTransport: Send + Sync {
     /// Scratch for staging host bytes ([`staged`]).
     fn staging(&self) -> &Scratch;
     /// Wait for the stream, polling the communicator's asynchronous errors.
-    fn finish(&self, what: &str) -> Result<()>;
+    fn finish(&self, on: On<'_>, what: &str) -> Result<()>;
     /// The communicator's asynchronous error, if any, without waiting
     /// (`ncclCommGetAsyncError`): what the watchdog polls beside a launched call's end
     /// event. Default: none.
@@ -39,31 +39,39 @@ pub trait GpuTransport: Send + Sync {
     }
     /// All-gather in place: `buf` holds `size()` chunks of `chunk` bytes, this rank's at
     /// `rank()·chunk`.
-    fn all_gather(&self, buf: Region, chunk: usize) -> Result<()>;
+    fn all_gather(&self, on: On<'_>, buf: Region, chunk: usize) -> Result<()>;
     /// Reduce-scatter of `send` (`size()` chunks of `recv.len` bytes) into `recv`
     /// (`Avg` sums; `recv` may be this rank's chunk of `send`).
     fn reduce_scatter(
         &self,
+        on: On<'_>,
         send: Region,
         recv: Region,
         dtype: DataType,
         op: ReduceOp,
     ) -> Result<()>;
     /// All-reduce in place (`Avg` sums).
-    fn all_reduce(&self, buf: Region, dtype: DataType, op: ReduceOp) -> Result<()>;
+    fn all_reduce(&self, on: On<'_>, buf: Region, dtype: DataType, op: ReduceOp) -> Result<()>;
     /// All-to-all: block j of `send` to rank j, block i of `recv` from rank i.
-    fn all_to_all(&self, send: Region, recv: Region) -> Result<()>;
+    fn all_to_all(&self, on: On<'_>, send: Region, recv: Region) -> Result<()>;
     /// Broadcast in place from `root`.
-    fn broadcast(&self, buf: Region, root: usize) -> Result<()>;
+    fn broadcast(&self, on: On<'_>, buf: Region, root: usize) -> Result<()>;
     /// Send `data` to `peer`.
-    fn send(&self, peer: usize, data: Region) -> Result<()>;
+    fn send(&self, on: On<'_>, peer: usize, data: Region) -> Result<()>;
     /// Receive exactly `data.len` bytes from `peer`.
-    fn recv(&self, peer: usize, data: Region) -> Result<()>;
+    fn recv(&self, on: On<'_>, peer: usize, data: Region) -> Result<()>;
     /// Send to `dst` and receive from `src` at once.
-    fn sendrecv(&self, dst: usize, send: Region, src: usize, recv: Region) -> Result<()>;
+    fn sendrecv(
+        &self,
+        on: On<'_>,
+        dst: usize,
+        send: Region,
+        src: usize,
+        recv: Region,
+    ) -> Result<()>;
     /// Run `body`'s calls as one group (NCCL: between ncclGroupStart and ncclGroupEnd,
     /// enqueued without waiting, then waited for together). Default: one after another.
-    fn group(&self, body: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+    fn group(&self, _on: On<'_>, body: &mut dyn FnMut() -> Result<()>) -> Result<()> {
         body()
     }
     /// True when a launched call may enqueue this transport's collectives on any stream
@@ -77,6 +85,7 @@ pub trait GpuTransport: Send + Sync {
     /// NCCL >= 2.10): `None` where it cannot (then the caller sums and divides).
     fn reduce_scatter_mean(
         &self,
+        _on: On<'_>,
         _send: Region,
         _recv: Region,
         _dtype: DataType,
@@ -87,6 +96,7 @@ pub trait GpuTransport: Send + Sync {
     /// library ([`Self::reduce_scatter_mean`]).
     fn all_reduce_mean(
         &self,
+        _on: On<'_>,
         _send: Region,
         _recv: Region,
         _dtype: DataType,
@@ -99,6 +109,7 @@ pub trait GpuTransport: Send + Sync {
     /// entry and one pass over the data more).
     fn all_reduce_from(
         &self,
+        _on: On<'_>,
         _send: Region,
         _recv: Region,
         _dtype: DataType,
@@ -108,29 +119,36 @@ pub trait GpuTransport: Send + Sync {
     }
     /// All-gather of `send` (this rank's chunk) into `recv` (`size()` chunks), apart, in
     /// one out-of-place call ([`Self::all_reduce_from`]).
-    fn all_gather_from(&self, _send: Region, _recv: Region) -> Option<Result<()>> {
+    fn all_gather_from(&self, _on: On<'_>, _send: Region, _recv: Region) -> Option<Result<()>> {
         None
     }
     /// Broadcast from `root`'s `send` into every rank's `recv` in one call (`send` is
     /// read on the root only; [`Self::all_reduce_from`]).
-    fn broadcast_from(&self, _send: Region, _recv: Region, _root: usize) -> Option<Result<()>> {
+    fn broadcast_from(
+        &self,
+        _on: On<'_>,
+        _send: Region,
+        _recv: Region,
+        _root: usize,
+    ) -> Option<Result<()>> {
         None
     }
 }
 
-/// The stream `g`'s device work goes on: on the capturable path of a stream-ordered
-/// call ([`crate::device::direct`]) the call's one stream, else `g`'s own.
-pub fn work_stream(g: &dyn GpuTransport) -> Arc<dyn DevStream> {
-    crate::device::direct::stream().unwrap_or_else(|| g.stream().clone())
+/// Where a call's device work goes: `Some(stream)` inside a launched call
+/// ([`crate::runtime::launch`]: its launch stream, or a sub-communicator's side stream
+/// forked from it), where a transport enqueues only and never waits for the device on
+/// the host (its `finish` returns at once; the stream orders the work); `None` outside
+/// one: the transport's own stream, waited for before the call returns.
+pub type On<'a> = Option<&'a Arc<dyn DevStream>>;
+
+/// The stream `g`'s device work goes on: `on` inside a launch, else `g`'s own.
+#[inline]
+pub fn work_stream<'a>(g: &'a dyn GpuTransport, on: On<'a>) -> &'a Arc<dyn DevStream> {
+    on.unwrap_or_else(|| g.stream())
 }
 
-/// True on the capturable path: enqueue only, never wait for the device on the host
-/// (a transport's `finish` returns at once; the stream orders the work).
-pub fn direct() -> bool {
-    crate::device::direct::stream().is_some()
-}
-
-/// An eager message: its bytes in a device block of its own and, launched ([`direct`]),
+/// An eager message: its bytes in a device block of its own and, launched ([`On`]),
 /// the event after the staging copy (nothing waited for it).
 pub type Eager = (Buffer, Option<Arc<dyn DevEvent>>);
 
@@ -138,16 +156,25 @@ pub type Eager = (Buffer, Option<Arc<dyn DevEvent>>);
 /// (not zeroed first; launched, a new block is allocated in the stream's order), so the
 /// sender's region is free once this returns. Launched, the event after the copy goes
 /// with the message; otherwise the stream is finished here.
-pub fn stage(g: &dyn GpuTransport, timeout: Duration, data: Region, what: &str) -> Result<Eager> {
-    let s = work_stream(g);
-    let launched = direct();
-    let msg = Buffer::on_device_uninit(g.device(), data.len)?;
+pub fn stage(
+    g: &dyn GpuTransport,
+    on: On<'_>,
+    timeout: Duration,
+    data: Region,
+    what: &str,
+) -> Result<Eager> {
+    let s = work_stream(g, on);
+    let msg = Buffer::on_device_uninit(g.device(), data.len, on)?;
     {
         let w = msg.dev_write_timeout(timeout)?;
         s.copy(w.addr(), data.addr, data.len)?;
     }
-    let ev = if launched { Some(s.record()?) } else { None };
-    g.finish(what)?;
+    let ev = if on.is_some() {
+        Some(s.record()?)
+    } else {
+        None
+    };
+    g.finish(on, what)?;
     Ok((msg, ev))
 }
 
@@ -156,12 +183,13 @@ pub fn stage(g: &dyn GpuTransport, timeout: Duration, data: Region, what: &str) 
 /// (nothing waits here); otherwise it is dropped on return, after the stream is finished.
 pub fn unstage(
     g: &dyn GpuTransport,
+    on: On<'_>,
     timeout: Duration,
     (msg, ev): Eager,
     data: Region,
     what: &str,
 ) -> Result<()> {
-    let s = work_stream(g);
+    let s = work_stream(g, on);
     {
         let r = msg.dev_read_timeout(timeout)?;
         if let Some(ev) = &ev {
@@ -169,10 +197,10 @@ pub fn unstage(
         }
         s.copy(data.addr, r.addr(), data.len)?;
     }
-    if direct() {
+    if on.is_some() {
         crate::device::watch::keep_until(s.record()?, msg);
     }
-    g.finish(what)
+    g.finish(on, what)
 }
 
 /// Device scratch of one communicator: allocated on first use, grown to the largest
@@ -191,10 +219,10 @@ impl Scratch {
         }
     }
 
-    /// A view of at least `bytes` bytes (contents unspecified). Callers are the
-    /// communicator's stream thread, one at a time; the view borrows the memory like any
-    /// buffer, so misuse waits or errors instead of racing.
-    pub fn get(&self, bytes: usize) -> Result<Buffer> {
+    /// A view of at least `bytes` bytes (contents unspecified) for work on `on` ([`On`]).
+    /// Callers are the communicator's stream thread, one at a time; the view borrows the
+    /// memory like any buffer, so misuse waits or errors instead of racing.
+    pub fn get(&self, on: On<'_>, bytes: usize) -> Result<Buffer> {
         let mut g = self
             .buf
             .lock()
@@ -207,13 +235,13 @@ impl Scratch {
             // is waited for: outside the launch contract, as a first allocation (no
             // steady-state call grows it).
             let b = crate::device::waits::outside(|| {
-                Buffer::on_device_uninit(&self.dev, bytes.max(4096))
+                Buffer::on_device_uninit(&self.dev, bytes.max(4096), on)
             })?;
             if let Some(old) = g.replace(b) {
                 // Work already enqueued may still use the old block: on a launch, keep it
                 // until the launch stream passes that work (nothing waits); otherwise the
                 // stream was finished before this call.
-                if let Some(st) = crate::device::direct::stream() {
+                if let Some(st) = on {
                     crate::device::watch::keep_until(st.record()?, old);
                 }
             }
@@ -248,7 +276,7 @@ pub mod staged {
         };
         let b = g
             .staging()
-            .get(if in_place { input.len() } else { off + out_len })?;
+            .get(None, if in_place { input.len() } else { off + out_len })?;
         let (ib, ob) = (b.slice(0..input.len())?, b.slice(off..off + out_len)?);
         ib.write_bytes(input)?;
         {
@@ -271,7 +299,9 @@ pub mod staged {
         buf: &mut [u8],
         chunk: usize,
     ) -> Result<()> {
-        let out = through(g, t, buf, buf.len(), true, |r, _| g.all_gather(r, chunk))?;
+        let out = through(g, t, buf, buf.len(), true, |r, _| {
+            g.all_gather(None, r, chunk)
+        })?;
         buf.copy_from_slice(&out);
         Ok(())
     }
@@ -286,7 +316,7 @@ pub mod staged {
         op: ReduceOp,
     ) -> Result<()> {
         let out = through(g, t, send, recv.len(), false, |s, r| {
-            g.reduce_scatter(s, r, dtype, op)
+            g.reduce_scatter(None, s, r, dtype, op)
         })?;
         recv.copy_from_slice(&out);
         Ok(())
@@ -301,7 +331,7 @@ pub mod staged {
         op: ReduceOp,
     ) -> Result<()> {
         let out = through(g, t, buf, buf.len(), true, |r, _| {
-            g.all_reduce(r, dtype, op)
+            g.all_reduce(None, r, dtype, op)
         })?;
         buf.copy_from_slice(&out);
         Ok(())
@@ -314,26 +344,30 @@ pub mod staged {
         send: &[u8],
         recv: &mut [u8],
     ) -> Result<()> {
-        let out = through(g, t, send, recv.len(), false, |s, r| g.all_to_all(s, r))?;
+        let out = through(g, t, send, recv.len(), false, |s, r| {
+            g.all_to_all(None, s, r)
+        })?;
         recv.copy_from_slice(&out);
         Ok(())
     }
 
     /// Host broadcast in place.
     pub fn broadcast(g: &dyn GpuTransport, t: Duration, buf: &mut [u8], root: usize) -> Result<()> {
-        let out = through(g, t, buf, buf.len(), true, |r, _| g.broadcast(r, root))?;
+        let out = through(g, t, buf, buf.len(), true, |r, _| {
+            g.broadcast(None, r, root)
+        })?;
         buf.copy_from_slice(&out);
         Ok(())
     }
 
     /// Host send.
     pub fn send(g: &dyn GpuTransport, t: Duration, peer: usize, data: &[u8]) -> Result<()> {
-        through(g, t, data, 0, true, |r, _| g.send(peer, r)).map(|_| ())
+        through(g, t, data, 0, true, |r, _| g.send(None, peer, r)).map(|_| ())
     }
 
     /// Host receive.
     pub fn recv(g: &dyn GpuTransport, t: Duration, peer: usize, data: &mut [u8]) -> Result<()> {
-        let out = through(g, t, &[], data.len(), false, |_, r| g.recv(peer, r))?;
+        let out = through(g, t, &[], data.len(), false, |_, r| g.recv(None, peer, r))?;
         data.copy_from_slice(&out);
         Ok(())
     }
@@ -348,7 +382,7 @@ pub mod staged {
         recv: &mut [u8],
     ) -> Result<()> {
         let out = through(g, t, send, recv.len(), false, |s, r| {
-            g.sendrecv(dst, s, src, r)
+            g.sendrecv(None, dst, s, src, r)
         })?;
         recv.copy_from_slice(&out);
         Ok(())

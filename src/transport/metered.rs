@@ -18,7 +18,7 @@
 
 #![forbid(unsafe_code)]
 
-use super::gpu::{GpuTransport, Scratch};
+use super::gpu::{GpuTransport, On, Scratch};
 use super::{Fold, Transport, TransportKind};
 use crate::device::{DevStream, Device, Region};
 use crate::dtype::{DataType, ReduceOp};
@@ -164,61 +164,70 @@ impl GpuTransport for Metered {
             .map(|g| g.staging())
             .expect("gpu() is Some only over a GPU transport")
     }
-    fn finish(&self, what: &str) -> Result<()> {
-        self.inner_gpu()?.finish(what)
+    fn finish(&self, on: On<'_>, what: &str) -> Result<()> {
+        self.inner_gpu()?.finish(on, what)
     }
-    fn all_gather(&self, buf: Region, chunk: usize) -> Result<()> {
-        self.inner_gpu()?.all_gather(buf, chunk)?;
+    fn all_gather(&self, on: On<'_>, buf: Region, chunk: usize) -> Result<()> {
+        self.inner_gpu()?.all_gather(on, buf, chunk)?;
         self.to_next(self.inner.size().saturating_sub(1) * chunk);
         Ok(())
     }
     fn reduce_scatter(
         &self,
+        on: On<'_>,
         send: Region,
         recv: Region,
         dtype: DataType,
         op: ReduceOp,
     ) -> Result<()> {
-        self.inner_gpu()?.reduce_scatter(send, recv, dtype, op)?;
+        self.inner_gpu()?
+            .reduce_scatter(on, send, recv, dtype, op)?;
         self.to_next(self.inner.size().saturating_sub(1) * recv.len);
         Ok(())
     }
-    fn all_reduce(&self, buf: Region, dtype: DataType, op: ReduceOp) -> Result<()> {
-        self.inner_gpu()?.all_reduce(buf, dtype, op)?;
+    fn all_reduce(&self, on: On<'_>, buf: Region, dtype: DataType, op: ReduceOp) -> Result<()> {
+        self.inner_gpu()?.all_reduce(on, buf, dtype, op)?;
         let p = self.inner.size();
         self.to_next(2 * (p - 1) * buf.len / p.max(1));
         Ok(())
     }
-    fn all_to_all(&self, send: Region, recv: Region) -> Result<()> {
-        self.inner_gpu()?.all_to_all(send, recv)?;
+    fn all_to_all(&self, on: On<'_>, send: Region, recv: Region) -> Result<()> {
+        self.inner_gpu()?.all_to_all(on, send, recv)?;
         let (r, p) = (self.inner.rank(), self.inner.size());
         (0..p)
             .filter(|&j| j != r)
             .for_each(|j| self.count(j, send.len / p));
         Ok(())
     }
-    fn broadcast(&self, buf: Region, root: usize) -> Result<()> {
-        self.inner_gpu()?.broadcast(buf, root)?;
+    fn broadcast(&self, on: On<'_>, buf: Region, root: usize) -> Result<()> {
+        self.inner_gpu()?.broadcast(on, buf, root)?;
         let (r, p) = (self.inner.rank(), self.inner.size());
         if (r + p - root) % p + 1 < p {
             self.to_next(buf.len);
         }
         Ok(())
     }
-    fn send(&self, peer: usize, data: Region) -> Result<()> {
-        self.inner_gpu()?.send(peer, data)?;
+    fn send(&self, on: On<'_>, peer: usize, data: Region) -> Result<()> {
+        self.inner_gpu()?.send(on, peer, data)?;
         self.count(peer, data.len);
         Ok(())
     }
-    fn recv(&self, peer: usize, data: Region) -> Result<()> {
-        self.inner_gpu()?.recv(peer, data)
+    fn recv(&self, on: On<'_>, peer: usize, data: Region) -> Result<()> {
+        self.inner_gpu()?.recv(on, peer, data)
     }
-    fn sendrecv(&self, dst: usize, send: Region, src: usize, recv: Region) -> Result<()> {
-        self.inner_gpu()?.sendrecv(dst, send, src, recv)?;
+    fn sendrecv(
+        &self,
+        on: On<'_>,
+        dst: usize,
+        send: Region,
+        src: usize,
+        recv: Region,
+    ) -> Result<()> {
+        self.inner_gpu()?.sendrecv(on, dst, send, src, recv)?;
         self.count(dst, send.len);
         Ok(())
     }
-    fn group(&self, body: &mut dyn FnMut() -> Result<()>) -> Result<()> {
-        self.inner_gpu()?.group(body)
+    fn group(&self, on: On<'_>, body: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        self.inner_gpu()?.group(on, body)
     }
 }

@@ -2,7 +2,7 @@
 //! over the vendor library loaded at run time ([`super::vendor`]). Native collectives
 //! are the library's (`ncclAllGather`, `ncclReduceScatter`, ...), enqueued on
 //! [`super::gpu::work_stream`]: on the launch path of a stream-ordered call
-//! ([`super::gpu::direct`], the only path for device buffers) the call's stream, and the
+//! ([`super::gpu::On`], the only path for device buffers) the call's stream, and the
 //! transport returns once enqueued, waiting for nothing on the host (a watchdog observes
 //! completion and polls [`GpuTransport::probe`], `ncclCommGetAsyncError`); on the host
 //! staging path the communicator's own stream, waited for with the communicator's
@@ -31,7 +31,7 @@
 
 #![forbid(unsafe_code)]
 
-use super::gpu::{staged, GpuTransport, Scratch};
+use super::gpu::{staged, GpuTransport, On, Scratch};
 use super::vendor::{
     InUse, Reduction, Vendor, VendorComm, VendorLib, VendorUniqueId, VENDOR_UNIQUE_ID_BYTES,
 };
@@ -157,6 +157,7 @@ impl NcclTransport {
     /// asynchronous-error probe, never a wait).
     fn run(
         &self,
+        on: On<'_>,
         what: &str,
         f: impl FnOnce(&VendorComm<'static>, &dyn DevStream) -> Result<()>,
     ) -> Result<()> {
@@ -165,7 +166,7 @@ impl NcclTransport {
         {
             let _calls = self.lock()?;
             let inside = self.comm.enter(what)?;
-            let stream = super::gpu::work_stream(self);
+            let stream = super::gpu::work_stream(self, on);
             let r = f(&self.comm, stream.as_ref());
             if deferred {
                 // Whatever `f` enqueued is launched by ncclGroupEnd.
@@ -176,14 +177,14 @@ impl NcclTransport {
         if deferred {
             return Ok(());
         }
-        self.finish(what)
+        self.finish(on, what)
     }
 
     /// A send to itself outside a group: staged in a block of its own on the call's
     /// stream ([`super::gpu::stage`]), queued for the receive.
-    fn send_to_self(&self, data: Region) -> Result<()> {
+    fn send_to_self(&self, on: On<'_>, data: Region) -> Result<()> {
         let _bound = self.dev.bind()?;
-        let msg = super::gpu::stage(self, self.timeout, data, "ncclSend (to itself)")?;
+        let msg = super::gpu::stage(self, on, self.timeout, data, "ncclSend (to itself)")?;
         self.to_self
             .lock()
             .map_err(|_| Error::Internal("self-message queue poisoned".into()))?
@@ -194,7 +195,7 @@ impl NcclTransport {
     /// A receive from itself outside a group: the oldest staged send to itself, copied
     /// out on the call's stream. None pending, or another length: `InvalidUsage`, and
     /// the message stays queued.
-    fn recv_from_self(&self, data: Region) -> Result<()> {
+    fn recv_from_self(&self, on: On<'_>, data: Region) -> Result<()> {
         let _bound = self.dev.bind()?;
         let mut q = self
             .to_self
@@ -221,6 +222,7 @@ impl NcclTransport {
         drop(q);
         super::gpu::unstage(
             self,
+            on,
             self.timeout,
             (msg, ev),
             data,
@@ -232,6 +234,7 @@ impl NcclTransport {
     /// of `dtype` per rank) with the library's op `op`.
     fn reduce_call(
         &self,
+        on: On<'_>,
         which: Reduction,
         send: u64,
         recv: Region,
@@ -243,7 +246,7 @@ impl NcclTransport {
             Reduction::ReduceScatter => "ncclReduceScatter",
             Reduction::AllReduce => "ncclAllReduce",
         };
-        self.run(name, |c, s| {
+        self.run(on, name, |c, s| {
             c.reduce(which, send, recv.addr, n, dtype as c_int, op, s)
         })
     }
@@ -313,8 +316,8 @@ impl GpuTransport for NcclTransport {
     fn staging(&self) -> &Scratch {
         &self.stage
     }
-    fn finish(&self, what: &str) -> Result<()> {
-        if super::gpu::direct() {
+    fn finish(&self, on: On<'_>, what: &str) -> Result<()> {
+        if on.is_some() {
             // The launch path: enqueue only. The call's stream orders the work and the
             // watchdog observes it; the asynchronous error is a query, not a wait.
             return self.probe_for(|| what.to_string());
@@ -333,20 +336,22 @@ impl GpuTransport for NcclTransport {
     fn probe(&self) -> Result<()> {
         self.probe_for(|| format!("the {} communicator", self.vendor.name()))
     }
-    fn all_gather(&self, buf: Region, chunk: usize) -> Result<()> {
+    fn all_gather(&self, on: On<'_>, buf: Region, chunk: usize) -> Result<()> {
         let mine = buf.addr + (self.rank * chunk) as u64;
-        self.run("ncclAllGather", |c, s| {
+        self.run(on, "ncclAllGather", |c, s| {
             c.all_gather(mine, buf.addr, chunk, s)
         })
     }
     fn reduce_scatter(
         &self,
+        on: On<'_>,
         send: Region,
         recv: Region,
         dtype: DataType,
         op: ReduceOp,
     ) -> Result<()> {
         self.reduce_call(
+            on,
             Reduction::ReduceScatter,
             send.addr,
             recv,
@@ -354,13 +359,13 @@ impl GpuTransport for NcclTransport {
             op_code(op),
         )
     }
-    fn all_reduce(&self, buf: Region, dtype: DataType, op: ReduceOp) -> Result<()> {
-        self.reduce_call(Reduction::AllReduce, buf.addr, buf, dtype, op_code(op))
+    fn all_reduce(&self, on: On<'_>, buf: Region, dtype: DataType, op: ReduceOp) -> Result<()> {
+        self.reduce_call(on, Reduction::AllReduce, buf.addr, buf, dtype, op_code(op))
     }
-    fn all_to_all(&self, send: Region, recv: Region) -> Result<()> {
+    fn all_to_all(&self, on: On<'_>, send: Region, recv: Region) -> Result<()> {
         let p = self.members.len();
         let b = recv.len / p.max(1);
-        self.run("all-to-all", |c, s| {
+        self.run(on, "all-to-all", |c, s| {
             if let Some(r) = c.all_to_all(send.addr, recv.addr, b, s) {
                 return r;
             }
@@ -374,27 +379,27 @@ impl GpuTransport for NcclTransport {
             })
         })
     }
-    fn broadcast(&self, buf: Region, root: usize) -> Result<()> {
+    fn broadcast(&self, on: On<'_>, buf: Region, root: usize) -> Result<()> {
         let root = int(root, "root")?;
-        self.run("ncclBroadcast", |c, s| {
+        self.run(on, "ncclBroadcast", |c, s| {
             c.broadcast(buf.addr, buf.addr, buf.len, root, s)
         })
     }
-    fn send(&self, peer: usize, data: Region) -> Result<()> {
+    fn send(&self, on: On<'_>, peer: usize, data: Region) -> Result<()> {
         if peer == self.rank && !DEFER.with(|d| d.get()) {
-            return self.send_to_self(data);
+            return self.send_to_self(on, data);
         }
         let peer = int(peer, "peer")?;
-        self.run("ncclSend", |c, s| c.send(data.addr, data.len, peer, s))
+        self.run(on, "ncclSend", |c, s| c.send(data.addr, data.len, peer, s))
     }
-    fn recv(&self, peer: usize, data: Region) -> Result<()> {
+    fn recv(&self, on: On<'_>, peer: usize, data: Region) -> Result<()> {
         if peer == self.rank && !DEFER.with(|d| d.get()) {
-            return self.recv_from_self(data);
+            return self.recv_from_self(on, data);
         }
         let peer = int(peer, "peer")?;
-        self.run("ncclRecv", |c, s| c.recv(data.addr, data.len, peer, s))
+        self.run(on, "ncclRecv", |c, s| c.recv(data.addr, data.len, peer, s))
     }
-    fn group(&self, body: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+    fn group(&self, on: On<'_>, body: &mut dyn FnMut() -> Result<()>) -> Result<()> {
         let _bound = self.dev.bind()?;
         let lib = VendorLib::get(self.vendor)?;
         let inside = self.comm.enter("grouped calls")?;
@@ -422,7 +427,7 @@ impl GpuTransport for NcclTransport {
         if outer {
             return Ok(());
         }
-        self.finish("grouped calls")
+        self.finish(on, "grouped calls")
     }
     fn any_stream(&self) -> bool {
         // Each call is the library's own on the stream it is given; strata keeps no
@@ -431,45 +436,73 @@ impl GpuTransport for NcclTransport {
     }
     fn reduce_scatter_mean(
         &self,
+        on: On<'_>,
         send: Region,
         recv: Region,
         dtype: DataType,
     ) -> Option<Result<()>> {
         self.has_avg(dtype).then(|| {
             let which = Reduction::ReduceScatter;
-            self.reduce_call(which, send.addr, recv, dtype, NCCL_AVG)
+            self.reduce_call(on, which, send.addr, recv, dtype, NCCL_AVG)
         })
     }
-    fn all_reduce_mean(&self, send: Region, recv: Region, dtype: DataType) -> Option<Result<()>> {
+    fn all_reduce_mean(
+        &self,
+        on: On<'_>,
+        send: Region,
+        recv: Region,
+        dtype: DataType,
+    ) -> Option<Result<()>> {
         self.has_avg(dtype)
-            .then(|| self.reduce_call(Reduction::AllReduce, send.addr, recv, dtype, NCCL_AVG))
+            .then(|| self.reduce_call(on, Reduction::AllReduce, send.addr, recv, dtype, NCCL_AVG))
     }
     fn all_reduce_from(
         &self,
+        on: On<'_>,
         send: Region,
         recv: Region,
         dtype: DataType,
         op: ReduceOp,
     ) -> Option<Result<()>> {
-        Some(self.reduce_call(Reduction::AllReduce, send.addr, recv, dtype, op_code(op)))
+        Some(self.reduce_call(
+            on,
+            Reduction::AllReduce,
+            send.addr,
+            recv,
+            dtype,
+            op_code(op),
+        ))
     }
-    fn all_gather_from(&self, send: Region, recv: Region) -> Option<Result<()>> {
-        Some(self.run("ncclAllGather", |c, s| {
+    fn all_gather_from(&self, on: On<'_>, send: Region, recv: Region) -> Option<Result<()>> {
+        Some(self.run(on, "ncclAllGather", |c, s| {
             c.all_gather(send.addr, recv.addr, send.len, s)
         }))
     }
-    fn broadcast_from(&self, send: Region, recv: Region, root: usize) -> Option<Result<()>> {
+    fn broadcast_from(
+        &self,
+        on: On<'_>,
+        send: Region,
+        recv: Region,
+        root: usize,
+    ) -> Option<Result<()>> {
         let root = match int(root, "root") {
             Ok(r) => r,
             Err(e) => return Some(Err(e)),
         };
-        Some(self.run("ncclBroadcast", |c, s| {
+        Some(self.run(on, "ncclBroadcast", |c, s| {
             c.broadcast(send.addr, recv.addr, recv.len, root, s)
         }))
     }
-    fn sendrecv(&self, dst: usize, send: Region, src: usize, recv: Region) -> Result<()> {
+    fn sendrecv(
+        &self,
+        on: On<'_>,
+        dst: usize,
+        send: Region,
+        src: usize,
+        recv: Region,
+    ) -> Result<()> {
         let (d, r) = (int(dst, "peer")?, int(src, "peer")?);
-        self.run("ncclSend/ncclRecv", |c, s| {
+        self.run(on, "ncclSend/ncclRecv", |c, s| {
             self.grouped(c, || {
                 c.send(send.addr, send.len, d, s)?;
                 c.recv(recv.addr, recv.len, r, s)
