@@ -183,7 +183,7 @@ fn layout(op: &Op, rank: usize, dtype: DataType) -> Option<InPlace> {
 }
 
 /// [`run`] of a device op whose `Avg` the library may finish itself (`ncclAvg`,
-/// [`crate::transport::gpu::GpuTransport::reduce_scatter_mean`]): true when it did (the
+/// [`crate::transport::gpu::LibCall::ReduceScatterMean`]): true when it did (the
 /// result is the mean), false when the result is the sum, for the caller to divide. The fast path of a
 /// launched one-call collective ([`crate::runtime::launch`]).
 pub fn run_device_mean(
@@ -264,7 +264,7 @@ fn placement<'a>(op: &'a Op) -> Result<Place> {
 mod device {
     use super::*;
     use crate::device::Device;
-    use crate::transport::gpu::{GpuTransport, On};
+    use crate::transport::gpu::{GpuTransport, LibCall, On};
 
     fn gpu<'a>(t: &'a dyn Transport, op: &Op) -> Result<&'a dyn GpuTransport> {
         t.gpu().ok_or_else(|| {
@@ -307,7 +307,13 @@ mod device {
                 let out = recv.dev_write_timeout(to)?;
                 if !in_place {
                     let s = send.dev_read_timeout(to)?;
-                    if let Some(r) = g.all_gather_from(on, s.region(), out.region()) {
+                    if let Some(r) = g.library_call(
+                        on,
+                        LibCall::AllGatherFrom {
+                            send: s.region(),
+                            recv: out.region(),
+                        },
+                    ) {
                         return r.map(|_| false);
                     }
                     crate::transport::gpu::work_stream(g, on).copy(
@@ -327,7 +333,14 @@ mod device {
                         len: recv.len(),
                     };
                     if mean(op) {
-                        if let Some(r) = g.reduce_scatter_mean(on, s.region(), r, dtype) {
+                        if let Some(r) = g.library_call(
+                            on,
+                            LibCall::ReduceScatterMean {
+                                send: s.region(),
+                                recv: r,
+                                dtype,
+                            },
+                        ) {
                             return r.map(|_| true);
                         }
                     }
@@ -337,7 +350,14 @@ mod device {
                     let s = send.dev_read_timeout(to)?;
                     let r = recv.dev_write_timeout(to)?;
                     if mean(op) {
-                        if let Some(r) = g.reduce_scatter_mean(on, s.region(), r.region(), dtype) {
+                        if let Some(r) = g.library_call(
+                            on,
+                            LibCall::ReduceScatterMean {
+                                send: s.region(),
+                                recv: r.region(),
+                                dtype,
+                            },
+                        ) {
                             return r.map(|_| true);
                         }
                     }
@@ -350,11 +370,26 @@ mod device {
                     // The library's out-of-place call where it has one, else a copy first.
                     let (s, r) = (send.dev_read_timeout(to)?, recv.dev_write_timeout(to)?);
                     if mean(op) {
-                        if let Some(x) = g.all_reduce_mean(on, s.region(), r.region(), dtype) {
+                        if let Some(x) = g.library_call(
+                            on,
+                            LibCall::AllReduceMean {
+                                send: s.region(),
+                                recv: r.region(),
+                                dtype,
+                            },
+                        ) {
                             return x.map(|_| true);
                         }
                     }
-                    if let Some(x) = g.all_reduce_from(on, s.region(), r.region(), dtype, *op) {
+                    if let Some(x) = g.library_call(
+                        on,
+                        LibCall::AllReduceFrom {
+                            send: s.region(),
+                            recv: r.region(),
+                            dtype,
+                            op: *op,
+                        },
+                    ) {
                         return x.map(|_| false);
                     }
                     drop((s, r));
@@ -362,7 +397,14 @@ mod device {
                 }
                 let r = recv.dev_write_timeout(to)?;
                 if mean(op) {
-                    if let Some(x) = g.all_reduce_mean(on, r.region(), r.region(), dtype) {
+                    if let Some(x) = g.library_call(
+                        on,
+                        LibCall::AllReduceMean {
+                            send: r.region(),
+                            recv: r.region(),
+                            dtype,
+                        },
+                    ) {
                         return x.map(|_| true);
                     }
                 }
@@ -380,7 +422,14 @@ mod device {
             } => {
                 if rank == *root && !in_place {
                     let (s, r) = (send.dev_read_timeout(to)?, recv.dev_write_timeout(to)?);
-                    if let Some(x) = g.broadcast_from(on, s.region(), r.region(), *root) {
+                    if let Some(x) = g.library_call(
+                        on,
+                        LibCall::BroadcastFrom {
+                            send: s.region(),
+                            recv: r.region(),
+                            root: *root,
+                        },
+                    ) {
                         return x.map(|_| false);
                     }
                     drop((s, r));

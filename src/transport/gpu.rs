@@ -81,58 +81,68 @@ pub trait GpuTransport: Send + Sync {
     fn any_stream(&self) -> bool {
         false
     }
-    /// Reduce-scatter with `Avg` done by the library itself in the same call (`ncclAvg`,
-    /// NCCL >= 2.10): `None` where it cannot (then the caller sums and divides).
-    fn reduce_scatter_mean(
-        &self,
-        _on: On<'_>,
-        _send: Region,
-        _recv: Region,
-        _dtype: DataType,
-    ) -> Option<Result<()>> {
+    /// `c` in the library's one call: `None` where the transport has no such call (the
+    /// caller then composes it: a copy first, or the sum and then the division). Default:
+    /// none.
+    fn library_call(&self, _on: On<'_>, _c: LibCall) -> Option<Result<()>> {
         None
     }
-    /// All-reduce of `send` into `recv` (the same range: in place) with `Avg` done by the
-    /// library ([`Self::reduce_scatter_mean`]).
-    fn all_reduce_mean(
-        &self,
-        _on: On<'_>,
-        _send: Region,
-        _recv: Region,
-        _dtype: DataType,
-    ) -> Option<Result<()>> {
-        None
-    }
-    /// All-reduce of `send` into `recv` (same length, apart) in the library's one
-    /// out-of-place call (`ncclAllReduce(send, recv)`). `None` where the transport has
-    /// none: the caller copies `send` into `recv`, then reduces in place (one stream
-    /// entry and one pass over the data more).
-    fn all_reduce_from(
-        &self,
-        _on: On<'_>,
-        _send: Region,
-        _recv: Region,
-        _dtype: DataType,
-        _op: ReduceOp,
-    ) -> Option<Result<()>> {
-        None
-    }
-    /// All-gather of `send` (this rank's chunk) into `recv` (`size()` chunks), apart, in
-    /// one out-of-place call ([`Self::all_reduce_from`]).
-    fn all_gather_from(&self, _on: On<'_>, _send: Region, _recv: Region) -> Option<Result<()>> {
-        None
-    }
-    /// Broadcast from `root`'s `send` into every rank's `recv` in one call (`send` is
-    /// read on the root only; [`Self::all_reduce_from`]).
-    fn broadcast_from(
-        &self,
-        _on: On<'_>,
-        _send: Region,
-        _recv: Region,
-        _root: usize,
-    ) -> Option<Result<()>> {
-        None
-    }
+}
+
+/// The calls only some libraries make in one go ([`GpuTransport::library_call`]): NCCL's
+/// out-of-place forms and its own mean (`ncclAvg`).
+#[derive(Clone, Copy, Debug)]
+pub enum LibCall {
+    /// Reduce-scatter of `send` into `recv` with `Avg` done by the library in the same
+    /// call (`ncclAvg`, NCCL >= 2.10).
+    ReduceScatterMean {
+        /// `size()` chunks of `recv.len` bytes.
+        send: Region,
+        /// This rank's chunk (may lie in `send`: in place).
+        recv: Region,
+        /// The element type.
+        dtype: DataType,
+    },
+    /// All-reduce of `send` into `recv` (the same range: in place) with `Avg` done by
+    /// the library.
+    AllReduceMean {
+        /// The input.
+        send: Region,
+        /// The output, as long as `send`.
+        recv: Region,
+        /// The element type.
+        dtype: DataType,
+    },
+    /// All-reduce of `send` into `recv` (same length, apart) in one out-of-place call
+    /// (`ncclAllReduce(send, recv)`); without it the caller copies, then reduces in
+    /// place (one stream entry and one pass over the data more).
+    AllReduceFrom {
+        /// The input.
+        send: Region,
+        /// The output, apart from `send`.
+        recv: Region,
+        /// The element type.
+        dtype: DataType,
+        /// The reduction (`Avg` sums).
+        op: ReduceOp,
+    },
+    /// All-gather of `send` (this rank's chunk) into `recv` (`size()` chunks), apart.
+    AllGatherFrom {
+        /// This rank's chunk.
+        send: Region,
+        /// Every rank's chunk, in rank order.
+        recv: Region,
+    },
+    /// Broadcast from `root`'s `send` into every rank's `recv` (`send` read on the root
+    /// only).
+    BroadcastFrom {
+        /// The root's input.
+        send: Region,
+        /// Every rank's output.
+        recv: Region,
+        /// The root.
+        root: usize,
+    },
 }
 
 /// Where a call's device work goes: `Some(stream)` inside a launched call

@@ -31,7 +31,7 @@
 
 #![forbid(unsafe_code)]
 
-use super::gpu::{staged, GpuTransport, On, Scratch};
+use super::gpu::{staged, GpuTransport, LibCall, On, Scratch};
 use super::vendor::{
     InUse, Reduction, Vendor, VendorComm, VendorLib, VendorUniqueId, VENDOR_UNIQUE_ID_BYTES,
 };
@@ -434,64 +434,36 @@ impl GpuTransport for NcclTransport {
         // per-call state on a stream of its own.
         true
     }
-    fn reduce_scatter_mean(
-        &self,
-        on: On<'_>,
-        send: Region,
-        recv: Region,
-        dtype: DataType,
-    ) -> Option<Result<()>> {
-        self.has_avg(dtype).then(|| {
-            let which = Reduction::ReduceScatter;
-            self.reduce_call(on, which, send.addr, recv, dtype, NCCL_AVG)
+    fn library_call(&self, on: On<'_>, c: LibCall) -> Option<Result<()>> {
+        use Reduction::{AllReduce, ReduceScatter};
+        Some(match c {
+            LibCall::ReduceScatterMean { send, recv, dtype } => {
+                if !self.has_avg(dtype) {
+                    return None;
+                }
+                self.reduce_call(on, ReduceScatter, send.addr, recv, dtype, NCCL_AVG)
+            }
+            LibCall::AllReduceMean { send, recv, dtype } => {
+                if !self.has_avg(dtype) {
+                    return None;
+                }
+                self.reduce_call(on, AllReduce, send.addr, recv, dtype, NCCL_AVG)
+            }
+            LibCall::AllReduceFrom {
+                send,
+                recv,
+                dtype,
+                op,
+            } => self.reduce_call(on, AllReduce, send.addr, recv, dtype, op_code(op)),
+            LibCall::AllGatherFrom { send, recv } => self.run(on, "ncclAllGather", |c, s| {
+                c.all_gather(send.addr, recv.addr, send.len, s)
+            }),
+            LibCall::BroadcastFrom { send, recv, root } => int(root, "root").and_then(|root| {
+                self.run(on, "ncclBroadcast", |c, s| {
+                    c.broadcast(send.addr, recv.addr, recv.len, root, s)
+                })
+            }),
         })
-    }
-    fn all_reduce_mean(
-        &self,
-        on: On<'_>,
-        send: Region,
-        recv: Region,
-        dtype: DataType,
-    ) -> Option<Result<()>> {
-        self.has_avg(dtype)
-            .then(|| self.reduce_call(on, Reduction::AllReduce, send.addr, recv, dtype, NCCL_AVG))
-    }
-    fn all_reduce_from(
-        &self,
-        on: On<'_>,
-        send: Region,
-        recv: Region,
-        dtype: DataType,
-        op: ReduceOp,
-    ) -> Option<Result<()>> {
-        Some(self.reduce_call(
-            on,
-            Reduction::AllReduce,
-            send.addr,
-            recv,
-            dtype,
-            op_code(op),
-        ))
-    }
-    fn all_gather_from(&self, on: On<'_>, send: Region, recv: Region) -> Option<Result<()>> {
-        Some(self.run(on, "ncclAllGather", |c, s| {
-            c.all_gather(send.addr, recv.addr, send.len, s)
-        }))
-    }
-    fn broadcast_from(
-        &self,
-        on: On<'_>,
-        send: Region,
-        recv: Region,
-        root: usize,
-    ) -> Option<Result<()>> {
-        let root = match int(root, "root") {
-            Ok(r) => r,
-            Err(e) => return Some(Err(e)),
-        };
-        Some(self.run(on, "ncclBroadcast", |c, s| {
-            c.broadcast(send.addr, recv.addr, recv.len, root, s)
-        }))
     }
     fn sendrecv(
         &self,
