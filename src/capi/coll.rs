@@ -12,7 +12,9 @@
 
 use super::buffers::end_group;
 use super::enqueue::{enqueue, enqueue_lists, Args, Coll, Lists};
-use super::*;
+use super::abi::*;
+use super::boundary::ffi_boundary;
+use std::ffi::{c_int, c_void};
 use crate::comm::in_group;
 use crate::comm::{group_end, group_start};
 use std::ptr::{null, null_mut};
