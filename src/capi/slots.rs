@@ -100,22 +100,22 @@ impl<T> Slots<T> {
 
     /// What `key` names: one slot read, no table-wide lock.
     pub(crate) fn get(&self, key: usize) -> Found<T> {
-        let Some(k) = self.index(key) else {
-            return Found::Foreign;
-        };
-        match self.slot(k).and_then(|s| Self::read(s).clone()) {
-            Some(v) => Found::Live(v),
-            None => Found::Gone,
-        }
+        self.found(key, |s| Self::read(s).clone())
     }
 
     /// Take the object out of `key`'s slot: later lookups see [`Found::Gone`]. Of two
     /// concurrent removes of one key, one gets the object.
     pub(crate) fn remove(&self, key: usize) -> Found<T> {
+        self.found(key, |s| Self::write(s).take())
+    }
+
+    /// [`Found::Foreign`] for a key this table never issued, else what `at` gets from
+    /// its slot ([`Found::Gone`] for nothing).
+    fn found(&self, key: usize, at: impl FnOnce(&Slot<T>) -> Option<Arc<T>>) -> Found<T> {
         let Some(k) = self.index(key) else {
             return Found::Foreign;
         };
-        match self.slot(k).and_then(|s| Self::write(s).take()) {
+        match self.slot(k).and_then(at) {
             Some(v) => Found::Live(v),
             None => Found::Gone,
         }

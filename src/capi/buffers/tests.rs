@@ -25,13 +25,43 @@ fn world(n: usize) -> Vec<usize> {
     comms.into_iter().map(|c| c as usize).collect()
 }
 
+/// Floats per rank in [`c_calls_are_checked_once_with_the_right_in_place_layout`].
+const C: usize = 2;
+
+/// `strataAllGather` of `C` floats, blocking.
+///
+/// # Safety
+/// `send` is readable for `C` floats, `recv` writable for 4·`C`; `c` is live.
+unsafe fn all_gather(send: *const f32, recv: *mut f32, c: strataComm_t) -> strataResult_t {
+    // SAFETY: the caller's contract.
+    unsafe { strataAllGather(send.cast(), recv.cast(), C, strataFloat32, c, null_mut()) }
+}
+
+/// `strataReduceScatter` (sum) of 4·`C` floats into `C`, blocking.
+///
+/// # Safety
+/// `send` is readable for 4·`C` floats, `recv` writable for `C`; `c` is live.
+unsafe fn reduce_scatter(send: *const f32, recv: *mut f32, c: strataComm_t) -> strataResult_t {
+    // SAFETY: the caller's contract.
+    unsafe {
+        strataReduceScatter(
+            send.cast(),
+            recv.cast(),
+            C,
+            strataFloat32,
+            strataSum,
+            c,
+            null_mut(),
+        )
+    }
+}
+
 /// From C, the call's one checked request records the in-place layout NCCL's rule
 /// gives on each rank (all-gather `send == recv + rank·count`, reduce-scatter `recv ==
 /// send + rank·count`), separate buffers record none, any other overlap is refused,
 /// and no full check runs after the boundary's: each call is validated once.
 #[test]
 fn c_calls_are_checked_once_with_the_right_in_place_layout() {
-    const C: usize = 2;
     let comms = world(4);
     let hs: Vec<_> = comms
         .iter()
@@ -47,14 +77,7 @@ fn c_calls_are_checked_once_with_the_right_in_place_layout() {
                     let x = [r as f32; C];
                     let mut g = [0f32; 4 * C];
                     let gp = g.as_mut_ptr();
-                    let rc = strataAllGather(
-                        x.as_ptr().cast(),
-                        gp.cast(),
-                        C,
-                        strataFloat32,
-                        c,
-                        null_mut(),
-                    );
+                    let rc = all_gather(x.as_ptr(), gp, c);
                     assert_eq!(rc, strataSuccess);
                     assert_eq!(seen::take(), None);
                     assert_eq!(g, [0., 0., 1., 1., 2., 2., 3., 3.]);
@@ -62,14 +85,7 @@ fn c_calls_are_checked_once_with_the_right_in_place_layout() {
                     let mut g = [0f32; 4 * C];
                     g[r * C..(r + 1) * C].fill(10.0 + r as f32);
                     let gp = g.as_mut_ptr();
-                    let rc = strataAllGather(
-                        gp.add(r * C).cast(),
-                        gp.cast(),
-                        C,
-                        strataFloat32,
-                        c,
-                        null_mut(),
-                    );
+                    let rc = all_gather(gp.add(r * C), gp, c);
                     assert_eq!(rc, strataSuccess);
                     let offset = r * C * f;
                     assert_eq!(seen::take(), Some(InPlace::SendInRecv { offset }));
@@ -77,55 +93,22 @@ fn c_calls_are_checked_once_with_the_right_in_place_layout() {
                     // Reduce-scatter out of place.
                     let s = [1.0 + r as f32; 4 * C];
                     let mut y = [0f32; C];
-                    let rc = strataReduceScatter(
-                        s.as_ptr().cast(),
-                        y.as_mut_ptr().cast(),
-                        C,
-                        strataFloat32,
-                        strataSum,
-                        c,
-                        null_mut(),
-                    );
+                    let rc = reduce_scatter(s.as_ptr(), y.as_mut_ptr(), c);
                     assert_eq!(rc, strataSuccess);
                     assert_eq!(seen::take(), None);
                     assert_eq!(y, [10.0; C]);
                     // Reduce-scatter in place: recv = send + rank·count.
                     let mut s = [1.0 + r as f32; 4 * C];
                     let sp = s.as_mut_ptr();
-                    let rc = strataReduceScatter(
-                        sp.cast(),
-                        sp.add(r * C).cast(),
-                        C,
-                        strataFloat32,
-                        strataSum,
-                        c,
-                        null_mut(),
-                    );
+                    let rc = reduce_scatter(sp, sp.add(r * C), c);
                     assert_eq!(rc, strataSuccess);
                     assert_eq!(seen::take(), Some(InPlace::RecvInSend { offset }));
                     assert_eq!(&s[r * C..(r + 1) * C], &[10.0; C]);
                     // Overlap at another rank's block: refused at the boundary, nothing
                     // submitted.
                     let w = (r + 1) % 4;
-                    let rc = strataAllGather(
-                        gp.add(w * C).cast(),
-                        gp.cast(),
-                        C,
-                        strataFloat32,
-                        c,
-                        null_mut(),
-                    );
-                    assert_eq!(rc, strataInvalidArgument);
-                    let rc = strataReduceScatter(
-                        sp.cast(),
-                        sp.add(w * C).cast(),
-                        C,
-                        strataFloat32,
-                        strataSum,
-                        c,
-                        null_mut(),
-                    );
-                    assert_eq!(rc, strataInvalidArgument);
+                    assert_eq!(all_gather(gp.add(w * C), gp, c), strataInvalidArgument);
+                    assert_eq!(reduce_scatter(sp, sp.add(w * C), c), strataInvalidArgument);
                     assert!(seen::SEEN.with(|s| s.borrow().is_none()));
                 }
                 // The boundary's check was each call's only one.
