@@ -27,8 +27,7 @@
 
 use super::abi::*;
 use super::registry::{store_error, Handle};
-use crate::comm::Comm;
-use crate::comm::{Request, Work};
+use crate::comm::{Comm, Request, Work};
 use crate::device::{DevAddr, Device};
 use crate::error::{Error, Result};
 use crate::kinds::{InPlace, Kind};
