@@ -31,22 +31,67 @@ fn config(
     }
 }
 
-/// `strataAllGather` of `count` f32 from `x` into `y`, blocking.
+/// `strataAllGather` of `count` f32 from `x` into `y`, blocking (in place when `x` is
+/// `y`'s block of this rank).
 ///
 /// # Safety
-/// `x` holds `count` floats, `y` `count` times the world's size; `c` is live.
+/// `x` is readable for `count` floats, `y` writable for `count` times the world's size;
+/// `c` is live.
 unsafe fn all_gather_f32(
-    x: &[f32],
-    y: &mut [f32],
+    x: *const f32,
+    y: *mut f32,
+    count: usize,
+    c: strataComm_t,
+) -> strataResult_t {
+    // SAFETY: the caller's contract.
+    unsafe { strataAllGather(x.cast(), y.cast(), count, strataFloat32, c, null_mut()) }
+}
+
+/// `strataAllReduce` (sum) of `count` f32 from `x` into `y`, blocking (in place when
+/// `x == y`).
+///
+/// # Safety
+/// `x` is readable and `y` writable for `count` floats; `c` is live.
+unsafe fn all_reduce_sum_f32(
+    x: *const f32,
+    y: *mut f32,
     count: usize,
     c: strataComm_t,
 ) -> strataResult_t {
     // SAFETY: the caller's contract.
     unsafe {
-        strataAllGather(
-            x.as_ptr().cast(),
-            y.as_mut_ptr().cast(),
+        strataAllReduce(
+            x.cast(),
+            y.cast(),
             count,
+            strataFloat32,
+            strataSum,
+            c,
+            null_mut(),
+        )
+    }
+}
+
+/// `strataAllGatherCoalesced` of f32 pairs: `counts[i]` floats from `sends[i]` into
+/// `recvs[i]`, blocking (or grouped).
+///
+/// # Safety
+/// Each `sends[i]` is readable for `counts[i]` floats and `recvs[i]` writable for
+/// `counts[i]` times the world's size; `c` is live.
+unsafe fn all_gather_coalesced_f32(
+    sends: &[*const c_void],
+    recvs: &[*mut c_void],
+    counts: &[usize],
+    c: strataComm_t,
+) -> strataResult_t {
+    assert!(sends.len() == counts.len() && recvs.len() == counts.len());
+    // SAFETY: three lists of `counts.len()` entries; the caller's contract on them.
+    unsafe {
+        strataAllGatherCoalesced(
+            sends.as_ptr(),
+            recvs.as_ptr(),
+            counts.as_ptr(),
+            counts.len(),
             strataFloat32,
             c,
             null_mut(),
@@ -54,19 +99,39 @@ unsafe fn all_gather_f32(
     }
 }
 
-/// `strataAllReduce` (sum) of `count` f32 from `x` into `y`, blocking.
-///
-/// # Safety
-/// `x` and `y` hold `count` floats; `c` is live.
-unsafe fn all_reduce_sum_f32(
-    x: &[f32],
-    y: &mut [f32],
-    count: usize,
-    c: strataComm_t,
-) -> strataResult_t {
-    let (xp, yp) = (x.as_ptr().cast(), y.as_mut_ptr().cast());
-    // SAFETY: the caller's contract.
-    unsafe { strataAllReduce(xp, yp, count, strataFloat32, strataSum, c, null_mut()) }
+/// `strataCommGetTraffic(c, all_members)`, which must succeed: every member's sends
+/// (collective) or this rank's own.
+fn traffic(c: strataComm_t, all_members: c_int) -> strataTraffic_t {
+    let mut t = strataTraffic_t::default();
+    // SAFETY: a valid out-pointer; handles are never dereferenced.
+    let rc = unsafe { strataCommGetTraffic(c, all_members, &mut t) };
+    assert_eq!(rc, strataSuccess, "{}", last(c));
+    t
+}
+
+/// `f(rank, comm)` for every communicator of `comms`, each on a thread of its own; the
+/// results in rank order.
+fn on_each_rank<R: Send>(comms: &[usize], f: impl Fn(usize, strataComm_t) -> R + Sync) -> Vec<R> {
+    let f = &f;
+    std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .iter()
+            .enumerate()
+            .map(|(r, &c)| s.spawn(move || f(r, c as strataComm_t)))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// Destroy every communicator of `comms` (each must be live).
+fn destroy_all(comms: &[usize]) {
+    for &c in comms {
+        // SAFETY: handles are never dereferenced.
+        assert_eq!(
+            unsafe { strataCommDestroy(c as strataComm_t) },
+            strataSuccess
+        );
+    }
 }
 
 fn local(n: usize, topo: &str) -> Vec<usize> {
@@ -81,41 +146,24 @@ fn local(n: usize, topo: &str) -> Vec<usize> {
 #[test]
 fn all_reduce_and_in_place_all_gather_from_threads() {
     let comms = local(4, "nodes:2x2");
-    let hs: Vec<_> = comms
-        .iter()
-        .enumerate()
-        .map(|(r, &c)| {
-            std::thread::spawn(move || {
-                let c = c as strataComm_t;
-                let x = [r as f32, 1.0];
-                let mut y = [0f32; 2];
-                // SAFETY: 2 floats each; live communicator.
-                let rc = unsafe { all_reduce_sum_f32(&x, &mut y, 2, c) };
-                assert_eq!(rc, strataSuccess, "{}", last(c));
-                assert_eq!(y, [6.0, 4.0]);
-                let mut g = [0f32; 8];
-                g[2 * r] = r as f32;
-                g[2 * r + 1] = -(r as f32);
-                let base = g.as_mut_ptr();
-                // SAFETY: in place: sendbuff = recvbuff + rank * 2; 8 floats.
-                let rc = unsafe {
-                    strataAllGather(
-                        base.add(2 * r) as *const c_void,
-                        base as *mut c_void,
-                        2,
-                        strataFloat32,
-                        c,
-                        null_mut(),
-                    )
-                };
-                assert_eq!(rc, strataSuccess, "{}", last(c));
-                assert_eq!(g, [0.0, 0.0, 1.0, -1.0, 2.0, -2.0, 3.0, -3.0]);
-                // SAFETY: live communicator, destroyed once.
-                assert_eq!(unsafe { strataCommDestroy(c) }, strataSuccess);
-            })
-        })
-        .collect();
-    hs.into_iter().for_each(|h| h.join().unwrap());
+    on_each_rank(&comms, |r, c| {
+        let x = [r as f32, 1.0];
+        let mut y = [0f32; 2];
+        // SAFETY: 2 floats each; live communicator.
+        let rc = unsafe { all_reduce_sum_f32(x.as_ptr(), y.as_mut_ptr(), 2, c) };
+        assert_eq!(rc, strataSuccess, "{}", last(c));
+        assert_eq!(y, [6.0, 4.0]);
+        let mut g = [0f32; 8];
+        g[2 * r] = r as f32;
+        g[2 * r + 1] = -(r as f32);
+        let base = g.as_mut_ptr();
+        // SAFETY: in place: sendbuff = recvbuff + rank * 2; 8 floats.
+        let rc = unsafe { all_gather_f32(base.add(2 * r), base, 2, c) };
+        assert_eq!(rc, strataSuccess, "{}", last(c));
+        assert_eq!(g, [0.0, 0.0, 1.0, -1.0, 2.0, -2.0, 3.0, -3.0]);
+        // SAFETY: live communicator, destroyed once.
+        assert_eq!(unsafe { strataCommDestroy(c) }, strataSuccess);
+    });
 }
 
 #[test]
@@ -191,84 +239,66 @@ fn unique_id_rendezvous_and_timeout() {
 #[test]
 fn quantized_variants_within_the_bound_and_bad_formats_rejected() {
     let comms = local(8, "nodes:2x4");
-    let hs: Vec<_> = comms
-        .iter()
-        .enumerate()
-        .map(|(r, &c)| {
-            std::thread::spawn(move || {
-                let c = c as strataComm_t;
-                let n = 100usize;
-                // Every rank sends r + i/100 to every block: the exact sum is known.
-                let send: Vec<f32> = (0..8 * n)
-                    .map(|i| r as f32 + (i % n) as f32 / 100.0)
-                    .collect();
-                let mut recv = vec![0f32; n];
-                // SAFETY: 8n floats in, n out; live communicator.
-                let rc = unsafe {
-                    strataReduceScatterQuantized(
-                        send.as_ptr() as *const c_void,
-                        recv.as_mut_ptr() as *mut c_void,
-                        n,
-                        strataFloat32,
-                        strataAvg,
-                        8,
-                        32,
-                        c,
-                        null_mut(),
-                    )
-                };
-                assert_eq!(rc, strataSuccess, "{}", last(c));
-                for (i, v) in recv.iter().enumerate() {
-                    let exact = 3.5 + i as f32 / 100.0;
-                    assert!((v - exact).abs() < 0.1, "{v} vs {exact}");
-                }
-                let mine: Vec<f32> = (0..n).map(|i| r as f32 * 0.5 + i as f32).collect();
-                let mut all = vec![0f32; 8 * n];
-                let mut gather = |dtype, bits, block| {
-                    // SAFETY: n floats in, 8n out; live communicator.
-                    unsafe {
-                        strataAllGatherQuantized(
-                            mine.as_ptr() as *const c_void,
-                            all.as_mut_ptr() as *mut c_void,
-                            n,
-                            dtype,
-                            bits,
-                            block,
-                            c,
-                            null_mut(),
-                        )
-                    }
-                };
-                let rc = gather(strataFloat32, 8, 64);
-                assert_eq!(rc, strataSuccess, "{}", last(c));
-                // Bad formats: 3 bits, odd int4 block, integer data.
-                for (dtype, bits, block) in [
-                    (strataFloat32, 3, 64),
-                    (strataFloat32, 4, 7),
-                    (strataInt32, 8, 64),
-                ] {
-                    assert_eq!(gather(dtype, bits, block), strataInvalidArgument);
-                }
-                for (j, v) in all.iter().enumerate() {
-                    let exact = (j / n) as f32 * 0.5 + (j % n) as f32;
-                    assert!((v - exact).abs() <= 103.5 / 254.0 + 1e-3, "{v} vs {exact}");
-                }
-                assert!(
-                    last(c).contains("block") || last(c).contains("i32") || !last(c).is_empty()
-                );
-            })
-        })
-        .collect();
-    for h in hs {
-        h.join().unwrap();
-    }
-    for c in comms {
-        // SAFETY: live handle, destroyed once.
-        assert_eq!(
-            unsafe { strataCommDestroy(c as strataComm_t) },
-            strataSuccess
-        );
-    }
+    on_each_rank(&comms, |r, c| {
+        let n = 100usize;
+        // Every rank sends r + i/100 to every block: the exact sum is known.
+        let send: Vec<f32> = (0..8 * n)
+            .map(|i| r as f32 + (i % n) as f32 / 100.0)
+            .collect();
+        let mut recv = vec![0f32; n];
+        // SAFETY: 8n floats in, n out; live communicator.
+        let rc = unsafe {
+            strataReduceScatterQuantized(
+                send.as_ptr() as *const c_void,
+                recv.as_mut_ptr() as *mut c_void,
+                n,
+                strataFloat32,
+                strataAvg,
+                8,
+                32,
+                c,
+                null_mut(),
+            )
+        };
+        assert_eq!(rc, strataSuccess, "{}", last(c));
+        for (i, v) in recv.iter().enumerate() {
+            let exact = 3.5 + i as f32 / 100.0;
+            assert!((v - exact).abs() < 0.1, "{v} vs {exact}");
+        }
+        let mine: Vec<f32> = (0..n).map(|i| r as f32 * 0.5 + i as f32).collect();
+        let mut all = vec![0f32; 8 * n];
+        let mut gather = |dtype, bits, block| {
+            // SAFETY: n floats in, 8n out; live communicator.
+            unsafe {
+                strataAllGatherQuantized(
+                    mine.as_ptr() as *const c_void,
+                    all.as_mut_ptr() as *mut c_void,
+                    n,
+                    dtype,
+                    bits,
+                    block,
+                    c,
+                    null_mut(),
+                )
+            }
+        };
+        let rc = gather(strataFloat32, 8, 64);
+        assert_eq!(rc, strataSuccess, "{}", last(c));
+        // Bad formats: 3 bits, odd int4 block, integer data.
+        for (dtype, bits, block) in [
+            (strataFloat32, 3, 64),
+            (strataFloat32, 4, 7),
+            (strataInt32, 8, 64),
+        ] {
+            assert_eq!(gather(dtype, bits, block), strataInvalidArgument);
+        }
+        for (j, v) in all.iter().enumerate() {
+            let exact = (j / n) as f32 * 0.5 + (j % n) as f32;
+            assert!((v - exact).abs() <= 103.5 / 254.0 + 1e-3, "{v} vs {exact}");
+        }
+        assert!(last(c).contains("block") || last(c).contains("i32") || !last(c).is_empty());
+    });
+    destroy_all(&comms);
 }
 
 /// The one body of each collective on a host transport: NCCL's in-place layouts of
@@ -278,90 +308,74 @@ fn quantized_variants_within_the_bound_and_bad_formats_rejected() {
 #[test]
 fn in_place_layouts_aliasing_groups_and_last_errors() {
     let comms = local(2, "nodes:1x2");
-    let hs: Vec<_> = comms
-        .iter()
-        .enumerate()
-        .map(|(r, &c)| {
-            std::thread::spawn(move || {
-                let c = c as strataComm_t;
-                let rf = r as f32;
-                // SAFETY: every pointer below is valid for the counts passed; live comm.
-                unsafe {
-                    // Reduce-scatter in place: recvbuff == sendbuff + rank * recvcount.
-                    let mut s = [1.0 + rf, 2.0 + rf, 3.0 + rf, 4.0 + rf];
-                    let p = s.as_mut_ptr();
-                    let rc = strataReduceScatter(
-                        p as *const c_void,
-                        p.add(2 * r) as *mut c_void,
-                        2,
-                        strataFloat32,
-                        strataSum,
-                        c,
-                        null_mut(),
-                    );
-                    assert_eq!(rc, strataSuccess, "{}", last(c));
-                    let want = [[3.0f32, 5.0], [7.0, 9.0]][r];
-                    assert_eq!(&s[2 * r..2 * r + 2], &want);
-                    // All-reduce in place (send == recv).
-                    let mut a = [rf, 10.0];
-                    let ap = a.as_mut_ptr();
-                    let rc = strataAllReduce(
-                        ap as *const c_void,
-                        ap as *mut c_void,
-                        2,
-                        strataFloat32,
-                        strataMax,
-                        c,
-                        null_mut(),
-                    );
-                    assert_eq!(rc, strataSuccess, "{}", last(c));
-                    assert_eq!(a, [1.0, 10.0]);
-                    // Broadcast in place from root 1 (strataBcast).
-                    let mut b = [rf * 5.0; 3];
-                    let rc = strataBcast(
-                        b.as_mut_ptr() as *mut c_void,
-                        3,
-                        strataFloat32,
-                        1,
-                        c,
-                        null_mut(),
-                    );
-                    assert_eq!(rc, strataSuccess, "{}", last(c));
-                    assert_eq!(b, [5.0; 3]);
-                    // Coalesced all-gather: pair 0 in place, pair 1 separate, in a group
-                    // (results copied out by strataGroupEnd).
-                    let mut g0 = [0f32; 4];
-                    g0[2 * r] = rf;
-                    g0[2 * r + 1] = rf + 0.5;
-                    let x1 = [rf * 10.0];
-                    let mut g1 = [0f32; 2];
-                    let g0p = g0.as_mut_ptr();
-                    let sends = [
-                        g0p.add(2 * r) as *const c_void,
-                        x1.as_ptr() as *const c_void,
-                    ];
-                    let recvs = [g0p as *mut c_void, g1.as_mut_ptr() as *mut c_void];
-                    let counts = [2usize, 1];
-                    assert_eq!(strataGroupStart(), strataSuccess);
-                    let rc = strataAllGatherCoalesced(
-                        sends.as_ptr(),
-                        recvs.as_ptr(),
-                        counts.as_ptr(),
-                        2,
-                        strataFloat32,
-                        c,
-                        null_mut(),
-                    );
-                    assert_eq!(rc, strataSuccess, "{}", last(c));
-                    assert_eq!(g1, [0.0; 2], "copied out at strataGroupEnd, not before");
-                    assert_eq!(strataGroupEnd(), strataSuccess, "{}", last(null_mut()));
-                    assert_eq!(g0, [0.0, 0.5, 1.0, 1.5]);
-                    assert_eq!(g1, [0.0, 10.0]);
-                }
-            })
-        })
-        .collect();
-    hs.into_iter().for_each(|h| h.join().unwrap());
+    on_each_rank(&comms, |r, c| {
+        let rf = r as f32;
+        // SAFETY: every pointer below is valid for the counts passed; live comm.
+        unsafe {
+            // Reduce-scatter in place: recvbuff == sendbuff + rank * recvcount.
+            let mut s = [1.0 + rf, 2.0 + rf, 3.0 + rf, 4.0 + rf];
+            let p = s.as_mut_ptr();
+            let rc = strataReduceScatter(
+                p as *const c_void,
+                p.add(2 * r) as *mut c_void,
+                2,
+                strataFloat32,
+                strataSum,
+                c,
+                null_mut(),
+            );
+            assert_eq!(rc, strataSuccess, "{}", last(c));
+            let want = [[3.0f32, 5.0], [7.0, 9.0]][r];
+            assert_eq!(&s[2 * r..2 * r + 2], &want);
+            // All-reduce in place (send == recv).
+            let mut a = [rf, 10.0];
+            let ap = a.as_mut_ptr();
+            let rc = strataAllReduce(
+                ap as *const c_void,
+                ap as *mut c_void,
+                2,
+                strataFloat32,
+                strataMax,
+                c,
+                null_mut(),
+            );
+            assert_eq!(rc, strataSuccess, "{}", last(c));
+            assert_eq!(a, [1.0, 10.0]);
+            // Broadcast in place from root 1 (strataBcast).
+            let mut b = [rf * 5.0; 3];
+            let rc = strataBcast(
+                b.as_mut_ptr() as *mut c_void,
+                3,
+                strataFloat32,
+                1,
+                c,
+                null_mut(),
+            );
+            assert_eq!(rc, strataSuccess, "{}", last(c));
+            assert_eq!(b, [5.0; 3]);
+            // Coalesced all-gather: pair 0 in place, pair 1 separate, in a group
+            // (results copied out by strataGroupEnd).
+            let mut g0 = [0f32; 4];
+            g0[2 * r] = rf;
+            g0[2 * r + 1] = rf + 0.5;
+            let x1 = [rf * 10.0];
+            let mut g1 = [0f32; 2];
+            let g0p = g0.as_mut_ptr();
+            let sends = [
+                g0p.add(2 * r) as *const c_void,
+                x1.as_ptr() as *const c_void,
+            ];
+            let recvs = [g0p as *mut c_void, g1.as_mut_ptr() as *mut c_void];
+            let counts = [2usize, 1];
+            assert_eq!(strataGroupStart(), strataSuccess);
+            let rc = all_gather_coalesced_f32(&sends, &recvs, &counts, c);
+            assert_eq!(rc, strataSuccess, "{}", last(c));
+            assert_eq!(g1, [0.0; 2], "copied out at strataGroupEnd, not before");
+            assert_eq!(strataGroupEnd(), strataSuccess, "{}", last(null_mut()));
+            assert_eq!(g0, [0.0, 0.5, 1.0, 1.5]);
+            assert_eq!(g1, [0.0, 10.0]);
+        }
+    });
 
     // Refusals on one rank (checked before anything is queued, so no peer is needed).
     let c = comms[0] as strataComm_t;
@@ -370,14 +384,7 @@ fn in_place_layouts_aliasing_groups_and_last_errors() {
     // SAFETY: every range lies inside `m`; the calls fail their argument checks.
     unsafe {
         // All-gather with send one element off NCCL's layout (rank 0: send == recv).
-        let rc = strataAllGather(
-            p.add(1) as *const c_void,
-            p as *mut c_void,
-            2,
-            strataFloat32,
-            c,
-            null_mut(),
-        );
+        let rc = all_gather_f32(p.add(1), p, 2, c);
         assert_eq!(rc, strataInvalidArgument);
         let msg = last(c);
         assert!(
@@ -400,15 +407,7 @@ fn in_place_layouts_aliasing_groups_and_last_errors() {
         let sends = [p as *const c_void, p.add(1) as *const c_void];
         let recvs = [p as *mut c_void, p.add(1) as *mut c_void];
         let counts = [2usize, 2];
-        let rc = strataAllGatherCoalesced(
-            sends.as_ptr(),
-            recvs.as_ptr(),
-            counts.as_ptr(),
-            2,
-            strataFloat32,
-            c,
-            null_mut(),
-        );
+        let rc = all_gather_coalesced_f32(&sends, &recvs, &counts, c);
         assert_eq!(rc, strataInvalidArgument);
         assert!(last(c).contains("strataAllGatherCoalesced"), "{}", last(c));
         // A failure naming no communicator changes the thread's message only.
@@ -417,13 +416,7 @@ fn in_place_layouts_aliasing_groups_and_last_errors() {
         assert!(last(null_mut()).starts_with("strataGetVersion: "));
         assert_eq!(last(c), before);
     }
-    for c in comms {
-        // SAFETY: live handles, destroyed once.
-        assert_eq!(
-            unsafe { strataCommDestroy(c as strataComm_t) },
-            strataSuccess
-        );
-    }
+    destroy_all(&comms);
 }
 
 /// The device path of the collectives (GPU transports) through a cuda-local world:
@@ -451,19 +444,12 @@ fn device_path_of_the_collectives_on_cuda_local() {
     let mut y = [0f32; 4];
     // SAFETY: host pointers to a device communicator are refused before any access.
     unsafe {
-        let rc = all_reduce_sum_f32(&x, &mut y, 4, c);
+        let rc = all_reduce_sum_f32(x.as_ptr(), y.as_mut_ptr(), 4, c);
         assert_eq!(rc, strataInvalidArgument, "{}", last(c));
         assert!(last(c).contains("sendbuff"), "{}", last(c));
         // A bad overlap is refused before the device check, with the host path's message.
         let p = y.as_mut_ptr();
-        let rc = strataAllGather(
-            p.add(1) as *const c_void,
-            p as *mut c_void,
-            2,
-            strataFloat32,
-            c,
-            null_mut(),
-        );
+        let rc = all_gather_f32(p.add(1), p, 2, c);
         assert_eq!(rc, strataInvalidArgument);
         assert!(last(c).contains("in-place layout"), "{}", last(c));
     }
@@ -477,7 +463,7 @@ fn device_path_of_the_collectives_on_cuda_local() {
         .unwrap()
         .addr() as usize as *mut c_void;
     // SAFETY: 16 bytes of the communicator's device memory, kept alive by `buf`.
-    let rc = unsafe { strataAllReduce(addr, addr, 4, strataFloat32, strataSum, c, null_mut()) };
+    let rc = unsafe { all_reduce_sum_f32(addr.cast(), addr.cast(), 4, c) };
     assert_eq!(rc, strataSuccess, "{}", last(c));
     assert_eq!(
         buf.to_bytes().unwrap(),
@@ -508,39 +494,15 @@ fn traffic_counters_show_the_hierarchical_egress() {
         let rc = unsafe { strataCommInitLocal(comms.as_mut_ptr(), P as i32, null(), &cfg) };
         assert_eq!(rc, strataSuccess, "{}", last(null_mut()));
         let comms: Vec<usize> = comms.iter().map(|&c| c as usize).collect();
-        let rows: Vec<(strataTraffic_t, strataTraffic_t)> = std::thread::scope(|s| {
-            let hs: Vec<_> = comms
-                .iter()
-                .map(|&c| {
-                    s.spawn(move || {
-                        let c = c as strataComm_t;
-                        let x = [1f32; C];
-                        let mut y = [0f32; P * C];
-                        // SAFETY: C and P*C floats; live communicator.
-                        let rc = unsafe { all_gather_f32(&x, &mut y, C, c) };
-                        assert_eq!(rc, strataSuccess, "{}", last(c));
-                        let (mut mine, mut all) =
-                            (strataTraffic_t::default(), strataTraffic_t::default());
-                        // SAFETY: valid out-pointers; collective over the live world.
-                        unsafe {
-                            assert_eq!(
-                                strataCommGetTraffic(c, 1, &mut all),
-                                strataSuccess,
-                                "{}",
-                                last(c)
-                            );
-                            assert_eq!(
-                                strataCommGetTraffic(c, 0, &mut mine),
-                                strataSuccess,
-                                "{}",
-                                last(c)
-                            );
-                        }
-                        (mine, all)
-                    })
-                })
-                .collect();
-            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        let rows = on_each_rank(&comms, |_, c| {
+            let x = [1f32; C];
+            let mut y = [0f32; P * C];
+            // SAFETY: C and P*C floats; live communicator.
+            let rc = unsafe { all_gather_f32(x.as_ptr(), y.as_mut_ptr(), C, c) };
+            assert_eq!(rc, strataSuccess, "{}", last(c));
+            // Collective over the live world, then this rank's own.
+            let all = traffic(c, 1);
+            (traffic(c, 0), all)
         });
         let all = rows[0].1;
         assert_eq!(all.measured, 1);
@@ -556,59 +518,37 @@ fn traffic_counters_show_the_hierarchical_egress() {
             "{algo}: the rows add up"
         );
         assert!(rows.iter().all(|(_, a)| a.inter_node == all.inter_node));
-        for c in comms {
-            // SAFETY: live communicator, destroyed once.
-            assert_eq!(
-                unsafe { strataCommDestroy(c as strataComm_t) },
-                strataSuccess
-            );
-        }
+        destroy_all(&comms);
     }
 
     // A split communicator of one node's ranks: its collective reading counts its
     // members' sends only; NULL out-pointer and a destroyed communicator are refused.
     let comms = local(4, "nodes:2x2");
-    let out: Vec<strataTraffic_t> = std::thread::scope(|s| {
-        let hs: Vec<_> = comms
-            .iter()
-            .enumerate()
-            .map(|(r, &c)| {
-                s.spawn(move || {
-                    let c = c as strataComm_t;
-                    let mut sub = null_mut();
-                    // SAFETY: live communicator; valid out-pointer; NULL config.
-                    let rc = unsafe { strataCommSplit(c, (r / 2) as i32, 0, &mut sub, null()) };
-                    assert_eq!(rc, strataSuccess, "{}", last(c));
-                    let x = [r as f32; 3];
-                    let mut y = [0f32; 12];
-                    // SAFETY: 3 and 12 floats; live communicator.
-                    let rc = unsafe { all_gather_f32(&x, &mut y, 3, c) };
-                    assert_eq!(rc, strataSuccess, "{}", last(c));
-                    let mut t = strataTraffic_t::default();
-                    // SAFETY: valid out-pointer; collective over `sub`; then NULL.
-                    unsafe {
-                        assert_eq!(
-                            strataCommGetTraffic(sub, 1, &mut t),
-                            strataSuccess,
-                            "{}",
-                            last(sub)
-                        );
-                        assert_eq!(
-                            strataCommGetTraffic(sub, 0, null_mut()),
-                            strataInvalidArgument
-                        );
-                        assert_eq!(strataCommDestroy(sub), strataSuccess);
-                        assert_eq!(
-                            strataCommGetTraffic(sub, 0, &mut t.clone()),
-                            strataInvalidUsage
-                        );
-                        assert_eq!(strataCommDestroy(c), strataSuccess);
-                    }
-                    t
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    let out = on_each_rank(&comms, |r, c| {
+        let mut sub = null_mut();
+        // SAFETY: live communicator; valid out-pointer; NULL config.
+        let rc = unsafe { strataCommSplit(c, (r / 2) as i32, 0, &mut sub, null()) };
+        assert_eq!(rc, strataSuccess, "{}", last(c));
+        let x = [r as f32; 3];
+        let mut y = [0f32; 12];
+        // SAFETY: 3 and 12 floats; live communicator.
+        let rc = unsafe { all_gather_f32(x.as_ptr(), y.as_mut_ptr(), 3, c) };
+        assert_eq!(rc, strataSuccess, "{}", last(c));
+        let t = traffic(sub, 1);
+        // SAFETY: a NULL out-pointer, then a valid one; `sub` and `c` destroyed once.
+        unsafe {
+            assert_eq!(
+                strataCommGetTraffic(sub, 0, null_mut()),
+                strataInvalidArgument
+            );
+            assert_eq!(strataCommDestroy(sub), strataSuccess);
+            assert_eq!(
+                strataCommGetTraffic(sub, 0, &mut t.clone()),
+                strataInvalidUsage
+            );
+            assert_eq!(strataCommDestroy(c), strataSuccess);
+        }
+        t
     });
     // The world all-gather (12 floats out, 2 nodes): the two members of a node sent
     // exactly half of the world's bytes.
@@ -647,13 +587,13 @@ fn concurrent_calls_on_many_communicators_stay_correct() {
             while made < 20 || !done.load(Ordering::Relaxed) {
                 let c = local(1, "nodes:1x1")[0] as strataComm_t;
                 let mut x = [made as f32; 2];
-                let xp = x.as_mut_ptr() as *mut c_void;
+                let xp = x.as_mut_ptr();
                 // SAFETY: 2 floats in place; live communicator, destroyed once.
                 unsafe {
-                    let rc = strataAllReduce(xp, xp, 2, strataFloat32, strataSum, c, null_mut());
+                    let rc = all_reduce_sum_f32(xp, xp, 2, c);
                     assert_eq!(rc, strataSuccess, "{}", last(c));
                     assert_eq!(strataCommDestroy(c), strataSuccess);
-                    let rc = strataAllReduce(xp, xp, 2, strataFloat32, strataSum, c, null_mut());
+                    let rc = all_reduce_sum_f32(xp, xp, 2, c);
                     assert_eq!(rc, strataInvalidUsage);
                 }
                 assert_eq!(x, [made as f32; 2]);
@@ -735,16 +675,7 @@ fn concurrent_calls_on_many_communicators_stay_correct() {
                     g[r * C..(r + 1) * C].copy_from_slice(&x);
                     let gp = g.as_mut_ptr();
                     // SAFETY: in place, 2C floats.
-                    let rc = unsafe {
-                        strataAllGather(
-                            gp.add(r * C).cast(),
-                            gp.cast(),
-                            C,
-                            strataFloat32,
-                            c,
-                            null_mut(),
-                        )
-                    };
+                    let rc = unsafe { all_gather_f32(gp.add(r * C), gp, C, c) };
                     assert_eq!(rc, strataSuccess, "{}", last(c));
                     assert_eq!(g, want, "in place: world {w} rank {r} iteration {i}");
                     // Reduce-scatter in place (recv = send + rank·C): block b summed.
@@ -799,91 +730,63 @@ fn concurrent_calls_on_many_communicators_stay_correct() {
 #[test]
 fn shrink_excludes_a_lost_rank() {
     let comms = local(4, "nodes:2x2");
-    std::thread::scope(|s| {
-        for (r, &c) in comms.iter().enumerate() {
-            s.spawn(move || {
-                let c = c as strataComm_t;
-                if r == 2 {
-                    // SAFETY: live communicator, destroyed once (the lost rank's exit).
-                    assert_eq!(unsafe { strataCommDestroy(c) }, strataSuccess);
-                    return;
-                }
-                let lost = [2i32];
-                let mut sub: strataComm_t = null_mut();
-                // SAFETY (every call below): live communicator; the list readable for
-                // the count given; valid or NULL out-pointers; NULL config.
-                unsafe {
-                    for (list, n, out, flags) in [
-                        (lost.as_ptr(), 1, null_mut(), STRATA_SHRINK_DEFAULT),
-                        (
-                            null(),
-                            1,
-                            &mut sub as *mut strataComm_t,
-                            STRATA_SHRINK_DEFAULT,
-                        ),
-                        (
-                            lost.as_ptr(),
-                            -1,
-                            &mut sub as *mut strataComm_t,
-                            STRATA_SHRINK_DEFAULT,
-                        ),
-                        (lost.as_ptr(), 1, &mut sub as *mut strataComm_t, 7),
-                    ] {
-                        assert_eq!(
-                            strataCommShrink(c, list, n, out, null(), flags),
-                            strataInvalidArgument
-                        );
-                    }
-                    assert!(sub.is_null(), "a refused shrink wrote nothing");
-                    let me = [r as i32];
-                    assert_eq!(
-                        strataCommShrink(c, me.as_ptr(), 1, &mut sub, null(), 0),
-                        strataInvalidArgument,
-                        "the caller excluded"
-                    );
-                    let rc = strataCommShrink(
-                        c,
-                        lost.as_ptr(),
-                        1,
-                        &mut sub,
-                        null(),
-                        STRATA_SHRINK_ABORT,
-                    );
-                    assert_eq!(rc, strataSuccess, "{}", last(c));
-                    let (mut n, mut rank) = (0, 0);
-                    assert_eq!(strataCommCount(sub, &mut n), strataSuccess);
-                    assert_eq!(strataCommUserRank(sub, &mut rank), strataSuccess);
-                    assert_eq!((n, rank), (3, r as i32 - i32::from(r > 2)));
-                    let x = [r as f32 + 1.0; 5];
-                    let mut y = [0f32; 5];
-                    let rc = strataAllReduce(
-                        x.as_ptr().cast(),
-                        y.as_mut_ptr().cast(),
-                        5,
-                        strataFloat32,
-                        strataSum,
-                        sub,
-                        null_mut(),
-                    );
-                    assert_eq!(rc, strataSuccess, "{}", last(sub));
-                    assert_eq!(y, [1.0 + 2.0 + 4.0; 5]);
-                    // The parent was aborted by the flag.
-                    assert_ne!(
-                        strataAllReduce(
-                            x.as_ptr().cast(),
-                            y.as_mut_ptr().cast(),
-                            5,
-                            strataFloat32,
-                            strataSum,
-                            c,
-                            null_mut()
-                        ),
-                        strataSuccess
-                    );
-                    assert_eq!(strataCommDestroy(sub), strataSuccess);
-                    assert_eq!(strataCommDestroy(c), strataSuccess);
-                }
-            });
+    on_each_rank(&comms, |r, c| {
+        if r == 2 {
+            // SAFETY: live communicator, destroyed once (the lost rank's exit).
+            assert_eq!(unsafe { strataCommDestroy(c) }, strataSuccess);
+            return;
+        }
+        let lost = [2i32];
+        let mut sub: strataComm_t = null_mut();
+        // SAFETY (every call below): live communicator; the list readable for
+        // the count given; valid or NULL out-pointers; NULL config.
+        unsafe {
+            for (list, n, out, flags) in [
+                (lost.as_ptr(), 1, null_mut(), STRATA_SHRINK_DEFAULT),
+                (
+                    null(),
+                    1,
+                    &mut sub as *mut strataComm_t,
+                    STRATA_SHRINK_DEFAULT,
+                ),
+                (
+                    lost.as_ptr(),
+                    -1,
+                    &mut sub as *mut strataComm_t,
+                    STRATA_SHRINK_DEFAULT,
+                ),
+                (lost.as_ptr(), 1, &mut sub as *mut strataComm_t, 7),
+            ] {
+                assert_eq!(
+                    strataCommShrink(c, list, n, out, null(), flags),
+                    strataInvalidArgument
+                );
+            }
+            assert!(sub.is_null(), "a refused shrink wrote nothing");
+            let me = [r as i32];
+            assert_eq!(
+                strataCommShrink(c, me.as_ptr(), 1, &mut sub, null(), 0),
+                strataInvalidArgument,
+                "the caller excluded"
+            );
+            let rc = strataCommShrink(c, lost.as_ptr(), 1, &mut sub, null(), STRATA_SHRINK_ABORT);
+            assert_eq!(rc, strataSuccess, "{}", last(c));
+            let (mut n, mut rank) = (0, 0);
+            assert_eq!(strataCommCount(sub, &mut n), strataSuccess);
+            assert_eq!(strataCommUserRank(sub, &mut rank), strataSuccess);
+            assert_eq!((n, rank), (3, r as i32 - i32::from(r > 2)));
+            let x = [r as f32 + 1.0; 5];
+            let mut y = [0f32; 5];
+            let rc = all_reduce_sum_f32(x.as_ptr(), y.as_mut_ptr(), 5, sub);
+            assert_eq!(rc, strataSuccess, "{}", last(sub));
+            assert_eq!(y, [1.0 + 2.0 + 4.0; 5]);
+            // The parent was aborted by the flag.
+            assert_ne!(
+                all_reduce_sum_f32(x.as_ptr(), y.as_mut_ptr(), 5, c),
+                strataSuccess
+            );
+            assert_eq!(strataCommDestroy(sub), strataSuccess);
+            assert_eq!(strataCommDestroy(c), strataSuccess);
         }
     });
 }

@@ -10,11 +10,13 @@
 //! strata host stream it is enqueued and returns; otherwise outside a group it waits,
 //! inside a group its work is held for `strataGroupEnd`.
 
+use super::abi::*;
+use super::boundary::ffi_boundary;
 use super::buffers::end_group;
 use super::enqueue::{enqueue, enqueue_lists, Args, Coll, Lists};
-use super::*;
 use crate::comm::in_group;
 use crate::comm::{group_end, group_start};
+use std::ffi::{c_int, c_void};
 use std::ptr::{null, null_mut};
 
 // ---- collectives ----

@@ -2,13 +2,14 @@
 //! one) checked field by field over the environment's defaults, and the mapping between
 //! `strataTransport_t` and the library's transports.
 
-use super::*;
+use super::abi::*;
 use crate::comm::bootstrap::{env_transport, require_compiled, TransportKind};
 use crate::comm::CommConfig;
 use crate::config::LinkSource;
+use crate::error::{Error, Result};
 use crate::kinds::Algo;
 use crate::topology::Topology;
-use std::ffi::CStr;
+use std::ffi::{c_char, c_int, c_uint, CStr};
 use std::time::Duration;
 
 /// The `strataTransport_t` of a transport.

@@ -16,13 +16,17 @@
 //!
 //! A new collective is one export in `coll.rs` plus its arm in [`Coll`]'s matches.
 
+use super::abi::*;
+use super::boundary::guard;
 use super::buffers::{disjoint, CallBuffers, Pair, UserBuf};
-use super::*;
-use crate::comm::{Op, Request};
+use super::registry::lookup;
+use crate::comm::{Comm, Op, Request};
 use crate::dtype::{DataType, ReduceOp};
+use crate::error::{Error, Result};
 use crate::kernels::QuantSpec;
 use crate::kinds::{Algo, Kind};
 use crate::memory::Buffer;
+use std::ffi::{c_int, c_void};
 
 // ---- argument helpers ----
 

@@ -1,12 +1,18 @@
 //! Versions, errors, unique ids, communicator creation and release.
 
+use super::abi::*;
+use super::boundary::{ffi_boundary, write_out};
 use super::config::{kind_of, opt_str, settings, transport_code, Settings};
-use super::*;
+use super::registry::{last_error_ptr, lookup, register, store_error, unregister, Handle};
 use crate::comm::bootstrap::{self, env_transport, require_compiled, TransportKind};
+use crate::comm::Comm;
+use crate::error::{Error, Result};
 use std::collections::hash_map::RandomState;
-use std::ffi::CStr;
+use std::ffi::{c_char, c_int, CStr};
 use std::hash::{BuildHasher, Hasher};
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// Writes the library's version code (`STRATA_VERSION_CODE` of the header it was built
 /// with: major * 10000 + minor * 100 + patch) to `*version`.

@@ -4,9 +4,14 @@
 //! from the device's cache ([`crate::device::pool`]) and go back to it when freed, so
 //! allocating in a training loop costs no runtime call in steady state.
 
-use super::*;
+use super::abi::*;
+use super::boundary::{ffi_boundary, write_out};
+use super::registry::lookup;
 use crate::device::DeviceMem;
+use crate::error::Error;
 use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Mutex, MutexGuard};
 
 /// Blocks handed out, by address.
 static BLOCKS: Mutex<Option<HashMap<usize, DeviceMem>>> = Mutex::new(None);
@@ -87,6 +92,7 @@ pub unsafe extern "C" fn strataMemFree(comm: strataComm_t, ptr: *mut c_void) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::capi::init::{strataCommDestroy, strataCommInitLocal};
 
     fn config(transport: strataTransport_t) -> strataConfig_t {
         strataConfig_t {

@@ -1,7 +1,11 @@
 //! Traffic counters (`strataCommGetTraffic`): the bytes strata's own transfers sent, by
-//! link class of the world topology ([`Comm::traffic_report`]).
+//! link class of the world topology ([`Comm::traffic_report`](crate::Comm::traffic_report)).
 
-use super::*;
+use super::abi::*;
+use super::boundary::{ffi_boundary, write_out};
+use super::registry::lookup;
+use crate::error::Error;
+use std::ffi::c_int;
 
 /// Bytes sent, by link class of the world topology (`STRATA_TOPOLOGY` or detection),
 /// as counted by strata (`strataCommGetTraffic`).

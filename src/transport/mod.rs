@@ -2,8 +2,9 @@
 //!
 //! One trait, [`Transport`], with blocking point-to-point primitives and native
 //! collectives; a transport's native collectives default to the ring algorithms of
-//! [`ring`] written over its point-to-point calls (so the `local`
-//! transport's traffic mirrors NCCL's ring). Transports are driven from a
+//! [`ring`], written over its point-to-point calls ([`P2p`], which every transport is
+//! by the blanket impl at the end of this file), so the `local` transport's traffic
+//! mirrors NCCL's ring. Transports are driven from a
 //! communicator's stream thread ([`crate::comm`]), which is what makes collectives
 //! nonblocking for the caller. Every transport exists as a type in every build; with
 //! its feature off, constructing it returns [`Error::NotCompiled`].
@@ -16,14 +17,18 @@ pub mod metered;
 pub mod mpi;
 #[cfg(any(feature = "cuda", feature = "rocm"))]
 pub mod nccl;
+mod p2p;
 pub mod ring;
+mod scratch;
 #[cfg(any(feature = "cuda", feature = "rocm"))]
 pub mod vendor;
+
+pub use p2p::{Fold, P2p};
+pub(crate) use scratch::with_scratch;
 
 use crate::dtype::{reduce_into, reduce_pair, DataType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::traffic::{Traffic, TrafficMatrix};
-use std::cell::RefCell;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -115,58 +120,6 @@ impl std::str::FromStr for TransportKind {
                 ))
             })
     }
-}
-
-thread_local! {
-    /// Per-thread scratch buffers (partial sums, received operands), kept between
-    /// calls so a stream thread allocates and faults in its scratch once, not per call;
-    /// a stack, so nested users each get their own. An allocation cache: no call's
-    /// state survives in it (each user takes a buffer and gives it back).
-    static SCRATCH: RefCell<Vec<Vec<u8>>> = const { RefCell::new(Vec::new()) };
-}
-
-/// Run `f` on `n` bytes of this thread's scratch (contents unspecified).
-pub(crate) fn with_scratch<R>(n: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
-    let mut v = SCRATCH
-        .try_with(|s| s.borrow_mut().pop())
-        .ok()
-        .flatten()
-        .unwrap_or_default();
-    if v.len() < n {
-        v.resize(n, 0);
-    }
-    let r = f(&mut v[..n]);
-    let _ = SCRATCH.try_with(|s| {
-        let mut s = s.borrow_mut();
-        // Keep a few: the usual nesting is two deep.
-        if s.len() < 4 {
-            s.push(v);
-        }
-    });
-    r
-}
-
-/// Where [`Transport::sendrecv_reduce`] puts the reduction of the bytes it receives.
-/// The operand order is fixed because `Max`/`Min` treat a NaN operand asymmetrically.
-#[derive(Debug)]
-pub enum Fold<'a> {
-    /// `out[i] = op(incoming[i], local[i])`.
-    Pair {
-        /// Where the result goes (the received message's length).
-        out: &'a mut [u8],
-        /// This rank's operand.
-        local: &'a [u8],
-    },
-    /// `acc[i] = op(acc[i], incoming[i])`, in place.
-    Into(&'a mut [u8]),
-    /// `out[i] = op(local[i], incoming[i])`: [`Fold::Into`] with the operand elsewhere
-    /// (so an out-of-place call gives the in-place call's bytes).
-    After {
-        /// Where the result goes (the received message's length).
-        out: &'a mut [u8],
-        /// This rank's operand.
-        local: &'a [u8],
-    },
 }
 
 /// Moves bytes among the `size()` ranks of one communicator. Calls block the calling
@@ -371,5 +324,47 @@ pub trait Transport: Send + Sync {
             Some(g) => gpu::staged::broadcast(g, self.timeout(), buf, root),
             None => ring::broadcast(self, buf, root),
         }
+    }
+}
+
+/// Every transport is a [`P2p`], by its own methods: what lets the defaults above run
+/// the ring on `self`. Static forwarding (inlined; through the vtable when `T` is
+/// `dyn Transport`, as a direct call would be), nothing allocated.
+impl<T: Transport + ?Sized> P2p for T {
+    #[inline]
+    fn rank(&self) -> usize {
+        Transport::rank(self)
+    }
+    #[inline]
+    fn size(&self) -> usize {
+        Transport::size(self)
+    }
+    #[inline]
+    fn send(&self, peer: usize, data: &[u8]) -> Result<()> {
+        Transport::send(self, peer, data)
+    }
+    #[inline]
+    fn recv(&self, peer: usize, data: &mut [u8]) -> Result<()> {
+        Transport::recv(self, peer, data)
+    }
+    #[inline]
+    fn sendrecv(&self, dst: usize, send: &[u8], src: usize, recv: &mut [u8]) -> Result<()> {
+        Transport::sendrecv(self, dst, send, src, recv)
+    }
+    #[inline]
+    fn sendrecv_reduce(
+        &self,
+        dst: usize,
+        send: &[u8],
+        src: usize,
+        fold: Fold<'_>,
+        dtype: DataType,
+        op: ReduceOp,
+    ) -> Result<()> {
+        Transport::sendrecv_reduce(self, dst, send, src, fold, dtype, op)
+    }
+    #[inline]
+    fn exchange(&self, sends: &[(usize, &[u8])], recvs: &mut [(usize, &mut [u8])]) -> Result<()> {
+        Transport::exchange(self, sends, recvs)
     }
 }

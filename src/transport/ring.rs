@@ -1,6 +1,7 @@
-//! `ring`: the flat baselines, written over a transport's point-to-point calls in rank
-//! order, so their traffic is NCCL's ring traffic. These are the native collectives of
-//! the `local` and `mpi` transports; on NCCL/RCCL the vendor's own ring stands in.
+//! `ring`: the flat baselines, written over a transport's point-to-point calls
+//! ([`P2p`]) in rank order, so their traffic is NCCL's ring traffic. These are the native
+//! collectives of the `local` and `mpi` transports; on NCCL/RCCL the vendor's own ring
+//! stands in.
 //!
 //! Traffic of one call, per rank, with `p` ranks and `M` the full (gathered / unreduced)
 //! size in bytes: all-gather and reduce-scatter send `(p-1)/p·M` to the next rank;
@@ -11,7 +12,8 @@
 
 #![forbid(unsafe_code)]
 
-use super::{with_scratch, Fold, Transport};
+use super::p2p::{Fold, P2p};
+use super::scratch::with_scratch;
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::Result;
 use std::ops::Range;
@@ -59,16 +61,12 @@ fn equal_ranges(p: usize, chunk: usize) -> Vec<Range<usize>> {
 }
 
 /// Ring all-gather over variable chunks, in place: `buf[ranges[rank]]` holds this rank's data.
-pub fn all_gather_v<T: Transport + ?Sized>(
-    t: &T,
-    buf: &mut [u8],
-    ranges: &[Range<usize>],
-) -> Result<()> {
+pub fn all_gather_v<T: P2p + ?Sized>(t: &T, buf: &mut [u8], ranges: &[Range<usize>]) -> Result<()> {
     all_gather_by(t, buf, |i| ranges[i].clone())
 }
 
 /// The ring all-gather over chunk `at(i)` of each rank `i`.
-fn all_gather_by<T: Transport + ?Sized>(
+fn all_gather_by<T: P2p + ?Sized>(
     t: &T,
     buf: &mut [u8],
     at: impl Fn(usize) -> Range<usize>,
@@ -84,7 +82,7 @@ fn all_gather_by<T: Transport + ?Sized>(
 }
 
 /// Ring all-gather in place over equal chunks of `chunk` bytes.
-pub fn all_gather<T: Transport + ?Sized>(t: &T, buf: &mut [u8], chunk: usize) -> Result<()> {
+pub fn all_gather<T: P2p + ?Sized>(t: &T, buf: &mut [u8], chunk: usize) -> Result<()> {
     all_gather_by(t, buf, |i| i * chunk..(i + 1) * chunk)
 }
 
@@ -93,7 +91,7 @@ pub fn all_gather<T: Transport + ?Sized>(t: &T, buf: &mut [u8], chunk: usize) ->
 /// chunk `r-s-2`, reduced with `src`'s into half `s % 2` of `parts` (two halves of the
 /// largest chunk). Returns what the last step sends: `src[ranges[r-1]]` when `p == 2`,
 /// else the last partial, as (half, length).
-fn first_steps<T: Transport + ?Sized>(
+fn first_steps<T: P2p + ?Sized>(
     t: &T,
     src: &[u8],
     ranges: &[Range<usize>],
@@ -131,8 +129,8 @@ fn part(parts: &[u8], (h, len): (usize, usize)) -> &[u8] {
 /// Ring reduce-scatter over variable chunks: `out` gets the reduction of everyone's
 /// `src[ranges[rank]]`. `Avg` sums (the caller divides). Each step reduces what it
 /// receives with this rank's chunk straight into the next partial (one pass on the
-/// `local` transport: [`Transport::sendrecv_reduce`]); the last step writes `out`.
-pub fn reduce_scatter_v<T: Transport + ?Sized>(
+/// `local` transport: [`P2p::sendrecv_reduce`]); the last step writes `out`.
+pub fn reduce_scatter_v<T: P2p + ?Sized>(
     t: &T,
     src: &[u8],
     ranges: &[Range<usize>],
@@ -166,7 +164,7 @@ fn max_len(ranges: &[Range<usize>]) -> usize {
 }
 
 /// Ring reduce-scatter over equal chunks of `recv.len()` bytes.
-pub fn reduce_scatter<T: Transport + ?Sized>(
+pub fn reduce_scatter<T: P2p + ?Sized>(
     t: &T,
     send: &[u8],
     recv: &mut [u8],
@@ -181,7 +179,7 @@ pub fn reduce_scatter<T: Transport + ?Sized>(
 /// Ring reduce-scatter in place: chunk `ranges[rank]` of `buf` gets the reduction of
 /// everyone's; the other chunks are read, never written. The last step folds into this
 /// rank's own chunk (`acc = op(acc, incoming)`), so nothing is copied. `Avg` sums.
-pub fn reduce_scatter_in_place_v<T: Transport + ?Sized>(
+pub fn reduce_scatter_in_place_v<T: P2p + ?Sized>(
     t: &T,
     buf: &mut [u8],
     ranges: &[Range<usize>],
@@ -215,7 +213,7 @@ pub fn reduce_scatter_in_place_v<T: Transport + ?Sized>(
 }
 
 /// [`reduce_scatter_in_place_v`] over equal chunks of `chunk` bytes.
-pub fn reduce_scatter_in_place<T: Transport + ?Sized>(
+pub fn reduce_scatter_in_place<T: P2p + ?Sized>(
     t: &T,
     buf: &mut [u8],
     chunk: usize,
@@ -233,7 +231,7 @@ pub const SWAP_MAX: usize = 16 << 10;
 /// element chunks, with no copy of the input. Two ranks with at most [`SWAP_MAX`] bytes
 /// swap their whole buffers in one step instead of two and both compute
 /// `op(rank 0's, rank 1's)` (the same bytes on the wire per rank, `M`, half the steps).
-pub fn all_reduce<T: Transport + ?Sized>(
+pub fn all_reduce<T: P2p + ?Sized>(
     t: &T,
     buf: &mut [u8],
     dtype: DataType,
@@ -257,7 +255,7 @@ pub fn all_reduce<T: Transport + ?Sized>(
 
 /// Two ranks: send `mine` whole to the other rank and write `op(rank 0's, rank 1's)`
 /// into `out` (`mine` and `out` distinct), so both ranks get the same bytes.
-fn swap_reduce<T: Transport + ?Sized>(
+fn swap_reduce<T: P2p + ?Sized>(
     t: &T,
     mine: &[u8],
     out: &mut [u8],
@@ -276,7 +274,7 @@ fn swap_reduce<T: Transport + ?Sized>(
 /// Ring all-reduce out of place: the reduce-scatter reads `send` where it is and writes
 /// this rank's reduced chunk into `recv`, then the all-gather fills the rest of `recv`;
 /// the same bytes as [`all_reduce`] on a copy, without the copy.
-pub fn all_reduce_from<T: Transport + ?Sized>(
+pub fn all_reduce_from<T: P2p + ?Sized>(
     t: &T,
     send: &[u8],
     recv: &mut [u8],
@@ -298,7 +296,7 @@ pub fn all_reduce_from<T: Transport + ?Sized>(
 }
 
 /// Pairwise all-to-all: at step s, send block r+s and receive block r-s.
-pub fn all_to_all<T: Transport + ?Sized>(t: &T, send: &[u8], recv: &mut [u8]) -> Result<()> {
+pub fn all_to_all<T: P2p + ?Sized>(t: &T, send: &[u8], recv: &mut [u8]) -> Result<()> {
     let (r, p) = (t.rank(), t.size());
     let b = send.len() / p;
     recv[r * b..(r + 1) * b].copy_from_slice(&send[r * b..(r + 1) * b]);
@@ -318,9 +316,9 @@ pub fn all_to_all<T: Transport + ?Sized>(t: &T, send: &[u8], recv: &mut [u8]) ->
 const BCAST_PIECE: usize = 1 << 20;
 
 /// Chain broadcast from `root` in rank order, pipelined in 1 MiB pieces: a middle rank
-/// forwards piece `k` while it receives piece `k+1` (one [`Transport::exchange`]), so on
+/// forwards piece `k` while it receives piece `k+1` (one [`P2p::exchange`]), so on
 /// `local` each piece is copied once per hop.
-pub fn broadcast<T: Transport + ?Sized>(t: &T, buf: &mut [u8], root: usize) -> Result<()> {
+pub fn broadcast<T: P2p + ?Sized>(t: &T, buf: &mut [u8], root: usize) -> Result<()> {
     let (r, p) = (t.rank(), t.size());
     let pos = (r + p - root) % p;
     let (first, last) = (pos == 0, pos + 1 == p);

@@ -1,5 +1,7 @@
 use super::*;
+use crate::capi::coll::strataAllReduce;
 use crate::comm::bootstrap::parse_transport;
+use std::ffi::{c_void, CString};
 use std::ptr::{null, null_mut};
 
 fn last() -> String {
@@ -204,7 +206,7 @@ fn capi_config_links() {
     assert_eq!(rc, strataInvalidArgument);
     assert!(last().contains("preset, probe, reprobe"), "{}", last());
     // A config of the size before `links` is read without it.
-    cfg.size = super::super::CONFIG_SIZE_BEFORE_LINKS;
+    cfg.size = CONFIG_SIZE_BEFORE_LINKS;
     // SAFETY: as above; `links` lies beyond `size` and is not read.
     let rc = unsafe { strataCommInitLocal(comms.as_mut_ptr(), 2, null(), &cfg) };
     assert_eq!(rc, strataSuccess, "{}", last());
