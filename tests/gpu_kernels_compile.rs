@@ -39,29 +39,11 @@ fn cuda_kernels_compile_with_nvrtc() {
         // A fresh cache directory (compute_90) or none: either way NVRTC compiles the
         // source here; the compute_90 entry then serves the cache's checks below.
         let cached = arch == "compute_90";
-        let ptx = match kernels_gpu::compile_cuda_ptx_in(arch, cached.then_some(dir.as_path())) {
-            Ok(p) => p,
-            Err(e @ strata::Error::System(_)) => {
-                let msg = e.to_string();
-                // A missing library or header is the toolchain's absence; a compile
-                // error in our own source always fails.
-                if msg.contains("not found") {
-                    unavailable("NVRTC compile", &msg);
-                    return;
-                }
-                panic!("{arch}: {msg}");
-            }
-            Err(e) => panic!("{arch}: {e}"),
+        let compiled = kernels_gpu::compile_cuda_ptx_in(arch, cached.then_some(dir.as_path()));
+        let Some(ptx) = nvrtc_output("NVRTC compile", arch, compiled) else {
+            return;
         };
-        for name in kernels_gpu::kernel_names()
-            .into_iter()
-            .chain(kernels_gpu::reduce_kernel_names())
-        {
-            assert!(
-                ptx.contains(&format!(".entry {name}(")),
-                "{arch}: kernel {name} missing from the PTX"
-            );
-        }
+        assert_every_kernel(arch, "PTX", |name| ptx.contains(&format!(".entry {name}(")));
         let (lib, major, minor) = kernels_gpu::nvrtc_version().expect("NVRTC compiled the kernels");
         assert!(major >= 11, "{lib}: NVRTC {major}.{minor}");
         eprintln!("{arch}: {lib} (NVRTC {major}.{minor})");
@@ -104,27 +86,16 @@ fn cuda_kernels_compile_to_cubin() {
     let dir = cache_dir("cubin");
     for arch in ["sm_80", "sm_90"] {
         let cached = arch == "sm_90";
-        let cubin = match kernels_gpu::compile_cuda_cubin_in(arch, cached.then_some(dir.as_path()))
-        {
-            Ok(c) => c,
-            Err(e @ strata::Error::System(_)) if e.to_string().contains("not found") => {
-                unavailable("NVRTC CUBIN", &e.to_string());
-                return;
-            }
-            Err(e) => panic!("{arch}: {e}"),
+        let compiled = kernels_gpu::compile_cuda_cubin_in(arch, cached.then_some(dir.as_path()));
+        let Some(cubin) = nvrtc_output("NVRTC CUBIN", arch, compiled) else {
+            return;
         };
         assert_eq!(&cubin[..4], b"\x7fELF", "{arch}: not an ELF image");
-        for name in kernels_gpu::kernel_names()
-            .into_iter()
-            .chain(kernels_gpu::reduce_kernel_names())
-        {
-            assert!(
-                cubin
-                    .windows(name.len() + 1)
-                    .any(|w| w[..name.len()] == *name.as_bytes() && w[name.len()] == 0),
-                "{arch}: kernel {name} missing from the CUBIN"
-            );
-        }
+        assert_every_kernel(arch, "CUBIN", |name| {
+            cubin
+                .windows(name.len() + 1)
+                .any(|w| w[..name.len()] == *name.as_bytes() && w[name.len()] == 0)
+        });
         eprintln!("NVRTC {arch}: {} bytes of CUBIN", cubin.len());
         if cached {
             // The damaged-entry case (a recompile) is the PTX test's, which costs half.
@@ -137,6 +108,31 @@ fn cuda_kernels_compile_to_cubin() {
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// What NVRTC made for `arch`, or None where NVRTC is missing (`what` is then skipped,
+/// or fails under STRATA_REQUIRE_GPU_TOOLCHAINS=1): a missing library or header is the
+/// toolchain's absence; any other error, such as a compile error in our own source,
+/// always fails.
+fn nvrtc_output<T>(what: &str, arch: &str, compiled: strata::Result<T>) -> Option<T> {
+    match compiled {
+        Ok(out) => Some(out),
+        Err(e @ strata::Error::System(_)) if e.to_string().contains("not found") => {
+            unavailable(what, &e.to_string());
+            None
+        }
+        Err(e) => panic!("{arch}: {e}"),
+    }
+}
+
+/// Every kernel's symbol is in `arch`'s `what` (PTX or CUBIN), as `has` looks for it.
+fn assert_every_kernel(arch: &str, what: &str, has: impl Fn(&str) -> bool) {
+    for name in kernels_gpu::kernel_names()
+        .into_iter()
+        .chain(kernels_gpu::reduce_kernel_names())
+    {
+        assert!(has(&name), "{arch}: kernel {name} missing from the {what}");
+    }
 }
 
 fn cache_dir(what: &str) -> PathBuf {

@@ -69,25 +69,28 @@ fn narrow(dtype: DataType, v: &[f32]) -> Vec<u8> {
                 let x = if x.is_nan() { f32::from_bits(CANON) } else { x };
                 x.to_le_bytes().to_vec()
             }
-            DataType::F16 => {
-                let h = if x.is_nan() {
-                    0x7E00
-                } else {
-                    f16::from_f32(x).to_bits()
-                };
-                h.to_le_bytes().to_vec()
-            }
-            DataType::BF16 => {
-                let h = if x.is_nan() {
-                    0x7FC0
-                } else {
-                    bf16::from_f32(x).to_bits()
-                };
-                h.to_le_bytes().to_vec()
-            }
+            DataType::F16 => narrow_half(x, 0x7E00, |x| f16::from_f32(x).to_bits()),
+            DataType::BF16 => narrow_half(x, 0x7FC0, |x| bf16::from_f32(x).to_bits()),
             _ => unreachable!(),
         })
         .collect()
+}
+
+/// `x` as the bytes of a 16-bit float: its canonical NaN `nan`, else `bits(x)` (RNE).
+fn narrow_half(x: f32, nan: u16, bits: impl Fn(f32) -> u16) -> Vec<u8> {
+    let h = if x.is_nan() { nan } else { bits(x) };
+    h.to_le_bytes().to_vec()
+}
+
+/// `v` as `dt` (`encode`), its exact f32 values and their quantization, checked equal
+/// to the reference's (into a buffer of 0xEE bytes: every byte must be written).
+fn quantized(spec: QuantSpec, dt: DataType, v: &[f32]) -> (Vec<f32>, Vec<u8>) {
+    let src = encode(dt, v);
+    let x = decode(dt, &src);
+    let mut packed = vec![0xEEu8; spec.packed_len(x.len())];
+    quantize(spec, dt, &src, &mut packed).unwrap();
+    assert_eq!(packed, ref_quantize(spec, &x));
+    (x, packed)
 }
 
 /// The quantizer exactly as docs/quantization.md words it, with no tricks.
@@ -220,12 +223,8 @@ proptest! {
     #[test]
     fn round_trip_within_bound(spec in spec_strategy(), dt in dtype_strategy(),
                                out_dt in dtype_strategy(), v in values(0..300)) {
-        let src = encode(dt, &v);
-        let x = decode(dt, &src);
+        let (x, packed) = quantized(spec, dt, &v);
         let n = x.len();
-        let mut packed = vec![0xEEu8; spec.packed_len(n)];
-        quantize(spec, dt, &src, &mut packed).unwrap();
-        prop_assert_eq!(&packed, &ref_quantize(spec, &x));
 
         let min_code = -(1 << (spec.bits - 1));
         prop_assert!(codes_of(spec, &packed, n).iter().all(|&q| q != min_code));
@@ -268,12 +267,8 @@ proptest! {
             let i = at.index(v.len());
             v[i] = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY][*kind as usize];
         }
-        let src = encode(dt, &v);
-        let x = decode(dt, &src);
+        let (x, packed) = quantized(spec, dt, &v);
         let n = x.len();
-        let mut packed = vec![0u8; spec.packed_len(n)];
-        quantize(spec, dt, &src, &mut packed).unwrap();
-        prop_assert_eq!(&packed, &ref_quantize(spec, &x));
         let scales = scales_of(spec, &packed, n);
         let codes = codes_of(spec, &packed, n);
         let mut out = vec![0u8; n * out_dt.size()];

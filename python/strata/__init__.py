@@ -858,66 +858,54 @@ class Comm:
         self._inflight = [w for w in self._inflight if not w._poll()] + [work]
         return work
 
+    def _send_recv(self, send, recv, count, dtype, per_rank: Optional[str]) -> tuple:
+        """The buffers, dtype and count of a call from ``send`` to ``recv``: the buffer
+        named by ``per_rank`` (``"send"`` or ``"recv"``) holds a block of ``count``
+        elements per rank, the other one block (both where None). The count defaults to
+        all of that one block (``send``'s where both are one), whose size is checked
+        first. The arrays are kept alive for an open group."""
+        s, r = _buf(send, False, "send", self._gpu), _buf(recv, True, "recv", self._gpu)
+        dt = _resolve_dtype(dtype, s, r)
+        sz = _size_of(dt)
+        sides = [(s, "send"), (r, "recv")]
+        if per_rank == "send":
+            sides.reverse()
+        count = sides[0][0].nbytes // sz if count is None else count
+        for b, what in sides:
+            _need(b, count * sz * (self.size if what == per_rank else 1), what)
+        _group_keep(send, recv)
+        return s, r, dt, count
+
     def all_gather(self, send, recv, count=None, dtype=None, stream=None, async_op=False) -> Optional["Work"]:
         """``strataAllGather``: ``recv`` (size*count) gathers every rank's ``send``
         (count; default: all of ``send``). In place when ``send`` is
         ``recv[rank*count:(rank+1)*count]``."""
-        s, r = _buf(send, False, "send", self._gpu), _buf(recv, True, "recv", self._gpu)
-        dt = _resolve_dtype(dtype, s, r)
-        sz = _size_of(dt)
-        count = s.nbytes // sz if count is None else count
-        _need(s, count * sz, "send")
-        _need(r, count * sz * self.size, "recv")
-        _group_keep(send, recv)
+        s, r, dt, count = self._send_recv(send, recv, count, dtype, "recv")
         return self._issue("strataAllGather", [s.ptr, r.ptr, count, dt, self._addr], stream, async_op, s, r)
 
     def reduce_scatter(self, send, recv, op="sum", count=None, dtype=None, stream=None, async_op=False) -> Optional["Work"]:
         """``strataReduceScatter``: ``recv`` (count; default: all of ``recv``) = ``op``
         over ranks of ``send[rank*count:]`` (size*count). In place when ``recv`` is
         ``send[rank*count:(rank+1)*count]``."""
-        s, r = _buf(send, False, "send", self._gpu), _buf(recv, True, "recv", self._gpu)
-        dt = _resolve_dtype(dtype, s, r)
-        sz = _size_of(dt)
-        count = r.nbytes // sz if count is None else count
-        _need(r, count * sz, "recv")
-        _need(s, count * sz * self.size, "send")
-        _group_keep(send, recv)
+        s, r, dt, count = self._send_recv(send, recv, count, dtype, "send")
         return self._issue("strataReduceScatter", [s.ptr, r.ptr, count, dt, _op_code(op), self._addr], stream, async_op, s, r)
 
     def all_gather_quantized(self, send, recv, bits=8, block=256, count=None, dtype=None, stream=None, async_op=False) -> Optional["Work"]:
         """``strataAllGatherQuantized`` (ZeRO++ qwZ): as ``all_gather``, every rank's data
         travels block-quantized to ``bits`` (4 or 8) with one scale per ``block``."""
-        s, r = _buf(send, False, "send", self._gpu), _buf(recv, True, "recv", self._gpu)
-        dt = _resolve_dtype(dtype, s, r)
-        sz = _size_of(dt)
-        count = s.nbytes // sz if count is None else count
-        _need(s, count * sz, "send")
-        _need(r, count * sz * self.size, "recv")
-        _group_keep(send, recv)
+        s, r, dt, count = self._send_recv(send, recv, count, dtype, "recv")
         return self._issue("strataAllGatherQuantized", [s.ptr, r.ptr, count, dt, bits, block, self._addr], stream, async_op, s, r)
 
     def reduce_scatter_quantized(self, send, recv, op="sum", bits=4, block=256, count=None, dtype=None, stream=None, async_op=False) -> Optional["Work"]:
         """``strataReduceScatterQuantized`` (ZeRO++ qgZ, 2-hop): as ``reduce_scatter`` with
         ``op`` sum or avg, gradients travel block-quantized to ``bits`` (4 or 8)."""
-        s, r = _buf(send, False, "send", self._gpu), _buf(recv, True, "recv", self._gpu)
-        dt = _resolve_dtype(dtype, s, r)
-        sz = _size_of(dt)
-        count = r.nbytes // sz if count is None else count
-        _need(r, count * sz, "recv")
-        _need(s, count * sz * self.size, "send")
-        _group_keep(send, recv)
+        s, r, dt, count = self._send_recv(send, recv, count, dtype, "send")
         return self._issue("strataReduceScatterQuantized", [s.ptr, r.ptr, count, dt, _op_code(op), bits, block, self._addr], stream, async_op, s, r)
 
     def all_reduce(self, send, recv=None, op="sum", count=None, dtype=None, stream=None, async_op=False) -> Optional["Work"]:
         """``strataAllReduce``; in place when ``recv`` is None or ``send`` itself."""
         recv = send if recv is None else recv
-        s, r = _buf(send, False, "send", self._gpu), _buf(recv, True, "recv", self._gpu)
-        dt = _resolve_dtype(dtype, s, r)
-        sz = _size_of(dt)
-        count = s.nbytes // sz if count is None else count
-        _need(s, count * sz, "send")
-        _need(r, count * sz, "recv")
-        _group_keep(send, recv)
+        s, r, dt, count = self._send_recv(send, recv, count, dtype, None)
         return self._issue("strataAllReduce", [s.ptr, r.ptr, count, dt, _op_code(op), self._addr], stream, async_op, s, r)
 
     def all_to_all(self, send, recv, count=None, dtype=None, stream=None, async_op=False) -> Optional["Work"]:
@@ -954,23 +942,22 @@ class Comm:
 
     def send(self, buf, peer: int, count=None, dtype=None, stream=None, async_op=False) -> Optional["Work"]:
         """``strataSend`` of ``buf`` to ``peer``."""
-        b = _buf(buf, False, "buf", self._gpu)
-        dt = _resolve_dtype(dtype, b)
-        sz = _size_of(dt)
-        count = b.nbytes // sz if count is None else count
-        _need(b, count * sz, "buf")
-        _group_keep(buf)
-        return self._issue("strataSend", [b.ptr, count, dt, peer, self._addr], stream, async_op, b)
+        return self._p2p("strataSend", buf, False, peer, count, dtype, stream, async_op)
 
     def recv(self, buf, peer: int, count=None, dtype=None, stream=None, async_op=False) -> Optional["Work"]:
         """``strataRecv`` into ``buf`` from ``peer``."""
-        b = _buf(buf, True, "buf", self._gpu)
+        return self._p2p("strataRecv", buf, True, peer, count, dtype, stream, async_op)
+
+    def _p2p(self, fn, buf, writable: bool, peer: int, count, dtype, stream, async_op) -> Optional["Work"]:
+        """``fn`` (``strataSend`` / ``strataRecv``) of ``count`` elements of ``buf``
+        (default: all of it) with ``peer``."""
+        b = _buf(buf, writable, "buf", self._gpu)
         dt = _resolve_dtype(dtype, b)
         sz = _size_of(dt)
         count = b.nbytes // sz if count is None else count
         _need(b, count * sz, "buf")
         _group_keep(buf)
-        return self._issue("strataRecv", [b.ptr, count, dt, peer, self._addr], stream, async_op, b)
+        return self._issue(fn, [b.ptr, count, dt, peer, self._addr], stream, async_op, b)
 
     def _coalesced(self, fn, sends, recvs, counts, dtype, op, gather: bool, stream, async_op=False) -> Optional["Work"]:
         sends, recvs = list(sends), list(recvs)

@@ -1,9 +1,9 @@
 //! Fused dequantize-reduce(-quantize) kernels of qgZ (ZeRO++ E.3 2-hop all-to-all, F.2
 //! kernel fusion): one pass over the received slices, one f32 accumulator per block.
 
-use super::convert::{store, Scratch};
+use super::convert::Scratch;
 use super::format::{check_dtype, check_len, check_spec, elem_bytes, packed_bytes, QuantSpec};
-use super::quantize::{deq_add, deq_set, quantize_block, Slice};
+use super::quantize::{deq_add, deq_set, quantize_block, store_blocks, Slice};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::{Error, Result};
 
@@ -116,17 +116,11 @@ pub fn dequant_reduce(
     if n == 0 {
         return Ok(());
     }
-    let g = Slice::new(spec, n);
-    let mut sc = Scratch::new(spec.block.min(n));
-    let s = dtype.size();
-    for b in 0..g.blocks() {
-        let e = g.elems(b);
-        let acc = &mut sc.f[..e.len()];
-        accumulate(&g, inputs, 0, b, acc, &mut sc.h);
+    store_blocks(spec, n, dtype, dst, |g, b, acc, h| {
+        accumulate(g, inputs, 0, b, acc, h);
         if let Some(d) = div {
             acc.iter_mut().for_each(|v| *v /= d);
         }
-        store(dtype, acc, &mut dst[e.start * s..e.end * s], &mut sc.h);
-    }
+    });
     Ok(())
 }

@@ -243,20 +243,29 @@ pub fn dequantize(
     if n == 0 {
         return Ok(());
     }
+    store_blocks(spec, n, dtype, dst, |g, b, x, h| {
+        deq_set(spec.bits, g.scale(src, b), &src[g.code_bytes(b)], x, h)
+    });
+    Ok(())
+}
+
+/// The dequantizing kernels' output loop: for each block `b` of `n` elements, `fill(g, b,
+/// x, h)` sets `x` to the block's f32 values (`h`: 16-bit scratch of the block's size),
+/// which are then stored in `dst` as `dtype` (`n` elements, length already checked).
+pub(crate) fn store_blocks(
+    spec: QuantSpec,
+    n: usize,
+    dtype: DataType,
+    dst: &mut [u8],
+    mut fill: impl FnMut(&Slice, usize, &mut [f32], &mut [u16]),
+) {
     let g = Slice::new(spec, n);
     let mut sc = Scratch::new(spec.block.min(n));
     let s = dtype.size();
     for b in 0..g.blocks() {
         let e = g.elems(b);
         let x = &mut sc.f[..e.len()];
-        deq_set(
-            spec.bits,
-            g.scale(src, b),
-            &src[g.code_bytes(b)],
-            x,
-            &mut sc.h,
-        );
+        fill(&g, b, x, &mut sc.h);
         store(dtype, x, &mut dst[e.start * s..e.end * s], &mut sc.h);
     }
-    Ok(())
 }

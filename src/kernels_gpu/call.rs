@@ -73,6 +73,18 @@ fn overflow(what: &str) -> Error {
     bad(what, "size overflows")
 }
 
+/// `per`, the bytes of one sender (`None` where they overflow), after checking that there
+/// is at least one sender and that `inputs` holds the `k` senders' bytes.
+fn check_senders(what: &str, per: Option<usize>, k: usize, inputs: Region) -> Result<usize> {
+    if k == 0 {
+        return Err(bad(what, "needs at least one input, got none"));
+    }
+    let per = per.ok_or_else(|| overflow(what))?;
+    let all = per.checked_mul(k).ok_or_else(|| overflow(what))?;
+    check_len(what, "inputs", all, inputs)?;
+    Ok(per)
+}
+
 /// Validate `call` and prepare its launch; `Ok(None)` for a valid empty problem.
 pub fn prepare(call: &QuantCall) -> Result<Option<Prepared>> {
     match *call {
@@ -138,16 +150,7 @@ pub fn prepare(call: &QuantCall) -> Result<Option<Prepared>> {
             };
             check_spec(W, spec)?;
             check_float(W, dtype)?;
-            if k == 0 {
-                return Err(bad(W, "needs at least one input, got none"));
-            }
-            let one = spec.checked_packed_len(n).ok_or_else(|| overflow(W))?;
-            check_len(
-                W,
-                "inputs",
-                one.checked_mul(k).ok_or_else(|| overflow(W))?,
-                inputs,
-            )?;
+            check_senders(W, spec.checked_packed_len(n), k, inputs)?;
             check_len(
                 W,
                 "dst",
@@ -181,17 +184,10 @@ pub fn prepare(call: &QuantCall) -> Result<Option<Prepared>> {
         } => {
             const W: &str = "dequant_reduce_quant";
             check_spec(W, spec)?;
-            if k == 0 {
-                return Err(bad(W, "needs at least one input, got none"));
-            }
-            let one = spec.checked_packed_len(n).ok_or_else(|| overflow(W))?;
-            let per = one.checked_mul(slices).ok_or_else(|| overflow(W))?;
-            check_len(
-                W,
-                "inputs",
-                per.checked_mul(k).ok_or_else(|| overflow(W))?,
-                inputs,
-            )?;
+            let per = spec
+                .checked_packed_len(n)
+                .and_then(|one| one.checked_mul(slices));
+            let per = check_senders(W, per, k, inputs)?;
             check_len(W, "dst", per, dst)?;
             Ok(
                 drq_plan(spec, n, slices, k, Geometry::current()).map(|(l, mut a)| {

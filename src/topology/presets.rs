@@ -142,47 +142,79 @@ const LAT_IB: f64 = 4.0;
 const LAT_EFA: f64 = 15.0;
 const LAT_SLINGSHOT: f64 = 2.5;
 
-/// NVIDIA DGX A100: 8x A100, NVLink3/NVSwitch 300 GB/s/dir, 8x HDR 200 Gb/s.
-pub const DGX_A100: Preset = Preset {
-    name: "dgx-a100",
-    aliases: &[],
-    description: "NVIDIA DGX A100: 8x A100 on NVSwitch (300 GB/s/dir), 8x HDR IB 200 Gb/s \
-                  (modeled at NCCL's 232.5 and 24 GB/s)",
-    packages_per_node: 8,
-    dies_per_package: 1,
-    links: Links {
-        intra_package: spec(300.0 * EFF_NVLINK3, LAT_NVLINK),
-        intra_node: spec(300.0 * EFF_NVLINK3, LAT_NVLINK),
-        inter_node: spec(25.0 * EFF_HDR, LAT_IB),
-        nics_per_node: 8,
-        nic_bandwidth_gbs: 25.0 * EFF_HDR,
+/// Links at the figures given, with no host, overlap, hand-off or lone-latency figures
+/// (the simulator's defaults): the inter-node link is the rank's share of the node's
+/// NICs, `nics_per_node * nic_gbs / ranks_per_node`, at `nic_latency_us`.
+const fn links(
+    intra_package: LinkSpec,
+    intra_node: LinkSpec,
+    nics_per_node: usize,
+    nic_gbs: f64,
+    nic_latency_us: f64,
+    ranks_per_node: usize,
+) -> Links {
+    Links {
+        intra_package,
+        intra_node,
+        inter_node: spec(
+            nics_per_node as f64 * nic_gbs / ranks_per_node as f64,
+            nic_latency_us,
+        ),
+        nics_per_node,
+        nic_bandwidth_gbs: nic_gbs,
         host: None,
         overlap: None,
         handoff_us: None,
         lone_latency_us: None,
-    },
-};
+    }
+}
+
+/// An 8-GPU NVIDIA machine: one die per package (so `intra_package` repeats the
+/// `intra_node` figure), `nvlink_gbs` per direction at [`LAT_NVLINK`], and `nics` NICs
+/// of `nic_gbs` each at `nic_latency_us`.
+const fn nvidia8(
+    name: &'static str,
+    aliases: &'static [&'static str],
+    description: &'static str,
+    nvlink_gbs: f64,
+    nics: usize,
+    nic_gbs: f64,
+    nic_latency_us: f64,
+) -> Preset {
+    let nvlink = spec(nvlink_gbs, LAT_NVLINK);
+    Preset {
+        name,
+        aliases,
+        description,
+        packages_per_node: 8,
+        dies_per_package: 1,
+        links: links(nvlink, nvlink, nics, nic_gbs, nic_latency_us, 8),
+    }
+}
+
+/// NVIDIA DGX A100: 8x A100, NVLink3/NVSwitch 300 GB/s/dir, 8x HDR 200 Gb/s.
+pub const DGX_A100: Preset = nvidia8(
+    "dgx-a100",
+    &[],
+    "NVIDIA DGX A100: 8x A100 on NVSwitch (300 GB/s/dir), 8x HDR IB 200 Gb/s \
+     (modeled at NCCL's 232.5 and 24 GB/s)",
+    300.0 * EFF_NVLINK3,
+    8,
+    25.0 * EFF_HDR,
+    LAT_IB,
+);
 
 /// NVIDIA DGX H100: 8x H100, NVLink4/NVSwitch 450 GB/s/dir, 8x NDR 400 Gb/s.
-pub const DGX_H100: Preset = Preset {
-    name: "dgx-h100",
-    aliases: &[],
-    description: "NVIDIA DGX H100: 8x H100 on NVSwitch (450 GB/s/dir), 8x NDR IB 400 Gb/s \
-                  (modeled at NCCL's 370 and 47 GB/s)",
-    packages_per_node: 8,
-    dies_per_package: 1,
-    links: Links {
-        intra_package: spec(450.0 * EFF_NVLINK4, LAT_NVLINK),
-        intra_node: spec(450.0 * EFF_NVLINK4, LAT_NVLINK),
-        inter_node: spec(50.0 * EFF_NDR, LAT_IB),
-        nics_per_node: 8,
-        nic_bandwidth_gbs: 50.0 * EFF_NDR,
-        host: None,
-        overlap: None,
-        handoff_us: None,
-        lone_latency_us: None,
-    },
-};
+pub const DGX_H100: Preset = nvidia8(
+    "dgx-h100",
+    &[],
+    "NVIDIA DGX H100: 8x H100 on NVSwitch (450 GB/s/dir), 8x NDR IB 400 Gb/s \
+     (modeled at NCCL's 370 and 47 GB/s)",
+    450.0 * EFF_NVLINK4,
+    8,
+    50.0 * EFF_NDR,
+    LAT_IB,
+);
 
 /// OLCF Frontier node: 4x MI250X x 2 GCDs, 4x Slingshot-11 200 Gb/s (002 §III-IV).
 pub const FRONTIER: Preset = Preset {
@@ -192,78 +224,48 @@ pub const FRONTIER: Preset = Preset {
         "OLCF Frontier: 4x MI250X x 2 GCDs (IF 100 / 25 GB/s/dir), 4x Slingshot-11 200 Gb/s",
     packages_per_node: 4,
     dies_per_package: 2,
-    links: Links {
-        intra_package: spec(100.0, LAT_IF_PACKAGE),
-        intra_node: spec(25.0, LAT_IF_NODE),
-        inter_node: spec(12.5, LAT_SLINGSHOT),
-        nics_per_node: 4,
-        nic_bandwidth_gbs: 25.0,
-        host: None,
-        overlap: None,
-        handoff_us: None,
-        lone_latency_us: None,
-    },
+    links: links(
+        spec(100.0, LAT_IF_PACKAGE),
+        spec(25.0, LAT_IF_NODE),
+        4,
+        25.0,
+        LAT_SLINGSHOT,
+        8,
+    ),
 };
 
 /// AWS p3dn.24xlarge: 8x V100, NVLink2 150 GB/s/dir, 100 Gbps EFA.
-pub const P3DN: Preset = Preset {
-    name: "p3dn",
-    aliases: &["p3dn.24xlarge"],
-    description: "AWS p3dn.24xlarge: 8x V100 NVLink2 (150 GB/s/dir), 100 Gbps EFA",
-    packages_per_node: 8,
-    dies_per_package: 1,
-    links: Links {
-        intra_package: spec(150.0 * EFF_NVLINK3, LAT_NVLINK),
-        intra_node: spec(150.0 * EFF_NVLINK3, LAT_NVLINK),
-        inter_node: spec(12.5 / 8.0, LAT_EFA),
-        nics_per_node: 1,
-        nic_bandwidth_gbs: 12.5,
-        host: None,
-        overlap: None,
-        handoff_us: None,
-        lone_latency_us: None,
-    },
-};
+pub const P3DN: Preset = nvidia8(
+    "p3dn",
+    &["p3dn.24xlarge"],
+    "AWS p3dn.24xlarge: 8x V100 NVLink2 (150 GB/s/dir), 100 Gbps EFA",
+    150.0 * EFF_NVLINK3,
+    1,
+    12.5,
+    LAT_EFA,
+);
 
 /// AWS p4d.24xlarge: 8x A100 on NVSwitch 300 GB/s/dir, 4x 100 Gbps EFA.
-pub const P4D: Preset = Preset {
-    name: "p4d",
-    aliases: &["p4d.24xlarge"],
-    description: "AWS p4d.24xlarge: 8x A100 on NVSwitch (300 GB/s/dir), 400 Gbps EFA (4x 100)",
-    packages_per_node: 8,
-    dies_per_package: 1,
-    links: Links {
-        intra_package: spec(300.0 * EFF_NVLINK3, LAT_NVLINK),
-        intra_node: spec(300.0 * EFF_NVLINK3, LAT_NVLINK),
-        inter_node: spec(4.0 * 12.5 / 8.0, LAT_EFA),
-        nics_per_node: 4,
-        nic_bandwidth_gbs: 12.5,
-        host: None,
-        overlap: None,
-        handoff_us: None,
-        lone_latency_us: None,
-    },
-};
+pub const P4D: Preset = nvidia8(
+    "p4d",
+    &["p4d.24xlarge"],
+    "AWS p4d.24xlarge: 8x A100 on NVSwitch (300 GB/s/dir), 400 Gbps EFA (4x 100)",
+    300.0 * EFF_NVLINK3,
+    4,
+    12.5,
+    LAT_EFA,
+);
 
 /// AWS p5.48xlarge: 8x H100 on NVSwitch 450 GB/s/dir, 32x 100 Gbps EFA.
-pub const P5: Preset = Preset {
-    name: "p5",
-    aliases: &["p5.48xlarge"],
-    description: "AWS p5.48xlarge: 8x H100 on NVSwitch (450 GB/s/dir), 3200 Gbps EFA (32x 100)",
-    packages_per_node: 8,
-    dies_per_package: 1,
-    links: Links {
-        intra_package: spec(450.0 * EFF_NVLINK4, LAT_NVLINK),
-        intra_node: spec(450.0 * EFF_NVLINK4, LAT_NVLINK),
-        inter_node: spec(32.0 * 12.5 / 8.0, LAT_EFA),
-        nics_per_node: 32,
-        nic_bandwidth_gbs: 12.5,
-        host: None,
-        overlap: None,
-        handoff_us: None,
-        lone_latency_us: None,
-    },
-};
+pub const P5: Preset = nvidia8(
+    "p5",
+    &["p5.48xlarge"],
+    "AWS p5.48xlarge: 8x H100 on NVSwitch (450 GB/s/dir), 3200 Gbps EFA (32x 100)",
+    450.0 * EFF_NVLINK4,
+    32,
+    12.5,
+    LAT_EFA,
+);
 
 /// Every preset, in the order `--help` lists them.
 pub const PRESETS: [Preset; 6] = [DGX_A100, DGX_H100, FRONTIER, P3DN, P4D, P5];

@@ -2,6 +2,7 @@
 //! modeled columns only, no transport), `--trace` and `--plot`.
 
 use crate::cli::{dedup, Cli};
+use crate::report::RowName;
 use crate::sweep::{build_plan, bus_factor, reduces, Row, RowAlgo};
 use crate::text::{fmt_time, out};
 use serde::Serialize;
@@ -205,16 +206,8 @@ pub(crate) fn model_topology(spec: &str, p: usize) -> Result<Topology> {
 /// `report::Record`).
 #[derive(Debug, Serialize)]
 struct DryRecord {
-    op: &'static str,
-    algo: &'static str,
-    algo_used: &'static str,
-    dtype: &'static str,
-    redop: &'static str,
-    size: u64,
-    count: usize,
-    ranks: usize,
-    topology: String,
-    transport: &'static str,
+    #[serde(flatten)]
+    name: RowName,
     model_time_us: f64,
     model_algbw: f64,
     model_busbw: f64,
@@ -391,16 +384,7 @@ pub(crate) fn run_dry(cli: &Cli, config: &CommConfig, algos: &[Algo]) -> Result<
         busbw_sum += m.busbw;
         modeler.note(i, row, &m);
         records.push(DryRecord {
-            op: row.kind.name(),
-            algo: row.algo.name(),
-            algo_used: m.used.name(),
-            dtype: row.dtype.name(),
-            redop: row.redop_name(),
-            size: row.bytes,
-            count: row.count,
-            ranks: p,
-            topology: topo.name.clone(),
-            transport: "none",
+            name: RowName::new(row, m.used.name(), p, &topo, "none"),
             model_time_us: m.time_us,
             model_algbw: m.algbw,
             model_busbw: m.busbw,

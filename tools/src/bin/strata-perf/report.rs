@@ -19,9 +19,10 @@ use strata::traffic::{TrafficMatrix, TrafficReport};
 use strata::transport::TransportKind;
 use strata::{Algo, Buffer, Comm, Error, ReduceOp, Request, Result, Topology};
 
-/// One JSON record (contract: field names).
+/// The fields that name a row, first in every JSON record, of a run ([`Record`]) and of
+/// a dry run (`crate::model`'s): one list of names for both (contract: field names).
 #[derive(Debug, Serialize)]
-struct Record {
+pub(crate) struct RowName {
     op: &'static str,
     algo: &'static str,
     /// The algorithm that actually ran (`auto` resolved; `hier` may fall back to `ring`).
@@ -33,6 +34,38 @@ struct Record {
     ranks: usize,
     topology: String,
     transport: &'static str,
+}
+
+impl RowName {
+    /// `row`, run as the algorithm named `used`, on `ranks` ranks of `topo` over
+    /// `transport`.
+    pub(crate) fn new(
+        row: &Row,
+        used: &'static str,
+        ranks: usize,
+        topo: &Topology,
+        transport: &'static str,
+    ) -> RowName {
+        RowName {
+            op: row.kind.name(),
+            algo: row.algo.name(),
+            algo_used: used,
+            dtype: row.dtype.name(),
+            redop: row.redop_name(),
+            size: row.bytes,
+            count: row.count,
+            ranks,
+            topology: topo.name.clone(),
+            transport,
+        }
+    }
+}
+
+/// One JSON record (contract: field names).
+#[derive(Debug, Serialize)]
+struct Record {
+    #[serde(flatten)]
+    name: RowName,
     time_us: f64,
     algbw: f64,
     busbw: f64,
@@ -501,16 +534,7 @@ impl<'a> Reporter<'a> {
         self.total_wrong += wrong;
         self.busbw_sum += busbw;
         self.records.push(Record {
-            op: row.kind.name(),
-            algo: row.algo.name(),
-            algo_used: used.name(),
-            dtype: row.dtype.name(),
-            redop: row.redop_name(),
-            size: row.bytes,
-            count: row.count,
-            ranks: self.p,
-            topology: self.topo.name.clone(),
-            transport: self.transport.name(),
+            name: RowName::new(row, used.name(), self.p, &self.topo, self.transport.name()),
             time_us,
             algbw,
             busbw,
@@ -560,13 +584,13 @@ impl<'a> Reporter<'a> {
             .records
             .iter()
             .map(|r| crate::autocheck::Timed {
-                op: r.op,
-                dtype: r.dtype,
-                redop: r.redop,
-                size: r.size,
+                op: r.name.op,
+                dtype: r.name.dtype,
+                redop: r.name.redop,
+                size: r.name.size,
                 coalesce: r.coalesce,
-                algo: r.algo,
-                algo_used: r.algo_used,
+                algo: r.name.algo,
+                algo_used: r.name.algo_used,
                 time_us: r.time_us,
             })
             .collect();
