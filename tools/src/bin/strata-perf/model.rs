@@ -2,8 +2,7 @@
 //! modeled columns only, no transport), `--trace` and `--plot`.
 
 use crate::cli::{dedup, Cli};
-use crate::report::RowName;
-use crate::sweep::{build_plan, bus_factor, reduces, Row, RowAlgo};
+use crate::sweep::{build_plan, bus_factor, reduces, Row, RowAlgo, RowName};
 use crate::text::{fmt_time, out};
 use serde::Serialize;
 use std::io::Write;

@@ -6,6 +6,7 @@ use crate::model::{model_topology, Modeler};
 use crate::rank::ErrStats;
 use crate::sweep::{
     bus_factor, mem_traffic, quant_algo, quant_spec, reduces, strata_algos, Plan, Row, RowAlgo,
+    RowName,
 };
 use crate::text::{fmt_time, out};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -18,48 +19,6 @@ use strata::check::Kind;
 use strata::traffic::{TrafficMatrix, TrafficReport};
 use strata::transport::TransportKind;
 use strata::{Algo, Buffer, Comm, Error, ReduceOp, Request, Result, Topology};
-
-/// The fields that name a row, first in every JSON record, of a run ([`Record`]) and of
-/// a dry run (`crate::model`'s): one list of names for both (contract: field names).
-#[derive(Debug, Serialize)]
-pub(crate) struct RowName {
-    op: &'static str,
-    algo: &'static str,
-    /// The algorithm that actually ran (`auto` resolved; `hier` may fall back to `ring`).
-    algo_used: &'static str,
-    dtype: &'static str,
-    redop: &'static str,
-    size: u64,
-    count: usize,
-    ranks: usize,
-    topology: String,
-    transport: &'static str,
-}
-
-impl RowName {
-    /// `row`, run as the algorithm named `used`, on `ranks` ranks of `topo` over
-    /// `transport`.
-    pub(crate) fn new(
-        row: &Row,
-        used: &'static str,
-        ranks: usize,
-        topo: &Topology,
-        transport: &'static str,
-    ) -> RowName {
-        RowName {
-            op: row.kind.name(),
-            algo: row.algo.name(),
-            algo_used: used,
-            dtype: row.dtype.name(),
-            redop: row.redop_name(),
-            size: row.bytes,
-            count: row.count,
-            ranks,
-            topology: topo.name.clone(),
-            transport,
-        }
-    }
-}
 
 /// One JSON record (contract: field names).
 #[derive(Debug, Serialize)]

@@ -3,10 +3,11 @@
 
 pub(crate) use crate::cli::RowAlgo;
 use crate::cli::{dedup, raw_sizes, Cli};
+use serde::Serialize;
 use std::collections::HashSet;
 use strata::check::Kind;
 use strata::kernels::QuantSpec;
-use strata::{Algo, DataType, Error, ReduceOp, Result};
+use strata::{Algo, DataType, Error, ReduceOp, Result, Topology};
 
 /// The strata algorithms of a sweep (the MPI baseline left out).
 pub(crate) fn strata_algos(algos: &[RowAlgo]) -> Vec<Algo> {
@@ -185,5 +186,47 @@ pub(crate) fn median(times: &[f64]) -> f64 {
         0 => f64::NAN,
         n if n % 2 == 1 => t[n / 2],
         n => (t[n / 2 - 1] + t[n / 2]) / 2.0,
+    }
+}
+
+/// The fields that name a row, first in every JSON record, of a run (`crate::report`'s) and of
+/// a dry run (`crate::model`'s): one list of names for both (contract: field names).
+#[derive(Debug, Serialize)]
+pub(crate) struct RowName {
+    pub(crate) op: &'static str,
+    pub(crate) algo: &'static str,
+    /// The algorithm that actually ran (`auto` resolved; `hier` may fall back to `ring`).
+    pub(crate) algo_used: &'static str,
+    pub(crate) dtype: &'static str,
+    pub(crate) redop: &'static str,
+    pub(crate) size: u64,
+    pub(crate) count: usize,
+    pub(crate) ranks: usize,
+    pub(crate) topology: String,
+    pub(crate) transport: &'static str,
+}
+
+impl RowName {
+    /// `row`, run as the algorithm named `used`, on `ranks` ranks of `topo` over
+    /// `transport`.
+    pub(crate) fn new(
+        row: &Row,
+        used: &'static str,
+        ranks: usize,
+        topo: &Topology,
+        transport: &'static str,
+    ) -> RowName {
+        RowName {
+            op: row.kind.name(),
+            algo: row.algo.name(),
+            algo_used: used,
+            dtype: row.dtype.name(),
+            redop: row.redop_name(),
+            size: row.bytes,
+            count: row.count,
+            ranks,
+            topology: topo.name.clone(),
+            transport,
+        }
     }
 }
