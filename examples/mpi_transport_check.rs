@@ -16,7 +16,7 @@ use strata::dtype::{DataType, ReduceOp};
 use strata::error::Error;
 use strata::topology::Topology;
 use strata::transport::mpi::{finalize, MpiTransport};
-use strata::transport::{Transport, TransportKind};
+use strata::transport::{P2p, Transport, TransportKind};
 
 type Check = Result<(), String>;
 

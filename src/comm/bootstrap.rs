@@ -12,7 +12,7 @@ use crate::memory::Buffer;
 use crate::topology::Topology;
 use crate::transport::local::LocalTransport;
 #[cfg(feature = "mpi")]
-use crate::transport::Transport;
+use crate::transport::{P2p, Transport};
 use once_cell::sync::Lazy;
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex};

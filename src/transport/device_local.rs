@@ -27,7 +27,7 @@
 
 use super::gpu::{self, staged, GpuTransport, On, Scratch};
 use super::meeting::{Counts, Meetings};
-use super::{Transport, TransportKind};
+use super::{P2p, Transport, TransportKind};
 use crate::device::{finish, DevAddr, DevEvent, DevStream, Device, Region};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::{Error, Result};
@@ -831,12 +831,6 @@ impl Transport for DeviceLocalTransport {
     fn kind(&self) -> TransportKind {
         self.group.kind
     }
-    fn rank(&self) -> usize {
-        self.rank
-    }
-    fn size(&self) -> usize {
-        self.group.size
-    }
     fn world_rank(&self, r: usize) -> usize {
         self.group.members[r]
     }
@@ -924,15 +918,6 @@ impl Transport for DeviceLocalTransport {
         Ok(Some(Arc::new(t)))
     }
 
-    fn send(&self, peer: usize, data: &[u8]) -> Result<()> {
-        staged::send(self, self.timeout, peer, data)
-    }
-    fn recv(&self, peer: usize, data: &mut [u8]) -> Result<()> {
-        staged::recv(self, self.timeout, peer, data)
-    }
-    fn sendrecv(&self, dst: usize, send: &[u8], src: usize, recv: &mut [u8]) -> Result<()> {
-        staged::sendrecv(self, self.timeout, dst, send, src, recv)
-    }
     fn traffic(&self) -> Option<Arc<Traffic>> {
         Some(self.traffic.clone())
     }
@@ -945,5 +930,23 @@ impl Transport for DeviceLocalTransport {
     }
     fn barrier(&self) -> Result<()> {
         self.barrier_(None)
+    }
+}
+
+impl P2p for DeviceLocalTransport {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn size(&self) -> usize {
+        self.group.size
+    }
+    fn send(&self, peer: usize, data: &[u8]) -> Result<()> {
+        staged::send(self, self.timeout, peer, data)
+    }
+    fn recv(&self, peer: usize, data: &mut [u8]) -> Result<()> {
+        staged::recv(self, self.timeout, peer, data)
+    }
+    fn sendrecv(&self, dst: usize, send: &[u8], src: usize, recv: &mut [u8]) -> Result<()> {
+        staged::sendrecv(self, self.timeout, dst, send, src, recv)
     }
 }

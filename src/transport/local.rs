@@ -1,11 +1,11 @@
 //! `local`: the ranks of a world are threads of one process (the embedded default and the
-//! test bed). Messages travel through per-pair FIFO mailboxes. A plain [`Transport::send`]
-//! is eager (the bytes are copied into the mailbox, so a send never waits for its
-//! receiver); the steps of collectives ([`Transport::sendrecv`],
-//! [`Transport::sendrecv_reduce`], [`Transport::exchange`]) of [`LEND_MIN`] bytes or more
-//! lend the sender's slice instead ([`crate::memory::loan`]): the receiver copies or
-//! reduces straight from it into its own buffer, so each byte moves once, and the sender
-//! returns when its slice was read. Waits spin for a few microseconds before they park.
+//! test bed). Messages travel through per-pair FIFO mailboxes. A plain [`P2p::send`] is
+//! eager (the bytes are copied into the mailbox, so a send never waits for its receiver);
+//! the steps of collectives ([`P2p::sendrecv`], [`P2p::sendrecv_reduce`],
+//! [`P2p::exchange`]) of [`LEND_MIN`] bytes or more lend the sender's slice instead
+//! ([`crate::memory::loan`]): the receiver copies or reduces straight from it into its
+//! own buffer, so each byte moves once, and the sender returns when its slice was read.
+//! Waits spin for a few microseconds before they park.
 //! Every transfer is recorded in the world's [`Traffic`] counters, and a receive that
 //! outlives the timeout or meets an aborted communicator returns an error instead of
 //! hanging. While [`Traffic::start_recording`] is on, every send (before it can be
@@ -15,7 +15,7 @@
 #![forbid(unsafe_code)]
 
 use super::meeting::{Counts, Meetings};
-use super::{Fold, Transport, TransportKind};
+use super::{Fold, P2p, Transport, TransportKind};
 use crate::dtype::{reduce_into, reduce_pair, DataType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::memory::loan::{lend, spin_until, Crowd, Loan, SPIN};
@@ -322,12 +322,6 @@ impl Transport for LocalTransport {
     fn kind(&self) -> TransportKind {
         TransportKind::Local
     }
-    fn rank(&self) -> usize {
-        self.rank
-    }
-    fn size(&self) -> usize {
-        self.group.members.len()
-    }
     fn world_rank(&self, r: usize) -> usize {
         self.group.members[r]
     }
@@ -447,18 +441,33 @@ impl Transport for LocalTransport {
             .census(key, self.size(), self.rank, self.timeout)
     }
 
+    fn traffic(&self) -> Option<Arc<Traffic>> {
+        Some(self.world.traffic.clone())
+    }
+
+    fn abort(&self) {
+        self.group.abort();
+        self.world.split_cv.notify_all();
+    }
+}
+
+impl P2p for LocalTransport {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn size(&self) -> usize {
+        self.group.members.len()
+    }
     fn send(&self, peer: usize, data: &[u8]) -> Result<()> {
         self.check_peer(peer)?;
         self.count_send(peer, data.len());
         self.mailbox(peer, self.rank)
             .push(Msg::Eager(data.to_vec()))
     }
-
     fn recv(&self, peer: usize, data: &mut [u8]) -> Result<()> {
         self.check_peer(peer)?;
         self.receive(peer, data.len(), |b| data.copy_from_slice(b))
     }
-
     fn sendrecv(&self, dst: usize, send: &[u8], src: usize, recv: &mut [u8]) -> Result<()> {
         self.check_peer(dst)?;
         self.check_peer(src)?;
@@ -466,7 +475,6 @@ impl Transport for LocalTransport {
             self.receive(src, recv.len(), |b| recv.copy_from_slice(b))
         })
     }
-
     fn sendrecv_reduce(
         &self,
         dst: usize,
@@ -488,7 +496,6 @@ impl Transport for LocalTransport {
             }
         })
     }
-
     fn exchange(&self, sends: &[(usize, &[u8])], recvs: &mut [(usize, &mut [u8])]) -> Result<()> {
         for p in sends.iter().map(|s| s.0).chain(recvs.iter().map(|r| r.0)) {
             self.check_peer(p)?;
@@ -498,15 +505,6 @@ impl Transport for LocalTransport {
                 self.receive(*peer, data.len(), |b| data.copy_from_slice(b))
             })
         })
-    }
-
-    fn traffic(&self) -> Option<Arc<Traffic>> {
-        Some(self.world.traffic.clone())
-    }
-
-    fn abort(&self) {
-        self.group.abort();
-        self.world.split_cv.notify_all();
     }
 }
 

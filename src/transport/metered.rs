@@ -19,7 +19,7 @@
 #![forbid(unsafe_code)]
 
 use super::gpu::{GpuTransport, On, Scratch};
-use super::{Fold, Transport, TransportKind};
+use super::{Fold, P2p, Transport, TransportKind};
 use crate::device::{DevStream, Device, Region};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::Error;
@@ -67,12 +67,6 @@ impl Transport for Metered {
     fn kind(&self) -> TransportKind {
         self.inner.kind()
     }
-    fn rank(&self) -> usize {
-        self.inner.rank()
-    }
-    fn size(&self) -> usize {
-        self.inner.size()
-    }
     fn world_rank(&self, r: usize) -> usize {
         self.inner.world_rank(r)
     }
@@ -91,6 +85,33 @@ impl Transport for Metered {
     }
     fn survivors(&self) -> Result<Vec<usize>> {
         self.inner.survivors()
+    }
+    fn gpu(&self) -> Option<&dyn GpuTransport> {
+        self.inner.gpu().map(|_| self as &dyn GpuTransport)
+    }
+    fn traffic(&self) -> Option<Arc<Traffic>> {
+        self.inner.traffic()
+    }
+    fn abort(&self) {
+        self.inner.abort()
+    }
+    fn failed(&self, e: &Error) {
+        self.inner.failed(e)
+    }
+    fn barrier(&self) -> Result<()> {
+        self.inner.barrier()
+    }
+    fn sum_traffic(&self, m: &TrafficMatrix) -> Result<TrafficMatrix> {
+        self.inner.sum_traffic(m)
+    }
+}
+
+impl P2p for Metered {
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+    fn size(&self) -> usize {
+        self.inner.size()
     }
     fn send(&self, peer: usize, data: &[u8]) -> Result<()> {
         self.inner.send(peer, data)?;
@@ -123,24 +144,6 @@ impl Transport for Metered {
         self.inner.exchange(sends, recvs)?;
         sends.iter().for_each(|(p, d)| self.count(*p, d.len()));
         Ok(())
-    }
-    fn gpu(&self) -> Option<&dyn GpuTransport> {
-        self.inner.gpu().map(|_| self as &dyn GpuTransport)
-    }
-    fn traffic(&self) -> Option<Arc<Traffic>> {
-        self.inner.traffic()
-    }
-    fn abort(&self) {
-        self.inner.abort()
-    }
-    fn failed(&self, e: &Error) {
-        self.inner.failed(e)
-    }
-    fn barrier(&self) -> Result<()> {
-        self.inner.barrier()
-    }
-    fn sum_traffic(&self, m: &TrafficMatrix) -> Result<TrafficMatrix> {
-        self.inner.sum_traffic(m)
     }
 }
 

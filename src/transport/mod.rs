@@ -1,10 +1,9 @@
 //! Transports move bytes between the ranks of a communicator.
 //!
-//! One trait, [`Transport`], with blocking point-to-point primitives and native
-//! collectives; a transport's native collectives default to the ring algorithms of
-//! [`ring`], written over its point-to-point calls ([`P2p`], which every transport is
-//! by the blanket impl at the end of this file), so the `local` transport's traffic
-//! mirrors NCCL's ring. Transports are driven from a
+//! One trait, [`Transport`], with native collectives over its supertrait [`P2p`], the
+//! blocking point-to-point primitives; a transport's native collectives default to the
+//! ring algorithms of [`ring`], written over those point-to-point calls, so the `local`
+//! transport's traffic mirrors NCCL's ring. Transports are driven from a
 //! communicator's stream thread ([`crate::comm`]), which is what makes collectives
 //! nonblocking for the caller. Every transport exists as a type in every build; with
 //! its feature off, constructing it returns [`Error::NotCompiled`].
@@ -26,7 +25,7 @@ pub mod vendor;
 pub use p2p::{Fold, P2p};
 pub(crate) use scratch::with_scratch;
 
-use crate::dtype::{reduce_into, reduce_pair, DataType, ReduceOp};
+use crate::dtype::{DataType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::traffic::{Traffic, TrafficMatrix};
 use std::sync::Arc;
@@ -122,17 +121,15 @@ impl std::str::FromStr for TransportKind {
     }
 }
 
-/// Moves bytes among the `size()` ranks of one communicator. Calls block the calling
+/// Moves bytes among the `size()` ranks of one communicator: the point-to-point calls of
+/// [`P2p`] (implemented in each transport's own `impl P2p` block) and the collectives
+/// below. Calls block the calling
 /// (stream) thread; a peer that does not answer within `timeout()` is an
 /// [`Error::Remote`]. Implementations must be usable from several threads, one
 /// communicator's calls at a time.
-pub trait Transport: Send + Sync {
+pub trait Transport: P2p + Send + Sync {
     /// Which transport this is.
     fn kind(&self) -> TransportKind;
-    /// This rank within the communicator.
-    fn rank(&self) -> usize;
-    /// Ranks in the communicator.
-    fn size(&self) -> usize;
     /// World rank of communicator rank `r` (for traffic classification).
     fn world_rank(&self, r: usize) -> usize;
     /// How long to wait for a peer.
@@ -161,60 +158,6 @@ pub trait Transport: Send + Sync {
             "a census of the live ranks is supported on the local, mpi, host-local and cuda-local transports, not on {}",
             self.kind().name()
         )))
-    }
-    /// Send `data` to `peer` (may return before the peer receives).
-    fn send(&self, peer: usize, data: &[u8]) -> Result<()>;
-    /// Receive exactly `data.len()` bytes from `peer`; a message of another length is an
-    /// [`Error::InvalidUsage`] (mismatched counts across ranks).
-    fn recv(&self, peer: usize, data: &mut [u8]) -> Result<()>;
-    /// Send to `dst` and receive from `src` at once.
-    fn sendrecv(&self, dst: usize, send: &[u8], src: usize, recv: &mut [u8]) -> Result<()> {
-        self.send(dst, send)?;
-        self.recv(src, recv)
-    }
-    /// [`Transport::sendrecv`] whose received bytes are reduced (`op`, never `Avg`) as
-    /// `fold` says instead of stored: the ring reduce-scatter's step. Default: receive
-    /// into the output (or scratch), then reduce; a transport that can reduce straight
-    /// from the wire or the peer's memory (`local`) does it in one pass.
-    fn sendrecv_reduce(
-        &self,
-        dst: usize,
-        send: &[u8],
-        src: usize,
-        fold: Fold<'_>,
-        dtype: DataType,
-        op: ReduceOp,
-    ) -> Result<()> {
-        match fold {
-            Fold::Pair { out, local } => {
-                self.sendrecv(dst, send, src, out)?;
-                reduce_into(out, local, dtype, op);
-            }
-            Fold::Into(acc) => with_scratch(acc.len(), |tmp| {
-                self.sendrecv(dst, send, src, tmp)?;
-                reduce_into(acc, tmp, dtype, op);
-                Ok(())
-            })?,
-            Fold::After { out, local } => with_scratch(out.len(), |tmp| {
-                self.sendrecv(dst, send, src, tmp)?;
-                reduce_pair(out, local, tmp, dtype, op);
-                Ok(())
-            })?,
-        }
-        Ok(())
-    }
-    /// Point-to-point transfers in flight together (a group's sends and receives): a
-    /// ring or all-to-all exchange of any size cannot deadlock, and messages to one peer
-    /// keep their order. Default, right for eager transports whose sends never wait for
-    /// the receiver: every send, then every receive.
-    fn exchange(&self, sends: &[(usize, &[u8])], recvs: &mut [(usize, &mut [u8])]) -> Result<()> {
-        for (peer, data) in sends {
-            self.send(*peer, data)?;
-        }
-        for (peer, data) in recvs.iter_mut() {
-            self.recv(*peer, data)?;
-        }
-        Ok(())
     }
     /// The device face of a GPU transport (`None` for host transports): collectives on
     /// device memory, which the runtime's native execution uses for device buffers.
@@ -324,47 +267,5 @@ pub trait Transport: Send + Sync {
             Some(g) => gpu::staged::broadcast(g, self.timeout(), buf, root),
             None => ring::broadcast(self, buf, root),
         }
-    }
-}
-
-/// Every transport is a [`P2p`], by its own methods: what lets the defaults above run
-/// the ring on `self`. Static forwarding (inlined; through the vtable when `T` is
-/// `dyn Transport`, as a direct call would be), nothing allocated.
-impl<T: Transport + ?Sized> P2p for T {
-    #[inline]
-    fn rank(&self) -> usize {
-        Transport::rank(self)
-    }
-    #[inline]
-    fn size(&self) -> usize {
-        Transport::size(self)
-    }
-    #[inline]
-    fn send(&self, peer: usize, data: &[u8]) -> Result<()> {
-        Transport::send(self, peer, data)
-    }
-    #[inline]
-    fn recv(&self, peer: usize, data: &mut [u8]) -> Result<()> {
-        Transport::recv(self, peer, data)
-    }
-    #[inline]
-    fn sendrecv(&self, dst: usize, send: &[u8], src: usize, recv: &mut [u8]) -> Result<()> {
-        Transport::sendrecv(self, dst, send, src, recv)
-    }
-    #[inline]
-    fn sendrecv_reduce(
-        &self,
-        dst: usize,
-        send: &[u8],
-        src: usize,
-        fold: Fold<'_>,
-        dtype: DataType,
-        op: ReduceOp,
-    ) -> Result<()> {
-        Transport::sendrecv_reduce(self, dst, send, src, fold, dtype, op)
-    }
-    #[inline]
-    fn exchange(&self, sends: &[(usize, &[u8])], recvs: &mut [(usize, &mut [u8])]) -> Result<()> {
-        Transport::exchange(self, sends, recvs)
     }
 }

@@ -35,7 +35,7 @@ use super::gpu::{staged, GpuTransport, LibCall, On, Scratch};
 use super::vendor::{
     InUse, Reduction, Vendor, VendorComm, VendorLib, VendorUniqueId, VENDOR_UNIQUE_ID_BYTES,
 };
-use super::{Transport, TransportKind};
+use super::{P2p, Transport, TransportKind};
 use crate::device::{finish, DevStream, Device, Region};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::{Error, Result};
@@ -490,12 +490,6 @@ impl Transport for NcclTransport {
             Vendor::Rccl => TransportKind::Rccl,
         }
     }
-    fn rank(&self) -> usize {
-        self.rank
-    }
-    fn size(&self) -> usize {
-        self.members.len()
-    }
     fn world_rank(&self, r: usize) -> usize {
         self.members[r]
     }
@@ -577,15 +571,6 @@ impl Transport for NcclTransport {
         }
     }
 
-    fn send(&self, peer: usize, data: &[u8]) -> Result<()> {
-        staged::send(self, self.timeout, peer, data)
-    }
-    fn recv(&self, peer: usize, data: &mut [u8]) -> Result<()> {
-        staged::recv(self, self.timeout, peer, data)
-    }
-    fn sendrecv(&self, dst: usize, send: &[u8], src: usize, recv: &mut [u8]) -> Result<()> {
-        staged::sendrecv(self, self.timeout, dst, send, src, recv)
-    }
     fn traffic(&self) -> Option<Arc<Traffic>> {
         self.traffic.clone()
     }
@@ -599,5 +584,23 @@ impl Transport for NcclTransport {
     fn barrier(&self) -> Result<()> {
         let mut one = [0u8; 4];
         Transport::all_reduce(self, &mut one, DataType::I32, ReduceOp::Sum)
+    }
+}
+
+impl P2p for NcclTransport {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn size(&self) -> usize {
+        self.members.len()
+    }
+    fn send(&self, peer: usize, data: &[u8]) -> Result<()> {
+        staged::send(self, self.timeout, peer, data)
+    }
+    fn recv(&self, peer: usize, data: &mut [u8]) -> Result<()> {
+        staged::recv(self, self.timeout, peer, data)
+    }
+    fn sendrecv(&self, dst: usize, send: &[u8], src: usize, recv: &mut [u8]) -> Result<()> {
+        staged::sendrecv(self, self.timeout, dst, send, src, recv)
     }
 }

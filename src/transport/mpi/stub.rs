@@ -5,7 +5,7 @@
 use crate::error::{Error, Result};
 use crate::topology::Topology;
 use crate::traffic::{Traffic, TrafficMatrix};
-use crate::transport::{Transport, TransportKind};
+use crate::transport::{P2p, Transport, TransportKind};
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
@@ -49,12 +49,6 @@ impl Transport for MpiTransport {
     fn sum_traffic(&self, m: &TrafficMatrix) -> Result<TrafficMatrix> {
         MpiTransport::sum_traffic(self, m)
     }
-    fn rank(&self) -> usize {
-        match self.never {}
-    }
-    fn size(&self) -> usize {
-        match self.never {}
-    }
     fn world_rank(&self, _r: usize) -> usize {
         match self.never {}
     }
@@ -64,16 +58,25 @@ impl Transport for MpiTransport {
     fn split(&self, _color: Option<u32>, _key: i32) -> Result<Option<Arc<dyn Transport>>> {
         match self.never {}
     }
-    fn send(&self, _peer: usize, _data: &[u8]) -> Result<()> {
-        match self.never {}
-    }
-    fn recv(&self, _peer: usize, _data: &mut [u8]) -> Result<()> {
-        match self.never {}
-    }
     fn traffic(&self) -> Option<Arc<Traffic>> {
         match self.never {}
     }
     fn abort(&self) {
+        match self.never {}
+    }
+}
+
+impl P2p for MpiTransport {
+    fn rank(&self) -> usize {
+        match self.never {}
+    }
+    fn size(&self) -> usize {
+        match self.never {}
+    }
+    fn send(&self, _peer: usize, _data: &[u8]) -> Result<()> {
+        match self.never {}
+    }
+    fn recv(&self, _peer: usize, _data: &mut [u8]) -> Result<()> {
         match self.never {}
     }
 }

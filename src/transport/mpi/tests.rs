@@ -15,7 +15,7 @@ use super::send::SEND_WINDOW;
 use super::tags::{seq_bits, tag, untag, CLASS_HEADER, CLASS_PIECE, CLASS_WHOLE, SMALL};
 use super::transport::MpiTransport;
 use crate::error::Error;
-use crate::transport::Transport;
+use crate::transport::P2p;
 use mpi::ffi;
 use std::os::raw::c_int;
 use std::sync::Mutex;

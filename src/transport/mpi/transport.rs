@@ -12,7 +12,7 @@ use super::tags::{is_small, max_piece, tag, Seqs, CLASS_SMALL, SMALL};
 use crate::error::{Error, Result};
 use crate::topology::Topology;
 use crate::traffic::{Traffic, TrafficMatrix};
-use crate::transport::{Transport, TransportKind};
+use crate::transport::{P2p, Transport, TransportKind};
 use mpi::ffi;
 use std::os::raw::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -340,7 +340,7 @@ impl MpiTransport {
         )
     }
 
-    /// [`Transport::sendrecv`] of two small messages (a latency-bound step): the same
+    /// [`P2p::sendrecv`] of two small messages (a latency-bound step): the same
     /// messages and tags as [`Self::post_recv`] + [`Self::post_send`], but the two
     /// requests are posted and polled here, for [`quick_polls`] rounds, with no
     /// transfer state built; a step that is not done by then is handed over, as it
@@ -486,12 +486,6 @@ impl Transport for MpiTransport {
     }
     fn sum_traffic(&self, m: &TrafficMatrix) -> Result<TrafficMatrix> {
         MpiTransport::sum_traffic(self, m)
-    }
-    fn rank(&self) -> usize {
-        self.rank
-    }
-    fn size(&self) -> usize {
-        self.members.len()
     }
     fn world_rank(&self, r: usize) -> usize {
         self.members[r]
@@ -640,13 +634,32 @@ impl Transport for MpiTransport {
         Ok(alive)
     }
 
+    fn traffic(&self) -> Option<Arc<Traffic>> {
+        Some(self.traffic.clone())
+    }
+
+    fn abort(&self) {
+        self.aborted.store(true, Ordering::SeqCst);
+    }
+
+    fn failed(&self, e: &Error) {
+        note_peer_failure(&e.to_string());
+    }
+}
+
+impl P2p for MpiTransport {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn size(&self) -> usize {
+        self.members.len()
+    }
     fn send(&self, peer: usize, data: &[u8]) -> Result<()> {
         self.check_peer(peer)?;
         let _g = self.enter()?;
         let mut ops = [self.post_send(peer, data, None)?];
         self.drive(&mut ops)
     }
-
     fn recv(&self, peer: usize, data: &mut [u8]) -> Result<()> {
         self.check_peer(peer)?;
         let mut g = self.enter()?;
@@ -655,7 +668,6 @@ impl Transport for MpiTransport {
         self.settle(&mut g, &mut ops);
         res
     }
-
     fn sendrecv(&self, dst: usize, send: &[u8], src: usize, recv: &mut [u8]) -> Result<()> {
         self.check_peer(dst)?;
         self.check_peer(src)?;
@@ -679,7 +691,6 @@ impl Transport for MpiTransport {
         self.settle(&mut g, &mut ops);
         res
     }
-
     fn exchange(&self, sends: &[(usize, &[u8])], recvs: &mut [(usize, &mut [u8])]) -> Result<()> {
         for (p, _) in sends {
             self.check_peer(*p)?;
@@ -741,17 +752,5 @@ impl Transport for MpiTransport {
             }
             left = later;
         }
-    }
-
-    fn traffic(&self) -> Option<Arc<Traffic>> {
-        Some(self.traffic.clone())
-    }
-
-    fn abort(&self) {
-        self.aborted.store(true, Ordering::SeqCst);
-    }
-
-    fn failed(&self, e: &Error) {
-        note_peer_failure(&e.to_string());
     }
 }
