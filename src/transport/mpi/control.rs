@@ -245,48 +245,44 @@ impl Control {
     }
 
     fn isend(&self, peer: usize, data: &[u8], tag: c_int) -> Result<Req> {
-        let mut r = request_null();
-        // SAFETY: `data` outlives the request (the callers wait for it or leak it);
-        // live communicator; `peer` is a rank of it.
-        check(
-            unsafe {
-                ffi::MPI_Isend(
-                    data.as_ptr() as *const c_void,
-                    data.len() as c_int,
-                    byte_type(),
-                    peer as c_int,
-                    tag,
-                    self.comm.0,
-                    &mut r,
-                )
-            },
-            "MPI_Isend (control)",
-        )?;
-        Ok(Req(r))
+        // SAFETY: MPI_Isend only reads the buffer, which outlives the request (the
+        // callers wait for it or leak it).
+        unsafe { self.post(true, data.as_ptr() as *mut c_void, data.len(), peer, tag) }
     }
 
     fn irecv(&self, peer: usize, data: &mut [u8], tag: c_int) -> Result<Counted> {
+        // SAFETY: `data` outlives the request (the callers wait for it or leak it).
+        let req = unsafe { self.post(false, data.as_mut_ptr().cast(), data.len(), peer, tag) }?;
+        Ok(Counted { req, count: None })
+    }
+
+    /// Post the `MPI_Isend` (`send`) or the `MPI_Irecv` of the `len` bytes at `buf` with
+    /// `peer`, a rank of the control communicator.
+    ///
+    /// # Safety
+    /// `buf..buf+len` is valid (for writes when receiving) until the request completes.
+    unsafe fn post(
+        &self,
+        send: bool,
+        buf: *mut c_void,
+        len: usize,
+        peer: usize,
+        tag: c_int,
+    ) -> Result<Req> {
         let mut r = request_null();
-        // SAFETY: `data` outlives the request (the callers wait for it or leak it);
-        // live communicator; `peer` is a rank of it.
-        check(
-            unsafe {
-                ffi::MPI_Irecv(
-                    data.as_mut_ptr() as *mut c_void,
-                    data.len() as c_int,
-                    byte_type(),
-                    peer as c_int,
-                    tag,
-                    self.comm.0,
-                    &mut r,
-                )
-            },
-            "MPI_Irecv (control)",
-        )?;
-        Ok(Counted {
-            req: Req(r),
-            count: None,
-        })
+        let (len, peer, comm) = (len as c_int, peer as c_int, self.comm.0);
+        // SAFETY: the caller's buffer; live communicator; `peer` is a rank of it.
+        let (rc, name) = unsafe {
+            if send {
+                let rc = ffi::MPI_Isend(buf, len, byte_type(), peer, tag, comm, &mut r);
+                (rc, "MPI_Isend (control)")
+            } else {
+                let rc = ffi::MPI_Irecv(buf, len, byte_type(), peer, tag, comm, &mut r);
+                (rc, "MPI_Irecv (control)")
+            }
+        };
+        check(rc, name)?;
+        Ok(Req(r))
     }
 
     /// Poll `ops` until all are done or `timeout` passes; Err: the peers not done (a
