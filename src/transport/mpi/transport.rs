@@ -185,23 +185,36 @@ impl MpiTransport {
             },
             "MPI_Iallreduce",
         )?;
-        let mut req = Req(r);
-        let res = wait_collective(&mut req, self.timeout, Some(&self.aborted), || {
+        let recv = self.wait_boxes(r, send, recv, || {
             format!(
                 "rank {} waited {:?} for the other ranks to sum traffic",
                 self.rank, self.timeout
             )
-        });
-        if res.is_err() {
-            // The collective may still write into the buffers: never free them.
-            std::mem::forget(send);
-            std::mem::forget(recv);
-            return self.after_collective(res.map(|_| TrafficMatrix::zero(0)));
-        }
+        })?;
         Ok(TrafficMatrix {
             n: m.n,
             bytes: recv.into_vec(),
         })
+    }
+
+    /// Wait, up to the timeout (`late`: the error then), for the nonblocking collective
+    /// `r` that reads `send` and writes `recv`; `recv` once it completed. On failure the
+    /// collective may still read and write the boxes: they are leaked, never freed, and
+    /// the communicator is broken ([`Self::after_collective`]).
+    fn wait_boxes<S: ?Sized, R: ?Sized>(
+        &self,
+        r: ffi::MPI_Request,
+        send: Box<S>,
+        recv: Box<R>,
+        late: impl Fn() -> String,
+    ) -> Result<Box<R>> {
+        let mut req = Req(r);
+        if let Err(e) = wait_collective(&mut req, self.timeout, Some(&self.aborted), late) {
+            std::mem::forget(send);
+            std::mem::forget(recv);
+            return self.after_collective(Err(e));
+        }
+        Ok(recv)
     }
 
     /// Refuse work on an aborted or broken communicator; hold the call lock.
@@ -526,18 +539,12 @@ impl Transport for MpiTransport {
             },
             "MPI_Iallgather (split)",
         )?;
-        let mut req = Req(r);
-        let res = wait_collective(&mut req, self.timeout, Some(&self.aborted), || {
+        let all = self.wait_boxes(r, mine, all, || {
             format!(
                 "split timed out after {:?}: not every rank called split",
                 self.timeout
             )
-        });
-        if res.is_err() {
-            std::mem::forget(mine);
-            std::mem::forget(all);
-            return self.after_collective(res.map(|_| None));
-        }
+        })?;
         let mut group: Vec<(i32, usize)> = (0..n)
             .filter(|&r| c >= 0 && all[2 * r] == c)
             .map(|r| (all[2 * r + 1], r))
