@@ -237,49 +237,18 @@ impl RecvOp {
     /// length mismatch)? A message of a later sequence number means ours was sent
     /// before it (MPI keeps the order between two ranks) and is on its way.
     fn foreign_head(&self, comm: &RawComm) -> Result<bool> {
-        let mut flag: c_int = 0;
-        let mut st = empty_status();
-        // SAFETY: live communicator; out-pointers to locals; reading a predefined constant.
-        check(
-            unsafe {
-                ffi::MPI_Iprobe(
-                    self.peer as c_int,
-                    ffi::RSMPI_ANY_TAG,
-                    comm.0,
-                    &mut flag,
-                    &mut st,
-                )
-            },
-            "MPI_Iprobe",
-        )?;
-        Ok(flag != 0 && untag(st.MPI_TAG).1 == seq_mask(self.seq))
+        let head = self.probe(comm, None)?;
+        Ok(head.is_some_and(|st| untag(st.MPI_TAG).1 == seq_mask(self.seq)))
     }
 
     /// Match the peer's next message: (message, bytes, class, in sequence), taking its
     /// sequence number; None while none is there.
     fn improbe(&mut self, comm: &RawComm) -> Result<Option<(ffi::MPI_Message, usize, u32, bool)>> {
-        let mut flag: c_int = 0;
         // SAFETY: reading an MPI predefined handle.
         let mut msg = unsafe { ffi::RSMPI_MESSAGE_NULL };
-        let mut st = empty_status();
-        // SAFETY: live communicator; out-pointers to locals; reading a predefined
-        // constant. The peer's messages match in order.
-        check(
-            unsafe {
-                ffi::MPI_Improbe(
-                    self.peer as c_int,
-                    ffi::RSMPI_ANY_TAG,
-                    comm.0,
-                    &mut flag,
-                    &mut msg,
-                    &mut st,
-                )
-            },
-            "MPI_Improbe",
-        )?;
-        if flag == 0 {
+        let Some(st) = self.probe(comm, Some(&mut msg))? else {
             return Ok(None);
-        }
+        };
         let count = byte_count(&st)?;
         let (class, seq) = untag(st.MPI_TAG);
         // An out-of-sequence message (only after an earlier failure) is a mismatch like
@@ -287,6 +256,36 @@ impl RecvOp {
         let in_seq = seq == seq_mask(self.seq);
         self.seq = self.seq.wrapping_add(1);
         Ok(Some((msg, count, class, in_seq)))
+    }
+
+    /// The status of the peer's next message (any tag), None while none is there: with
+    /// `msg`, matched into it (`MPI_Improbe`; the peer's messages match in order), else
+    /// only looked at (`MPI_Iprobe`).
+    fn probe(
+        &self,
+        comm: &RawComm,
+        msg: Option<&mut ffi::MPI_Message>,
+    ) -> Result<Option<ffi::MPI_Status>> {
+        let mut flag: c_int = 0;
+        let mut st = empty_status();
+        let peer = self.peer as c_int;
+        // SAFETY: live communicator; out-pointers to locals and to the caller's message;
+        // reading a predefined constant.
+        let (rc, name) = unsafe {
+            let any = ffi::RSMPI_ANY_TAG;
+            match msg {
+                Some(m) => {
+                    let rc = ffi::MPI_Improbe(peer, any, comm.0, &mut flag, m, &mut st);
+                    (rc, "MPI_Improbe")
+                }
+                None => {
+                    let rc = ffi::MPI_Iprobe(peer, any, comm.0, &mut flag, &mut st);
+                    (rc, "MPI_Iprobe")
+                }
+            }
+        };
+        check(rc, name)?;
+        Ok((flag != 0).then_some(st))
     }
 
     /// Receive the matched data message `msg` of `count` bytes into the free slot `i`:
