@@ -18,8 +18,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// A group's host point-to-point ops (`Send`/`Recv` only) in flight together
-/// ([`P2p::exchange`](crate::transport::P2p::exchange)): what makes a grouped ring or all-to-all exchange of any
-/// size deadlock-free on every host transport.
+/// ([`P2p::exchange`](crate::transport::P2p::exchange)): what makes a grouped ring or
+/// all-to-all exchange of any size deadlock-free on every host transport.
 pub fn exchange(t: &dyn Transport, ops: &[Op], timeout: Duration) -> Result<()> {
     let mut reads = Vec::new();
     let mut writes = Vec::new();
