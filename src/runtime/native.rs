@@ -459,20 +459,16 @@ mod device {
             } => {
                 let s = send.dev_read_timeout(to)?;
                 let (send, dst, src) = (s.region(), *dst, *src);
+                let call = |recv| DevCall::SendRecv {
+                    dst,
+                    send,
+                    src,
+                    recv,
+                };
                 match reduce {
                     None => {
                         let r = recv.dev_write_timeout(to)?;
-                        let recv = r.region();
-                        g.call(
-                            on,
-                            DevCall::SendRecv {
-                                dst,
-                                send,
-                                src,
-                                recv,
-                            },
-                        )
-                        .map(|_| false)
+                        g.call(on, call(r.region())).map(|_| false)
                     }
                     Some(op) => {
                         let tmp = match at {
@@ -480,16 +476,7 @@ mod device {
                             None => recv.alloc_like(recv.len())?,
                         };
                         let tg = tmp.dev_write_timeout(to)?;
-                        let into = tg.region();
-                        g.call(
-                            on,
-                            DevCall::SendRecv {
-                                dst,
-                                send,
-                                src,
-                                recv: into,
-                            },
-                        )?;
+                        g.call(on, call(tg.region()))?;
                         let r = recv.dev_write_timeout(to)?;
                         let n = crate::transport::gpu::count_of(recv.len(), dtype)?;
                         crate::transport::gpu::work_stream(g, on).reduce(
