@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use strata::device::cpu::entries;
 use strata::device::DevStream;
+use strata::transport::gpu::DevCall;
 use strata::{Algo, Buffer, Comm, DataType, Op, ReduceOp, Request, Topology};
 
 fn world(ordinal: usize, spec: &str) -> Vec<Comm> {
@@ -75,21 +76,36 @@ fn transport_call(
     let g = c.transport().gpu().expect("a device transport");
     let to = Duration::from_secs(20);
     match which {
-        "all-gather" => g.all_gather(Some(on), recv.dev_write_timeout(to)?.region(), 64),
-        "all-reduce" => g.all_reduce(
-            Some(on),
-            recv.dev_write_timeout(to)?.region(),
-            DataType::F32,
-            ReduceOp::Sum,
-        ),
+        "all-gather" => {
+            let buf = recv.dev_write_timeout(to)?;
+            let c = DevCall::AllGather {
+                buf: buf.region(),
+                chunk: 64,
+            };
+            g.call(Some(on), c)
+        }
+        "all-reduce" => {
+            let buf = recv.dev_write_timeout(to)?;
+            let (dtype, op) = (DataType::F32, ReduceOp::Sum);
+            let c = DevCall::AllReduce {
+                buf: buf.region(),
+                dtype,
+                op,
+            };
+            g.call(Some(on), c)
+        }
         _ => {
             let (i, o) = (recv.dev_read_timeout(to)?, send.dev_write_timeout(to)?);
-            g.reduce_scatter(
+            let (send, recv) = (i.region(), o.region());
+            let (dtype, op) = (DataType::F32, ReduceOp::Sum);
+            g.call(
                 Some(on),
-                i.region(),
-                o.region(),
-                DataType::F32,
-                ReduceOp::Sum,
+                DevCall::ReduceScatter {
+                    send,
+                    recv,
+                    dtype,
+                    op,
+                },
             )
         }
     }

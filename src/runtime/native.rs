@@ -264,7 +264,7 @@ fn placement<'a>(op: &'a Op) -> Result<Place> {
 mod device {
     use super::*;
     use crate::device::Device;
-    use crate::transport::gpu::{GpuTransport, LibCall, On};
+    use crate::transport::gpu::{DevCall, GpuTransport, LibCall, On};
 
     fn gpu<'a>(t: &'a dyn Transport, op: &Op) -> Result<&'a dyn GpuTransport> {
         t.gpu().ok_or_else(|| {
@@ -322,48 +322,42 @@ mod device {
                         c,
                     )?;
                 }
-                g.all_gather(on, out.region(), c).map(|_| false)
+                let buf = out.region();
+                g.call(on, DevCall::AllGather { buf, chunk: c })
+                    .map(|_| false)
             }
             Op::ReduceScatter { send, recv, op, .. } => {
-                if let Some(InPlace::RecvInSend { offset }) = layout {
+                let (whole, input, output);
+                let (send, recv) = if let Some(InPlace::RecvInSend { offset }) = layout {
                     // In place: one exclusive borrow of the whole input covers the output.
-                    let s = send.dev_write_timeout(to)?;
+                    whole = send.dev_write_timeout(to)?;
                     let r = crate::device::Region {
-                        addr: s.addr() + offset as u64,
+                        addr: whole.addr() + offset as u64,
                         len: recv.len(),
                     };
-                    if mean(op) {
-                        if let Some(r) = g.library_call(
-                            on,
-                            LibCall::ReduceScatterMean {
-                                send: s.region(),
-                                recv: r,
-                                dtype,
-                            },
-                        ) {
-                            return r.map(|_| true);
-                        }
-                    }
-                    g.reduce_scatter(on, s.region(), r, dtype, *op)
-                        .map(|_| false)
+                    (whole.region(), r)
                 } else {
-                    let s = send.dev_read_timeout(to)?;
-                    let r = recv.dev_write_timeout(to)?;
-                    if mean(op) {
-                        if let Some(r) = g.library_call(
-                            on,
-                            LibCall::ReduceScatterMean {
-                                send: s.region(),
-                                recv: r.region(),
-                                dtype,
-                            },
-                        ) {
-                            return r.map(|_| true);
-                        }
+                    input = send.dev_read_timeout(to)?;
+                    output = recv.dev_write_timeout(to)?;
+                    (input.region(), output.region())
+                };
+                if mean(op) {
+                    let c = LibCall::ReduceScatterMean { send, recv, dtype };
+                    if let Some(r) = g.library_call(on, c) {
+                        return r.map(|_| true);
                     }
-                    g.reduce_scatter(on, s.region(), r.region(), dtype, *op)
-                        .map(|_| false)
                 }
+                let op = *op;
+                g.call(
+                    on,
+                    DevCall::ReduceScatter {
+                        send,
+                        recv,
+                        dtype,
+                        op,
+                    },
+                )
+                .map(|_| false)
             }
             Op::AllReduce { send, recv, op, .. } => {
                 if !in_place {
@@ -408,15 +402,15 @@ mod device {
                         return x.map(|_| true);
                     }
                 }
-                g.all_reduce(on, r.region(), dtype, *op).map(|_| false)
+                let (buf, op) = (r.region(), *op);
+                g.call(on, DevCall::AllReduce { buf, dtype, op })
+                    .map(|_| false)
             }
-            Op::AllToAll { send, recv, .. } => g
-                .all_to_all(
-                    on,
-                    send.dev_read_timeout(to)?.region(),
-                    recv.dev_write_timeout(to)?.region(),
-                )
-                .map(|_| false),
+            Op::AllToAll { send, recv, .. } => {
+                let (s, r) = (send.dev_read_timeout(to)?, recv.dev_write_timeout(to)?);
+                let (send, recv) = (s.region(), r.region());
+                g.call(on, DevCall::AllToAll { send, recv }).map(|_| false)
+            }
             Op::Broadcast {
                 send, recv, root, ..
             } => {
@@ -435,15 +429,26 @@ mod device {
                     drop((s, r));
                     copy_dev(g, on, send, recv, to)?;
                 }
-                g.broadcast(on, recv.dev_write_timeout(to)?.region(), *root)
-                    .map(|_| false)
+                let buf = recv.dev_write_timeout(to)?;
+                g.call(
+                    on,
+                    DevCall::Broadcast {
+                        buf: buf.region(),
+                        root: *root,
+                    },
+                )
+                .map(|_| false)
             }
-            Op::Send { buf, peer, .. } => g
-                .send(on, *peer, buf.dev_read_timeout(to)?.region())
-                .map(|_| false),
-            Op::Recv { buf, peer, .. } => g
-                .recv(on, *peer, buf.dev_write_timeout(to)?.region())
-                .map(|_| false),
+            Op::Send { buf, peer, .. } => {
+                let b = buf.dev_read_timeout(to)?;
+                let (data, peer) = (b.region(), *peer);
+                g.call(on, DevCall::Send { peer, data }).map(|_| false)
+            }
+            Op::Recv { buf, peer, .. } => {
+                let b = buf.dev_write_timeout(to)?;
+                let (data, peer) = (b.region(), *peer);
+                g.call(on, DevCall::Recv { peer, data }).map(|_| false)
+            }
             Op::SendRecv {
                 send,
                 recv,
@@ -453,23 +458,25 @@ mod device {
                 ..
             } => {
                 let s = send.dev_read_timeout(to)?;
+                let (send, dst, src) = (s.region(), *dst, *src);
+                let call = |recv| DevCall::SendRecv {
+                    dst,
+                    send,
+                    src,
+                    recv,
+                };
                 match reduce {
-                    None => g
-                        .sendrecv(
-                            on,
-                            *dst,
-                            s.region(),
-                            *src,
-                            recv.dev_write_timeout(to)?.region(),
-                        )
-                        .map(|_| false),
+                    None => {
+                        let r = recv.dev_write_timeout(to)?;
+                        g.call(on, call(r.region())).map(|_| false)
+                    }
                     Some(op) => {
                         let tmp = match at {
                             Some(a) => recv.alloc_like_in(recv.len(), a.scope, a.stream)?,
                             None => recv.alloc_like(recv.len())?,
                         };
                         let tg = tmp.dev_write_timeout(to)?;
-                        g.sendrecv(on, *dst, s.region(), *src, tg.region())?;
+                        g.call(on, call(tg.region()))?;
                         let r = recv.dev_write_timeout(to)?;
                         let n = crate::transport::gpu::count_of(recv.len(), dtype)?;
                         crate::transport::gpu::work_stream(g, on).reduce(

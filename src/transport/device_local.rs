@@ -25,7 +25,7 @@
 
 #![forbid(unsafe_code)]
 
-use super::gpu::{self, staged, GpuTransport, On, Scratch};
+use super::gpu::{self, staged, DevCall, GpuTransport, On, Scratch};
 use super::meeting::{Counts, Meetings};
 use super::{P2p, Transport, TransportKind};
 use crate::device::{finish, DevAddr, DevEvent, DevStream, Device, Region};
@@ -587,6 +587,16 @@ impl DeviceLocalTransport {
         }
     }
 
+    fn check_peer(&self, peer: usize) -> Result<()> {
+        if peer >= self.group.size {
+            return Err(Error::InvalidArgument(format!(
+                "peer {peer} out of range for a communicator of {} ranks",
+                self.group.size
+            )));
+        }
+        Ok(())
+    }
+
     fn check_len(&self, what: &str, posts: &[Post], want: usize) -> Result<()> {
         if let Some((r, p)) = posts.iter().enumerate().find(|(_, p)| p.len != want) {
             return Err(Error::InvalidUsage(format!(
@@ -597,12 +607,102 @@ impl DeviceLocalTransport {
         Ok(())
     }
 
-    /// The work of a collective after the exchange, then the closing barrier (also on
-    /// error, so no peer is left waiting on this round).
-    fn pull(&self, on: On<'_>, what: &str, f: impl FnOnce() -> Result<()>) -> Result<()> {
-        let r = f().and_then(|_| self.finish(on, what));
+    /// The one body of this transport's collectives: enter, publish `mine` and get every
+    /// rank's post ([`Self::rdv`]), check that each passed `mine.len` bytes, run
+    /// `peer(s, j, post j, acc)` for every rank j in rank order on this rank's stream `s`
+    /// (it returns the bytes it pulled from j, counted as j's sends), finish, and meet the
+    /// others once more (also on error, so no peer is left waiting on this round). With
+    /// `out` (a reduction) `acc` is the work scratch, `out.len` bytes, copied to `out`
+    /// after that meeting (every rank has read every buffer: now each overwrites its
+    /// own); without, `acc` is 0.
+    fn collective(
+        &self,
+        on: On<'_>,
+        what: &'static str,
+        mine: Region,
+        out: Option<Region>,
+        mut peer: impl FnMut(&Arc<dyn DevStream>, usize, &Post, DevAddr) -> Result<usize>,
+    ) -> Result<()> {
+        let _in = self.enter(what)?;
+        let s = self.s(on);
+        let posts = self.rdv(on, mine.addr, mine.len)?;
+        let acc = out.map(|o| self.work_on(on, &s, o.len)).transpose()?;
+        let g = acc
+            .as_ref()
+            .map(|a| a.dev_write_timeout(self.timeout))
+            .transpose()?;
+        let at = g.as_ref().map_or(0, |g| g.addr());
+        let r = (|| {
+            self.check_len(what, &posts, mine.len)?;
+            for (j, p) in posts.iter().enumerate() {
+                self.count(j, peer(&s, j, p, at)?);
+            }
+            self.finish(on, what)
+        })();
         let b = self.barrier_(on);
-        r.and(b)
+        r.and(b)?;
+        let Some(out) = out else {
+            return Ok(());
+        };
+        s.copy(out.addr, at, out.len)?;
+        self.work_done(on, &s)?;
+        self.finish(on, what)
+    }
+
+    /// A reduction of every rank's `send` at `off` (`out.len` bytes each, added in rank
+    /// order) into `out`, through the work scratch ([`Self::collective`]).
+    fn reduction(
+        &self,
+        on: On<'_>,
+        what: &'static str,
+        (send, off): (Region, u64),
+        out: Region,
+        (dtype, op): (DataType, ReduceOp),
+    ) -> Result<()> {
+        let c = out.len;
+        self.collective(on, what, send, Some(out), |s, j, p, acc| {
+            let n = gpu::count_of(c, dtype)?;
+            if j == 0 {
+                s.copy(acc, p.addr + off, c)?;
+            } else {
+                s.reduce(acc, p.addr + off, n, dtype, op)?;
+            }
+            Ok(c)
+        })
+    }
+
+    fn recv_msg(&self, on: On<'_>, peer: usize, data: Region) -> Result<()> {
+        let _in = self.enter("receive")?;
+        self.check_peer(peer)?;
+        self.take_into(on, peer, data)?;
+        self.finish(on, "receive")
+    }
+
+    /// In place inside a group of a stream-ordered call (the receivers' copies are
+    /// waited for at the group's end) and on the capturable path; otherwise eager, staged
+    /// through a buffer of its own, so a send never waits for its receive.
+    fn send_msg(&self, on: On<'_>, peer: usize, data: Region) -> Result<()> {
+        let _in = self.enter("send")?;
+        self.check_peer(peer)?;
+        let grouped = self.grouped.load(Ordering::SeqCst) > 0;
+        let capturing = on.is_some() && self.s(on).is_capturing()?;
+        if capturing || (on.is_some() && grouped) {
+            self.post_direct(on, peer, data)?;
+            if !grouped {
+                self.settle_acks()?;
+            }
+            return Ok(());
+        }
+        // Eager: staged through a buffer of its own (never a call's arena block),
+        // handed to the receiver.
+        let (msg, ev) = gpu::stage(self, on, self.timeout, data, "send")?;
+        let mut b = self.group.lock()?;
+        b.mail
+            .entry((self.rank, peer))
+            .or_default()
+            .push_back(Msg::Staged(msg, ev));
+        self.group.notify();
+        Ok(())
     }
 }
 
@@ -631,175 +731,82 @@ impl GpuTransport for DeviceLocalTransport {
         true
     }
 
-    fn all_gather(&self, on: On<'_>, buf: Region, chunk: usize) -> Result<()> {
-        let _in = self.enter("all-gather")?;
-        let s = self.s(on);
-        let posts = self.rdv(on, buf.addr, buf.len)?;
-        self.pull(on, "all-gather", || {
-            self.check_len("all-gather", &posts, buf.len)?;
-            for (j, p) in posts.iter().enumerate() {
-                if j != self.rank {
+    fn call(&self, on: On<'_>, c: DevCall) -> Result<()> {
+        let (what, me) = (c.name(), self.rank);
+        match c {
+            DevCall::AllGather { buf, chunk } => {
+                self.collective(on, what, buf, None, |s, j, p, _| {
+                    if j == me {
+                        return Ok(0);
+                    }
                     let off = (j * chunk) as u64;
                     s.copy(buf.addr + off, p.addr + off, chunk)?;
-                    self.count(j, chunk);
-                }
+                    Ok(chunk)
+                })
             }
-            Ok(())
-        })
-    }
-
-    fn reduce_scatter(
-        &self,
-        on: On<'_>,
-        send: Region,
-        recv: Region,
-        dtype: DataType,
-        op: ReduceOp,
-    ) -> Result<()> {
-        let _in = self.enter("reduce-scatter")?;
-        let s = self.s(on);
-        let posts = self.rdv(on, send.addr, send.len)?;
-        let c = recv.len;
-        let acc = self.work_on(on, &s, c)?;
-        let g = acc.dev_write_timeout(self.timeout)?;
-        self.pull(on, "reduce-scatter", || {
-            self.check_len("reduce-scatter", &posts, send.len)?;
-            let n = gpu::count_of(c, dtype)?;
-            let off = (self.rank * c) as u64;
-            for (j, p) in posts.iter().enumerate() {
-                if j == 0 {
-                    s.copy(g.addr(), p.addr + off, c)?;
+            DevCall::ReduceScatter {
+                send,
+                recv,
+                dtype,
+                op,
+            } => {
+                let off = (me * recv.len) as u64;
+                self.reduction(on, what, (send, off), recv, (dtype, op))
+            }
+            DevCall::AllReduce { buf, dtype, op } => {
+                self.reduction(on, what, (buf, 0), buf, (dtype, op))
+            }
+            DevCall::AllToAll { send, recv } => {
+                let b = recv.len / self.group.size.max(1);
+                self.collective(on, what, send, None, |s, j, p, _| {
+                    s.copy(recv.addr + (j * b) as u64, p.addr + (me * b) as u64, b)?;
+                    Ok(b)
+                })
+            }
+            DevCall::Broadcast { buf, root } => {
+                if root >= self.group.size {
+                    return Err(Error::InvalidArgument(format!(
+                        "broadcast root {root} out of range for a communicator of {} ranks",
+                        self.group.size
+                    )));
+                }
+                self.collective(on, what, buf, None, |s, j, p, _| {
+                    if j != root || me == root {
+                        return Ok(0);
+                    }
+                    s.copy(buf.addr, p.addr, buf.len)?;
+                    Ok(buf.len)
+                })
+            }
+            DevCall::Send { peer, data } => self.send_msg(on, peer, data),
+            DevCall::Recv { peer, data } => self.recv_msg(on, peer, data),
+            // Inside a stream-ordered call: in place, no allocation (the send is
+            // published, the receive done, then this rank's stream waits for the peer's
+            // copy).
+            DevCall::SendRecv {
+                dst,
+                send,
+                src,
+                recv,
+            } => {
+                let _in = self.enter(what)?;
+                if on.is_none() {
+                    self.send_msg(on, dst, send)?;
+                    return self.recv_msg(on, src, recv);
+                }
+                self.check_peer(dst)?;
+                self.check_peer(src)?;
+                self.post_direct(on, dst, send)?;
+                let r = self.take_into(on, src, recv);
+                let a = if self.grouped.load(Ordering::SeqCst) == 0 {
+                    self.settle_acks()
                 } else {
-                    s.reduce(g.addr(), p.addr + off, n, dtype, op)?;
-                }
-                self.count(j, c);
+                    Ok(())
+                };
+                r.and(a)?;
+                self.finish(on, what)
             }
-            Ok(())
-        })?;
-        s.copy(recv.addr, g.addr(), c)?;
-        self.work_done(on, &s)?;
-        self.finish(on, "reduce-scatter")
-    }
-
-    fn all_reduce(&self, on: On<'_>, buf: Region, dtype: DataType, op: ReduceOp) -> Result<()> {
-        let _in = self.enter("all-reduce")?;
-        let s = self.s(on);
-        let posts = self.rdv(on, buf.addr, buf.len)?;
-        let acc = self.work_on(on, &s, buf.len)?;
-        let g = acc.dev_write_timeout(self.timeout)?;
-        self.pull(on, "all-reduce", || {
-            self.check_len("all-reduce", &posts, buf.len)?;
-            let n = gpu::count_of(buf.len, dtype)?;
-            for (j, p) in posts.iter().enumerate() {
-                if j == 0 {
-                    s.copy(g.addr(), p.addr, buf.len)?;
-                } else {
-                    s.reduce(g.addr(), p.addr, n, dtype, op)?;
-                }
-                self.count(j, buf.len);
-            }
-            Ok(())
-        })?;
-        // Every rank has read every buffer: now each overwrites its own.
-        s.copy(buf.addr, g.addr(), buf.len)?;
-        self.work_done(on, &s)?;
-        self.finish(on, "all-reduce")
-    }
-
-    fn all_to_all(&self, on: On<'_>, send: Region, recv: Region) -> Result<()> {
-        let _in = self.enter("all-to-all")?;
-        let s = self.s(on);
-        let posts = self.rdv(on, send.addr, send.len)?;
-        self.pull(on, "all-to-all", || {
-            self.check_len("all-to-all", &posts, send.len)?;
-            let p = self.group.size;
-            let b = recv.len / p.max(1);
-            for (j, post) in posts.iter().enumerate() {
-                s.copy(
-                    recv.addr + (j * b) as u64,
-                    post.addr + (self.rank * b) as u64,
-                    b,
-                )?;
-                self.count(j, b);
-            }
-            Ok(())
-        })
-    }
-
-    fn broadcast(&self, on: On<'_>, buf: Region, root: usize) -> Result<()> {
-        let _in = self.enter("broadcast")?;
-        let s = self.s(on);
-        let posts = self.rdv(on, buf.addr, buf.len)?;
-        self.pull(on, "broadcast", || {
-            self.check_len("broadcast", &posts, buf.len)?;
-            if self.rank != root {
-                s.copy(buf.addr, posts[root].addr, buf.len)?;
-                self.count(root, buf.len);
-            }
-            Ok(())
-        })
-    }
-
-    /// In place inside a group of a stream-ordered call (the receivers' copies are
-    /// waited for at the group's end) and on the capturable path; otherwise eager, staged
-    /// through a buffer of its own, so a send never waits for its receive.
-    fn send(&self, on: On<'_>, peer: usize, data: Region) -> Result<()> {
-        let _in = self.enter("send")?;
-        self.check_peer(peer)?;
-        let grouped = self.grouped.load(Ordering::SeqCst) > 0;
-        let capturing = on.is_some() && self.s(on).is_capturing()?;
-        if capturing || (on.is_some() && grouped) {
-            self.post_direct(on, peer, data)?;
-            if !grouped {
-                self.settle_acks()?;
-            }
-            return Ok(());
         }
-        // Eager: staged through a buffer of its own (never a call's arena block),
-        // handed to the receiver.
-        let (msg, ev) = gpu::stage(self, on, self.timeout, data, "send")?;
-        let mut b = self.group.lock()?;
-        b.mail
-            .entry((self.rank, peer))
-            .or_default()
-            .push_back(Msg::Staged(msg, ev));
-        self.group.notify();
-        Ok(())
-    }
-
-    fn recv(&self, on: On<'_>, peer: usize, data: Region) -> Result<()> {
-        let _in = self.enter("receive")?;
-        self.check_peer(peer)?;
-        self.take_into(on, peer, data)?;
-        self.finish(on, "receive")
-    }
-
-    /// Inside a stream-ordered call: in place, no allocation (the send is published,
-    /// the receive done, then this rank's stream waits for the peer's copy).
-    fn sendrecv(
-        &self,
-        on: On<'_>,
-        dst: usize,
-        send: Region,
-        src: usize,
-        recv: Region,
-    ) -> Result<()> {
-        let _in = self.enter("send/receive")?;
-        if on.is_some() {
-            self.check_peer(dst)?;
-            self.check_peer(src)?;
-            self.post_direct(on, dst, send)?;
-            let r = self.take_into(on, src, recv);
-            let a = if self.grouped.load(Ordering::SeqCst) == 0 {
-                self.settle_acks()
-            } else {
-                Ok(())
-            };
-            r.and(a)?;
-            return self.finish(on, "send/receive");
-        }
-        GpuTransport::send(self, on, dst, send)?;
-        GpuTransport::recv(self, on, src, recv)
     }
     fn group(&self, on: On<'_>, body: &mut dyn FnMut() -> Result<()>) -> Result<()> {
         self.grouped.fetch_add(1, Ordering::SeqCst);
@@ -812,18 +819,6 @@ impl GpuTransport for DeviceLocalTransport {
         let a = self.settle_acks();
         r.and(a)?;
         self.finish(on, "grouped sends")
-    }
-}
-
-impl DeviceLocalTransport {
-    fn check_peer(&self, peer: usize) -> Result<()> {
-        if peer >= self.group.size {
-            return Err(Error::InvalidArgument(format!(
-                "peer {peer} out of range for a communicator of {} ranks",
-                self.group.size
-            )));
-        }
-        Ok(())
     }
 }
 

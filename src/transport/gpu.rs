@@ -37,38 +37,9 @@ pub trait GpuTransport: Send + Sync {
     fn probe(&self) -> Result<()> {
         Ok(())
     }
-    /// All-gather in place: `buf` holds `size()` chunks of `chunk` bytes, this rank's at
-    /// `rank()·chunk`.
-    fn all_gather(&self, on: On<'_>, buf: Region, chunk: usize) -> Result<()>;
-    /// Reduce-scatter of `send` (`size()` chunks of `recv.len` bytes) into `recv`
-    /// (`Avg` sums; `recv` may be this rank's chunk of `send`).
-    fn reduce_scatter(
-        &self,
-        on: On<'_>,
-        send: Region,
-        recv: Region,
-        dtype: DataType,
-        op: ReduceOp,
-    ) -> Result<()>;
-    /// All-reduce in place (`Avg` sums).
-    fn all_reduce(&self, on: On<'_>, buf: Region, dtype: DataType, op: ReduceOp) -> Result<()>;
-    /// All-to-all: block j of `send` to rank j, block i of `recv` from rank i.
-    fn all_to_all(&self, on: On<'_>, send: Region, recv: Region) -> Result<()>;
-    /// Broadcast in place from `root`.
-    fn broadcast(&self, on: On<'_>, buf: Region, root: usize) -> Result<()>;
-    /// Send `data` to `peer`.
-    fn send(&self, on: On<'_>, peer: usize, data: Region) -> Result<()>;
-    /// Receive exactly `data.len` bytes from `peer`.
-    fn recv(&self, on: On<'_>, peer: usize, data: Region) -> Result<()>;
-    /// Send to `dst` and receive from `src` at once.
-    fn sendrecv(
-        &self,
-        on: On<'_>,
-        dst: usize,
-        send: Region,
-        src: usize,
-        recv: Region,
-    ) -> Result<()>;
+    /// `c`, one of the collective or point-to-point calls every GPU transport makes
+    /// ([`DevCall`]), on [`work_stream`]`(self, on)`.
+    fn call(&self, on: On<'_>, c: DevCall) -> Result<()>;
     /// Run `body`'s calls as one group (NCCL: between ncclGroupStart and ncclGroupEnd,
     /// enqueued without waiting, then waited for together). Default: one after another.
     fn group(&self, _on: On<'_>, body: &mut dyn FnMut() -> Result<()>) -> Result<()> {
@@ -86,6 +57,95 @@ pub trait GpuTransport: Send + Sync {
     /// none.
     fn library_call(&self, _on: On<'_>, _c: LibCall) -> Option<Result<()>> {
         None
+    }
+}
+
+/// The calls every GPU transport makes ([`GpuTransport::call`]), as NCCL describes each
+/// collective in one `ncclInfo` and enqueues them all the same way. Regions are this
+/// rank's device memory; in-place rules are the host trait's.
+#[derive(Clone, Copy, Debug)]
+pub enum DevCall {
+    /// All-gather in place.
+    AllGather {
+        /// `size()` chunks of `chunk` bytes, this rank's at `rank()·chunk`.
+        buf: Region,
+        /// The bytes of each rank's chunk.
+        chunk: usize,
+    },
+    /// Reduce-scatter of `send` into `recv` (`Avg` sums).
+    ReduceScatter {
+        /// `size()` chunks of `recv.len` bytes.
+        send: Region,
+        /// This rank's result (may be this rank's chunk of `send`).
+        recv: Region,
+        /// The element type.
+        dtype: DataType,
+        /// The reduction.
+        op: ReduceOp,
+    },
+    /// All-reduce in place (`Avg` sums).
+    AllReduce {
+        /// The input and output.
+        buf: Region,
+        /// The element type.
+        dtype: DataType,
+        /// The reduction.
+        op: ReduceOp,
+    },
+    /// All-to-all.
+    AllToAll {
+        /// Block j goes to rank j.
+        send: Region,
+        /// Block i comes from rank i.
+        recv: Region,
+    },
+    /// Broadcast in place from `root`.
+    Broadcast {
+        /// The root's input, every rank's output.
+        buf: Region,
+        /// The root.
+        root: usize,
+    },
+    /// Send `data` to `peer`.
+    Send {
+        /// The receiver.
+        peer: usize,
+        /// The bytes sent.
+        data: Region,
+    },
+    /// Receive exactly `data.len` bytes from `peer`.
+    Recv {
+        /// The sender.
+        peer: usize,
+        /// Where the bytes go.
+        data: Region,
+    },
+    /// Send to `dst` and receive from `src` at once.
+    SendRecv {
+        /// The receiver of `send`.
+        dst: usize,
+        /// The bytes sent.
+        send: Region,
+        /// The sender of `recv`.
+        src: usize,
+        /// Where the received bytes go.
+        recv: Region,
+    },
+}
+
+impl DevCall {
+    /// The call's name in messages ("all-gather", "send/receive", ...).
+    pub fn name(&self) -> &'static str {
+        match self {
+            DevCall::AllGather { .. } => "all-gather",
+            DevCall::ReduceScatter { .. } => "reduce-scatter",
+            DevCall::AllReduce { .. } => "all-reduce",
+            DevCall::AllToAll { .. } => "all-to-all",
+            DevCall::Broadcast { .. } => "broadcast",
+            DevCall::Send { .. } => "send",
+            DevCall::Recv { .. } => "receive",
+            DevCall::SendRecv { .. } => "send/receive",
+        }
     }
 }
 
@@ -310,7 +370,7 @@ pub mod staged {
         chunk: usize,
     ) -> Result<()> {
         let out = through(g, t, buf, buf.len(), true, |r, _| {
-            g.all_gather(None, r, chunk)
+            g.call(None, DevCall::AllGather { buf: r, chunk })
         })?;
         buf.copy_from_slice(&out);
         Ok(())
@@ -326,7 +386,15 @@ pub mod staged {
         op: ReduceOp,
     ) -> Result<()> {
         let out = through(g, t, send, recv.len(), false, |s, r| {
-            g.reduce_scatter(None, s, r, dtype, op)
+            g.call(
+                None,
+                DevCall::ReduceScatter {
+                    send: s,
+                    recv: r,
+                    dtype,
+                    op,
+                },
+            )
         })?;
         recv.copy_from_slice(&out);
         Ok(())
@@ -341,7 +409,7 @@ pub mod staged {
         op: ReduceOp,
     ) -> Result<()> {
         let out = through(g, t, buf, buf.len(), true, |r, _| {
-            g.all_reduce(None, r, dtype, op)
+            g.call(None, DevCall::AllReduce { buf: r, dtype, op })
         })?;
         buf.copy_from_slice(&out);
         Ok(())
@@ -355,7 +423,7 @@ pub mod staged {
         recv: &mut [u8],
     ) -> Result<()> {
         let out = through(g, t, send, recv.len(), false, |s, r| {
-            g.all_to_all(None, s, r)
+            g.call(None, DevCall::AllToAll { send: s, recv: r })
         })?;
         recv.copy_from_slice(&out);
         Ok(())
@@ -364,7 +432,7 @@ pub mod staged {
     /// Host broadcast in place.
     pub fn broadcast(g: &dyn GpuTransport, t: Duration, buf: &mut [u8], root: usize) -> Result<()> {
         let out = through(g, t, buf, buf.len(), true, |r, _| {
-            g.broadcast(None, r, root)
+            g.call(None, DevCall::Broadcast { buf: r, root })
         })?;
         buf.copy_from_slice(&out);
         Ok(())
@@ -372,12 +440,17 @@ pub mod staged {
 
     /// Host send.
     pub fn send(g: &dyn GpuTransport, t: Duration, peer: usize, data: &[u8]) -> Result<()> {
-        through(g, t, data, 0, true, |r, _| g.send(None, peer, r)).map(|_| ())
+        through(g, t, data, 0, true, |r, _| {
+            g.call(None, DevCall::Send { peer, data: r })
+        })
+        .map(|_| ())
     }
 
     /// Host receive.
     pub fn recv(g: &dyn GpuTransport, t: Duration, peer: usize, data: &mut [u8]) -> Result<()> {
-        let out = through(g, t, &[], data.len(), false, |_, r| g.recv(None, peer, r))?;
+        let out = through(g, t, &[], data.len(), false, |_, r| {
+            g.call(None, DevCall::Recv { peer, data: r })
+        })?;
         data.copy_from_slice(&out);
         Ok(())
     }
@@ -392,7 +465,15 @@ pub mod staged {
         recv: &mut [u8],
     ) -> Result<()> {
         let out = through(g, t, send, recv.len(), false, |s, r| {
-            g.sendrecv(None, dst, s, src, r)
+            g.call(
+                None,
+                DevCall::SendRecv {
+                    dst,
+                    send: s,
+                    src,
+                    recv: r,
+                },
+            )
         })?;
         recv.copy_from_slice(&out);
         Ok(())

@@ -18,9 +18,9 @@
 
 #![forbid(unsafe_code)]
 
-use super::gpu::{GpuTransport, On, Scratch};
+use super::gpu::{DevCall, GpuTransport, On, Scratch};
 use super::{Fold, P2p, Transport, TransportKind};
-use crate::device::{DevStream, Device, Region};
+use crate::device::{DevStream, Device};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::Error;
 use crate::error::Result;
@@ -170,64 +170,25 @@ impl GpuTransport for Metered {
     fn finish(&self, on: On<'_>, what: &str) -> Result<()> {
         self.inner_gpu()?.finish(on, what)
     }
-    fn all_gather(&self, on: On<'_>, buf: Region, chunk: usize) -> Result<()> {
-        self.inner_gpu()?.all_gather(on, buf, chunk)?;
-        self.to_next(self.inner.size().saturating_sub(1) * chunk);
-        Ok(())
-    }
-    fn reduce_scatter(
-        &self,
-        on: On<'_>,
-        send: Region,
-        recv: Region,
-        dtype: DataType,
-        op: ReduceOp,
-    ) -> Result<()> {
-        self.inner_gpu()?
-            .reduce_scatter(on, send, recv, dtype, op)?;
-        self.to_next(self.inner.size().saturating_sub(1) * recv.len);
-        Ok(())
-    }
-    fn all_reduce(&self, on: On<'_>, buf: Region, dtype: DataType, op: ReduceOp) -> Result<()> {
-        self.inner_gpu()?.all_reduce(on, buf, dtype, op)?;
-        let p = self.inner.size();
-        self.to_next(2 * (p - 1) * buf.len / p.max(1));
-        Ok(())
-    }
-    fn all_to_all(&self, on: On<'_>, send: Region, recv: Region) -> Result<()> {
-        self.inner_gpu()?.all_to_all(on, send, recv)?;
+    fn call(&self, on: On<'_>, c: DevCall) -> Result<()> {
+        self.inner_gpu()?.call(on, c)?;
         let (r, p) = (self.inner.rank(), self.inner.size());
-        (0..p)
-            .filter(|&j| j != r)
-            .for_each(|j| self.count(j, send.len / p));
-        Ok(())
-    }
-    fn broadcast(&self, on: On<'_>, buf: Region, root: usize) -> Result<()> {
-        self.inner_gpu()?.broadcast(on, buf, root)?;
-        let (r, p) = (self.inner.rank(), self.inner.size());
-        if (r + p - root) % p + 1 < p {
-            self.to_next(buf.len);
+        match c {
+            DevCall::AllGather { chunk, .. } => self.to_next(p.saturating_sub(1) * chunk),
+            DevCall::ReduceScatter { recv, .. } => self.to_next(p.saturating_sub(1) * recv.len),
+            DevCall::AllReduce { buf, .. } => self.to_next(2 * (p - 1) * buf.len / p.max(1)),
+            DevCall::AllToAll { send, .. } => (0..p)
+                .filter(|&j| j != r)
+                .for_each(|j| self.count(j, send.len / p)),
+            DevCall::Broadcast { buf, root } => {
+                if (r + p - root) % p + 1 < p {
+                    self.to_next(buf.len);
+                }
+            }
+            DevCall::Send { peer, data } => self.count(peer, data.len),
+            DevCall::Recv { .. } => {}
+            DevCall::SendRecv { dst, send, .. } => self.count(dst, send.len),
         }
-        Ok(())
-    }
-    fn send(&self, on: On<'_>, peer: usize, data: Region) -> Result<()> {
-        self.inner_gpu()?.send(on, peer, data)?;
-        self.count(peer, data.len);
-        Ok(())
-    }
-    fn recv(&self, on: On<'_>, peer: usize, data: Region) -> Result<()> {
-        self.inner_gpu()?.recv(on, peer, data)
-    }
-    fn sendrecv(
-        &self,
-        on: On<'_>,
-        dst: usize,
-        send: Region,
-        src: usize,
-        recv: Region,
-    ) -> Result<()> {
-        self.inner_gpu()?.sendrecv(on, dst, send, src, recv)?;
-        self.count(dst, send.len);
         Ok(())
     }
     fn group(&self, on: On<'_>, body: &mut dyn FnMut() -> Result<()>) -> Result<()> {

@@ -31,7 +31,7 @@
 
 #![forbid(unsafe_code)]
 
-use super::gpu::{staged, GpuTransport, LibCall, On, Scratch};
+use super::gpu::{staged, DevCall, GpuTransport, LibCall, On, Scratch};
 use super::vendor::{
     InUse, Reduction, Vendor, VendorComm, VendorLib, VendorUniqueId, VENDOR_UNIQUE_ID_BYTES,
 };
@@ -336,68 +336,82 @@ impl GpuTransport for NcclTransport {
     fn probe(&self) -> Result<()> {
         self.probe_for(|| format!("the {} communicator", self.vendor.name()))
     }
-    fn all_gather(&self, on: On<'_>, buf: Region, chunk: usize) -> Result<()> {
-        let mine = buf.addr + (self.rank * chunk) as u64;
-        self.run(on, "ncclAllGather", |c, s| {
-            c.all_gather(mine, buf.addr, chunk, s)
-        })
-    }
-    fn reduce_scatter(
-        &self,
-        on: On<'_>,
-        send: Region,
-        recv: Region,
-        dtype: DataType,
-        op: ReduceOp,
-    ) -> Result<()> {
-        self.reduce_call(
-            on,
-            Reduction::ReduceScatter,
-            send.addr,
-            recv,
-            dtype,
-            op_code(op),
-        )
-    }
-    fn all_reduce(&self, on: On<'_>, buf: Region, dtype: DataType, op: ReduceOp) -> Result<()> {
-        self.reduce_call(on, Reduction::AllReduce, buf.addr, buf, dtype, op_code(op))
-    }
-    fn all_to_all(&self, on: On<'_>, send: Region, recv: Region) -> Result<()> {
-        let p = self.members.len();
-        let b = recv.len / p.max(1);
-        self.run(on, "all-to-all", |c, s| {
-            if let Some(r) = c.all_to_all(send.addr, recv.addr, b, s) {
-                return r;
+    fn call(&self, on: On<'_>, c: DevCall) -> Result<()> {
+        match c {
+            DevCall::AllGather { buf, chunk } => {
+                let mine = buf.addr + (self.rank * chunk) as u64;
+                self.run(on, "ncclAllGather", |c, s| {
+                    c.all_gather(mine, buf.addr, chunk, s)
+                })
             }
-            self.grouped(c, || {
-                for j in 0..p {
-                    let peer = int(j, "peer")?;
-                    c.send(send.addr + (j * b) as u64, b, peer, s)?;
-                    c.recv(recv.addr + (j * b) as u64, b, peer, s)?;
+            DevCall::ReduceScatter {
+                send,
+                recv,
+                dtype,
+                op,
+            } => self.reduce_call(
+                on,
+                Reduction::ReduceScatter,
+                send.addr,
+                recv,
+                dtype,
+                op_code(op),
+            ),
+            DevCall::AllReduce { buf, dtype, op } => {
+                self.reduce_call(on, Reduction::AllReduce, buf.addr, buf, dtype, op_code(op))
+            }
+            DevCall::AllToAll { send, recv } => {
+                let p = self.members.len();
+                let b = recv.len / p.max(1);
+                self.run(on, "all-to-all", |c, s| {
+                    if let Some(r) = c.all_to_all(send.addr, recv.addr, b, s) {
+                        return r;
+                    }
+                    self.grouped(c, || {
+                        for j in 0..p {
+                            let peer = int(j, "peer")?;
+                            c.send(send.addr + (j * b) as u64, b, peer, s)?;
+                            c.recv(recv.addr + (j * b) as u64, b, peer, s)?;
+                        }
+                        Ok(())
+                    })
+                })
+            }
+            DevCall::Broadcast { buf, root } => {
+                let root = int(root, "root")?;
+                self.run(on, "ncclBroadcast", |c, s| {
+                    c.broadcast(buf.addr, buf.addr, buf.len, root, s)
+                })
+            }
+            DevCall::Send { peer, data } => {
+                if peer == self.rank && !DEFER.with(|d| d.get()) {
+                    return self.send_to_self(on, data);
                 }
-                Ok(())
-            })
-        })
-    }
-    fn broadcast(&self, on: On<'_>, buf: Region, root: usize) -> Result<()> {
-        let root = int(root, "root")?;
-        self.run(on, "ncclBroadcast", |c, s| {
-            c.broadcast(buf.addr, buf.addr, buf.len, root, s)
-        })
-    }
-    fn send(&self, on: On<'_>, peer: usize, data: Region) -> Result<()> {
-        if peer == self.rank && !DEFER.with(|d| d.get()) {
-            return self.send_to_self(on, data);
+                let peer = int(peer, "peer")?;
+                self.run(on, "ncclSend", |c, s| c.send(data.addr, data.len, peer, s))
+            }
+            DevCall::Recv { peer, data } => {
+                if peer == self.rank && !DEFER.with(|d| d.get()) {
+                    return self.recv_from_self(on, data);
+                }
+                let peer = int(peer, "peer")?;
+                self.run(on, "ncclRecv", |c, s| c.recv(data.addr, data.len, peer, s))
+            }
+            DevCall::SendRecv {
+                dst,
+                send,
+                src,
+                recv,
+            } => {
+                let (d, r) = (int(dst, "peer")?, int(src, "peer")?);
+                self.run(on, "ncclSend/ncclRecv", |c, s| {
+                    self.grouped(c, || {
+                        c.send(send.addr, send.len, d, s)?;
+                        c.recv(recv.addr, recv.len, r, s)
+                    })
+                })
+            }
         }
-        let peer = int(peer, "peer")?;
-        self.run(on, "ncclSend", |c, s| c.send(data.addr, data.len, peer, s))
-    }
-    fn recv(&self, on: On<'_>, peer: usize, data: Region) -> Result<()> {
-        if peer == self.rank && !DEFER.with(|d| d.get()) {
-            return self.recv_from_self(on, data);
-        }
-        let peer = int(peer, "peer")?;
-        self.run(on, "ncclRecv", |c, s| c.recv(data.addr, data.len, peer, s))
     }
     fn group(&self, on: On<'_>, body: &mut dyn FnMut() -> Result<()>) -> Result<()> {
         let _bound = self.dev.bind()?;
@@ -463,22 +477,6 @@ impl GpuTransport for NcclTransport {
                     c.broadcast(send.addr, recv.addr, recv.len, root, s)
                 })
             }),
-        })
-    }
-    fn sendrecv(
-        &self,
-        on: On<'_>,
-        dst: usize,
-        send: Region,
-        src: usize,
-        recv: Region,
-    ) -> Result<()> {
-        let (d, r) = (int(dst, "peer")?, int(src, "peer")?);
-        self.run(on, "ncclSend/ncclRecv", |c, s| {
-            self.grouped(c, || {
-                c.send(send.addr, send.len, d, s)?;
-                c.recv(recv.addr, recv.len, r, s)
-            })
         })
     }
 }
