@@ -334,7 +334,8 @@ impl CommModel {
             self.hits += 1;
             return Ok(v);
         }
-        let resolved = strata::sim::resolve(topo, kind, algo, count, dtype, None)?;
+        let call = strata::sim::Call::new(topo, kind, algo, count, dtype);
+        let resolved = strata::sim::resolve(&call)?;
         let requested = key.clone();
         key.algo = resolved;
         let v = match self.cache.get(&key) {
@@ -343,7 +344,10 @@ impl CommModel {
                 v
             }
             None => {
-                let v = symmetric_makespan(topo, kind, resolved, count, dtype, None)?;
+                let v = symmetric_makespan(&strata::sim::Call {
+                    algo: resolved,
+                    ..call
+                })?;
                 self.simulated += 1;
                 self.cache.insert(key, v);
                 v
