@@ -682,23 +682,24 @@ fn pairs(op: &Op) -> Vec<(Kind, &Buffer, &Buffer, usize)> {
             sends,
             recvs,
             counts,
-        } => sends
-            .iter()
-            .zip(recvs)
-            .zip(counts)
-            .map(|((s, r), c)| (Kind::AllGather, s, r, *c))
-            .collect(),
-        Op::ReduceScatterCoalesced {
+        }
+        | Op::ReduceScatterCoalesced {
             sends,
             recvs,
             counts,
             ..
-        } => sends
-            .iter()
-            .zip(recvs)
-            .zip(counts)
-            .map(|((s, r), c)| (Kind::ReduceScatter, s, r, *c))
-            .collect(),
+        } => {
+            let kind = match op {
+                Op::AllGatherCoalesced { .. } => Kind::AllGather,
+                _ => Kind::ReduceScatter,
+            };
+            sends
+                .iter()
+                .zip(recvs)
+                .zip(counts)
+                .map(|((s, r), c)| (kind, s, r, *c))
+                .collect()
+        }
         _ => Vec::new(),
     }
 }
