@@ -13,7 +13,6 @@
 use crate::comm::{Comm, Op, Request};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::{Error, Result};
-use crate::memory::Buffer;
 use crate::Algo;
 
 /// The input value of element `i` of `rank`'s send buffer: a small integer, -3 to 3
@@ -57,7 +56,8 @@ fn reduced(dtype: DataType, op: ReduceOp, p: usize, i: usize, seed: u64) -> f64 
 
 pub use crate::kinds::Kind;
 
-/// The references of a collective kind: inputs, expected outputs, requests.
+/// The references of a collective kind: inputs and expected outputs (its request on
+/// prepared buffers: [`Kind::op`]).
 impl Kind {
     /// This rank's send buffer contents for `seed` (coalesced tensors use one seed each).
     pub fn input(self, dtype: DataType, rank: usize, count: usize, p: usize, seed: u64) -> Vec<u8> {
@@ -86,32 +86,6 @@ impl Kind {
                 .map(|j| value(dtype, j / count, rank * count + j % count, seed))
                 .collect(),
             Kind::Broadcast { root } => (0..count).map(|i| value(dtype, root, i, seed)).collect(),
-        }
-    }
-
-    /// The request for this collective on prepared buffers.
-    pub fn op(self, send: Buffer, recv: Buffer, count: usize, redop: ReduceOp) -> Op {
-        match self {
-            Kind::AllGather => Op::AllGather { send, recv, count },
-            Kind::ReduceScatter => Op::ReduceScatter {
-                send,
-                recv,
-                count,
-                op: redop,
-            },
-            Kind::AllReduce => Op::AllReduce {
-                send,
-                recv,
-                count,
-                op: redop,
-            },
-            Kind::AllToAll => Op::AllToAll { send, recv, count },
-            Kind::Broadcast { root } => Op::Broadcast {
-                send,
-                recv,
-                count,
-                root,
-            },
         }
     }
 }
