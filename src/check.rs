@@ -13,7 +13,6 @@
 use crate::comm::{Comm, Op, Request};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::{Error, Result};
-use crate::memory::Buffer;
 use crate::Algo;
 
 /// The input value of element `i` of `rank`'s send buffer: a small integer, -3 to 3
@@ -57,7 +56,8 @@ fn reduced(dtype: DataType, op: ReduceOp, p: usize, i: usize, seed: u64) -> f64 
 
 pub use crate::kinds::Kind;
 
-/// The references of a collective kind: inputs, expected outputs, requests.
+/// The references of a collective kind: inputs and expected outputs (its request on
+/// prepared buffers: [`Kind::op`]).
 impl Kind {
     /// This rank's send buffer contents for `seed` (coalesced tensors use one seed each).
     pub fn input(self, dtype: DataType, rank: usize, count: usize, p: usize, seed: u64) -> Vec<u8> {
@@ -86,32 +86,6 @@ impl Kind {
                 .map(|j| value(dtype, j / count, rank * count + j % count, seed))
                 .collect(),
             Kind::Broadcast { root } => (0..count).map(|i| value(dtype, root, i, seed)).collect(),
-        }
-    }
-
-    /// The request for this collective on prepared buffers.
-    pub fn op(self, send: Buffer, recv: Buffer, count: usize, redop: ReduceOp) -> Op {
-        match self {
-            Kind::AllGather => Op::AllGather { send, recv, count },
-            Kind::ReduceScatter => Op::ReduceScatter {
-                send,
-                recv,
-                count,
-                op: redop,
-            },
-            Kind::AllReduce => Op::AllReduce {
-                send,
-                recv,
-                count,
-                op: redop,
-            },
-            Kind::AllToAll => Op::AllToAll { send, recv, count },
-            Kind::Broadcast { root } => Op::Broadcast {
-                send,
-                recv,
-                count,
-                root,
-            },
         }
     }
 }
@@ -314,19 +288,30 @@ pub fn quant_bound(
     err + half_ulp(dtype, sum)
 }
 
-/// Run one checked quantized collective (`qgz`, `qgz-1hop` on reduce-scatter; `qwz` on
-/// all-gather) and compare with the exact f64 result of the unquantized inputs.
-#[allow(clippy::too_many_arguments)]
-pub fn run_checked_quant(
-    comm: &Comm,
-    kind: Kind,
-    dtype: DataType,
-    redop: ReduceOp,
-    count: usize,
-    algo: Algo,
-    q: crate::kernels::QuantSpec,
-    seed: u64,
-) -> Result<QuantCheck> {
+/// One checked quantized collective (`qgz`, `qgz-1hop` on reduce-scatter; `qwz` on
+/// all-gather): `kind` of NCCL's per-call `count` of `dtype` (reduced by `redop`) under
+/// `algo` with the format `q`, every rank's input [`fill`]`(dtype, rank, 0, .., seed)`.
+#[derive(Debug, Clone, Copy)]
+pub struct QuantCase {
+    pub kind: Kind,
+    pub dtype: DataType,
+    pub redop: ReduceOp,
+    pub count: usize,
+    pub algo: Algo,
+    pub q: crate::kernels::QuantSpec,
+    pub seed: u64,
+}
+
+/// Run `case` on `comm` and compare with the exact f64 result of the unquantized inputs.
+pub fn run_checked_quant(comm: &Comm, case: &QuantCase) -> Result<QuantCheck> {
+    let QuantCase {
+        kind,
+        dtype,
+        redop,
+        count,
+        seed,
+        ..
+    } = *case;
     let (ns, nr) = kind.sizes(count, comm.size());
     let s = dtype.size();
     let input = fill(dtype, comm.rank(), 0, ns, seed);
@@ -334,12 +319,17 @@ pub fn run_checked_quant(
     let recv = comm.native_from(&vec![0xA5; nr * s])?;
     comm.submit(
         Request::new(kind.op(send, recv.clone(), count, redop), dtype)
-            .with_algo(algo)
-            .with_quant(q),
+            .with_algo(case.algo)
+            .with_quant(case.q),
     )?
     .wait()?;
-    check_quant(
-        comm,
+    check_quant(comm, case, &recv.to_bytes()?)
+}
+
+/// Compare `got`, this rank's receive buffer after `case` ran on `comm`, with the exact
+/// f64 result (the comparison [`run_checked_quant`] makes after its call).
+pub fn check_quant(comm: &Comm, case: &QuantCase, got: &[u8]) -> Result<QuantCheck> {
+    let QuantCase {
         kind,
         dtype,
         redop,
@@ -347,25 +337,7 @@ pub fn run_checked_quant(
         algo,
         q,
         seed,
-        &recv.to_bytes()?,
-    )
-}
-
-/// Compare `got`, this rank's receive buffer of a quantized collective on `comm` whose
-/// inputs were [`fill`]`(dtype, rank, 0, .., seed)`, with the exact f64 result (the
-/// comparison [`run_checked_quant`] makes after its call).
-#[allow(clippy::too_many_arguments)]
-pub fn check_quant(
-    comm: &Comm,
-    kind: Kind,
-    dtype: DataType,
-    redop: ReduceOp,
-    count: usize,
-    algo: Algo,
-    q: crate::kernels::QuantSpec,
-    seed: u64,
-    got: &[u8],
-) -> Result<QuantCheck> {
+    } = *case;
     let (p, r) = (comm.size(), comm.rank());
     // Exact: reduce in f64 without rounding to the dtype.
     let exact: Vec<f64> = match kind {

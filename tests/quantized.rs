@@ -3,7 +3,7 @@
 //! average scaled exactly; the cross-node traffic ZeRO++ Table 5 promises.
 mod common;
 
-use strata::check::{run_checked_quant, Kind};
+use strata::check::{run_checked_quant, Kind, QuantCase};
 use strata::kernels::QuantSpec;
 use strata::{Algo, Buffer, Comm, DataType, ReduceOp, Request};
 
@@ -30,13 +30,15 @@ fn qgz_and_qwz_stay_within_the_bound() {
                         ] {
                             let r = run_checked_quant(
                                 &c,
-                                kind,
-                                dt,
-                                op,
-                                count,
-                                algo,
-                                q,
-                                count as u64 + bits as u64,
+                                &QuantCase {
+                                    kind,
+                                    dtype: dt,
+                                    redop: op,
+                                    count,
+                                    algo,
+                                    q,
+                                    seed: count as u64 + bits as u64,
+                                },
                             )?;
                             if r.wrong > 0 {
                                 worst.push(format!("{algo} {dt} {op} bits {bits} block {block} count {count}: {r:?}"));

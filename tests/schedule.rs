@@ -63,6 +63,11 @@ fn record(
     (s, measured)
 }
 
+/// The dry run of `kind` over `count` f32 elements under `algo` on `topo`.
+fn dry(topo: &Topology, kind: Kind, algo: Algo, count: usize) -> Schedule {
+    sim::dry_run(&sim::Call::new(topo, kind, algo, count, DataType::F32)).unwrap()
+}
+
 /// Bytes per (src, dst) pair: the log-step all-gather sends a run of chunks that wraps
 /// past the last one as two messages, which its plan models as one.
 fn pair_bytes(s: &Schedule) -> Vec<(u32, u32, u64)> {
@@ -108,7 +113,11 @@ fn recordings_match_dry_runs_and_measured_traffic() {
                 let mut one_rail = t.clone();
                 one_rail.links.nics_per_node = 1;
                 let dt_topo = if algo == Algo::Ring { &one_rail } else { &t };
-                let dry = sim::dry_run(dt_topo, kind, algo, count, dt, Some(3)).unwrap();
+                let dry = sim::dry_run(&sim::Call {
+                    chunks: Some(3),
+                    ..sim::Call::new(dt_topo, kind, algo, count, dt)
+                })
+                .unwrap();
                 assert_eq!(dry.algo, Some(algo), "{what}");
                 assert!(!dry.is_empty(), "{what}");
                 if matches!(algo, Algo::Ring | Algo::HierRing | Algo::HoRing) {
@@ -135,7 +144,7 @@ fn dry_run_shapes() {
     // ring: NCCL's channel rings, one per NIC (4 on Frontier), each p(p-1) transfers of
     // its share of the chunk (10 elements: 3, 3, 2, 2), each leaving a node through its
     // own NIC; hier: the stages' batches.
-    let s = sim::dry_run(&t, Kind::AllGather, Algo::Ring, 10, DataType::F32, None).unwrap();
+    let s = dry(&t, Kind::AllGather, Algo::Ring, 10);
     assert_eq!(s.len(), 4 * p * (p - 1));
     assert_eq!(
         s.rings,
@@ -160,70 +169,44 @@ fn dry_run_shapes() {
             "ring {c}: NIC {c}"
         );
     }
-    let s1 = sim::dry_run(
+    let s1 = dry(
         &Topology::parse("frontier:1").unwrap(),
         Kind::AllGather,
         Algo::Ring,
         10,
-        DataType::F32,
-        None,
-    )
-    .unwrap();
+    );
     assert_eq!(s1.len(), 8 * 7);
     assert!(s1.transfers.iter().all(|x| x.bytes == 40));
-    let s = sim::dry_run(&t, Kind::AllGather, Algo::Hier, 10, DataType::F32, None).unwrap();
+    let s = dry(&t, Kind::AllGather, Algo::Hier, 10);
     // levels (2, 4, 2): B = 1, 2, 8 rings of g-1 steps each
     assert_eq!(s.len(), p * (1 + 2 * 3 + 8));
     assert_eq!(s.rings, ["network", "node", "package", "flat"]);
     // ho-ring: same bytes per class as hier, in pieces.
-    let h = sim::dry_run(
-        &t,
-        Kind::AllGather,
-        Algo::HoRing,
-        10,
-        DataType::F32,
-        Some(4),
-    )
+    let h = sim::dry_run(&sim::Call {
+        chunks: Some(4),
+        ..sim::Call::new(&t, Kind::AllGather, Algo::HoRing, 10, DataType::F32)
+    })
     .unwrap();
     assert_eq!(h.traffic(&t), s.traffic(&t));
     assert_eq!(h.len(), 4 * s.len());
     // hier / ho-ring fall back to ring where the world spans one level, like the selector.
     let one = Topology::parse("nodes:1x8").unwrap();
-    let f = sim::dry_run(
-        &one,
-        Kind::ReduceScatter,
-        Algo::HoRing,
-        4,
-        DataType::F32,
-        None,
-    )
-    .unwrap();
+    let f = dry(&one, Kind::ReduceScatter, Algo::HoRing, 4);
     assert_eq!(f.algo, Some(Algo::Ring));
     // auto resolves to one of the four, by the selector's estimates (log-step here:
     // recursive halving and doubling keep three of their four steps inside a node).
-    let a = sim::dry_run(
-        &t,
-        Kind::AllReduce,
-        Algo::Auto,
-        1 << 16,
-        DataType::F32,
-        None,
-    )
-    .unwrap();
+    let a = dry(&t, Kind::AllReduce, Algo::Auto, 1 << 16);
     assert!(matches!(
         a.algo,
         Some(Algo::Ring | Algo::Hier | Algo::HoRing | Algo::LogStep)
     ));
     // one rank: nothing to move
-    let s = sim::dry_run(
+    let s = dry(
         &Topology::parse("nodes:1x1").unwrap(),
         Kind::AllGather,
         Algo::Ring,
         8,
-        DataType::F32,
-        None,
-    )
-    .unwrap();
+    );
     assert!(s.is_empty());
     assert_eq!(
         sim::replay(&s, &Topology::parse("nodes:1x1").unwrap())
@@ -233,7 +216,7 @@ fn dry_run_shapes() {
     );
     // other ops: a clear error
     for k in [Kind::AllToAll, Kind::Broadcast { root: 0 }] {
-        let e = sim::dry_run(&t, k, Algo::Ring, 8, DataType::F32, None).unwrap_err();
+        let e = sim::dry_run(&sim::Call::new(&t, k, Algo::Ring, 8, DataType::F32)).unwrap_err();
         assert!(
             matches!(e, Error::InvalidArgument(_)) && e.to_string().contains(k.name()),
             "{e}"
@@ -246,7 +229,7 @@ fn dependencies_follow_streams_and_explicit_deps() {
     // nodes:2x2 hier all-gather: rank 0 runs a network step (to 2) then a node step (to 1)
     // that waits for it.
     let t = Topology::parse("nodes:2x2").unwrap();
-    let s = sim::dry_run(&t, Kind::AllGather, Algo::Hier, 4, DataType::F32, None).unwrap();
+    let s = dry(&t, Kind::AllGather, Algo::Hier, 4);
     let find = |src: u32, dst: u32| {
         s.transfers
             .iter()

@@ -14,7 +14,7 @@ fn close(a: f64, b: f64) -> bool {
 }
 
 fn modeled(topo: &Topology, kind: Kind, algo: Algo, count: usize) -> (Schedule, sim::Replay) {
-    sim::model(topo, kind, algo, count, DataType::F32, None).unwrap()
+    sim::model(&sim::Call::new(topo, kind, algo, count, DataType::F32)).unwrap()
 }
 
 #[test]
@@ -329,10 +329,12 @@ fn symmetric_replay_equals_full_replay() {
                     } else {
                         count
                     };
-                    let (s, r) = sim::model(&t, kind, algo, count, DataType::BF16, chunks).unwrap();
-                    let (a, x) =
-                        sim::symmetric_makespan(&t, kind, algo, count, DataType::BF16, chunks)
-                            .unwrap();
+                    let call = sim::Call {
+                        chunks,
+                        ..sim::Call::new(&t, kind, algo, count, DataType::BF16)
+                    };
+                    let (s, r) = sim::model(&call).unwrap();
+                    let (a, x) = sim::symmetric_makespan(&call).unwrap();
                     assert_eq!(Some(a), s.algo, "{spec} {kind:?} {algo}");
                     assert_eq!(
                         x.to_bits(),
@@ -346,10 +348,20 @@ fn symmetric_replay_equals_full_replay() {
     }
     // Not node-symmetric: refused rather than wrong.
     let t = Topology::parse("nodes:2x2").unwrap();
-    assert!(
-        sim::symmetric_makespan(&t, Kind::AllReduce, Algo::Ring, 5, DataType::F32, None).is_err()
-    );
-    assert!(
-        sim::symmetric_makespan(&t, Kind::AllToAll, Algo::Ring, 8, DataType::F32, None).is_err()
-    );
+    assert!(sim::symmetric_makespan(&sim::Call::new(
+        &t,
+        Kind::AllReduce,
+        Algo::Ring,
+        5,
+        DataType::F32
+    ))
+    .is_err());
+    assert!(sim::symmetric_makespan(&sim::Call::new(
+        &t,
+        Kind::AllToAll,
+        Algo::Ring,
+        8,
+        DataType::F32
+    ))
+    .is_err());
 }

@@ -41,7 +41,8 @@ use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::Instant;
 use strata::kernels::QuantSpec;
-use strata::{Algo, Buffer, Comm, DataType, Op, ReduceOp, Request, Work};
+use strata::kinds::Kind;
+use strata::{Algo, Buffer, Comm, DataType, ReduceOp, Request, Work};
 
 /// Precision of parameters and gradients on the wire and in the P and G shards
 /// (compute and the optimizer are fp32).
@@ -470,6 +471,12 @@ impl<M: UnitModel> Engine<M> {
         self.cfg.precision.dtype()
     }
 
+    /// The request of `kind` (summing, where it reduces) of `count` elements of the run's
+    /// dtype from `send` into `recv`, under `algo`.
+    fn request(&self, kind: Kind, send: Buffer, recv: Buffer, count: usize, algo: Algo) -> Request {
+        Request::new(kind.op(send, recv, count, ReduceOp::Sum), self.dt()).with_algo(algo)
+    }
+
     fn quant(&self, bits: Option<u8>) -> Result<Option<QuantSpec>> {
         bits.map(|b| QuantSpec::new(b as u32, self.cfg.strategy.quant_block).map_err(Error::from))
             .transpose()
@@ -510,15 +517,7 @@ impl<M: UnitModel> Engine<M> {
             }
         };
         let count = send.len() / w;
-        let mut req = Request::new(
-            Op::AllGather {
-                send,
-                recv: full.buf.clone(),
-                count,
-            },
-            self.dt(),
-        )
-        .with_algo(algo);
+        let mut req = self.request(Kind::AllGather, send, full.buf.clone(), count, algo);
         if let Some(q) = quant {
             req = req.with_quant(q);
         }
@@ -541,7 +540,6 @@ impl<M: UnitModel> Engine<M> {
         let s = &self.cfg.strategy;
         let (n, np) = self.sizes[u];
         let w = self.cfg.precision.bytes();
-        let dt = self.dt();
         let (sp, sg) = (s.p.size(), s.g.size());
         if grad.len() != n {
             return Err(Error::Model(format!(
@@ -557,16 +555,13 @@ impl<M: UnitModel> Engine<M> {
         let mut out1 = None;
         if let Some(c) = &self.comms.grad_p {
             let o = self.mem.alloc(Component::Buffers, np / sp * w);
-            let mut req = Request::new(
-                Op::ReduceScatter {
-                    send: full.buf.clone(),
-                    recv: o.buf.clone(),
-                    count: np / sp,
-                    op: ReduceOp::Sum,
-                },
-                dt,
-            )
-            .with_algo(s.algos.grad_reduce);
+            let mut req = self.request(
+                Kind::ReduceScatter,
+                full.buf.clone(),
+                o.buf.clone(),
+                np / sp,
+                s.algos.grad_reduce,
+            );
             if let Some(q) = self.quant(s.qgz_bits)? {
                 req = req.with_quant(q);
             }
@@ -584,39 +579,24 @@ impl<M: UnitModel> Engine<M> {
                 .as_ref()
                 .map(|h| h.buf.clone())
                 .unwrap_or(full.buf.clone());
-            match s.sync {
+            let hop2 = match s.sync {
                 GradSync::ReduceScatter => {
                     let o = self.mem.alloc(Component::Buffers, np / sg * w);
-                    let req = Request::new(
-                        Op::ReduceScatter {
-                            send: src,
-                            recv: o.buf.clone(),
-                            count: np / sg,
-                            op: ReduceOp::Sum,
-                        },
-                        dt,
-                    )
-                    .with_algo(hop2_algo)
-                    .after(work.take());
-                    work = Some(c.submit(req)?);
+                    let recv = o.buf.clone();
                     out2 = Some(o);
+                    Some(self.request(Kind::ReduceScatter, src, recv, np / sg, hop2_algo))
                 }
                 GradSync::AllReduce if !last => {
-                    let req = Request::new(
-                        Op::AllReduce {
-                            send: src.clone(),
-                            recv: src,
-                            count: np / sp,
-                            op: ReduceOp::Sum,
-                        },
-                        dt,
-                    )
-                    .with_algo(hop2_algo)
-                    .after(work.take());
-                    work = Some(c.submit(req)?);
                     select = true;
+                    Some(self.request(Kind::AllReduce, src.clone(), src, np / sp, hop2_algo))
                 }
-                GradSync::AllReduce => stash = true,
+                GradSync::AllReduce => {
+                    stash = true;
+                    None
+                }
+            };
+            if let Some(req) = hop2 {
+                work = Some(c.submit(req.after(work.take()))?);
             }
         }
         Ok(Inflight {
@@ -736,7 +716,6 @@ impl<M: UnitModel> Engine<M> {
     fn update(&mut self, micro_batches: usize) -> Result<()> {
         let s = self.cfg.strategy.clone();
         let w = self.cfg.precision.bytes();
-        let dt = self.dt();
         let (sp, sg, so) = (s.p.size(), s.g.size(), s.os.size());
         let nu = self.sizes.len();
         // 1. Boundary reductions, every unit submitted before any is waited for.
@@ -750,38 +729,27 @@ impl<M: UnitModel> Engine<M> {
                     let (mut work, buf, held) = match &self.comms.og {
                         Some(c) => {
                             let o = self.mem.alloc(Component::Buffers, olen * w);
-                            let wk = c.submit(
-                                Request::new(
-                                    Op::ReduceScatter {
-                                        send: acc,
-                                        recv: o.buf.clone(),
-                                        count: olen,
-                                        op: ReduceOp::Sum,
-                                    },
-                                    dt,
-                                )
-                                .with_algo(s.algos.boundary),
-                            )?;
+                            let req = self.request(
+                                Kind::ReduceScatter,
+                                acc,
+                                o.buf.clone(),
+                                olen,
+                                s.algos.boundary,
+                            );
+                            let wk = c.submit(req)?;
                             (Some(wk), o.buf.clone(), Some(o))
                         }
                         None => (None, acc, None),
                     };
                     if let Some(c) = &self.comms.os_rep {
-                        work = Some(
-                            c.submit(
-                                Request::new(
-                                    Op::AllReduce {
-                                        send: buf.clone(),
-                                        recv: buf.clone(),
-                                        count: olen,
-                                        op: ReduceOp::Sum,
-                                    },
-                                    dt,
-                                )
-                                .with_algo(s.algos.boundary)
-                                .after(work),
-                            )?,
+                        let req = self.request(
+                            Kind::AllReduce,
+                            buf.clone(),
+                            buf.clone(),
+                            olen,
+                            s.algos.boundary,
                         );
+                        work = Some(c.submit(req.after(work))?);
                     }
                     pending.push((work, buf, held));
                 }
@@ -801,20 +769,16 @@ impl<M: UnitModel> Engine<M> {
                         h.buf.write_bytes(&self.grads[u].buf.to_bytes()?)?;
                     }
                     let work = match &self.comms.p_rep {
-                        Some(c) => Some(
-                            c.submit(
-                                Request::new(
-                                    Op::AllReduce {
-                                        send: h.buf.clone(),
-                                        recv: h.buf.clone(),
-                                        count: plen,
-                                        op: ReduceOp::Sum,
-                                    },
-                                    dt,
-                                )
-                                .with_algo(s.algos.boundary),
-                            )?,
-                        ),
+                        Some(c) => {
+                            let (b, algo) = (h.buf.clone(), s.algos.boundary);
+                            Some(c.submit(self.request(
+                                Kind::AllReduce,
+                                b.clone(),
+                                b,
+                                plen,
+                                algo,
+                            ))?)
+                        }
                         None => None,
                     };
                     let off = self.groups.j_op * olen * w;
@@ -860,17 +824,8 @@ impl<M: UnitModel> Engine<M> {
                         (t.buf.clone(), Some(t))
                     }
                 };
-                let wk = c.submit(
-                    Request::new(
-                        Op::AllGather {
-                            send: mine,
-                            recv,
-                            count: olen,
-                        },
-                        dt,
-                    )
-                    .with_algo(s.algos.spread),
-                )?;
+                let wk =
+                    c.submit(self.request(Kind::AllGather, mine, recv, olen, s.algos.spread))?;
                 spreads.push((u, wk, scratch));
             }
             self.grads[u]

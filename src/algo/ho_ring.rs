@@ -24,8 +24,9 @@
 //! Traffic equals `hier`'s per link class (same stages, same bytes); what changes is
 //! that the stages overlap in time (see `sim/` and the modeled table of docs/simulator.md).
 
+use super::plan::RingPos;
 use super::shape::{Algorithm, Shape};
-use super::step_list::{self, index, pieces, BufId, Plan, Ring, Span, Step};
+use super::step_list::{self, index, pieces, BufId, Plan, Ring, Step};
 use super::Algo;
 use crate::error::{Error, Result};
 use crate::runtime::{CommCore, Op, Request};
@@ -175,7 +176,7 @@ fn all_gather_on(
     // A batch is the row-major index of the coordinates of the levels outside.
     let mut units: Vec<(usize, usize)> = (0..np).map(|q| (0, q)).collect();
     for (i, &g) in grid.sizes.iter().enumerate() {
-        let (dst, src) = ((x[i] + 1) % g, (x[i] + g - 1) % g);
+        let ring = RingPos::new(Ring::Level(i), x[i], g);
         for &(b, q) in &units {
             let (po, pl) = pcs[q];
             for t in 0..g - 1 {
@@ -185,23 +186,8 @@ fn all_gather_on(
                     d if t == 0 && d != NONE => vec![d],
                     _ => vec![],
                 };
-                plan.steps.push(Step {
-                    ring: Ring::Level(i),
-                    dst,
-                    src,
-                    send: Span {
-                        buf,
-                        off: out * c + po * s,
-                        len: pl * s,
-                    },
-                    recv: Span {
-                        buf,
-                        off: inc * c + po * s,
-                        len: pl * s,
-                    },
-                    reduce: false,
-                    deps,
-                });
+                let (so, ro) = (out * c + po * s, inc * c + po * s);
+                plan.steps.push(ring.step(buf, so, ro, pl * s, false, deps));
                 have[inc * np + q] = plan.steps.len() - 1;
             }
         }
@@ -333,7 +319,7 @@ fn reduce_scatter_on(
     let mut levels: Vec<Vec<LevelStep>> = Vec::with_capacity(m);
     for j in 0..m {
         let g = sz[j];
-        let (dst, src) = ((x[j] + 1) % g, (x[j] + g - 1) % g);
+        let ring = RingPos::new(Ring::Level(j), x[j], g);
         let mut steps = Vec::with_capacity(order[j].len() * (g - 1));
         for &(b, q) in &order[j] {
             let (po, pl) = pcs[q];
@@ -354,23 +340,8 @@ fn reduce_scatter_on(
                 if own && j > 0 {
                     deps.push(step_of(j - 1, own_b[j - 1], q, sz[j - 1] - 2));
                 }
-                let step = Step {
-                    ring: Ring::Level(j),
-                    dst,
-                    src,
-                    send: Span {
-                        buf: BufId::Work,
-                        off: out * c + po * s,
-                        len: pl * s,
-                    },
-                    recv: Span {
-                        buf: BufId::Work,
-                        off: inc * c + po * s,
-                        len: pl * s,
-                    },
-                    reduce: true,
-                    deps: Vec::new(),
-                };
+                let (so, ro) = (out * c + po * s, inc * c + po * s);
+                let step = ring.step(BufId::Work, so, ro, pl * s, true, Vec::new());
                 steps.push((step, deps));
             }
         }

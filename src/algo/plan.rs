@@ -18,58 +18,95 @@ pub use super::step_list::{
 };
 use crate::topology::Hierarchy;
 
-/// Ring neighbours (next, prev) of index `x` in a ring of `g`.
-fn nbrs(x: usize, g: usize) -> (usize, usize) {
-    ((x + 1) % g, (x + g - 1) % g)
+/// This rank's place on one ring of its plan: the ring and its neighbours there.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RingPos {
+    ring: Ring,
+    x: usize,
+    g: usize,
+    dst: usize,
+    src: usize,
+}
+
+impl RingPos {
+    /// Index `x` of ring `ring` of `g` ranks: it sends to `x + 1` and receives from
+    /// `x - 1` (mod `g`).
+    pub(crate) fn new(ring: Ring, x: usize, g: usize) -> Self {
+        RingPos {
+            ring,
+            x,
+            g,
+            dst: (x + 1) % g,
+            src: (x + g - 1) % g,
+        }
+    }
+
+    /// The step that sends `len` bytes of `buf` at `send` to the next rank and receives
+    /// `len` bytes from the previous one at `recv` of `buf` (reducing into it when
+    /// `reduce`), after the plan's steps `deps`.
+    pub(crate) fn step(
+        &self,
+        buf: BufId,
+        send: usize,
+        recv: usize,
+        len: usize,
+        reduce: bool,
+        deps: Vec<usize>,
+    ) -> Step {
+        let span = |off: usize| Span { buf, off, len };
+        self.spans_step(span(send), span(recv), reduce, deps)
+    }
+
+    /// The step that sends `send` to the next rank and receives `recv` from the previous
+    /// one (reducing into it when `reduce`), after the plan's steps `deps`.
+    fn spans_step(&self, send: Span, recv: Span, reduce: bool, deps: Vec<usize>) -> Step {
+        Step {
+            ring: self.ring,
+            dst: self.dst,
+            src: self.src,
+            send,
+            recv,
+            reduce,
+            deps,
+        }
+    }
+
+    /// The `g - 1` steps of one pass of the ring over its `g` chunks of `c` bytes, from
+    /// chunk `first` on: all-gather into `Recv` (step t sends chunk x - t and receives
+    /// x - t - 1), or with `reduce` reduce-scatter in `Work` (each step one chunk further
+    /// back).
+    fn pass(&self, first: usize, c: usize, reduce: bool) -> Vec<Step> {
+        let (x, g) = (self.x, self.g);
+        let (shift, buf) = if reduce {
+            (1, BufId::Work)
+        } else {
+            (0, BufId::Recv)
+        };
+        let chunk = |back: usize| (first + (x + 2 * g - back) % g) * c;
+        (0..g.saturating_sub(1))
+            .map(|t| {
+                self.step(
+                    buf,
+                    chunk(t + shift),
+                    chunk(t + 1 + shift),
+                    c,
+                    reduce,
+                    vec![],
+                )
+            })
+            .collect()
+    }
 }
 
 /// The flat ring all-gather (p-1 steps over the whole communicator) of `c` bytes per rank.
 pub fn ring_all_gather(p: usize, rank: usize, c: usize) -> Plan {
-    let (dst, src) = nbrs(rank, p);
-    let steps = (0..p.saturating_sub(1))
-        .map(|t| Step {
-            ring: Ring::Flat,
-            dst,
-            src,
-            send: Span {
-                buf: BufId::Recv,
-                off: ((rank + p - t) % p) * c,
-                len: c,
-            },
-            recv: Span {
-                buf: BufId::Recv,
-                off: ((rank + 2 * p - t - 1) % p) * c,
-                len: c,
-            },
-            reduce: false,
-            deps: vec![],
-        })
-        .collect();
+    let steps = RingPos::new(Ring::Flat, rank, p).pass(0, c, false);
     Plan { steps }
 }
 
 /// The flat ring reduce-scatter of `c` bytes per rank (the ring of `algo::ring`).
 pub fn ring_reduce_scatter(p: usize, rank: usize, c: usize) -> Plan {
-    let (dst, src) = nbrs(rank, p);
-    let steps = (0..p.saturating_sub(1))
-        .map(|t| Step {
-            ring: Ring::Flat,
-            dst,
-            src,
-            send: Span {
-                buf: BufId::Work,
-                off: ((rank + 2 * p - t - 1) % p) * c,
-                len: c,
-            },
-            recv: Span {
-                buf: BufId::Work,
-                off: ((rank + 2 * p - t - 2) % p) * c,
-                len: c,
-            },
-            reduce: true,
-            deps: vec![],
-        })
-        .collect();
+    let steps = RingPos::new(Ring::Flat, rank, p).pass(0, c, true);
     Plan { steps }
 }
 
@@ -77,35 +114,20 @@ pub fn ring_reduce_scatter(p: usize, rank: usize, c: usize) -> Plan {
 /// chunks of `count` elements of `s` bytes.
 pub fn ring_all_reduce(p: usize, rank: usize, count: usize, s: usize) -> Plan {
     let r = crate::transport::ring::even_ranges(count, p, s);
-    let (dst, src) = nbrs(rank, p);
+    let pos = RingPos::new(Ring::Flat, rank, p);
     let sp = |k: usize| Span {
         buf: BufId::Work,
         off: r[k % p].start,
         len: r[k % p].len(),
     };
-    let mut steps = Vec::new();
-    for t in 0..p.saturating_sub(1) {
-        steps.push(Step {
-            ring: Ring::Flat,
-            dst,
-            src,
-            send: sp(rank + 2 * p - t - 1),
-            recv: sp(rank + 2 * p - t - 2),
-            reduce: true,
-            deps: vec![],
-        });
-    }
-    for t in 0..p.saturating_sub(1) {
-        steps.push(Step {
-            ring: Ring::Flat,
-            dst,
-            src,
-            send: sp(rank + p - t),
-            recv: sp(rank + 2 * p - t - 1),
-            reduce: false,
-            deps: vec![],
-        });
-    }
+    let step =
+        |send: usize, recv: usize, reduce: bool| pos.spans_step(sp(send), sp(recv), reduce, vec![]);
+    let rounds = 0..p.saturating_sub(1);
+    let mut steps: Vec<Step> = rounds
+        .clone()
+        .map(|t| step(rank + 2 * p - t - 1, rank + 2 * p - t - 2, true))
+        .collect();
+    steps.extend(rounds.map(|t| step(rank + p - t, rank + 2 * p - t - 1, false)));
     Plan { steps }
 }
 
@@ -133,67 +155,32 @@ fn hier_stages(h: &Hierarchy, rank: usize, c: usize, reduce: bool, log0: bool) -
     } else {
         (0..sizes.len()).collect()
     };
-    let (shift, buf) = if reduce {
-        (1, BufId::Work)
-    } else {
-        (0, BufId::Recv)
-    };
     let mut plan = Plan::default();
     let mut last: Option<usize> = None;
     for i in order {
         let g = sizes[i];
+        let first = plan.steps.len();
         if i == 0 && log0 {
             let stage = if reduce {
                 super::log_step::reduce_scatter_plan(Ring::Level(0), g, x[0], c)
             } else {
                 super::log_step::all_gather_plan(Ring::Level(0), g, x[0], c)
             };
-            let n = stage.steps.len();
-            for (k, mut st) in stage.steps.into_iter().enumerate() {
-                if k == 0 {
-                    st.deps = last.into_iter().collect();
-                }
-                plan.steps.push(st);
-            }
-            if n > 0 {
-                last = Some(plan.steps.len() - 1);
-            }
-            continue;
-        }
-        let b: usize = sizes[..i].iter().product();
-        let (dst, src) = nbrs(x[i], g);
-        let mut this_last = last;
-        for j in 0..b {
-            for t in 0..g - 1 {
-                let deps = if j == 0 && t == 0 {
-                    last.into_iter().collect()
-                } else {
-                    vec![]
-                };
-                // Positions inside the stage's buffer; only lengths matter to the model.
-                let so = (j * g + (x[i] + 2 * g - t - shift) % g) * c;
-                let ro = (j * g + (x[i] + 2 * g - t - 1 - shift) % g) * c;
-                plan.steps.push(Step {
-                    ring: Ring::Level(i),
-                    dst,
-                    src,
-                    send: Span {
-                        buf,
-                        off: so,
-                        len: c,
-                    },
-                    recv: Span {
-                        buf,
-                        off: ro,
-                        len: c,
-                    },
-                    reduce,
-                    deps,
-                });
-                this_last = Some(plan.steps.len() - 1);
+            plan.steps.extend(stage.steps);
+        } else {
+            // Positions inside the stage's buffer; only lengths matter to the model.
+            let pos = RingPos::new(Ring::Level(i), x[i], g);
+            for j in 0..sizes[..i].iter().product() {
+                plan.steps.extend(pos.pass(j * g, c, reduce));
             }
         }
-        last = this_last;
+        // The stage starts once the previous one has finished.
+        if let Some(st) = plan.steps.get_mut(first) {
+            st.deps = last.into_iter().collect();
+        }
+        if plan.steps.len() > first {
+            last = Some(plan.steps.len() - 1);
+        }
     }
     plan
 }

@@ -575,40 +575,36 @@ impl DevEvent for CudaEvent {
 }
 
 /// A captured CUDA graph and its instantiation, both destroyed on drop.
-pub struct CudaGraph {
-    dev: Arc<CudaDevice>,
+pub type CudaGraph = vendor_api::Graph<CudaGraphHandles>;
+
+/// The driver's handles of a [`CudaGraph`].
+pub struct CudaGraphHandles {
     graph: sys::CUgraph,
     exec: sys::CUgraphExec,
 }
 
-// SAFETY: CUgraph / CUgraphExec handles may be used from any thread of the process; the
-// device is Send + Sync.
-unsafe impl Send for CudaGraph {}
-// SAFETY: as above; `&CudaGraph` only launches the executable graph, which the driver
-// allows concurrently (launches on one stream are serialized by the stream).
-unsafe impl Sync for CudaGraph {}
+// SAFETY: CUgraph / CUgraphExec handles may be used from any thread of the process.
+unsafe impl Send for CudaGraphHandles {}
+// SAFETY: as above; `&CudaGraphHandles` only launches the executable graph, which the
+// driver allows concurrently (launches on one stream are serialized by the stream).
+unsafe impl Sync for CudaGraphHandles {}
 
-impl Drop for CudaGraph {
-    fn drop(&mut self) {
-        let _bound = self.dev.bind();
-        // SAFETY: destroying our own executable graph and graph, once each; launches
-        // already enqueued keep what they need.
+impl vendor_api::GraphHandles for CudaGraphHandles {
+    type Dev = CudaDevice;
+    const VENDOR: &'static str = "CUDA";
+    fn launch(&self, stream: &dyn DevStream) -> Result<()> {
+        // SAFETY: FFI launching our live executable graph on a live stream of its device
+        // (checked by the caller, which binds the device).
+        check("cuGraphLaunch", unsafe {
+            sys::cuGraphLaunch(self.exec, stream.raw() as sys::CUstream)
+        })
+    }
+    fn destroy(&mut self) {
+        // SAFETY: destroying our own executable graph and graph, once each (on drop).
         unsafe {
             let _ = sys::cuGraphExecDestroy(self.exec);
             let _ = sys::cuGraphDestroy(self.graph);
         }
-    }
-}
-
-impl DevGraph for CudaGraph {
-    fn launch(&self, stream: &dyn DevStream) -> Result<()> {
-        vendor_api::graph_stream(super::Api::Cuda, "CUDA", self.dev.ordinal(), stream)?;
-        let _bound = self.dev.bind()?;
-        // SAFETY: FFI launching our live executable graph on a live stream of its device
-        // (checked above).
-        check("cuGraphLaunch", unsafe {
-            sys::cuGraphLaunch(self.exec, stream.raw() as sys::CUstream)
-        })
     }
 }
 
@@ -824,11 +820,10 @@ impl DevStream for CudaDevStream {
             let _ = unsafe { sys::cuGraphDestroy(graph) };
             return Err(e);
         }
-        Ok(Arc::new(CudaGraph {
-            dev: self.dev.clone(),
-            graph,
-            exec,
-        }))
+        Ok(Arc::new(CudaGraph::new(
+            self.dev.clone(),
+            CudaGraphHandles { graph, exec },
+        )))
     }
     unsafe fn wait_foreign(&self, other: *mut c_void) -> Result<()> {
         let _bound = self.dev.bind()?;

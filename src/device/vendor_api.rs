@@ -1,7 +1,8 @@
 //! What the CUDA and HIP devices share above their runtime calls: NCCL's check of a
 //! buffer (its first and last byte, each asked of the runtime once per allocation
-//! range), the errors that name a byte that is not memory of the device, the check that
-//! a graph is launched on a stream of its own device, and the downcast of an event. Each
+//! range), the errors that name a byte that is not memory of the device, a captured
+//! graph (launched only on a stream of its own device, destroyed with the device bound)
+//! and the downcast of an event. Each
 //! backend keeps only its FFI (the queries themselves) and what its runtime says
 //! differently.
 
@@ -10,7 +11,7 @@
 #![cfg_attr(not(any(feature = "cuda", feature = "rocm")), allow(dead_code))]
 
 use super::reuse::CheckedRanges;
-use super::{Api, DevAddr, DevEvent, DevStream, Device};
+use super::{Api, DevAddr, DevEvent, DevGraph, DevStream, Device};
 use crate::error::{Error, Result};
 use std::sync::{Arc, Mutex, Weak};
 
@@ -114,14 +115,52 @@ pub(super) fn byte_error(
     })
 }
 
+/// The handles of a captured graph and of its instantiation as one GPU runtime holds
+/// them ([`Graph`] launches and destroys them with their device bound).
+pub trait GraphHandles: Send + Sync + 'static {
+    /// The device that captured the graph.
+    type Dev: Device;
+    /// The runtime's name in errors (`CUDA`, `HIP`).
+    const VENDOR: &'static str;
+    /// Launch the executable graph on `stream`, a stream of the graph's device.
+    fn launch(&self, stream: &dyn DevStream) -> Result<()>;
+    /// Destroy the executable graph and the graph (called once, on drop); launches
+    /// already enqueued keep what they need.
+    fn destroy(&mut self);
+}
+
+/// A captured graph of a CUDA or HIP device and its instantiation, both destroyed on
+/// drop.
+pub struct Graph<H: GraphHandles> {
+    dev: Arc<H::Dev>,
+    handles: H,
+}
+
+impl<H: GraphHandles> Graph<H> {
+    /// The graph `handles` captured on `dev`.
+    pub(super) fn new(dev: Arc<H::Dev>, handles: H) -> Self {
+        Graph { dev, handles }
+    }
+}
+
+impl<H: GraphHandles> Drop for Graph<H> {
+    fn drop(&mut self) {
+        let _bound = self.dev.bind();
+        self.handles.destroy();
+    }
+}
+
+impl<H: GraphHandles> DevGraph for Graph<H> {
+    fn launch(&self, stream: &dyn DevStream) -> Result<()> {
+        graph_stream(self.dev.api(), H::VENDOR, self.dev.ordinal(), stream)?;
+        let _bound = self.dev.bind()?;
+        self.handles.launch(stream)
+    }
+}
+
 /// `Ok` when `stream` is a stream of device `ordinal` of `api` (whose runtime is
 /// `vendor`), where a graph of that device may be launched.
-pub(super) fn graph_stream(
-    api: Api,
-    vendor: &str,
-    ordinal: usize,
-    stream: &dyn DevStream,
-) -> Result<()> {
+fn graph_stream(api: Api, vendor: &str, ordinal: usize, stream: &dyn DevStream) -> Result<()> {
     let d = stream.device();
     if d.api() != api || d.ordinal() != ordinal {
         return Err(Error::InvalidArgument(format!(

@@ -244,6 +244,35 @@ impl Op {
     }
 }
 
+/// A collective kind as an operation.
+impl Kind {
+    /// The request for this collective on prepared buffers.
+    pub fn op(self, send: Buffer, recv: Buffer, count: usize, redop: ReduceOp) -> Op {
+        match self {
+            Kind::AllGather => Op::AllGather { send, recv, count },
+            Kind::ReduceScatter => Op::ReduceScatter {
+                send,
+                recv,
+                count,
+                op: redop,
+            },
+            Kind::AllReduce => Op::AllReduce {
+                send,
+                recv,
+                count,
+                op: redop,
+            },
+            Kind::AllToAll => Op::AllToAll { send, recv, count },
+            Kind::Broadcast { root } => Op::Broadcast {
+                send,
+                recv,
+                count,
+                root,
+            },
+        }
+    }
+}
+
 /// A checked-or-to-be-checked request: the op, its dtype, an optional algorithm hint
 /// (overrides the communicator's default and `STRATA_ALGO`), and work on other
 /// communicators that must finish first.
@@ -682,23 +711,24 @@ fn pairs(op: &Op) -> Vec<(Kind, &Buffer, &Buffer, usize)> {
             sends,
             recvs,
             counts,
-        } => sends
-            .iter()
-            .zip(recvs)
-            .zip(counts)
-            .map(|((s, r), c)| (Kind::AllGather, s, r, *c))
-            .collect(),
-        Op::ReduceScatterCoalesced {
+        }
+        | Op::ReduceScatterCoalesced {
             sends,
             recvs,
             counts,
             ..
-        } => sends
-            .iter()
-            .zip(recvs)
-            .zip(counts)
-            .map(|((s, r), c)| (Kind::ReduceScatter, s, r, *c))
-            .collect(),
+        } => {
+            let kind = match op {
+                Op::AllGatherCoalesced { .. } => Kind::AllGather,
+                _ => Kind::ReduceScatter,
+            };
+            sends
+                .iter()
+                .zip(recvs)
+                .zip(counts)
+                .map(|((s, r), c)| (kind, s, r, *c))
+                .collect()
+        }
         _ => Vec::new(),
     }
 }
@@ -769,36 +799,7 @@ fn debug_agree(req: &Request, rank: usize, size: usize, layouts: &[Option<InPlac
     }
     assert_eq!(ps.len(), layouts.len(), "{name}: one layout per pair");
     for ((kind, s, r, count), want) in ps.into_iter().zip(layouts) {
-        let one = match kind {
-            Kind::AllGather => Op::AllGather {
-                send: s.clone(),
-                recv: r.clone(),
-                count,
-            },
-            Kind::ReduceScatter => Op::ReduceScatter {
-                send: s.clone(),
-                recv: r.clone(),
-                count,
-                op: ReduceOp::Sum,
-            },
-            Kind::AllReduce => Op::AllReduce {
-                send: s.clone(),
-                recv: r.clone(),
-                count,
-                op: ReduceOp::Sum,
-            },
-            Kind::Broadcast { root } => Op::Broadcast {
-                send: s.clone(),
-                recv: r.clone(),
-                count,
-                root,
-            },
-            Kind::AllToAll => Op::AllToAll {
-                send: s.clone(),
-                recv: r.clone(),
-                count,
-            },
-        };
+        let one = kind.op(s.clone(), r.clone(), count, ReduceOp::Sum);
         assert_eq!(one.layout(), *want, "{name}: recorded layout");
         let rule = kind
             .in_place(rank, count * req.dtype.size())

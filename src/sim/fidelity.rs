@@ -11,7 +11,7 @@
 
 #![forbid(unsafe_code)]
 
-use super::{bus_factor, symmetric_makespan};
+use super::{bus_factor, symmetric_makespan, Call};
 use crate::algo::Algo;
 use crate::dtype::DataType;
 use crate::error::Result;
@@ -103,7 +103,7 @@ pub fn time_us(topo: &Topology, kind: Kind, algo: Algo, bytes: u64) -> Result<f6
         Kind::AllReduce => elems / p * p,
         _ => elems / p,
     };
-    Ok(symmetric_makespan(topo, kind, algo, count, DataType::F32, None)?.1)
+    Ok(symmetric_makespan(&Call::new(topo, kind, algo, count, DataType::F32))?.1)
 }
 
 /// nccl-tests bus bandwidth (GB/s) of `ring` for `kind` of `bytes` on `topo`.

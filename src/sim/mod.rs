@@ -16,10 +16,11 @@
 //!
 //! ```
 //! use strata::check::Kind;
-//! use strata::sim::{dry_run, replay};
+//! use strata::sim::{dry_run, replay, Call};
 //! use strata::{Algo, DataType, Topology};
 //! let topo = Topology::parse("dgx-a100:2").unwrap();
-//! let s = dry_run(&topo, Kind::AllGather, Algo::HoRing, 1 << 20, DataType::F32, None).unwrap();
+//! let call = Call::new(&topo, Kind::AllGather, Algo::HoRing, 1 << 20, DataType::F32);
+//! let s = dry_run(&call).unwrap();
 //! let r = replay(&s, &topo).unwrap();
 //! assert!(r.makespan_us >= r.lower_bound_us);
 //! ```
@@ -35,27 +36,17 @@ pub mod trace;
 mod waves;
 
 pub use replay::{replay, Bottleneck, Replay, Resource, ResourceKind};
-pub use schedule::{dry_run, finish_recording, resolve, start_recording, Schedule, Transfer};
+pub use schedule::{dry_run, finish_recording, resolve, start_recording, Call, Schedule, Transfer};
 pub use symmetric::symmetric_makespan;
 
-use crate::algo::Algo;
-use crate::dtype::DataType;
 use crate::error::Result;
 use crate::kinds::Kind;
-use crate::topology::Topology;
 
-/// Dry run and replay of one call: the schedule `algo` resolves to for `kind` with NCCL's
-/// per-call `count` of `dtype` on the whole world of `topo`, and its replay on `topo`.
-pub fn model(
-    topo: &Topology,
-    kind: Kind,
-    algo: Algo,
-    count: usize,
-    dtype: DataType,
-    chunks: Option<usize>,
-) -> Result<(Schedule, Replay)> {
-    let s = dry_run(topo, kind, algo, count, dtype, chunks)?;
-    let r = replay(&s, topo)?;
+/// Dry run and replay of one call: the schedule `call` resolves to on the whole world of
+/// its topology, and its replay there.
+pub fn model(call: &Call) -> Result<(Schedule, Replay)> {
+    let s = dry_run(call)?;
+    let r = replay(&s, call.topo)?;
     Ok((s, r))
 }
 

@@ -34,6 +34,43 @@ use crate::traffic::{Event, EventKind, TrafficReport};
 use crate::transport::TransportKind;
 use std::collections::{HashMap, VecDeque};
 
+/// One collective call on a whole topology, as the simulator takes it: `kind` with
+/// NCCL's per-call `count` of `dtype` elements (all-gather: per-rank send count;
+/// reduce-scatter: per-rank receive count; all-reduce: the count) under `algo` on every
+/// rank of `topo`. `chunks`: pieces per chunk for `ho-ring` (default
+/// [`plan::default_chunks`], as when executed).
+#[derive(Debug, Clone, Copy)]
+pub struct Call<'a> {
+    pub topo: &'a Topology,
+    pub kind: Kind,
+    pub algo: Algo,
+    pub count: usize,
+    pub dtype: DataType,
+    pub chunks: Option<usize>,
+}
+
+impl<'a> Call<'a> {
+    /// `kind` with `count` elements of `dtype` under `algo` on `topo`, with the default
+    /// pieces per chunk (`chunks: None`).
+    pub fn new(topo: &'a Topology, kind: Kind, algo: Algo, count: usize, dtype: DataType) -> Self {
+        Call {
+            topo,
+            kind,
+            algo,
+            count,
+            dtype,
+            chunks: None,
+        }
+    }
+
+    /// Pieces per chunk of `ho-ring` over `elems` elements: `chunks`, or the default.
+    fn pieces(&self, elems: usize) -> usize {
+        self.chunks
+            .unwrap_or_else(|| plan::default_chunks(elems * self.dtype.size()))
+            .max(1)
+    }
+}
+
 /// One transfer: `bytes` from world rank `src` to world rank `dst`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Transfer {
@@ -609,18 +646,19 @@ impl<'a> Builder<'a> {
     }
 }
 
-/// The algorithm `algo` resolves to for `kind` with `count` elements of `dtype` on the
-/// whole world of `topo`, by the one selection rule ([`select::select`], what
+/// The algorithm `call.algo` resolves to for `call.kind` with `call.count` elements of
+/// `call.dtype` on the whole world of `call.topo`, by the one selection rule ([`select::select`], what
 /// [`crate::Comm::submit`] runs): `auto` by the alpha-beta estimates, `hier` / `ho-ring`
 /// fall back to `ring` where the world does not span 2 or 3 levels.
-pub fn resolve(
-    topo: &Topology,
-    kind: Kind,
-    algo: Algo,
-    count: usize,
-    dtype: DataType,
-    chunks: Option<usize>,
-) -> Result<Algo> {
+pub fn resolve(call: &Call) -> Result<Algo> {
+    let Call {
+        topo,
+        kind,
+        algo,
+        count,
+        dtype,
+        chunks,
+    } = *call;
     if !modeled(algo) {
         return Err(Error::InvalidArgument(format!(
             "the simulator models {MODELED}, not {algo}"
@@ -663,49 +701,35 @@ fn modeled(a: Algo) -> bool {
     )
 }
 
-/// [`resolve`] after checking that the simulator models `kind` and that `topo` is valid.
-pub(crate) fn checked_resolve(
-    topo: &Topology,
-    kind: Kind,
-    algo: Algo,
-    count: usize,
-    dtype: DataType,
-    chunks: Option<usize>,
-) -> Result<Algo> {
+/// [`resolve`] after checking that the simulator models the call's kind and that its
+/// topology is valid.
+pub(crate) fn checked_resolve(call: &Call) -> Result<Algo> {
     if !matches!(
-        kind,
+        call.kind,
         Kind::AllGather | Kind::ReduceScatter | Kind::AllReduce
     ) {
         return Err(Error::InvalidArgument(format!(
             "the simulator models all-gather, reduce-scatter and all-reduce, not {}",
-            kind.name()
+            call.kind.name()
         )));
     }
-    topo.validate()?;
-    resolve(topo, kind, algo, count, dtype, chunks)
+    call.topo.validate()?;
+    resolve(call)
 }
 
-/// The plan world rank `r` of `p` runs for `kind` under the resolved `algo` (`hier` and
-/// `ho-ring` need the hierarchy `h`; without one they are rings), `count` elements of
-/// `s` bytes as NCCL counts them; `chunks`: pieces per chunk for `ho-ring`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn plan_of(
-    topo: &Topology,
-    kind: Kind,
-    algo: Algo,
-    h: Option<&Hierarchy>,
-    p: usize,
-    r: usize,
-    count: usize,
-    s: usize,
-    chunks: Option<usize>,
-) -> Plan {
+/// The plan world rank `r` of the whole world runs for `call`, whose `algo` is already
+/// resolved (`hier` and `ho-ring` need the hierarchy `h`; without one they are rings).
+pub(crate) fn plan_of(call: &Call, h: Option<&Hierarchy>, r: usize) -> Plan {
+    let Call {
+        topo,
+        kind,
+        algo,
+        count,
+        ..
+    } = *call;
+    let p = topo.world_size();
+    let s = call.dtype.size();
     let c = count * s;
-    let pieces = |elems: usize| {
-        chunks
-            .unwrap_or_else(|| plan::default_chunks(elems * s))
-            .max(1)
-    };
     match (algo, h) {
         (Algo::Hier | Algo::HierRing | Algo::HierLog, Some(h)) => {
             let chunk = match kind {
@@ -729,11 +753,11 @@ pub(crate) fn plan_of(
             _ => plan::log_all_reduce(p, r, count, s),
         },
         (Algo::HoRing, Some(h)) => match kind {
-            Kind::AllGather => ho_ring::all_gather(h, r, count, s, pieces(count)),
-            Kind::ReduceScatter => ho_ring::reduce_scatter(h, r, count, s, pieces(count)),
+            Kind::AllGather => ho_ring::all_gather(h, r, count, s, call.pieces(count)),
+            Kind::ReduceScatter => ho_ring::reduce_scatter(h, r, count, s, call.pieces(count)),
             _ => {
                 let q = count.div_ceil(p);
-                ho_ring::all_reduce(h, r, q, s, pieces(q))
+                ho_ring::all_reduce(h, r, q, s, call.pieces(q))
             }
         },
         _ => channel_rings(topo, kind, p, r, count, s),
@@ -785,44 +809,28 @@ fn channel_rings(topo: &Topology, kind: Kind, p: usize, r: usize, count: usize, 
     out
 }
 
-/// The schedule of one `kind` collective with NCCL's per-call `count` of `dtype`
-/// elements (all-gather: per-rank send count; reduce-scatter: per-rank receive count;
-/// all-reduce: the count) under `algo` on the whole world of `topo`, built from the
-/// plans every rank would execute, without buffers, threads or data. `chunks`: pieces
-/// per chunk for `ho-ring` (default [`plan::default_chunks`], as when executed).
-/// All-gather, reduce-scatter and all-reduce only (other ops: `InvalidArgument`).
-pub fn dry_run(
-    topo: &Topology,
-    kind: Kind,
-    algo: Algo,
-    count: usize,
-    dtype: DataType,
-    chunks: Option<usize>,
-) -> Result<Schedule> {
-    let algo = checked_resolve(topo, kind, algo, count, dtype, chunks)?;
-    let p = topo.world_size();
+/// The schedule of `call` on the whole world of its topology, built from the plans every
+/// rank would execute, without buffers, threads or data. All-gather, reduce-scatter and
+/// all-reduce only (other ops: `InvalidArgument`).
+pub fn dry_run(call: &Call) -> Result<Schedule> {
+    let algo = checked_resolve(call)?;
+    let call = Call { algo, ..*call };
+    let p = call.topo.world_size();
     let members: Vec<usize> = (0..p).collect();
-    let h = Hierarchy::detect(topo, &members);
-    let s = dtype.size();
-    let pieces = |elems: usize| {
-        chunks
-            .unwrap_or_else(|| plan::default_chunks(elems * s))
-            .max(1)
+    let h = Hierarchy::detect(call.topo, &members);
+    let elems = match call.kind {
+        Kind::AllReduce => call.count.div_ceil(p.max(1)),
+        _ => call.count,
     };
-    let elems = match kind {
-        Kind::AllReduce => count.div_ceil(p.max(1)),
-        _ => count,
-    };
-    let mut b = Builder::new(topo, h.as_ref(), &members)?;
+    let mut b = Builder::new(call.topo, h.as_ref(), &members)?;
     for r in 0..p {
-        let pl = plan_of(topo, kind, algo, h.as_ref(), p, r, count, s, chunks);
-        b.add(r, &pl)?;
+        b.add(r, &plan_of(&call, h.as_ref(), r))?;
     }
     let mut sched = b.finish()?;
     sched.algo = Some(algo);
     if algo == Algo::HoRing {
         // As the plans split it: at most one piece per element.
-        sched.pieces = Some(plan::pieces(elems, pieces(elems)).len());
+        sched.pieces = Some(plan::pieces(elems, call.pieces(elems)).len());
     }
     Ok(sched)
 }

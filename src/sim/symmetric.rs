@@ -24,33 +24,29 @@
 //! Cost: `R · steps` transfers instead of `R · b · steps`: the ring all-gather over
 //! 128 DGX nodes (1 M transfers, about 0.3 s in a release build) folds to 8 K.
 
-use super::schedule::{checked_resolve, plan_of};
+use super::schedule::{checked_resolve, plan_of, Call};
 use super::waves;
 use crate::algo::plan::{Plan, Ring};
 use crate::algo::Algo;
-use crate::dtype::DataType;
 use crate::error::{Error, Result};
 use crate::kinds::Kind;
 use crate::topology::Hierarchy;
-use crate::topology::{channels, LinkClass, Topology};
+use crate::topology::{channels, LinkClass};
 
-/// The algorithm `algo` resolves to (as [`super::resolve`]) and the makespan in
-/// microseconds of the schedule `dry_run(topo, kind, algo, count, dtype, chunks)`
-/// replayed on `topo`, computed on node 0 only (module doc).
+/// The algorithm `call.algo` resolves to (as [`super::resolve`]) and the makespan in
+/// microseconds of the schedule `dry_run(call)` replayed on `call.topo`, computed on
+/// node 0 only (module doc).
 ///
 /// Errors: what `dry_run` refuses (other ops, quantized algorithms, an invalid
 /// topology), and `InvalidArgument` for a ring all-reduce whose count the world size
 /// does not divide (not node-symmetric) or a schedule that does not fold (never for
 /// strata's plans).
-pub fn symmetric_makespan(
-    topo: &Topology,
-    kind: Kind,
-    algo: Algo,
-    count: usize,
-    dtype: DataType,
-    chunks: Option<usize>,
-) -> Result<(Algo, f64)> {
-    let algo = checked_resolve(topo, kind, algo, count, dtype, chunks)?;
+pub fn symmetric_makespan(call: &Call) -> Result<(Algo, f64)> {
+    let algo = checked_resolve(call)?;
+    let call = Call { algo, ..*call };
+    let Call {
+        topo, kind, count, ..
+    } = call;
     let p = topo.world_size();
     let a = topo.ranks_per_node().max(1);
     let nodes = topo.nodes.max(1);
@@ -64,10 +60,7 @@ pub fn symmetric_makespan(
     }
     let members: Vec<usize> = (0..p).collect();
     let h = Hierarchy::detect(topo, &members);
-    let s = dtype.size();
-    let plans: Vec<Plan> = (0..a)
-        .map(|r| plan_of(topo, kind, algo, h.as_ref(), p, r, count, s, chunks))
-        .collect();
+    let plans: Vec<Plan> = (0..a).map(|r| plan_of(&call, h.as_ref(), r)).collect();
 
     // Ring labels as Schedule::from_plans numbers them: levels, then `flat`.
     let sizes = h.as_ref().map(|h| h.sizes()).unwrap_or_default();

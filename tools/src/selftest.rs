@@ -3,7 +3,7 @@
 //! `tests/gpu_transports.rs` and under mpirun by `examples/mpi_check.rs`. It checks each
 //! collective against [`strata::check`]'s exact references.
 
-use strata::check::{fill, run_checked, run_checked_coalesced, run_checked_quant, Kind};
+use strata::check::{fill, run_checked, run_checked_coalesced, run_checked_quant, Kind, QuantCase};
 use strata::{Algo, Comm, DataType, Error, ReduceOp, Result};
 
 /// The transport-independent self test: every collective, dtype, algorithm, in-place
@@ -110,7 +110,16 @@ pub fn exercise(comm: &Comm) -> Result<()> {
         for (bits, dtype) in [(4, DataType::BF16), (8, DataType::F16)] {
             seed += 1;
             let q = strata::kernels::QuantSpec::new(bits, 32)?;
-            let r = run_checked_quant(comm, kind, dtype, op, 37, algo, q, seed)?;
+            let case = QuantCase {
+                kind,
+                dtype,
+                redop: op,
+                count: 37,
+                algo,
+                q,
+                seed,
+            };
+            let r = run_checked_quant(comm, &case)?;
             if r.wrong != 0 {
                 return Err(Error::Internal(format!(
                     "{algo} {dtype} int{bits}: {} outside the bound {} (max error {})",

@@ -113,16 +113,16 @@ fn every_algorithm_matches_the_reference(kind: TransportKind, topos: &[&str], co
                 for dt in [DataType::F32, DataType::F16, DataType::BF16] {
                     for bits in [8, 4] {
                         let q = strata::kernels::QuantSpec::new(bits, 64)?;
-                        let r = check::run_checked_quant(
-                            &c,
+                        let case = check::QuantCase {
                             kind,
-                            dt,
-                            ReduceOp::Avg,
-                            1001,
+                            dtype: dt,
+                            redop: ReduceOp::Avg,
+                            count: 1001,
                             algo,
                             q,
-                            5,
-                        )?;
+                            seed: 5,
+                        };
+                        let r = check::run_checked_quant(&c, &case)?;
                         wrong += r.wrong;
                     }
                 }

@@ -157,18 +157,16 @@ fn wrong(c: &Comm, case: &Case, call: &Call) -> strata::Result<usize> {
     if let Some((bits, block)) = case.quant {
         let got = call.recvs[0].to_bytes()?;
         let q = QuantSpec::new(bits, block)?;
-        return Ok(check::check_quant(
-            c,
-            case.kind,
-            dt,
-            case.redop,
-            COUNT,
-            case.algo,
+        let quant = check::QuantCase {
+            kind: case.kind,
+            dtype: dt,
+            redop: case.redop,
+            count: COUNT,
+            algo: case.algo,
             q,
-            call.seeds[0],
-            &got,
-        )?
-        .wrong);
+            seed: call.seeds[0],
+        };
+        return Ok(check::check_quant(c, &quant, &got)?.wrong);
     }
     let counts: &[usize] = if case.coalesced { &COUNTS } else { &[COUNT] };
     let mut w = 0;

@@ -334,7 +334,8 @@ impl CommModel {
             self.hits += 1;
             return Ok(v);
         }
-        let resolved = strata::sim::resolve(topo, kind, algo, count, dtype, None)?;
+        let call = strata::sim::Call::new(topo, kind, algo, count, dtype);
+        let resolved = strata::sim::resolve(&call)?;
         let requested = key.clone();
         key.algo = resolved;
         let v = match self.cache.get(&key) {
@@ -343,7 +344,10 @@ impl CommModel {
                 v
             }
             None => {
-                let v = symmetric_makespan(topo, kind, resolved, count, dtype, None)?;
+                let v = symmetric_makespan(&strata::sim::Call {
+                    algo: resolved,
+                    ..call
+                })?;
                 self.simulated += 1;
                 self.cache.insert(key, v);
                 v
@@ -404,6 +408,24 @@ impl CommModel {
         }
     }
 
+    /// Time `c` on groups of shape `g`, `times` times: add it to `us`, and note the
+    /// algorithm it resolved to in `name` where it takes any time.
+    fn add(
+        &mut self,
+        c: Call,
+        g: GroupShape,
+        times: f64,
+        us: &mut f64,
+        name: &mut String,
+    ) -> Result<()> {
+        let (a, x) = self.call(c, g)?;
+        *us += times * x;
+        if x > 0.0 {
+            note(name, a);
+        }
+        Ok(())
+    }
+
     /// Per-phase times of one step of `s` (module doc table) for `model` with `w`
     /// bytes per element and `m` micro-batches, and the algorithm each phase resolved to.
     pub fn phase_times(
@@ -439,14 +461,6 @@ impl CommModel {
                 elem: w,
             }
         };
-        let note = |slot: &mut String, a: Algo| {
-            if slot == "-" {
-                *slot = a.name().to_string();
-            } else if !slot.split('+').any(|x| x == a.name()) {
-                slot.push('+');
-                slot.push_str(a.name());
-            }
-        };
         for (phi_u, mult) in model.unit_sizes() {
             let k = mult as f64;
             if sp > 1 {
@@ -466,18 +480,22 @@ impl CommModel {
                 };
                 // fwd gather over P.
                 let pg = GroupShape::block(s.p);
-                let (a, x) = self.call(gather(s.algos.fwd_gather), pg)?;
-                t.fwd_gather_us += mf * k * x;
-                if x > 0.0 {
-                    note(&mut names.fwd_gather, a);
-                }
+                self.add(
+                    gather(s.algos.fwd_gather),
+                    pg,
+                    mf * k,
+                    &mut t.fwd_gather_us,
+                    &mut names.fwd_gather,
+                )?;
                 // bwd gather over hpZ (ZeRO++ B.2) or P.
                 let bg = GroupShape::block(s.hpz.unwrap_or(s.p));
-                let (a, x) = self.call(gather(s.algos.bwd_gather), bg)?;
-                t.bwd_gather_us += mf * k * x;
-                if x > 0.0 {
-                    note(&mut names.bwd_gather, a);
-                }
+                self.add(
+                    gather(s.algos.bwd_gather),
+                    bg,
+                    mf * k,
+                    &mut t.bwd_gather_us,
+                    &mut names.bwd_gather,
+                )?;
                 // grad reduce hop 1 over P (qgZ when the phase's algorithm is qgz).
                 let c = match s.algos.grad_reduce {
                     Algo::Qgz | Algo::Qgz1 => Call::Quant {
@@ -489,11 +507,7 @@ impl CommModel {
                     },
                     a => plain(Kind::ReduceScatter, a, phi_u),
                 };
-                let (a, x) = self.call(c, pg)?;
-                t.grad_reduce_us += mf * k * x;
-                if x > 0.0 {
-                    note(&mut names.grad_reduce, a);
-                }
+                self.add(c, pg, mf * k, &mut t.grad_reduce_us, &mut names.grad_reduce)?;
             }
             if sg > sp {
                 // hop 2 over G/P: reduce-scatter every micro-batch (PaRO §3.4, MiCS §3.4)
@@ -505,11 +519,13 @@ impl CommModel {
                     GradSync::AllReduce => (Kind::AllReduce, mf - 1.0),
                 };
                 if reps > 0.0 {
-                    let (a, x) = self.call(plain(kind, s.algos.grad_reduce, elems), gp)?;
-                    t.grad_reduce_us += reps * k * x;
-                    if x > 0.0 {
-                        note(&mut names.grad_reduce, a);
-                    }
+                    self.add(
+                        plain(kind, s.algos.grad_reduce, elems),
+                        gp,
+                        reps * k,
+                        &mut t.grad_reduce_us,
+                        &mut names.grad_reduce,
+                    )?;
                 }
             }
         }
@@ -520,43 +536,37 @@ impl CommModel {
                 if sos > sg {
                     let og = GroupShape::sub(s.os, s.g);
                     let c = plain(Kind::ReduceScatter, s.algos.boundary, phi.div_ceil(sg));
-                    let (a, x) = self.call(c, og)?;
-                    t.boundary_us += x;
-                    if x > 0.0 {
-                        note(&mut names.boundary, a);
-                    }
+                    self.add(c, og, 1.0, &mut t.boundary_us, &mut names.boundary)?;
                 }
                 if s.os != dp {
                     let rg = GroupShape::sub(dp, s.os);
                     let c = plain(Kind::AllReduce, s.algos.boundary, phi.div_ceil(sos));
-                    let (a, x) = self.call(c, rg)?;
-                    t.boundary_us += x;
-                    if x > 0.0 {
-                        note(&mut names.boundary, a);
-                    }
+                    self.add(c, rg, 1.0, &mut t.boundary_us, &mut names.boundary)?;
                 }
             }
             GradSync::AllReduce => {
                 if s.p != dp {
                     let rg = GroupShape::sub(dp, s.p);
                     let c = plain(Kind::AllReduce, s.algos.boundary, phi.div_ceil(sp));
-                    let (a, x) = self.call(c, rg)?;
-                    t.boundary_us += x;
-                    if x > 0.0 {
-                        note(&mut names.boundary, a);
-                    }
+                    self.add(c, rg, 1.0, &mut t.boundary_us, &mut names.boundary)?;
                 }
             }
         }
         if sos > sp {
             let op = GroupShape::sub(s.os, s.p);
             let c = plain(Kind::AllGather, s.algos.spread, phi.div_ceil(sp));
-            let (a, x) = self.call(c, op)?;
-            t.spread_us += x;
-            if x > 0.0 {
-                note(&mut names.spread, a);
-            }
+            self.add(c, op, 1.0, &mut t.spread_us, &mut names.spread)?;
         }
         Ok((t, names))
+    }
+}
+
+/// Add `a` to the `+`-joined algorithm names of a phase (`-`: none yet).
+fn note(slot: &mut String, a: Algo) {
+    if slot == "-" {
+        *slot = a.name().to_string();
+    } else if !slot.split('+').any(|x| x == a.name()) {
+        slot.push('+');
+        slot.push_str(a.name());
     }
 }

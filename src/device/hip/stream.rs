@@ -5,7 +5,7 @@ use super::device::HipDevice;
 use super::runtime::check;
 use crate::device::reuse::HandlePool;
 use crate::device::vendor_api;
-use crate::device::{Api, DevAddr, DevEvent, DevGraph, DevStream, Device, QuantCall};
+use crate::device::{DevAddr, DevEvent, DevGraph, DevStream, Device, QuantCall};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::Result;
 use crate::kernels_gpu::call::{self, ArgBlock};
@@ -79,41 +79,37 @@ impl DevEvent for HipEvent {
 }
 
 /// A captured HIP graph and its instantiation, both destroyed on drop.
-pub struct HipGraph {
-    dev: Arc<HipDevice>,
+pub type HipGraph = vendor_api::Graph<HipGraphHandles>;
+
+/// The runtime's handles of a [`HipGraph`].
+pub struct HipGraphHandles {
     graph: sys::hipGraph_t,
     exec: sys::hipGraphExec_t,
 }
 
-// SAFETY: hipGraph_t / hipGraphExec_t handles may be used from any thread of the process;
-// the device is Send + Sync.
-unsafe impl Send for HipGraph {}
-// SAFETY: as above; `&HipGraph` only launches the executable graph (launches on one
-// stream are serialized by the stream).
-unsafe impl Sync for HipGraph {}
+// SAFETY: hipGraph_t / hipGraphExec_t handles may be used from any thread of the process.
+unsafe impl Send for HipGraphHandles {}
+// SAFETY: as above; `&HipGraphHandles` only launches the executable graph (launches on
+// one stream are serialized by the stream).
+unsafe impl Sync for HipGraphHandles {}
 
-impl Drop for HipGraph {
-    fn drop(&mut self) {
-        let _bound = self.dev.bind();
-        // SAFETY: FFI destroying our own executable graph and graph, once each; launches
-        // already enqueued keep what they need.
+impl vendor_api::GraphHandles for HipGraphHandles {
+    type Dev = HipDevice;
+    const VENDOR: &'static str = "HIP";
+    fn launch(&self, stream: &dyn DevStream) -> Result<()> {
+        // SAFETY: FFI launching our live executable graph on a live stream of its device
+        // (checked by the caller, which binds the device).
+        let r = unsafe { sys::hipGraphLaunch(self.exec, stream.raw() as sys::hipStream_t) };
+        check(r, || {
+            format!("hipGraphLaunch on HIP device {}", stream.device().ordinal())
+        })
+    }
+    fn destroy(&mut self) {
+        // SAFETY: FFI destroying our own executable graph and graph, once each (on drop).
         unsafe {
             let _ = sys::hipGraphExecDestroy(self.exec);
             let _ = sys::hipGraphDestroy(self.graph);
         }
-    }
-}
-
-impl DevGraph for HipGraph {
-    fn launch(&self, stream: &dyn DevStream) -> Result<()> {
-        vendor_api::graph_stream(Api::Hip, "HIP", self.dev.ordinal, stream)?;
-        let _bound = self.dev.bind()?;
-        // SAFETY: FFI launching our live executable graph on a live stream of its device
-        // (checked above).
-        let r = unsafe { sys::hipGraphLaunch(self.exec, stream.raw() as sys::hipStream_t) };
-        check(r, || {
-            format!("hipGraphLaunch on HIP device {}", self.dev.ordinal)
-        })
     }
 }
 
@@ -370,11 +366,10 @@ impl DevStream for HipStream {
             let _ = unsafe { sys::hipGraphDestroy(graph) };
             return Err(e);
         }
-        Ok(Arc::new(HipGraph {
-            dev: self.dev.clone(),
-            graph,
-            exec,
-        }))
+        Ok(Arc::new(HipGraph::new(
+            self.dev.clone(),
+            HipGraphHandles { graph, exec },
+        )))
     }
 
     unsafe fn wait_foreign(&self, other: *mut c_void) -> Result<()> {

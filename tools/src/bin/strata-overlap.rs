@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use strata::check::Kind;
 use strata::device::{finish, DevStream};
 use strata::transport::TransportKind;
-use strata::{Algo, Buffer, Comm, CommConfig, DataType, Error, Op, ReduceOp, Request, Result};
+use strata::{Algo, Buffer, Comm, CommConfig, DataType, Error, ReduceOp, Request, Result};
 use strata_tools::cli::{parse_algo, parse_kind, parse_size};
 
 /// Overlap of a stream-ordered collective with a busy stream, per size.
@@ -68,24 +68,9 @@ struct Cli {
 type Sample = (f64, f64, f64, usize);
 
 fn request(kind: Kind, algo: Algo, send: &Buffer, recv: &Buffer, count: usize) -> Result<Request> {
-    let op = match kind {
-        Kind::AllGather => Op::AllGather {
-            send: send.clone(),
-            recv: recv.clone(),
-            count,
-        },
-        Kind::ReduceScatter => Op::ReduceScatter {
-            send: send.clone(),
-            recv: recv.clone(),
-            count,
-            op: ReduceOp::Avg,
-        },
-        Kind::AllReduce => Op::AllReduce {
-            send: send.clone(),
-            recv: recv.clone(),
-            count,
-            op: ReduceOp::Sum,
-        },
+    let redop = match kind {
+        Kind::AllGather | Kind::AllReduce => ReduceOp::Sum,
+        Kind::ReduceScatter => ReduceOp::Avg,
         other => {
             return Err(Error::InvalidArgument(format!(
                 "strata-overlap measures all-gather, reduce-scatter and all-reduce, not {}",
@@ -93,6 +78,7 @@ fn request(kind: Kind, algo: Algo, send: &Buffer, recv: &Buffer, count: usize) -
             )))
         }
     };
+    let op = kind.op(send.clone(), recv.clone(), count, redop);
     Ok(Request::new(op, DataType::F32).with_algo(algo))
 }
 

@@ -168,7 +168,10 @@ fn run(cli: &Cli) -> Result<()> {
             let bytes = sim::call_bytes(kind, count, p, s);
             for &algo in &algos {
                 let t0 = Instant::now();
-                let sched = sim::dry_run(&topo, kind, algo, count, cli.datatype, cli.chunks)?;
+                let sched = sim::dry_run(&sim::Call {
+                    chunks: cli.chunks,
+                    ..sim::Call::new(&topo, kind, algo, count, cli.datatype)
+                })?;
                 let r = sim::replay(&sched, &topo)?;
                 let secs = t0.elapsed().as_secs_f64();
                 let used = sched.algo.unwrap_or(algo);

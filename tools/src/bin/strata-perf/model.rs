@@ -77,14 +77,10 @@ impl Modeler {
             return Ok(None);
         }
         let p = self.topo.world_size();
-        let (sched, r) = sim::model(
-            &self.topo,
-            row.kind,
-            algo,
-            row.count,
-            row.dtype,
-            self.chunks,
-        )?;
+        let (sched, r) = sim::model(&sim::Call {
+            chunks: self.chunks,
+            ..sim::Call::new(&self.topo, row.kind, algo, row.count, row.dtype)
+        })?;
         let algbw = if r.makespan_us > 0.0 {
             row.bytes as f64 / (r.makespan_us * 1e3)
         } else {
@@ -128,8 +124,10 @@ impl Modeler {
         if let Some(path) = &self.trace {
             for &((kind, algo), i, _) in &self.largest {
                 let row = &rows[i];
-                let (sched, r) =
-                    sim::model(&self.topo, kind, algo, row.count, row.dtype, self.chunks)?;
+                let (sched, r) = sim::model(&sim::Call {
+                    chunks: self.chunks,
+                    ..sim::Call::new(&self.topo, kind, algo, row.count, row.dtype)
+                })?;
                 let path = if self.several {
                     tagged(path, &format!("{}-{}", kind.name(), algo.name()))
                 } else {

@@ -330,9 +330,16 @@ pub(crate) fn bench_row(comm: &Comm, plan: &Plan, row: &Row, pace: &dyn Pace) ->
         (false, _, _) => (0, None),
         // Quantized: wrong = elements outside the format's bound of the exact result.
         (true, Some(q), _) => {
-            let c = check::run_checked_quant(
-                comm, row.kind, row.dtype, redop, row.count, algo, q, row.seed,
-            )?;
+            let case = check::QuantCase {
+                kind: row.kind,
+                dtype: row.dtype,
+                redop,
+                count: row.count,
+                algo,
+                q,
+                seed: row.seed,
+            };
+            let c = check::run_checked_quant(comm, &case)?;
             (c.wrong, Some(ErrStats::of(&c)))
         }
         (true, None, None) => (

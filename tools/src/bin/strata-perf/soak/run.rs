@@ -120,10 +120,18 @@ pub(crate) fn run_single(
                 Box::new(move || {
                     let got = recv.to_bytes()?;
                     match quant {
-                        Some(q) => Ok(check::check_quant(
-                            &c, kind, dt, redop, count, algo, q, seed, &got,
-                        )?
-                        .wrong),
+                        Some(q) => {
+                            let case = check::QuantCase {
+                                kind,
+                                dtype: dt,
+                                redop,
+                                count,
+                                algo,
+                                q,
+                                seed,
+                            };
+                            Ok(check::check_quant(&c, &case, &got)?.wrong)
+                        }
                         None => Ok(check::count_wrong(
                             dt,
                             &got,
