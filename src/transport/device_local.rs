@@ -25,7 +25,7 @@
 
 #![forbid(unsafe_code)]
 
-use super::gpu::{self, staged, DevCall, GpuTransport, On, Scratch};
+use super::gpu::{self, staged, DevCall, DeviceFace, GpuTransport, On, Scratch};
 use super::meeting::{Counts, Meetings};
 use super::{P2p, Transport, TransportKind};
 use crate::device::{finish, DevAddr, DevEvent, DevStream, Device, Region};
@@ -282,9 +282,7 @@ impl Group {
 pub struct DeviceLocalTransport {
     group: Arc<Group>,
     rank: usize,
-    dev: Arc<dyn Device>,
-    stream: Arc<dyn DevStream>,
-    stage: Scratch,
+    face: DeviceFace,
     work: Scratch,
     /// The stream that last used `work` on the launch path and the event after that
     /// use: a call on another stream (the fast path runs on its caller's stream) waits
@@ -345,9 +343,7 @@ impl DeviceLocalTransport {
         Ok(DeviceLocalTransport {
             group: group.clone(),
             rank,
-            dev: dev.clone(),
-            stream: dev.new_stream()?,
-            stage: Scratch::new(dev),
+            face: DeviceFace::new(dev)?,
             work: Scratch::new(dev),
             work_last: Mutex::new(None),
             traffic: traffic.clone(),
@@ -366,7 +362,7 @@ impl DeviceLocalTransport {
         DeviceLocalTransport::member(
             group,
             rank,
-            &self.dev,
+            &self.face.dev,
             &self.traffic,
             self.timeout,
             self.inside.clone(),
@@ -707,20 +703,14 @@ impl DeviceLocalTransport {
 }
 
 impl GpuTransport for DeviceLocalTransport {
-    fn device(&self) -> &Arc<dyn Device> {
-        &self.dev
-    }
-    fn stream(&self) -> &Arc<dyn DevStream> {
-        &self.stream
-    }
-    fn staging(&self) -> &Scratch {
-        &self.stage
+    fn face(&self) -> &DeviceFace {
+        &self.face
     }
     fn finish(&self, on: On<'_>, what: &str) -> Result<()> {
         if on.is_some() {
             return self.group.check_abort();
         }
-        finish(self.stream.as_ref(), self.timeout, what, || {
+        finish(self.face.stream.as_ref(), self.timeout, what, || {
             self.group.check_abort()
         })
     }

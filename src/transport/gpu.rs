@@ -23,12 +23,20 @@ use std::time::Duration;
 /// `Error::Remote` after the timeout, the communicator then aborted). Regions are this
 /// rank's device memory; in-place rules are the host trait's.
 pub trait GpuTransport: Send + Sync {
+    /// The device, the communicator's stream and its staging scratch.
+    fn face(&self) -> &DeviceFace;
     /// The GPU this rank runs on.
-    fn device(&self) -> &Arc<dyn Device>;
+    fn device(&self) -> &Arc<dyn Device> {
+        &self.face().dev
+    }
     /// The communicator's stream (algorithms enqueue their copies and kernels on it).
-    fn stream(&self) -> &Arc<dyn DevStream>;
+    fn stream(&self) -> &Arc<dyn DevStream> {
+        &self.face().stream
+    }
     /// Scratch for staging host bytes ([`staged`]).
-    fn staging(&self) -> &Scratch;
+    fn staging(&self) -> &Scratch {
+        &self.face().stage
+    }
     /// Wait for the stream, polling the communicator's asynchronous errors.
     fn finish(&self, on: On<'_>, what: &str) -> Result<()>;
     /// The communicator's asynchronous error, if any, without waiting
@@ -271,6 +279,27 @@ pub fn unstage(
         crate::device::watch::keep_until(s.record()?, msg);
     }
     g.finish(on, what)
+}
+
+/// What every GPU transport holds for its device face ([`GpuTransport::face`]).
+pub struct DeviceFace {
+    /// The GPU this rank runs on.
+    pub dev: Arc<dyn Device>,
+    /// The communicator's own stream.
+    pub stream: Arc<dyn DevStream>,
+    /// Scratch for staging host bytes.
+    pub stage: Scratch,
+}
+
+impl DeviceFace {
+    /// A face on `dev` with a new stream of its own and empty staging scratch.
+    pub fn new(dev: &Arc<dyn Device>) -> Result<DeviceFace> {
+        Ok(DeviceFace {
+            dev: dev.clone(),
+            stream: dev.new_stream()?,
+            stage: Scratch::new(dev),
+        })
+    }
 }
 
 /// Device scratch of one communicator: allocated on first use, grown to the largest

@@ -18,9 +18,8 @@
 
 #![forbid(unsafe_code)]
 
-use super::gpu::{DevCall, GpuTransport, On, Scratch};
+use super::gpu::{DevCall, DeviceFace, GpuTransport, On};
 use super::{Fold, P2p, Transport, TransportKind};
-use crate::device::{DevStream, Device};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::Error;
 use crate::error::Result;
@@ -149,22 +148,10 @@ impl P2p for Metered {
 
 /// The device face, forwarded; every call also counts its nominal ring traffic.
 impl GpuTransport for Metered {
-    fn device(&self) -> &Arc<dyn Device> {
+    fn face(&self) -> &DeviceFace {
         self.inner
             .gpu()
-            .map(|g| g.device())
-            .expect("gpu() is Some only over a GPU transport")
-    }
-    fn stream(&self) -> &Arc<dyn DevStream> {
-        self.inner
-            .gpu()
-            .map(|g| g.stream())
-            .expect("gpu() is Some only over a GPU transport")
-    }
-    fn staging(&self) -> &Scratch {
-        self.inner
-            .gpu()
-            .map(|g| g.staging())
+            .map(|g| g.face())
             .expect("gpu() is Some only over a GPU transport")
     }
     fn finish(&self, on: On<'_>, what: &str) -> Result<()> {

@@ -31,7 +31,7 @@
 
 #![forbid(unsafe_code)]
 
-use super::gpu::{staged, DevCall, GpuTransport, LibCall, On, Scratch};
+use super::gpu::{staged, DevCall, DeviceFace, GpuTransport, LibCall, On};
 use super::vendor::{
     InUse, Reduction, Vendor, VendorComm, VendorLib, VendorUniqueId, VENDOR_UNIQUE_ID_BYTES,
 };
@@ -66,9 +66,7 @@ pub struct NcclTransport {
     calls: Mutex<()>,
     rank: usize,
     members: Vec<usize>,
-    dev: Arc<dyn Device>,
-    stream: Arc<dyn DevStream>,
-    stage: Scratch,
+    face: DeviceFace,
     /// Sends to itself outside a group, oldest first: the staged bytes and, on the
     /// launch path, the event after their copy (see the module comment).
     to_self: Mutex<VecDeque<super::gpu::Eager>>,
@@ -137,9 +135,7 @@ impl NcclTransport {
             calls: Mutex::new(()),
             rank,
             members,
-            dev: dev.clone(),
-            stream: dev.new_stream()?,
-            stage: Scratch::new(dev),
+            face: DeviceFace::new(dev)?,
             to_self: Mutex::new(VecDeque::new()),
             traffic,
             timeout,
@@ -161,7 +157,7 @@ impl NcclTransport {
         what: &str,
         f: impl FnOnce(&VendorComm<'static>, &dyn DevStream) -> Result<()>,
     ) -> Result<()> {
-        let _bound = self.dev.bind()?;
+        let _bound = self.face.dev.bind()?;
         let deferred = DEFER.with(|d| d.get());
         {
             let _calls = self.lock()?;
@@ -183,7 +179,7 @@ impl NcclTransport {
     /// A send to itself outside a group: staged in a block of its own on the call's
     /// stream ([`super::gpu::stage`]), queued for the receive.
     fn send_to_self(&self, on: On<'_>, data: Region) -> Result<()> {
-        let _bound = self.dev.bind()?;
+        let _bound = self.face.dev.bind()?;
         let msg = super::gpu::stage(self, on, self.timeout, data, "ncclSend (to itself)")?;
         self.to_self
             .lock()
@@ -196,7 +192,7 @@ impl NcclTransport {
     /// out on the call's stream. None pending, or another length: `InvalidUsage`, and
     /// the message stays queued.
     fn recv_from_self(&self, on: On<'_>, data: Region) -> Result<()> {
-        let _bound = self.dev.bind()?;
+        let _bound = self.face.dev.bind()?;
         let mut q = self
             .to_self
             .lock()
@@ -307,14 +303,8 @@ impl NcclTransport {
 }
 
 impl GpuTransport for NcclTransport {
-    fn device(&self) -> &Arc<dyn Device> {
-        &self.dev
-    }
-    fn stream(&self) -> &Arc<dyn DevStream> {
-        &self.stream
-    }
-    fn staging(&self) -> &Scratch {
-        &self.stage
+    fn face(&self) -> &DeviceFace {
+        &self.face
     }
     fn finish(&self, on: On<'_>, what: &str) -> Result<()> {
         if on.is_some() {
@@ -323,7 +313,7 @@ impl GpuTransport for NcclTransport {
             return self.probe_for(|| what.to_string());
         }
         // The host staging path (host buffers): wait for the communicator's stream.
-        let r = finish(self.stream.as_ref(), self.timeout, what, || {
+        let r = finish(self.face.stream.as_ref(), self.timeout, what, || {
             self.probe_for(|| what.to_string())
         });
         if let Err(e) = &r {
@@ -414,7 +404,7 @@ impl GpuTransport for NcclTransport {
         }
     }
     fn group(&self, on: On<'_>, body: &mut dyn FnMut() -> Result<()>) -> Result<()> {
-        let _bound = self.dev.bind()?;
+        let _bound = self.face.dev.bind()?;
         let lib = VendorLib::get(self.vendor)?;
         let inside = self.comm.enter("grouped calls")?;
         lib.group_start()?;
@@ -510,9 +500,9 @@ impl Transport for NcclTransport {
         let members: Vec<usize> = group.iter().map(|&(_, r)| all[r].2).collect();
         let new_rank = group.iter().position(|&(_, r)| r == self.rank);
         let native = {
-            let _bound = self.dev.bind()?;
+            let _bound = self.face.dev.bind()?;
             let _calls = self.lock()?;
-            let d = self.dev.clone();
+            let d = self.face.dev.clone();
             self.comm
                 .split_within(color, key, self.timeout, move || d.bind())
         };
@@ -538,7 +528,7 @@ impl Transport for NcclTransport {
                         b.copy_from_slice(
                             &ids[l * VENDOR_UNIQUE_ID_BYTES..(l + 1) * VENDOR_UNIQUE_ID_BYTES],
                         );
-                        let d = self.dev.clone();
+                        let d = self.face.dev.clone();
                         Some(lib.comm_init_rank_within(
                             members.len(),
                             &VendorUniqueId::from_bytes(&b),
@@ -557,7 +547,7 @@ impl Transport for NcclTransport {
                 c,
                 r,
                 members,
-                &self.dev,
+                &self.face.dev,
                 self.traffic.clone(),
                 self.timeout,
             )?))),
