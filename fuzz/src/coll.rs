@@ -86,6 +86,18 @@ struct Entry {
     base: usize,
 }
 
+impl Entry {
+    fn new(send: Region, recv: Region, in_place: bool, count: usize, base: usize) -> Entry {
+        Entry {
+            send,
+            recv,
+            in_place,
+            count,
+            base,
+        }
+    }
+}
+
 /// One rank's share of a [`Coll`]: buffers (owned here, so the calls' pointers stay
 /// valid while this lives) and the calls to make.
 pub struct Prep {
@@ -129,36 +141,24 @@ impl Coll {
             calls: Vec::new(),
         };
         let (dt, op) = (self.dt, self.op);
-        // Gather-like entry: send c, recv n*c; in place: send is slot `rank` of recv.
-        let gather = |count: usize, base: usize, in_place: bool| {
-            let mut recv = Region::new(n * count * s, m, s);
-            let mut send = Region::new(if in_place { 0 } else { count * s }, m, 0);
-            if in_place {
+        // An entry of `count` elements per rank: gather-like (send c, recv n*c; in place
+        // send is slot `rank` of recv) or scatter-like (send n*c, recv c; in place recv is
+        // block `rank` of send). This rank's input is filled where the call reads it.
+        let entry = |count: usize, base: usize, in_place: bool, gather_like: bool| {
+            let whole = Region::new(n * count * s, m, s);
+            let one = Region::new(if in_place { 0 } else { count * s }, m, 0);
+            let (mut send, mut recv) = if gather_like {
+                (one, whole)
+            } else {
+                (whole, one)
+            };
+            if gather_like && in_place {
                 let slot = &mut recv.bytes_mut()[rank * count * s..(rank + 1) * count * s];
                 v.fill(slot, rank, base);
             } else {
                 v.fill(send.bytes_mut(), rank, base);
             }
-            Entry {
-                send,
-                recv,
-                in_place,
-                count,
-                base,
-            }
-        };
-        // Scatter-like entry: send n*c, recv c; in place: recv is block `rank` of send.
-        let scatter = |count: usize, base: usize, in_place: bool| {
-            let mut send = Region::new(n * count * s, m, s);
-            v.fill(send.bytes_mut(), rank, base);
-            let recv = Region::new(if in_place { 0 } else { count * s }, m, 0);
-            Entry {
-                send,
-                recv,
-                in_place,
-                count,
-                base,
-            }
+            Entry::new(send, recv, in_place, count, base)
         };
         let ptrs = |e: &mut Entry, gather_like: bool| -> (*const c_void, *mut c_void) {
             let chunk = rank * e.count * s;
@@ -173,7 +173,7 @@ impl Coll {
         };
         match &self.kind {
             Kind::AllGather | Kind::AllGatherQ { .. } => {
-                let mut e = gather(c, 0, self.in_place);
+                let mut e = entry(c, 0, self.in_place, true);
                 let (a, b) = ptrs(&mut e, true);
                 p.calls.push(match self.kind {
                     Kind::AllGatherQ { bits, block } => {
@@ -184,7 +184,7 @@ impl Coll {
                 p.entries.push(e);
             }
             Kind::ReduceScatter | Kind::ReduceScatterQ { .. } => {
-                let mut e = scatter(c, 0, self.in_place);
+                let mut e = entry(c, 0, self.in_place, false);
                 let (a, b) = ptrs(&mut e, false);
                 p.calls.push(match self.kind {
                     Kind::ReduceScatterQ { bits, block } => {
@@ -210,13 +210,7 @@ impl Coll {
                     Kind::AllToAll => Call::AllToAll(a, b, c, dt, h),
                     _ => Call::AllReduce(a, b, c, dt, op, h),
                 });
-                p.entries.push(Entry {
-                    send,
-                    recv,
-                    in_place,
-                    count: c,
-                    base: 0,
-                });
+                p.entries.push(Entry::new(send, recv, in_place, c, 0));
             }
             Kind::Broadcast { root, null_send } => {
                 let me = rank == *root;
@@ -235,13 +229,7 @@ impl Coll {
                 };
                 p.calls
                     .push(Call::Broadcast(a, recv.ptr(0), c, dt, *root as c_int, h));
-                p.entries.push(Entry {
-                    send,
-                    recv,
-                    in_place,
-                    count: c,
-                    base: 0,
-                });
+                p.entries.push(Entry::new(send, recv, in_place, c, 0));
             }
             Kind::Bcast { root } => {
                 let mut recv = Region::new(c * s, m, 0);
@@ -251,13 +239,7 @@ impl Coll {
                 p.calls
                     .push(Call::Bcast(recv.ptr(0), c, dt, *root as c_int, h));
                 let send = Region::new(0, m, 0);
-                p.entries.push(Entry {
-                    send,
-                    recv,
-                    in_place: true,
-                    count: c,
-                    base: 0,
-                });
+                p.entries.push(Entry::new(send, recv, true, c, 0));
             }
             Kind::SendRecv { shift } => {
                 let mut send = Region::new(c * s, m, 0);
@@ -267,23 +249,13 @@ impl Coll {
                 p.calls.push(Call::Send(send.ptr(0), c, dt, to as c_int, h));
                 p.calls
                     .push(Call::Recv(recv.ptr(0), c, dt, from as c_int, h));
-                p.entries.push(Entry {
-                    send,
-                    recv,
-                    in_place: false,
-                    count: c,
-                    base: from,
-                });
+                p.entries.push(Entry::new(send, recv, false, c, from));
             }
             Kind::AgCoalesced(counts) | Kind::RsCoalesced(counts) => {
                 let gathering = matches!(self.kind, Kind::AgCoalesced(_));
                 for (i, &ci) in counts.iter().enumerate() {
                     let ip = self.in_place && (self.seed >> i) & 1 == 1;
-                    let mut e = if gathering {
-                        gather(ci, i * 1_000_000, ip)
-                    } else {
-                        scatter(ci, i * 1_000_000, ip)
-                    };
+                    let mut e = entry(ci, i * 1_000_000, ip, gathering);
                     let (a, b) = ptrs(&mut e, gathering);
                     // Empty entries may be NULL.
                     let null_ok = ci == 0 && (self.seed >> (i + 8)) & 1 == 1;

@@ -271,6 +271,35 @@ impl Kind {
             },
         }
     }
+
+    /// The coalesced request for this collective on prepared buffers (one of `counts[i]`
+    /// elements per pair `sends[i]`, `recvs[i]`): an all-gather or a reduce-scatter;
+    /// another kind has no coalesced form (`InvalidArgument`).
+    pub fn coalesced(
+        self,
+        sends: Vec<Buffer>,
+        recvs: Vec<Buffer>,
+        counts: Vec<usize>,
+        redop: ReduceOp,
+    ) -> crate::error::Result<Op> {
+        match self {
+            Kind::AllGather => Ok(Op::AllGatherCoalesced {
+                sends,
+                recvs,
+                counts,
+            }),
+            Kind::ReduceScatter => Ok(Op::ReduceScatterCoalesced {
+                sends,
+                recvs,
+                counts,
+                op: redop,
+            }),
+            k => Err(crate::error::Error::InvalidArgument(format!(
+                "{} has no coalesced form",
+                k.name()
+            ))),
+        }
+    }
 }
 
 /// A checked-or-to-be-checked request: the op, its dtype, an optional algorithm hint

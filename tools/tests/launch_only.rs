@@ -116,19 +116,9 @@ fn build(c: &Comm, case: &Case, seed: u64) -> strata::Result<Call> {
             recvs.push(c.native_from(&vec![0xA5; case.kind.sizes(n, p).1 * s])?);
             seeds.push(sd);
         }
-        let op = match case.kind {
-            Kind::AllGather => Op::AllGatherCoalesced {
-                sends,
-                recvs: recvs.clone(),
-                counts: COUNTS.to_vec(),
-            },
-            _ => Op::ReduceScatterCoalesced {
-                sends,
-                recvs: recvs.clone(),
-                counts: COUNTS.to_vec(),
-                op: case.redop,
-            },
-        };
+        let op = case
+            .kind
+            .coalesced(sends, recvs.clone(), COUNTS.to_vec(), case.redop)?;
         let req = Request::new(op, dt).with_algo(case.algo);
         return Ok(Call { req, recvs, seeds });
     }

@@ -5,7 +5,7 @@
 use crate::sweep::{Plan, Row};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
-use strata::check::{self, Kind, QuantCheck};
+use strata::check::{self, QuantCheck};
 use strata::traffic::TrafficMatrix;
 use strata::{Algo, Buffer, Comm, DataType, Error, Op, ReduceOp, Request, Result};
 
@@ -255,25 +255,7 @@ fn timed_request(comm: &Comm, row: &Row, algo: Algo, p: usize, rank: usize) -> R
                 so += cs * s;
                 ro += cr * s;
             }
-            match row.kind {
-                Kind::AllGather => Op::AllGatherCoalesced {
-                    sends,
-                    recvs,
-                    counts: counts.clone(),
-                },
-                Kind::ReduceScatter => Op::ReduceScatterCoalesced {
-                    sends,
-                    recvs,
-                    counts: counts.clone(),
-                    op: redop,
-                },
-                k => {
-                    return Err(Error::InvalidArgument(format!(
-                        "{} has no coalesced form",
-                        k.name()
-                    )))
-                }
-            }
+            row.kind.coalesced(sends, recvs, counts.clone(), redop)?
         }
     };
     let req = Request::new(op, row.dtype).with_algo(algo);

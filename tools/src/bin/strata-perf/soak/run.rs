@@ -149,19 +149,7 @@ pub(crate) fn run_single(
                 recvs.push(a5(comm, kind.sizes(c, p).1, dt)?);
             }
             let counts = s.counts.clone();
-            let op = match kind {
-                Kind::AllGather => Op::AllGatherCoalesced {
-                    sends,
-                    recvs: recvs.clone(),
-                    counts: counts.clone(),
-                },
-                _ => Op::ReduceScatterCoalesced {
-                    sends,
-                    recvs: recvs.clone(),
-                    counts: counts.clone(),
-                    op: redop,
-                },
-            };
+            let op = kind.coalesced(sends, recvs.clone(), counts.clone(), redop)?;
             let w = submit(comm, Request::new(op, dt).with_algo(s.algo).after(deps))?;
             Ok((
                 vec![w],
