@@ -9,7 +9,7 @@
 #![forbid(unsafe_code)]
 
 use crate::device::direct::Launched;
-use crate::device::{DevStream, QuantCall, Region};
+use crate::device::{DevStream, Elementwise, QuantCall, Region};
 use crate::dtype::{finish_avg, reduce_into, DataType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::kernels::{self, QuantSpec};
@@ -112,13 +112,14 @@ impl<'a> Ops<'a> {
                 let s = src.dev_read_timeout(self.to)?;
                 let a = acc.dev_write_timeout(self.to)?;
                 let n = crate::transport::gpu::count_of(acc.len(), dtype)?;
-                crate::transport::gpu::work_stream(g, self.on()).reduce(
-                    a.addr(),
-                    s.addr(),
-                    n,
+                let e = Elementwise::Reduce {
+                    acc: a.addr(),
+                    src: s.addr(),
+                    count: n,
                     dtype,
                     op,
-                )?;
+                };
+                crate::transport::gpu::work_stream(g, self.on()).elementwise(e)?;
                 g.finish(self.on(), "reduce")
             }
         }
@@ -134,12 +135,13 @@ impl<'a> Ops<'a> {
             Some(g) => {
                 let b = buf.dev_write_timeout(self.to)?;
                 let count = crate::transport::gpu::count_of(buf.len(), dtype)?;
-                crate::transport::gpu::work_stream(g, self.on()).divide(
-                    b.addr(),
+                let e = Elementwise::Divide {
+                    buf: b.addr(),
                     count,
                     dtype,
                     n,
-                )?;
+                };
+                crate::transport::gpu::work_stream(g, self.on()).elementwise(e)?;
                 g.finish(self.on(), "avg")
             }
         }

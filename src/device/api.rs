@@ -3,9 +3,8 @@
 
 use super::pool;
 use super::waits;
-use crate::dtype::{DataType, ReduceOp};
 use crate::error::{Error, Result};
-use crate::kernels_gpu::launch::{DevAddr, QuantCall};
+use crate::kernels_gpu::launch::{DevAddr, Elementwise, QuantCall};
 use std::ffi::c_void;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -177,17 +176,8 @@ pub trait DevStream: Send + Sync {
     fn raw(&self) -> *mut c_void;
     /// Copy `bytes` device bytes (regions may be on any device of the process).
     fn copy(&self, dst: DevAddr, src: DevAddr, bytes: usize) -> Result<()>;
-    /// `acc[i] = op(acc[i], src[i])` over `count` elements (`Avg` sums).
-    fn reduce(
-        &self,
-        acc: DevAddr,
-        src: DevAddr,
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-    ) -> Result<()>;
-    /// `buf[i] /= n`, rounded once (the exact mean of `Avg`).
-    fn divide(&self, buf: DevAddr, count: usize, dtype: DataType, n: usize) -> Result<()>;
+    /// One element-wise kernel: a reduction (`Avg` sums) or the `Avg` division.
+    fn elementwise(&self, e: Elementwise) -> Result<()>;
     /// One quantization kernel.
     fn quant(&self, call: &QuantCall) -> Result<()>;
     /// True when everything enqueued so far has completed; a device error is `Err`.

@@ -15,8 +15,7 @@ use super::pool::Pool;
 use super::reuse::{CheckedRanges, HandlePool};
 use super::vendor_api::{self, Fault, PointerQueries};
 use super::waits::host_wait;
-use super::{Bound, DevAddr, DevEvent, DevGraph, DevStream, Device, QuantCall};
-use crate::dtype::{DataType, ReduceOp};
+use super::{Bound, DevAddr, DevEvent, DevGraph, DevStream, Device, Elementwise, QuantCall};
 use crate::error::{Error, Result};
 use crate::kernels_gpu::call;
 use crate::kernels_gpu::GpuQuant;
@@ -652,7 +651,7 @@ impl Drop for CudaDevStream {
 
 impl CudaDevStream {
     /// Launch an element-wise kernel on `(addresses..., count)` arguments.
-    fn elementwise(
+    fn launch_elementwise(
         &self,
         name: &str,
         grid: u32,
@@ -704,34 +703,17 @@ impl DevStream for CudaDevStream {
         unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }
             .map_err(|e| dev_err("cuMemcpyDtoDAsync", e))
     }
-    fn reduce(
-        &self,
-        acc: DevAddr,
-        src: DevAddr,
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-    ) -> Result<()> {
-        let Some((name, grid, threads)) =
-            call::elementwise("reduce", &[acc, src], count, dtype, Some(op))?
-        else {
+    fn elementwise(&self, e: Elementwise) -> Result<()> {
+        let Some((name, grid, threads)) = e.prepare()? else {
             return Ok(());
         };
-        self.elementwise(&name, grid, threads, acc, src, Scalar::U64(count as u64))
-    }
-    fn divide(&self, buf: DevAddr, count: usize, dtype: DataType, n: usize) -> Result<()> {
-        let Some((name, grid, threads)) = call::elementwise("divide", &[buf], count, dtype, None)?
-        else {
-            return Ok(());
+        let (a, b, n) = match e {
+            Elementwise::Reduce {
+                acc, src, count, ..
+            } => (acc, src, Scalar::U64(count as u64)),
+            Elementwise::Divide { buf, count, n, .. } => (buf, count as u64, Scalar::F64(n as f64)),
         };
-        self.elementwise(
-            &name,
-            grid,
-            threads,
-            buf,
-            count as u64,
-            Scalar::F64(n as f64),
-        )
+        self.launch_elementwise(&name, grid, threads, a, b, n)
     }
     fn quant(&self, c: &QuantCall) -> Result<()> {
         let Some(p) = call::prepare(c)? else {

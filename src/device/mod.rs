@@ -22,7 +22,9 @@
 //!   device ([`cpu`]) runs all of it on the host, which is how CI tests the device paths.
 
 use crate::error::{Error, Result};
-pub use crate::kernels_gpu::launch::{check_aligned, elementwise_grid, DevAddr, QuantCall, Region};
+pub use crate::kernels_gpu::launch::{
+    check_aligned, elementwise_grid, DevAddr, Elementwise, QuantCall, Region,
+};
 use std::sync::Arc;
 
 mod api;

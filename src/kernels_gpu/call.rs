@@ -6,7 +6,7 @@
 
 #![forbid(unsafe_code)]
 
-use super::launch::{DevAddr, QuantCall, Region};
+use super::launch::{DevAddr, Elementwise, QuantCall, Region};
 use super::names::{kernel_name, reduce_kernel_name, KernelOp};
 use super::plan::{
     dequant_plan, drq_plan, quantize_plan, DequantArgs, DrqArgs, Geometry, QuantArgs,
@@ -253,6 +253,25 @@ pub fn elementwise(
     }
     let (grid, threads) = super::launch::elementwise_grid(count, dtype);
     Ok(Some((reduce_kernel_name(dtype, op), grid, threads)))
+}
+
+impl Elementwise {
+    /// The launch of this kernel ([`elementwise`]): symbol and geometry after the
+    /// alignment check; `None` for zero elements.
+    pub fn prepare(&self) -> Result<Option<(String, u32, u32)>> {
+        match *self {
+            Elementwise::Reduce {
+                acc,
+                src,
+                count,
+                dtype,
+                op,
+            } => elementwise("reduce", &[acc, src], count, dtype, Some(op)),
+            Elementwise::Divide {
+                buf, count, dtype, ..
+            } => elementwise("divide", &[buf], count, dtype, None),
+        }
+    }
 }
 
 #[cfg(test)]

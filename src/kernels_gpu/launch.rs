@@ -19,6 +19,36 @@ pub struct Region {
     pub len: usize,
 }
 
+/// One element-wise kernel on device memory (`strata_reduce_*`, `strata_divide_*`), as a
+/// stream enqueues it (`DevStream::elementwise`).
+#[derive(Debug, Clone, Copy)]
+pub enum Elementwise {
+    /// `acc[i] = op(acc[i], src[i])` over `count` elements (`Avg` sums).
+    Reduce {
+        /// The accumulator, read and written.
+        acc: DevAddr,
+        /// The other operand.
+        src: DevAddr,
+        /// Elements.
+        count: usize,
+        /// Their type.
+        dtype: DataType,
+        /// The reduction.
+        op: ReduceOp,
+    },
+    /// `buf[i] /= n`, rounded once (the exact mean of `Avg`).
+    Divide {
+        /// The values, divided in place.
+        buf: DevAddr,
+        /// Elements.
+        count: usize,
+        /// Their type.
+        dtype: DataType,
+        /// The divisor (the world size).
+        n: usize,
+    },
+}
+
 /// One launch of a quantization kernel, with the arguments of the CPU reference in
 /// [`crate::kernels`] (multi-input kernels take their k inputs as one contiguous region,
 /// sender `s` at `s · per_sender` bytes).

@@ -263,7 +263,7 @@ fn placement<'a>(op: &'a Op) -> Result<Place> {
 /// The device path: the same ops on the transport's [`GpuTransport`].
 mod device {
     use super::*;
-    use crate::device::Device;
+    use crate::device::{Device, Elementwise};
     use crate::transport::gpu::{DevCall, GpuTransport, LibCall, On};
 
     fn gpu<'a>(t: &'a dyn Transport, op: &Op) -> Result<&'a dyn GpuTransport> {
@@ -479,13 +479,14 @@ mod device {
                         g.call(on, call(tg.region()))?;
                         let r = recv.dev_write_timeout(to)?;
                         let n = crate::transport::gpu::count_of(recv.len(), dtype)?;
-                        crate::transport::gpu::work_stream(g, on).reduce(
-                            r.addr(),
-                            tg.addr(),
-                            n,
+                        let e = Elementwise::Reduce {
+                            acc: r.addr(),
+                            src: tg.addr(),
+                            count: n,
                             dtype,
-                            op.partial(),
-                        )?;
+                            op: op.partial(),
+                        };
+                        crate::transport::gpu::work_stream(g, on).elementwise(e)?;
                         g.finish(on, "send-receive reduction").map(|_| false)
                     }
                 }

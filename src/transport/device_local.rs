@@ -28,7 +28,7 @@
 use super::gpu::{self, staged, DevCall, DeviceFace, GpuTransport, On, Scratch};
 use super::meeting::{Counts, Meetings};
 use super::{P2p, Transport, TransportKind};
-use crate::device::{finish, DevAddr, DevEvent, DevStream, Device, Region};
+use crate::device::{finish, DevAddr, DevEvent, DevStream, Device, Elementwise, Region};
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::{Error, Result};
 use crate::memory::Buffer;
@@ -661,7 +661,14 @@ impl DeviceLocalTransport {
             if j == 0 {
                 s.copy(acc, p.addr + off, c)?;
             } else {
-                s.reduce(acc, p.addr + off, n, dtype, op)?;
+                let src = p.addr + off;
+                s.elementwise(Elementwise::Reduce {
+                    acc,
+                    src,
+                    count: n,
+                    dtype,
+                    op,
+                })?;
             }
             Ok(c)
         })

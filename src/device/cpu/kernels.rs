@@ -8,7 +8,7 @@
 
 use super::lanes::{Lane, Task};
 use super::races::Memory;
-use crate::device::{QuantCall, Region};
+use crate::device::{Elementwise, QuantCall, Region};
 use crate::dtype::{finish_avg, reduce_into, ReduceOp};
 use crate::error::Result;
 use crate::kernels;
@@ -24,25 +24,25 @@ pub(super) fn exec(dev: &Memory, lane: &Lane, task: Task) -> Result<()> {
                 Ok(())
             })
         }
-        Task::Reduce {
+        Task::Elementwise(Elementwise::Reduce {
             acc,
             src,
             count,
             dtype,
             op,
-        } => {
+        }) => {
             let b = count * dtype.size();
             dev.run_op(lane.id, &[reg(src, b)], &[reg(acc, b)], |r, w| {
                 reduce_into(w[0], r[0], dtype, op);
                 Ok(())
             })
         }
-        Task::Divide {
+        Task::Elementwise(Elementwise::Divide {
             buf,
             count,
             dtype,
             n,
-        } => {
+        }) => {
             let b = count * dtype.size();
             dev.run_op(lane.id, &[], &[reg(buf, b)], |_, w| {
                 finish_avg(w[0], dtype, n);

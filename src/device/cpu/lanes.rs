@@ -6,8 +6,7 @@
 #![forbid(unsafe_code)]
 
 use super::capture::{self, Capture};
-use crate::device::{DevAddr, DevEvent, QuantCall};
-use crate::dtype::{DataType, ReduceOp};
+use crate::device::{DevAddr, DevEvent, Elementwise, QuantCall};
 use crate::error::{Error, Result};
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -60,19 +59,7 @@ pub(super) enum Task {
         src: DevAddr,
         bytes: usize,
     },
-    Reduce {
-        acc: DevAddr,
-        src: DevAddr,
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-    },
-    Divide {
-        buf: DevAddr,
-        count: usize,
-        dtype: DataType,
-        n: usize,
-    },
+    Elementwise(Elementwise),
     Quant(QuantCall),
     /// Wait until `lane` has completed `seq` operations.
     Wait {

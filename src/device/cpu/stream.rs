@@ -5,8 +5,7 @@
 use super::capture::Capture;
 use super::device::CpuDevice;
 use super::lanes::{cpu_event, Lane, Node, Task};
-use crate::device::{Api, DevAddr, DevEvent, DevGraph, DevStream, Device, QuantCall};
-use crate::dtype::{DataType, ReduceOp};
+use crate::device::{Api, DevAddr, DevEvent, DevGraph, DevStream, Device, Elementwise, QuantCall};
 use crate::error::{Error, Result};
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -74,37 +73,11 @@ impl DevStream for CpuStream {
         }
         self.push(Task::Copy { dst, src, bytes })
     }
-    fn reduce(
-        &self,
-        acc: DevAddr,
-        src: DevAddr,
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-    ) -> Result<()> {
-        if crate::kernels_gpu::call::elementwise("reduce", &[acc, src], count, dtype, Some(op))?
-            .is_none()
-        {
+    fn elementwise(&self, e: Elementwise) -> Result<()> {
+        if e.prepare()?.is_none() {
             return Ok(());
         }
-        self.push(Task::Reduce {
-            acc,
-            src,
-            count,
-            dtype,
-            op,
-        })
-    }
-    fn divide(&self, buf: DevAddr, count: usize, dtype: DataType, n: usize) -> Result<()> {
-        if crate::kernels_gpu::call::elementwise("divide", &[buf], count, dtype, None)?.is_none() {
-            return Ok(());
-        }
-        self.push(Task::Divide {
-            buf,
-            count,
-            dtype,
-            n,
-        })
+        self.push(Task::Elementwise(e))
     }
     fn quant(&self, call: &QuantCall) -> Result<()> {
         self.push(Task::Quant(*call))

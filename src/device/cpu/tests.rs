@@ -2,6 +2,7 @@
 
 use super::memory::ALIGN;
 use super::*;
+use crate::device::Elementwise;
 use crate::dtype::{DataType, ReduceOp};
 use std::time::Duration;
 
@@ -26,7 +27,14 @@ fn copies_and_reductions_run_in_stream_order() {
     d.htod(a, &one).unwrap();
     s.delay(Duration::from_millis(30)).unwrap();
     s.copy(b, a, 16).unwrap();
-    s.reduce(b, a, 4, DataType::F32, ReduceOp::Sum).unwrap();
+    s.elementwise(Elementwise::Reduce {
+        acc: b,
+        src: a,
+        count: 4,
+        dtype: DataType::F32,
+        op: ReduceOp::Sum,
+    })
+    .unwrap();
     assert!(
         !s.query().unwrap(),
         "enqueueing returned before the delay ran"

@@ -5,8 +5,7 @@ use super::device::HipDevice;
 use super::runtime::check;
 use crate::device::reuse::HandlePool;
 use crate::device::vendor_api;
-use crate::device::{DevAddr, DevEvent, DevGraph, DevStream, Device, QuantCall};
-use crate::dtype::{DataType, ReduceOp};
+use crate::device::{DevAddr, DevEvent, DevGraph, DevStream, Device, Elementwise, QuantCall};
 use crate::error::Result;
 use crate::kernels_gpu::call::{self, ArgBlock};
 use hip_sys::hiprt as sys;
@@ -228,40 +227,24 @@ impl DevStream for HipStream {
         })
     }
 
-    fn reduce(
-        &self,
-        acc: DevAddr,
-        src: DevAddr,
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-    ) -> Result<()> {
-        let Some((name, grid, threads)) =
-            call::elementwise("reduce", &[acc, src], count, dtype, Some(op))?
-        else {
+    fn elementwise(&self, e: Elementwise) -> Result<()> {
+        let Some((name, grid, threads)) = e.prepare()? else {
             return Ok(());
         };
-        let (mut a, mut s, mut n) = (acc, src, count as u64);
-        self.launch(
-            &name,
-            grid,
-            threads,
-            &mut [arg(&mut a), arg(&mut s), arg(&mut n)],
-        )
-    }
-
-    fn divide(&self, buf: DevAddr, count: usize, dtype: DataType, n: usize) -> Result<()> {
-        let Some((name, grid, threads)) = call::elementwise("divide", &[buf], count, dtype, None)?
-        else {
-            return Ok(());
-        };
-        let (mut b, mut c, mut d) = (buf, count as u64, n as f64);
-        self.launch(
-            &name,
-            grid,
-            threads,
-            &mut [arg(&mut b), arg(&mut c), arg(&mut d)],
-        )
+        match e {
+            Elementwise::Reduce {
+                acc, src, count, ..
+            } => {
+                let (mut a, mut s, mut n) = (acc, src, count as u64);
+                let args = &mut [arg(&mut a), arg(&mut s), arg(&mut n)];
+                self.launch(&name, grid, threads, args)
+            }
+            Elementwise::Divide { buf, count, n, .. } => {
+                let (mut b, mut c, mut d) = (buf, count as u64, n as f64);
+                let args = &mut [arg(&mut b), arg(&mut c), arg(&mut d)];
+                self.launch(&name, grid, threads, args)
+            }
+        }
     }
 
     fn quant(&self, c: &QuantCall) -> Result<()> {

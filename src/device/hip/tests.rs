@@ -3,6 +3,7 @@
 use super::code::CODE_OBJECTS;
 use super::device::{device_memory_type, PointerAttr};
 use super::*;
+use crate::device::Elementwise;
 use crate::dtype::{DataType, ReduceOp};
 
 #[test]
@@ -61,8 +62,23 @@ fn smoke(dev: &Arc<HipDevice>) {
     let host = [0u8; 16];
     assert!(d.check_pointer(host.as_ptr() as u64, 16).is_err());
     let s = d.new_stream().unwrap();
-    s.reduce(pa, pb, n, DataType::F32, ReduceOp::Sum).unwrap();
-    s.divide(pa, n, DataType::F32, 3).unwrap();
+    let dtype = DataType::F32;
+    let (acc, src, count, op) = (pa, pb, n, ReduceOp::Sum);
+    s.elementwise(Elementwise::Reduce {
+        acc,
+        src,
+        count,
+        dtype,
+        op,
+    })
+    .unwrap();
+    s.elementwise(Elementwise::Divide {
+        buf: pa,
+        count,
+        dtype,
+        n: 3,
+    })
+    .unwrap();
     // SAFETY: null is the legacy default stream.
     unsafe { s.wait_foreign(std::ptr::null_mut()) }.unwrap();
     crate::device::finish(&*s, std::time::Duration::from_secs(30), "smoke", || Ok(())).unwrap();
