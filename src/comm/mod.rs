@@ -441,7 +441,7 @@ impl Comm {
 
     fn launchable_on_device(&self, req: &Request) -> Option<Arc<dyn crate::device::Device>> {
         let dev = self.device()?;
-        if self.0.launch_scope().is_some() || self.0.on_stream() {
+        if self.0.on_stream() {
             return None;
         }
         req.op.device().and(Some(dev))

@@ -216,12 +216,6 @@ impl CommCore {
         CommCore(self.0.clone(), Some(sc))
     }
 
-    /// The launched call this handle works for ([`CommCore::launched`]).
-    #[inline]
-    pub fn launch_scope(&self) -> Option<&Scope> {
-        self.1.as_ref()
-    }
-
     /// Work for the launched call on its launch stream, if this handle works for one.
     #[inline]
     fn at(&self) -> Option<Launched<'_>> {
