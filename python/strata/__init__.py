@@ -55,7 +55,9 @@ Semantics are the C ABI's (NCCL's):
 - One communicator is driven by one thread at a time; ctypes releases the GIL during
   calls, so ranks on threads run concurrently.
 - Failures raise ``StrataError`` with ``.code`` (NCCL's ``ncclResult_t`` value: 4 invalid
-  argument, 5 invalid usage, 6 remote, ...) and ``.message`` (``strataGetLastError``).
+  argument, 5 invalid usage, 6 remote, ...) and ``.message`` (``strataGetLastError``; a
+  transport the library was built without names the pip command that adds it, where the
+  library says the cargo feature: docs/errors.md).
 
 The shared library is found through ``STRATA_LIB`` (a path), else the one ``pip install
 ./python`` bundled in the package, else ``target/release`` then ``target/debug`` of the
@@ -205,8 +207,44 @@ class StrataError(RuntimeError):
     def __init__(self, code: int, message: str):
         self.code = code
         self.name = RESULT_NAMES.get(code, f"strataResult({code})")
+        if code == INVALID_USAGE and "not compiled: " in message and _lib is not None:
+            try:
+                has = features()
+            except Exception:
+                has = frozenset()
+            message = _not_compiled_step(message, _lib_path or "", has, bool(os.environ.get("STRATA_LIB")))
         self.message = message
         super().__init__(f"{self.name} ({code}): {message}")
+
+
+_FEATURE = re.compile(r"`(mpi|cuda|rocm)` feature")
+_CARGO_STEP = re.compile(r" \(cargo build --features \w+\)")
+_FEATURE_ORDER = ("mpi", "cuda", "rocm")
+
+
+def _not_compiled_step(message: str, lib_path: str, has: frozenset, from_env: bool) -> str:
+    """A library's "not compiled" message (which names the cargo feature and the cargo
+    command) with the Python user's next step instead of the command: how the library
+    in use (``lib_path``, with features ``has``; ``from_env``: chosen by ``STRATA_LIB``)
+    gets the feature. Other messages unchanged. docs/errors.md."""
+    m = _FEATURE.search(message)
+    if "not compiled: " not in message or m is None:
+        return message
+    f = m.group(1)
+    want = ",".join(x for x in _FEATURE_ORDER if x in has or x == f)
+    cargo = f"cargo build --release --features {want}"
+    headers = " (with OpenMPI's headers installed: apt install libopenmpi-dev)" if f == "mpi" else ""
+    built = f"was built without `{f}` (strata.features(): {', '.join(sorted(has)) or 'none'})"
+    if from_env:
+        step = (f"STRATA_LIB={lib_path} {built}: unset STRATA_LIB to use the library pip installed, "
+                f"or rebuild that one with `{cargo}`")
+    elif Path(lib_path).parent == Path(__file__).resolve().parent:
+        step = (f"this package's library {built}: reinstall it with "
+                f"`STRATA_FEATURES={want} pip install --force-reinstall ./python`{headers}")
+    else:
+        step = (f"the library {lib_path} {built}: install the package with `pip install ./python`"
+                f"{headers}, or rebuild that library with `{cargo}`")
+    return f"{_CARGO_STEP.sub('', message)}; {step}"
 
 
 class LibraryNotFound(ImportError):
@@ -374,11 +412,13 @@ def _load() -> ctypes.CDLL:
                 continue
             _lib, _lib_path = lib, cand
             return lib
-        raise LibraryNotFound(
-            "cannot load the strata shared library; tried: "
-            + "; ".join(tried)
-            + ". Build it with `cargo build --release` or set STRATA_LIB to its path."
-        )
+        if os.environ.get("STRATA_LIB"):
+            step = ("point STRATA_LIB to a libstrata.so (`cargo build --release` makes "
+                    "target/release/libstrata.so), or unset it to use the library pip installed")
+        else:
+            step = ("install the package with `pip install ./python` from a strata checkout (it "
+                    "builds and bundles the library), or set STRATA_LIB to a libstrata.so")
+        raise LibraryNotFound("cannot load the strata shared library; tried: " + "; ".join(tried) + ". Next: " + step)
 
 
 def library_path() -> str:

@@ -36,6 +36,18 @@ pub fn not_compiled(kind: TransportKind) -> Error {
     crate::transport::gpu::not_compiled(kind.name(), kind.feature().unwrap_or("default"))
 }
 
+/// `e` (a usage error of an MPI world of `processes` where `want` ranks were asked for)
+/// with the next step when the world is one process: a program started without mpirun
+/// is an MPI world of its own.
+pub(crate) fn mpirun_hint(e: Error, processes: usize, want: usize) -> Error {
+    match e {
+        Error::InvalidUsage(m) if processes == 1 && want > 1 => Error::InvalidUsage(format!(
+            "{m} (an MPI world of 1 process: started without mpirun? start it with mpirun -np {want})"
+        )),
+        e => e,
+    }
+}
+
 /// `Ok` when this build has `kind`, else [`not_compiled`].
 pub fn require_compiled(kind: TransportKind) -> Result<()> {
     if kind.compiled() {
@@ -168,9 +180,7 @@ impl Comm {
     /// topology applied as a virtual layout over MPI world ranks.
     #[cfg(not(feature = "mpi"))]
     pub fn mpi_world(_topo: Option<Topology>, _config: CommConfig) -> Result<Comm> {
-        Err(Error::NotCompiled(
-            "the mpi transport needs the `mpi` feature (cargo build --features mpi)".into(),
-        ))
+        Err(not_compiled(TransportKind::Mpi))
     }
 
     /// The world communicator of an MPI job (feature `mpi`): one rank per process, the
@@ -187,7 +197,8 @@ impl Comm {
                 None => Comm::mpi_detect(n, &config)?,
             },
         };
-        topo.check_world(n)?;
+        topo.check_world(n)
+            .map_err(|e| mpirun_hint(e, n, topo.world_size()))?;
         let t = crate::transport::mpi::MpiTransport::world(Some(topo.clone()), config.timeout)?;
         let links = config.links;
         Comm::from_transport(Arc::new(t), Arc::new(topo), config)?.with_links(links)
@@ -360,9 +371,13 @@ impl Comm {
                 let claimed = u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize;
                 let nr = u32::from_le_bytes([c[4], c[5], c[6], c[7]]) as usize;
                 if nr != n {
-                    return Err(Error::InvalidUsage(format!(
-                        "nranks mismatch: MPI rank {r} passed nranks {nr}, the MPI world has {n} processes"
-                    )));
+                    return Err(mpirun_hint(
+                        Error::InvalidUsage(format!(
+                            "nranks mismatch: MPI rank {r} passed nranks {nr}, the MPI world has {n} processes"
+                        )),
+                        n,
+                        nr,
+                    ));
                 }
                 if claimed != r {
                     return Err(Error::InvalidUsage(format!(
@@ -401,5 +416,28 @@ impl Comm {
         let mut b = [0u8; VENDOR_UNIQUE_ID_BYTES];
         b.copy_from_slice(&buf.to_bytes()?);
         Ok(VendorUniqueId::from_bytes(&b))
+    }
+}
+
+#[cfg(test)]
+mod hint_tests {
+    use super::*;
+
+    /// docs/errors.md: an MPI world of one process that wanted more says to use mpirun.
+    #[test]
+    fn one_process_mpi_world_says_mpirun() {
+        let e = Topology::parse("nodes:2x4")
+            .unwrap()
+            .check_world(1)
+            .unwrap_err();
+        let m = mpirun_hint(e, 1, 8).to_string();
+        assert!(m.starts_with("invalid usage: topology nodes:2x4"), "{m}");
+        assert!(
+            m.ends_with("started without mpirun? start it with mpirun -np 8)"),
+            "{m}"
+        );
+        let e = Error::InvalidUsage("x".into());
+        assert_eq!(mpirun_hint(e.clone(), 2, 8), e);
+        assert_eq!(mpirun_hint(e.clone(), 1, 1), e);
     }
 }

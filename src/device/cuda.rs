@@ -859,7 +859,8 @@ pub fn open_device(ordinal: usize) -> Result<Arc<CudaContext>> {
         .unwrap_or(false);
     if !present {
         return Err(Error::System(format!(
-            "libcuda (the NVIDIA driver) not found: tried {:?}",
+            "libcuda (the NVIDIA driver) not found: tried {:?}; install the NVIDIA driver on a \
+             machine with a GPU (without one, use a host transport: local, host-local or mpi)",
             driver_candidates()
         )));
     }
@@ -883,7 +884,13 @@ pub fn open_device(ordinal: usize) -> Result<Arc<CudaContext>> {
         Ok(made)
     };
     match std::panic::catch_unwind(open) {
-        Ok(r) => r.map_err(|e| Error::Device(format!("opening CUDA device {ordinal}: {e:?}"))),
+        Ok(r) => r.map_err(|e| {
+            Error::Device(format!(
+                "opening CUDA device {ordinal}: {e:?} ({} CUDA devices visible here: \
+                 CUDA_VISIBLE_DEVICES and STRATA_DEVICE pick one)",
+                CudaDevice::count()
+            ))
+        }),
         Err(p) => Err(Error::System(format!(
             "the CUDA driver panicked: {}",
             crate::kernels_gpu::nvrtc::panic_text(&p)

@@ -61,7 +61,8 @@ fn compile(
     {
         let _ = cache_dir;
         Err(Error::NotCompiled(
-            "compiling the CUDA kernels needs the `cuda` feature (cudarc + NVRTC)".into(),
+            "compiling the CUDA kernels needs the `cuda` feature (cargo build --features cuda)"
+                .into(),
         ))
     }
 }
@@ -100,7 +101,7 @@ pub fn nvrtc_version() -> Result<(String, i32, i32)> {
     #[cfg(not(feature = "cuda"))]
     {
         Err(crate::error::Error::NotCompiled(
-            "NVRTC needs the `cuda` feature".into(),
+            "NVRTC needs the `cuda` feature (cargo build --features cuda)".into(),
         ))
     }
 }
@@ -111,9 +112,13 @@ mod tests {
 
     #[test]
     fn compile_without_feature_is_not_compiled() {
-        assert!(matches!(
-            compile_cuda_ptx("compute_80"),
-            Err(crate::error::Error::NotCompiled(_))
-        ));
+        // docs/errors.md: the error names the feature and the build.
+        for e in [
+            compile_cuda_ptx("compute_80").unwrap_err(),
+            nvrtc_version().unwrap_err(),
+        ] {
+            assert_eq!(e.missing_feature(), Some("cuda"), "{e}");
+            assert!(e.to_string().contains("cargo build --features cuda"), "{e}");
+        }
     }
 }

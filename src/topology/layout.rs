@@ -471,13 +471,17 @@ impl Topology {
             return Ok(());
         }
         invalid_usage!(
-            "topology {} describes {} ranks ({} x {} x {}) but the world has {} ranks",
+            "topology {} describes {} ranks ({} x {} x {}) but the world has {}: give a topology \
+             of {} (e.g. nodes:1x{}) or start {} ranks",
             self.name,
             self.world_size(),
             plural(self.nodes, "node", "nodes"),
             plural(self.packages_per_node, "package", "packages"),
             plural(self.dies_per_package, "die", "dies"),
-            world
+            plural(world, "rank", "ranks"),
+            plural(world, "rank", "ranks"),
+            world,
+            self.world_size()
         )
     }
 

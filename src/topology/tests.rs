@@ -230,7 +230,8 @@ fn check_world_message() {
     assert_eq!(
         e,
         Error::InvalidUsage(
-            "topology frontier:2 describes 16 ranks (2 nodes x 4 packages x 2 dies) but the world has 12 ranks".into()
+            "topology frontier:2 describes 16 ranks (2 nodes x 4 packages x 2 dies) but the world has 12 ranks: \
+             give a topology of 12 ranks (e.g. nodes:1x12) or start 16 ranks".into()
         )
     );
     assert_eq!(e.code(), 5);
@@ -240,6 +241,11 @@ fn check_world_message() {
         .unwrap_err()
         .to_string();
     assert!(m.contains("(1 node x 8 packages x 1 die)"), "{m}");
+    // docs/errors.md: the two fixes, a topology of the world's size or as many ranks.
+    assert!(
+        m.ends_with("give a topology of 4 ranks (e.g. nodes:1x4) or start 8 ranks"),
+        "{m}"
+    );
     assert_eq!(
         t.summary(),
         "frontier:2 = 2 nodes x 4 packages x 2 dies (16 ranks)"

@@ -509,7 +509,9 @@ pub mod staged {
     }
 }
 
-/// The `NotCompiled` error of a GPU transport whose feature is off.
+/// The `NotCompiled` error of a transport whose feature is off (the GPU ones and mpi):
+/// the feature and the cargo command (the Python package and the CLI tools replace the
+/// command with their own: docs/errors.md).
 pub fn not_compiled(name: &str, feature: &str) -> Error {
     Error::NotCompiled(format!(
         "the {name} transport needs the `{feature}` feature (cargo build --features {feature})"

@@ -282,6 +282,17 @@ fn gpu_transports_say_what_they_need() {
             assert_eq!(w.len(), 2);
         }
     }
+    // docs/errors.md: a device that is not there names the fix: the feature, the driver,
+    // or the devices this machine has.
+    match Comm::cuda_local_world(1, None, common::config(), 999) {
+        Err(Error::NotCompiled(m)) => assert!(m.contains("--features cuda"), "{m}"),
+        Err(Error::System(m)) if m.contains("libcuda") => {
+            assert!(m.contains("install the NVIDIA driver"), "{m}")
+        }
+        Err(Error::Device(m)) => assert!(m.contains("CUDA devices visible here"), "{m}"),
+        Err(e) => panic!("unexpected error: {e}"),
+        Ok(_) => panic!("a CUDA device 999"),
+    }
     let boot = Comm::local_world(1, None, common::config())
         .unwrap()
         .remove(0);

@@ -440,11 +440,27 @@ fn bad_input_fails_cleanly() {
         1,
         "topology nodes:2x4 describes 8 ranks",
     );
+    fails(
+        &words("--ranks 6 --topology nodes:2x4 -b 1K -e 1K", &[]),
+        1,
+        "give a topology of 6 ranks (e.g. nodes:1x6) or start 8 ranks",
+    );
     fails(&["--topology", "nodes:0x3"], 1, "bad topology spec");
+    // docs/errors.md: a transport not compiled in names the tool's own build.
     fails(&["--transport", "nccl"], 1, "not compiled");
+    fails(
+        &["--transport", "nccl"],
+        1,
+        "next: cargo run --release -p strata-tools --features cuda --bin strata-perf --",
+    );
     fails(&["--transport", "cuda-local"], 1, "not compiled");
     if !cfg!(feature = "mpi") {
         fails(&["--transport", "mpi"], 1, "not compiled");
+        fails(
+            &["--transport", "mpi"],
+            1,
+            "next: cargo build --release -p strata-tools --features mpi, then mpirun -np <ranks> target/release/strata-perf --transport mpi",
+        );
     }
     let missing = tmp("no-such-dir").join("out.json");
     fails(

@@ -1262,6 +1262,8 @@ class StrataBackend : public c10d::Backend {
     if (!cpu_) {
       C10_THROW_ERROR(DistBackendError, std::string("strata backend: ") + what +
                                             ": CPU tensors run on the mpi transport: launch with mpirun "
+                                            "-np <ranks> python <script>, or give CPU tensors to gloo: "
+                                            "backend=\"cpu:gloo,cuda:strata\" "
                                             "(OMPI_COMM_WORLD_RANK was not set when the group was made)");
     }
     return cpu_;

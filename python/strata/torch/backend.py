@@ -311,7 +311,8 @@ class _Ops:
     def _cpu_comm(self, method: str) -> _s.Comm:
         if self._cpu is None:
             raise _unsupported(method, "CPU tensors run on the mpi transport: launch with mpirun "
-                               "(OMPI_COMM_WORLD_RANK not set)")
+                               "-np <ranks> python <script>, or give CPU tensors to gloo: "
+                               "backend=\"cpu:gloo,cuda:strata\" (OMPI_COMM_WORLD_RANK not set)")
         return self._cpu
 
     def _check_devices(self, method: str, tensors: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -60,7 +60,8 @@ def world_cpu(size: Optional[int] = None) -> _s.Comm:
             env = mpi_env()
             if env is None:
                 raise RuntimeError("strata backend: CPU tensors run on the mpi transport: "
-                                   "launch with mpirun (OMPI_COMM_WORLD_RANK not set)")
+                                   "launch with mpirun -np <ranks> python <script>, or give CPU tensors to "
+                                   "gloo: backend=\"cpu:gloo,cuda:strata\" (OMPI_COMM_WORLD_RANK not set)")
             rank, n = env
             if size is not None and size != n:
                 raise RuntimeError(f"strata backend: torch's world has {size} ranks, the MPI "

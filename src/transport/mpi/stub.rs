@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 fn not_compiled() -> Error {
-    Error::NotCompiled("the mpi transport is not in this build: rebuild with --features mpi".into())
+    crate::transport::gpu::not_compiled("mpi", "mpi")
 }
 
 /// The MPI transport. This build has no MPI support: constructing it returns

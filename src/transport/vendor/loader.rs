@@ -34,6 +34,17 @@ impl Vendor {
         }
     }
 
+    /// How to get the library (docs/errors.md), for the error when none loads.
+    pub fn install_hint(self) -> &'static str {
+        match self {
+            Vendor::Nccl => {
+                "install NCCL (pip install nvidia-nccl-cu12 or -cu13, as torch's CUDA wheels do, \
+                 or the distribution's libnccl2) and set STRATA_NCCL_LIB to its libnccl.so.2"
+            }
+            Vendor::Rccl => "install ROCm's RCCL and set STRATA_RCCL_LIB to its librccl.so",
+        }
+    }
+
     /// Candidates in the order they are tried: the override, then sonames.
     pub fn candidates(self) -> Vec<String> {
         let mut v: Vec<String> = std::env::var(self.env_var())
@@ -172,9 +183,9 @@ impl VendorLib {
             }
         }
         Err(format!(
-            "the {} transport could not load its library; tried (set {} to its path): {}",
+            "the {} transport could not load its library: {}; tried: {}",
             vendor.name(),
-            vendor.env_var(),
+            vendor.install_hint(),
             tried.join("; ")
         ))
     }

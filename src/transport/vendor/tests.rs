@@ -201,3 +201,19 @@ fn a_helper_stuck_past_the_timeout_defers_the_abort_to_its_return() {
     }
     assert_eq!(*log.runs.lock().unwrap(), vec![(42, Ending::Abort)]);
 }
+
+/// docs/errors.md: a vendor library that does not load says how to get it.
+#[test]
+fn missing_vendor_library_says_how_to_get_it() {
+    assert!(Vendor::Nccl
+        .install_hint()
+        .contains("pip install nvidia-nccl-cu12"));
+    assert!(Vendor::Nccl.install_hint().contains("STRATA_NCCL_LIB"));
+    assert!(Vendor::Rccl.install_hint().contains("STRATA_RCCL_LIB"));
+    for v in [Vendor::Nccl, Vendor::Rccl] {
+        // Where the library is installed it loads; elsewhere the error carries the hint.
+        if let Err(m) = VendorLib::load(v) {
+            assert!(m.contains(v.install_hint()), "{m}");
+        }
+    }
+}

@@ -426,7 +426,10 @@ fn main() -> ExitCode {
     let all = match run(&cli, kind) {
         Ok(a) => a,
         Err(e) => {
-            eprintln!("strata-launch: {e}");
+            eprintln!(
+                "strata-launch: {}",
+                strata_tools::cli::describe("strata-launch", &e)
+            );
             return ExitCode::FAILURE;
         }
     };

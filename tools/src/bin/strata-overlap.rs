@@ -261,7 +261,10 @@ fn main() -> ExitCode {
             ExitCode::from(1)
         }
         Err(e) => {
-            eprintln!("strata-overlap: {e}");
+            eprintln!(
+                "strata-overlap: {}",
+                strata_tools::cli::describe("strata-overlap", &e)
+            );
             ExitCode::from(2)
         }
     }

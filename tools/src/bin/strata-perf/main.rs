@@ -109,7 +109,7 @@ fn conclude(r: Result<u64>) -> ExitCode {
             ExitCode::from(1)
         }
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {}", strata_tools::cli::describe("strata-perf", &e));
             ExitCode::from(1)
         }
     }
