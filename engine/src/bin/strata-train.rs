@@ -7,8 +7,8 @@
 #![forbid(unsafe_code)]
 
 use clap::Parser;
-use indicatif::{ProgressBar, ProgressStyle};
-use std::io::Write;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use std::io::{IsTerminal, Write};
 use strata::Topology;
 use strata_engine::account::Phase;
 use strata_engine::planner::memory::gib;
@@ -70,7 +70,8 @@ struct Args {
     /// Print a line every K steps (and the last).
     #[arg(long, default_value_t = 10)]
     log_every: u64,
-    /// No progress bar.
+    /// No progress bar (the bar is drawn on stderr, only when stdout and stderr are a
+    /// terminal; the lines on stdout are the same with or without it).
     #[arg(long)]
     quiet: bool,
     /// Directory of sharded checkpoints: every rank writes its own shard there every
@@ -153,6 +154,56 @@ fn line(r: &StepReport) -> String {
     )
 }
 
+/// Where the lines go: stdout, one line per event as it happens, the same to a terminal,
+/// a file or a pipe. The progress bar (on stderr) only when stdout and stderr are both a
+/// terminal (not under `| tee`, where the bar would mix with tee's copy of the lines) and
+/// not `--quiet`; a line is printed with the bar cleared, then the bar redrawn.
+struct Lines {
+    bar: Option<ProgressBar>,
+}
+
+impl Lines {
+    fn new(show_bar: bool, steps: u64) -> Lines {
+        let tty = std::io::stdout().is_terminal() && std::io::stderr().is_terminal();
+        let bar = (show_bar && tty).then(|| {
+            let b = ProgressBar::with_draw_target(Some(steps), ProgressDrawTarget::stderr());
+            b.set_style(
+                ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {msg}")
+                    .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            );
+            b
+        });
+        Lines { bar }
+    }
+
+    /// One line to stdout, now (Rust's stdout is line-buffered). A closed stdout
+    /// (`| head`) does not stop the training.
+    fn say(&self, line: &str) {
+        let print = || {
+            let _ = writeln!(std::io::stdout().lock(), "{line}");
+        };
+        match &self.bar {
+            Some(b) => b.suspend(print),
+            None => print(),
+        }
+    }
+
+    /// Step `step` done: the bar moves there (no line; after a recovery the survivors
+    /// repeat the steps since the state they went on from).
+    fn step(&self, step: u64, msg: &str) {
+        if let Some(b) = &self.bar {
+            b.set_message(msg.to_string());
+            b.set_position(step);
+        }
+    }
+
+    fn finish(&self) {
+        if let Some(b) = &self.bar {
+            b.finish_and_clear();
+        }
+    }
+}
+
 fn run(a: Args) -> Result<(), String> {
     let mpi = match a.transport.as_str() {
         "local" => false,
@@ -221,8 +272,9 @@ fn run(a: Args) -> Result<(), String> {
         )),
         _ => None,
     };
+    let lines = Lines::new(root && !a.quiet, a.steps);
     if root {
-        println!(
+        lines.say(&format!(
             "# strata-train: strategy {} (p={} g={} os={}{}{}{}, sync {}, accum {}), {} ranks on {}, model {} params, {:?}",
             strategy.name,
             strategy.p,
@@ -237,18 +289,8 @@ fn run(a: Args) -> Result<(), String> {
             o.topology.name,
             o.model.params(),
             o.precision
-        );
+        ));
     }
-    let bar = if root && !a.quiet {
-        let b = ProgressBar::new(a.steps);
-        b.set_style(
-            ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {msg}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
-        );
-        Some(b)
-    } else {
-        None
-    };
     let mut werr: Option<String> = None;
     let every = a.log_every.max(1);
     let steps = a.steps;
@@ -293,10 +335,7 @@ fn run(a: Args) -> Result<(), String> {
                 r.step,
                 rc.seconds
             );
-            match &bar {
-                Some(b) => b.println(msg),
-                None => println!("{msg}"),
-            }
+            lines.say(&msg);
         }
         if let Some(w) = out.as_mut() {
             let s = serde_json::to_string(r).unwrap_or_default();
@@ -306,20 +345,9 @@ fn run(a: Args) -> Result<(), String> {
                 werr.get_or_insert(e.to_string());
             }
         }
-        let msg = format!("loss {:.4}", r.loss);
-        match &bar {
-            Some(b) => {
-                b.set_message(msg);
-                b.inc(1);
-                if r.step % every == 0 || r.step == steps || r.step == 1 {
-                    b.println(line(r));
-                }
-            }
-            None => {
-                if r.step % every == 0 || r.step == steps || r.step == 1 {
-                    println!("{}", line(r));
-                }
-            }
+        lines.step(r.step, &format!("loss {:.4}", r.loss));
+        if r.step % every == 0 || r.step == steps || r.step == 1 {
+            lines.say(&line(r));
         }
     };
     let res = if mpi {
@@ -327,9 +355,7 @@ fn run(a: Args) -> Result<(), String> {
     } else {
         train_local(&o, &mut cb)
     };
-    if let Some(b) = &bar {
-        b.finish_and_clear();
-    }
+    lines.finish();
     let reports = res.map_err(|e| e.to_string())?;
     if let Some(e) = werr {
         return Err(format!("writing JSON: {e}"));
@@ -341,14 +367,14 @@ fn run(a: Args) -> Result<(), String> {
         if let (Some(f), Some(l)) = (reports.first(), reports.last()) {
             let mean_us: f64 =
                 reports.iter().map(|r| r.step_time_us as f64).sum::<f64>() / reports.len() as f64;
-            println!(
+            lines.say(&format!(
                 "# loss {:.5} -> {:.5} over {} steps, mean step {:.2} ms, model states {} per rank",
                 f.loss,
                 l.loss,
                 reports.len(),
                 mean_us / 1e3,
                 gib(l.memory.model_states)
-            );
+            ));
         }
     }
     #[cfg(feature = "mpi")]

@@ -143,6 +143,11 @@ pub(crate) struct Cli {
     #[arg(long, value_name = "FILE.svg")]
     pub(crate) plot: Option<PathBuf>,
 
+    /// No progress bar (drawn on stderr only when stdout and stderr are a terminal; the
+    /// lines on stdout are the same with or without it).
+    #[arg(long)]
+    pub(crate) quiet: bool,
+
     /// Seconds to wait for a peer before failing (default: STRATA_TIMEOUT, else 120).
     #[arg(long, value_name = "SECS", value_parser = parse_secs)]
     pub(crate) timeout: Option<f64>,

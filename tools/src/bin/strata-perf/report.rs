@@ -223,7 +223,10 @@ impl<'a> Reporter<'a> {
             )),
             None => None,
         };
-        let pb = (std::io::stdout().is_terminal() && plan.rows.len() > 4).then(|| {
+        // A bar only where someone watches: stdout and stderr (where it is drawn) both a
+        // terminal (not `| tee`, where it would mix with tee's copy of the lines).
+        let tty = std::io::stdout().is_terminal() && std::io::stderr().is_terminal();
+        let pb = (tty && !cli.quiet && plan.rows.len() > 4).then(|| {
             let pb = ProgressBar::with_draw_target(
                 Some(plan.rows.len() as u64),
                 ProgressDrawTarget::stderr(),
