@@ -96,31 +96,4 @@ mod tests {
         assert_eq!(Error::Internal("x".into()).code(), 3);
         assert_eq!(Error::Device("x".into()).code(), 1);
     }
-
-    /// docs/errors.md: a transport not compiled in names the cargo feature and the
-    /// command that turns it on; the fronts find the feature with `missing_feature`.
-    #[test]
-    fn not_compiled_names_the_feature_and_the_build() {
-        use crate::transport::TransportKind;
-        for (k, f) in [
-            (TransportKind::Mpi, "mpi"),
-            (TransportKind::Nccl, "cuda"),
-            (TransportKind::CudaLocal, "cuda"),
-            (TransportKind::Rccl, "rocm"),
-        ] {
-            let e = crate::comm::bootstrap::not_compiled(k);
-            let m = e.to_string();
-            assert!(
-                m.starts_with("not compiled: ")
-                    && m.contains(&format!("(cargo build --features {f})")),
-                "{m}"
-            );
-            assert_eq!(e.missing_feature(), Some(f), "{m}");
-            assert_eq!(e.code(), 5);
-        }
-        assert_eq!(
-            Error::InvalidUsage("`mpi` feature".into()).missing_feature(),
-            None
-        );
-    }
 }

@@ -423,6 +423,32 @@ impl Comm {
 mod hint_tests {
     use super::*;
 
+    /// docs/errors.md: a transport not compiled in names the cargo feature and the
+    /// command that turns it on; the fronts find the feature with `missing_feature`.
+    #[test]
+    fn not_compiled_names_the_feature_and_the_build() {
+        for (k, f) in [
+            (TransportKind::Mpi, "mpi"),
+            (TransportKind::Nccl, "cuda"),
+            (TransportKind::CudaLocal, "cuda"),
+            (TransportKind::Rccl, "rocm"),
+        ] {
+            let e = not_compiled(k);
+            let m = e.to_string();
+            assert!(
+                m.starts_with("not compiled: ")
+                    && m.contains(&format!("(cargo build --features {f})")),
+                "{m}"
+            );
+            assert_eq!(e.missing_feature(), Some(f), "{m}");
+            assert_eq!(e.code(), 5);
+        }
+        assert_eq!(
+            crate::error::Error::InvalidUsage("`mpi` feature".into()).missing_feature(),
+            None
+        );
+    }
+
     /// docs/errors.md: an MPI world of one process that wanted more says to use mpirun.
     #[test]
     fn one_process_mpi_world_says_mpirun() {

@@ -103,13 +103,18 @@ fn load() -> std::result::Result<Api, String> {
 
 fn api() -> Result<&'static Api> {
     static API: OnceLock<std::result::Result<Api, String>> = OnceLock::new();
-    API.get_or_init(load).as_ref().map_err(|tried| {
-        Error::System(format!(
-            "libnvrtc not found: tried {tried}; install the PyPI wheel nvidia-cuda-nvrtc \
-             (scripts/gpu-toolchains) and put its nvidia/cuda_nvrtc/lib on \
-             LD_LIBRARY_PATH, or set STRATA_NVRTC_LIB to the library's path"
-        ))
-    })
+    API.get_or_init(load)
+        .as_ref()
+        .map_err(|tried| not_found(tried))
+}
+
+/// The error when no NVRTC loads: what was tried, and how to get one.
+fn not_found(tried: &str) -> Error {
+    Error::System(format!(
+        "libnvrtc not found: tried {tried}; install NVRTC (pip install nvidia-cuda-nvrtc-cu12, \
+         or the CUDA toolkit) and put its lib directory on LD_LIBRARY_PATH, or set \
+         STRATA_NVRTC_LIB to its libnvrtc.so"
+    ))
 }
 
 /// `(library, major, minor)` of the NVRTC in use.
@@ -324,5 +329,19 @@ pub(crate) fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
         s.clone()
     } else {
         "unknown panic".into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The first error a GPU user without NVRTC meets names the install and the variable.
+    #[test]
+    fn missing_nvrtc_says_how_to_get_it() {
+        let msg = not_found("libnvrtc.so.13 (cannot open shared object file)").to_string();
+        assert!(msg.contains("libnvrtc.so.13 (cannot open"), "{msg}");
+        assert!(msg.contains("pip install nvidia-cuda-nvrtc-cu12"), "{msg}");
+        assert!(msg.contains("STRATA_NVRTC_LIB"), "{msg}");
     }
 }

@@ -4,10 +4,11 @@
 //! parsers ([`cli`]) and the transport-independent self test ([`selftest`]) that the
 //! tests and `examples/mpi_check.rs` run on every transport, and the end-to-end test of
 //! collective mismatch detection ([`mismatch`]), run the same way; the examples run
-//! under mpirun end through [`mpirun`].
+//! under mpirun end through [`mpirun`]. Report lines go through [`outln!`] ([`out`]).
 #![forbid(unsafe_code)]
 
 pub mod cli;
 pub mod mismatch;
 pub mod mpirun;
+pub mod out;
 pub mod selftest;

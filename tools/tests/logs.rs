@@ -171,3 +171,46 @@ fn strata_overlap_prints_the_same_to_a_file_a_pipe_and_a_terminal() {
         "--transport host-local --topology nodes:1x2 --op all-reduce --algo ring -b 64K -e 64K -n 1 --busy-ms 2",
     );
 }
+
+/// `tool args | head -0`: the reader is gone before the tool's first line. Every tool
+/// ends with status 0 and no panic, as a Unix filter does on SIGPIPE (Rust's `println!`
+/// panics with "failed printing to stdout").
+#[test]
+fn a_closed_stdout_ends_each_tool_quietly() {
+    for (bin, args) in [
+        (
+            env!("CARGO_BIN_EXE_strata-sim"),
+            "--topology nodes:2x4 --op all-gather,all-reduce --size 1M,64M",
+        ),
+        (
+            env!("CARGO_BIN_EXE_strata-launch"),
+            "--transport host-local --topology nodes:1x2 --algo ring -b 16 -n 20",
+        ),
+        (
+            env!("CARGO_BIN_EXE_strata-overlap"),
+            "--transport host-local --topology nodes:1x2 --op all-reduce --algo ring -b 64K -e 64K -n 1 --busy-ms 2",
+        ),
+        (
+            env!("CARGO_BIN_EXE_strata-perf"),
+            "--ranks 2 --op all-gather -b 1K -e 1K -n 2 -w 1",
+        ),
+    ] {
+        let mut child = Command::new(bin)
+            .args(args.split(' '))
+            .env("STRATA_TIMEOUT", "2")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Closed at once: the tool starts, parses and computes before its first line.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && !err.contains("panicked"),
+            "{bin} {args} with a closed stdout: {}\n{err}",
+            out.status
+        );
+    }
+}

@@ -9,6 +9,24 @@ use std::time::Instant;
 use clap::Parser;
 use strata_engine::planner::{self, memory::gib, KernelRates, ModelShape, Overhead, PlanRequest};
 
+/// One report line to stdout; a closed stdout (`strata-plan ... | head`) ends the tool
+/// quietly with status 0, as a Unix filter ends on SIGPIPE, not with `println!`'s panic.
+fn line(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut o = std::io::stdout().lock();
+    if let Err(e) = o.write_fmt(args).and_then(|_| o.write_all(b"\n")) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+    }
+}
+
+macro_rules! outln {
+    ($($t:tt)*) => {
+        line(format_args!($($t)*))
+    };
+}
+
 /// Rank the sharding strategies (ZeRO-1/2/3, MiCS, ZeRO++, PaRO, Frontier, AMSP's
 /// search space) for a model on a cluster by predicted communication time per step,
 /// with memory per rank and feasibility.
@@ -226,14 +244,14 @@ fn request(a: &Args) -> Result<PlanRequest, String> {
 
 fn header(a: &Args, req: &PlanRequest) {
     let m = req.accum_steps();
-    println!(
+    outln!(
         "# strata-plan {} (mode {})",
         env!("CARGO_PKG_VERSION"),
         a.mode
     );
-    println!("# model   : {}", req.model.summary());
-    println!("# cluster : {}", req.cluster.summary());
-    println!(
+    outln!("# model   : {}", req.model.summary());
+    outln!("# cluster : {}", req.cluster.summary());
+    outln!(
         "# run     : seq {}, micro-batch {}, global batch {} tokens -> M = {m} micro-batch(es) per step; {}; {} per GPU{}; recompute {}; {}",
         req.seq,
         req.micro_batch,
@@ -255,7 +273,7 @@ fn header(a: &Args, req: &PlanRequest) {
         },
         if req.flash_attention { "FlashAttention" } else { "no FlashAttention" },
     );
-    println!(
+    outln!(
         "# kernels : qwZ/qgZ quantization kernels at the rates of {}",
         req.kernel_rates.device
     );
@@ -276,9 +294,9 @@ fn run_amsp(a: &Args, req: &PlanRequest) -> Result<(), String> {
     let ranked = planner::amsp::plan(req, opt).map_err(msg)?;
     let elapsed = t0.elapsed();
     header(a, req);
-    println!("# comm    : AMSP eq. 1, T_p + T_g + T_os0 + T_os1 (§IV-C) at the cluster's scale, t = v / w with NCCL ring effective bandwidth");
-    println!("# scales  : one configuration from {} GPUs to the cluster (§VI-A4), ranked by the sum of T_comm over those scales (ties within 0.1%: less memory); mem/rank is the largest over them", a.amsp_from_gpus);
-    println!(
+    outln!("# comm    : AMSP eq. 1, T_p + T_g + T_os0 + T_os1 (§IV-C) at the cluster's scale, t = v / w with NCCL ring effective bandwidth");
+    outln!("# scales  : one configuration from {} GPUs to the cluster (§VI-A4), ranked by the sum of T_comm over those scales (ties within 0.1%: less memory); mem/rank is the largest over them", a.amsp_from_gpus);
+    outln!(
         "{:>4}  {:<26} {:>6} {:>6} {:>6} {:>11} {:>9} {:>9} {:>9} {:>9} {:>11}  {:>7}  feasible",
         "rank",
         "strategy",
@@ -298,7 +316,7 @@ fn run_amsp(a: &Args, req: &PlanRequest) -> Result<(), String> {
     for (i, r) in ranked.iter().take(shown).enumerate() {
         let c = &r.candidate;
         let (p, g, os) = c.strategy.factors();
-        println!(
+        outln!(
             "{:>4}  {:<26} {:>6} {:>6} {:>6} {:>8} ms {:>9} {:>9} {:>9} {:>9} {:>11}  {:>7}  {}",
             i + 1,
             c.strategy.name,
@@ -316,7 +334,7 @@ fn run_amsp(a: &Args, req: &PlanRequest) -> Result<(), String> {
         );
     }
     print_more(shown, ranked.len());
-    println!(
+    outln!(
         "# {} AMSP configurations ({} feasible at every scale) planned in {:.3} s; times in ms",
         ranked.len(),
         ranked.iter().filter(|r| r.candidate.feasible).count(),
@@ -342,7 +360,7 @@ fn run_amsp(a: &Args, req: &PlanRequest) -> Result<(), String> {
         let text = serde_json::to_string_pretty(&doc).map_err(|e| format!("JSON: {e}"))?;
         std::fs::write(path, text + "\n")
             .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-        println!("# wrote {}", path.display());
+        outln!("# wrote {}", path.display());
     }
     Ok(())
 }
@@ -358,15 +376,22 @@ fn run(a: &Args) -> Result<(), String> {
     let (cands, stats) = planner::plan_with_stats(&req).map_err(msg)?;
     let elapsed = t0.elapsed();
     header(a, &req);
-    println!("# comm    : predicted communication time per step (sum of phases, AMSP eq. 1) from strata's simulator");
-    println!(
+    outln!("# comm    : predicted communication time per step (sum of phases, AMSP eq. 1) from strata's simulator");
+    outln!(
         "{:>4}  {:<30} {:>6} {:>6} {:>6} {:>13} {:>12}  {:<6} feasible",
-        "rank", "strategy", "p", "g", "os", "comm/step", "mem/rank", "recomp"
+        "rank",
+        "strategy",
+        "p",
+        "g",
+        "os",
+        "comm/step",
+        "mem/rank",
+        "recomp"
     );
     let shown = rows_shown(a.top, cands.len());
     for (i, c) in cands.iter().take(shown).enumerate() {
         let (p, g, os) = c.strategy.factors();
-        println!(
+        outln!(
             "{:>4}  {:<30} {:>6} {:>6} {:>6} {:>10.2} ms {:>12}  {:<6} {}",
             i + 1,
             c.strategy.name,
@@ -380,7 +405,7 @@ fn run(a: &Args) -> Result<(), String> {
         );
     }
     print_more(shown, cands.len());
-    println!(
+    outln!(
         "# {} candidates ({} feasible) planned in {:.3} s ({} collective schedules simulated, {} cache hits)",
         stats.candidates,
         stats.feasible,
@@ -393,7 +418,7 @@ fn run(a: &Args) -> Result<(), String> {
         let text = serde_json::to_string_pretty(&doc).map_err(|e| format!("JSON: {e}"))?;
         std::fs::write(path, text + "\n")
             .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-        println!("# wrote {}", path.display());
+        outln!("# wrote {}", path.display());
     }
     Ok(())
 }
@@ -421,7 +446,7 @@ fn rows_shown(top: usize, total: usize) -> usize {
 /// The footer of a table cut by `--top`.
 fn print_more(shown: usize, total: usize) {
     if shown < total {
-        println!("# ... {} more (--top 0 prints all)", total - shown);
+        outln!("# ... {} more (--top 0 prints all)", total - shown);
     }
 }
 

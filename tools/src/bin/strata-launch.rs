@@ -46,6 +46,7 @@ use strata::device::{cpu, finish, DevStream};
 use strata::transport::TransportKind;
 use strata::{Algo, Buffer, Comm, CommConfig, DataType, Error, Op, ReduceOp, Request, Result};
 use strata_tools::cli::{parse_algo, parse_kind, parse_size};
+use strata_tools::outln;
 
 /// Launch behaviour of stream-ordered collectives.
 #[derive(Parser, Debug, Clone)]
@@ -433,7 +434,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    println!(
+    outln!(
         "# {} {} ranks, {}-byte {}; return: median over {} calls behind a {} ms delay (slowest rank); floor: median round trip over {} calls; entries: on the caller's stream per call (cpu device); direct: the vendor's own call, same stream and buffers",
         cli.transport,
         all.len(),
@@ -443,7 +444,7 @@ fn main() -> ExitCode {
         cli.delay_ms,
         cli.iters
     );
-    println!(
+    outln!(
         "{:>8} {:>12} {:>7} {:>12} {:>7} {:>10} {:>10} {:>8} {:>11} {:>6}",
         "algo",
         "return(us)",
@@ -469,7 +470,7 @@ fn main() -> ExitCode {
         let direct = rows.iter().filter_map(|r| r.direct).reduce(f64::max);
         bad |= wrong > 0;
         let dash = || "-".to_string();
-        println!(
+        outln!(
             "{:>8} {:>12.1} {:>7} {:>12.1} {:>7} {:>10.1} {:>10.2} {:>8} {:>11} {:>6}",
             algo.name(),
             ret * 1e6,

@@ -22,6 +22,7 @@ use strata::device::{finish, DevStream};
 use strata::transport::TransportKind;
 use strata::{Algo, Buffer, Comm, CommConfig, DataType, Error, ReduceOp, Request, Result};
 use strata_tools::cli::{parse_algo, parse_kind, parse_size};
+use strata_tools::outln;
 
 /// Overlap of a stream-ordered collective with a busy stream, per size.
 #[derive(Parser, Debug, Clone)]
@@ -219,15 +220,22 @@ fn run(cli: &Cli) -> Result<usize> {
     if let Some(e) = first_err {
         return Err(e);
     }
-    println!(
+    outln!(
         "# strata-overlap: {} ranks on {}, a stream busy for {} ms beside each collective",
         n,
         kind.name(),
         cli.busy_ms
     );
-    println!(
+    outln!(
         "# {:>14} {:>10} {:>8} {:>10} {:>10} {:>10} {:>8} {:>7}",
-        "op", "algo", "size", "busy_ms", "comm_ms", "joint_ms", "overlap", "#wrong"
+        "op",
+        "algo",
+        "size",
+        "busy_ms",
+        "comm_ms",
+        "joint_ms",
+        "overlap",
+        "#wrong"
     );
     let mut wrong_total = 0;
     for (i, &(op, algo, size)) in points.iter().enumerate() {
@@ -237,7 +245,7 @@ fn run(cli: &Cli) -> Result<usize> {
         let wrong: usize = per_rank.iter().map(|r| r[i].3).sum();
         wrong_total += wrong;
         let overlap = (b + m - j) / b.min(m).max(1e-9);
-        println!(
+        outln!(
             "  {:>14} {:>10} {:>8} {:>10.2} {:>10.2} {:>10.2} {:>8.2} {:>7}",
             op.name(),
             algo.name(),

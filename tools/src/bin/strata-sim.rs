@@ -22,6 +22,7 @@ use strata::sim::{self, trace};
 use strata::traffic::TrafficReport;
 use strata::{Algo, DataType, Error, Result, Topology};
 use strata_tools::cli::{parse_algo, parse_dtype, parse_kind};
+use strata_tools::outln;
 
 /// Model a collective on a cluster: modeled time, bandwidths, lower bound, traffic.
 ///
@@ -123,13 +124,13 @@ fn run(cli: &Cli) -> Result<()> {
     let algos = dedup(&cli.algo);
     let sizes = dedup(&cli.size);
     let several = ops.len() * algos.len() * sizes.len() > 1;
-    println!(
+    outln!(
         "# strata-sim {} (modeled, no data moved)",
         env!("CARGO_PKG_VERSION")
     );
-    println!("#  topology  : {}", topo.summary());
+    outln!("#  topology  : {}", topo.summary());
     let l = &topo.links;
-    println!(
+    outln!(
         "#  links     : intra_package {} GB/s {} us | intra_node {} GB/s {} us | inter_node {} NIC(s)/node x {} GB/s, {} us",
         l.intra_package.bandwidth_gbs,
         l.intra_package.latency_us,
@@ -139,23 +140,23 @@ fn run(cli: &Cli) -> Result<()> {
         l.nic_bandwidth_gbs,
         l.inter_node.latency_us
     );
-    println!("#  dtype     : {}", cli.datatype.name());
-    println!(
+    outln!("#  dtype     : {}", cli.datatype.name());
+    outln!(
         "#  chunks    : {}",
         cli.chunks
             .map(|c| c.to_string())
             .unwrap_or_else(|| "default (by size)".into())
     );
-    println!("#  lower bound: busiest resource's busy time (its transfers' latency + bytes/bandwidth); bw bound: bytes/bandwidth only");
+    outln!("#  lower bound: busiest resource's busy time (its transfers' latency + bytes/bandwidth); bw bound: bytes/bandwidth only");
     let mut records = Vec::new();
     for &kind in &ops {
-        println!("#");
-        println!("# {}", kind.name());
-        println!(
+        outln!("#");
+        outln!("# {}", kind.name());
+        outln!(
             "#{:>11}  {:>8}  {:>7}  {:>6}  {:>11}  {:>7}  {:>7}  {:>11}  {:>6}  {:>11}  {:>6}  {:>12}  {:>12}  {:>12}  {:>12}  {:>9}",
             "size", "algo", "used", "pieces", "time", "algbw", "busbw", "lower_bnd", "ratio", "bw_bound", "ratio", "intra_pkg", "intra_node", "inter_node", "node_egress", "transfers"
         );
-        println!(
+        outln!(
             "#{:>11}  {:>8}  {:>7}  {:>6}  {:>11}  {:>7}  {:>7}  {:>11}  {:>6}  {:>11}  {:>6}  {:>12}  {:>12}  {:>12}  {:>12}  {:>9}",
             "(B)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "(us)", "", "(us)", "", "(B)", "(B)", "(B)", "(B)", ""
         );
@@ -187,7 +188,7 @@ fn run(cli: &Cli) -> Result<()> {
                 } else {
                     1.0
                 };
-                println!(
+                outln!(
                     "{:>12}  {:>8}  {:>7}  {:>6}  {:>11.2}  {:>7.2}  {:>7.2}  {:>11.2}  {:>6.3}  {:>11.2}  {:>6.3}  {:>12}  {:>12}  {:>12}  {:>12}  {:>9}",
                     bytes,
                     algo.name(),
@@ -219,7 +220,7 @@ fn run(cli: &Cli) -> Result<()> {
                         path.clone()
                     };
                     trace::save_trace(&path, &sched, &r, &topo)?;
-                    println!("# trace: {}", path.display());
+                    outln!("# trace: {}", path.display());
                 }
                 records.push(Record {
                     topology: topo.name.clone(),

@@ -197,6 +197,12 @@ pub(crate) fn run_mpi(
     algos: &[RowAlgo],
 ) -> Result<u64> {
     let comm = Comm::mpi_world(topo, config)?;
+    if comm.size() == 1 && !under_mpi() && cli.ranks.is_none() {
+        crate::text::out(&format!(
+            "# warning: --transport mpi without mpirun runs a world of 1 process; for N: {}",
+            mpirun_line("N")
+        ));
+    }
     let r = run_mpi_on(cli, &comm, algos);
     if r.is_err() {
         // Peers blocked in a collective with this rank must not wait out their timeout.
@@ -209,8 +215,16 @@ fn run_mpi_on(cli: &Cli, comm: &Comm, algos: &[RowAlgo]) -> Result<u64> {
     let (p, me) = (comm.size(), comm.rank());
     if let Some(n) = cli.ranks {
         if n as usize != p {
+            let hint = if p == 1 && !under_mpi() {
+                format!(
+                    "started without mpirun? run {}",
+                    mpirun_line(&n.to_string())
+                )
+            } else {
+                "omit --ranks with mpi: mpirun's -np sets them".to_string()
+            };
             return Err(Error::InvalidUsage(format!(
-                "--ranks {n} but the MPI job has {p} processes (omit --ranks with mpi)"
+                "--ranks {n} but the MPI job has {p} processes ({hint})"
             )));
         }
     }
@@ -316,16 +330,37 @@ fn run_mpi_on(cli: &Cli, comm: &Comm, algos: &[RowAlgo]) -> Result<u64> {
     }
 }
 
-/// True when launched by an MPI launcher (mpirun, srun with PMI).
-fn under_mpi() -> bool {
-    [
-        "OMPI_COMM_WORLD_SIZE",
-        "PMI_SIZE",
-        "PMIX_RANK",
-        "MPI_LOCALNRANKS",
-    ]
-    .iter()
-    .any(|k| std::env::var_os(k).is_some())
+/// `mpirun -np N <this program> <its arguments less --ranks>`: the line that starts the
+/// MPI world this run asked for.
+fn mpirun_line(n: &str) -> String {
+    let mut args = std::env::args();
+    let prog = args.next().unwrap_or_else(|| "strata-perf".into());
+    let mut rest = Vec::new();
+    while let Some(a) = args.next() {
+        if a == "--ranks" {
+            args.next();
+        } else if !a.starts_with("--ranks=") {
+            rest.push(a);
+        }
+    }
+    format!("mpirun -np {n} {prog} {}", rest.join(" "))
+}
+
+/// True when launched by an MPI launcher (mpirun, srun with PMI). Read once, at the
+/// first call, which `main` makes before MPI starts: Open MPI's singleton start sets
+/// `OMPI_COMM_WORLD_SIZE` in this process too.
+pub(crate) fn under_mpi() -> bool {
+    static UNDER: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *UNDER.get_or_init(|| {
+        [
+            "OMPI_COMM_WORLD_SIZE",
+            "PMI_SIZE",
+            "PMIX_RANK",
+            "MPI_LOCALNRANKS",
+        ]
+        .iter()
+        .any(|k| std::env::var_os(k).is_some())
+    })
 }
 
 /// `--transport nccl|rccl`: bootstrapped like nccl-tests. Under mpirun the MPI world

@@ -183,6 +183,8 @@ fn run(cli: &Cli) -> ExitCode {
 }
 
 fn main() -> ExitCode {
+    // Before MPI starts (see under_mpi).
+    launch::under_mpi();
     let cli = Cli::parse();
     validate(&cli);
     run(&cli)
