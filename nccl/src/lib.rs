@@ -14,7 +14,24 @@
 //! `unsafe` here: the C ABI's raw pointers, the forwarding trampolines and the loaded
 //! library's function pointers, each with a SAFETY comment.
 
+// NCCL's names (types, constants, functions) as its header spells them.
+#![allow(non_camel_case_types, non_snake_case, non_upper_case_globals)]
+// NCCL's signatures.
+#![allow(clippy::too_many_arguments)]
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod abi;
+pub mod collectives;
+pub mod comm;
+pub mod errors;
+pub mod group;
+pub mod init;
+pub mod memory;
+pub mod passthrough;
 pub mod real;
+pub mod redop;
+pub mod scratch;
+pub mod serve;
 pub mod symbols;
 pub mod version;
 

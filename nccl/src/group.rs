@@ -1,0 +1,224 @@
+//! `ncclGroupStart`, `ncclGroupEnd`, `ncclGroupSimulateEnd`.
+//!
+//! On strata's CPU device a group is this thread's (groups are per thread, as NCCL's):
+//! `ncclGroupStart` counts the depth; calls made inside it are checked for what this
+//! library itself decides (NULL communicator, fp8, unknown or foreign ops) and recorded
+//! (a small copy of their arguments, no allocation once the thread's list has grown),
+//! and return at once. At the outermost `ncclGroupEnd`:
+//! 1. communicator calls held by the group (init, split, shrink: one thread may create
+//!    every rank of a world inside a group, as with NCCL) run concurrently, one thread
+//!    each, and their handles are written;
+//! 2. the recorded calls are handed to strata in call order inside one strata group
+//!    (`strataGroupStart` / `strataGroupEnd`), which runs them all: a thread can drive
+//!    every rank of a local world, and sends pair with receives. They have completed
+//!    (results in the buffers) when `ncclGroupEnd` returns. strata's own checks (counts,
+//!    aliasing, peers) report here, at the end, as the group's result.
+//!
+//! `ncclGroupSimulateEnd` ends the group as NCCL does with a `simInfo`: the held
+//! communicator calls run, the recorded operations are NOT executed (NCCL plans them and
+//! launches nothing), and `simInfo->estimatedTime` is set to 0 (strata does not estimate
+//! here). The struct is checked (`magic` of `NCCL_SIM_INFO_INITIALIZER`) and written
+//! only as far as its `size`.
+//!
+//! With the real library every function is passed to it.
+
+use crate::abi::*;
+use crate::collectives::{execute, Call};
+use crate::errors::{fail, guard, strata_result};
+use crate::passthrough::pass;
+use std::cell::{Cell, RefCell};
+
+/// A communicator call held for the group's end (it writes its own output handle).
+pub type Held = Box<dyn FnOnce() -> ncclResult_t + Send>;
+
+thread_local! {
+    static DEPTH: Cell<usize> = const { Cell::new(0) };
+    static CALLS: RefCell<Vec<Call>> = const { RefCell::new(Vec::new()) };
+    static HELD: RefCell<Vec<Held>> = const { RefCell::new(Vec::new()) };
+}
+
+/// True inside a group on this thread.
+#[inline(always)]
+pub fn in_group() -> bool {
+    DEPTH.with(|d| d.get() > 0)
+}
+
+/// Record a call for the group's end.
+pub fn record(c: Call) {
+    CALLS.with(|v| v.borrow_mut().push(c));
+}
+
+/// Hold a communicator call for the group's end.
+pub fn hold(h: Held) {
+    HELD.with(|v| v.borrow_mut().push(h));
+}
+
+/// NCCL's `ncclGroupStart`: starts (or nests) a group on this thread.
+///
+/// # Safety
+/// None.
+#[no_mangle]
+pub unsafe extern "C" fn ncclGroupStart() -> ncclResult_t {
+    if !crate::real::cpu_device() {
+        return pass!("GroupStart", ());
+    }
+    DEPTH.with(|d| d.set(d.get() + 1));
+    ncclSuccess
+}
+
+/// NCCL's `ncclGroupEnd`: ends a group; the outermost end runs what the group holds
+/// (see the module doc) and returns its first failure. Without a matching start:
+/// `ncclInvalidUsage`.
+///
+/// # Safety
+/// The buffers of the group's calls are still valid and untouched by others.
+#[no_mangle]
+pub unsafe extern "C" fn ncclGroupEnd() -> ncclResult_t {
+    if !crate::real::cpu_device() {
+        return pass!("GroupEnd", ());
+    }
+    guard("ncclGroupEnd", std::ptr::null_mut(), || {
+        end("ncclGroupEnd", true)
+    })
+}
+
+/// NCCL's `ncclGroupSimulateEnd`: ends the group without executing its operations and
+/// writes `simInfo->estimatedTime` (0 on strata's CPU device).
+///
+/// # Safety
+/// `simInfo` is NULL (then as `ncclGroupEnd` without running, NCCL's plain path) or
+/// points to `simInfo->size` readable and writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn ncclGroupSimulateEnd(simInfo: *mut ncclSimInfo_t) -> ncclResult_t {
+    if !crate::real::cpu_device() {
+        return pass!("GroupSimulateEnd", (simInfo: *mut ncclSimInfo_t));
+    }
+    const F: &str = "ncclGroupSimulateEnd";
+    guard(F, std::ptr::null_mut(), || {
+        if simInfo.is_null() {
+            return end(F, true);
+        }
+        // SAFETY: non-NULL; `size` is the first field.
+        let size = unsafe { std::ptr::addr_of!((*simInfo).size).read_unaligned() };
+        let mut info = ncclSimInfo_t {
+            size,
+            magic: 0,
+            version: 0,
+            estimatedTime: -1.0,
+        };
+        let n = size.min(std::mem::size_of::<ncclSimInfo_t>());
+        // SAFETY: the caller's struct holds `size` bytes; `n` bytes are copied into a
+        // local of at least `n` bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                simInfo.cast::<u8>(),
+                (&mut info as *mut ncclSimInfo_t).cast::<u8>(),
+                n,
+            )
+        };
+        if info.magic != NCCL_SIM_INFO_MAGIC {
+            // NCCL fails the group as a whole (its calls are dropped).
+            let _ = end(F, false);
+            return fail(
+                F,
+                std::ptr::null_mut(),
+                ncclInvalidArgument,
+                "simInfo was not initialised with NCCL_SIM_INFO_INITIALIZER",
+            );
+        }
+        let r = end(F, false);
+        if r == ncclSuccess {
+            info.estimatedTime = 0.0;
+            // SAFETY: as above, back into the caller's `n` bytes.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    (&info as *const ncclSimInfo_t).cast::<u8>(),
+                    simInfo.cast::<u8>(),
+                    n,
+                )
+            };
+        }
+        r
+    })
+}
+
+/// End a group level; at the outermost, run the held communicator calls and (when
+/// `run`) the recorded calls.
+fn end(func: &str, run: bool) -> ncclResult_t {
+    let depth = DEPTH.with(|d| d.get());
+    if depth == 0 {
+        return fail(
+            func,
+            std::ptr::null_mut(),
+            ncclInvalidUsage,
+            "not in a group (no matching ncclGroupStart)",
+        );
+    }
+    DEPTH.with(|d| d.set(depth - 1));
+    if depth > 1 {
+        return ncclSuccess;
+    }
+    let held = HELD.with(|v| std::mem::take(&mut *v.borrow_mut()));
+    let mut first = run_held(held);
+    let mut calls = CALLS.with(|v| std::mem::take(&mut *v.borrow_mut()));
+    if run && !calls.is_empty() {
+        let r = run_calls(func, &calls);
+        if first == ncclSuccess {
+            first = r;
+        }
+    }
+    calls.clear();
+    // Give the list (its capacity) back for the thread's next group.
+    CALLS.with(|v| {
+        let mut v = v.borrow_mut();
+        if v.capacity() < calls.capacity() {
+            *v = calls;
+        }
+    });
+    first
+}
+
+/// Run held communicator calls, concurrently (ranks of one world meet in them).
+fn run_held(held: Vec<Held>) -> ncclResult_t {
+    match held.len() {
+        0 => ncclSuccess,
+        1 => held.into_iter().next().map_or(ncclSuccess, |h| h()),
+        _ => std::thread::scope(|s| {
+            let hs: Vec<_> = held.into_iter().map(|h| s.spawn(h)).collect();
+            let mut first = ncclSuccess;
+            for h in hs {
+                let r = h.join().unwrap_or(ncclInternalError);
+                if first == ncclSuccess {
+                    first = r;
+                }
+            }
+            first
+        }),
+    }
+}
+
+/// Hand the recorded calls to strata in one strata group.
+fn run_calls(func: &str, calls: &[Call]) -> ncclResult_t {
+    // SAFETY: starts a group on this thread; no arguments.
+    let r = unsafe { strata::capi::strataGroupStart() };
+    if r != ncclSuccess {
+        return strata_result(func, std::ptr::null_mut(), r);
+    }
+    let mut first = ncclSuccess;
+    for c in calls {
+        // SAFETY: the caller of each recorded call gave buffers valid until this
+        // group's end (NCCL's group contract), which is now.
+        let r = unsafe { execute(c) };
+        if first == ncclSuccess {
+            first = r;
+        }
+    }
+    // SAFETY: ends the group started above; the buffers are still valid.
+    let r = unsafe { strata::capi::strataGroupEnd() };
+    crate::scratch::release_held();
+    let r = strata_result(func, std::ptr::null_mut(), r);
+    if first == ncclSuccess {
+        first = r;
+    }
+    first
+}
