@@ -14,6 +14,7 @@
 //! `unsafe` here: the C ABI's raw pointers, the forwarding trampolines and the loaded
 //! library's function pointers, each with a SAFETY comment.
 
+pub mod forward;
 pub mod real;
 pub mod symbols;
 pub mod version;
