@@ -20,7 +20,9 @@ fn results(out: &str) -> Vec<&str> {
 
 #[test]
 fn forwarded_calls_match_the_real_library() {
-    let Some(real) = common::real_lib() else { return };
+    let Some(real) = common::real_lib() else {
+        return;
+    };
     let front = common::front_lib();
     let dir = common::scratch("forward");
     let wheel = real.parent().expect("the wheel's lib dir");
@@ -33,7 +35,12 @@ fn forwarded_calls_match_the_real_library() {
     };
     let fdir = front.parent().unwrap();
     let (lf, rf) = (format!("-L{}", s(fdir)), format!("-Wl,-rpath,{}", s(fdir)));
-    cc("forward.c", &linked_front, &[&lf, "-l:libstrata_nccl.so", &rf]).unwrap();
+    cc(
+        "forward.c",
+        &linked_front,
+        &[&lf, "-l:libstrata_nccl.so", &rf],
+    )
+    .unwrap();
 
     // The real library, directly.
     let direct = stdout(&run(&linked_real, &[], &[]));
@@ -47,7 +54,10 @@ fn forwarded_calls_match_the_real_library() {
     // the real library computes.
     let preloaded = stdout(&run(&linked_real, &[], &[("LD_PRELOAD", Some(s(&front)))]));
     assert_eq!(results(&preloaded), results(&direct), "{preloaded}");
-    assert!(preloaded.contains(&format!("where: {}", s(&front))), "{preloaded}");
+    assert!(
+        preloaded.contains(&format!("where: {}", s(&front))),
+        "{preloaded}"
+    );
 
     // A program linked with the front only: the real library is loaded at the first
     // forwarded call, not before.
@@ -71,7 +81,11 @@ fn without_a_real_library_forwarded_calls_fail_cleanly() {
     // run() clears LD_LIBRARY_PATH and STRATA_NCCL_LIB; the name libnccl.so.2 may still
     // be found in the loader's cache or default directories (a machine with NCCL
     // installed), which the program reports as mapped.
-    let out = stdout(&run(&exe, &["lazy"], &[("STRATA_NCCL_REAL_LIB", Some("/nonexistent"))]));
+    let out = stdout(&run(
+        &exe,
+        &["lazy"],
+        &[("STRATA_NCCL_REAL_LIB", Some("/nonexistent"))],
+    ));
     if out.contains("mapped after: yes") {
         eprintln!("note: skipped: libnccl.so.2 is on the loader's default path here:\n{out}");
         return;
@@ -102,7 +116,11 @@ fn every_calling_convention_goes_through() {
     cc("abi.c", &exe, &["-O2", &lf, "-l:libstrata_nccl.so", &rf]).unwrap();
     for first in ["team", "big", "stack", "xmm", "varargs"] {
         // run() fails on a nonzero exit: a value that came back wrong.
-        let out = stdout(&run(&exe, &[first], &[("STRATA_NCCL_REAL_LIB", Some(s(&fake)))]));
+        let out = stdout(&run(
+            &exe,
+            &[first],
+            &[("STRATA_NCCL_REAL_LIB", Some(s(&fake)))],
+        ));
         assert_eq!(out.matches(": ok").count(), 6, "{first}:\n{out}");
     }
 }

@@ -13,7 +13,11 @@ use strata_nccl::symbols::{FORWARDED, SERVED};
 /// The `nccl*` functions `lib` defines in its dynamic symbol table; `None` (skipped)
 /// without `nm`.
 fn exports(lib: &Path) -> Option<BTreeSet<String>> {
-    let out = match Command::new("nm").args(["-D", "--defined-only"]).arg(lib).output() {
+    let out = match Command::new("nm")
+        .args(["-D", "--defined-only"])
+        .arg(lib)
+        .output()
+    {
         Ok(o) => o,
         Err(e) => return common::skip(&format!("no nm ({e}): binutils")),
     };
@@ -39,10 +43,16 @@ fn set(names: &[&str]) -> BTreeSet<String> {
 fn served_and_forwarded_split_the_real_exports() {
     let (served, forwarded) = (set(SERVED), set(FORWARDED));
     assert_eq!(served.len(), SERVED.len(), "SERVED lists a name twice");
-    assert_eq!(forwarded.len(), FORWARDED.len(), "FORWARDED lists a name twice");
+    assert_eq!(
+        forwarded.len(),
+        FORWARDED.len(),
+        "FORWARDED lists a name twice"
+    );
     let both: Vec<_> = served.intersection(&forwarded).collect();
     assert!(both.is_empty(), "served and forwarded: {both:?}");
-    let Some(real) = common::real_lib() else { return };
+    let Some(real) = common::real_lib() else {
+        return;
+    };
     let Some(real) = exports(&real) else { return };
     let ours: BTreeSet<String> = served.union(&forwarded).cloned().collect();
     assert_eq!(
@@ -59,17 +69,30 @@ fn served_and_forwarded_split_the_real_exports() {
 
 #[test]
 fn forwarded_are_exported_and_nothing_else_is() {
-    let Some(front) = exports(&common::front_lib()) else { return };
+    let Some(front) = exports(&common::front_lib()) else {
+        return;
+    };
     let missing: Vec<_> = FORWARDED.iter().filter(|n| !front.contains(**n)).collect();
-    assert!(missing.is_empty(), "forwarded but not exported: {missing:?}");
-    let listed = set(SERVED).union(&set(FORWARDED)).cloned().collect::<BTreeSet<_>>();
+    assert!(
+        missing.is_empty(),
+        "forwarded but not exported: {missing:?}"
+    );
+    let listed = set(SERVED)
+        .union(&set(FORWARDED))
+        .cloned()
+        .collect::<BTreeSet<_>>();
     let extra: Vec<_> = front.difference(&listed).collect();
-    assert!(extra.is_empty(), "exported but neither served nor forwarded: {extra:?}");
+    assert!(
+        extra.is_empty(),
+        "exported but neither served nor forwarded: {extra:?}"
+    );
 }
 
 #[test]
 fn exports_equal_the_real_library() {
-    let Some(real) = common::real_lib() else { return };
+    let Some(real) = common::real_lib() else {
+        return;
+    };
     let (Some(real), Some(front)) = (exports(&real), exports(&common::front_lib())) else {
         return;
     };

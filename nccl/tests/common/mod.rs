@@ -53,8 +53,14 @@ pub fn audit_lib() -> PathBuf {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("audit/Cargo.toml");
     let mut cmd = Command::new(cargo);
-    cmd.args(["build", "--quiet", "-p", "strata-nccl-audit", "--manifest-path"])
-        .arg(&manifest);
+    cmd.args([
+        "build",
+        "--quiet",
+        "-p",
+        "strata-nccl-audit",
+        "--manifest-path",
+    ])
+    .arg(&manifest);
     if dir.file_name().is_some_and(|n| n == "release") {
         cmd.arg("--release");
     }
@@ -76,7 +82,9 @@ pub fn scratch(name: &str) -> PathBuf {
 /// without a C compiler.
 pub fn cc(src: &str, out: &Path, args: &[&str]) -> Option<()> {
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c").join(src);
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/c")
+        .join(src);
     let res = Command::new(&cc)
         .arg("-Wall")
         .arg(&src)
