@@ -38,7 +38,13 @@ fn audit_sends_libnccl_to_the_front_library() {
             "{kind}:\n{plain}"
         );
 
-        let audited = stdout(&run(&exe, &[], &[("LD_AUDIT", Some(s(&audit)))]));
+        // The front library this test built (target/<profile>/deps/): the audit's default,
+        // libstrata_nccl.so beside itself, is `cargo build`'s copy.
+        let env = [
+            ("LD_AUDIT", Some(s(&audit))),
+            ("STRATA_NCCL_FRONT_LIB", Some(s(&front))),
+        ];
+        let audited = stdout(&run(&exe, &[], &env));
         assert!(
             audited.contains(&format!("ncclGetVersion in: {}\n", s(&front))),
             "{kind}: not bound to the front library:\n{audited}"

@@ -39,10 +39,18 @@ pub fn profile_dir() -> PathBuf {
         .to_path_buf()
 }
 
-/// `libstrata_nccl.so`: cargo builds this crate's cdylib with the rlib the tests link.
+/// `libstrata_nccl.so` as this `cargo test` built it: cargo compiles the library with
+/// all its crate types for the tests, the cdylib into `target/<profile>/deps/` (it copies
+/// it up to `target/<profile>/` only on `cargo build`, so the copy there can be stale).
 pub fn front_lib() -> PathBuf {
-    let p = profile_dir().join("libstrata_nccl.so");
-    assert!(p.is_file(), "{} was not built", p.display());
+    let dir = profile_dir();
+    let p = [
+        dir.join("deps/libstrata_nccl.so"),
+        dir.join("libstrata_nccl.so"),
+    ]
+    .into_iter()
+    .find(|p| p.is_file())
+    .expect("libstrata_nccl.so was built (target/<profile>/deps/)");
     p
 }
 
