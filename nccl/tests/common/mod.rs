@@ -44,14 +44,13 @@ pub fn profile_dir() -> PathBuf {
 /// it up to `target/<profile>/` only on `cargo build`, so the copy there can be stale).
 pub fn front_lib() -> PathBuf {
     let dir = profile_dir();
-    let p = [
+    [
         dir.join("deps/libstrata_nccl.so"),
         dir.join("libstrata_nccl.so"),
     ]
     .into_iter()
     .find(|p| p.is_file())
-    .expect("libstrata_nccl.so was built (target/<profile>/deps/)");
-    p
+    .expect("libstrata_nccl.so was built (target/<profile>/deps/)")
 }
 
 /// `libstrata_nccl_audit.so`, another package: built here (`cargo build -p
