@@ -24,6 +24,7 @@ pub mod abi;
 pub mod collectives;
 pub mod comm;
 pub mod errors;
+pub mod forward;
 pub mod group;
 pub mod init;
 pub mod memory;

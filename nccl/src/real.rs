@@ -1,6 +1,7 @@
 //! The real `libnccl.so.2` behind this library, found once at the first call that needs
 //! it: `STRATA_NCCL_REAL_LIB` (a path), else `STRATA_NCCL_LIB` (the `nccl` transport's
-//! variable), else the name `libnccl.so.2` on the loader's path. A candidate that is this
+//! variable), else (under `LD_AUDIT`) the real library the audit object found
+//! ([`AUDIT_REAL_NAME`]), else the name `libnccl.so.2` on the loader's path. A candidate that is this
 //! library itself (an `LD_AUDIT` object redirected the name here) is skipped: its
 //! `ncclGetVersion` is ours. Found nothing, or `STRATA_NCCL_DEVICE=cpu`: strata's CPU
 //! device serves what it can ([`cpu_device`]) and the rest fails with a clear error.
@@ -35,9 +36,20 @@ fn candidates() -> Vec<String> {
             }
         }
     }
+    // Under the LD_AUDIT object, `libnccl.so.2` names this library in the loader's list
+    // (the audit answered the program's search with it); the audit answers this name,
+    // asked by this library, with the real library it found (nccl/audit's crate doc).
+    if std::env::var_os("LD_AUDIT").is_some_and(|v| !v.is_empty()) {
+        c.push(AUDIT_REAL_NAME.into());
+    }
     c.push("libnccl.so.2".into());
     c
 }
+
+/// The name this library asks the loader for to reach, through `libstrata_nccl_audit.so`,
+/// the real library that the audit object found in the program's search (the same string
+/// as `strata_nccl_audit::REAL_NAME`).
+pub const AUDIT_REAL_NAME: &str = "strata-nccl-audit-real-libnccl.so.2";
 
 /// What loading found: the library, or why none (every candidate and its error).
 fn load() -> Result<Real, String> {
