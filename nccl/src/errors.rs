@@ -49,6 +49,12 @@ pub fn fail(
     code
 }
 
+/// Store `text` as this thread's last message (a forwarded call that found no real
+/// library, [`crate::forward`]).
+pub fn note(text: String) {
+    LAST.with(|l| *l.borrow_mut() = cstring(text));
+}
+
 /// A strata call's result as `func`'s: success (and `ncclInProgress`) as is; a failure
 /// with strata's message for this thread (`strataGetLastError(NULL)`) stored as `func`'s.
 #[inline]
@@ -117,10 +123,17 @@ pub unsafe extern "C" fn ncclGetErrorString(result: ncclResult_t) -> *const c_ch
             return unsafe { f(result) };
         }
     }
+    // NCCL's wording for its codes; the detail is in ncclGetLastError, as NCCL says.
     match result {
+        0 => c"no error".as_ptr(),
+        1 => c"unhandled cuda error (run with NCCL_DEBUG=INFO for details)".as_ptr(),
+        2 => c"unhandled system error (see ncclGetLastError for details)".as_ptr(),
+        3 => c"internal error (see ncclGetLastError for details)".as_ptr(),
+        4 => c"invalid argument (see ncclGetLastError for details)".as_ptr(),
+        5 => c"invalid usage (see ncclGetLastError for details)".as_ptr(),
+        6 => c"remote process exited or there was a network error (see ncclGetLastError)".as_ptr(),
+        7 => c"NCCL operation in progress".as_ptr(),
         ncclTimeout => c"operation timed out".as_ptr(),
-        // SAFETY: strata's function returns a static string for any value.
-        0..=7 => unsafe { strata::capi::strataGetErrorString(result) },
         _ => c"unknown result code".as_ptr(),
     }
 }

@@ -370,6 +370,8 @@ fn record(slot: usize) {
         format!("{name} could not reach the real NCCL")
     });
     drop(why);
+    // ncclGetLastError(NULL) on this thread reads it.
+    crate::errors::note(msg.clone());
     *LAST_ERROR.lock().unwrap_or_else(|e| e.into_inner()) = Some(msg);
 }
 

@@ -118,7 +118,8 @@ pub(super) fn ensure_init() -> Result<usize> {
                 if provided < unsafe { ffi::RSMPI_THREAD_MULTIPLE } {
                     return Err(Error::System(
                         "the host program initialised MPI without MPI_THREAD_MULTIPLE; the mpi transport needs it \
-                         (call MPI_Init_thread with MPI_THREAD_MULTIPLE)"
+                         (call MPI_Init_thread with MPI_THREAD_MULTIPLE, or, with Open MPI, have MPI_Init \
+                         ask for it: mpirun -x OMPI_MPI_THREAD_LEVEL=3)"
                             .into(),
                     ));
                 }
