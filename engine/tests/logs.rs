@@ -3,16 +3,13 @@
 //! `--log-every` interval, `# recovered: ...` and the summary, each as it happens.
 //! A terminal is a pseudo-terminal: `script` (util-linux) runs the command on one.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("strata-logs-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
+#[path = "../../tests/support/terminal.rs"]
+mod terminal;
+use terminal::*;
 
 /// docs/engine.md's run: world rank 5 lost before step 7, checkpoints every 4 steps.
 fn train_args(ck: &Path) -> Vec<String> {
@@ -23,107 +20,6 @@ fn train_args(ck: &Path) -> Vec<String> {
             .collect();
     a.extend(["--checkpoint".into(), ck.display().to_string()]);
     a
-}
-
-/// `bin args` with stdout to a file; stderr apart.
-fn to_file(bin: &str, args: &[String], dir: &Path) -> String {
-    let path = dir.join("stdout.txt");
-    let st = Command::new(bin)
-        .args(args)
-        .env("STRATA_TIMEOUT", "2")
-        .stdin(Stdio::null())
-        .stdout(Stdio::from(std::fs::File::create(&path).unwrap()))
-        .stderr(Stdio::piped())
-        .output()
-        .unwrap();
-    let out = std::fs::read_to_string(&path).unwrap();
-    assert!(
-        st.status.success(),
-        "{bin} {args:?}\n{out}\n{}",
-        String::from_utf8_lossy(&st.stderr)
-    );
-    out
-}
-
-/// `bin args` with stdout to a pipe.
-fn to_pipe(bin: &str, args: &[String]) -> String {
-    let o = Command::new(bin)
-        .args(args)
-        .env("STRATA_TIMEOUT", "2")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{bin} {args:?}");
-    String::from_utf8_lossy(&o.stdout).into()
-}
-
-/// `bin args` on a pseudo-terminal (stdout and stderr both): all it wrote there, bars
-/// included; None (said on stderr) where `script` is missing.
-fn on_terminal(bin: &str, args: &[String]) -> Option<String> {
-    if Command::new("script").arg("--version").output().is_err() {
-        eprintln!("skipped: no `script` (util-linux) to run {bin} on a pseudo-terminal");
-        return None;
-    }
-    let line: Vec<String> = std::iter::once(bin)
-        .chain(args.iter().map(String::as_str))
-        .map(|w| format!("'{}'", w.replace('\'', r"'\''")))
-        .collect();
-    let o = Command::new("script")
-        .args(["-qefc", &line.join(" "), "/dev/null"])
-        .env("STRATA_TIMEOUT", "2")
-        .env("TERM", "xterm")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let out = String::from_utf8_lossy(&o.stdout).into_owned();
-    assert!(o.status.success(), "{bin} {args:?} on a terminal:\n{out}");
-    Some(out)
-}
-
-/// Escape sequences (`ESC [ ... final`) out.
-fn no_escapes(s: &str) -> String {
-    let mut out = String::new();
-    let mut it = s.chars().peekable();
-    while let Some(c) = it.next() {
-        if c == '\x1b' && it.peek() == Some(&'[') {
-            it.next();
-            for c in it.by_ref() {
-                if ('@'..='~').contains(&c) {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
-/// A progress bar's drawing (indicatif's bar glyphs).
-fn is_bar(l: &str) -> bool {
-    l.contains(['░', '█'])
-}
-
-/// The lines as a reader sees them, bars aside and in shape: cut at line ends and
-/// carriage returns (a terminal's redraws), escapes out, every word with a digit `N`
-/// (timings differ from run to run), spaces squeezed.
-fn shapes(text: &str) -> Vec<String> {
-    text.split(['\n', '\r'])
-        .map(no_escapes)
-        .filter(|l| !l.trim().is_empty() && !is_bar(l))
-        .map(|l| {
-            l.split_whitespace()
-                .map(|w| {
-                    if w.contains(|c: char| c.is_ascii_digit()) {
-                        "N"
-                    } else {
-                        w
-                    }
-                })
-                .collect::<Vec<_>>()
-                .join(" ")
-        })
-        .collect()
 }
 
 /// docs/engine.md's run with stdout to a file, once for the tests below.
