@@ -4,7 +4,6 @@
 //! A terminal is a pseudo-terminal: `script` (util-linux) runs the command on one.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
 #[path = "../../tests/support/terminal.rs"]
@@ -114,20 +113,8 @@ fn strata_plan_prints_the_same_to_a_file_a_pipe_and_a_terminal() {
 /// ends with status 0 and no panic, as a Unix filter does on SIGPIPE.
 #[test]
 fn strata_plan_with_a_closed_stdout_ends_quietly() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_strata-plan"))
-        .args("--model llama-7b --cluster dgx-a100:16 --seq 512 --top 5".split(' '))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // Closed at once: the planner parses and searches before its first line.
-    drop(child.stdout.take());
-    let out = child.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success() && !err.contains("panicked"),
-        "strata-plan with a closed stdout: {}\n{err}",
-        out.status
+    closed_stdout_ends_quietly(
+        env!("CARGO_BIN_EXE_strata-plan"),
+        "--model llama-7b --cluster dgx-a100:16 --seq 512 --top 5",
     );
 }

@@ -113,3 +113,25 @@ pub fn shapes(text: &str) -> Vec<String> {
         })
         .collect()
 }
+
+/// `bin args | head -0`: the reader is gone before the tool's first line (closed at once:
+/// the tool starts, parses and computes before it prints). The tool must end with status 0
+/// and no panic, as a Unix filter does on SIGPIPE (Rust's `println!` panics).
+pub fn closed_stdout_ends_quietly(bin: &str, args: &str) {
+    let mut child = Command::new(bin)
+        .args(args.split(' '))
+        .env("STRATA_TIMEOUT", "2")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && !err.contains("panicked"),
+        "{bin} {args} with a closed stdout: {}\n{err}",
+        out.status
+    );
+}

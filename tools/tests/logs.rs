@@ -4,7 +4,6 @@
 //! pseudo-terminal: `script` (util-linux) runs the command on one.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
 
 #[path = "../../tests/support/terminal.rs"]
 mod terminal;
@@ -91,22 +90,6 @@ fn a_closed_stdout_ends_each_tool_quietly() {
             "--ranks 2 --op all-gather -b 1K -e 1K -n 2 -w 1",
         ),
     ] {
-        let mut child = Command::new(bin)
-            .args(args.split(' '))
-            .env("STRATA_TIMEOUT", "2")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        // Closed at once: the tool starts, parses and computes before its first line.
-        drop(child.stdout.take());
-        let out = child.wait_with_output().unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            out.status.success() && !err.contains("panicked"),
-            "{bin} {args} with a closed stdout: {}\n{err}",
-            out.status
-        );
+        closed_stdout_ends_quietly(bin, args);
     }
 }
