@@ -94,7 +94,8 @@ pub fn is_bar(l: &str) -> bool {
 
 /// The lines as a reader sees them, bars aside and in shape: cut at line ends and
 /// carriage returns (a terminal's redraws), escapes out, every word with a digit `N`
-/// (timings differ from run to run), spaces squeezed.
+/// (timings differ from run to run), every yes/no `B` (measured flags such as
+/// strata-launch's `ahead`, which a loaded machine can flip), spaces squeezed.
 pub fn shapes(text: &str) -> Vec<String> {
     text.split(['\n', '\r'])
         .map(no_escapes)
@@ -104,6 +105,8 @@ pub fn shapes(text: &str) -> Vec<String> {
                 .map(|w| {
                     if w.contains(|c: char| c.is_ascii_digit()) {
                         "N"
+                    } else if w == "yes" || w == "no" {
+                        "B"
                     } else {
                         w
                     }
