@@ -31,6 +31,7 @@ pub mod memory;
 pub mod passthrough;
 pub mod real;
 pub mod redop;
+pub mod route;
 pub mod scratch;
 pub mod serve;
 pub mod symbols;

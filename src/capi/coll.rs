@@ -13,7 +13,7 @@
 use super::abi::*;
 use super::boundary::ffi_boundary;
 use super::buffers::end_group;
-use super::enqueue::{enqueue, enqueue_lists, Args, Coll, Lists};
+use super::enqueue::{enqueue, enqueue_lists, Args, Coll, Hint, Lists};
 use crate::comm::in_group;
 use crate::comm::{group_end, group_start};
 use std::ffi::{c_int, c_void};
@@ -69,7 +69,7 @@ use std::ptr::{null, null_mut};
 #[no_mangle]
 pub unsafe extern "C" fn strataAllGather(sendbuff: *const c_void, recvbuff: *mut c_void, sendcount: usize, datatype: strataDataType_t, comm: strataComm_t, stream: strataStream_t) -> strataResult_t {
     // SAFETY: forwarded caller contract.
-    unsafe { enqueue("strataAllGather", Coll::AllGather, None, Args(sendbuff, recvbuff, sendcount, datatype, comm, stream)) }
+    unsafe { enqueue("strataAllGather", Coll::AllGather, Hint::Model, Args(sendbuff, recvbuff, sendcount, datatype, comm, stream)) }
 }
 
 /// Quantized all-gather (ZeRO++ qwZ, `docs/quantization.md`): as `strataAllGather`, but
@@ -86,7 +86,7 @@ pub unsafe extern "C" fn strataAllGather(sendbuff: *const c_void, recvbuff: *mut
 #[no_mangle]
 pub unsafe extern "C" fn strataAllGatherQuantized(sendbuff: *const c_void, recvbuff: *mut c_void, sendcount: usize, datatype: strataDataType_t, bits: c_int, block: usize, comm: strataComm_t, stream: strataStream_t) -> strataResult_t {
     // SAFETY: forwarded caller contract.
-    unsafe { enqueue("strataAllGatherQuantized", Coll::AllGather, Some((bits, block)), Args(sendbuff, recvbuff, sendcount, datatype, comm, stream)) }
+    unsafe { enqueue("strataAllGatherQuantized", Coll::AllGather, Hint::Quant(bits, block), Args(sendbuff, recvbuff, sendcount, datatype, comm, stream)) }
 }
 
 /// Quantized reduce-scatter (ZeRO++ qgZ, 2-hop all-to-all: intra-node then inter-node,
@@ -103,7 +103,7 @@ pub unsafe extern "C" fn strataAllGatherQuantized(sendbuff: *const c_void, recvb
 #[no_mangle]
 pub unsafe extern "C" fn strataReduceScatterQuantized(sendbuff: *const c_void, recvbuff: *mut c_void, recvcount: usize, datatype: strataDataType_t, op: strataRedOp_t, bits: c_int, block: usize, comm: strataComm_t, stream: strataStream_t) -> strataResult_t {
     // SAFETY: forwarded caller contract.
-    unsafe { enqueue("strataReduceScatterQuantized", Coll::ReduceScatter(op), Some((bits, block)), Args(sendbuff, recvbuff, recvcount, datatype, comm, stream)) }
+    unsafe { enqueue("strataReduceScatterQuantized", Coll::ReduceScatter(op), Hint::Quant(bits, block), Args(sendbuff, recvbuff, recvcount, datatype, comm, stream)) }
 }
 
 /// Reduce-scatter (NCCL's `ncclReduceScatter`): `recvbuff` (`recvcount` elements) =
@@ -123,7 +123,7 @@ pub unsafe extern "C" fn strataReduceScatterQuantized(sendbuff: *const c_void, r
 #[no_mangle]
 pub unsafe extern "C" fn strataReduceScatter(sendbuff: *const c_void, recvbuff: *mut c_void, recvcount: usize, datatype: strataDataType_t, op: strataRedOp_t, comm: strataComm_t, stream: strataStream_t) -> strataResult_t {
     // SAFETY: forwarded caller contract.
-    unsafe { enqueue("strataReduceScatter", Coll::ReduceScatter(op), None, Args(sendbuff, recvbuff, recvcount, datatype, comm, stream)) }
+    unsafe { enqueue("strataReduceScatter", Coll::ReduceScatter(op), Hint::Model, Args(sendbuff, recvbuff, recvcount, datatype, comm, stream)) }
 }
 
 /// All-reduce (NCCL's `ncclAllReduce`): `recvbuff` (`count` elements) = `op` over all
@@ -138,7 +138,7 @@ pub unsafe extern "C" fn strataReduceScatter(sendbuff: *const c_void, recvbuff: 
 #[no_mangle]
 pub unsafe extern "C" fn strataAllReduce(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: strataDataType_t, op: strataRedOp_t, comm: strataComm_t, stream: strataStream_t) -> strataResult_t {
     // SAFETY: forwarded caller contract.
-    unsafe { enqueue("strataAllReduce", Coll::AllReduce(op), None, Args(sendbuff, recvbuff, count, datatype, comm, stream)) }
+    unsafe { enqueue("strataAllReduce", Coll::AllReduce(op), Hint::Model, Args(sendbuff, recvbuff, count, datatype, comm, stream)) }
 }
 
 /// All-to-all (NCCL's `ncclAlltoAll`): block j (`count` elements) of `sendbuff` goes to
@@ -152,7 +152,7 @@ pub unsafe extern "C" fn strataAllReduce(sendbuff: *const c_void, recvbuff: *mut
 #[no_mangle]
 pub unsafe extern "C" fn strataAllToAll(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: strataDataType_t, comm: strataComm_t, stream: strataStream_t) -> strataResult_t {
     // SAFETY: forwarded caller contract.
-    unsafe { enqueue("strataAllToAll", Coll::AllToAll, None, Args(sendbuff, recvbuff, count, datatype, comm, stream)) }
+    unsafe { enqueue("strataAllToAll", Coll::AllToAll, Hint::Model, Args(sendbuff, recvbuff, count, datatype, comm, stream)) }
 }
 
 /// Broadcast (NCCL's `ncclBroadcast`): `recvbuff` (`count` elements) on every rank =
@@ -168,7 +168,7 @@ pub unsafe extern "C" fn strataAllToAll(sendbuff: *const c_void, recvbuff: *mut 
 #[no_mangle]
 pub unsafe extern "C" fn strataBroadcast(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: strataDataType_t, root: c_int, comm: strataComm_t, stream: strataStream_t) -> strataResult_t {
     // SAFETY: forwarded caller contract.
-    unsafe { enqueue("strataBroadcast", Coll::Broadcast(root), None, Args(sendbuff, recvbuff, count, datatype, comm, stream)) }
+    unsafe { enqueue("strataBroadcast", Coll::Broadcast(root), Hint::Model, Args(sendbuff, recvbuff, count, datatype, comm, stream)) }
 }
 
 /// In-place broadcast (NCCL's legacy `ncclBcast`): `strataBroadcast(buff, buff, ...)`.
@@ -203,7 +203,7 @@ pub unsafe extern "C" fn strataBcast(buff: *mut c_void, count: usize, datatype: 
 #[no_mangle]
 pub unsafe extern "C" fn strataSend(sendbuff: *const c_void, count: usize, datatype: strataDataType_t, peer: c_int, comm: strataComm_t, stream: strataStream_t) -> strataResult_t {
     // SAFETY: forwarded caller contract.
-    unsafe { enqueue("strataSend", Coll::Send(peer), None, Args(sendbuff, null_mut(), count, datatype, comm, stream)) }
+    unsafe { enqueue("strataSend", Coll::Send(peer), Hint::Model, Args(sendbuff, null_mut(), count, datatype, comm, stream)) }
 }
 
 /// Receives `count` elements from rank `peer` into `recvbuff` (NCCL's `ncclRecv`).
@@ -217,7 +217,7 @@ pub unsafe extern "C" fn strataSend(sendbuff: *const c_void, count: usize, datat
 #[no_mangle]
 pub unsafe extern "C" fn strataRecv(recvbuff: *mut c_void, count: usize, datatype: strataDataType_t, peer: c_int, comm: strataComm_t, stream: strataStream_t) -> strataResult_t {
     // SAFETY: forwarded caller contract.
-    unsafe { enqueue("strataRecv", Coll::Recv(peer), None, Args(null(), recvbuff, count, datatype, comm, stream)) }
+    unsafe { enqueue("strataRecv", Coll::Recv(peer), Hint::Model, Args(null(), recvbuff, count, datatype, comm, stream)) }
 }
 /// Coalesced all-gather (MiCS §4): for every i < `nbuffers`, `recvbuffs[i]`
 /// (`nranks * sendcounts[i]` elements) gathers every rank's `sendbuffs[i]`

@@ -205,6 +205,17 @@ enum Ranges {
     Input(UserBuf),
 }
 
+/// What picks a call's algorithm.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Hint {
+    /// The communicator's configured algorithm, else strata's model (`auto`).
+    Model,
+    /// The quantized form with `bits` and `block` (qwZ, qgZ).
+    Quant(c_int, usize),
+    /// This algorithm (a library in front of strata chose it: [`collective_with`]).
+    Algo(Algo),
+}
+
 /// Every collective's C entry (NCCL's `ncclEnqueueCheck`), as the export `name`, inside
 /// the panic boundary: [`collective`].
 ///
@@ -213,13 +224,49 @@ enum Ranges {
 pub(super) unsafe fn enqueue(
     name: &'static str,
     coll: Coll,
-    quant: Option<(c_int, usize)>,
+    hint: Hint,
     a: Args,
 ) -> strataResult_t {
     // SAFETY: forwarded caller contract.
-    guard(name, a.4, move || unsafe {
-        collective(name, coll, quant, a)
-    })
+    guard(name, a.4, move || unsafe { collective(name, coll, hint, a) })
+}
+
+/// Which collective [`collective_with`] runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum With {
+    AllGather,
+    ReduceScatter(strataRedOp_t),
+    AllReduce(strataRedOp_t),
+}
+
+/// `strataAllGather`, `strataReduceScatter` or `strataAllReduce` (as `with` says, same
+/// arguments, checks and errors) running the algorithm `algo` instead of the one the
+/// communicator's config or strata's model would pick; an algorithm that cannot run the
+/// call falls back to the native collective, as a configured one does. For a library in
+/// front of strata that chose the algorithm itself (`libstrata_nccl`'s per-call route);
+/// not part of the C header.
+///
+/// # Safety
+/// As `strataAllGather` (buffers, stream) for the collective named.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn collective_with(
+    with: With,
+    algo: Algo,
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: strataDataType_t,
+    comm: strataComm_t,
+    stream: strataStream_t,
+) -> strataResult_t {
+    let (name, coll) = match with {
+        With::AllGather => ("strataAllGather", Coll::AllGather),
+        With::ReduceScatter(op) => ("strataReduceScatter", Coll::ReduceScatter(op)),
+        With::AllReduce(op) => ("strataAllReduce", Coll::AllReduce(op)),
+    };
+    let a = Args(sendbuff, recvbuff, count, datatype, comm, stream);
+    // SAFETY: forwarded caller contract.
+    unsafe { enqueue(name, coll, Hint::Algo(algo), a) }
 }
 
 /// The one body of every collective: check the communicator, datatype, op / root /
@@ -232,7 +279,7 @@ pub(super) unsafe fn enqueue(
 unsafe fn collective(
     name: &'static str,
     coll: Coll,
-    quant: Option<(c_int, usize)>,
+    hint: Hint,
     a: Args,
 ) -> Result<()> {
     let Args(sendbuff, recvbuff, count, datatype, comm, stream) = a;
@@ -240,7 +287,10 @@ unsafe fn collective(
     let dt = dtype(datatype)?;
     let (n, r) = (h.comm.size(), h.comm.rank());
     let coll = coll.resolve(n)?;
-    let q = quant.map(|q| coll.quantized(q, dt)).transpose()?;
+    let q = match hint {
+        Hint::Quant(bits, block) => Some(coll.quantized((bits, block), dt)?),
+        _ => None,
+    };
     let (spans, one_name, all_name) = coll.sizes();
     let one = match spans.contains(&Span::One) {
         true => nbytes(count, 1, dt, one_name)?,
@@ -290,9 +340,10 @@ unsafe fn collective(
         Ranges::Input(u) => (unsafe { bufs.input(u) }?, Buffer::zeroed(0)),
     };
     let req = Request::new(coll.op(send, recv, count), dt);
-    let req = match q {
-        Some((algo, q)) => req.with_algo(algo).with_quant(q),
-        None => req,
+    let req = match (q, hint) {
+        (Some((algo, q)), _) => req.with_algo(algo).with_quant(q),
+        (None, Hint::Algo(algo)) => req.with_algo(algo),
+        (None, _) => req,
     };
     // SAFETY: the caller's contract on `stream` and the buffers.
     unsafe { bufs.run(name, h, req, stream) }

@@ -77,6 +77,8 @@ mod traffic;
 
 pub use abi::*;
 pub use coll::*;
+pub use enqueue::{collective_with, With};
+pub use registry::register_comm;
 pub use init::*;
 pub use mem::*;
 pub use stream::*;

@@ -50,6 +50,13 @@ pub(crate) fn register(comm: Comm) -> Result<strataComm_t> {
         .map(|key| key as strataComm_t)
 }
 
+/// Register a communicator made in Rust (a library in front of strata, such as
+/// `libstrata_nccl`, joining a program's communicator) and return its C handle; every
+/// `strata*` call then takes it, `strataCommDestroy` / `strataCommAbort` end it.
+pub fn register_comm(comm: Comm) -> Result<strataComm_t> {
+    register(comm)
+}
+
 /// The live communicator behind `c`: NULL and foreign values are `InvalidArgument`,
 /// destroyed ones `InvalidUsage`. The per-call path: no process-wide lock (one read of
 /// the communicator's own slot, [`Slots::get`]).

@@ -221,7 +221,6 @@ impl Comm {
         topo: Option<Topology>,
         config: CommConfig,
     ) -> Result<Comm> {
-        use crate::transport::Transport;
         let (vendor, _) = vendor_of(kind)?;
         let t = crate::transport::nccl::NcclTransport::init(
             vendor,
@@ -232,6 +231,45 @@ impl Comm {
             None,
             config.timeout,
         )?;
+        Comm::on_vendor(t, rank, nranks, topo, config)
+    }
+
+    /// A communicator of strata on `own`, a vendor communicator made from a program's
+    /// own (`VendorLib::split_foreign`: a library in front of NCCL joining the
+    /// communicator the program made, with no second bootstrap), owned from now on; its
+    /// sub-communicators split from it; the topology as [`Comm::vendor_join`]'s. `dev` is
+    /// `own`'s device. Collective over `own`'s ranks.
+    #[cfg(any(feature = "cuda", feature = "rocm"))]
+    pub fn vendor_adopt(
+        own: crate::transport::vendor::VendorComm<'static>,
+        dev: &Arc<dyn Device>,
+        rank: usize,
+        nranks: usize,
+        config: CommConfig,
+    ) -> Result<Comm> {
+        let t = crate::transport::nccl::NcclTransport::adopt(
+            own.lib().vendor(),
+            own,
+            rank,
+            nranks,
+            dev,
+            config.timeout,
+        )?;
+        Comm::on_vendor(t, rank, nranks, None, config)
+    }
+
+    /// The communicator on vendor transport `t`: topology `topo`, else
+    /// `STRATA_TOPOLOGY`, else the hosts' ids all-gathered over `t`; every
+    /// sub-communicator split now.
+    #[cfg(any(feature = "cuda", feature = "rocm"))]
+    fn on_vendor(
+        t: crate::transport::nccl::NcclTransport,
+        rank: usize,
+        nranks: usize,
+        topo: Option<Topology>,
+        config: CommConfig,
+    ) -> Result<Comm> {
+        use crate::transport::Transport;
         let topo = match topo {
             Some(t) => t,
             None => match Topology::from_env()? {

@@ -120,6 +120,19 @@ impl NcclTransport {
         )
     }
 
+    /// Rank `rank` of `size` on a vendor communicator made elsewhere
+    /// ([`VendorLib::split_foreign`]), owned from now on.
+    pub fn adopt(
+        vendor: Vendor,
+        comm: VendorComm<'static>,
+        rank: usize,
+        size: usize,
+        dev: &Arc<dyn Device>,
+        timeout: Duration,
+    ) -> Result<NcclTransport> {
+        NcclTransport::wrap(vendor, comm, rank, (0..size).collect(), dev, None, timeout)
+    }
+
     fn wrap(
         vendor: Vendor,
         comm: VendorComm<'static>,

@@ -308,6 +308,31 @@ fn split_on<'a>(
     )
 }
 
+impl VendorLib {
+    /// `ncclCommSplit(parent, 0, key)` of a communicator strata does not own (a program's,
+    /// seen by a library in front of NCCL): every rank of `parent` in one new
+    /// communicator, ordered by `key`, made over the parent's own connections (no new
+    /// bootstrap), owned by strata (destroyed with it); `parent` stays the caller's.
+    /// Collective over `parent`'s ranks; the device of `parent` must be current.
+    ///
+    /// # Safety
+    /// `parent` is a live communicator of this library, not destroyed during the call.
+    pub unsafe fn split_foreign(&'static self, parent: RawComm, key: i32) -> Result<VendorComm<'static>> {
+        let f = self.sys.ncclCommSplit.ok_or_else(|| {
+            Error::System(format!("{}: this library has no ncclCommSplit", self.vendor().name()))
+        })?;
+        let mut out: RawComm = std::ptr::null_mut();
+        // SAFETY: FFI, collective over the live `parent` (the caller's contract); writes
+        // one handle; a NULL config asks for the parent's.
+        let rc = unsafe { f(parent, 0, key, &mut out, std::ptr::null_mut()) };
+        self.check(rc, "ncclCommSplit")?;
+        if out.is_null() {
+            return Err(Error::Internal("ncclCommSplit with color 0 gave no communicator".into()));
+        }
+        Ok(VendorComm::new(self, out))
+    }
+}
+
 impl VendorComm<'static> {
     /// [`VendorComm::split`] that gives up after `timeout` (a rank that never calls it):
     /// the split runs on a helper thread that holds `bind`'s guard (the device current)

@@ -168,6 +168,26 @@ impl VendorLib {
             .map_err(|e| Error::System(e.clone()))
     }
 
+    /// The process's `vendor` library from `path` when none is loaded yet (then
+    /// [`VendorLib::get`] returns it too): a library in front of NCCL (`libstrata_nccl`)
+    /// hands the real library it found, since the names `libnccl.so.2` would find may be
+    /// the front itself (under its `LD_AUDIT` object). A library loaded before is kept.
+    pub fn get_at(vendor: Vendor, path: &str) -> Result<&'static VendorLib> {
+        let cell = match vendor {
+            Vendor::Nccl => &NCCL,
+            Vendor::Rccl => &RCCL,
+        };
+        cell.get_or_init(|| {
+            // SAFETY: as in `load`: the vendor's own initializers.
+            match unsafe { libloading::Library::new(path) } {
+                Ok(lib) => VendorLib::resolve(vendor, path, lib).map_err(|e| format!("{path}: {e}")),
+                Err(e) => Err(format!("{path}: {e}")),
+            }
+        })
+        .as_ref()
+        .map_err(|e| Error::System(e.clone()))
+    }
+
     /// Load `vendor` from its candidates (not cached; [`VendorLib::get`] caches).
     pub fn load(vendor: Vendor) -> std::result::Result<VendorLib, String> {
         let mut tried = Vec::new();

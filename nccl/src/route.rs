@@ -1,0 +1,208 @@
+//! Per call, on a communicator strata has joined (a GPU machine with the real NCCL,
+//! `join.rs`): strata's algorithm or the real library's own call. ONE pure function,
+//! [`route`], from `STRATA_NCCL` ([`Serve`]) and the call's shape (collective, reduction,
+//! count, data type, the communicator's topology and hierarchy) to a [`Route`]:
+//!
+//! - `off`: the real library, always.
+//! - `exact` (default): strata's model ([`strata::algo::select::select`] with `auto`,
+//!   the rule strata's own calls and simulator use). Where it picks `ring` (the native
+//!   collective: one node, or messages whose cost no other form lowers) the real call
+//!   runs; where it picks `hier`, `hier-ring`, `hier-log`, `log-step` or `ho-ring`, strata
+//!   runs that algorithm. `auto` never picks a quantized one.
+//! - a list of names: the first that can run the call (its constraints hold on this
+//!   communicator and shape: `hier` needs two levels, the quantized ones a float type
+//!   and sum or average, ...) runs; `ring` in the list means the real call; none fits:
+//!   the real call.
+//!
+//! Only all-gather, reduce-scatter and all-reduce with one of strata's data types and
+//! NCCL's five built-in ops reach [`route`] (`join.rs` sends the rest to the real
+//! library first: PreMulSum, fp8, broadcast, send and receive, ...).
+
+use crate::serve::Serve;
+use strata::algo::select::{select, Shape};
+use strata::Algo;
+
+/// Where a call runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// The real library's own call, arguments unchanged.
+    Native,
+    /// strata's algorithm on the joined communicator, on the call's stream.
+    Strata(Algo),
+}
+
+/// THE rule (module doc).
+pub fn route(serve: &Serve, s: &Shape) -> Route {
+    let to = |a: Algo| match a {
+        Algo::Ring | Algo::Auto => Route::Native,
+        a => Route::Strata(a),
+    };
+    match serve {
+        Serve::Off => Route::Native,
+        Serve::Exact => to(select(Algo::Auto, s).algo),
+        Serve::Algos(list) => list
+            .iter()
+            .map(|&a| select(a, s))
+            .find(|c| c.fallback.is_none())
+            .map_or(Route::Native, |c| to(c.algo)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strata::kinds::Kind;
+    use strata::topology::Hierarchy;
+    use strata::{DataType, ReduceOp, Topology};
+
+    /// The route of `kind` over `bytes` of f32 (per rank chunk for all-gather and
+    /// reduce-scatter, the buffer for all-reduce) on a world of `topo`.
+    fn on(serve: &Serve, topo: &str, kind: Kind, bytes: usize, dtype: DataType) -> Route {
+        let t = Topology::parse(topo).unwrap();
+        let members: Vec<usize> = (0..t.world_size()).collect();
+        let h = Hierarchy::detect(&t, &members);
+        let s = Shape {
+            kind: Some(kind),
+            redop: (kind != Kind::AllGather).then_some(ReduceOp::Sum),
+            count: bytes / dtype.size(),
+            dtype,
+            topo: &t,
+            members: &members,
+            hierarchy: h.as_ref(),
+            chunks: None,
+        };
+        route(serve, &s)
+    }
+
+    const KINDS: [Kind; 3] = [Kind::AllGather, Kind::ReduceScatter, Kind::AllReduce];
+    const SIZES: [usize; 5] = [1 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20];
+
+    #[test]
+    fn one_node_of_nvlink_is_the_real_library_for_big_messages() {
+        for topo in ["dgx-h100:1", "nodes:1x8"] {
+            for k in KINDS {
+                for b in [16 << 20, 256 << 20] {
+                    assert_eq!(
+                        on(&Serve::Exact, topo, k, b, DataType::F32),
+                        Route::Native,
+                        "{topo} {k:?} {b}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn across_slow_nodes_big_messages_run_hierarchically() {
+        // Inter-node links an order of magnitude below the node's: 2x100 Gb/s per A100
+        // node, Frontier's Slingshot, EFA, the emulated cluster's default.
+        for topo in ["dgx-a100:2", "nodes:4x8", "frontier:2", "p4d:3"] {
+            for k in KINDS {
+                let r = on(&Serve::Exact, topo, k, 256 << 20, DataType::F32);
+                assert!(
+                    matches!(
+                        r,
+                        Route::Strata(Algo::Hier | Algo::HierRing | Algo::HierLog | Algo::HoRing)
+                    ),
+                    "{topo} {k:?}: {r:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn rail_optimized_h100_nodes_leave_big_messages_to_the_real_library() {
+        // 8 x 400 Gb/s per node (DGX H100, p5): the native ring's bandwidth is the
+        // hierarchy's, so past a few MiB the real call runs; below, strata's forms pay.
+        for topo in ["dgx-h100:4", "p5:2"] {
+            for k in KINDS {
+                assert_eq!(on(&Serve::Exact, topo, k, 256 << 20, DataType::F32), Route::Native);
+            }
+            assert_eq!(
+                on(&Serve::Exact, topo, Kind::AllGather, 1 << 20, DataType::F32),
+                Route::Strata(Algo::Hier)
+            );
+        }
+    }
+
+    #[test]
+    fn many_ranks_small_messages_take_log_step_or_stay_native() {
+        // Latency-bound: strata's model picks log-step (or a hierarchy whose inter-node
+        // stage is log-step) over the ring's p-1 steps.
+        let r = on(&Serve::Exact, "nodes:16x8", Kind::AllGather, 1 << 10, DataType::F32);
+        assert!(
+            matches!(r, Route::Strata(Algo::LogStep | Algo::Hier | Algo::HierLog)),
+            "{r:?}"
+        );
+    }
+
+    #[test]
+    fn the_route_is_the_models_choice_at_every_size() {
+        // route(exact) is select(auto) with ring as the real call: never a quantized
+        // algorithm, never one that cannot run the call.
+        for topo in ["nodes:1x1", "nodes:1x2", "nodes:2x4", "nodes:3x2", "dgx-a100:2", "p4d:3"] {
+            for k in KINDS {
+                for b in SIZES {
+                    for dt in [DataType::F32, DataType::BF16, DataType::I64] {
+                        let r = on(&Serve::Exact, topo, k, b, dt);
+                        assert!(
+                            !matches!(r, Route::Strata(Algo::Qgz | Algo::Qgz1 | Algo::Qwz)),
+                            "{topo} {k:?} {b}: {r:?}"
+                        );
+                    }
+                }
+            }
+        }
+        // One rank or one node of one level: nothing but the native call pays.
+        for k in KINDS {
+            for b in SIZES {
+                assert_eq!(on(&Serve::Exact, "nodes:1x1", k, b, DataType::F32), Route::Native);
+            }
+        }
+    }
+
+    #[test]
+    fn off_is_always_the_real_library() {
+        for k in KINDS {
+            for b in SIZES {
+                assert_eq!(on(&Serve::Off, "nodes:4x8", k, b, DataType::F32), Route::Native);
+            }
+        }
+    }
+
+    #[test]
+    fn a_list_runs_its_first_name_that_fits() {
+        let hier_then_log = Serve::parse(Some("hier,log-step")).unwrap();
+        // Two levels: hier fits.
+        assert_eq!(
+            on(&hier_then_log, "nodes:2x4", Kind::AllReduce, 1 << 20, DataType::F32),
+            Route::Strata(Algo::Hier)
+        );
+        // One node: hier needs two levels, log-step runs.
+        assert_eq!(
+            on(&hier_then_log, "nodes:1x4", Kind::AllReduce, 1 << 20, DataType::F32),
+            Route::Strata(Algo::LogStep)
+        );
+        // ring named first: the real call.
+        let ring = Serve::parse(Some("ring,hier")).unwrap();
+        assert_eq!(
+            on(&ring, "nodes:2x4", Kind::AllGather, 1 << 20, DataType::F32),
+            Route::Native
+        );
+        // Quantized only when named, and only where it can run: qgz reduces floats with
+        // sum; an integer reduce-scatter falls to the next name, then to the real call.
+        let qgz = Serve::parse(Some("qgz")).unwrap();
+        assert_eq!(
+            on(&qgz, "nodes:2x4", Kind::ReduceScatter, 1 << 20, DataType::F32),
+            Route::Strata(Algo::Qgz)
+        );
+        assert_eq!(
+            on(&qgz, "nodes:2x4", Kind::ReduceScatter, 1 << 20, DataType::I32),
+            Route::Native
+        );
+        assert_eq!(
+            on(&qgz, "nodes:2x4", Kind::AllGather, 1 << 20, DataType::F32),
+            Route::Native
+        );
+    }
+}
