@@ -30,6 +30,7 @@
 use crate::abi::*;
 use crate::comm::sc;
 use crate::errors::{fail, guard, strata_result};
+use crate::join::With;
 use crate::passthrough::pass;
 use std::ffi::{c_int, c_void};
 use std::ptr::null_mut;
@@ -408,15 +409,28 @@ fn call(
     }
 }
 
-/// Defines a collective export (plain or `*Config`): the real library's call with the
-/// real library, else the [`Call`] its arguments make, submitted.
+/// Defines a collective export (plain or `*Config`): with the real library, the real
+/// call (held by a diverted group, `join.rs`), or for the collectives named with `join`
+/// on a joined communicator the route's choice ([`crate::join::collective`]); else the
+/// [`Call`] its arguments make, submitted.
 macro_rules! export {
     ($(#[$doc:meta])* $name:ident, $real:literal, ($($a:ident : $t:ty),*), $call:expr) => {
         $(#[$doc])*
         #[no_mangle]
         pub unsafe extern "C" fn $name($($a: $t),*) -> ncclResult_t {
             if !crate::real::cpu_device() {
-                return pass!($real, ($($a: $t),*));
+                return crate::join::hold_or_run(move || pass!($real, ($($a: $t),*)));
+            }
+            $call
+        }
+    };
+    ($(#[$doc:meta])* $name:ident, $real:literal, join $r:ident => $gpu:expr, ($($a:ident : $t:ty),*), $call:expr) => {
+        $(#[$doc])*
+        #[no_mangle]
+        pub unsafe extern "C" fn $name($($a: $t),*) -> ncclResult_t {
+            if !crate::real::cpu_device() {
+                let $r = move || pass!($real, ($($a: $t),*));
+                return $gpu;
             }
             $call
         }
@@ -428,7 +442,7 @@ export!(
     ///
     /// # Safety
     /// As NCCL's, with host pointers on strata's CPU device.
-    ncclAllGather, "AllGather",
+    ncclAllGather, "AllGather", join real => crate::join::collective("ncclAllGather", With::AllGather, sendbuff, recvbuff, sendcount, datatype, comm, stream, real),
     (sendbuff: *const c_void, recvbuff: *mut c_void, sendcount: usize, datatype: ncclDataType_t, comm: ncclComm_t, stream: cudaStream_t),
     { let _ = stream; submit(call("ncclAllGather", Kind::AllGather, sendbuff, recvbuff, sendcount, datatype, 0, 0, comm)) }
 );
@@ -437,7 +451,7 @@ export!(
     ///
     /// # Safety
     /// As NCCL's, with host pointers on strata's CPU device.
-    ncclReduceScatter, "ReduceScatter",
+    ncclReduceScatter, "ReduceScatter", join real => crate::join::collective("ncclReduceScatter", With::ReduceScatter(op), sendbuff, recvbuff, recvcount, datatype, comm, stream, real),
     (sendbuff: *const c_void, recvbuff: *mut c_void, recvcount: usize, datatype: ncclDataType_t, op: ncclRedOp_t, comm: ncclComm_t, stream: cudaStream_t),
     { let _ = stream; submit(call("ncclReduceScatter", Kind::ReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, 0, comm)) }
 );
@@ -446,7 +460,7 @@ export!(
     ///
     /// # Safety
     /// As NCCL's, with host pointers on strata's CPU device.
-    ncclAllReduce, "AllReduce",
+    ncclAllReduce, "AllReduce", join real => crate::join::collective("ncclAllReduce", With::AllReduce(op), sendbuff, recvbuff, count, datatype, comm, stream, real),
     (sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, op: ncclRedOp_t, comm: ncclComm_t, stream: cudaStream_t),
     { let _ = stream; submit(call("ncclAllReduce", Kind::AllReduce, sendbuff, recvbuff, count, datatype, op, 0, comm)) }
 );
@@ -528,7 +542,7 @@ export!(
     ///
     /// # Safety
     /// As NCCL's; `config` NULL or initialised.
-    ncclAllGatherConfig, "AllGatherConfig",
+    ncclAllGatherConfig, "AllGatherConfig", join real => crate::join::collective("ncclAllGatherConfig", With::AllGather, sendbuff, recvbuff, sendcount, datatype, comm, stream, real),
     (sendbuff: *const c_void, recvbuff: *mut c_void, sendcount: usize, datatype: ncclDataType_t, comm: ncclComm_t, stream: cudaStream_t, config: *const ncclCollConfig_t),
     { let _ = stream; unsafe { submit_cfg(call("ncclAllGatherConfig", Kind::AllGather, sendbuff, recvbuff, sendcount, datatype, 0, 0, comm), config) } }
 );
@@ -537,7 +551,7 @@ export!(
     ///
     /// # Safety
     /// As NCCL's; `config` NULL or initialised.
-    ncclReduceScatterConfig, "ReduceScatterConfig",
+    ncclReduceScatterConfig, "ReduceScatterConfig", join real => crate::join::collective("ncclReduceScatterConfig", With::ReduceScatter(op), sendbuff, recvbuff, recvcount, datatype, comm, stream, real),
     (sendbuff: *const c_void, recvbuff: *mut c_void, recvcount: usize, datatype: ncclDataType_t, op: ncclRedOp_t, comm: ncclComm_t, stream: cudaStream_t, config: *const ncclCollConfig_t),
     { let _ = stream; unsafe { submit_cfg(call("ncclReduceScatterConfig", Kind::ReduceScatter, sendbuff, recvbuff, recvcount, datatype, op, 0, comm), config) } }
 );
@@ -546,7 +560,7 @@ export!(
     ///
     /// # Safety
     /// As NCCL's; `config` NULL or initialised.
-    ncclAllReduceConfig, "AllReduceConfig",
+    ncclAllReduceConfig, "AllReduceConfig", join real => crate::join::collective("ncclAllReduceConfig", With::AllReduce(op), sendbuff, recvbuff, count, datatype, comm, stream, real),
     (sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: ncclDataType_t, op: ncclRedOp_t, comm: ncclComm_t, stream: cudaStream_t, config: *const ncclCollConfig_t),
     { let _ = stream; unsafe { submit_cfg(call("ncclAllReduceConfig", Kind::AllReduce, sendbuff, recvbuff, count, datatype, op, 0, comm), config) } }
 );

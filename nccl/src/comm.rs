@@ -87,6 +87,14 @@ pub fn strata_config() -> Result<strataConfig_t, (ncclResult_t, String)> {
     })
 }
 
+/// The size and topology of the first communicator strata joined (`join.rs`).
+static JOINED_ON: OnceLock<(c_int, String)> = OnceLock::new();
+
+/// strata joined a communicator of `n` ranks on `topo` (for the startup line).
+pub fn joined_on(n: c_int, topo: String) {
+    let _ = JOINED_ON.set((n, topo));
+}
+
 /// Print the one startup line (stderr), once per process, when `rank` is 0.
 pub fn announce(rank: c_int) {
     static DONE: AtomicBool = AtomicBool::new(false);
@@ -105,9 +113,15 @@ pub fn announce(rank: c_int) {
         let mut v = 0;
         // SAFETY: a live int.
         unsafe { crate::ncclGetVersion(&mut v) };
-        let serving = "nothing yet: strata joins the real communicator in a later version";
+        let on = match JOINED_ON.get() {
+            Some((n, t)) => format!(" on the joined communicators (first: {n} ranks, {t})"),
+            None if !cfg!(feature = "cuda") => {
+                " nothing: this libstrata_nccl.so was built without --features cuda".into()
+            }
+            None => " on the blocking communicators it joins (none yet)".into(),
+        };
         eprintln!(
-            "strata-nccl: passing every call to {path} (NCCL {}.{}.{}); serving: {serving}",
+            "strata-nccl: NCCL {}.{}.{} at {path}; serving: {serving}{on}; everything else: NCCL",
             v / 10000,
             v / 100 % 100,
             v % 100

@@ -20,7 +20,8 @@
 //! here). The struct is checked (`magic` of `NCCL_SIM_INFO_INITIALIZER`) and written
 //! only as far as its `size`.
 //!
-//! With the real library every function is passed to it.
+//! With the real library every function is passed to it, and counted per thread by
+//! `join.rs`, which holds and replays what a group routes to strata.
 
 use crate::abi::*;
 use crate::collectives::{execute, Call};
@@ -60,7 +61,7 @@ pub fn hold(h: Held) {
 #[no_mangle]
 pub unsafe extern "C" fn ncclGroupStart() -> ncclResult_t {
     if !crate::real::cpu_device() {
-        return pass!("GroupStart", ());
+        return crate::join::group_start();
     }
     DEPTH.with(|d| d.set(d.get() + 1));
     ncclSuccess
@@ -75,7 +76,9 @@ pub unsafe extern "C" fn ncclGroupStart() -> ncclResult_t {
 #[no_mangle]
 pub unsafe extern "C" fn ncclGroupEnd() -> ncclResult_t {
     if !crate::real::cpu_device() {
-        return pass!("GroupEnd", ());
+        return guard("ncclGroupEnd", std::ptr::null_mut(), || {
+            crate::join::group_end(false, || pass!("GroupEnd", ()))
+        });
     }
     guard("ncclGroupEnd", std::ptr::null_mut(), || {
         end("ncclGroupEnd", true)
@@ -91,7 +94,9 @@ pub unsafe extern "C" fn ncclGroupEnd() -> ncclResult_t {
 #[no_mangle]
 pub unsafe extern "C" fn ncclGroupSimulateEnd(simInfo: *mut ncclSimInfo_t) -> ncclResult_t {
     if !crate::real::cpu_device() {
-        return pass!("GroupSimulateEnd", (simInfo: *mut ncclSimInfo_t));
+        return guard("ncclGroupSimulateEnd", std::ptr::null_mut(), || {
+            crate::join::group_end(true, || pass!("GroupSimulateEnd", (simInfo: *mut ncclSimInfo_t)))
+        });
     }
     const F: &str = "ncclGroupSimulateEnd";
     guard(F, std::ptr::null_mut(), || {

@@ -136,15 +136,34 @@ unsafe fn init_rank(
     })
 }
 
-/// With the real library: `STRATA_NCCL` must parse; the startup line after success.
-fn real_init(func: &str, rank: c_int, r: ncclResult_t) -> ncclResult_t {
+/// With the real library: `STRATA_NCCL` must parse; after the real init made `made`
+/// (blocking or not, per `config`), strata joins them (`join.rs`: now, or at the group's
+/// end), then the startup line.
+///
+/// # Safety
+/// `made` NULL or readable for `n` handles (the real library wrote them); `config` NULL or
+/// an initialised config.
+unsafe fn real_init(
+    func: &'static str,
+    rank: c_int,
+    r: ncclResult_t,
+    made: *const ncclComm_t,
+    n: c_int,
+    config: *const ncclConfig_t,
+) -> ncclResult_t {
     if let Err(e) = crate::serve::serve() {
         return fail(func, null_mut(), ncclInvalidArgument, e);
     }
-    if r == ncclSuccess {
-        announce(rank);
+    if r != ncclSuccess || made.is_null() || n < 1 {
+        return r;
     }
-    r
+    // SAFETY: the real library wrote `n` handles there.
+    let comms = unsafe { std::slice::from_raw_parts(made, n as usize) };
+    // SAFETY: the caller's contract on `config`.
+    let blocking = unsafe { crate::join::blocking(config) };
+    let j = crate::join::made_all(func, comms, blocking);
+    announce(rank);
+    j
 }
 
 /// NCCL's `ncclCommInitRank`: this rank's communicator of a world of `nranks` named by
@@ -164,7 +183,8 @@ pub unsafe extern "C" fn ncclCommInitRank(
             return fail("ncclCommInitRank", null_mut(), ncclInvalidArgument, e);
         }
         let r = pass!("CommInitRank", (comm: *mut ncclComm_t, nranks: c_int, commId: ncclUniqueId, rank: c_int));
-        return real_init("ncclCommInitRank", rank, r);
+        // SAFETY: `comm` was written by the real init when it succeeded.
+        return unsafe { real_init("ncclCommInitRank", rank, r, comm, 1, std::ptr::null()) };
     }
     // SAFETY: the caller's contract.
     unsafe {
@@ -197,7 +217,8 @@ pub unsafe extern "C" fn ncclCommInitRankConfig(
             return fail("ncclCommInitRankConfig", null_mut(), ncclInvalidArgument, e);
         }
         let r = pass!("CommInitRankConfig", (comm: *mut ncclComm_t, nranks: c_int, commId: ncclUniqueId, rank: c_int, config: *mut ncclConfig_t));
-        return real_init("ncclCommInitRankConfig", rank, r);
+        // SAFETY: as in ncclCommInitRank; `config` the caller's.
+        return unsafe { real_init("ncclCommInitRankConfig", rank, r, comm, 1, config) };
     }
     // SAFETY: the caller's contract.
     unsafe { init_rank("ncclCommInitRankConfig", comm, nranks, commId, rank, config) }
@@ -227,7 +248,8 @@ pub unsafe extern "C" fn ncclCommInitRankScalable(
             );
         }
         let r = pass!("CommInitRankScalable", (newcomm: *mut ncclComm_t, nranks: c_int, myrank: c_int, nId: c_int, commIds: *mut ncclUniqueId, config: *mut ncclConfig_t));
-        return real_init("ncclCommInitRankScalable", myrank, r);
+        // SAFETY: as in ncclCommInitRank; `config` the caller's.
+        return unsafe { real_init("ncclCommInitRankScalable", myrank, r, newcomm, 1, config) };
     }
     const F: &str = "ncclCommInitRankScalable";
     if nId < 1 || commIds.is_null() {
@@ -260,7 +282,8 @@ pub unsafe extern "C" fn ncclCommInitAll(
             return fail("ncclCommInitAll", null_mut(), ncclInvalidArgument, e);
         }
         let r = pass!("CommInitAll", (comm: *mut ncclComm_t, ndev: c_int, devlist: *const c_int));
-        return real_init("ncclCommInitAll", 0, r);
+        // SAFETY: the real init wrote `ndev` handles when it succeeded.
+        return unsafe { real_init("ncclCommInitAll", 0, r, comm, ndev, std::ptr::null()) };
     }
     const F: &str = "ncclCommInitAll";
     guard(F, null_mut(), || {
@@ -306,7 +329,10 @@ pub unsafe extern "C" fn ncclCommSplit(
     config: *mut ncclConfig_t,
 ) -> ncclResult_t {
     if !crate::real::cpu_device() {
-        return pass!("CommSplit", (comm: ncclComm_t, color: c_int, key: c_int, newcomm: *mut ncclComm_t, config: *mut ncclConfig_t));
+        let r = pass!("CommSplit", (comm: ncclComm_t, color: c_int, key: c_int, newcomm: *mut ncclComm_t, config: *mut ncclConfig_t));
+        // SAFETY: `newcomm` written by the real split when it succeeded; `config` the
+        // caller's.
+        return unsafe { crate::join::made_from("ncclCommSplit", r, comm, newcomm, config) };
     }
     const F: &str = "ncclCommSplit";
     guard(F, comm, || {
@@ -348,7 +374,9 @@ pub unsafe extern "C" fn ncclCommShrink(
     shrinkFlags: c_int,
 ) -> ncclResult_t {
     if !crate::real::cpu_device() {
-        return pass!("CommShrink", (comm: ncclComm_t, excludeRanksList: *mut c_int, excludeRanksCount: c_int, newcomm: *mut ncclComm_t, config: *mut ncclConfig_t, shrinkFlags: c_int));
+        let r = pass!("CommShrink", (comm: ncclComm_t, excludeRanksList: *mut c_int, excludeRanksCount: c_int, newcomm: *mut ncclComm_t, config: *mut ncclConfig_t, shrinkFlags: c_int));
+        // SAFETY: as in ncclCommSplit.
+        return unsafe { crate::join::made_from("ncclCommShrink", r, comm, newcomm, config) };
     }
     const F: &str = "ncclCommShrink";
     guard(F, comm, || {
@@ -388,6 +416,7 @@ pub unsafe extern "C" fn ncclCommShrink(
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommFinalize(comm: ncclComm_t) -> ncclResult_t {
     if !crate::real::cpu_device() {
+        crate::join::leave(comm, false);
         return pass!("CommFinalize", (comm: ncclComm_t));
     }
     const F: &str = "ncclCommFinalize";
@@ -408,6 +437,7 @@ fn forget(comm: ncclComm_t) {
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommDestroy(comm: ncclComm_t) -> ncclResult_t {
     if !crate::real::cpu_device() {
+        crate::join::leave(comm, false);
         return pass!("CommDestroy", (comm: ncclComm_t));
     }
     const F: &str = "ncclCommDestroy";
@@ -430,6 +460,7 @@ pub unsafe extern "C" fn ncclCommDestroy(comm: ncclComm_t) -> ncclResult_t {
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommAbort(comm: ncclComm_t) -> ncclResult_t {
     if !crate::real::cpu_device() {
+        crate::join::leave(comm, true);
         return pass!("CommAbort", (comm: ncclComm_t));
     }
     const F: &str = "ncclCommAbort";
@@ -508,7 +539,15 @@ pub unsafe extern "C" fn ncclCommGetAsyncError(
     asyncError: *mut ncclResult_t,
 ) -> ncclResult_t {
     if !crate::real::cpu_device() {
-        return pass!("CommGetAsyncError", (comm: ncclComm_t, asyncError: *mut ncclResult_t));
+        let r = pass!("CommGetAsyncError", (comm: ncclComm_t, asyncError: *mut ncclResult_t));
+        if r == ncclSuccess && !asyncError.is_null() {
+            // SAFETY: the real library just wrote it.
+            if unsafe { *asyncError } == ncclSuccess {
+                // SAFETY: as above.
+                unsafe { *asyncError = crate::join::async_error(comm) };
+            }
+        }
+        return r;
     }
     // SAFETY: strata checks both.
     strata_result("ncclCommGetAsyncError", comm, unsafe {

@@ -27,6 +27,7 @@ pub mod errors;
 pub mod forward;
 pub mod group;
 pub mod init;
+pub mod join;
 pub mod memory;
 pub mod passthrough;
 pub mod real;
