@@ -102,7 +102,7 @@ pub fn announce(rank: c_int) {
         return;
     }
     let serving = match serve() {
-        Ok(s) => s.describe(),
+        Ok(s) => s.describe(!crate::real::cpu_device()),
         Err(e) => format!("nothing ({e})"),
     };
     let mode = if crate::real::cpu_device() {
@@ -113,7 +113,9 @@ pub fn announce(rank: c_int) {
         let mut v = 0;
         // SAFETY: a live int.
         unsafe { crate::ncclGetVersion(&mut v) };
+        let off = matches!(serve(), Ok(Serve::Off) | Err(_));
         let on = match JOINED_ON.get() {
+            _ if off => String::new(),
             Some((n, t)) => format!(" on the joined communicators (first: {n} ranks, {t})"),
             None if !cfg!(feature = "cuda") => {
                 " nothing: this libstrata_nccl.so was built without --features cuda".into()

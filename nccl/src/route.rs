@@ -162,6 +162,21 @@ mod tests {
     }
 
     #[test]
+    fn one_rank_runs_only_what_is_named_and_fits() {
+        // What the GPU check runs on one GPU (STRATA_NCCL=log-step): every collective
+        // through strata; the hierarchical forms need two levels and fall to NCCL.
+        let log = Serve::parse(Some("log-step")).unwrap();
+        let hier = Serve::parse(Some("hier,ho-ring")).unwrap();
+        for k in KINDS {
+            assert_eq!(on(&log, "nodes:1x1", k, 4000, DataType::F32), Route::Strata(Algo::LogStep));
+            assert_eq!(on(&hier, "nodes:1x1", k, 4000, DataType::F32), Route::Native);
+        }
+        let qwz = Serve::parse(Some("qwz")).unwrap();
+        assert_eq!(on(&qwz, "nodes:1x1", Kind::AllGather, 4000, DataType::F32), Route::Strata(Algo::Qwz));
+        assert_eq!(on(&qwz, "nodes:1x1", Kind::AllReduce, 4000, DataType::F32), Route::Native);
+    }
+
+    #[test]
     fn off_is_always_the_real_library() {
         for k in KINDS {
             for b in SIZES {

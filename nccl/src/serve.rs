@@ -7,7 +7,9 @@
 //!   init fails with `ncclInvalidUsage` and a message naming why.
 //! - a comma list of strata algorithm names (`ring`, `hier`, `hier-ring`, `hier-log`,
 //!   `log-step`, `ho-ring`, and the quantized `qgz`, `qgz-1hop`, `qwz` only when
-//!   named): strata's communicator config holds ONE default algorithm, so the first name
+//!   named). On a communicator strata joined (GPU, `join.rs`) each call runs the first
+//!   name that fits it (`route.rs`; `ring`: the real call; none: the real call). On
+//!   strata's CPU device a communicator holds ONE default algorithm, so the first name
 //!   becomes it; the others are checked and reported on the startup line as not applied.
 //!
 //! A bad value is an init error (`ncclInvalidArgument`) naming the accepted values.
@@ -74,11 +76,17 @@ impl Serve {
         }
     }
 
-    /// What is served, for the startup line.
-    pub fn describe(&self) -> String {
+    /// What is served, for the startup line: on strata's CPU device, or (`per_call`) on
+    /// communicators strata joined, where the route decides per call.
+    pub fn describe(&self, per_call: bool) -> String {
         match self {
             Serve::Off => "nothing (STRATA_NCCL=off)".into(),
+            Serve::Exact if per_call => "all-gather, reduce-scatter and all-reduce by strata's exact algorithms where its model says they beat NCCL's".into(),
             Serve::Exact => "every call, strata's exact algorithms (auto)".into(),
+            Serve::Algos(a) if per_call => {
+                let names: Vec<&str> = a.iter().map(|a| a.name()).collect();
+                format!("all-gather, reduce-scatter and all-reduce by strata's {}, the first that fits each call", names.join(","))
+            }
             Serve::Algos(a) => {
                 let mut s = format!("every call, strata algorithm {}", a[0].name());
                 if a.len() > 1 {
@@ -118,7 +126,8 @@ mod tests {
         assert_eq!(Serve::parse(Some("qgz")), Ok(Serve::Algos(vec![Algo::Qgz])));
         let s = Serve::parse(Some("hier,log-step")).unwrap();
         assert_eq!(s.config_algo(), Some(c"hier"));
-        assert!(s.describe().contains("log-step named but not applied"));
+        assert!(s.describe(false).contains("log-step named but not applied"));
+        assert!(s.describe(true).contains("strata's hier,log-step, the first that fits each call"));
         assert_eq!(Serve::Exact.config_algo(), None);
     }
 
