@@ -95,7 +95,10 @@ pub unsafe extern "C" fn ncclGroupEnd() -> ncclResult_t {
 pub unsafe extern "C" fn ncclGroupSimulateEnd(simInfo: *mut ncclSimInfo_t) -> ncclResult_t {
     if !crate::real::cpu_device() {
         return guard("ncclGroupSimulateEnd", std::ptr::null_mut(), || {
-            crate::join::group_end(true, || pass!("GroupSimulateEnd", (simInfo: *mut ncclSimInfo_t)))
+            crate::join::group_end(
+                true,
+                || pass!("GroupSimulateEnd", (simInfo: *mut ncclSimInfo_t)),
+            )
         });
     }
     const F: &str = "ncclGroupSimulateEnd";

@@ -191,11 +191,24 @@ fn join_all(comms: Vec<(&'static str, usize)>) -> ncclResult_t {
 fn try_join(comm: ncclComm_t) -> Result<(), (ncclResult_t, String)> {
     use strata::transport::vendor::{Vendor, VendorLib};
     let (mut n, mut r, mut d) = (0, 0, 0);
-    let (count, rank, device) = (&mut n as *mut c_int, &mut r as *mut c_int, &mut d as *mut c_int);
+    let (count, rank, device) = (
+        &mut n as *mut c_int,
+        &mut r as *mut c_int,
+        &mut d as *mut c_int,
+    );
     for (rc, what) in [
-        (pass!("CommCount", (comm: ncclComm_t, count: *mut c_int)), "ncclCommCount"),
-        (pass!("CommUserRank", (comm: ncclComm_t, rank: *mut c_int)), "ncclCommUserRank"),
-        (pass!("CommCuDevice", (comm: ncclComm_t, device: *mut c_int)), "ncclCommCuDevice"),
+        (
+            pass!("CommCount", (comm: ncclComm_t, count: *mut c_int)),
+            "ncclCommCount",
+        ),
+        (
+            pass!("CommUserRank", (comm: ncclComm_t, rank: *mut c_int)),
+            "ncclCommUserRank",
+        ),
+        (
+            pass!("CommCuDevice", (comm: ncclComm_t, device: *mut c_int)),
+            "ncclCommCuDevice",
+        ),
     ] {
         if rc != ncclSuccess {
             return Err((rc, format!("{what} returned {rc}")));
@@ -218,10 +231,13 @@ fn try_join(comm: ncclComm_t) -> Result<(), (ncclResult_t, String)> {
     let sc = strata::Comm::vendor_adopt(own, &dev, r as usize, n as usize, config).map_err(e)?;
     let topo = sc.topology().to_string();
     let h = s::register_comm(sc.clone()).map_err(e)?;
-    table()
-        .write()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(comm as usize, Arc::new(Joined { strata: h as usize, comm: sc }));
+    table().write().unwrap_or_else(|p| p.into_inner()).insert(
+        comm as usize,
+        Arc::new(Joined {
+            strata: h as usize,
+            comm: sc,
+        }),
+    );
     ANY.store(true, Ordering::Relaxed);
     crate::comm::joined_on(n, topo);
     Ok(())
@@ -315,7 +331,16 @@ pub fn collective(
         // SAFETY: the caller's NCCL contract on the buffers and stream is strata's on its
         // GPU transport (device memory of the communicator's device, a live stream).
         let rc = unsafe {
-            s::collective_with(with, algo, send, recv, count, dtype, j.handle(), stream.cast())
+            s::collective_with(
+                with,
+                algo,
+                send,
+                recv,
+                count,
+                dtype,
+                j.handle(),
+                stream.cast(),
+            )
         };
         if rc == ncclSuccess {
             return rc;

@@ -6,7 +6,9 @@
 //! - Served here ([`symbols::SERVED`]): communicators, collectives, point-to-point,
 //!   groups, reduce ops (PreMulSum included), memory and registration. On strata's CPU
 //!   device ([`real::cpu_device`]: no real library, or `STRATA_NCCL_DEVICE=cpu`) strata
-//!   runs every one of them on host memory; with the real library they go to it.
+//!   runs every one of them on host memory; with the real library they go to it, but
+//!   for the all-gathers, reduce-scatters and all-reduces that strata's algorithms run
+//!   faster on a communicator strata joined ([`join`], [`route`]).
 //! - Forwarded ([`symbols::FORWARDED`], [`forward`]): every other function, unchanged,
 //!   through a trampoline that jumps to the real library's function of the same name
 //!   (any signature, nothing touched).

@@ -1,18 +1,15 @@
 //! With the real library ([`crate::real::cpu_device`] false) every served function is
-//! passed to the real library's function of the same name, arguments unchanged: this
-//! session strata serves nothing on a GPU machine, and the communicator handle there is
-//! the real `ncclComm_t` itself, so the functions [`crate::symbols::FORWARDED`] names
-//! receive it untouched.
+//! passed to the real library's function of the same name, arguments unchanged, unless
+//! strata joined the communicator and takes the call (`join.rs`); the communicator
+//! handle there is the real `ncclComm_t` itself, so the functions
+//! [`crate::symbols::FORWARDED`] names receive it untouched.
 //!
 //! Each function's address is looked up once (`pnccl<Name>`, NCCL's strong profiling
 //! alias, first, so a preloaded library's own `nccl<Name>` can never be found by
 //! mistake; else `nccl<Name>`) and cached in a `OnceLock` of its own ([`real_fn!`]).
 //!
-//! Where strata will join the real communicator (a later session): the init functions
-//! of `init.rs` will make a strata communicator beside the real one (strata's `nccl`
-//! transport over the real library) and keep the pair in a handle of this library;
-//! `collectives.rs` will then choose per call between strata's algorithms and the real
-//! call, as `serve.rs`'s [`crate::serve::Serve`] says.
+//! strata joining the real communicator is `join.rs`: the handle stays the real one, and
+//! the exports ask `join.rs` per call whether strata takes it (`route.rs`).
 
 use crate::abi::*;
 

@@ -116,7 +116,10 @@ mod tests {
         // hierarchy's, so past a few MiB the real call runs; below, strata's forms pay.
         for topo in ["dgx-h100:4", "p5:2"] {
             for k in KINDS {
-                assert_eq!(on(&Serve::Exact, topo, k, 256 << 20, DataType::F32), Route::Native);
+                assert_eq!(
+                    on(&Serve::Exact, topo, k, 256 << 20, DataType::F32),
+                    Route::Native
+                );
             }
             assert_eq!(
                 on(&Serve::Exact, topo, Kind::AllGather, 1 << 20, DataType::F32),
@@ -129,7 +132,13 @@ mod tests {
     fn many_ranks_small_messages_take_log_step_or_stay_native() {
         // Latency-bound: strata's model picks log-step (or a hierarchy whose inter-node
         // stage is log-step) over the ring's p-1 steps.
-        let r = on(&Serve::Exact, "nodes:16x8", Kind::AllGather, 1 << 10, DataType::F32);
+        let r = on(
+            &Serve::Exact,
+            "nodes:16x8",
+            Kind::AllGather,
+            1 << 10,
+            DataType::F32,
+        );
         assert!(
             matches!(r, Route::Strata(Algo::LogStep | Algo::Hier | Algo::HierLog)),
             "{r:?}"
@@ -140,7 +149,14 @@ mod tests {
     fn the_route_is_the_models_choice_at_every_size() {
         // route(exact) is select(auto) with ring as the real call: never a quantized
         // algorithm, never one that cannot run the call.
-        for topo in ["nodes:1x1", "nodes:1x2", "nodes:2x4", "nodes:3x2", "dgx-a100:2", "p4d:3"] {
+        for topo in [
+            "nodes:1x1",
+            "nodes:1x2",
+            "nodes:2x4",
+            "nodes:3x2",
+            "dgx-a100:2",
+            "p4d:3",
+        ] {
             for k in KINDS {
                 for b in SIZES {
                     for dt in [DataType::F32, DataType::BF16, DataType::I64] {
@@ -156,7 +172,10 @@ mod tests {
         // One rank or one node of one level: nothing but the native call pays.
         for k in KINDS {
             for b in SIZES {
-                assert_eq!(on(&Serve::Exact, "nodes:1x1", k, b, DataType::F32), Route::Native);
+                assert_eq!(
+                    on(&Serve::Exact, "nodes:1x1", k, b, DataType::F32),
+                    Route::Native
+                );
             }
         }
     }
@@ -168,19 +187,34 @@ mod tests {
         let log = Serve::parse(Some("log-step")).unwrap();
         let hier = Serve::parse(Some("hier,ho-ring")).unwrap();
         for k in KINDS {
-            assert_eq!(on(&log, "nodes:1x1", k, 4000, DataType::F32), Route::Strata(Algo::LogStep));
-            assert_eq!(on(&hier, "nodes:1x1", k, 4000, DataType::F32), Route::Native);
+            assert_eq!(
+                on(&log, "nodes:1x1", k, 4000, DataType::F32),
+                Route::Strata(Algo::LogStep)
+            );
+            assert_eq!(
+                on(&hier, "nodes:1x1", k, 4000, DataType::F32),
+                Route::Native
+            );
         }
         let qwz = Serve::parse(Some("qwz")).unwrap();
-        assert_eq!(on(&qwz, "nodes:1x1", Kind::AllGather, 4000, DataType::F32), Route::Strata(Algo::Qwz));
-        assert_eq!(on(&qwz, "nodes:1x1", Kind::AllReduce, 4000, DataType::F32), Route::Native);
+        assert_eq!(
+            on(&qwz, "nodes:1x1", Kind::AllGather, 4000, DataType::F32),
+            Route::Strata(Algo::Qwz)
+        );
+        assert_eq!(
+            on(&qwz, "nodes:1x1", Kind::AllReduce, 4000, DataType::F32),
+            Route::Native
+        );
     }
 
     #[test]
     fn off_is_always_the_real_library() {
         for k in KINDS {
             for b in SIZES {
-                assert_eq!(on(&Serve::Off, "nodes:4x8", k, b, DataType::F32), Route::Native);
+                assert_eq!(
+                    on(&Serve::Off, "nodes:4x8", k, b, DataType::F32),
+                    Route::Native
+                );
             }
         }
     }
@@ -190,12 +224,24 @@ mod tests {
         let hier_then_log = Serve::parse(Some("hier,log-step")).unwrap();
         // Two levels: hier fits.
         assert_eq!(
-            on(&hier_then_log, "nodes:2x4", Kind::AllReduce, 1 << 20, DataType::F32),
+            on(
+                &hier_then_log,
+                "nodes:2x4",
+                Kind::AllReduce,
+                1 << 20,
+                DataType::F32
+            ),
             Route::Strata(Algo::Hier)
         );
         // One node: hier needs two levels, log-step runs.
         assert_eq!(
-            on(&hier_then_log, "nodes:1x4", Kind::AllReduce, 1 << 20, DataType::F32),
+            on(
+                &hier_then_log,
+                "nodes:1x4",
+                Kind::AllReduce,
+                1 << 20,
+                DataType::F32
+            ),
             Route::Strata(Algo::LogStep)
         );
         // ring named first: the real call.
@@ -208,11 +254,23 @@ mod tests {
         // sum; an integer reduce-scatter falls to the next name, then to the real call.
         let qgz = Serve::parse(Some("qgz")).unwrap();
         assert_eq!(
-            on(&qgz, "nodes:2x4", Kind::ReduceScatter, 1 << 20, DataType::F32),
+            on(
+                &qgz,
+                "nodes:2x4",
+                Kind::ReduceScatter,
+                1 << 20,
+                DataType::F32
+            ),
             Route::Strata(Algo::Qgz)
         );
         assert_eq!(
-            on(&qgz, "nodes:2x4", Kind::ReduceScatter, 1 << 20, DataType::I32),
+            on(
+                &qgz,
+                "nodes:2x4",
+                Kind::ReduceScatter,
+                1 << 20,
+                DataType::I32
+            ),
             Route::Native
         );
         assert_eq!(

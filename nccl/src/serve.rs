@@ -127,7 +127,9 @@ mod tests {
         let s = Serve::parse(Some("hier,log-step")).unwrap();
         assert_eq!(s.config_algo(), Some(c"hier"));
         assert!(s.describe(false).contains("log-step named but not applied"));
-        assert!(s.describe(true).contains("strata's hier,log-step, the first that fits each call"));
+        assert!(s
+            .describe(true)
+            .contains("strata's hier,log-step, the first that fits each call"));
         assert_eq!(Serve::Exact.config_algo(), None);
     }
 

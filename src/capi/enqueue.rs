@@ -228,7 +228,9 @@ pub(super) unsafe fn enqueue(
     a: Args,
 ) -> strataResult_t {
     // SAFETY: forwarded caller contract.
-    guard(name, a.4, move || unsafe { collective(name, coll, hint, a) })
+    guard(name, a.4, move || unsafe {
+        collective(name, coll, hint, a)
+    })
 }
 
 /// Which collective [`collective_with`] runs.
@@ -276,12 +278,7 @@ pub unsafe fn collective_with(
 ///
 /// # Safety
 /// As [`enqueue`].
-unsafe fn collective(
-    name: &'static str,
-    coll: Coll,
-    hint: Hint,
-    a: Args,
-) -> Result<()> {
+unsafe fn collective(name: &'static str, coll: Coll, hint: Hint, a: Args) -> Result<()> {
     let Args(sendbuff, recvbuff, count, datatype, comm, stream) = a;
     let h = lookup(comm)?;
     let dt = dtype(datatype)?;

@@ -317,9 +317,16 @@ impl VendorLib {
     ///
     /// # Safety
     /// `parent` is a live communicator of this library, not destroyed during the call.
-    pub unsafe fn split_foreign(&'static self, parent: RawComm, key: i32) -> Result<VendorComm<'static>> {
+    pub unsafe fn split_foreign(
+        &'static self,
+        parent: RawComm,
+        key: i32,
+    ) -> Result<VendorComm<'static>> {
         let f = self.sys.ncclCommSplit.ok_or_else(|| {
-            Error::System(format!("{}: this library has no ncclCommSplit", self.vendor().name()))
+            Error::System(format!(
+                "{}: this library has no ncclCommSplit",
+                self.vendor().name()
+            ))
         })?;
         let mut out: RawComm = std::ptr::null_mut();
         // SAFETY: FFI, collective over the live `parent` (the caller's contract); writes
@@ -327,7 +334,9 @@ impl VendorLib {
         let rc = unsafe { f(parent, 0, key, &mut out, std::ptr::null_mut()) };
         self.check(rc, "ncclCommSplit")?;
         if out.is_null() {
-            return Err(Error::Internal("ncclCommSplit with color 0 gave no communicator".into()));
+            return Err(Error::Internal(
+                "ncclCommSplit with color 0 gave no communicator".into(),
+            ));
         }
         Ok(VendorComm::new(self, out))
     }

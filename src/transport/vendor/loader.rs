@@ -180,7 +180,9 @@ impl VendorLib {
         cell.get_or_init(|| {
             // SAFETY: as in `load`: the vendor's own initializers.
             match unsafe { libloading::Library::new(path) } {
-                Ok(lib) => VendorLib::resolve(vendor, path, lib).map_err(|e| format!("{path}: {e}")),
+                Ok(lib) => {
+                    VendorLib::resolve(vendor, path, lib).map_err(|e| format!("{path}: {e}"))
+                }
                 Err(e) => Err(format!("{path}: {e}")),
             }
         })
