@@ -21,8 +21,10 @@
 //! `*Config` forms) on a joined communicator, with one of strata's data types (not fp8)
 //! and a built-in op (not PreMulSum), go where [`crate::route::route`] says: strata's
 //! algorithm, enqueued on the caller's stream through strata's C ABI
-//! ([`strata::capi::collective_with`]), or the real call unchanged. Every other function
-//! goes to the real library.
+//! ([`strata::capi::collective_with`]), or the real call unchanged. Calls on a stream
+//! being captured into a CUDA graph, and calls whose buffers lie in a window registered
+//! with `ncclCommWindowRegister` (NCCL's symmetric kernels), go to the real library.
+//! Every other function goes to the real library.
 //!
 //! **Groups.** `ncclGroupStart` / `ncclGroupEnd` go to the real library and are counted
 //! here per thread. Calls routed to the real library go to it at once (into its open
@@ -55,6 +57,8 @@ pub struct Joined {
     strata: usize,
     /// The same communicator, for the route's shape (topology, members, hierarchy).
     comm: strata::Comm,
+    /// Its device (whether a caller's stream is being captured).
+    dev: Arc<dyn strata::device::Device>,
 }
 
 impl Joined {
@@ -236,6 +240,7 @@ fn try_join(comm: ncclComm_t) -> Result<(), (ncclResult_t, String)> {
         Arc::new(Joined {
             strata: h as usize,
             comm: sc,
+            dev,
         }),
     );
     ANY.store(true, Ordering::Relaxed);
@@ -324,8 +329,8 @@ pub fn collective(
         return real();
     };
     let algo = match choose(&j, with, count, dtype) {
-        Route::Native => return hold_or_run(real),
-        Route::Strata(a) => a,
+        Route::Strata(a) if !in_window(comm, send, recv) && !capturing(&j, stream) => a,
+        _ => return hold_or_run(real),
     };
     let run = move || {
         // SAFETY: the caller's NCCL contract on the buffers and stream is strata's on its
@@ -357,6 +362,55 @@ pub fn collective(
     } else {
         run()
     }
+}
+
+/// True when `stream` is being captured into a CUDA graph (or its state is unknown):
+/// such calls go to NCCL, which captures its own kernels; strata's capture needs each
+/// call shape run once before (docs/gpu.md, "Graph capture"), which a program written
+/// for NCCL does not know to do.
+fn capturing(j: &Joined, stream: cudaStream_t) -> bool {
+    // SAFETY: `stream` is the caller's live stream of the communicator's device (NCCL's
+    // contract for the call it passed it to).
+    unsafe { j.dev.is_capturing(stream.cast()) }.unwrap_or(true)
+}
+
+/// Windows registered with `ncclCommWindowRegister` (buffer range, window, communicator):
+/// a call touching one goes to NCCL (its symmetric kernels use the window).
+static WINDOWS: RwLock<Vec<(usize, usize, usize, usize)>> = RwLock::new(Vec::new());
+/// True while any window is registered.
+static ANY_WINDOW: AtomicBool = AtomicBool::new(false);
+
+/// The real library registered `[buff, buff + size)` as window `win` of `comm`.
+pub fn window_registered(comm: ncclComm_t, buff: *const c_void, size: usize, win: usize) {
+    let mut w = WINDOWS.write().unwrap_or_else(|p| p.into_inner());
+    w.push((
+        buff as usize,
+        (buff as usize).saturating_add(size),
+        win,
+        comm as usize,
+    ));
+    ANY_WINDOW.store(true, Ordering::Relaxed);
+}
+
+/// Window `win` was deregistered.
+pub fn window_deregistered(win: usize) {
+    let mut w = WINDOWS.write().unwrap_or_else(|p| p.into_inner());
+    w.retain(|e| e.2 != win);
+    ANY_WINDOW.store(!w.is_empty(), Ordering::Relaxed);
+}
+
+/// True when `send` or `recv` lies in a window registered on `comm`.
+fn in_window(comm: ncclComm_t, send: *const c_void, recv: *mut c_void) -> bool {
+    if !ANY_WINDOW.load(Ordering::Relaxed) {
+        return false;
+    }
+    let w = WINDOWS.read().unwrap_or_else(|p| p.into_inner());
+    w.iter().any(|&(a, b, _, c)| {
+        c == comm as usize
+            && [send as usize, recv as usize]
+                .iter()
+                .any(|&p| a <= p && p < b)
+    })
 }
 
 /// The route of a call on `j`: the real library for what strata does not serve (an op
@@ -416,6 +470,29 @@ pub fn group_start() -> ncclResult_t {
 /// `ncclGroupEnd` (`simulate`: `ncclGroupSimulateEnd`, whose held calls do not run) with
 /// the real library: `end()` is the real call.
 pub fn group_end(simulate: bool, end: impl FnOnce() -> ncclResult_t) -> ncclResult_t {
+    group_end_with(simulate, end, &mut |side, open| match (side, open) {
+        // SAFETY: strata's group on this thread, opened then closed by `replay`.
+        (Side::Strata, true) => unsafe { s::strataGroupStart() },
+        // SAFETY: as above.
+        (Side::Strata, false) => unsafe { s::strataGroupEnd() },
+        (Side::Real, true) => pass!("GroupStart", ()),
+        (Side::Real, false) => pass!("GroupEnd", ()),
+    })
+}
+
+/// Whose group [`replay`] opens or closes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Strata,
+    Real,
+}
+
+/// [`group_end`] with `groups(side, open)` opening and closing the replay's groups.
+fn group_end_with(
+    simulate: bool,
+    end: impl FnOnce() -> ncclResult_t,
+    groups: &mut dyn FnMut(Side, bool) -> ncclResult_t,
+) -> ncclResult_t {
     let d = DEPTH.with(Cell::get);
     if d == 0 {
         return end(); // The real library reports the unmatched end.
@@ -437,7 +514,7 @@ pub fn group_end(simulate: bool, end: impl FnOnce() -> ncclResult_t) -> ncclResu
         }
     };
     if !simulate {
-        replay(held, &mut keep);
+        replay(held, &mut keep, groups);
     }
     keep(join_all(to_join));
     first
@@ -445,32 +522,202 @@ pub fn group_end(simulate: bool, end: impl FnOnce() -> ncclResult_t) -> ncclResu
 
 /// Run held calls in order: each run of strata's in one strata group, each run of real
 /// calls in one real group.
-fn replay(held: Vec<Held>, keep: &mut impl FnMut(ncclResult_t)) {
+fn replay(
+    held: Vec<Held>,
+    keep: &mut impl FnMut(ncclResult_t),
+    groups: &mut dyn FnMut(Side, bool) -> ncclResult_t,
+) {
     let mut it = held.into_iter().peekable();
     while let Some(h) = it.next() {
-        match h {
-            Held::Strata(f) => {
-                // SAFETY: opens strata's group on this thread, closed below.
-                keep(unsafe { s::strataGroupStart() });
-                keep(f());
-                while let Some(Held::Strata(_)) = it.peek() {
-                    if let Some(Held::Strata(f)) = it.next() {
-                        keep(f());
-                    }
-                }
-                // SAFETY: closes the group opened above.
-                keep(unsafe { s::strataGroupEnd() });
-            }
-            Held::Real(f) => {
-                keep(pass!("GroupStart", ()));
-                keep(f());
-                while let Some(Held::Real(_)) = it.peek() {
-                    if let Some(Held::Real(f)) = it.next() {
-                        keep(f());
-                    }
-                }
-                keep(pass!("GroupEnd", ()));
-            }
+        let side = match h {
+            Held::Strata(_) => Side::Strata,
+            Held::Real(_) => Side::Real,
+        };
+        keep(groups(side, true));
+        let mut next = Some(h);
+        while let Some(Held::Strata(f) | Held::Real(f)) = next {
+            keep(f());
+            next = match it.peek() {
+                Some(Held::Strata(_)) if side == Side::Strata => it.next(),
+                Some(Held::Real(_)) if side == Side::Real => it.next(),
+                _ => None,
+            };
         }
+        keep(groups(side, false));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::rc::Rc;
+
+    type Log = Rc<RefCell<Vec<String>>>;
+
+    fn call(log: &Log, name: &str, rc: ncclResult_t) -> impl FnOnce() -> ncclResult_t + 'static {
+        let (log, name) = (log.clone(), name.to_string());
+        move || {
+            log.borrow_mut().push(name);
+            rc
+        }
+    }
+
+    /// A group on this thread as the exports make it: `body` inside, then the end with
+    /// the groups logged; the end's result.
+    fn group(log: &Log, body: impl FnOnce()) -> ncclResult_t {
+        DEPTH.with(|d| d.set(d.get() + 1));
+        body();
+        let l = log.clone();
+        let l2 = log.clone();
+        group_end_with(
+            false,
+            move || {
+                l.borrow_mut().push("end".into());
+                ncclSuccess
+            },
+            &mut |side, open| {
+                l2.borrow_mut()
+                    .push(format!("{side:?}{}", if open { "(" } else { ")" }));
+                ncclSuccess
+            },
+        )
+    }
+
+    fn strata_call(log: &Log, name: &str, rc: ncclResult_t) {
+        let f = call(log, name, rc);
+        HELD.with(|h| h.borrow_mut().push(Held::Strata(Box::new(f))));
+    }
+
+    #[test]
+    fn real_calls_before_the_first_strata_call_go_at_once_and_the_order_is_kept() {
+        let log: Log = Default::default();
+        let r = group(&log, || {
+            // NCCL's calls before any of strata's: into the real library's open group.
+            assert_eq!(hold_or_run(call(&log, "r1", ncclSuccess)), ncclSuccess);
+            strata_call(&log, "s1", ncclSuccess);
+            strata_call(&log, "s2", ncclSuccess);
+            // After strata's first: held, in order.
+            assert_eq!(hold_or_run(call(&log, "r2", ncclSuccess)), ncclSuccess);
+            assert_eq!(hold_or_run(call(&log, "r3", ncclSuccess)), ncclSuccess);
+            strata_call(&log, "s3", ncclSuccess);
+        });
+        assert_eq!(r, ncclSuccess);
+        let want = "r1 end Strata( s1 s2 Strata) Real( r2 r3 Real) Strata( s3 Strata)";
+        assert_eq!(log.borrow().join(" "), want);
+        assert!(HELD.with(|h| h.borrow().is_empty()));
+        assert_eq!(DEPTH.with(Cell::get), 0);
+    }
+
+    #[test]
+    fn nested_groups_replay_once_at_the_outermost_end() {
+        let log: Log = Default::default();
+        let r = group(&log, || {
+            let inner = group(&log, || strata_call(&log, "s1", ncclSuccess));
+            assert_eq!(inner, ncclSuccess);
+            hold_or_run(call(&log, "r1", ncclSuccess));
+        });
+        assert_eq!(r, ncclSuccess);
+        assert_eq!(
+            log.borrow().join(" "),
+            "end end Strata( s1 Strata) Real( r1 Real)"
+        );
+    }
+
+    #[test]
+    fn a_held_calls_error_is_the_group_ends_result_and_the_rest_still_run() {
+        let log: Log = Default::default();
+        let r = group(&log, || {
+            strata_call(&log, "s1", ncclInvalidArgument);
+            hold_or_run(call(&log, "r1", ncclSuccess));
+        });
+        assert_eq!(r, ncclInvalidArgument);
+        assert_eq!(
+            log.borrow().join(" "),
+            "end Strata( s1 Strata) Real( r1 Real)"
+        );
+    }
+
+    #[test]
+    fn outside_a_group_and_in_a_group_without_strata_calls_nothing_is_held() {
+        let log: Log = Default::default();
+        assert_eq!(
+            hold_or_run(call(&log, "r0", ncclRemoteError)),
+            ncclRemoteError
+        );
+        let r = group(&log, || {
+            hold_or_run(call(&log, "r1", ncclSuccess));
+        });
+        assert_eq!(r, ncclSuccess);
+        assert_eq!(log.borrow().join(" "), "r0 r1 end");
+    }
+
+    #[test]
+    fn groups_on_several_threads_at_once_are_each_their_own() {
+        // NCCL's groups are per thread: each thread's held calls replay at its own end.
+        let go = std::sync::Barrier::new(4);
+        std::thread::scope(|sc| {
+            for t in 0..4 {
+                let go = &go;
+                sc.spawn(move || {
+                    for round in 0..50 {
+                        let log: Log = Default::default();
+                        let r = group(&log, || {
+                            go.wait();
+                            hold_or_run(call(&log, &format!("r{t}"), ncclSuccess));
+                            strata_call(&log, &format!("s{t}.{round}"), ncclSuccess);
+                            hold_or_run(call(&log, &format!("q{t}"), ncclSuccess));
+                        });
+                        assert_eq!(r, ncclSuccess);
+                        assert_eq!(
+                            log.borrow().join(" "),
+                            format!("r{t} end Strata( s{t}.{round} Strata) Real( q{t} Real)")
+                        );
+                    }
+                });
+            }
+        });
+    }
+
+    #[test]
+    fn a_simulated_end_runs_nothing_held() {
+        let log: Log = Default::default();
+        DEPTH.with(|d| d.set(1));
+        strata_call(&log, "s1", ncclSuccess);
+        let r = group_end_with(true, || ncclSuccess, &mut |_, _| ncclSuccess);
+        assert_eq!(r, ncclSuccess);
+        assert!(log.borrow().is_empty());
+        assert!(HELD.with(|h| h.borrow().is_empty()));
+    }
+
+    #[test]
+    fn a_split_with_a_null_config_inherits_the_parents_blocking() {
+        let parent = 0x5000usize as ncclComm_t;
+        let child = 0x6000usize as ncclComm_t;
+        assert_eq!(made_all("t", &[parent], false), ncclSuccess);
+        // SAFETY: a live handle value; NULL config.
+        let r = unsafe { made_from("t", ncclSuccess, parent, &child, std::ptr::null()) };
+        assert_eq!(r, ncclSuccess);
+        assert!(nonblocking().lock().unwrap().contains(&(child as usize)));
+        leave(parent, false);
+        leave(child, false);
+        assert!(nonblocking().lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn windows_route_their_buffers_to_nccl() {
+        let comm = 0x7000usize as ncclComm_t;
+        let buf = vec![0u8; 64];
+        let p = buf.as_ptr() as *const c_void;
+        assert!(!in_window(comm, p, std::ptr::null_mut()));
+        window_registered(comm, p, 64, 42);
+        assert!(in_window(comm, p.wrapping_add(10), std::ptr::null_mut()));
+        assert!(!in_window(comm, p.wrapping_add(64), std::ptr::null_mut()));
+        assert!(!in_window(
+            0x7100usize as ncclComm_t,
+            p,
+            std::ptr::null_mut()
+        ));
+        window_deregistered(42);
+        assert!(!in_window(comm, p, std::ptr::null_mut()));
     }
 }

@@ -195,7 +195,13 @@ pub unsafe extern "C" fn ncclCommWindowRegister(
     winFlags: c_int,
 ) -> ncclResult_t {
     if !crate::real::cpu_device() {
-        return pass!("CommWindowRegister", (comm: ncclComm_t, buff: *mut c_void, size: usize, win: *mut ncclWindow_t, winFlags: c_int));
+        let r = pass!("CommWindowRegister", (comm: ncclComm_t, buff: *mut c_void, size: usize, win: *mut ncclWindow_t, winFlags: c_int));
+        if r == ncclSuccess && !win.is_null() {
+            // SAFETY: the real library wrote the window there.
+            let w = unsafe { *win } as usize;
+            crate::join::window_registered(comm, buff, size, w);
+        }
+        return r;
     }
     const F: &str = "ncclCommWindowRegister";
     let _ = (buff, size, winFlags);
@@ -224,6 +230,7 @@ pub unsafe extern "C" fn ncclCommWindowDeregister(
     win: ncclWindow_t,
 ) -> ncclResult_t {
     if !crate::real::cpu_device() {
+        crate::join::window_deregistered(win as usize);
         return pass!("CommWindowDeregister", (comm: ncclComm_t, win: ncclWindow_t));
     }
     guard("ncclCommWindowDeregister", comm, || {
