@@ -430,7 +430,8 @@ macro_rules! export {
         pub unsafe extern "C" fn $name($($a: $t),*) -> ncclResult_t {
             if !crate::real::cpu_device() {
                 let $r = move || pass!($real, ($($a: $t),*));
-                return $gpu;
+                // SAFETY: the caller's NCCL contract for this call, passed on unchanged.
+                return unsafe { $gpu };
             }
             $call
         }

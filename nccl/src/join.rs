@@ -107,7 +107,7 @@ pub unsafe fn blocking(config: *const ncclConfig_t) -> bool {
         return std::env::var("NCCL_COMM_BLOCKING").map_or(true, |v| v.trim() != "0");
     }
     // SAFETY: the caller's contract.
-    unsafe { read_config(config) }.map_or(false, |c| c.blocking)
+    unsafe { read_config(config) }.is_ok_and(|c| c.blocking)
 }
 
 /// Communicators made nonblocking (never joined; a split's NULL config inherits it).
@@ -312,9 +312,13 @@ pub use strata::capi::With;
 /// An all-gather, reduce-scatter or all-reduce on the real `comm`: strata's algorithm
 /// (run, or held by the thread's group) when `comm` is joined and the route says so,
 /// else `real()` (run, or held when the group diverted).
+///
+/// # Safety
+/// NCCL's contract for the call: the buffers device memory of `comm`'s device for the
+/// call's counts, `stream` a live stream of that device.
 #[allow(clippy::too_many_arguments)]
 #[inline]
-pub fn collective(
+pub unsafe fn collective(
     func: &'static str,
     with: With,
     send: *const c_void,
@@ -706,7 +710,7 @@ mod tests {
     #[test]
     fn windows_route_their_buffers_to_nccl() {
         let comm = 0x7000usize as ncclComm_t;
-        let buf = vec![0u8; 64];
+        let buf = [0u8; 64];
         let p = buf.as_ptr() as *const c_void;
         assert!(!in_window(comm, p, std::ptr::null_mut()));
         window_registered(comm, p, 64, 42);
