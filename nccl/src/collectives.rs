@@ -150,6 +150,9 @@ pub unsafe fn execute(c: &Call) -> ncclResult_t {
     // SAFETY (every strata call below): the caller's buffers, as NCCL's contract for
     // this call gives them, passed to strata's call of the same contract; strata checks
     // the handle, the counts and the layouts.
+    if let Some(r) = listed(c, premul) {
+        return strata_result(f, c.comm, r);
+    }
     let r = unsafe {
         match c.kind {
             Kind::AllReduce if !premul => {
@@ -169,6 +172,42 @@ pub unsafe fn execute(c: &Call) -> ncclResult_t {
         }
     };
     strata_result(f, c.comm, r)
+}
+
+/// With `STRATA_NCCL` naming algorithms: an all-gather, reduce-scatter or all-reduce
+/// (not PreMulSum) runs the first that fits it ([`crate::route::route_call`]; none, or
+/// `ring`: strata's native form), through [`s::collective_with`]. `None`: not such a
+/// call, or no list (strata's own choice runs).
+fn listed(c: &Call, premul: bool) -> Option<i32> {
+    use crate::route::Route;
+    use crate::serve::Serve;
+    let Ok(serve @ Serve::Algos(_)) = crate::serve::serve() else {
+        return None;
+    };
+    let with = match c.kind {
+        Kind::AllGather => s::With::AllGather,
+        Kind::ReduceScatter if !premul => s::With::ReduceScatter(c.op),
+        Kind::AllReduce if !premul => s::With::AllReduce(c.op),
+        _ => return None,
+    };
+    let comm = s::comm_of(sc(c.comm)).ok()?;
+    let algo = match crate::route::route_call(serve, &comm, with, c.count, c.dtype) {
+        Route::Strata(a) => a,
+        Route::Native => strata::Algo::Ring,
+    };
+    // SAFETY: as in `execute`: the caller's buffers under NCCL's contract for the call.
+    Some(unsafe {
+        s::collective_with(
+            with,
+            algo,
+            c.send,
+            c.recv,
+            c.count,
+            c.dtype,
+            sc(c.comm),
+            null_mut(),
+        )
+    })
 }
 
 /// This rank and the communicator's size.

@@ -56,9 +56,9 @@ pub fn transport() -> &'static Result<(strataTransport_t, &'static str), String>
     })
 }
 
-/// The strata config of a new communicator: the transport above, `STRATA_NCCL`'s
-/// algorithm; topology, timeout and links strata's defaults (environment). Fails when
-/// the transport or `STRATA_NCCL` is bad, or `STRATA_NCCL=off` (no real library here).
+/// The strata config of a new communicator: the transport above; algorithm, topology,
+/// timeout and links strata's defaults (environment). Fails when the transport or
+/// `STRATA_NCCL` is bad, or `STRATA_NCCL=off` (no real library here).
 pub fn strata_config() -> Result<strataConfig_t, (ncclResult_t, String)> {
     let (t, _) = *transport()
         .as_ref()
@@ -81,7 +81,8 @@ pub fn strata_config() -> Result<strataConfig_t, (ncclResult_t, String)> {
         version: STRATA_VERSION_CODE as _,
         transport: t,
         topology: std::ptr::null(),
-        algo: s.config_algo().map_or(std::ptr::null(), |a| a.as_ptr()),
+        // Lists apply per call (`collectives.rs`); the rest is strata's own choice.
+        algo: std::ptr::null(),
         timeout_ms: 0,
         links: std::ptr::null(),
     })

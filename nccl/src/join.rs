@@ -42,7 +42,7 @@
 use crate::abi::*;
 use crate::errors::fail;
 use crate::passthrough::pass;
-use crate::route::{route, Route};
+use crate::route::Route;
 use crate::serve::{serve, Serve};
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
@@ -417,38 +417,12 @@ fn in_window(comm: ncclComm_t, send: *const c_void, recv: *mut c_void) -> bool {
     })
 }
 
-/// The route of a call on `j`: the real library for what strata does not serve (an op
-/// or data type of NCCL's only), else [`route`].
+/// The route of a call on `j` ([`crate::route::route_call`]).
 fn choose(j: &Joined, with: With, count: usize, dtype: ncclDataType_t) -> Route {
-    use strata::kinds::Kind;
-    let (kind, op) = match with {
-        With::AllGather => (Kind::AllGather, None),
-        With::ReduceScatter(op) => (Kind::ReduceScatter, Some(op)),
-        With::AllReduce(op) => (Kind::AllReduce, Some(op)),
-    };
-    let Ok(dt) = strata::DataType::from_raw(dtype) else {
-        return Route::Native;
-    };
-    let redop = match op.map(strata::ReduceOp::from_raw) {
-        None => None,
-        Some(Ok(o)) => Some(o),
-        Some(Err(_)) => return Route::Native,
-    };
-    let Ok(serve) = serve() else {
-        return Route::Native;
-    };
-    let core = j.comm.core();
-    let shape = strata::algo::select::Shape {
-        kind: Some(kind),
-        redop,
-        count,
-        dtype: dt,
-        topo: core.topology(),
-        members: core.members(),
-        hierarchy: core.hierarchy(),
-        chunks: core.config().ho_ring_chunks,
-    };
-    route(serve, &shape)
+    match serve() {
+        Ok(serve) => crate::route::route_call(serve, &j.comm, with, count, dtype),
+        Err(_) => Route::Native,
+    }
 }
 
 /// A call for the real library on a joined communicator: held when this thread's group

@@ -18,8 +18,10 @@
 //! NCCL's five built-in ops reach [`route`] (`join.rs` sends the rest to the real
 //! library first: PreMulSum, fp8, broadcast, send and receive, ...).
 
+use crate::abi::{ncclDataType_t, ncclRedOp_t};
 use crate::serve::Serve;
 use strata::algo::select::{select, Shape};
+use strata::capi::With;
 use strata::Algo;
 
 /// Where a call runs.
@@ -29,6 +31,44 @@ pub enum Route {
     Native,
     /// strata's algorithm on the joined communicator, on the call's stream.
     Strata(Algo),
+}
+
+/// The route of an all-gather, reduce-scatter or all-reduce (`with`) of `count`
+/// elements of `dtype` on `comm`: [`route`] over its shape, or [`Route::Native`] for an
+/// op or data type strata does not serve (PreMulSum, fp8).
+pub fn route_call(
+    serve: &Serve,
+    comm: &strata::Comm,
+    with: With,
+    count: usize,
+    dtype: ncclDataType_t,
+) -> Route {
+    use strata::kinds::Kind;
+    let (kind, op): (Kind, Option<ncclRedOp_t>) = match with {
+        With::AllGather => (Kind::AllGather, None),
+        With::ReduceScatter(op) => (Kind::ReduceScatter, Some(op)),
+        With::AllReduce(op) => (Kind::AllReduce, Some(op)),
+    };
+    let Ok(dt) = strata::DataType::from_raw(dtype) else {
+        return Route::Native;
+    };
+    let redop = match op.map(strata::ReduceOp::from_raw) {
+        None => None,
+        Some(Ok(o)) => Some(o),
+        Some(Err(_)) => return Route::Native,
+    };
+    let core = comm.core();
+    let shape = Shape {
+        kind: Some(kind),
+        redop,
+        count,
+        dtype: dt,
+        topo: core.topology(),
+        members: core.members(),
+        hierarchy: core.hierarchy(),
+        chunks: core.config().ho_ring_chunks,
+    };
+    route(serve, &shape)
 }
 
 /// THE rule (module doc).

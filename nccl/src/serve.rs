@@ -7,10 +7,10 @@
 //!   init fails with `ncclInvalidUsage` and a message naming why.
 //! - a comma list of strata algorithm names (`ring`, `hier`, `hier-ring`, `hier-log`,
 //!   `log-step`, `ho-ring`, and the quantized `qgz`, `qgz-1hop`, `qwz` only when
-//!   named). On a communicator strata joined (GPU, `join.rs`) each call runs the first
-//!   name that fits it (`route.rs`; `ring`: the real call; none: the real call). On
-//!   strata's CPU device a communicator holds ONE default algorithm, so the first name
-//!   becomes it; the others are checked and reported on the startup line as not applied.
+//!   named): each all-gather, reduce-scatter and all-reduce runs the first name that
+//!   fits it (`route.rs`): on a communicator strata joined (GPU, `join.rs`) `ring` or
+//!   no fit is the real call; on strata's CPU device strata's ring. Other calls on the
+//!   CPU device run strata's own choice (`auto`, `STRATA_ALGO`).
 //!
 //! A bad value is an init error (`ncclInvalidArgument`) naming the accepted values.
 
@@ -56,47 +56,21 @@ impl Serve {
         Ok(Serve::Algos(algos))
     }
 
-    /// The strata config's `algo` string: `None` for exact (strata's default:
-    /// `STRATA_ALGO`, else `auto`), else the first named algorithm.
-    pub fn config_algo(&self) -> Option<&'static std::ffi::CStr> {
-        match self {
-            Serve::Algos(a) => Some(match a[0] {
-                Algo::Ring => c"ring",
-                Algo::Hier => c"hier",
-                Algo::HierRing => c"hier-ring",
-                Algo::HierLog => c"hier-log",
-                Algo::LogStep => c"log-step",
-                Algo::HoRing => c"ho-ring",
-                Algo::Qgz => c"qgz",
-                Algo::Qgz1 => c"qgz-1hop",
-                Algo::Qwz => c"qwz",
-                Algo::Auto => c"auto",
-            }),
-            _ => None,
-        }
-    }
-
-    /// What is served, for the startup line: on strata's CPU device, or (`per_call`) on
-    /// communicators strata joined, where the route decides per call.
-    pub fn describe(&self, per_call: bool) -> String {
+    /// What is served, for the startup line: on strata's CPU device (every call), or
+    /// (`gpu`) on the communicators strata joined, beside the real library.
+    pub fn describe(&self, gpu: bool) -> String {
+        let other = if gpu { "NCCL's" } else { "strata's ring" };
         match self {
             Serve::Off => "nothing (STRATA_NCCL=off)".into(),
-            Serve::Exact if per_call => "all-gather, reduce-scatter and all-reduce by strata's exact algorithms where its model says they beat NCCL's".into(),
+            Serve::Exact if gpu => "all-gather, reduce-scatter and all-reduce by strata's exact algorithms where its model says they beat NCCL's".into(),
             Serve::Exact => "every call, strata's exact algorithms (auto)".into(),
-            Serve::Algos(a) if per_call => {
-                let names: Vec<&str> = a.iter().map(|a| a.name()).collect();
-                format!("all-gather, reduce-scatter and all-reduce by strata's {}, the first that fits each call", names.join(","))
-            }
             Serve::Algos(a) => {
-                let mut s = format!("every call, strata algorithm {}", a[0].name());
-                if a.len() > 1 {
-                    let rest: Vec<&str> = a[1..].iter().map(|a| a.name()).collect();
-                    s += &format!(
-                        " ({} named but not applied: a strata communicator has one default algorithm)",
-                        rest.join(",")
-                    );
-                }
-                s
+                let names: Vec<&str> = a.iter().map(|a| a.name()).collect();
+                format!(
+                    "{}all-gather, reduce-scatter and all-reduce by strata's {}, the first that fits each call (none: {other})",
+                    if gpu { "" } else { "every call; " },
+                    names.join(",")
+                )
             }
         }
     }
@@ -125,12 +99,12 @@ mod tests {
         );
         assert_eq!(Serve::parse(Some("qgz")), Ok(Serve::Algos(vec![Algo::Qgz])));
         let s = Serve::parse(Some("hier,log-step")).unwrap();
-        assert_eq!(s.config_algo(), Some(c"hier"));
-        assert!(s.describe(false).contains("log-step named but not applied"));
+        assert!(s.describe(false).contains(
+            "every call; all-gather, reduce-scatter and all-reduce by strata's hier,log-step, the first that fits each call (none: strata's ring)"
+        ));
         assert!(s
             .describe(true)
-            .contains("strata's hier,log-step, the first that fits each call"));
-        assert_eq!(Serve::Exact.config_algo(), None);
+            .contains("by strata's hier,log-step, the first that fits each call (none: NCCL's)"));
     }
 
     #[test]

@@ -80,6 +80,6 @@ pub use coll::*;
 pub use enqueue::{collective_with, With};
 pub use init::*;
 pub use mem::*;
-pub use registry::register_comm;
+pub use registry::{comm_of, register_comm};
 pub use stream::*;
 pub use traffic::*;

@@ -57,6 +57,12 @@ pub fn register_comm(comm: Comm) -> Result<strataComm_t> {
     register(comm)
 }
 
+/// The communicator behind the C handle `c` (a library in front of strata reading its
+/// topology for its own per-call choice); errors as every call's lookup.
+pub fn comm_of(c: strataComm_t) -> Result<Comm> {
+    lookup(c).map(|h| h.comm.clone())
+}
+
 /// The live communicator behind `c`: NULL and foreign values are `InvalidArgument`,
 /// destroyed ones `InvalidUsage`. The per-call path: no process-wide lock (one read of
 /// the communicator's own slot, [`Slots::get`]).
