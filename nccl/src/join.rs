@@ -103,11 +103,28 @@ fn wanted(nranks: c_int) -> bool {
 /// # Safety
 /// `config` NULL or an initialised `ncclConfig_t`.
 pub unsafe fn blocking(config: *const ncclConfig_t) -> bool {
+    // NCCL's default where the config leaves `blocking` unset (NULL, or
+    // NCCL_CONFIG_UNDEF_INT): `NCCL_COMM_BLOCKING`, else blocking.
+    let default = || std::env::var("NCCL_COMM_BLOCKING").map_or(true, |v| v.trim() != "0");
     if config.is_null() {
-        return std::env::var("NCCL_COMM_BLOCKING").map_or(true, |v| v.trim() != "0");
+        return default();
     }
     // SAFETY: the caller's contract.
-    unsafe { read_config(config) }.is_ok_and(|c| c.blocking)
+    let Ok(settings) = (unsafe { read_config(config) }) else {
+        return false;
+    };
+    // SAFETY: `read_config` checked the header; `size` is its first field.
+    let size = unsafe { std::ptr::addr_of!((*config).size).read_unaligned() };
+    if size < std::mem::offset_of!(ncclConfig_t, cgaClusterSize) {
+        return default();
+    }
+    // SAFETY: `size` covers `blocking`.
+    let raw = unsafe { std::ptr::addr_of!((*config).blocking).read_unaligned() };
+    if raw == NCCL_CONFIG_UNDEF_INT {
+        default()
+    } else {
+        settings.blocking
+    }
 }
 
 /// Communicators made nonblocking (never joined; a split's NULL config inherits it).
@@ -679,6 +696,24 @@ mod tests {
         leave(parent, false);
         leave(child, false);
         assert!(nonblocking().lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn blocking_is_the_configs_else_nccls_default() {
+        // SAFETY (each call): NULL or a live config of full size.
+        assert!(unsafe { blocking(std::ptr::null()) });
+        // SAFETY: all-zero is a valid value of this plain C struct.
+        let mut c: ncclConfig_t = unsafe { std::mem::zeroed() };
+        c.size = std::mem::size_of::<ncclConfig_t>();
+        c.magic = NCCL_API_MAGIC;
+        c.blocking = 0;
+        assert!(!unsafe { blocking(&c) });
+        c.blocking = 1;
+        assert!(unsafe { blocking(&c) });
+        c.blocking = NCCL_CONFIG_UNDEF_INT;
+        assert!(unsafe { blocking(&c) });
+        c.magic = 0;
+        assert!(!unsafe { blocking(&c) }, "a bad config is never joined");
     }
 
     #[test]
