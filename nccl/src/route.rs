@@ -4,11 +4,14 @@
 //! count, data type, the communicator's topology and hierarchy) to a [`Route`]:
 //!
 //! - `off`: the real library, always.
-//! - `exact` (default): strata's model ([`strata::algo::select::select`] with `auto`,
-//!   the rule strata's own calls and simulator use). Where it picks `ring` (the native
-//!   collective: one node, or messages whose cost no other form lowers) the real call
-//!   runs; where it picks `hier`, `hier-ring`, `hier-log`, `log-step` or `ho-ring`, strata
-//!   runs that algorithm. `auto` never picks a quantized one.
+//! - `exact` (default): on a communicator within one node, the real call (NCCL's
+//!   NVLink kernels and protocols, NVLS and LL/LL128, are outside strata's model, and its
+//!   GPU link figures are not yet calibrated: issue 68 measured it picking log-step on
+//!   one node where NCCL's ring was 2.5-4.8x faster). Across nodes, strata's model
+//!   ([`strata::algo::select::select`] with `auto`, the rule strata's own calls and
+//!   simulator use): where it picks `ring` (messages whose cost no other form lowers)
+//!   the real call runs; where it picks `hier`, `hier-ring`, `hier-log`, `log-step` or
+//!   `ho-ring`, strata runs that algorithm. `auto` never picks a quantized one.
 //! - a list of names: the first that can run the call (its constraints hold on this
 //!   communicator and shape: `hier` needs two levels, the quantized ones a float type
 //!   and sum or average, ...) runs; `ring` in the list means the real call; none fits:
@@ -79,6 +82,7 @@ pub fn route(serve: &Serve, s: &Shape) -> Route {
     };
     match serve {
         Serve::Off => Route::Native,
+        Serve::Exact if one_node(s) => Route::Native,
         Serve::Exact => to(select(Algo::Auto, s).algo),
         Serve::Algos(list) => list
             .iter()
@@ -86,6 +90,16 @@ pub fn route(serve: &Serve, s: &Shape) -> Route {
             .find(|c| c.fallback.is_none())
             .map_or(Route::Native, |c| to(c.algo)),
     }
+}
+
+/// True when the communicator's ranks share one node (a regular mesh without the
+/// network level; an irregular one is left to the model).
+fn one_node(s: &Shape) -> bool {
+    s.hierarchy.is_some_and(|h| {
+        !h.levels
+            .iter()
+            .any(|l| l.0 == strata::topology::Level::Network)
+    })
 }
 
 #[cfg(test)]
@@ -118,10 +132,12 @@ mod tests {
     const SIZES: [usize; 5] = [1 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20];
 
     #[test]
-    fn one_node_of_nvlink_is_the_real_library_for_big_messages() {
-        for topo in ["dgx-h100:1", "nodes:1x8"] {
+    fn one_node_is_the_real_library_at_every_size() {
+        // Even where strata's model prefers log-step (1 KiB on 8 ranks): NCCL's
+        // intra-node kernels are outside the model.
+        for topo in ["dgx-h100:1", "nodes:1x8", "frontier:1", "nodes:1x2"] {
             for k in KINDS {
-                for b in [16 << 20, 256 << 20] {
+                for b in SIZES {
                     assert_eq!(
                         on(&Serve::Exact, topo, k, b, DataType::F32),
                         Route::Native,
@@ -166,6 +182,30 @@ mod tests {
                 Route::Strata(Algo::Hier)
             );
         }
+    }
+
+    #[test]
+    fn a_node_of_a_multi_node_world_is_the_real_library() {
+        // A tensor-parallel group: the first node's 8 ranks of nodes:4x8.
+        let t = Topology::parse("nodes:4x8").unwrap();
+        let members: Vec<usize> = (0..8).collect();
+        let h = Hierarchy::detect(&t, &members);
+        let s = Shape {
+            kind: Some(Kind::AllGather),
+            redop: None,
+            count: 256,
+            dtype: DataType::F32,
+            topo: &t,
+            members: &members,
+            hierarchy: h.as_ref(),
+            chunks: None,
+        };
+        assert_eq!(route(&Serve::Exact, &s), Route::Native);
+        // The same group's model alone would pick log-step: only the rule keeps NCCL.
+        assert_eq!(select(Algo::Auto, &s).algo, Algo::LogStep);
+        // Named, log-step runs there.
+        let log = Serve::parse(Some("log-step")).unwrap();
+        assert_eq!(route(&log, &s), Route::Strata(Algo::LogStep));
     }
 
     #[test]
