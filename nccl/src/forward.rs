@@ -47,16 +47,32 @@
 //! debug, encryption, the requirement helpers that take sizes or a team value) are still
 //! forwarded. A real library that lacks a name (an older NCCL): that slot.
 //!
-//! Other architectures: not built (`compile_error!`); aarch64 needs its own trampolines
-//! (`adrp x16`/`ldar x17`/`br x17`, a `lazy` saving `x0`-`x8`, `x16`, `x30`,
-//! `q0`-`q7`), left for when an aarch64 machine can test them.
+//! # aarch64 (Grace: GH200, GB200)
+//!
+//! The same design in AAPCS64's registers. Trampoline: `adrp x16, SLOTS; add x16, x16,
+//! :lo12:SLOTS; add x16, x16, #8*i; ldar x17, [x16]; br x17`. `x16` and `x17` are the
+//! intra-procedure-call scratch registers (a linker veneer may clobber them between a
+//! caller and its callee), so no argument lives there; `ldar` is an acquire load,
+//! pairing with [`resolve_all`]'s release stores on a weakly ordered machine. `lazy`
+//! saves `x29`/`x30` (it calls, and `x30` holds the original caller's return address),
+//! `x0`-`x7` (arguments), `x8` (the indirect result pointer), `x16` (the slot) and
+//! `q0`-`q7` (the vector arguments, whole), 16-byte pairs so `sp` stays aligned as the
+//! hardware requires, calls [`resolve_all`], restores them in mirror order and jumps
+//! through the slot. The stubs move the slot from `x16` to `x0` and tail-call their
+//! Rust function. Variadic calls need nothing more on Linux (AAPCS64 passes them as
+//! fixed arguments). Checked under `qemu-aarch64` against the stand-in library
+//! (`nccl/tests/forward.rs`, docs/nccl.md).
+//!
+//! Other architectures: not built (`compile_error!`).
 
 use crate::symbols::FORWARDED;
 use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Mutex, Once};
 
-#[cfg(not(target_arch = "x86_64"))]
-compile_error!("strata-nccl's forwarding trampolines (src/forward.rs) are written for x86_64 only");
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+compile_error!(
+    "strata-nccl's forwarding trampolines (src/forward.rs) are written for x86_64 and aarch64"
+);
 
 /// Number of forwarded functions (one slot and one trampoline each).
 const N: usize = FORWARDED.len();
@@ -97,6 +113,7 @@ macro_rules! trampolines {
     ($($name:ident),* $(,)?) => {
         $(
             /// Forwarded to the real libnccl's function of this name (module doc).
+            #[cfg(target_arch = "x86_64")]
             #[unsafe(no_mangle)]
             #[unsafe(naked)]
             unsafe extern "C" fn $name() {
@@ -107,6 +124,25 @@ macro_rules! trampolines {
                 core::arch::naked_asm!(
                     "lea r11, [rip + {slots} + {off}]",
                     "jmp qword ptr [r11]",
+                    slots = sym SLOTS,
+                    off = const 8 * index_of(stringify!($name)),
+                )
+            }
+
+            /// Forwarded to the real libnccl's function of this name (module doc).
+            #[cfg(target_arch = "aarch64")]
+            #[unsafe(no_mangle)]
+            #[unsafe(naked)]
+            unsafe extern "C" fn $name() {
+                // SAFETY: touches only x16/x17 (the intra-procedure-call scratch pair, no
+                // argument lives there) and jumps through this function's slot (acquire
+                // load), which always holds a function that expects exactly this state.
+                core::arch::naked_asm!(
+                    "adrp x16, {slots}",
+                    "add x16, x16, :lo12:{slots}",
+                    "add x16, x16, #{off}",
+                    "ldar x17, [x16]",
+                    "br x17",
                     slots = sym SLOTS,
                     off = const 8 * index_of(stringify!($name)),
                 )
@@ -178,6 +214,47 @@ const _: () = assert!(TRAMPOLINES.len() == N);
 
 /// The first call of any forwarded function lands here (module doc: what it saves and
 /// why), resolves every slot, and continues into the resolved function.
+#[cfg(target_arch = "aarch64")]
+#[unsafe(naked)]
+unsafe extern "C" fn lazy() {
+    // SAFETY: entered only by a branch from a trampoline (x16 = its slot, x30 = the
+    // original caller's return address, the stack as the caller left it: 16-byte
+    // aligned). Every register an argument, the result pointer, the slot or the return
+    // address can live in is stored in 16-byte pairs and loaded back in mirror order, so
+    // `sp` is exact and aligned throughout; `resolve_all` preserves the callee-saved
+    // registers and leaves the slot holding a valid target.
+    core::arch::naked_asm!(
+        "stp x29, x30, [sp, #-16]!",
+        "mov x29, sp",
+        "stp x0, x1, [sp, #-16]!",
+        "stp x2, x3, [sp, #-16]!",
+        "stp x4, x5, [sp, #-16]!",
+        "stp x6, x7, [sp, #-16]!",
+        "stp x8, x16, [sp, #-16]!",
+        "stp q0, q1, [sp, #-32]!",
+        "stp q2, q3, [sp, #-32]!",
+        "stp q4, q5, [sp, #-32]!",
+        "stp q6, q7, [sp, #-32]!",
+        "bl {resolve}",
+        "ldp q6, q7, [sp], #32",
+        "ldp q4, q5, [sp], #32",
+        "ldp q2, q3, [sp], #32",
+        "ldp q0, q1, [sp], #32",
+        "ldp x8, x16, [sp], #16",
+        "ldp x6, x7, [sp], #16",
+        "ldp x4, x5, [sp], #16",
+        "ldp x2, x3, [sp], #16",
+        "ldp x0, x1, [sp], #16",
+        "ldp x29, x30, [sp], #16",
+        "ldar x17, [x16]",
+        "br x17",
+        resolve = sym resolve_all,
+    )
+}
+
+/// The first call of any forwarded function lands here (module doc: what it saves and
+/// why), resolves every slot, and continues into the resolved function.
+#[cfg(target_arch = "x86_64")]
 #[unsafe(naked)]
 unsafe extern "C" fn lazy() {
     // SAFETY: entered only by a jump from a trampoline (r11 = its slot, the stack as the
@@ -375,7 +452,7 @@ fn record(slot: usize) {
     *LAST_ERROR.lock().unwrap_or_else(|e| e.into_inner()) = Some(msg);
 }
 
-/// NCCL's `ncclTeam_t`, as the `Team` stubs return it (12 bytes: `rax:rdx`).
+/// NCCL's `ncclTeam_t`, as the `Team` stubs return it (12 bytes: `rax:rdx`, `x0:x1`).
 #[repr(C)]
 pub struct Team {
     pub n_ranks: i32,
@@ -409,8 +486,22 @@ extern "C" fn unavailable_void_rs(slot: usize) {
 macro_rules! unavailable_stubs {
     ($($stub:ident => $rs:ident),* $(,)?) => {
         $(
+            /// Entered from a trampoline (x16 = the slot): names the function from its
+            /// slot and returns what its kind returns when unavailable.
+            #[cfg(target_arch = "aarch64")]
+            #[unsafe(naked)]
+            unsafe extern "C" fn $stub() {
+                // SAFETY: a tail call with the slot address as the only argument (x0; the
+                // forwarded call's own arguments are not read). `x30` still holds the
+                // original caller's return address and `sp` is as the caller left it, so
+                // the Rust function returns its value straight to the original caller in
+                // the C ABI's registers, the same as the real function's return type.
+                core::arch::naked_asm!("mov x0, x16", "b {f}", f = sym $rs)
+            }
+
             /// Entered from a trampoline (r11 = the slot): names the function from its
             /// slot and returns what its kind returns when unavailable.
+            #[cfg(target_arch = "x86_64")]
             #[unsafe(naked)]
             unsafe extern "C" fn $stub() {
                 // SAFETY: a tail call with the slot address as the only argument (rdi;
