@@ -6,6 +6,9 @@
 //! one rank, 8 bytes: the front's check and choice, the stream, the buffers' borrows and
 //! the native op, with nothing on a wire (docs/perf.md, "Per-call cost on mpi"), and the
 //! same calls through the C ABI (`c-abi`: `strataAllGather` / `strataAllReduce`).
+//! `choose`: the hot path's algorithm choice (`choose_algo`) on a 128-rank communicator
+//! (`nodes:16x8`, one rank's view) for one shape repeated and for 8 shapes in turn (a
+//! training step's layers), beside the rule itself (`choose`: the estimates every call).
 //! `cargo bench --bench collectives`.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
@@ -123,5 +126,40 @@ fn host_call(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, collectives, host_call);
+fn choose(c: &mut Criterion) {
+    // One rank of a 128-rank world seen through its own communicator: the rule reads
+    // the topology and members only, so the world's other ranks need not exist.
+    let topo = Topology::parse("nodes:16x8").unwrap();
+    let comm = Comm::local_world(1, None, CommConfig::default())
+        .unwrap()
+        .remove(0);
+    let big = strata::comm::Comm::local_world(128, Some(topo), CommConfig::default())
+        .map(|mut v| v.remove(0));
+    let comm = big.unwrap_or(comm);
+    let reqs: Vec<Request> = (0..8)
+        .map(|i| {
+            let n = 1000 + 4096 * i;
+            let (s, r) = (Buffer::zeroed(n * 4), Buffer::zeroed(n * 4));
+            Request::new(Kind::AllReduce.op(s, r, n, ReduceOp::Sum), DataType::F32)
+        })
+        .collect();
+    let mut g = c.benchmark_group("choose");
+    g.sample_size(20)
+        .measurement_time(Duration::from_secs(2))
+        .warm_up_time(Duration::from_millis(300));
+    g.bench_function("rule/128", |b| b.iter(|| comm.choose(&reqs[0]).algo));
+    g.bench_function("remembered/1-shape/128", |b| {
+        b.iter(|| strata::algo::select::choose_algo(comm.core(), &reqs[0]))
+    });
+    let mut i = 0;
+    g.bench_function("remembered/8-shapes/128", |b| {
+        b.iter(|| {
+            i = (i + 1) % reqs.len();
+            strata::algo::select::choose_algo(comm.core(), &reqs[i])
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, collectives, host_call, choose);
 criterion_main!(benches);

@@ -169,12 +169,14 @@ pub fn choose(core: &CommCore, req: &Request) -> Choice {
 }
 
 /// [`choose`]'s algorithm, remembered per communicator for the hot path: a call shaped
-/// as the one before it (same requested algorithm, collective, reduction, dtype and
-/// count: everything [`select`] reads that varies per call, the rest being the
-/// communicator's and fixed) takes the remembered algorithm without estimating again.
-/// One word, read and written with relaxed atomics (a stale or racing word only costs
-/// a fresh [`choose`]); choices that fell back are not remembered, so their INFO line
-/// is still logged on every call.
+/// as one before it (same requested algorithm, collective, reduction, dtype and count:
+/// everything [`select`] reads that varies per call, the rest being the communicator's
+/// and fixed) takes the remembered algorithm without estimating again (the estimates
+/// walk the ranks: microseconds at a hundred ranks). One word per shape in a
+/// direct-mapped table of 64 ([`CommCore::chosen`]), so alternating shapes (a training
+/// step's layers) each keep theirs; read and written with relaxed atomics (a stale,
+/// evicted or racing word only costs a fresh [`choose`]); choices that fell back are not
+/// remembered, so their INFO line is still logged on every call.
 pub fn choose_algo(core: &CommCore, req: &Request) -> Algo {
     let wanted = req.algo.unwrap_or(core.config().algo);
     if wanted == Algo::Ring {
@@ -182,7 +184,7 @@ pub fn choose_algo(core: &CommCore, req: &Request) -> Algo {
     }
     let key = remember_key(wanted, &req.op, req.dtype);
     if let Some(k) = key {
-        let w = core.chosen().load(std::sync::atomic::Ordering::Relaxed);
+        let w = core.chosen(k).load(std::sync::atomic::Ordering::Relaxed);
         if w & !0xf == k {
             if let Some(&a) = Algo::ALL.get((w & 0xf) as usize) {
                 return a;
@@ -191,7 +193,7 @@ pub fn choose_algo(core: &CommCore, req: &Request) -> Algo {
     }
     let c = choose(core, req);
     if let (Some(k), None) = (key, &c.fallback) {
-        core.chosen()
+        core.chosen(k)
             .store(k | c.algo as u64, std::sync::atomic::Ordering::Relaxed);
     }
     c.algo

@@ -123,10 +123,13 @@ struct Inner {
     size: usize,
     /// The transport has a device face ([`Transport::gpu`]; fixed for its life).
     device: bool,
-    /// A word the front keeps its last algorithm choice in (`crate::algo::select`);
-    /// 0 when none. Nothing here reads it.
-    chosen: AtomicU64,
+    /// Words the front keeps its algorithm choices in, one slot per call shape's hash
+    /// (`crate::algo::select::choose_algo`); 0 when none. Nothing here reads them.
+    chosen: [AtomicU64; CHOSEN_SLOTS],
 }
+
+/// Slots of a communicator's remembered algorithm choices ([`CommCore::chosen`]).
+const CHOSEN_SLOTS: usize = 64;
 
 /// The core of a communicator (cheap to clone; clones share it). The public face is
 /// [`crate::comm::Comm`]; algorithms get a `&CommCore`.
@@ -202,7 +205,7 @@ impl CommCore {
                 rank,
                 size,
                 device,
-                chosen: AtomicU64::new(0),
+                chosen: [const { AtomicU64::new(0) }; CHOSEN_SLOTS],
             }),
             None,
         ))
@@ -280,11 +283,15 @@ impl CommCore {
     pub fn size(&self) -> usize {
         self.0.size
     }
-    /// The word the front remembers its last algorithm choice in (see
-    /// `crate::algo::select::choose_algo`).
+    /// The word the front remembers its algorithm choice for a call of shape `key` in
+    /// (see `crate::algo::select::choose_algo`): a direct-mapped table, so the few
+    /// shapes a training step repeats (FSDP's layers) each keep theirs.
     #[inline]
-    pub(crate) fn chosen(&self) -> &AtomicU64 {
-        &self.0.chosen
+    pub(crate) fn chosen(&self, key: u64) -> &AtomicU64 {
+        // Fibonacci hashing of the key's shape bits (the low ten hold the answer and a
+        // constant).
+        let i = ((key >> 10).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize;
+        &self.0.chosen[i % CHOSEN_SLOTS]
     }
     /// World ranks of all members, in communicator order.
     pub fn members(&self) -> &[usize] {
