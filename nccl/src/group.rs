@@ -16,8 +16,9 @@
 //!
 //! `ncclGroupSimulateEnd` ends the group as NCCL does with a `simInfo`: the held
 //! communicator calls run, the recorded operations are NOT executed (NCCL plans them and
-//! launches nothing), and `simInfo->estimatedTime` is set to 0 (strata does not estimate
-//! here). The struct is checked (`magic` of `NCCL_SIM_INFO_INITIALIZER`) and written
+//! launches nothing), and `simInfo->estimatedTime` is set to strata's model of the
+//! group's time in microseconds (the links of the communicator's topology, the
+//! algorithm each call would run). The struct is checked (`magic` of `NCCL_SIM_INFO_INITIALIZER`) and written
 //! only as far as its `size`.
 //!
 //! With the real library every function is passed to it, and counted per thread by
@@ -86,7 +87,7 @@ pub unsafe extern "C" fn ncclGroupEnd() -> ncclResult_t {
 }
 
 /// NCCL's `ncclGroupSimulateEnd`: ends the group without executing its operations and
-/// writes `simInfo->estimatedTime` (0 on strata's CPU device).
+/// writes `simInfo->estimatedTime` (strata's model, microseconds: [`end_estimated`]).
 ///
 /// # Safety
 /// `simInfo` is NULL (then as `ncclGroupEnd` without running, NCCL's plain path) or
@@ -134,9 +135,9 @@ pub unsafe extern "C" fn ncclGroupSimulateEnd(simInfo: *mut ncclSimInfo_t) -> nc
                 "simInfo was not initialised with NCCL_SIM_INFO_INITIALIZER",
             );
         }
-        let r = end(F, false);
+        let (r, estimate) = end_estimated(F, false);
         if r == ncclSuccess {
-            info.estimatedTime = 0.0;
+            info.estimatedTime = estimate as f32;
             // SAFETY: as above, back into the caller's `n` bytes.
             unsafe {
                 std::ptr::copy_nonoverlapping(
@@ -153,18 +154,28 @@ pub unsafe extern "C" fn ncclGroupSimulateEnd(simInfo: *mut ncclSimInfo_t) -> nc
 /// End a group level; at the outermost, run the held communicator calls and (when
 /// `run`) the recorded calls.
 fn end(func: &str, run: bool) -> ncclResult_t {
+    end_estimated(func, run).0
+}
+
+/// [`end`], and when the calls are not run (`ncclGroupSimulateEnd`) strata's model of
+/// their time in microseconds: per communicator the sum of its calls' estimates
+/// ([`crate::route::estimate_us`]; the all-gathers, reduce-scatters and all-reduces, a
+/// reduce as the all-reduce it runs; other calls add nothing), then the largest (one
+/// thread may drive every rank of a world, whose calls run at once).
+fn end_estimated(func: &str, run: bool) -> (ncclResult_t, f64) {
     let depth = DEPTH.with(|d| d.get());
     if depth == 0 {
-        return fail(
+        let r = fail(
             func,
             std::ptr::null_mut(),
             ncclInvalidUsage,
             "not in a group (no matching ncclGroupStart)",
         );
+        return (r, 0.0);
     }
     DEPTH.with(|d| d.set(depth - 1));
     if depth > 1 {
-        return ncclSuccess;
+        return (ncclSuccess, 0.0);
     }
     let held = HELD.with(|v| std::mem::take(&mut *v.borrow_mut()));
     let mut first = run_held(held);
@@ -175,6 +186,7 @@ fn end(func: &str, run: bool) -> ncclResult_t {
             first = r;
         }
     }
+    let estimate = if run { 0.0 } else { estimate(&calls) };
     calls.clear();
     // Give the list (its capacity) back for the thread's next group.
     CALLS.with(|v| {
@@ -183,7 +195,31 @@ fn end(func: &str, run: bool) -> ncclResult_t {
             *v = calls;
         }
     });
-    first
+    (first, estimate)
+}
+
+/// strata's model of `calls`' time (see [`end_estimated`]).
+fn estimate(calls: &[Call]) -> f64 {
+    use crate::collectives::Kind;
+    use strata::capi::With;
+    let Ok(serve) = crate::serve::serve() else {
+        return 0.0;
+    };
+    let mut per_comm: std::collections::HashMap<usize, f64> = Default::default();
+    for c in calls {
+        let with = match c.kind {
+            Kind::AllGather => With::AllGather,
+            Kind::ReduceScatter => With::ReduceScatter(c.op),
+            Kind::AllReduce | Kind::Reduce => With::AllReduce(c.op),
+            _ => continue,
+        };
+        let Ok(comm) = strata::capi::comm_of(crate::comm::sc(c.comm)) else {
+            continue;
+        };
+        *per_comm.entry(c.comm as usize).or_default() +=
+            crate::route::estimate_us(serve, &comm, with, c.count, c.dtype);
+    }
+    per_comm.into_values().fold(0.0, f64::max)
 }
 
 /// Run held communicator calls, concurrently (ranks of one world meet in them).

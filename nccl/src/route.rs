@@ -74,6 +74,61 @@ pub fn route_call(
     route(serve, &shape)
 }
 
+/// strata's model of a call's time in microseconds (NCCL's unit for
+/// `ncclSimInfo_t::estimatedTime`): the estimate of the algorithm the call would run on
+/// strata (`auto`'s pick, or the list's first fit; the native form is the model's
+/// ring), 0 for an op or data type strata does not serve.
+pub fn estimate_us(
+    serve: &Serve,
+    comm: &strata::Comm,
+    with: With,
+    count: usize,
+    dtype: ncclDataType_t,
+) -> f64 {
+    let algo = match serve {
+        Serve::Algos(_) => match route_call(serve, comm, with, count, dtype) {
+            Route::Strata(a) => a,
+            Route::Native => Algo::Ring,
+        },
+        _ => Algo::Auto,
+    };
+    let (kind, op) = match with {
+        With::AllGather => (strata::kinds::Kind::AllGather, None),
+        With::ReduceScatter(op) => (strata::kinds::Kind::ReduceScatter, Some(op)),
+        With::AllReduce(op) => (strata::kinds::Kind::AllReduce, Some(op)),
+    };
+    let (Ok(dt), Ok(redop)) = (
+        strata::DataType::from_raw(dtype),
+        op.map(strata::ReduceOp::from_raw).transpose(),
+    ) else {
+        return 0.0;
+    };
+    let core = comm.core();
+    let shape = Shape {
+        kind: Some(kind),
+        redop,
+        count,
+        dtype: dt,
+        topo: core.topology(),
+        members: core.members(),
+        hierarchy: core.hierarchy(),
+        chunks: core.config().ho_ring_chunks,
+    };
+    let e = strata::algo::select::estimates(&shape);
+    let algo = if algo == Algo::Auto { e.pick() } else { algo };
+    let t = match algo {
+        Algo::Ring => e.ring,
+        Algo::LogStep => e.log_step,
+        Algo::HoRing => e.ho_ring,
+        _ => e.hier,
+    };
+    if t.is_finite() {
+        t
+    } else {
+        e.ring
+    }
+}
+
 /// THE rule (module doc).
 pub fn route(serve: &Serve, s: &Shape) -> Route {
     let to = |a: Algo| match a {

@@ -902,9 +902,63 @@ fn simulate_end_runs_nothing() {
         }
         ok(ncclGroupSimulateEnd(&mut info));
     }
-    assert_eq!(info.estimatedTime, 0.0);
+    // strata's model of one all-reduce of 12 bytes over 2 ranks: the links' latency
+    // (microseconds), neither 0 nor the -1 it was given.
+    assert!(
+        info.estimatedTime > 0.0 && info.estimatedTime < 1e4,
+        "{}",
+        info.estimatedTime
+    );
     assert_eq!(x[0], vec![1.0; 3]);
     assert_eq!(x[1], vec![2.0; 3]);
+    // A bigger call is estimated longer; a group of point-to-point calls adds nothing.
+    let small = info.estimatedTime;
+    let mut big: Vec<Vec<f32>> = (0..2).map(|_| vec![0.0; 1 << 20]).collect();
+    // SAFETY: live buffers and info.
+    unsafe {
+        ok(ncclGroupStart());
+        for r in 0..2 {
+            let p = big[r].as_mut_ptr();
+            ok(ncclAllReduce(
+                p.cast(),
+                p.cast(),
+                1 << 20,
+                ncclFloat32,
+                ncclSum,
+                comms[r],
+                null_mut(),
+            ));
+        }
+        ok(ncclGroupSimulateEnd(&mut info));
+    }
+    assert!(
+        info.estimatedTime > small,
+        "{} <= {small}",
+        info.estimatedTime
+    );
+    // SAFETY: live buffers and info.
+    unsafe {
+        ok(ncclGroupStart());
+        let (a, b) = x.split_at_mut(1);
+        ok(ncclSend(
+            a[0].as_ptr().cast(),
+            3,
+            ncclFloat32,
+            1,
+            comms[0],
+            null_mut(),
+        ));
+        ok(ncclRecv(
+            b[0].as_mut_ptr().cast(),
+            3,
+            ncclFloat32,
+            0,
+            comms[1],
+            null_mut(),
+        ));
+        ok(ncclGroupSimulateEnd(&mut info));
+    }
+    assert_eq!(info.estimatedTime, 0.0);
     info.magic = 0;
     // SAFETY: live info.
     unsafe {
