@@ -425,9 +425,23 @@ pub unsafe extern "C" fn ncclCommFinalize(comm: ncclComm_t) -> ncclResult_t {
     strata_result(F, comm, unsafe { s::strataCommCount(sc(comm), &mut n) })
 }
 
-fn forget(comm: ncclComm_t) {
-    crate::redop::forget_comm(comm);
-    crate::errors::forget_comm(comm);
+/// Destroy (`abort` false) or abort `comm` on strata's CPU device as `func`, and drop
+/// what this library kept for it.
+fn end_comm(func: &str, comm: ncclComm_t, abort: bool) -> ncclResult_t {
+    guard(func, comm, || {
+        // SAFETY: strata never dereferences the handle.
+        let r = unsafe {
+            match abort {
+                true => s::strataCommAbort(sc(comm)),
+                false => s::strataCommDestroy(sc(comm)),
+            }
+        };
+        if r == ncclSuccess {
+            crate::redop::forget_comm(comm);
+            crate::errors::forget_comm(comm);
+        }
+        strata_result(func, comm, r)
+    })
 }
 
 /// NCCL's `ncclCommDestroy`: releases `comm` (NULL: a no-op).
@@ -440,15 +454,7 @@ pub unsafe extern "C" fn ncclCommDestroy(comm: ncclComm_t) -> ncclResult_t {
         crate::join::leave(comm, false);
         return pass!("CommDestroy", (comm: ncclComm_t));
     }
-    const F: &str = "ncclCommDestroy";
-    guard(F, comm, || {
-        // SAFETY: strata never dereferences the handle.
-        let r = unsafe { s::strataCommDestroy(sc(comm)) };
-        if r == ncclSuccess {
-            forget(comm);
-        }
-        strata_result(F, comm, r)
-    })
+    end_comm("ncclCommDestroy", comm, false)
 }
 
 /// NCCL's `ncclCommAbort`: wakes every waiter of `comm` here and on its peers with an
@@ -463,15 +469,7 @@ pub unsafe extern "C" fn ncclCommAbort(comm: ncclComm_t) -> ncclResult_t {
         crate::join::leave(comm, true);
         return pass!("CommAbort", (comm: ncclComm_t));
     }
-    const F: &str = "ncclCommAbort";
-    guard(F, comm, || {
-        // SAFETY: strata never dereferences the handle.
-        let r = unsafe { s::strataCommAbort(sc(comm)) };
-        if r == ncclSuccess {
-            forget(comm);
-        }
-        strata_result(F, comm, r)
-    })
+    end_comm("ncclCommAbort", comm, true)
 }
 
 /// NCCL's `ncclCommCount`: the number of ranks of `comm`.

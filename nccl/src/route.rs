@@ -36,6 +36,37 @@ pub enum Route {
     Strata(Algo),
 }
 
+/// `f` over the shape of an all-gather, reduce-scatter or all-reduce (`with`) of `count`
+/// elements of `dtype` on `comm`; `None` for an op or data type strata does not serve
+/// (PreMulSum, fp8).
+fn on_shape<R>(
+    comm: &strata::Comm,
+    with: With,
+    count: usize,
+    dtype: ncclDataType_t,
+    f: impl FnOnce(&Shape) -> R,
+) -> Option<R> {
+    use strata::kinds::Kind;
+    let (kind, op): (Kind, Option<ncclRedOp_t>) = match with {
+        With::AllGather => (Kind::AllGather, None),
+        With::ReduceScatter(op) => (Kind::ReduceScatter, Some(op)),
+        With::AllReduce(op) => (Kind::AllReduce, Some(op)),
+    };
+    let dt = strata::DataType::from_raw(dtype).ok()?;
+    let redop = op.map(strata::ReduceOp::from_raw).transpose().ok()?;
+    let core = comm.core();
+    Some(f(&Shape {
+        kind: Some(kind),
+        redop,
+        count,
+        dtype: dt,
+        topo: core.topology(),
+        members: core.members(),
+        hierarchy: core.hierarchy(),
+        chunks: core.config().ho_ring_chunks,
+    }))
+}
+
 /// The route of an all-gather, reduce-scatter or all-reduce (`with`) of `count`
 /// elements of `dtype` on `comm`: [`route`] over its shape, or [`Route::Native`] for an
 /// op or data type strata does not serve (PreMulSum, fp8).
@@ -46,32 +77,7 @@ pub fn route_call(
     count: usize,
     dtype: ncclDataType_t,
 ) -> Route {
-    use strata::kinds::Kind;
-    let (kind, op): (Kind, Option<ncclRedOp_t>) = match with {
-        With::AllGather => (Kind::AllGather, None),
-        With::ReduceScatter(op) => (Kind::ReduceScatter, Some(op)),
-        With::AllReduce(op) => (Kind::AllReduce, Some(op)),
-    };
-    let Ok(dt) = strata::DataType::from_raw(dtype) else {
-        return Route::Native;
-    };
-    let redop = match op.map(strata::ReduceOp::from_raw) {
-        None => None,
-        Some(Ok(o)) => Some(o),
-        Some(Err(_)) => return Route::Native,
-    };
-    let core = comm.core();
-    let shape = Shape {
-        kind: Some(kind),
-        redop,
-        count,
-        dtype: dt,
-        topo: core.topology(),
-        members: core.members(),
-        hierarchy: core.hierarchy(),
-        chunks: core.config().ho_ring_chunks,
-    };
-    route(serve, &shape)
+    on_shape(comm, with, count, dtype, |s| route(serve, s)).unwrap_or(Route::Native)
 }
 
 /// strata's model of a call's time in microseconds (NCCL's unit for
@@ -85,48 +91,26 @@ pub fn estimate_us(
     count: usize,
     dtype: ncclDataType_t,
 ) -> f64 {
-    let algo = match serve {
-        Serve::Algos(_) => match route_call(serve, comm, with, count, dtype) {
-            Route::Strata(a) => a,
-            Route::Native => Algo::Ring,
-        },
-        _ => Algo::Auto,
-    };
-    let (kind, op) = match with {
-        With::AllGather => (strata::kinds::Kind::AllGather, None),
-        With::ReduceScatter(op) => (strata::kinds::Kind::ReduceScatter, Some(op)),
-        With::AllReduce(op) => (strata::kinds::Kind::AllReduce, Some(op)),
-    };
-    let (Ok(dt), Ok(redop)) = (
-        strata::DataType::from_raw(dtype),
-        op.map(strata::ReduceOp::from_raw).transpose(),
-    ) else {
-        return 0.0;
-    };
-    let core = comm.core();
-    let shape = Shape {
-        kind: Some(kind),
-        redop,
-        count,
-        dtype: dt,
-        topo: core.topology(),
-        members: core.members(),
-        hierarchy: core.hierarchy(),
-        chunks: core.config().ho_ring_chunks,
-    };
-    let e = strata::algo::select::estimates(&shape);
-    let algo = if algo == Algo::Auto { e.pick() } else { algo };
-    let t = match algo {
-        Algo::Ring => e.ring,
-        Algo::LogStep => e.log_step,
-        Algo::HoRing => e.ho_ring,
-        _ => e.hier,
-    };
-    if t.is_finite() {
-        t
-    } else {
-        e.ring
-    }
+    on_shape(comm, with, count, dtype, |s| {
+        let e = strata::algo::select::estimates(s);
+        let algo = match (serve, route(serve, s)) {
+            (Serve::Algos(_), Route::Strata(a)) => a,
+            (Serve::Algos(_), Route::Native) => Algo::Ring,
+            _ => e.pick(),
+        };
+        let t = match algo {
+            Algo::Ring => e.ring,
+            Algo::LogStep => e.log_step,
+            Algo::HoRing => e.ho_ring,
+            _ => e.hier,
+        };
+        if t.is_finite() {
+            t
+        } else {
+            e.ring
+        }
+    })
+    .unwrap_or(0.0)
 }
 
 /// THE rule (module doc).
@@ -164,23 +148,36 @@ mod tests {
     use strata::topology::Hierarchy;
     use strata::{DataType, ReduceOp, Topology};
 
-    /// The route of `kind` over `bytes` of f32 (per rank chunk for all-gather and
-    /// reduce-scatter, the buffer for all-reduce) on a world of `topo`.
-    fn on(serve: &Serve, topo: &str, kind: Kind, bytes: usize, dtype: DataType) -> Route {
+    /// `f` over the shape of `kind` over `bytes` of `dtype` (per rank chunk for
+    /// all-gather and reduce-scatter, the buffer for all-reduce, sum where it reduces) on
+    /// the ranks `members` of `topo` (`None`: the whole world).
+    fn shaped<R>(
+        topo: &str,
+        members: Option<&[usize]>,
+        kind: Kind,
+        bytes: usize,
+        dtype: DataType,
+        f: impl FnOnce(&Shape) -> R,
+    ) -> R {
         let t = Topology::parse(topo).unwrap();
-        let members: Vec<usize> = (0..t.world_size()).collect();
-        let h = Hierarchy::detect(&t, &members);
-        let s = Shape {
+        let all: Vec<usize> = (0..t.world_size()).collect();
+        let members = members.unwrap_or(&all);
+        let h = Hierarchy::detect(&t, members);
+        f(&Shape {
             kind: Some(kind),
             redop: (kind != Kind::AllGather).then_some(ReduceOp::Sum),
             count: bytes / dtype.size(),
             dtype,
             topo: &t,
-            members: &members,
+            members,
             hierarchy: h.as_ref(),
             chunks: None,
-        };
-        route(serve, &s)
+        })
+    }
+
+    /// The route of such a call on the whole world of `topo`.
+    fn on(serve: &Serve, topo: &str, kind: Kind, bytes: usize, dtype: DataType) -> Route {
+        shaped(topo, None, kind, bytes, dtype, |s| route(serve, s))
     }
 
     const KINDS: [Kind; 3] = [Kind::AllGather, Kind::ReduceScatter, Kind::AllReduce];
@@ -242,25 +239,22 @@ mod tests {
     #[test]
     fn a_node_of_a_multi_node_world_is_the_real_library() {
         // A tensor-parallel group: the first node's 8 ranks of nodes:4x8.
-        let t = Topology::parse("nodes:4x8").unwrap();
-        let members: Vec<usize> = (0..8).collect();
-        let h = Hierarchy::detect(&t, &members);
-        let s = Shape {
-            kind: Some(Kind::AllGather),
-            redop: None,
-            count: 256,
-            dtype: DataType::F32,
-            topo: &t,
-            members: &members,
-            hierarchy: h.as_ref(),
-            chunks: None,
-        };
-        assert_eq!(route(&Serve::Exact, &s), Route::Native);
-        // The same group's model alone would pick log-step: only the rule keeps NCCL.
-        assert_eq!(select(Algo::Auto, &s).algo, Algo::LogStep);
-        // Named, log-step runs there.
+        let group: Vec<usize> = (0..8).collect();
         let log = Serve::parse(Some("log-step")).unwrap();
-        assert_eq!(route(&log, &s), Route::Strata(Algo::LogStep));
+        shaped(
+            "nodes:4x8",
+            Some(&group),
+            Kind::AllGather,
+            1024,
+            DataType::F32,
+            |s| {
+                assert_eq!(route(&Serve::Exact, s), Route::Native);
+                // The same group's model alone would pick log-step: only the rule keeps NCCL.
+                assert_eq!(select(Algo::Auto, s).algo, Algo::LogStep);
+                // Named, log-step runs there.
+                assert_eq!(route(&log, s), Route::Strata(Algo::LogStep));
+            },
+        );
     }
 
     #[test]

@@ -56,6 +56,19 @@ fn group(n: usize, mut f: impl FnMut(usize) -> ncclResult_t) {
     ok(unsafe { ncclGroupEnd() });
 }
 
+/// `ncclAllReduce` of one element of `dtype` in place on `z` with `op` on `comm`: the
+/// misuse checks' call.
+fn one_all_reduce(
+    z: &mut [f64; 1],
+    dtype: ncclDataType_t,
+    op: ncclRedOp_t,
+    comm: ncclComm_t,
+) -> ncclResult_t {
+    let p = z.as_mut_ptr();
+    // SAFETY: 8 live bytes read and written: one element of any type up to 8 bytes.
+    unsafe { ncclAllReduce(p.cast(), p.cast(), 1, dtype, op, comm, null_mut()) }
+}
+
 fn nccl_dt(d: DataType) -> ncclDataType_t {
     d as ncclDataType_t
 }
@@ -513,32 +526,14 @@ fn premulsum_host_and_device_scalars() {
     }
     // The op with another dtype, another comm, after destroy: refused.
     let mut z = [0f64; 1];
-    // SAFETY: live buffer.
-    let e = unsafe {
-        ncclAllReduce(
-            z.as_ptr().cast(),
-            z.as_mut_ptr().cast(),
-            1,
-            ncclFloat64,
-            ops[0],
-            comms[0],
-            null_mut(),
-        )
-    };
-    assert_eq!(e, ncclInvalidArgument);
-    // SAFETY: live buffer.
-    let e = unsafe {
-        ncclAllReduce(
-            z.as_ptr().cast(),
-            z.as_mut_ptr().cast(),
-            1,
-            ncclFloat32,
-            ops[0],
-            comms[1],
-            null_mut(),
-        )
-    };
-    assert_eq!(e, ncclInvalidArgument);
+    assert_eq!(
+        one_all_reduce(&mut z, ncclFloat64, ops[0], comms[0]),
+        ncclInvalidArgument
+    );
+    assert_eq!(
+        one_all_reduce(&mut z, ncclFloat32, ops[0], comms[1]),
+        ncclInvalidArgument
+    );
     // SAFETY: NULL: the thread's message.
     let m = unsafe { CStr::from_ptr(ncclGetLastError(comms[1])) }
         .to_string_lossy()
@@ -553,19 +548,10 @@ fn premulsum_host_and_device_scalars() {
         unsafe { ncclRedOpDestroy(ops[0], comms[0]) },
         ncclInvalidArgument
     );
-    // SAFETY: live buffer.
-    let e = unsafe {
-        ncclAllReduce(
-            z.as_ptr().cast(),
-            z.as_mut_ptr().cast(),
-            1,
-            ncclFloat32,
-            ops[0],
-            comms[0],
-            null_mut(),
-        )
-    };
-    assert_eq!(e, ncclInvalidArgument);
+    assert_eq!(
+        one_all_reduce(&mut z, ncclFloat32, ops[0], comms[0]),
+        ncclInvalidArgument
+    );
 
     // f16 with a device-residence scalar (read when the collective runs): reduce-scatter.
     let f16 = DataType::F16;

@@ -1,8 +1,7 @@
 /* Linked with -lnccl (DT_NEEDED libnccl.so.2, found through its rpath, as PyTorch's
  * libtorch_cuda.so finds the wheel's): prints which file ncclGetVersion (served) and
- * ncclParamGetParameter (forwarded) live in, read from /proc/self/maps (dladdr names
- * an object after the name the loader searched for, not the file an LD_AUDIT object
- * answered with), and what the forwarded call returns. */
+ * ncclParamGetParameter (forwarded) live in, read from /proc/self/maps (maps.h), and
+ * what the forwarded call returns. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdio.h>
@@ -11,30 +10,14 @@
 int ncclGetVersion(int *version);
 int ncclParamGetParameter(const char *key, const char **value, int *valueLen);
 
-static const char *file_of(const void *addr, char *out, size_t n) {
-  FILE *m = fopen("/proc/self/maps", "r");
-  char line[4096];
-  out[0] = 0;
-  while (m && fgets(line, sizeof line, m)) {
-    unsigned long lo, hi;
-    char *path = strchr(line, '/');
-    if (!path || sscanf(line, "%lx-%lx", &lo, &hi) != 2) continue;
-    path[strcspn(path, "\n")] = 0;
-    if (lo <= (unsigned long)addr && (unsigned long)addr < hi) {
-      snprintf(out, n, "%s", path);
-      break;
-    }
-  }
-  if (m) fclose(m);
-  return out;
-}
+#include "maps.h"
 
 int main(void) {
   char buf[4096];
   int v = 0;
   int r = ncclGetVersion(&v);
   printf("ncclGetVersion = %d, %d\n", r, v);
-  printf("ncclGetVersion in: %s\n", file_of(dlsym(RTLD_DEFAULT, "ncclGetVersion"), buf, sizeof buf));
+  printf("ncclGetVersion in: %s\n", mapping(dlsym(RTLD_DEFAULT, "ncclGetVersion"), buf, sizeof buf));
   const char *s = NULL;
   int len = -1;
   r = ncclParamGetParameter("NCCL_DEBUG", &s, &len);

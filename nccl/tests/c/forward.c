@@ -15,25 +15,7 @@ int ncclParamGetStr(ncclParamHandle_t h, const char **out);
 int ncclLLA2ACalcSlots(int maxElts, int maxEltSize);
 void ncclResetDebugInit(void);
 
-/* The file mapped at `addr`, or "" ("mapped" when addr is NULL: any libnccl.so.2). */
-static const char *mapping(const void *addr, char *out, size_t n) {
-  FILE *m = fopen("/proc/self/maps", "r");
-  char line[4096];
-  out[0] = 0;
-  while (m && fgets(line, sizeof line, m)) {
-    unsigned long lo, hi;
-    char *path = strchr(line, '/');
-    if (!path || sscanf(line, "%lx-%lx", &lo, &hi) != 2) continue;
-    path[strcspn(path, "\n")] = 0;
-    if (addr ? (lo <= (unsigned long)addr && (unsigned long)addr < hi)
-             : (strlen(path) >= 13 && strcmp(path + strlen(path) - 13, "/libnccl.so.2") == 0)) {
-      snprintf(out, n, "%s", path);
-      break;
-    }
-  }
-  if (m) fclose(m);
-  return out;
-}
+#include "maps.h"
 
 int main(int argc, char **argv) {
   char buf[4096];
