@@ -112,8 +112,23 @@ fn precheck(c: &Call) -> Result<(), (ncclResult_t, String)> {
 }
 
 /// Check a call and run it now, or record it for the group's end.
-#[inline]
+///
+/// The common call (a communicator, a type strata serves, a built-in op, one strata call
+/// of the same shape, no group open on any thread, no `STRATA_NCCL` list) goes straight
+/// to strata's call: what the general path checks holds, and strata's entry catches its
+/// own panics.
+#[inline(always)]
 fn submit(c: Call) -> ncclResult_t {
+    let plain = !c.comm.is_null()
+        && (0..ncclFloat8e4m3).contains(&c.dtype)
+        && (0..ncclNumOps).contains(&c.op)
+        && !matches!(c.kind, Kind::Reduce | Kind::Gather | Kind::Scatter)
+        && !crate::group::in_group()
+        && !matches!(crate::serve::serve(), Ok(crate::serve::Serve::Algos(_)));
+    if plain {
+        // SAFETY: outside a group the caller's buffers are valid for this call.
+        return unsafe { one(&c) }.unwrap_or_else(|| unreachable_kind(&c));
+    }
     guard(c.func, c.comm, || {
         if let Err((code, m)) = precheck(&c) {
             return fail(c.func, c.comm, code, m);
@@ -145,20 +160,34 @@ unsafe fn submit_cfg(c: Call, cfg: *const ncclCollConfig_t) -> ncclResult_t {
 /// The call's buffers are valid as NCCL's signature of `c.func` requires, until the
 /// call (or the open strata group) ends.
 pub unsafe fn execute(c: &Call) -> ncclResult_t {
-    let (f, comm, st) = (c.func, sc(c.comm), null_mut());
     let premul = c.kind.reduces() && c.op >= ncclNumOps;
+    if let Some(r) = listed(c, premul) {
+        return strata_result(c.func, c.comm, r);
+    }
+    // SAFETY: the caller's contract (`one` and `composed` have `execute`'s).
+    unsafe {
+        if premul {
+            return composed(c);
+        }
+        one(c).unwrap_or_else(|| composed(c))
+    }
+}
+
+/// A call of a built-in op that is one strata call of the same shape, run; `None` for
+/// the others (reduce, gather, scatter).
+///
+/// # Safety
+/// As [`execute`]'s.
+#[inline(always)]
+unsafe fn one(c: &Call) -> Option<ncclResult_t> {
+    let (comm, st) = (sc(c.comm), null_mut());
     // SAFETY (every strata call below): the caller's buffers, as NCCL's contract for
     // this call gives them, passed to strata's call of the same contract; strata checks
     // the handle, the counts and the layouts.
-    if let Some(r) = listed(c, premul) {
-        return strata_result(f, c.comm, r);
-    }
     let r = unsafe {
         match c.kind {
-            Kind::AllReduce if !premul => {
-                s::strataAllReduce(c.send, c.recv, c.count, c.dtype, c.op, comm, st)
-            }
-            Kind::ReduceScatter if !premul => {
+            Kind::AllReduce => s::strataAllReduce(c.send, c.recv, c.count, c.dtype, c.op, comm, st),
+            Kind::ReduceScatter => {
                 s::strataReduceScatter(c.send, c.recv, c.count, c.dtype, c.op, comm, st)
             }
             Kind::AllGather => s::strataAllGather(c.send, c.recv, c.count, c.dtype, comm, st),
@@ -168,10 +197,21 @@ pub unsafe fn execute(c: &Call) -> ncclResult_t {
             Kind::AlltoAll => s::strataAllToAll(c.send, c.recv, c.count, c.dtype, comm, st),
             Kind::Send => s::strataSend(c.send, c.count, c.dtype, c.root, comm, st),
             Kind::Recv => s::strataRecv(c.recv, c.count, c.dtype, c.root, comm, st),
-            _ => return composed(c),
+            Kind::Reduce | Kind::Gather | Kind::Scatter => return None,
         }
     };
-    strata_result(f, c.comm, r)
+    Some(strata_result(c.func, c.comm, r))
+}
+
+/// [`submit`]'s direct path was given a kind [`one`] does not run (it excludes them).
+#[cold]
+fn unreachable_kind(c: &Call) -> ncclResult_t {
+    fail(
+        c.func,
+        c.comm,
+        ncclInternalError,
+        format!("internal error: {:?} reached the direct path", c.kind),
+    )
 }
 
 /// With `STRATA_NCCL` naming algorithms: an all-gather, reduce-scatter or all-reduce

@@ -29,6 +29,7 @@ use crate::collectives::{execute, Call};
 use crate::errors::{fail, guard, strata_result};
 use crate::passthrough::pass;
 use std::cell::{Cell, RefCell};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 /// A communicator call held for the group's end (it writes its own output handle).
 pub type Held = Box<dyn FnOnce() -> ncclResult_t + Send>;
@@ -39,9 +40,21 @@ thread_local! {
     static HELD: RefCell<Vec<Held>> = const { RefCell::new(Vec::new()) };
 }
 
-/// True inside a group on this thread.
+/// How many threads have a group open: while none has, [`in_group`] is one load of a
+/// line no call writes (a thread-local costs `__tls_get_addr` in a loaded library).
+static OPEN: AtomicUsize = AtomicUsize::new(0);
+
+/// True inside a group on this thread. (A thread's own increment of [`OPEN`] is seen by
+/// that thread, so a 0 there means no group here.)
 #[inline(always)]
 pub fn in_group() -> bool {
+    OPEN.load(Relaxed) != 0 && depth_here()
+}
+
+/// This thread's group depth is not 0 (out of line: kept off the path where no group
+/// is open, which the compiler would otherwise enter early).
+#[inline(never)]
+fn depth_here() -> bool {
     DEPTH.with(|d| d.get() > 0)
 }
 
@@ -64,8 +77,15 @@ pub unsafe extern "C" fn ncclGroupStart() -> ncclResult_t {
     if !crate::real::cpu_device() {
         return crate::join::group_start();
     }
-    DEPTH.with(|d| d.set(d.get() + 1));
+    open();
     ncclSuccess
+}
+
+/// Start or nest this thread's group.
+fn open() {
+    if DEPTH.with(|d| d.replace(d.get() + 1)) == 0 {
+        OPEN.fetch_add(1, Relaxed);
+    }
 }
 
 /// NCCL's `ncclGroupEnd`: ends a group; the outermost end runs what the group holds
@@ -177,6 +197,7 @@ fn end_estimated(func: &str, run: bool) -> (ncclResult_t, f64) {
     if depth > 1 {
         return (ncclSuccess, 0.0);
     }
+    OPEN.fetch_sub(1, Relaxed);
     let held = HELD.with(|v| std::mem::take(&mut *v.borrow_mut()));
     let mut first = run_held(held);
     let mut calls = CALLS.with(|v| std::mem::take(&mut *v.borrow_mut()));
@@ -265,4 +286,26 @@ fn run_calls(func: &str, calls: &[Call]) -> ncclResult_t {
         first = r;
     }
     first
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A group is its thread's: another thread's calls run at once while it is open, and
+    /// the fast test ([`OPEN`]) is consistent with the depth through nesting and ends.
+    #[test]
+    fn a_group_is_its_threads_only() {
+        assert!(!in_group());
+        open();
+        open();
+        assert!(in_group());
+        std::thread::spawn(|| assert!(!in_group())).join().unwrap();
+        assert_eq!(end("ncclGroupEnd", true), ncclSuccess);
+        assert!(in_group(), "still nested");
+        assert_eq!(end("ncclGroupEnd", true), ncclSuccess);
+        assert!(!in_group());
+        assert_ne!(end("ncclGroupEnd", true), ncclSuccess, "no group to end");
+        assert!(!in_group());
+    }
 }
